@@ -1,0 +1,114 @@
+// Paged KV-cache operations — the vLLM-named kernels (seed 000/001).
+//
+// Every function validates its arguments (shapes, dtypes, devices, ids in range) and throws
+// pagedkv::ValueError / TypeError naming the offending argument, then dispatches on the device
+// of its first array: CPU kernels (src/ops/cpu) or CUDA kernels (src/ops/cuda, when built).
+// CUDA work is enqueued on `stream` and never synchronises or allocates, so it is CUDA-graph safe.
+//
+// KV-cache layouts, told apart by the key cache's rank:
+//   vLLM (rank 5): key_cache   [num_blocks, num_kv_heads, head_size / x, block_size, x]
+//                  value_cache [num_blocks, num_kv_heads, head_size, block_size]
+//                  x = 16 / element_size(cache dtype)
+//   NHD  (rank 4): key_cache = value_cache = [num_blocks, block_size, num_kv_heads, head_size]
+// Cache dtype: the query dtype (kv_cache_dtype "auto"), or uint8 holding fp8 e4m3 / e5m2 values
+// scaled by k_scale / v_scale (stored = value / scale; read = stored * scale).
+// Block tables are int32 [num_seqs, max_blocks_per_seq]; entries past a sequence's last block are
+// never read (any value, conventionally 0, pads them). Slots are int64
+// block_id * block_size + offset; a negative slot marks a padding token and is skipped.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "pagedkv/tensor.h"
+
+namespace pagedkv {
+
+enum class KVCacheDType : uint8_t { kAuto, kFp8E4M3, kFp8E5M2 };
+
+// "auto" | "fp8" (= e4m3) | "fp8_e4m3" | "fp8_e5m2"; throws ValueError naming kv_cache_dtype.
+KVCacheDType parse_kv_cache_dtype(std::string_view name);
+
+enum class KVLayout : uint8_t { kVLLM, kNHD };
+
+// Partition length of paged_attention_v2 (seed 001's _PARTITION_SIZE).
+inline constexpr int kPartitionSize = 512;
+
+// Head sizes every attention op supports.
+inline constexpr int kSupportedHeadSizes[] = {32, 64, 80, 96, 112, 120, 128, 192, 256};
+bool is_supported_head_size(int head_size);
+
+// Options shared by the attention ops. Defaults mean "off".
+struct AttentionOptions {
+  float scale = 1.0f;                        // softmax scale, usually 1/sqrt(head_size)
+  std::optional<TensorView> alibi_slopes;    // [num_heads] float32
+  float logits_soft_cap = 0.0f;              // > 0: logits = cap * tanh(logits / cap)
+  int sliding_window = -1;                   // > 0: attend to the last `sliding_window` keys
+  KVCacheDType kv_cache_dtype = KVCacheDType::kAuto;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+};
+
+namespace ops {
+
+// Writes key/value [num_tokens, num_kv_heads, head_size] into a vLLM-layout cache (rank 5).
+void reshape_and_cache(const TensorView& key, const TensorView& value,
+                       const TensorView& key_cache, const TensorView& value_cache,
+                       const TensorView& slot_mapping,  // [num_tokens] int64
+                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale,
+                       Stream stream = nullptr);
+
+// Same for the NHD layout (rank 4).
+void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
+                             const TensorView& key_cache, const TensorView& value_cache,
+                             const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
+                             float k_scale, float v_scale, Stream stream = nullptr);
+
+// Decode attention, one query token per sequence, single pass over the context.
+//   out, query: [num_seqs, num_heads, head_size]; seq_lens: [num_seqs] int32
+void paged_attention_v1(const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        int num_kv_heads, const TensorView& block_tables,
+                        const TensorView& seq_lens, int max_seq_len,
+                        const AttentionOptions& opts, Stream stream = nullptr);
+
+// Decode attention split over partitions of `partition_size` keys, then reduced.
+//   exp_sums, max_logits: [num_seqs, num_heads, max_num_partitions] float32
+//   tmp_out: [num_seqs, num_heads, max_num_partitions, head_size] (float32 recommended: the
+//   partial outputs are merged in fp32; the query dtype is accepted for vLLM compatibility)
+void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
+                        const TensorView& max_logits, const TensorView& tmp_out,
+                        const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens,
+                        int max_seq_len, const AttentionOptions& opts,
+                        int partition_size = kPartitionSize, Stream stream = nullptr);
+
+// Prefill / extend attention (chunked prefill, prefix reuse): the query tokens of each sequence
+// attend causally to the sequence's cached context (from the paged cache) and to themselves.
+//   query, out: [num_tokens, num_heads, head_size]
+//   key, value: [num_tokens, num_kv_heads, head_size] of the new tokens (already written to the
+//               cache or not: the kernel reads the new tokens from here, the context from cache)
+//   query_start_loc: [num_seqs + 1] int32; seq_lens: [num_seqs] int32 (context + query)
+//   context_len of sequence i = seq_lens[i] - (query_start_loc[i+1] - query_start_loc[i])
+void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
+                           const TensorView& value, const TensorView& key_cache,
+                           const TensorView& value_cache, const TensorView& block_tables,
+                           const TensorView& query_start_loc, const TensorView& seq_lens,
+                           int max_query_len, const AttentionOptions& opts,
+                           Stream stream = nullptr);
+
+// Copies whole blocks within each layer's caches: block_mapping [n, 2] int64 (src, dst).
+void copy_blocks(const std::vector<TensorView>& key_caches,
+                 const std::vector<TensorView>& value_caches, const TensorView& block_mapping,
+                 Stream stream = nullptr);
+
+// Copies blocks between two caches, possibly on different devices (GPU <-> pinned host):
+// block_mapping [n, 2] int64 (src block in `src`, dst block in `dst`), on the CPU.
+void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping,
+                 Stream stream = nullptr);
+
+}  // namespace ops
+}  // namespace pagedkv

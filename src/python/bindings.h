@@ -1,0 +1,13 @@
+// Registration functions of the extension module pagedkv._C, one per bound concept.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace pagedkv::python {
+
+void bind_info(nanobind::module_& m);       // version, build_info, cuda_available
+void bind_allocator(nanobind::module_& m);  // BlockAllocator, prefix cache
+void bind_scheduler(nanobind::module_& m);  // SchedulerConfig, Scheduler, StepPlan
+void bind_ops(nanobind::module_& m);        // the paged KV-cache ops (CPU and CUDA)
+
+}  // namespace pagedkv::python

@@ -1,0 +1,30 @@
+"""The installed C++ package is found by a separate CMake project (examples/cpp), which builds
+and runs against it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import pagedkv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
+def test_example_app_builds_against_installed_package(tmp_path: Path) -> None:
+    cmake_dir = Path(pagedkv.cmake_dir())
+    assert (cmake_dir / "pagedkvConfig.cmake").is_file(), "wheel installs the CMake package"
+    build = tmp_path / "build"
+    env = dict(os.environ)
+    subprocess.run(["cmake", "-S", str(ROOT / "examples" / "cpp"), "-B", str(build),
+                    f"-Dpagedkv_DIR={cmake_dir}", "-DCMAKE_BUILD_TYPE=Release"],
+                   check=True, env=env, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j", "2"], check=True, capture_output=True)
+    exe = build / "pagedkv_example"
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    assert f"pagedkv {pagedkv.__version__}" in out
