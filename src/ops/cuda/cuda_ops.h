@@ -1,0 +1,50 @@
+// CUDA implementations of the ops in include/pagedkv/ops.h. The dispatcher (src/ops/ops.cpp)
+// validates every argument first and calls these only for CUDA tensors, so they can assume
+// consistent shapes, dtypes and devices. Each enqueues its work on `stream` without host
+// synchronisation or allocation (CUDA-graph safe).
+#pragma once
+
+#include <vector>
+
+#include "pagedkv/ops.h"
+
+namespace pagedkv::cuda_ops {
+
+void reshape_and_cache(const TensorView& key, const TensorView& value,
+                       const TensorView& key_cache, const TensorView& value_cache,
+                       const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
+                       float k_scale, float v_scale, Stream stream);
+
+void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
+                             const TensorView& key_cache, const TensorView& value_cache,
+                             const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
+                             float k_scale, float v_scale, Stream stream);
+
+void paged_attention_v1(const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        int num_kv_heads, const TensorView& block_tables,
+                        const TensorView& seq_lens, int max_seq_len,
+                        const AttentionOptions& opts, Stream stream);
+
+void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
+                        const TensorView& max_logits, const TensorView& tmp_out,
+                        const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens,
+                        int max_seq_len, const AttentionOptions& opts, int partition_size,
+                        Stream stream);
+
+void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
+                           const TensorView& value, const TensorView& key_cache,
+                           const TensorView& value_cache, const TensorView& block_tables,
+                           const TensorView& query_start_loc, const TensorView& seq_lens,
+                           int max_query_len, const AttentionOptions& opts, Stream stream);
+
+void copy_blocks(const std::vector<TensorView>& key_caches,
+                 const std::vector<TensorView>& value_caches, const TensorView& block_mapping,
+                 Stream stream);
+
+void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping,
+                 Stream stream);
+
+}  // namespace pagedkv::cuda_ops
