@@ -29,6 +29,22 @@ logger = logging.getLogger("pagedkv.engine")
 _IDLE_POLL_S = 0.5  # how often an idle engine thread refreshes its stats snapshot
 
 
+# The engine knobs a server passes through (vLLM's names); LLMEngine may accept more.
+ENGINE_ARGS = ("model", "tokenizer", "dtype", "device", "block_size", "gpu_memory_utilization",
+               "kv_cache_space", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+               "enable_prefix_caching", "enable_chunked_prefill", "seed")
+
+
+def _engine_arg_names() -> set:
+    from pagedkv.engine.llm_engine import LLMEngine
+
+    params = inspect.signature(LLMEngine.__init__).parameters
+    names = {n for n, p in params.items() if p.kind is not p.VAR_KEYWORD} - {"self"}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        names |= set(ENGINE_ARGS)  # **kwargs: forwarded to its config
+    return names
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped after an error; no request can be served."""
 
@@ -121,14 +137,12 @@ class AsyncLLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: Any = None, **overrides: Any) -> AsyncLLMEngine:
-        """Build from an argparse Namespace / dict holding LLMEngine keyword arguments."""
-        from pagedkv.engine.llm_engine import LLMEngine
-
+        """Build from an argparse Namespace / dict; keys LLMEngine does not take are dropped
+        (a CLI namespace also holds host, port, ...)."""
         given = dict(vars(args) if args is not None and not isinstance(args, dict) else args or {})
         given.update(overrides)
-        accepted = inspect.signature(LLMEngine.__init__).parameters
-        kwargs = {k: v for k, v in given.items() if k in accepted and k != "self"}
-        return cls(**kwargs)
+        accepted = _engine_arg_names()
+        return cls(**{k: v for k, v in given.items() if k in accepted})
 
     # ------------------------------------------------------------------ public API
 
