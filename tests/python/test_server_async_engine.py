@@ -8,7 +8,6 @@ import asyncio
 import time
 
 import pytest
-
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
 from pagedkv.engine.sampling_params import SamplingParams
 
@@ -50,10 +49,8 @@ def test_generate_streams_cumulative_outputs(engine: AsyncLLMEngine) -> None:
     ids = engine.tokenizer.encode(PROMPT)
 
     async def again() -> str:
-        last = None
-        async for last in engine.generate(ids, params, "gen-2"):
-            pass
-        return last.outputs[0].text
+        outs = [out async for out in engine.generate(ids, params, "gen-2")]
+        return outs[-1].outputs[0].text
 
     assert asyncio.run(again()) == texts[-1]
     wait_idle(engine)
@@ -106,7 +103,6 @@ def test_bad_requests_raise_value_error(engine: AsyncLLMEngine) -> None:
 
 def test_zz_engine_death_fails_requests_and_health(engine: AsyncLLMEngine) -> None:
     from fastapi.testclient import TestClient
-
     from pagedkv.entrypoints.openai.api_server import build_app
 
     app = build_app(engine)
