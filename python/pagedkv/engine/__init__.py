@@ -1,0 +1,1 @@
+"""The engine: LLM, LLMEngine, SamplingParams, outputs, sampler, model runner, tokenizer."""
