@@ -21,7 +21,6 @@ from collections import deque
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-
 from pagedkv import Scheduler, SchedulerConfig  # noqa: E402
 
 BLOCK = 16
@@ -196,7 +195,7 @@ def main() -> None:
     warm = -(-128 * n // cfg.max_num_batched_tokens) + 2  # finish every prefill first
     rows = []
     args_dec = (cfg, prompts, 600, args.steps, warm, lambda step: ())
-    rows.append(("decode, %d seqs" % n, run_cpp(*args_dec), run_py(*args_dec)))
+    rows.append((f"decode, {n} seqs", run_cpp(*args_dec), run_py(*args_dec)))
 
     # 2) mixed: 256 decodes finishing after 64 tokens, new 512-token prompts arriving each
     # step and prefilled in chunks under the 2048-token budget.

@@ -113,26 +113,9 @@ bool KvCacheManager::swap_in(Request& req, BlockPairs* mapping) {
   return true;
 }
 
-// The allocator frees host blocks only by swapping them in; do that (without any copy: the
-// content is garbage) and free the device blocks at once.
-void KvCacheManager::drop_cpu_blocks(std::vector<BlockId>&& cpu_blocks) {
-  dropped_cpu_blocks_.insert(dropped_cpu_blocks_.end(), cpu_blocks.begin(), cpu_blocks.end());
-  cpu_blocks.clear();
-  release_dropped_cpu_blocks();
-}
-
-void KvCacheManager::release_dropped_cpu_blocks() {
-  while (!dropped_cpu_blocks_.empty()) {
-    size_t n = std::min(dropped_cpu_blocks_.size(),
-                        static_cast<size_t>(std::max(allocator_.num_free_blocks(), 0)));
-    if (n == 0) return;
-    const BlockId* tail = dropped_cpu_blocks_.data() + dropped_cpu_blocks_.size() - n;
-    scratch_.clear();
-    scratch_pairs_.clear();
-    if (allocator_.swap_in(tail, n, &scratch_, &scratch_pairs_) != Status::kOk) return;
-    allocator_.free(scratch_.data(), scratch_.size());
-    dropped_cpu_blocks_.resize(dropped_cpu_blocks_.size() - n);
-  }
+void KvCacheManager::free_cpu_blocks(Request& req) {
+  if (!req.cpu_blocks.empty()) allocator_.free_cpu(req.cpu_blocks.data(), req.cpu_blocks.size());
+  req.cpu_blocks.clear();
 }
 
 }  // namespace pagedkv

@@ -40,17 +40,14 @@ class KvCacheManager {
 
   bool swap_out(Request& req, BlockPairs* mapping);
   bool swap_in(Request& req, BlockPairs* mapping);
-  // Host blocks of an aborted swapped request; released as soon as device room allows.
-  void drop_cpu_blocks(std::vector<BlockId>&& cpu_blocks);
-  void release_dropped_cpu_blocks();
+  // Frees the host blocks of a swapped-out request (when it is aborted).
+  void free_cpu_blocks(Request& req);
 
  private:
   BlockAllocator allocator_;
   int32_t block_size_;
   bool prefix_caching_;
-  std::vector<BlockId> dropped_cpu_blocks_;
   std::vector<BlockId> scratch_;
-  BlockPairs scratch_pairs_;
 };
 
 }  // namespace pagedkv

@@ -56,8 +56,7 @@ Request* Scheduler::Impl::new_request(const std::string& id) {
 
 void Scheduler::Impl::release(Request* req) {
   kv.free_blocks(*req);
-  if (!req->cpu_blocks.empty()) kv.drop_cpu_blocks(std::move(req->cpu_blocks));
-  req->cpu_blocks.clear();
+  kv.free_cpu_blocks(*req);
   by_id.erase(req->id);
   req->state = RequestState::kFree;
   free_slots.push_back(req->slot);

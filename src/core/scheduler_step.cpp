@@ -10,7 +10,6 @@ void Scheduler::Impl::schedule_step() {
   builder.begin_step();
   entries.clear();
   admitted.clear();
-  kv.release_dropped_cpu_blocks();
 
   int32_t budget = config.max_num_batched_tokens;
   bool preempted = false;

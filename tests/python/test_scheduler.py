@@ -6,9 +6,8 @@ import gc
 
 import numpy as np
 import pytest
-from scheduler_checks import Driver, check_plan
-
 from pagedkv import Scheduler, SchedulerConfig, StepPlan
+from scheduler_checks import Driver, check_plan
 
 
 def tokens(rng: np.random.Generator, n: int) -> list[int]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from scheduler_checks import Driver
-
 from pagedkv import Scheduler, SchedulerConfig
+from scheduler_checks import Driver
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

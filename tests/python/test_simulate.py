@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from pagedkv.entrypoints.cli import main
 from pagedkv.simulator import TraceRequest, load_trace, simulate
 
