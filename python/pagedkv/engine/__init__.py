@@ -1,0 +1,1 @@
+"""The engine: LLM, LLMEngine, sampling, tokenizer and detokenizer."""
