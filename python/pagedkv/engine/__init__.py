@@ -1,1 +1,1 @@
-"""The engine: LLM, LLMEngine, sampling, tokenizer and detokenizer."""
+"""The engine: LLM, LLMEngine, SamplingParams, outputs, sampler, model runner, tokenizer."""

@@ -1,0 +1,107 @@
+"""SamplingParams: how to pick tokens for one request, with vLLM's names and defaults.
+
+Validation happens at construction; a bad value raises ``ValueError`` naming the field, so that
+the server can turn it into an HTTP 400 without knowing the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Union
+
+# Below this temperature sampling is greedy (vLLM uses the same threshold).
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    best_of: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, List[str]]] = None
+    stop_token_ids: Optional[List[int]] = None
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.best_of is None:
+            self.best_of = self.n
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop) if self.stop is not None else []
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.top_k is None or self.top_k == -1:
+            self.top_k = 0  # vLLM spells "off" as -1 (older) or 0 (newer); keep one spelling
+        self._verify()
+        if self.temperature < _GREEDY_EPS:
+            # Greedy: the truncation knobs cannot change an argmax, so drop them.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    @property
+    def sampling_type_greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def all_stop_token_ids(self) -> List[int]:
+        return list(self.stop_token_ids or [])
+
+    def _verify(self) -> None:
+        def bad(name: str, msg: str) -> ValueError:
+            return ValueError(f"{name} {msg}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "must be an integer >= 1")
+        if not isinstance(self.best_of, int) or self.best_of < self.n:
+            raise bad("best_of", f"must be an integer >= n ({self.n})")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise bad(name, "must be in [-2, 2]")
+        if not self.repetition_penalty > 0.0:
+            raise bad("repetition_penalty", "must be > 0")
+        if not self.temperature >= 0.0:
+            raise bad("temperature", "must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", "must be -1 or 0 (disabled) or a positive integer")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must be in [0, 1]")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 1):
+            raise bad("max_tokens", "must be an integer >= 1")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise bad("logprobs", "must be an integer >= 0")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
+                                                 or self.prompt_logprobs < 0):
+            raise bad("prompt_logprobs", "must be an integer >= 0")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", "must be an integer")
+        if any(not isinstance(s, str) or not s for s in self.stop):  # type: ignore[union-attr]
+            raise bad("stop", "must be a non-empty string or a list of non-empty strings")
+        if any(t < 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
+            raise bad("stop_token_ids", "must be non-negative token ids")
+        if self.best_of > self.n and self.sampling_type_greedy:
+            raise bad("best_of", "must equal n for greedy sampling (all sequences would match)")
+
+    def clone(self) -> SamplingParams:
+        import copy
+
+        return copy.deepcopy(self)
