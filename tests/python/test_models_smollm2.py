@@ -28,6 +28,15 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny matmuls: on a shared 2-core CI machine, torch's thread pool makes them ~10x slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def gguf_path() -> str:
     try:
