@@ -18,7 +18,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-
 from pagedkv import PagedAttention
 
 
