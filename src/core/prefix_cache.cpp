@@ -120,8 +120,10 @@ int32_t BlockAllocator::match_prefix_tokens(const int32_t* tokens, size_t num_to
   const int32_t* rest = tokens + done;
   BlockId best = kNoBlock;
   size_t best_k = 0;
+  // The source must not be the last free block: copying needs another one.
+  const bool last_free_only = m.free_queue.size() == 1;
   for (BlockId c : ch->second) {
-    if (m.extra[c] != extra_key) continue;
+    if (m.extra[c] != extra_key || (last_free_only && m.ref[c] == 0)) continue;
     const int32_t* ct = &m.tokens[static_cast<size_t>(c) * m.block_size];
     size_t k = 0;
     while (k < want && ct[k] == rest[k]) ++k;
@@ -130,11 +132,7 @@ int32_t BlockAllocator::match_prefix_tokens(const int32_t* tokens, size_t num_to
   if (best == kNoBlock) return static_cast<int32_t>(done);
   // Pin the source while allocating so that the allocation cannot evict it, then unpin: it goes
   // back to the tail of the free queue (most recently used) if nobody else holds it.
-  m.acquire(best);
-  if (m.free_queue.empty()) {  // the source was the only free block: recompute instead
-    m.release(&best, 1);
-    return static_cast<int32_t>(done);
-  }
+  m.acquire(best);  // now free_queue is not empty (see last_free_only)
   BlockId dst = m.pop_free();
   m.release(&best, 1);
   m.pending_copies.emplace_back(best, dst);

@@ -18,13 +18,49 @@ int32_t BlockAllocator::cpu_ref_count(BlockId id) const {
   return impl_->cpu_ref[id];
 }
 
+namespace {
+
+// Checks that each host id is allocated, repeated ids counted against the ref count: decrements
+// as a release would, then restores every count. Changes nothing.
+Status check_cpu_ids(std::vector<int32_t>& cpu_ref, const BlockId* ids, size_t n) {
+  Status s = Status::kOk;
+  size_t done = 0;
+  for (; done < n; ++done) {
+    BlockId id = ids[done];
+    if (id < 0 || id >= static_cast<BlockId>(cpu_ref.size())) {
+      s = Status::kInvalidBlock;
+      break;
+    }
+    if (cpu_ref[id] <= 0) {
+      s = Status::kNotAllocated;
+      break;
+    }
+    --cpu_ref[id];
+  }
+  for (size_t j = 0; j < done; ++j) ++cpu_ref[ids[j]];
+  return s;
+}
+
+}  // namespace
+
 Status BlockAllocator::swap_out(const BlockId* ids, size_t n, std::vector<BlockId>* cpu_ids,
                                 std::vector<std::pair<int64_t, int64_t>>* mapping) {
   Impl& m = *impl_;
   if ((n > 0 && ids == nullptr) || cpu_ids == nullptr || mapping == nullptr)
     return Status::kInvalidArgument;
-  if (n > m.cpu_free.size()) return Status::kOutOfBlocks;
-  Status s = m.release(ids, n);  // validates every id first (all or nothing)
+  // Validate the ids first (a bad id is reported as such, not as a lack of host memory).
+  for (size_t i = 0; i < n; ++i) {
+    if (!m.valid(ids[i])) return Status::kInvalidBlock;
+    if (m.ref[ids[i]] <= 0) return Status::kNotAllocated;
+  }
+  if (n > m.cpu_free.size()) {
+    // Repeated ids beyond their ref count are still a bad-id error: check with a dry release.
+    Status s = m.release(ids, n);
+    if (s != Status::kOk) return s;
+    for (size_t i = 0; i < n; ++i) m.acquire(ids[i]);
+    return Status::kOutOfBlocks;
+  }
+  Status s = m.release(ids, n);  // all or nothing
   if (s != Status::kOk) return s;
   for (size_t i = 0; i < n; ++i) {
     BlockId host = m.cpu_free.back();
@@ -40,20 +76,12 @@ Status BlockAllocator::swap_out(const BlockId* ids, size_t n, std::vector<BlockI
 Status BlockAllocator::free_cpu(const BlockId* cpu_ids, size_t n) {
   Impl& m = *impl_;
   if (n > 0 && cpu_ids == nullptr) return Status::kInvalidArgument;
-  const int32_t num = num_cpu_blocks();
-  for (size_t i = 0; i < n; ++i) {
-    BlockId id = cpu_ids[i];
-    Status bad = (id < 0 || id >= num) ? Status::kInvalidBlock
-                                       : (m.cpu_ref[id] <= 0 ? Status::kNotAllocated : Status::kOk);
-    if (bad != Status::kOk) {
-      for (size_t j = 0; j < i; ++j) ++m.cpu_ref[cpu_ids[j]];
-      return bad;
-    }
-    --m.cpu_ref[id];
-  }
+  Status s = check_cpu_ids(m.cpu_ref, cpu_ids, n);
+  if (s != Status::kOk) return s;
+  for (size_t i = 0; i < n; ++i) --m.cpu_ref[cpu_ids[i]];
+  // Tail first; a repeated id is pushed once (marked -1 until the loop ends).
   for (size_t i = n; i-- > 0;) {
     BlockId id = cpu_ids[i];
-    // Pushed once: mark with -1 until the loop ends so a repeated id is not pushed twice.
     if (m.cpu_ref[id] == 0) {
       m.cpu_ref[id] = -1;
       m.cpu_free.push_back(id);
@@ -69,16 +97,10 @@ Status BlockAllocator::swap_in(const BlockId* cpu_ids, size_t n, std::vector<Blo
   Impl& m = *impl_;
   if ((n > 0 && cpu_ids == nullptr) || ids == nullptr || mapping == nullptr)
     return Status::kInvalidArgument;
-  if (n > static_cast<size_t>(m.free_queue.size())) {
-    // Validate the ids anyway so a bad id is reported as such, not as a lack of memory.
-    for (size_t i = 0; i < n; ++i) {
-      if (cpu_ids[i] < 0 || cpu_ids[i] >= num_cpu_blocks()) return Status::kInvalidBlock;
-      if (m.cpu_ref[cpu_ids[i]] <= 0) return Status::kNotAllocated;
-    }
-    return Status::kOutOfBlocks;
-  }
-  Status s = free_cpu(cpu_ids, n);  // validates (all or nothing)
+  Status s = check_cpu_ids(m.cpu_ref, cpu_ids, n);
   if (s != Status::kOk) return s;
+  if (n > static_cast<size_t>(m.free_queue.size())) return Status::kOutOfBlocks;
+  free_cpu(cpu_ids, n);
   for (size_t i = 0; i < n; ++i) {
     BlockId dev = m.pop_free();
     ids->push_back(dev);

@@ -121,9 +121,12 @@ TEST(BlockAllocator, SwapRoundTrip) {
   EXPECT_EQ(a.num_free_cpu_blocks(), 0);
   ASSERT_EQ(out_map.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(out_map[i], Pair(ids[i], cpu[i]));
-  std::vector<BlockId> one{0};
-  std::vector<BlockId> more_cpu;
+  std::vector<BlockId> one, more_cpu;
+  EXPECT_EQ(a.swap_out(ids.data(), 1, &more_cpu, &out_map), Status::kNotAllocated);  // bad id first
+  ASSERT_EQ(a.allocate(1, &one), Status::kOk);
   EXPECT_EQ(a.swap_out(one.data(), 1, &more_cpu, &out_map), Status::kOutOfBlocks);
+  EXPECT_EQ(a.ref_count(one[0]), 1);
+  ASSERT_EQ(a.free(one.data(), 1), Status::kOk);
   ASSERT_EQ(a.swap_in(cpu.data(), 3, &back, &in_map), Status::kOk);
   EXPECT_EQ(a.num_free_cpu_blocks(), 3);
   EXPECT_EQ(a.num_used_blocks(), 3);

@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
 logger = logging.getLogger("pagedkv.engine")
 
 _IDLE_POLL_S = 0.5  # how often an idle engine thread refreshes its stats snapshot
+_STALL_WAIT_S = 0.001  # pause after a step that produced no output
 
 
 # The engine knobs a server passes through (vLLM's names); LLMEngine may accept more.
@@ -257,21 +258,28 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         try:
+            stalled = False
             while not self._stopping:
+                # Idle: sleep until a command comes. Busy: take commands without waiting, but
+                # after a step that produced nothing (waiting for blocks, or a prefill chunk)
+                # wait a moment so that a stalled queue does not spin.
                 busy = self.engine.has_unfinished_requests()
-                self._drain_commands(block=not busy)
+                self._drain_commands(_STALL_WAIT_S if stalled else 0.0 if busy else _IDLE_POLL_S)
                 if self._stopping:
                     break
-                if self.engine.has_unfinished_requests():
-                    self._dispatch(self.engine.step())
+                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                self._dispatch(outputs)
                 self._stats = dict(self.engine.get_stats())
+                stalled = busy and not outputs
         except BaseException as exc:  # noqa: BLE001 - any failure kills the loop; report it
             logger.exception("engine loop died")
             self._die(exc)
 
-    def _drain_commands(self, block: bool) -> None:
+    def _drain_commands(self, timeout: float) -> None:
+        """Runs queued commands, first waiting up to ``timeout`` s for one (0: no wait)."""
         try:
-            cmd = self._commands.get(timeout=_IDLE_POLL_S) if block else self._commands.get_nowait()
+            cmd = (self._commands.get(timeout=timeout) if timeout > 0
+                   else self._commands.get_nowait())
         except queue.Empty:
             return
         while True:

@@ -52,15 +52,27 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+# Other spellings of the embedded default model that requests may use.
+_DEFAULT_MODEL_ALIASES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct", "default",
+                          "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
 def _served_names(engine: Any, args: Any) -> tuple[List[str], List[str]]:
+    """(names reported and accepted, other names accepted): vLLM's --served-model-name rule,
+    falling back to the MODEL argument, then to the engine's own name for its model."""
+    mc = engine.model_config
     model_arg = getattr(args, "model", None)
-    engine_name = getattr(engine.model_config, "name", None)
+    engine_names = [getattr(mc, a, None) for a in ("served_model_name", "model", "name")]
     names = getattr(args, "served_model_name", None)
     if isinstance(names, str):
         names = [names]
-    names = [n for n in (names or []) if n] or [model_arg or engine_name or "default"]
-    aliases = [a for a in (model_arg, engine_name) if a and a not in names]
-    return names, aliases
+    names = [n for n in (names or []) if n]
+    if not names:
+        names = [next((n for n in [model_arg, *engine_names] if n), "default")]
+    aliases = [a for a in (model_arg, *engine_names) if a]
+    if model_arg is None or model_arg.lower() in {a.lower() for a in _DEFAULT_MODEL_ALIASES}:
+        aliases += _DEFAULT_MODEL_ALIASES
+    return names, [a for a in dict.fromkeys(aliases) if a not in names]
 
 
 def build_app(engine: Any, args: Any = None) -> FastAPI:

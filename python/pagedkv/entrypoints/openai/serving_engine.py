@@ -52,7 +52,7 @@ class OpenAIServing:
     def check_model(self, model: Optional[str]) -> None:
         if model in (None, "") or model in self.state.served_model_names:
             return
-        if model in self.state.model_aliases:
+        if model.lower() in {a.lower() for a in self.state.model_aliases}:
             return
         raise APIError(404, f"The model `{model}` does not exist. Served models: "
                             f"{', '.join(self.state.served_model_names)}",
