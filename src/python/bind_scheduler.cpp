@@ -7,7 +7,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <limits>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,7 +47,21 @@ class PyScheduler : public Scheduler {
 
   std::vector<int64_t> scratch;  // sampled tokens converted to int64
 
+  // The scheduler is single-threaded and schedule()/update() run without the GIL: a second
+  // thread calling in meanwhile gets an error instead of a data race.
+  struct Busy {
+    explicit Busy(PyScheduler& s) : s_(s) {
+      if (s_.busy_.exchange(true)) {
+        throw std::runtime_error(
+            "Scheduler is not thread-safe: called while another thread is inside it");
+      }
+    }
+    ~Busy() { s_.busy_.store(false); }
+    PyScheduler& s_;
+  };
+
  private:
+  std::atomic<bool> busy_{false};
   std::vector<nb::object> ids_;
 };
 
@@ -109,6 +125,7 @@ SchedulingPolicy to_policy(const std::string& s) {
 nb::list update(PyScheduler& s, const StepPlan& plan, const int64_t* sampled, size_t n) {
   const std::vector<int32_t>* finished;
   {
+    PyScheduler::Busy busy(s);
     nb::gil_scoped_release release;
     finished = &s.update(plan, sampled, n);
   }
@@ -251,6 +268,7 @@ void bind_scheduler(nb::module_& m) {
             p.ignore_eos = ignore_eos;
             p.min_tokens = min_tokens;
             p.cache_salt = to_salt(cache_salt);
+            S::Busy busy(s);
             int32_t slot = s.add_request(request_id.c_str(), prompt, p);
             s.remember(slot, request_id);
           },
@@ -260,10 +278,20 @@ void bind_scheduler(nb::module_& m) {
           nb::arg("cache_salt") = 0,
           "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
           "> max_model_len, or a request that could never fit in num_blocks.")
-      .def("abort_request", [](S& s, const std::string& id) { return s.abort_request(id); },
+      .def("abort_request",
+           [](S& s, const std::string& id) {
+             S::Busy busy(s);
+             return s.abort_request(id);
+           },
            nb::arg("request_id"), "Remove a request and free its blocks; False if unknown.")
-      .def("schedule", &S::schedule, nb::rv_policy::reference_internal,
-           nb::call_guard<nb::gil_scoped_release>(), "Plan the next step (a StepPlan).")
+      .def(
+          "schedule",
+          [](S& s) -> const StepPlan& {
+            S::Busy busy(s);
+            nb::gil_scoped_release release;
+            return s.schedule();
+          },
+          nb::rv_policy::reference_internal, "Plan the next step (a StepPlan).")
       .def(
           "update",
           [](S& s, const StepPlan& plan,
@@ -288,6 +316,7 @@ void bind_scheduler(nb::module_& m) {
       .def(
           "fork",
           [](S& s, nb::str parent_id, nb::str child_id, int32_t first_token) {
+            S::Busy busy(s);
             bool done = s.fork(parent_id.c_str(), child_id.c_str(), first_token);
             if (!done) s.remember(s.slot_of(child_id.c_str()), child_id);
             return done;
