@@ -154,7 +154,8 @@ TEST(Scheduler, RandomTracesKeepEveryTokenAndLeakNothing) {
         if (step < 400 && rng() % 3 == 0) {
           int32_t len = 1 + static_cast<int32_t>(rng() % 40);
           std::vector<int32_t> prompt = random_tokens(rng, len);
-          if (rng() % 2) std::copy(shared.begin(), shared.begin() + std::min(len, 16), prompt.begin());
+          if (rng() % 2)
+            std::copy(shared.begin(), shared.begin() + std::min(len, 16), prompt.begin());
           RequestParams p = max_tokens(1 + static_cast<int32_t>(rng() % 20));
           p.eos_token_id = d.eos;
           d.add("r" + std::to_string(next++), prompt, p);
@@ -184,7 +185,8 @@ TEST(Scheduler, PreemptionStormLosesNothing) {
     Scheduler s(c);
     Driver d(s, 1);
     std::mt19937 rng(1);
-    for (int i = 0; i < 24; ++i) d.add("r" + std::to_string(i), random_tokens(rng, 8), max_tokens(40));
+    for (int i = 0; i < 24; ++i)
+      d.add("r" + std::to_string(i), random_tokens(rng, 8), max_tokens(40));
     int steps = 0;
     while (s.has_unfinished_requests()) {
       ASSERT_LT(++steps, 5000);
