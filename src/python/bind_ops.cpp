@@ -1,8 +1,179 @@
-// Placeholder: filled in by the ops work.
+// Python bindings of the paged KV-cache ops (pagedkv._C.ops_*). Arrays arrive as nb::ndarray<>
+// (any DLPack / buffer-protocol object, never converted or copied: caches are written in place)
+// and are viewed as TensorViews named after the argument for error messages. The GIL is released
+// while the kernels run. The Python layer (pagedkv/ops.py) adds vLLM's argument order, scalar
+// scale handling and the caller's CUDA stream.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+#include "pagedkv/ops.h"
+#include "ops/cpu/parallel.h"
 #include "python/bindings.h"
+#include "python/tensor_caster.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace pagedkv::python {
+namespace {
 
-void bind_ops(nanobind::module_&) {}
+AttentionOptions make_options(float scale, const std::optional<Array>& alibi_slopes,
+                              float logits_soft_cap, int sliding_window,
+                              const std::string& kv_cache_dtype, float k_scale, float v_scale) {
+  AttentionOptions o;
+  o.scale = scale;
+  o.alibi_slopes = to_view(alibi_slopes, "alibi_slopes");
+  o.logits_soft_cap = logits_soft_cap;
+  o.sliding_window = sliding_window;
+  o.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
+  o.k_scale = k_scale;
+  o.v_scale = v_scale;
+  return o;
+}
+
+std::vector<TensorView> to_views(const std::vector<Array>& arrays, const char* name) {
+  std::vector<TensorView> views;
+  views.reserve(arrays.size());
+  for (size_t i = 0; i < arrays.size(); ++i)
+    views.push_back(to_view(arrays[i], std::string(name) + "[" + std::to_string(i) + "]"));
+  return views;
+}
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  m.def(
+      "ops_reshape_and_cache",
+      [](Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping,
+         const std::string& kv_cache_dtype, float k_scale, float v_scale, bool flash,
+         uintptr_t stream) {
+        const TensorView k = to_view(key, "key"), v = to_view(value, "value");
+        const TensorView kc = to_view(key_cache, "key_cache");
+        const TensorView vc = to_view(value_cache, "value_cache");
+        const TensorView sm = to_view(slot_mapping, "slot_mapping");
+        const KVCacheDType dt = parse_kv_cache_dtype(kv_cache_dtype);
+        nb::gil_scoped_release release;
+        if (flash) {
+          ops::reshape_and_cache_flash(k, v, kc, vc, sm, dt, k_scale, v_scale, to_stream(stream));
+        } else {
+          ops::reshape_and_cache(k, v, kc, vc, sm, dt, k_scale, v_scale, to_stream(stream));
+        }
+      },
+      "key"_a, "value"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
+      "slot_mapping"_a, "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a, "flash"_a,
+      "stream"_a = 0,
+      "Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at "
+      "slot_mapping (vLLM layout, or NHD when flash=True).");
+
+  m.def(
+      "ops_paged_attention_v1",
+      [](Array out, Array query, Array key_cache, Array value_cache, int num_kv_heads,
+         float scale, Array block_tables, Array seq_lens, int max_seq_len,
+         std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
+         float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream) {
+        const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
+                                                sliding_window, kv_cache_dtype, k_scale, v_scale);
+        const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
+        const TensorView kc = to_view(key_cache, "key_cache");
+        const TensorView vc = to_view(value_cache, "value_cache");
+        const TensorView bt = to_view(block_tables, "block_tables");
+        const TensorView sl = to_view(seq_lens, "seq_lens");
+        nb::gil_scoped_release release;
+        ops::paged_attention_v1(vo, vq, kc, vc, num_kv_heads, bt, sl, max_seq_len, o,
+                                to_stream(stream));
+      },
+      "out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
+      "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "max_seq_len"_a,
+      "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
+      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
+      "Decode attention over a paged KV cache, single pass; writes `out`.");
+
+  m.def(
+      "ops_paged_attention_v2",
+      [](Array out, Array exp_sums, Array max_logits, Array tmp_out, Array query,
+         Array key_cache, Array value_cache, int num_kv_heads, float scale, Array block_tables,
+         Array seq_lens, int max_seq_len, std::optional<Array> alibi_slopes,
+         const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
+         int sliding_window, int partition_size, uintptr_t stream) {
+        const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
+                                                sliding_window, kv_cache_dtype, k_scale, v_scale);
+        const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
+        const TensorView es = to_view(exp_sums, "exp_sums");
+        const TensorView ml = to_view(max_logits, "max_logits");
+        const TensorView to = to_view(tmp_out, "tmp_out");
+        const TensorView kc = to_view(key_cache, "key_cache");
+        const TensorView vc = to_view(value_cache, "value_cache");
+        const TensorView bt = to_view(block_tables, "block_tables");
+        const TensorView sl = to_view(seq_lens, "seq_lens");
+        nb::gil_scoped_release release;
+        ops::paged_attention_v2(vo, es, ml, to, vq, kc, vc, num_kv_heads, bt, sl, max_seq_len, o,
+                                partition_size, to_stream(stream));
+      },
+      "out"_a.noconvert(), "exp_sums"_a.noconvert(), "max_logits"_a.noconvert(),
+      "tmp_out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(),
+      "value_cache"_a.noconvert(), "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a,
+      "max_seq_len"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
+      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1,
+      "partition_size"_a = kPartitionSize, "stream"_a = 0,
+      "Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.");
+
+  m.def(
+      "ops_context_attention_fwd",
+      [](Array out, Array query, Array key, Array value, Array key_cache, Array value_cache,
+         Array block_tables, Array query_start_loc, Array seq_lens, int max_query_len,
+         float scale, std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype,
+         float k_scale, float v_scale, float logits_soft_cap, int sliding_window,
+         uintptr_t stream) {
+        const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
+                                                sliding_window, kv_cache_dtype, k_scale, v_scale);
+        const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
+        const TensorView vk = to_view(key, "key"), vv = to_view(value, "value");
+        const TensorView kc = to_view(key_cache, "key_cache");
+        const TensorView vc = to_view(value_cache, "value_cache");
+        const TensorView bt = to_view(block_tables, "block_tables");
+        const TensorView qs = to_view(query_start_loc, "query_start_loc");
+        const TensorView sl = to_view(seq_lens, "seq_lens");
+        nb::gil_scoped_release release;
+        ops::context_attention_fwd(vo, vq, vk, vv, kc, vc, bt, qs, sl, max_query_len, o,
+                                   to_stream(stream));
+      },
+      "out"_a.noconvert(), "query"_a, "key"_a, "value"_a, "key_cache"_a.noconvert(),
+      "value_cache"_a.noconvert(), "block_tables"_a, "query_start_loc"_a, "seq_lens"_a,
+      "max_query_len"_a, "scale"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a,
+      "v_scale"_a, "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
+      "Prefill/extend attention: new tokens attend causally to the cached context and "
+      "themselves; writes `out`.");
+
+  m.def(
+      "ops_copy_blocks",
+      [](std::vector<Array> key_caches, std::vector<Array> value_caches, Array block_mapping,
+         uintptr_t stream) {
+        const std::vector<TensorView> kc = to_views(key_caches, "key_caches");
+        const std::vector<TensorView> vc = to_views(value_caches, "value_caches");
+        const TensorView bm = to_view(block_mapping, "block_mapping");
+        nb::gil_scoped_release release;
+        ops::copy_blocks(kc, vc, bm, to_stream(stream));
+      },
+      "key_caches"_a, "value_caches"_a, "block_mapping"_a, "stream"_a = 0,
+      "Copies blocks (src, dst) within every layer's caches.");
+
+  m.def(
+      "ops_swap_blocks",
+      [](Array src, Array dst, Array block_mapping, uintptr_t stream) {
+        const TensorView s = to_view(src, "src"), d = to_view(dst, "dst");
+        const TensorView bm = to_view(block_mapping, "block_mapping");
+        nb::gil_scoped_release release;
+        ops::swap_blocks(s, d, bm, to_stream(stream));
+      },
+      "src"_a, "dst"_a.noconvert(), "block_mapping"_a, "stream"_a = 0,
+      "Copies blocks from src to dst (host <-> device or host <-> host).");
+
+  m.def("ops_num_threads", &cpu_ops::num_threads,
+        "Threads used by the CPU kernels (PAGEDKV_NUM_THREADS, else the usable CPUs).");
+}
 
 }  // namespace pagedkv::python

@@ -1,0 +1,333 @@
+"""AsyncLLMEngine: one background thread steps an LLMEngine; asyncio callers stream its outputs.
+
+The LLMEngine is not thread-safe, so *every* call into it (add, abort, step, stats) happens on
+the engine thread; callers talk to that thread through a command queue and get their outputs
+back through a per-request asyncio queue fed with ``loop.call_soon_threadsafe``. torch releases
+the GIL during the forward pass, so the event loop keeps serving HTTP while a step runs.
+
+Lifetimes: a request's stream lives from ``generate()`` until its final output. A caller that
+stops iterating early (client disconnect, task cancellation, ``aclose()``) aborts the request,
+which frees its KV blocks. If a step raises, the engine is marked dead: every pending request
+gets :class:`EngineDeadError` (instead of hanging) and new requests are refused; the server's
+``/health`` then answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import copy
+import inspect
+import logging
+import queue
+import threading
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
+
+logger = logging.getLogger("pagedkv.engine")
+
+_IDLE_POLL_S = 0.5  # how often an idle engine thread refreshes its stats snapshot
+_STALL_WAIT_S = 0.001  # pause after a step that produced no output
+
+
+# The engine knobs a server passes through (vLLM's names); LLMEngine may accept more.
+ENGINE_ARGS = ("model", "tokenizer", "dtype", "device", "block_size", "gpu_memory_utilization",
+               "kv_cache_space", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+               "enable_prefix_caching", "enable_chunked_prefill", "seed")
+
+
+def _engine_arg_names() -> set:
+    from pagedkv.engine.llm_engine import LLMEngine
+
+    params = inspect.signature(LLMEngine.__init__).parameters
+    names = {n for n, p in params.items() if p.kind is not p.VAR_KEYWORD} - {"self"}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        names |= set(ENGINE_ARGS)  # **kwargs: forwarded to its config
+    return names
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped after an error; no request can be served."""
+
+
+class RequestStream:
+    """Outputs of one request, handed from the engine thread to the caller's event loop.
+
+    An async iterator of cumulative RequestOutputs that ends after the final one. ``close()``
+    (called by :meth:`AsyncLLMEngine.generate` on exit, or by the caller) aborts the request
+    in the engine unless it has already finished.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, request_id: str,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self._engine = engine
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._closed = False
+
+    def put(self, item: Any) -> None:  # engine thread
+        # RuntimeError: the caller's loop is closed, nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.finished:
+            raise StopAsyncIteration
+        items = [await self._queue.get()]
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        for item in items:
+            if isinstance(item, BaseException):
+                self.close()
+                raise item
+        # Outputs are cumulative, so a slow consumer only needs the newest one.
+        out = items[-1]
+        if out.finished:
+            self.finished = True
+            self.close()
+        return out
+
+    def close(self) -> None:
+        """Stops listening; aborts the request (freeing its blocks) if it has not finished."""
+        if self._closed:
+            return
+        self._closed = True
+        self._engine._release(self.request_id, abort=not self.finished)
+
+
+def _snapshot(out: Any) -> Any:
+    """A copy of a RequestOutput that later engine steps cannot mutate under the reader."""
+    try:
+        snap = copy.copy(out)
+        snap.outputs = [copy.copy(c) for c in out.outputs]
+        for c in snap.outputs:
+            c.token_ids = list(c.token_ids)
+            if getattr(c, "logprobs", None) is not None:
+                c.logprobs = list(c.logprobs)
+        return snap
+    except (AttributeError, TypeError):  # frozen / slotted outputs are safe to share as is
+        return out
+
+
+class AsyncLLMEngine:
+    """Asyncio front end of :class:`pagedkv.engine.llm_engine.LLMEngine`.
+
+    ``AsyncLLMEngine(**kwargs)`` builds an LLMEngine with the same keyword arguments;
+    ``AsyncLLMEngine(engine=existing)`` wraps one already built.
+    """
+
+    def __init__(self, engine: Any = None, **engine_kwargs: Any) -> None:
+        if engine is None:
+            from pagedkv.engine.llm_engine import LLMEngine
+
+            engine = LLMEngine(**engine_kwargs)
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: Dict[str, RequestStream] = {}
+        self._lock = threading.Lock()  # guards _streams, _dead and command submission
+        self._dead: Optional[BaseException] = None
+        self._stopping = False
+        self._stats: Dict[str, Any] = dict(engine.get_stats())
+        self._thread = threading.Thread(target=self._run, name="pagedkv-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_engine_args(cls, args: Any = None, **overrides: Any) -> AsyncLLMEngine:
+        """Build from an argparse Namespace / dict; keys LLMEngine does not take are dropped
+        (a CLI namespace also holds host, port, ...)."""
+        given = dict(vars(args) if args is not None and not isinstance(args, dict) else args or {})
+        given.update(overrides)
+        accepted = _engine_arg_names()
+        return cls(**{k: v for k, v in given.items() if k in accepted})
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def model_config(self) -> Any:
+        return self.engine.model_config
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead is not None
+
+    @property
+    def dead_error(self) -> Optional[BaseException]:
+        return self._dead
+
+    def check_health(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"engine loop died: {self._dead!r}")
+
+    def get_stats(self) -> Dict[str, Any]:
+        """The engine's counters as of its last loop iteration (read without blocking)."""
+        return dict(self._stats)
+
+    def num_active_requests(self) -> int:
+        with self._lock:
+            return len(self._streams)
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: Union[str, Sequence[int], None],
+        sampling_params: Any,
+        *,
+        prompt_token_ids: Optional[Sequence[int]] = None,
+        priority: int = 0,
+    ) -> RequestStream:
+        """Queues a request and waits until the engine accepted it.
+
+        Raises ValueError (from LLMEngine.add_request: prompt too long, bad parameters) before
+        anything is streamed, so a server can still answer 400. ``prompt`` may be text or a
+        list of token ids.
+        """
+        if prompt is not None and not isinstance(prompt, str):
+            prompt, prompt_token_ids = None, list(prompt)
+        self.check_health()
+        stream = RequestStream(self, request_id, asyncio.get_running_loop())
+        with self._lock:
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+        ids = list(prompt_token_ids) if prompt_token_ids is not None else None
+        try:
+            await asyncio.wrap_future(
+                self._submit(("add", request_id, prompt, sampling_params, ids, priority)))
+        except BaseException:
+            stream.close()  # rejected, or the caller went away while it was queued
+            raise
+        return stream
+
+    async def generate(
+        self,
+        prompt: Union[str, Sequence[int], None],
+        sampling_params: Any,
+        request_id: str,
+        *,
+        prompt_token_ids: Optional[Sequence[int]] = None,
+        priority: int = 0,
+    ) -> AsyncIterator[Any]:
+        """Streams cumulative RequestOutputs of one request until its final one.
+
+        Leaving the loop early (break, cancellation, client disconnect) aborts the request.
+        """
+        stream = await self.add_request(request_id, prompt, sampling_params,
+                                        prompt_token_ids=prompt_token_ids, priority=priority)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.close()
+
+    def abort(self, request_id: Union[str, List[str]]) -> None:
+        """Stops a request (or several) and frees its blocks; unknown ids are ignored."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if self._dead is None:
+            self._submit(("abort", ids))
+
+    def _release(self, request_id: str, abort: bool) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+        if abort:
+            self.abort(request_id)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._commands.put(("wake",))
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _submit(self, command: tuple) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._dead is not None:
+                fut.set_exception(EngineDeadError(f"engine loop died: {self._dead!r}"))
+                return fut
+            self._commands.put((*command, fut))
+        return fut
+
+    def _run(self) -> None:
+        try:
+            stalled = False
+            while not self._stopping:
+                # Idle: sleep until a command comes. Busy: take commands without waiting, but
+                # after a step that produced nothing (waiting for blocks, or a prefill chunk)
+                # wait a moment so that a stalled queue does not spin.
+                busy = self.engine.has_unfinished_requests()
+                self._drain_commands(_STALL_WAIT_S if stalled else 0.0 if busy else _IDLE_POLL_S)
+                if self._stopping:
+                    break
+                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                self._dispatch(outputs)
+                self._stats = dict(self.engine.get_stats())
+                stalled = busy and not outputs
+        except BaseException as exc:  # noqa: BLE001 - any failure kills the loop; report it
+            logger.exception("engine loop died")
+            self._die(exc)
+
+    def _drain_commands(self, timeout: float) -> None:
+        """Runs queued commands, first waiting up to ``timeout`` s for one (0: no wait)."""
+        try:
+            cmd = (self._commands.get(timeout=timeout) if timeout > 0
+                   else self._commands.get_nowait())
+        except queue.Empty:
+            return
+        while True:
+            self._execute(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _execute(self, cmd: tuple) -> None:
+        kind, fut = cmd[0], cmd[-1]
+        if kind == "wake" or not fut.set_running_or_notify_cancel():
+            return
+        if kind == "add":
+            _, request_id, prompt, params, ids, priority, _ = cmd
+            try:
+                self.engine.add_request(request_id, prompt, params, prompt_token_ids=ids,
+                                        priority=priority)
+            except Exception as exc:  # noqa: BLE001 - bad request: report to its caller only
+                fut.set_exception(exc)
+                return
+            fut.set_result(None)
+        elif kind == "abort":
+            try:
+                self.engine.abort_request(cmd[1])
+            except (KeyError, ValueError) as exc:  # already finished: nothing to free
+                logger.debug("abort %s: %r", cmd[1], exc)
+            fut.set_result(None)
+
+    def _dispatch(self, outputs: List[Any]) -> None:
+        for out in outputs:
+            with self._lock:
+                stream = self._streams.get(out.request_id)
+            if stream is not None:
+                stream.put(_snapshot(out))
+
+    def _die(self, exc: BaseException) -> None:
+        with self._lock:
+            self._dead = exc
+            streams = list(self._streams.values())
+        error = EngineDeadError(f"engine loop died: {exc!r}")
+        for stream in streams:
+            stream.put(error)
+        while True:  # commands queued before death: their callers must not wait forever
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            fut = cmd[-1]
+            if isinstance(fut, concurrent.futures.Future) and fut.set_running_or_notify_cancel():
+                fut.set_exception(error)

@@ -1,0 +1,167 @@
+"""The OpenAI-compatible HTTP server: ``build_app(engine, args)`` and ``run_server(args)``.
+
+Routes: /v1/models, /v1/completions, /v1/chat/completions (OpenAI), /tokenize, /detokenize,
+/health, /version, /metrics (vLLM's extras). With an API key, every /v1 route needs
+``Authorization: Bearer <key>``; the operational routes stay open for probes and scrapers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+from typing import Any, List, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import pagedkv
+from pagedkv.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
+from pagedkv.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from pagedkv.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from pagedkv.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedkv.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedkv.entrypoints.openai.serving_engine import ServerState
+
+logger = logging.getLogger("pagedkv.server")
+
+
+class ApiKeyMiddleware:
+    """Plain ASGI middleware (no BaseHTTPMiddleware: it would buffer and break streaming)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if (scope["type"] == "http" and scope["path"].startswith("/v1")
+                and scope["method"] != "OPTIONS"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = APIError(401, "Incorrect or missing API key: send "
+                                      "'Authorization: Bearer <key>'.", code="invalid_api_key")
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# Other spellings of the embedded default model that requests may use.
+_DEFAULT_MODEL_ALIASES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct", "default",
+                          "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def _served_names(engine: Any, args: Any) -> tuple[List[str], List[str]]:
+    """(names reported and accepted, other names accepted): vLLM's --served-model-name rule,
+    falling back to the MODEL argument, then to the engine's own name for its model."""
+    mc = engine.model_config
+    model_arg = getattr(args, "model", None)
+    engine_names = [getattr(mc, a, None) for a in ("served_model_name", "model", "name")]
+    names = getattr(args, "served_model_name", None)
+    if isinstance(names, str):
+        names = [names]
+    names = [n for n in (names or []) if n]
+    if not names:
+        names = [next((n for n in [model_arg, *engine_names] if n), "default")]
+    aliases = [a for a in (model_arg, *engine_names) if a]
+    if model_arg is None or model_arg.lower() in {a.lower() for a in _DEFAULT_MODEL_ALIASES}:
+        aliases += _DEFAULT_MODEL_ALIASES
+    return names, [a for a in dict.fromkeys(aliases) if a not in names]
+
+
+def build_app(engine: Any, args: Any = None) -> FastAPI:
+    """The FastAPI app serving ``engine`` (an AsyncLLMEngine)."""
+    args = args if args is not None else argparse.Namespace()
+    names, aliases = _served_names(engine, args)
+    state = ServerState(
+        engine=engine, served_model_names=names, model_aliases=aliases,
+        max_model_len=int(engine.model_config.max_model_len),
+        chat_template=getattr(args, "chat_template", None),
+        metrics=ServerMetrics(engine, names[0]))
+    app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
+    app.state.pagedkv = state
+    install_error_handlers(app)
+    api_key: Optional[str] = getattr(args, "api_key", None)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    completion = OpenAIServingCompletion(state)
+    chat = OpenAIServingChat(state)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        cards = [ModelCard(id=n, root=aliases[0] if aliases else n,
+                           max_model_len=state.max_model_len) for n in names]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
+        return await completion.create(req, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
+        return await chat.create(req, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> JSONResponse:
+        completion.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise bad_request("give exactly one of prompt or messages", param="prompt")
+        if req.messages is not None:
+            text = chat.render(req.messages, None, req.add_generation_prompt)
+            ids = completion.encode(text, add_special_tokens=False)
+        else:
+            ids = completion.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+        return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len,
+                             "tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> JSONResponse:
+        completion.check_model(req.model)
+        if req.tokens:
+            completion.check_ids(req.tokens, "tokens")
+        return JSONResponse({"prompt": engine.tokenizer.decode(req.tokens)})
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_dead:
+            return APIError(503, f"engine loop died: {engine.dead_error!r}").response()
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": pagedkv.__version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Loads the model, then serves until interrupted (Ctrl-C / SIGTERM)."""
+    import uvicorn
+
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+
+    logger.info("loading model %s ...", args.model or "(default: SmolLM2-135M-Instruct)")
+    engine = AsyncLLMEngine.from_engine_args(args)
+    app = build_app(engine, args)
+    state = app.state.pagedkv
+    shown_host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
+    logger.info("serving model %s (max_model_len %d) at http://%s:%d/v1  "
+                "(health: /health, metrics: /metrics%s)", state.model_name, state.max_model_len,
+                shown_host, args.port, ", API key required" if args.api_key else "")
+    config = uvicorn.Config(app, host=args.host, port=args.port,
+                            log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        engine.shutdown()
+    return 0

@@ -1,0 +1,94 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with the right status.
+
+Every failure the server reports goes through :class:`APIError` so that clients (the `openai`
+package raises ``BadRequestError`` / ``AuthenticationError`` / ``NotFoundError`` from the
+status) see one format, including FastAPI's own validation errors, which are 422 by default
+and become 400 here as OpenAI and vLLM answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pagedkv.engine.async_llm_engine import EngineDeadError
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 type_: Optional[str] = None, code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type_ or _TYPES.get(status, "invalid_request_error")
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code if self.code is not None else self.status}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+    def sse(self) -> str:
+        """The error as a server-sent event, for failures after a stream has started."""
+        return f"data: {json.dumps(self.body())}\n\n"
+
+
+def bad_request(message: str, param: Optional[str] = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('msg', '')}", None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msgs = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
+        msgs.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
+    return "; ".join(msgs), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return APIError(400, message, param=param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return APIError(503, str(exc)).response()
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, exc: ValueError) -> JSONResponse:
+        # Engine / SamplingParams validation: the message names the offending field.
+        return APIError(400, str(exc)).response()

@@ -1,0 +1,200 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic models).
+
+Field names and defaults follow OpenAI's API reference and vLLM's extensions (top_k, min_p,
+repetition_penalty, ...), so the official `openai` client and existing dashboards work
+unchanged. Requests accept unknown fields (clients send `user`, `metadata`, ...) and ignore
+them; responses are built with only the fields OpenAI defines.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(_Request):
+    """Sampling knobs shared by /v1/completions and /v1/chat/completions."""
+
+    model: Optional[str] = None
+    n: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Optional[Union[str, List[str]]] = None
+    stop_token_ids: Optional[List[int]] = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    priority: int = 0
+
+
+class CompletionRequest(_SamplingFields):
+    # text | [text] | [token id] | [[token id]]
+    prompt: Union[str, List[str], List[int], List[List[int]]]
+    max_tokens: Optional[int] = 16  # OpenAI's default for the legacy completions API
+    logprobs: Optional[int] = None
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+
+class ContentPart(_Request):
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(_Request):
+    role: str
+    content: Optional[Union[str, List[ContentPart]]] = None
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: List[ChatMessage]
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    add_generation_prompt: bool = True
+    chat_template: Optional[str] = None
+
+
+class TokenizeRequest(_Request):
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[List[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Request):
+    model: Optional[str] = None
+    tokens: List[int]
+
+
+# ---------------------------------------------------------------- responses
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(BaseModel):
+    text_offset: List[int] = Field(default_factory=list)
+    token_logprobs: List[Optional[float]] = Field(default_factory=list)
+    tokens: List[str] = Field(default_factory=list)
+    top_logprobs: List[Optional[Dict[str, float]]] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: str = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: List[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[List[int]] = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: List[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogProbs(BaseModel):
+    content: Optional[List[ChatTokenLogprob]] = None
+
+
+class ResponseMessage(BaseModel):
+    role: str = "assistant"
+    content: Optional[str] = None
+
+
+class DeltaMessage(BaseModel):
+    role: Optional[str] = None
+    content: Optional[str] = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ResponseMessage
+    logprobs: Optional[ChatLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: str = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: List[ChatChoice]
+    usage: Optional[UsageInfo] = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChatLogProbs] = None
+    finish_reason: Optional[str] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "pagedkv"
+    root: Optional[str] = None
+    max_model_len: Optional[int] = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: List[ModelCard]
+
+
+def chunk(obj: Dict[str, Any]) -> str:
+    """One server-sent event carrying a JSON object."""
+    import json
+
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"

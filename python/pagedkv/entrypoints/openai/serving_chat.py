@@ -1,0 +1,157 @@
+"""POST /v1/chat/completions: messages -> the chat template -> one generation request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Dict, List, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedkv.entrypoints.openai import logprobs as lp
+from pagedkv.entrypoints.openai.errors import APIError, bad_request
+from pagedkv.entrypoints.openai.protocol import (
+    DONE,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogProbs,
+    ChatMessage,
+    ResponseMessage,
+    chunk,
+    random_id,
+)
+from pagedkv.entrypoints.openai.serving_engine import (
+    OpenAIServing,
+    RequestTimer,
+    cancel_on_disconnect,
+    logger,
+)
+
+
+def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
+    """OpenAI messages -> the plain {role, content: str} dicts chat templates expect."""
+    result = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise bad_request(f"messages[{i}].content: only text parts are supported, "
+                                      f"got type {part.type!r}", param=f"messages.{i}.content")
+                texts.append(part.text)
+            content = "\n".join(texts)
+        entry: Dict[str, Any] = {"role": m.role, "content": content or ""}
+        if m.name:
+            entry["name"] = m.name
+        result.append(entry)
+    return result
+
+
+class OpenAIServingChat(OpenAIServing):
+    def render(self, messages: List[ChatMessage], template: Optional[str],
+               add_generation_prompt: bool = True) -> str:
+        if not messages:
+            raise bad_request("messages must not be empty", param="messages")
+        try:
+            return self.tokenizer.apply_chat_template(
+                message_dicts(messages), chat_template=template or self.state.chat_template,
+                add_generation_prompt=add_generation_prompt, tokenize=False)
+        except APIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
+            raise bad_request(f"could not apply the chat template: {exc}",
+                              param="messages") from exc
+
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(req.model)
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+            raise bad_request(f"top_logprobs must be in [0, 20], got {req.top_logprobs}",
+                              param="top_logprobs")
+        prompt = self.render(req.messages, req.chat_template, req.add_generation_prompt)
+        # The template already wrote any BOS / special tokens.
+        ids = self.encode(prompt, add_special_tokens=False)
+        self.check_ids(ids, "messages")
+        requested = req.max_completion_tokens or req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = self.sampling_params(req, self.max_tokens_for(len(ids), requested), logprobs)
+        request_id = random_id("chatcmpl")
+        self.log_request(request_id, [len(ids)], params, req.stream)
+        timer = RequestTimer(self.state.metrics, request_id)
+        streams = await self.start_all(request_id, [(ids, prompt, params)], req.priority)
+        if req.stream:
+            return StreamingResponse(self._stream(req, request_id, streams, timer),
+                                     media_type="text/event-stream")
+        result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer))
+        if result is None:
+            return Response(status_code=499)
+        return JSONResponse(result.model_dump())
+
+    def _logprobs(self, req: ChatCompletionRequest, token_ids: List[int],
+                  tables: Optional[List[Any]]) -> Optional[ChatLogProbs]:
+        if not req.logprobs:
+            return None
+        items = lp.entries(token_ids, tables or [], self.decode_token,
+                           top_n=req.top_logprobs or 0)
+        return ChatLogProbs(content=lp.chat_logprobs(items))
+
+    async def _full(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
+                    timer: RequestTimer) -> ChatCompletionResponse:
+        try:
+            (out,) = await self.finals(streams, timer)
+        finally:
+            for s in streams:
+                s.close()
+        choices = [ChatChoice(index=c.index, message=ResponseMessage(content=c.text),
+                              logprobs=self._logprobs(req, c.token_ids, c.logprobs),
+                              finish_reason=c.finish_reason,
+                              stop_reason=getattr(c, "stop_reason", None))
+                   for c in sorted(out.outputs, key=lambda c: c.index)]
+        usage = self.usage([out])
+        timer.done(usage.completion_tokens, [c.finish_reason for c in choices])
+        return ChatCompletionResponse(id=request_id, model=self.state.model_name,
+                                      choices=choices, usage=usage)
+
+    async def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
+                      timer: RequestTimer) -> AsyncIterator[str]:
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": self.state.model_name}
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        latest: List[Any] = [None]
+        reasons: List[Optional[str]] = []
+        try:
+            # The role comes first, in a chunk of its own per choice, as OpenAI sends it.
+            for i in range(req.n):
+                yield chunk(dict(base, choices=[{"index": i, "delta": {"role": "assistant",
+                                                                        "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]))
+            async for d in self.deltas(streams, req.n, timer):
+                latest[0] = d.output
+                logprobs = self._logprobs(req, d.token_ids, d.logprobs)
+                delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+                choice = {"index": d.index, "delta": delta,
+                          "logprobs": logprobs.model_dump() if logprobs else None,
+                          "finish_reason": d.finish_reason}
+                if d.finish_reason is not None:
+                    reasons.append(d.finish_reason)
+                body = dict(base, choices=[choice])
+                if continuous:
+                    body["usage"] = self.usage(latest).model_dump()
+                yield chunk(body)
+            if include_usage:
+                yield chunk(dict(base, choices=[], usage=self.usage(latest).model_dump()))
+            yield DONE
+        except asyncio.CancelledError:
+            logger.info("client disconnected: %s aborted", request_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+            logger.exception("stream %s failed", request_id)
+            yield APIError(500, f"{type(exc).__name__}: {exc}").sse()
+            yield DONE
+        finally:
+            for s in streams:
+                s.close()
+            timer.done(self.usage(latest).completion_tokens, reasons or [None])

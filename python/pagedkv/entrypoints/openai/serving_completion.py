@@ -1,0 +1,155 @@
+"""POST /v1/completions: text or token-id prompts (one or a batch), streamed or not."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, List, Optional, Tuple
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedkv.entrypoints.openai import logprobs as lp
+from pagedkv.entrypoints.openai.errors import APIError, bad_request
+from pagedkv.entrypoints.openai.protocol import (
+    DONE,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    chunk,
+    random_id,
+)
+from pagedkv.entrypoints.openai.serving_engine import (
+    OpenAIServing,
+    RequestTimer,
+    cancel_on_disconnect,
+    logger,
+)
+
+Prompt = Tuple[List[int], Optional[str]]  # token ids, text (None when given as ids)
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create(self, req: CompletionRequest, raw: Request) -> Response:
+        self.check_model(req.model)
+        if req.suffix:
+            raise bad_request("suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of is not supported (use n)", param="best_of")
+        if req.logprobs is not None and not 0 <= req.logprobs <= 20:
+            raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}",
+                              param="logprobs")
+        prompts = self._prompts(req.prompt)
+        prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
+        jobs = [(ids, text, self.sampling_params(req, self.max_tokens_for(len(ids), req.max_tokens),
+                                                 req.logprobs, prompt_lp))
+                for ids, text in prompts]
+        request_id = random_id("cmpl")
+        self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], req.stream)
+        timer = RequestTimer(self.state.metrics, request_id)
+        streams = await self.start_all(request_id, jobs, req.priority)
+        if req.stream:
+            return StreamingResponse(self._stream(req, request_id, prompts, streams, timer),
+                                     media_type="text/event-stream")
+        result = await cancel_on_disconnect(raw, self._full(req, request_id, prompts, streams,
+                                                            timer))
+        if result is None:
+            return Response(status_code=499)
+        return JSONResponse(result.model_dump())
+
+    def _prompts(self, prompt: Any) -> List[Prompt]:
+        if isinstance(prompt, str):
+            items: List[Any] = [prompt]
+        elif not prompt:
+            raise bad_request("prompt must not be empty", param="prompt")
+        elif all(isinstance(p, int) for p in prompt):
+            items = [list(prompt)]
+        else:
+            items = list(prompt)
+        result: List[Prompt] = []
+        for p in items:
+            ids, text = (self.encode(p), p) if isinstance(p, str) else (list(p), None)
+            self.check_ids(ids, "prompt")
+            result.append((ids, text))
+        return result
+
+    def _prompt_text(self, prompt: Prompt) -> str:
+        ids, text = prompt
+        return text if text is not None else self.tokenizer.decode(ids)
+
+    def _echo_logprobs(self, out: Any) -> List[lp.Entry]:
+        table = getattr(out, "prompt_logprobs", None) or [None] * len(out.prompt_token_ids)
+        return lp.entries(out.prompt_token_ids, table, self.decode_token)
+
+    async def _full(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
+                    streams: List[Any], timer: RequestTimer) -> CompletionResponse:
+        try:
+            finals = await self.finals(streams, timer)
+        finally:
+            for s in streams:
+                s.close()
+        choices = []
+        for i, out in enumerate(finals):
+            prefix = self._prompt_text(prompts[i]) if req.echo else ""
+            for c in out.outputs:
+                logprobs = None
+                if req.logprobs is not None:
+                    items = self._echo_logprobs(out) if req.echo else []
+                    items += lp.entries(c.token_ids, c.logprobs or [], self.decode_token)
+                    logprobs = lp.completion_logprobs(items, 0)
+                choices.append(CompletionChoice(
+                    index=i * req.n + c.index, text=prefix + c.text, logprobs=logprobs,
+                    finish_reason=c.finish_reason, stop_reason=getattr(c, "stop_reason", None)))
+        choices.sort(key=lambda ch: ch.index)
+        usage = self.usage(finals)
+        timer.done(usage.completion_tokens, [c.finish_reason for c in choices])
+        return CompletionResponse(id=request_id, model=self.state.model_name, choices=choices,
+                                  usage=usage)
+
+    async def _stream(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
+                      streams: List[Any], timer: RequestTimer) -> AsyncIterator[str]:
+        created = int(time.time())
+        base = {"id": request_id, "object": "text_completion", "created": created,
+                "model": self.state.model_name}
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        offsets: dict = {}
+        reasons: List[Optional[str]] = []
+        latest: List[Any] = [None] * len(streams)
+        try:
+            async for d in self.deltas(streams, req.n, timer):
+                latest[d.prompt_index] = d.output
+                text, items = d.text, []
+                if d.first and req.echo:
+                    text = self._prompt_text(prompts[d.prompt_index]) + text
+                    if req.logprobs is not None:
+                        items = self._echo_logprobs(d.output)
+                logprobs = None
+                if req.logprobs is not None:
+                    items += lp.entries(d.token_ids, d.logprobs or [], self.decode_token)
+                    logprobs = lp.completion_logprobs(items, offsets.get(d.index, 0))
+                offsets[d.index] = offsets.get(d.index, 0) + len(text)
+                choice = {"index": d.index, "text": text,
+                          "logprobs": logprobs.model_dump() if logprobs else None,
+                          "finish_reason": d.finish_reason}
+                if d.finish_reason is not None:
+                    choice["stop_reason"] = d.stop_reason
+                    reasons.append(d.finish_reason)
+                body = dict(base, choices=[choice])
+                if continuous:
+                    body["usage"] = self.usage(latest).model_dump()
+                yield chunk(body)
+            if include_usage:
+                yield chunk(dict(base, choices=[], usage=self.usage(latest).model_dump()))
+            yield DONE
+        except asyncio.CancelledError:
+            logger.info("client disconnected: %s aborted", request_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+            logger.exception("stream %s failed", request_id)
+            yield APIError(500, f"{type(exc).__name__}: {exc}").sse()
+            yield DONE
+        finally:
+            for s in streams:
+                s.close()
+            timer.done(self.usage(latest).completion_tokens, reasons or [None])

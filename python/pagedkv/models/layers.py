@@ -1,0 +1,94 @@
+"""Small building blocks shared by the model files, and the fused-weight loading helper."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and cast back before the weight, like the reference models.
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {name!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+# (checkpoint name fragment, our fused parameter fragment, shard index)
+FusedMapping = list[tuple[str, str, int]]
+
+
+def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                      fused: FusedMapping, shard_sizes: Callable[[str], list[int]],
+                      rename: Callable[[str], str | None] = lambda n: n) -> set[str]:
+    """Copies checkpoint tensors into ``module``'s parameters, slicing the separate q/k/v (or
+    gate/up) tensors of a checkpoint into our fused ones. Returns the parameter names that were
+    written; raises on unknown names and shape mismatches."""
+    params = dict(module.named_parameters())
+    written: set[str] = set()
+    for ckpt_name, tensor in weights:
+        name = rename(ckpt_name)
+        if name is None:
+            continue
+        target, shard = name, None
+        for src, dst, idx in fused:
+            if src in name:
+                target, shard = name.replace(src, dst), idx
+                break
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in the model "
+                             f"(looked for {target!r})")
+        param = params[target]
+        dst_tensor = param.data
+        if shard is not None:
+            sizes = shard_sizes(target)
+            start = sum(sizes[:shard])
+            dst_tensor = dst_tensor.narrow(0, start, sizes[shard])
+        if tuple(dst_tensor.shape) != tuple(tensor.shape):
+            raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(dst_tensor.shape)}")
+        with torch.no_grad():
+            dst_tensor.copy_(tensor.to(dst_tensor.dtype))
+        written.add(target if shard is None else f"{target}#{shard}")
+    return written
+
+
+def check_all_loaded(module: nn.Module, written: set[str],
+                     fused_targets: dict[str, int]) -> None:
+    """Raises when a parameter got no checkpoint data (a fused one needs all its shards)."""
+    missing = []
+    for name, _ in module.named_parameters():
+        parts = next((n for frag, n in fused_targets.items() if frag in name), 0)
+        if parts:
+            if any(f"{name}#{i}" not in written for i in range(parts)):
+                missing.append(name)
+        elif name not in written:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"checkpoint is missing weights for {len(missing)} parameters, "
+                         f"e.g. {missing[:4]}")

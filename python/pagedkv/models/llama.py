@@ -1,0 +1,131 @@
+"""The Llama family: Llama 2/3, Mistral, Qwen2 (q/k/v biases), SmolLM2 (tied embeddings), GQA.
+
+Inference only, over a flat batch of tokens: the attention backend separates the sequences and
+owns the KV cache. q/k/v and gate/up projections are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+from pagedkv.models.attention_backend import AttentionBackend
+from pagedkv.models.config import ModelConfig
+from pagedkv.models.layers import RMSNorm, activation, check_all_loaded, load_weights_into
+from pagedkv.models.rotary import RotaryEmbedding
+
+_FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
+          (".v_proj.", ".qkv_proj.", 2), (".gate_proj.", ".gate_up_proj.", 0),
+          (".up_proj.", ".gate_up_proj.", 1)]
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+                ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = attn.forward(self.layer_idx, q, k, v)  # [T, Hq, D]
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size,
+                                      bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_idx, rotary)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+                ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # One rotary table shared by all layers (not a submodule of each, to keep it single).
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                 cfg.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, i, rotary) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.tie_weights()
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attn: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden] (after the last norm)."""
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, positions, attn)
+        return self.model.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> float32 logits [N, vocab]."""
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""
+        cfg = self.config
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+
+        def shard_sizes(name: str) -> list[int]:
+            return [q, kv, kv] if ".qkv_proj." in name else [cfg.intermediate_size] * 2
+
+        def rename(name: str) -> Optional[str]:
+            if "rotary_emb.inv_freq" in name:
+                return None
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                return None  # some tied checkpoints store the shared matrix twice
+            return name
+
+        written = load_weights_into(self, weights, _FUSED, shard_sizes, rename)
+        check_all_loaded(self, written, {".qkv_proj.": 3, ".gate_up_proj.": 2})

@@ -1,0 +1,97 @@
+"""load_model(): a checkpoint (HF directory or GGUF file) -> (model on device, ModelConfig)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Iterator, Optional, Union
+
+import torch
+from torch import nn
+
+from pagedkv.models.config import ModelConfig
+from pagedkv.models.registry import ModelSource, model_class, resolve_model
+
+DTypeLike = Union[torch.dtype, str, None]
+_DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+                "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: DTypeLike, config: ModelConfig, device: torch.device) -> torch.dtype:
+    """"auto": float32 on the CPU; on a GPU the checkpoint's half type, else bfloat16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        ckpt = config.torch_dtype
+        return ckpt if ckpt in (torch.float16, torch.bfloat16) else torch.bfloat16
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use 'auto', 'float32', "
+                         "'float16' or 'bfloat16'")
+    return _DTYPE_NAMES[dtype]
+
+
+def load_config(source: ModelSource) -> ModelConfig:
+    if source.kind == "hf":
+        return ModelConfig.from_hf_dir(source.path)
+    from pagedkv.models.gguf_reader import gguf_config, open_gguf
+
+    return gguf_config(open_gguf(source.path))
+
+
+def hf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors of an HF checkpoint: *.safetensors (sharded or not), else pytorch_model*.bin."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(path, name) for name in files]
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if files:
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, f.get_tensor(name)
+        return
+    bins = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    if not bins:
+        raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {path!r}")
+    for file in bins:
+        yield from torch.load(file, map_location="cpu", weights_only=True).items()
+
+
+def checkpoint_weights(source: ModelSource, config: ModelConfig
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
+    if source.kind == "hf":
+        return hf_weights(source.path)
+    from pagedkv.models.gguf_reader import gguf_weights, open_gguf
+
+    return gguf_weights(open_gguf(source.path), config)
+
+
+def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """The model with uninitialised storage (no time spent on random init)."""
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config)
+    model = model.to(dtype).to_empty(device=device)
+    if config.tie_word_embeddings:
+        model.tie_weights()  # to_empty may give the two modules separate tensors
+    return model.eval()
+
+
+def load_model(model: Optional[str] = None, dtype: DTypeLike = "auto",
+               device: Union[torch.device, str] = "cpu") -> tuple[nn.Module, ModelConfig]:
+    """Loads ``model`` (see resolve_model) -> (torch module on ``device``, its ModelConfig)."""
+    device = torch.device(device)
+    source = resolve_model(model)
+    config = load_config(source)
+    net = build_empty(config, resolve_dtype(dtype, config, device), device)
+    net.load_weights(checkpoint_weights(source, config))
+    net.source = source
+    return net, config

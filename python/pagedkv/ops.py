@@ -1,0 +1,202 @@
+"""vLLM-named paged KV-cache kernels (``vllm._custom_ops`` argument order).
+
+Every array argument may be a numpy array, a torch tensor (CPU or CUDA), a cupy array or any
+``__dlpack__`` object; caches and outputs are written in place (never copied). The work runs on
+the device of the arrays: the C++ CPU kernels for host arrays, the CUDA kernels for GPU arrays
+(on ``stream``, by default the caller's current torch / cupy stream).
+
+``k_scale`` / ``v_scale`` may be Python floats or 1-element arrays; they are read on the host,
+so a CUDA tensor scale costs one device synchronisation per call (pass floats in hot loops).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+from pagedkv import _C
+from pagedkv._tensor import check_array, current_stream, is_cuda
+
+__all__ = [
+    "reshape_and_cache",
+    "reshape_and_cache_flash",
+    "paged_attention_v1",
+    "paged_attention_v2",
+    "context_attention_fwd",
+    "copy_blocks",
+    "swap_blocks",
+    "PARTITION_SIZE",
+]
+
+#: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).
+PARTITION_SIZE = 512
+
+
+def _scalar(x: Any, name: str) -> float:
+    """A Python float from a number or a 1-element array (host read; syncs for CUDA arrays)."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    if hasattr(x, "item") and hasattr(x, "shape"):
+        size = 1
+        for s in x.shape:
+            size *= int(s)
+        if size != 1:
+            raise ValueError(f"{name} must be a float or a 1-element array, got shape "
+                             f"{tuple(x.shape)}")
+        return float(x.reshape(()).item() if hasattr(x, "reshape") else x.item())
+    raise TypeError(f"{name} must be a float or a 1-element array, got {type(x).__name__}")
+
+
+def _stream(stream: Optional[int], x: Any) -> int:
+    return current_stream(x) if stream is None else int(stream)
+
+
+def _window(sliding_window: Optional[int]) -> int:
+    return -1 if sliding_window is None or sliding_window <= 0 else int(sliding_window)
+
+
+def _arrays(**arrays: Any) -> None:
+    for name, a in arrays.items():
+        check_array(a, name)
+
+
+def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
+                      kv_cache_dtype: str = "auto", k_scale: Any = 1.0, v_scale: Any = 1.0,
+                      *, stream: Optional[int] = None) -> None:
+    """Writes key/value [num_tokens, num_kv_heads, head_size] into vLLM-layout caches
+    (key [num_blocks, num_kv_heads, head_size/x, block_size, x], value [num_blocks,
+    num_kv_heads, head_size, block_size]) at ``slot_mapping`` (int64; negative = skip)."""
+    _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+            slot_mapping=slot_mapping)
+    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                             _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"), False,
+                             _stream(stream, key))
+
+
+def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: Any,
+                            slot_mapping: Any, kv_cache_dtype: str = "auto", k_scale: Any = 1.0,
+                            v_scale: Any = 1.0, *, stream: Optional[int] = None) -> None:
+    """Same as :func:`reshape_and_cache` for NHD caches [num_blocks, block_size, num_kv_heads,
+    head_size]."""
+    _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
+            slot_mapping=slot_mapping)
+    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+                             _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"), True,
+                             _stream(stream, key))
+
+
+def _block_size(key_cache: Any, block_size: Optional[int]) -> None:
+    """vLLM passes block_size explicitly: it must agree with the key cache (other shape errors
+    are reported by the kernels' validation)."""
+    rank = len(key_cache.shape)
+    if block_size is None or rank not in (4, 5):
+        return
+    actual = int(key_cache.shape[3] if rank == 5 else key_cache.shape[1])
+    if int(block_size) != actual:
+        raise ValueError(f"block_size = {block_size} does not match the key_cache's block size "
+                         f"{actual}")
+
+
+def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
+                       num_kv_heads: int, scale: float, block_tables: Any, seq_lens: Any,
+                       block_size: int, max_seq_len: int, alibi_slopes: Optional[Any] = None,
+                       kv_cache_dtype: str = "auto", k_scale: Any = 1.0, v_scale: Any = 1.0,
+                       tp_rank: int = 0, blocksparse_local_blocks: int = 0,
+                       blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
+                       blocksparse_head_sliding_step: int = 0, *,
+                       logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
+                       stream: Optional[int] = None) -> None:
+    """Decode attention (one query token per sequence), written into ``out``
+    [num_seqs, num_heads, head_size]. Blocksparse attention is not supported."""
+    _arrays(out=out, query=query, key_cache=key_cache, value_cache=value_cache,
+            block_tables=block_tables, seq_lens=seq_lens)
+    _no_blocksparse(blocksparse_vert_stride)
+    _block_size(key_cache, block_size)
+    _C.ops_paged_attention_v1(out, query, key_cache, value_cache, int(num_kv_heads), float(scale),
+                              block_tables, seq_lens, int(max_seq_len), alibi_slopes,
+                              kv_cache_dtype, _scalar(k_scale, "k_scale"),
+                              _scalar(v_scale, "v_scale"), float(logits_soft_cap),
+                              _window(sliding_window), _stream(stream, query))
+
+
+def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, query: Any,
+                       key_cache: Any, value_cache: Any, num_kv_heads: int, scale: float,
+                       block_tables: Any, seq_lens: Any, block_size: int, max_seq_len: int,
+                       alibi_slopes: Optional[Any] = None, kv_cache_dtype: str = "auto",
+                       k_scale: Any = 1.0, v_scale: Any = 1.0, tp_rank: int = 0,
+                       blocksparse_local_blocks: int = 0, blocksparse_vert_stride: int = 0,
+                       blocksparse_block_size: int = 64, blocksparse_head_sliding_step: int = 0,
+                       *, logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
+                       partition_size: int = PARTITION_SIZE,
+                       stream: Optional[int] = None) -> None:
+    """Partitioned decode attention. exp_sums / max_logits [num_seqs, num_heads, partitions]
+    float32 receive each partition's sum of exp(logit - max) and max logit, tmp_out
+    [num_seqs, num_heads, partitions, head_size] (float32, or the query dtype) its normalised
+    output; partitions past a sequence's end are left untouched. ``out`` gets the merge."""
+    _arrays(out=out, exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out, query=query,
+            key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+            seq_lens=seq_lens)
+    _no_blocksparse(blocksparse_vert_stride)
+    _block_size(key_cache, block_size)
+    _C.ops_paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
+                              int(num_kv_heads), float(scale), block_tables, seq_lens,
+                              int(max_seq_len), alibi_slopes, kv_cache_dtype,
+                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                              float(logits_soft_cap), _window(sliding_window),
+                              int(partition_size), _stream(stream, query))
+
+
+def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k_cache: Any,
+                          v_cache: Any, b_loc: Any, b_start_loc: Any, b_seq_len: Any,
+                          max_seq_len: Optional[int], max_input_len: int, k_scale: Any = 1.0,
+                          v_scale: Any = 1.0, alibi_slopes: Optional[Any] = None,
+                          sliding_window: Optional[int] = None, sm_scale: Optional[float] = None,
+                          skip_decode: bool = False, *, logits_soft_cap: float = 0.0,
+                          stream: Optional[int] = None) -> None:
+    """Prefill / extend attention with a paged prefix (vLLM's prefix_prefill signature).
+
+    q, o: [num_tokens, num_heads, head_size]; k, v: the new tokens [num_tokens, num_kv_heads,
+    head_size]; b_loc: block tables [num_seqs, max_blocks] int32; b_start_loc: query_start_loc
+    [num_seqs + 1] int32; b_seq_len: seq_lens [num_seqs] int32 (context + new tokens).
+    Query token i of a sequence sits at position context_len + i and sees keys 0..itself
+    (and, with sliding_window, only the last sliding_window of them). sm_scale defaults to
+    1/sqrt(head_size). max_seq_len is unused (accepted for vLLM compatibility).
+    """
+    _arrays(q=q, k=k, v=v, o=o, k_cache=k_cache, v_cache=v_cache, b_loc=b_loc,
+            b_start_loc=b_start_loc, b_seq_len=b_seq_len)
+    if skip_decode:
+        raise ValueError("skip_decode=True is not supported")
+    scale = 1.0 / math.sqrt(int(q.shape[-1])) if sm_scale is None else float(sm_scale)
+    _C.ops_context_attention_fwd(o, q, k, v, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
+                                 int(max_input_len), scale, alibi_slopes, kv_cache_dtype,
+                                 _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                                 float(logits_soft_cap), _window(sliding_window),
+                                 _stream(stream, q))
+
+
+def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
+                stream: Optional[int] = None) -> None:
+    """Copies blocks block_mapping[i, 0] -> block_mapping[i, 1] ([n, 2] int64) in every
+    layer's key and value cache."""
+    for name, caches in (("key_caches", key_caches), ("value_caches", value_caches)):
+        if not isinstance(caches, (list, tuple)):
+            raise TypeError(f"{name} must be a list of arrays, got {type(caches).__name__}")
+        for i, c in enumerate(caches):
+            check_array(c, f"{name}[{i}]")
+    check_array(block_mapping, "block_mapping")
+    first = key_caches[0] if key_caches else block_mapping
+    _C.ops_copy_blocks(list(key_caches), list(value_caches), block_mapping,
+                       _stream(stream, first))
+
+
+def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Optional[int] = None) -> None:
+    """Copies blocks block_mapping[i, 0] of ``src`` to block_mapping[i, 1] of ``dst``
+    (block_mapping: [n, 2] int64 on the CPU); src/dst may be on different devices."""
+    _arrays(src=src, dst=dst, block_mapping=block_mapping)
+    gpu = dst if is_cuda(dst) else src
+    _C.ops_swap_blocks(src, dst, block_mapping, _stream(stream, gpu))
+
+
+def _no_blocksparse(vert_stride: Optional[int]) -> None:
+    if vert_stride is not None and vert_stride > 1:
+        raise ValueError("blocksparse_vert_stride > 1: blocksparse attention is not supported")

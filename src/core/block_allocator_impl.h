@@ -1,0 +1,70 @@
+// BlockAllocator's state, shared by block_allocator.cpp (pool, ref counts, copy-on-write),
+// prefix_cache.cpp (hash table, matching) and swap_pool.cpp (host pool). Struct of arrays indexed
+// by int32 block id; no per-block allocation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/free_block_queue.h"
+#include "pagedkv/block_allocator.h"
+
+namespace pagedkv {
+
+struct BlockHashHasher {
+  size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo ^ (h.hi >> 7)); }
+};
+
+struct BlockAllocator::Impl {
+  explicit Impl(const BlockAllocatorConfig& c);
+
+  int32_t num_blocks;
+  int32_t block_size;
+  bool prefix_caching;
+
+  std::vector<int32_t> ref;           // [num_blocks] int32 reference counts
+  detail::FreeBlockQueue free_queue;  // every block with ref 0, uncached ones first
+
+  // ---- prefix cache (sized only when enabled) ----
+  std::vector<uint8_t> cached;    // [num_blocks] 1 when table[hash[id]] == id
+  std::vector<BlockHash> hash;    // [num_blocks] valid when cached
+  std::vector<BlockHash> parent;  // [num_blocks] parent hash, valid when cached
+  std::vector<uint64_t> extra;    // [num_blocks] extra key, valid when cached
+  std::vector<int32_t> tokens;    // [num_blocks * block_size] tokens, valid when cached
+  std::unordered_map<BlockHash, BlockId, BlockHashHasher> table;  // hash -> cached block
+  // parent hash -> its cached children, for partial-block matching.
+  std::unordered_map<BlockHash, std::vector<BlockId>, BlockHashHasher> children;
+  int32_t num_cached_free = 0;  // cached blocks with ref 0
+
+  std::vector<std::pair<int64_t, int64_t>> pending_copies;  // (src, dst) for copy_blocks
+
+  // ---- host swap pool ----
+  std::vector<int32_t> cpu_ref;   // [num_cpu_blocks] int32
+  std::vector<BlockId> cpu_free;  // stack of free host ids
+
+  AllocatorCounters counters;
+
+  bool valid(BlockId id) const { return id >= 0 && id < num_blocks; }
+  // Pops the head of the free queue (precondition: not empty), evicting its hash, ref -> 1.
+  BlockId pop_free();
+  // Ref count 0 -> in the free queue: cached blocks at the tail (evicted last, LRU), others at the
+  // head (reused before any cached block).
+  void enqueue_free(BlockId id);
+  // Takes one reference on `id` (which may be free and cached).
+  void acquire(BlockId id);
+  // Drops one reference from each of ids[0..n) with full validation (range, ref > 0, repeated ids
+  // counted); all or nothing. Blocks reaching 0 are queued in reverse order (tail first).
+  Status release(const BlockId* ids, size_t n);
+  void uncache(BlockId id);  // removes id from the table (precondition: cached[id])
+  bool block_matches(BlockId id, const BlockHash& parent_hash, const int32_t* toks,
+                     uint64_t extra_key) const;
+  // Block cached under `h` whose content verifies, or kNoBlock; *collided is set when a block was
+  // found under `h` but its content differs.
+  BlockId lookup(const BlockHash& h, const BlockHash& parent_hash, const int32_t* toks,
+                 uint64_t extra_key, bool* collided) const;
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,48 @@
+// CPU implementations of the ops in include/pagedkv/ops.h. The dispatcher (src/ops/ops.cpp)
+// validates every argument first (shapes, dtypes, devices, block ids and slots in range) and
+// calls these only for CPU tensors, so they can assume consistent inputs.
+// Numerics: fp32 accumulation everywhere; inputs are converted to fp32 in small tiles.
+#pragma once
+
+#include <vector>
+
+#include "pagedkv/ops.h"
+
+namespace pagedkv::cpu_ops {
+
+void reshape_and_cache(const TensorView& key, const TensorView& value,
+                       const TensorView& key_cache, const TensorView& value_cache,
+                       const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
+                       float k_scale, float v_scale);
+
+void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
+                             const TensorView& key_cache, const TensorView& value_cache,
+                             const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
+                             float k_scale, float v_scale);
+
+void paged_attention_v1(const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        int num_kv_heads, const TensorView& block_tables,
+                        const TensorView& seq_lens, int max_seq_len,
+                        const AttentionOptions& opts);
+
+void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
+                        const TensorView& max_logits, const TensorView& tmp_out,
+                        const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens,
+                        int max_seq_len, const AttentionOptions& opts, int partition_size);
+
+void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
+                           const TensorView& value, const TensorView& key_cache,
+                           const TensorView& value_cache, const TensorView& block_tables,
+                           const TensorView& query_start_loc, const TensorView& seq_lens,
+                           int max_query_len, const AttentionOptions& opts);
+
+void copy_blocks(const std::vector<TensorView>& key_caches,
+                 const std::vector<TensorView>& value_caches, const TensorView& block_mapping);
+
+// Both src and dst in host memory (CPU or pinned).
+void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping);
+
+}  // namespace pagedkv::cpu_ops

@@ -1,0 +1,228 @@
+// Decode attention (one query token per sequence) over a paged KV cache: paged_attention_v1
+// (one pass over the whole context) and paged_attention_v2 (context split into partitions whose
+// partial results are merged with their log-sum-exp in fp32).
+//
+// Work item = (sequence, KV head[, partition]): the G = num_heads / num_kv_heads query heads of
+// a KV head share every K/V tile they read (GQA reuse), the tile is converted to fp32 once.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/attention_common.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/parallel.h"
+
+namespace pagedkv::cpu_ops {
+namespace {
+
+struct DecodeProblem {
+  RowArray query, out;
+  PagedCache k, v;
+  BlockTable tables;
+  IntArray seq_lens;
+  LogitTransform transform;
+  float scale = 1.0f;
+  int num_heads = 0, num_kv_heads = 0, group = 0, head_size = 0, window = -1;
+  // v2 only: [num_seqs, num_heads, max_partitions] and [.., head_size]
+  float* exp_sums = nullptr;
+  float* max_logits = nullptr;
+  char* tmp_out = nullptr;
+  DType tmp_dtype = DType::kFloat32;
+  int max_partitions = 1, partition_size = 0;  // 0: v1
+};
+
+// Result of one (sequence, KV head, token range) item: per query head of the group, the max
+// logit, the sum of exp(logit - max) and the un-normalised output sum_t exp(..) * v_t.
+struct PartialState {
+  float* max;  // [G]
+  float* sum;  // [G]
+  float* acc;  // [G, D]
+};
+
+PAGEDKV_MULTIVERSION
+void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, int64_t t_end,
+                  int64_t seq_len, PartialState st) {
+  thread_local std::vector<float> q_buf, logit_buf, tile_buf;
+  const int G = p.group, D = p.head_size, bs = p.k.block_size;
+  const int64_t L = std::max<int64_t>(t_end - t_begin, 0);
+  float* q = scratch(q_buf, static_cast<size_t>(G) * D);
+  float* logits = scratch(logit_buf, static_cast<size_t>(G) * std::max<int64_t>(L, 1));
+  float* tile = scratch(tile_buf, static_cast<size_t>(bs) * D);
+  for (int g = 0; g < G; ++g) {
+    st.max[g] = kNegInf;
+    st.sum[g] = 0.0f;
+    std::fill(st.acc + g * D, st.acc + (g + 1) * D, 0.0f);
+  }
+  if (L == 0) return;
+  for (int g = 0; g < G; ++g) {
+    load_row(p.query.row(seq, kh * G + g), p.query.dtype, q + g * D, D);
+    scale_row(p.scale, q + g * D, D);
+  }
+  // Pass 1: logits of every key in the range, block by block.
+  for (int64_t t = t_begin; t < t_end;) {
+    const int off = static_cast<int>(t % bs);
+    const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
+    p.k.load(p.tables(seq, t / bs), kh, off, n, tile);
+    for (int g = 0; g < G; ++g) {
+      float* s = logits + g * L + (t - t_begin);
+      for (int j = 0; j < n; ++j) s[j] = dot(q + g * D, tile + j * D, D);
+    }
+    t += n;
+  }
+  // Softmax numerators in place.
+  for (int g = 0; g < G; ++g) {
+    float* s = logits + g * L;
+    p.transform.apply(s, static_cast<int>(L), p.transform.slope(kh * G + g), t_begin,
+                      seq_len - 1);
+    float m = kNegInf;
+    for (int64_t j = 0; j < L; ++j) m = std::max(m, s[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < L; ++j) {
+      s[j] = std::exp(s[j] - m);
+      sum += s[j];
+    }
+    st.max[g] = m;
+    st.sum[g] = sum;
+  }
+  // Pass 2: weighted sum of the values.
+  for (int64_t t = t_begin; t < t_end;) {
+    const int off = static_cast<int>(t % bs);
+    const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
+    p.v.load(p.tables(seq, t / bs), kh, off, n, tile);
+    for (int g = 0; g < G; ++g) {
+      const float* w = logits + g * L + (t - t_begin);
+      for (int j = 0; j < n; ++j) axpy(w[j], tile + j * D, st.acc + g * D, D);
+    }
+    t += n;
+  }
+}
+
+// First visible key of a sequence under the sliding window (0 without one).
+int64_t window_start(const DecodeProblem& p, int64_t seq_len) {
+  return p.window > 0 ? std::max<int64_t>(0, seq_len - p.window) : 0;
+}
+
+void run_v1(const DecodeProblem& p, int64_t num_seqs) {
+  parallel_for(num_seqs * p.num_kv_heads, [&](int64_t item) {
+    thread_local std::vector<float> state;
+    const int64_t seq = item / p.num_kv_heads;
+    const int kh = static_cast<int>(item % p.num_kv_heads);
+    const int G = p.group, D = p.head_size;
+    float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
+    PartialState st{buf, buf + G, buf + 2 * G};
+    const int64_t seq_len = p.seq_lens[seq];
+    attend_range(p, seq, kh, window_start(p, seq_len), seq_len, seq_len, st);
+    for (int g = 0; g < G; ++g) {
+      // A sequence with no visible key (seq_len 0) gets a zero output, not NaN.
+      const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
+      scale_row(inv, st.acc + g * D, D);
+      store_row(st.acc + g * D, p.out.dtype, p.out.row(seq, kh * G + g), D);
+    }
+  });
+}
+
+void run_v2(const DecodeProblem& p, int64_t num_seqs) {
+  const int P = p.max_partitions, H = p.num_heads, D = p.head_size;
+  const int64_t tmp_elem = static_cast<int64_t>(dtype_size(p.tmp_dtype));
+  // Phase 1: one item per (sequence, KV head, partition).
+  parallel_for(num_seqs * p.num_kv_heads * P, [&](int64_t item) {
+    const int part = static_cast<int>(item % P);
+    const int64_t seq = item / P / p.num_kv_heads;
+    const int kh = static_cast<int>(item / P % p.num_kv_heads);
+    const int64_t seq_len = p.seq_lens[seq];
+    const int64_t t0 = static_cast<int64_t>(part) * p.partition_size;
+    if (t0 >= seq_len) return;  // beyond this sequence: left untouched, as in vLLM
+    const int64_t t1 = std::min<int64_t>(t0 + p.partition_size, seq_len);
+    thread_local std::vector<float> state;
+    const int G = p.group;
+    float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
+    PartialState st{buf, buf + G, buf + 2 * G};
+    attend_range(p, seq, kh, std::max(t0, window_start(p, seq_len)), t1, seq_len, st);
+    for (int g = 0; g < G; ++g) {
+      const int64_t idx = (seq * H + kh * G + g) * P + part;
+      p.exp_sums[idx] = st.sum[g];
+      p.max_logits[idx] = st.max[g];
+      const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
+      scale_row(inv, st.acc + g * D, D);
+      store_row(st.acc + g * D, p.tmp_dtype, p.tmp_out + idx * D * tmp_elem, D);
+    }
+  });
+  // Phase 2: merge the partitions of each (sequence, head) in fp32.
+  parallel_for(num_seqs * H, [&](int64_t item) {
+    thread_local std::vector<float> buf;
+    float* acc = scratch(buf, 2 * static_cast<size_t>(D));
+    float* row = acc + D;
+    const int64_t seq = item / H;
+    const int h = static_cast<int>(item % H);
+    const int64_t seq_len = p.seq_lens[seq];
+    const int64_t parts = (seq_len + p.partition_size - 1) / p.partition_size;
+    const int64_t base = (seq * H + h) * P;
+    float gmax = kNegInf;
+    for (int64_t i = 0; i < parts; ++i) gmax = std::max(gmax, p.max_logits[base + i]);
+    std::fill(acc, acc + D, 0.0f);
+    float total = 0.0f;
+    for (int64_t i = 0; i < parts; ++i) {
+      const float m = p.max_logits[base + i];
+      if (m == kNegInf) continue;  // partition fully outside the sliding window
+      const float w = p.exp_sums[base + i] * std::exp(m - gmax);
+      load_row(p.tmp_out + (base + i) * D * tmp_elem, p.tmp_dtype, row, D);
+      axpy(w, row, acc, D);
+      total += w;
+    }
+    scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
+    store_row(acc, p.out.dtype, p.out.row(seq, h), D);
+  });
+}
+
+DecodeProblem make_problem(const TensorView& out, const TensorView& query,
+                           const TensorView& key_cache, const TensorView& value_cache,
+                           int num_kv_heads, const TensorView& block_tables,
+                           const TensorView& seq_lens, const AttentionOptions& opts) {
+  DecodeProblem p;
+  const bool vllm = key_cache.ndim() == 5;
+  p.query = RowArray(query);
+  p.out = RowArray(out);
+  p.k = PagedCache::make(key_cache, true, vllm, opts.kv_cache_dtype, opts.k_scale);
+  p.v = PagedCache::make(value_cache, false, vllm, opts.kv_cache_dtype, opts.v_scale);
+  p.tables = BlockTable(block_tables);
+  p.seq_lens = IntArray(seq_lens);
+  p.transform = make_transform(opts);
+  p.scale = opts.scale;
+  p.num_heads = static_cast<int>(query.size(1));
+  p.num_kv_heads = num_kv_heads;
+  p.group = p.num_heads / num_kv_heads;
+  p.head_size = static_cast<int>(query.size(2));
+  p.window = opts.sliding_window;
+  return p;
+}
+
+}  // namespace
+
+void paged_attention_v1(const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        int num_kv_heads, const TensorView& block_tables,
+                        const TensorView& seq_lens, int /*max_seq_len*/,
+                        const AttentionOptions& opts) {
+  const DecodeProblem p = make_problem(out, query, key_cache, value_cache, num_kv_heads,
+                                       block_tables, seq_lens, opts);
+  run_v1(p, query.size(0));
+}
+
+void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
+                        const TensorView& max_logits, const TensorView& tmp_out,
+                        const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens,
+                        int /*max_seq_len*/, const AttentionOptions& opts, int partition_size) {
+  DecodeProblem p = make_problem(out, query, key_cache, value_cache, num_kv_heads, block_tables,
+                                 seq_lens, opts);
+  p.exp_sums = exp_sums.data_as<float>();
+  p.max_logits = max_logits.data_as<float>();
+  p.tmp_out = static_cast<char*>(tmp_out.data());
+  p.tmp_dtype = tmp_out.dtype();
+  p.max_partitions = static_cast<int>(exp_sums.size(2));
+  p.partition_size = partition_size;
+  run_v2(p, query.size(0));
+}
+
+}  // namespace pagedkv::cpu_ops

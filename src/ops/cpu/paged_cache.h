@@ -1,0 +1,91 @@
+// Read access to one paged KV cache (keys or values) in either layout and any supported
+// storage type, producing fp32 tiles [n_tokens, head_size] that the attention kernels consume.
+//
+//   vLLM key   [num_blocks, H, D / x, block_size, x]  element (t, d): (d / x) * bs * x + t * x + d % x
+//   vLLM value [num_blocks, H, D, block_size]         element (t, d): d * bs + t
+//   NHD        [num_blocks, block_size, H, D]          element (t, d): t * H * D + h * D + d
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cpu/fp8.h"
+#include "ops/cpu/vec.h"
+#include "pagedkv/ops.h"
+
+namespace pagedkv::cpu_ops {
+
+struct PagedCache {
+  const char* base = nullptr;
+  int64_t block_stride = 0;  // bytes between consecutive blocks
+  KVLayout layout = KVLayout::kNHD;
+  bool is_key = true;
+  DType dtype = DType::kFloat32;  // storage dtype (uint8 for fp8)
+  const float* fp8 = nullptr;     // decode table when the cache holds fp8, else null
+  float scale = 1.0f;             // fp8 read scale
+  int block_size = 0, num_heads = 0, head_size = 0, x = 0;
+  int64_t elem = 0;  // element size in bytes
+
+  // `cache` is a key cache (rank 5 or 4) or a value cache (rank 4) already validated.
+  static PagedCache make(const TensorView& cache, bool is_key, bool vllm_layout,
+                         KVCacheDType kv_dtype, float scale) {
+    PagedCache c;
+    c.base = static_cast<const char*>(cache.data());
+    c.elem = static_cast<int64_t>(cache.element_size());
+    c.block_stride = cache.stride(0) * c.elem;
+    c.layout = vllm_layout ? KVLayout::kVLLM : KVLayout::kNHD;
+    c.is_key = is_key;
+    c.dtype = cache.dtype();
+    if (kv_dtype != KVCacheDType::kAuto) c.fp8 = fp8_table(fp8_format(kv_dtype));
+    c.scale = scale;
+    c.x = static_cast<int>(16 / c.elem);
+    if (vllm_layout) {
+      c.num_heads = static_cast<int>(cache.size(1));
+      c.head_size = static_cast<int>(is_key ? cache.size(2) * cache.size(4) : cache.size(2));
+      c.block_size = static_cast<int>(cache.size(3));
+    } else {
+      c.block_size = static_cast<int>(cache.size(1));
+      c.num_heads = static_cast<int>(cache.size(2));
+      c.head_size = static_cast<int>(cache.size(3));
+    }
+    return c;
+  }
+
+  // `n` contiguous source elements -> fp32.
+  PAGEDKV_INLINE void convert(const char* src, float* dst, int n) const {
+    if (fp8) {
+      load_row_fp8(reinterpret_cast<const uint8_t*>(src), fp8, scale, dst, n);
+    } else {
+      load_row(src, dtype, dst, n);
+    }
+  }
+
+  // Tokens [t0, t0 + n) of physical block `block`, head h -> dst [n, head_size] fp32.
+  PAGEDKV_INLINE void load(int64_t block, int h, int t0, int n, float* dst) const {
+    const int D = head_size, bs = block_size;
+    const char* blk = base + block * block_stride;
+    if (layout == KVLayout::kNHD) {
+      for (int t = 0; t < n; ++t)
+        convert(blk + ((static_cast<int64_t>(t0 + t) * num_heads + h) * D) * elem, dst + t * D, D);
+    } else if (is_key) {
+      const char* head = blk + static_cast<int64_t>(h) * D * bs * elem;
+      for (int c = 0; c < D / x; ++c)
+        for (int t = 0; t < n; ++t)
+          convert(head + (static_cast<int64_t>(c) * bs * x + (t0 + t) * x) * elem,
+                  dst + t * D + c * x, x);
+    } else {
+      // Values are stored transposed ([D, block_size]): convert each d's run of tokens, then
+      // scatter into the [n, D] tile.
+      const char* head = blk + static_cast<int64_t>(h) * D * bs * elem;
+      float run[64];
+      for (int d = 0; d < D; ++d) {
+        for (int t = 0; t < n; t += 64) {
+          const int m = n - t < 64 ? n - t : 64;
+          convert(head + (static_cast<int64_t>(d) * bs + t0 + t) * elem, run, m);
+          for (int j = 0; j < m; ++j) dst[(t + j) * D + d] = run[j];
+        }
+      }
+    }
+  }
+};
+
+}  // namespace pagedkv::cpu_ops

@@ -1,0 +1,188 @@
+// Prefill / extend attention (context_attention_fwd): the new query tokens of each sequence
+// attend causally to the sequence's cached context (read from the paged cache) and to the new
+// keys/values themselves (read from `key` / `value`). Chunked prefill and prefix reuse are the
+// same computation with a non-empty context.
+//
+// Work item = (sequence, KV head, chunk of query tokens); the chunk's G * chunk query rows share
+// every K/V tile, which is converted to fp32 once. Softmax is computed online (running max and
+// sum per row), so memory stays O(rows * head_size) whatever the sequence length.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/attention_common.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/parallel.h"
+
+namespace pagedkv::cpu_ops {
+namespace {
+
+constexpr int kNewKeyTile = 32;  // keys per tile when reading the new tokens
+constexpr int kMaxTile = 64;     // keys per tile at most (bounds the logit buffer)
+
+struct PrefillProblem {
+  RowArray query, out, key, value;
+  PagedCache k, v;
+  BlockTable tables;
+  IntArray query_start, seq_lens;
+  LogitTransform transform;
+  float scale = 1.0f;
+  int num_heads = 0, num_kv_heads = 0, group = 0, head_size = 0, window = -1;
+  int chunk = 16;  // query tokens per work item
+};
+
+struct WorkItem {
+  int64_t seq;
+  int64_t q_begin;  // first query token of the chunk, relative to the sequence
+};
+
+struct RowState {
+  float* q;    // [R, D] scaled queries
+  float* m;    // [R] running max
+  float* l;    // [R] running sum
+  float* acc;  // [R, D]
+};
+
+// Folds one K/V tile (keys at positions kpos0 .. kpos0 + n - 1) into the running state of the
+// chunk's rows (query token i -> rows (i - i0) * G + g).
+PAGEDKV_MULTIVERSION
+void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t i1,
+               int64_t kpos0, int n, const float* ktile, const float* vtile, RowState st) {
+  const int G = p.group, D = p.head_size;
+  float s[kMaxTile];
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t qpos = ctx + i;
+    // Visible keys of this query inside the tile: causal and sliding-window bounds.
+    const int j_end = static_cast<int>(std::min<int64_t>(n, qpos - kpos0 + 1));
+    int j_begin = 0;
+    if (p.window > 0) j_begin = static_cast<int>(std::max<int64_t>(0, qpos - p.window + 1 - kpos0));
+    if (j_begin >= j_end) continue;
+    const int m = j_end - j_begin;
+    for (int g = 0; g < G; ++g) {
+      const int64_t r = (i - i0) * G + g;
+      const float* q = st.q + r * D;
+      for (int j = 0; j < m; ++j) s[j] = dot(q, ktile + (j_begin + j) * D, D);
+      p.transform.apply(s, m, p.transform.slope(kh * G + g), kpos0 + j_begin, qpos);
+      float mx = kNegInf;
+      for (int j = 0; j < m; ++j) mx = std::max(mx, s[j]);
+      const float m_old = st.m[r];
+      const float m_new = std::max(m_old, mx);
+      float* acc = st.acc + r * D;
+      if (m_new > m_old && m_old != kNegInf) {
+        const float corr = std::exp(m_old - m_new);
+        st.l[r] *= corr;
+        scale_row(corr, acc, D);
+      }
+      st.m[r] = m_new;
+      float sum = 0.0f;
+      for (int j = 0; j < m; ++j) {
+        const float w = std::exp(s[j] - m_new);
+        sum += w;
+        axpy(w, vtile + (j_begin + j) * D, acc, D);
+      }
+      st.l[r] += sum;
+    }
+  }
+}
+
+PAGEDKV_MULTIVERSION
+void load_new_rows(const RowArray& a, int64_t token0, int kh, int n, int D, float* dst) {
+  for (int j = 0; j < n; ++j) load_row(a.row(token0 + j, kh), a.dtype, dst + j * D, D);
+}
+
+PAGEDKV_MULTIVERSION
+void load_cache_tile(const PagedCache& c, int64_t block, int kh, int off, int n, float* dst) {
+  c.load(block, kh, off, n, dst);
+}
+
+void run_item(const PrefillProblem& p, const WorkItem& w, int kh) {
+  thread_local std::vector<float> state_buf, k_buf, v_buf;
+  const int G = p.group, D = p.head_size;
+  const int64_t qs = p.query_start[w.seq];
+  const int64_t q_len = p.query_start[w.seq + 1] - qs;
+  const int64_t ctx = p.seq_lens[w.seq] - q_len;
+  const int64_t i0 = w.q_begin, i1 = std::min<int64_t>(i0 + p.chunk, q_len);
+  const int64_t R = (i1 - i0) * G;
+  float* buf = scratch(state_buf, static_cast<size_t>(R) * (2 * D + 2));
+  RowState st{buf, buf + R * D, buf + R * D + R, buf + R * D + 2 * R};
+  for (int64_t i = i0; i < i1; ++i)
+    for (int g = 0; g < G; ++g) {
+      float* q = st.q + ((i - i0) * G + g) * D;
+      load_row(p.query.row(qs + i, kh * G + g), p.query.dtype, q, D);
+      for (int d = 0; d < D; ++d) q[d] *= p.scale;
+    }
+  std::fill(st.m, st.m + R, kNegInf);
+  std::fill(st.l, st.l + R + R * D, 0.0f);  // l and acc are adjacent
+
+    float* kt = scratch(k_buf, static_cast<size_t>(kMaxTile) * D);
+  float* vt = scratch(v_buf, static_cast<size_t>(kMaxTile) * D);
+  // Keys any row of the chunk can see: [lo, hi).
+  const int64_t hi = ctx + i1;
+  const int64_t lo = p.window > 0 ? std::max<int64_t>(0, ctx + i0 - p.window + 1) : 0;
+  const int bs = p.k.block_size;
+  for (int64_t t = lo; t < std::min(hi, ctx);) {  // cached context, one block at a time
+    const int off = static_cast<int>(t % bs);
+    const int n = static_cast<int>(std::min<int64_t>({bs - off, ctx - t, kMaxTile}));
+    const int64_t block = p.tables(w.seq, t / bs);
+    load_cache_tile(p.k, block, kh, off, n, kt);
+    load_cache_tile(p.v, block, kh, off, n, vt);
+    fold_tile(p, kh, ctx, i0, i1, t, n, kt, vt, st);
+    t += n;
+  }
+  for (int64_t t = std::max(lo, ctx); t < hi;) {  // the new tokens
+    const int n = static_cast<int>(std::min<int64_t>(kNewKeyTile, hi - t));
+    load_new_rows(p.key, qs + (t - ctx), kh, n, D, kt);
+    load_new_rows(p.value, qs + (t - ctx), kh, n, D, vt);
+    fold_tile(p, kh, ctx, i0, i1, t, n, kt, vt, st);
+    t += n;
+  }
+  for (int64_t i = i0; i < i1; ++i)
+    for (int g = 0; g < G; ++g) {
+      const int64_t r = (i - i0) * G + g;
+      float* acc = st.acc + r * D;
+      scale_row(st.l[r] > 0.0f ? 1.0f / st.l[r] : 0.0f, acc, D);
+      store_row(acc, p.out.dtype, p.out.row(qs + i, kh * G + g), D);
+    }
+}
+
+}  // namespace
+
+void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
+                           const TensorView& value, const TensorView& key_cache,
+                           const TensorView& value_cache, const TensorView& block_tables,
+                           const TensorView& query_start_loc, const TensorView& seq_lens,
+                           int /*max_query_len*/, const AttentionOptions& opts) {
+  PrefillProblem p;
+  const bool vllm = key_cache.ndim() == 5;
+  p.query = RowArray(query);
+  p.out = RowArray(out);
+  p.key = RowArray(key);
+  p.value = RowArray(value);
+  p.k = PagedCache::make(key_cache, true, vllm, opts.kv_cache_dtype, opts.k_scale);
+  p.v = PagedCache::make(value_cache, false, vllm, opts.kv_cache_dtype, opts.v_scale);
+  p.tables = BlockTable(block_tables);
+  p.query_start = IntArray(query_start_loc);
+  p.seq_lens = IntArray(seq_lens);
+  p.transform = make_transform(opts);
+  p.scale = opts.scale;
+  p.num_heads = static_cast<int>(query.size(1));
+  p.num_kv_heads = static_cast<int>(key.size(1));
+  p.group = p.num_heads / p.num_kv_heads;
+  p.head_size = static_cast<int>(query.size(2));
+  p.window = opts.sliding_window;
+  // About 64 query rows per item: enough to amortise each K/V tile conversion.
+  p.chunk = std::max(4, 64 / p.group);
+
+  std::vector<WorkItem> items;
+  const int64_t num_seqs = seq_lens.size(0);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
+    for (int64_t i = 0; i < q_len; i += p.chunk) items.push_back({s, i});
+  }
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  parallel_for(n_items * p.num_kv_heads, [&](int64_t k) {
+    run_item(p, items[k % n_items], static_cast<int>(k / n_items));
+  });
+}
+
+}  // namespace pagedkv::cpu_ops

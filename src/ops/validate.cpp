@@ -1,0 +1,146 @@
+// Argument validation shared by both backends (see validate.h).
+#include "ops/validate.h"
+
+#include <cmath>
+
+namespace pagedkv::ops::detail {
+
+namespace {
+bool same_device(const Device& a, const Device& b) {
+  if (a.is_cuda() || b.is_cuda()) return a == b;
+  return true;  // CPU and pinned host memory are both host memory
+}
+
+// Everything but dim 0 is row-major contiguous (blocks may be strided, e.g. kv_cache[0]).
+bool block_contiguous(const TensorView& t) {
+  int64_t expected = 1;
+  for (int d = t.ndim() - 1; d >= 1; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+}  // namespace
+
+void check_devices(std::initializer_list<Named> arrays) {
+  const Named* first = arrays.begin();
+  for (const Named& a : arrays) {
+    PAGEDKV_CHECK(same_device(first->t->device(), a.t->device()), first->name, " is on ",
+                  first->t->device().str(), " but ", a.name, " is on ", a.t->device().str(),
+                  ": all arrays of an op must be on the same device");
+  }
+}
+
+void check_float(const TensorView& t, std::string_view name) {
+  check_dtype(t, name, {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
+}
+
+void check_rows(const TensorView& t, std::string_view name, int64_t n0, int64_t n1, int64_t d) {
+  check_shape(t, name, {n0, n1, d});
+  PAGEDKV_CHECK(t.is_last_dim_contiguous(), name,
+                " must be contiguous in its last dimension (strides of other dims are free)");
+}
+
+void check_head_size(int64_t head_size, std::string_view name) {
+  PAGEDKV_CHECK(is_supported_head_size(static_cast<int>(head_size)), name, ": head size ",
+                head_size, " is not supported (supported: 32, 64, 80, 96, 112, 120, 128, 192, 256)");
+}
+
+void check_scales(float k_scale, float v_scale) {
+  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0, "k_scale must be a positive finite number, got ",
+                k_scale);
+  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0, "v_scale must be a positive finite number, got ",
+                v_scale);
+}
+
+CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCacheDType kv_dtype,
+                              DType dtype, const KVLayout* want) {
+  PAGEDKV_CHECK(kc.ndim() == 5 || kc.ndim() == 4, "key_cache must have rank 5 (vLLM layout "
+                "[num_blocks, num_kv_heads, head_size/x, block_size, x]) or rank 4 (NHD layout "
+                "[num_blocks, block_size, num_kv_heads, head_size]), got shape ", kc.shape_str());
+  const KVLayout layout = kc.ndim() == 5 ? KVLayout::kVLLM : KVLayout::kNHD;
+  if (want && *want != layout) {
+    PAGEDKV_CHECK(false, "key_cache must have rank ", *want == KVLayout::kVLLM ? 5 : 4,
+                  " for this op (", *want == KVLayout::kVLLM ? "vLLM" : "NHD",
+                  " layout), got shape ", kc.shape_str());
+  }
+  if (kv_dtype == KVCacheDType::kAuto) {
+    check_dtype(kc, "key_cache", {dtype});
+    check_dtype(vc, "value_cache", {dtype});
+  } else {
+    PAGEDKV_CHECK_TYPE(kc.dtype() == DType::kUInt8, "key_cache must be uint8 for an fp8 "
+                       "kv_cache_dtype, got ", dtype_name(kc.dtype()));
+    PAGEDKV_CHECK_TYPE(vc.dtype() == DType::kUInt8, "value_cache must be uint8 for an fp8 "
+                       "kv_cache_dtype, got ", dtype_name(vc.dtype()));
+  }
+  PAGEDKV_CHECK(block_contiguous(kc), "key_cache must be contiguous (except along num_blocks)");
+  PAGEDKV_CHECK(block_contiguous(vc), "value_cache must be contiguous (except along num_blocks)");
+  CacheGeometry g{};
+  g.layout = layout;
+  g.num_blocks = kc.size(0);
+  if (layout == KVLayout::kVLLM) {
+    const int64_t x = 16 / static_cast<int64_t>(kc.element_size());
+    PAGEDKV_CHECK(kc.size(4) == x, "key_cache: last dimension must be x = 16 / element size = ",
+                  x, ", got shape ", kc.shape_str());
+    g.num_kv_heads = kc.size(1);
+    g.head_size = kc.size(2) * x;
+    g.block_size = kc.size(3);
+    check_shape(vc, "value_cache", {g.num_blocks, g.num_kv_heads, g.head_size, g.block_size});
+  } else {
+    g.block_size = kc.size(1);
+    g.num_kv_heads = kc.size(2);
+    g.head_size = kc.size(3);
+    check_shape(vc, "value_cache", {g.num_blocks, g.block_size, g.num_kv_heads, g.head_size});
+  }
+  PAGEDKV_CHECK(g.block_size > 0, "key_cache: block_size must be positive");
+  return g;
+}
+
+void check_attention_options(const AttentionOptions& o, int64_t num_heads) {
+  PAGEDKV_CHECK(std::isfinite(o.scale), "scale must be finite, got ", o.scale);
+  PAGEDKV_CHECK(std::isfinite(o.logits_soft_cap) && o.logits_soft_cap >= 0,
+                "logits_soft_cap must be >= 0 (0 = off), got ", o.logits_soft_cap);
+  check_scales(o.k_scale, o.v_scale);
+  if (o.alibi_slopes) {
+    check_dtype(*o.alibi_slopes, "alibi_slopes", {DType::kFloat32});
+    check_shape(*o.alibi_slopes, "alibi_slopes", {num_heads});
+  }
+}
+
+int64_t host_int(const TensorView& t, int64_t i) {
+  const char* p = static_cast<const char*>(t.data()) + i * t.stride(0) * t.element_size();
+  return t.dtype() == DType::kInt64 ? *reinterpret_cast<const int64_t*>(p)
+                                    : *reinterpret_cast<const int32_t*>(p);
+}
+
+void check_seq_blocks(const TensorView& bt, int64_t seq, int64_t first, int64_t end,
+                      const CacheGeometry& g) {
+  if (end <= first) return;
+  const int64_t cap = bt.size(1) * g.block_size;
+  PAGEDKV_CHECK(end <= cap, "seq_lens[", seq, "] = ", end, " exceeds the block table: ",
+                "block_tables has ", bt.size(1), " blocks per sequence of block_size ",
+                g.block_size, " (", cap, " tokens)");
+  const int32_t* row = bt.data_as<const int32_t>() + seq * bt.stride(0);
+  for (int64_t b = first / g.block_size; b <= (end - 1) / g.block_size; ++b) {
+    const int64_t id = row[b * bt.stride(1)];
+    PAGEDKV_CHECK(id >= 0 && id < g.num_blocks, "block_tables[", seq, ", ", b, "] = ", id,
+                  " is out of range [0, ", g.num_blocks, ")");
+  }
+}
+
+void check_block_mapping(const TensorView& m, std::string_view name, int64_t src_blocks,
+                         int64_t dst_blocks) {
+  check_dtype(m, name, {DType::kInt64});
+  check_shape(m, name, {-1, 2});
+  if (m.device().is_cuda()) return;
+  const int64_t* p = m.data_as<const int64_t>();
+  for (int64_t i = 0; i < m.size(0); ++i) {
+    const int64_t s = p[i * m.stride(0)], d = p[i * m.stride(0) + m.stride(1)];
+    PAGEDKV_CHECK(s >= 0 && s < src_blocks, name, "[", i, ", 0] = ", s, " is out of range [0, ",
+                  src_blocks, ")");
+    PAGEDKV_CHECK(d >= 0 && d < dst_blocks, name, "[", i, ", 1] = ", d, " is out of range [0, ",
+                  dst_blocks, ")");
+  }
+}
+
+}  // namespace pagedkv::ops::detail

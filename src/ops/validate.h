@@ -1,0 +1,62 @@
+// Argument validation shared by the CPU and CUDA backends of the ops (src/ops/ops.cpp).
+// Every check throws ValueError / TypeError naming the argument. Checks that must read array
+// *values* (block ids, sequence lengths, slots) run only for host arrays: on the GPU they would
+// need a device synchronisation, which the CUDA path must never do (CUDA-graph safety).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
+
+#include "pagedkv/ops.h"
+
+namespace pagedkv::ops::detail {
+
+struct Named {
+  const TensorView* t;
+  std::string_view name;
+};
+
+// Geometry of a validated pair of KV caches.
+struct CacheGeometry {
+  KVLayout layout;
+  int64_t num_blocks, block_size, num_kv_heads, head_size;
+};
+
+// All arrays on one device (a host array and a pinned-host array count as the same); raises
+// ValueError naming the first argument and the first one that differs.
+void check_devices(std::initializer_list<Named> arrays);
+
+// Float32 / float16 / bfloat16 (TypeError otherwise).
+void check_float(const TensorView& t, std::string_view name);
+
+// [n0, n1, head_size] rows with a contiguous last dimension; -1 = any size.
+void check_rows(const TensorView& t, std::string_view name, int64_t n0, int64_t n1, int64_t d);
+
+void check_head_size(int64_t head_size, std::string_view name);
+void check_scales(float k_scale, float v_scale);
+
+// Validates key_cache / value_cache: layout (rank 5 = vLLM, rank 4 = NHD; `want` forces one),
+// dtype (the `dtype` of the data for "auto", uint8 for fp8), x = 16 / element_size, contiguity
+// of everything but the block dimension, and agreement of the two caches.
+CacheGeometry check_kv_caches(const TensorView& key_cache, const TensorView& value_cache,
+                              KVCacheDType kv_dtype, DType dtype, const KVLayout* want);
+
+// Scale, soft-cap, ALiBi slopes ([num_heads] float32), fp8 scales.
+void check_attention_options(const AttentionOptions& o, int64_t num_heads);
+
+// Host-side value checks of the paged metadata for one sequence: its visible token range
+// [first, end) must lie inside its block-table row and its block ids inside [0, num_blocks).
+void check_seq_blocks(const TensorView& block_tables, int64_t seq, int64_t first, int64_t end,
+                      const CacheGeometry& g);
+
+// [n, 2] int64 block pairs (src, dst); on host arrays also checks src < src_blocks and
+// dst < dst_blocks.
+void check_block_mapping(const TensorView& m, std::string_view name, int64_t src_blocks,
+                         int64_t dst_blocks);
+
+// Element i of a host int32/int64 1-D array.
+int64_t host_int(const TensorView& t, int64_t i);
+
+}  // namespace pagedkv::ops::detail

@@ -1,0 +1,88 @@
+// CPU ops from C++: fp16/bf16/fp8 conversions, decode attention against a direct computation,
+// and argument errors as exceptions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/fp8.h"
+#include "ops/cpu/half.h"
+#include "pagedkv/ops.h"
+
+namespace pagedkv {
+namespace {
+
+TEST(HalfConversion, RoundTripsEveryFp16) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = cpu_ops::half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(cpu_ops::float_to_half(f), h) << h;
+  }
+  EXPECT_EQ(cpu_ops::float_to_half(65520.0f), 0x7c00);  // ties to even: overflow to inf
+  EXPECT_EQ(cpu_ops::float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even mantissa
+  EXPECT_EQ(cpu_ops::float_to_bf16(1.0f + 1.0f / 256), 0x3f80);
+  EXPECT_EQ(cpu_ops::float_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+}
+
+TEST(Fp8Conversion, RoundTripsEveryCodeAndSaturates) {
+  for (auto fmt : {cpu_ops::Fp8Format::kE4M3, cpu_ops::Fp8Format::kE5M2}) {
+    for (int c = 0; c < 256; ++c) {
+      const float f = cpu_ops::fp8_to_float(static_cast<uint8_t>(c), fmt);
+      if (!std::isfinite(f)) continue;
+      EXPECT_EQ(cpu_ops::float_to_fp8(f, fmt), c) << c;
+    }
+  }
+  EXPECT_EQ(cpu_ops::fp8_to_float(cpu_ops::float_to_fp8(1e6f, cpu_ops::Fp8Format::kE4M3),
+                                  cpu_ops::Fp8Format::kE4M3),
+            448.0f);
+  EXPECT_EQ(cpu_ops::fp8_to_float(cpu_ops::float_to_fp8(-1e9f, cpu_ops::Fp8Format::kE5M2),
+                                  cpu_ops::Fp8Format::kE5M2),
+            -57344.0f);
+}
+
+TEST(PagedAttentionV1, MatchesDirectSoftmax) {
+  constexpr int kBlocks = 3, kBs = 8, kD = 32, kLen = 11;
+  std::vector<float> kc(kBlocks * kBs * kD), vc(kc.size()), q(kD), out(kD, -1.0f);
+  for (size_t i = 0; i < kc.size(); ++i) {
+    kc[i] = std::sin(0.37f * i);
+    vc[i] = std::cos(0.11f * i);
+  }
+  for (int d = 0; d < kD; ++d) q[d] = 0.05f * d;
+  std::vector<int32_t> table = {2, 0}, lens = {kLen};
+  AttentionOptions o;
+  o.scale = 0.5f;
+  const TensorView kv(kc.data(), DType::kFloat32, {kBlocks, kBs, 1, kD});
+  const TensorView vv(vc.data(), DType::kFloat32, {kBlocks, kBs, 1, kD});
+  ops::paged_attention_v1(TensorView(out.data(), DType::kFloat32, {1, 1, kD}),
+                          TensorView(q.data(), DType::kFloat32, {1, 1, kD}), kv, vv, 1,
+                          TensorView(table.data(), DType::kInt32, {1, 2}),
+                          TensorView(lens.data(), DType::kInt32, {1}), kLen, o);
+  std::vector<double> logits(kLen), want(kD, 0.0);
+  double mx = -1e30, sum = 0;
+  for (int t = 0; t < kLen; ++t) {
+    const float* k = &kc[(table[t / kBs] * kBs + t % kBs) * kD];
+    double s = 0;
+    for (int d = 0; d < kD; ++d) s += double(q[d]) * k[d];
+    logits[t] = 0.5 * s;
+    mx = std::max(mx, logits[t]);
+  }
+  for (int t = 0; t < kLen; ++t) {
+    const double p = std::exp(logits[t] - mx);
+    sum += p;
+    const float* v = &vc[(table[t / kBs] * kBs + t % kBs) * kD];
+    for (int d = 0; d < kD; ++d) want[d] += p * v[d];
+  }
+  for (int d = 0; d < kD; ++d) EXPECT_NEAR(out[d], want[d] / sum, 1e-5) << d;
+
+  lens[0] = 17;  // needs 3 blocks, the table has 2
+  EXPECT_THROW(ops::paged_attention_v1(TensorView(out.data(), DType::kFloat32, {1, 1, kD}),
+                                       TensorView(q.data(), DType::kFloat32, {1, 1, kD}), kv, vv,
+                                       1, TensorView(table.data(), DType::kInt32, {1, 2}),
+                                       TensorView(lens.data(), DType::kInt32, {1}), 17, o),
+               ValueError);
+  EXPECT_THROW(parse_kv_cache_dtype("fp4"), ValueError);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8"), KVCacheDType::kFp8E4M3);
+}
+
+}  // namespace
+}  // namespace pagedkv

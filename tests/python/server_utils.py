@@ -1,0 +1,83 @@
+"""Launch a real `python -m pagedkv serve` on a free loopback port and wait for /health."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RemoteServer:
+    def __init__(self, args: List[str], log_path: Path, env: Optional[Dict[str, str]] = None,
+                 startup_timeout: float = 240.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "pagedkv", "serve", *args, "--port", str(self.port)]
+        self._log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        self._wait_healthy(startup_timeout)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"server not healthy after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()[-6000:]
+
+    def metrics(self) -> Dict[str, float]:
+        """Sample name (labels dropped) -> value, from the Prometheus text at /metrics."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        values: Dict[str, float] = {}
+        for line in text.splitlines():
+            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)$", line)
+            if m:
+                values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
+        return values
+
+    def wait_idle(self, timeout: float = 30.0) -> Dict[str, float]:
+        """Polls /metrics until no request runs or waits and no KV block is in use."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            idle = (m["pagedkv:num_requests_running"] == 0
+                    and m["pagedkv:num_requests_waiting"] == 0
+                    and m["pagedkv:kv_cache_usage_perc"] == 0)
+            if idle or time.monotonic() > deadline:
+                return m
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()

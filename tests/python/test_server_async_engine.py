@@ -1,0 +1,132 @@
+"""AsyncLLMEngine over the real LLMEngine (default model): streaming, abort on early exit or
+cancellation (blocks freed), bad requests, and a dying engine loop failing requests and
+/health instead of hanging. The death test runs last: it kills the module's engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+# Until the engine lands on main there is nothing to serve; say so instead of failing.
+pytest.importorskip("pagedkv.engine.llm_engine", reason="pagedkv.engine.llm_engine not built yet")
+from pagedkv.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
+from pagedkv.engine.sampling_params import SamplingParams
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = AsyncLLMEngine(max_model_len=256, kv_cache_space=0.1, max_num_seqs=16)
+    yield eng
+    eng.shutdown()
+
+
+def wait_idle(engine: AsyncLLMEngine, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = engine.get_stats()
+        idle = stats["num_requests_running"] == 0 and stats["kv_cache_usage_perc"] == 0
+        if idle and not engine.engine.has_unfinished_requests():
+            return stats
+        assert time.monotonic() < deadline, f"engine not idle: {stats}"
+        time.sleep(0.05)
+
+
+def test_generate_streams_cumulative_outputs(engine: AsyncLLMEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    async def run() -> list:
+        return [out async for out in engine.generate(PROMPT, params, "gen-1")]
+
+    outs = asyncio.run(run())
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    lengths = [len(o.outputs[0].token_ids) for o in outs]
+    assert lengths == sorted(lengths) and lengths[-1] == 8
+    texts = [o.outputs[0].text for o in outs]
+    assert all(texts[-1].startswith(t) for t in texts)
+    assert outs[-1].outputs[0].finish_reason == "length"
+    # The same request again (ids this time) is deterministic.
+    ids = engine.tokenizer.encode(PROMPT)
+
+    async def again() -> str:
+        outs = [out async for out in engine.generate(ids, params, "gen-2")]
+        return outs[-1].outputs[0].text
+
+    assert asyncio.run(again()) == texts[-1]
+    wait_idle(engine)
+
+
+def test_early_exit_and_cancel_abort(engine: AsyncLLMEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def leave_early() -> int:
+        gen = engine.generate(PROMPT, params, "early")
+        n = 0
+        async for _ in gen:
+            n += 1
+            if n == 2:
+                break
+        await gen.aclose()
+        return n
+
+    async def cancel_task() -> None:
+        async def consume() -> None:
+            async for _ in engine.generate(PROMPT, params, "cancelled"):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    assert asyncio.run(leave_early()) == 2
+    asyncio.run(cancel_task())
+    stats = wait_idle(engine)
+    assert stats["generation_tokens"] < 2 * 200  # neither ran to the end
+    assert engine.num_active_requests() == 0
+
+
+def test_bad_requests_raise_value_error(engine: AsyncLLMEngine) -> None:
+    async def run(prompt, params, rid):
+        async for _ in engine.generate(prompt, params, rid):
+            pass
+
+    with pytest.raises(ValueError):
+        asyncio.run(run([10**9], SamplingParams(max_tokens=2), "bad-ids"))
+    with pytest.raises(ValueError):
+        asyncio.run(run("word " * 400, SamplingParams(max_tokens=2), "too-long"))
+    assert not engine.is_dead
+    asyncio.run(run(PROMPT, SamplingParams(max_tokens=2), "after-bad"))
+    wait_idle(engine)
+
+
+def test_zz_engine_death_fails_requests_and_health(engine: AsyncLLMEngine) -> None:
+    from fastapi.testclient import TestClient
+    from pagedkv.entrypoints.openai.api_server import build_app
+
+    app = build_app(engine)
+    with TestClient(app) as http:
+        assert http.get("/health").status_code == 200
+
+        def broken_step():
+            raise RuntimeError("simulated device failure")
+
+        engine.engine.step = broken_step  # the engine is discarded after this test
+
+        async def run() -> None:
+            async for _ in engine.generate(PROMPT, SamplingParams(max_tokens=4), "doomed"):
+                pass
+
+        with pytest.raises(EngineDeadError, match="simulated device failure"):
+            asyncio.run(asyncio.wait_for(run(), timeout=30))
+        assert engine.is_dead
+        health = http.get("/health")
+        assert health.status_code == 503 and "simulated" in health.json()["error"]["message"]
+        with pytest.raises(EngineDeadError):
+            asyncio.run(run())
+        r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+        assert r.status_code == 503, r.text

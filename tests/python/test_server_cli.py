@@ -1,0 +1,68 @@
+"""`pagedkv serve` argument handling: defaults < $PAGEDKV_API_KEY < --config file < flags.
+No model is loaded here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from pagedkv.entrypoints.cli import build_parser
+from pagedkv.entrypoints.commands import serve
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    return serve.resolve(build_parser().parse_args(["serve", *argv]))
+
+
+def test_defaults_are_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
+    opts = parse([])
+    assert (opts.host, opts.port, opts.api_key, opts.model) == ("0.0.0.0", 8000, None, None)
+    assert opts.enable_prefix_caching and opts.enable_chunked_prefill
+    assert opts.block_size == 16 and opts.max_num_seqs == 256
+
+
+def test_config_file_then_flags_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(serve.API_KEY_ENV, "from-env")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text('host: "127.0.0.1"\nport: 6379\nuvicorn-log-level: "warning"\n'
+                   "enable_prefix_caching: false\nmax-model-len: 512\napi-key: from-file\n")
+    opts = parse(["--config", str(cfg)])
+    assert (opts.host, opts.port, opts.uvicorn_log_level) == ("127.0.0.1", 6379, "warning")
+    assert opts.enable_prefix_caching is False and opts.max_model_len == 512
+    assert opts.api_key == "from-file"
+    opts = parse(["mymodel", "--config", str(cfg), "--port", "9000",
+                  "--enable-prefix-caching", "--api-key", "from-flag"])
+    assert (opts.model, opts.port, opts.host) == ("mymodel", 9000, "127.0.0.1")
+    assert opts.enable_prefix_caching is True and opts.api_key == "from-flag"
+
+
+def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(serve.API_KEY_ENV, "secret")
+    assert parse([]).api_key == "secret"
+
+
+def test_bad_config_key_is_reported(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("prot: 8000\n")
+    with pytest.raises(SystemExit, match="unknown key 'prot'"):
+        parse(["--config", str(cfg)])
+
+
+def test_chat_template_file_or_inline(tmp_path: Path) -> None:
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = tmp_path / "t.jinja"
+    path.write_text(template)
+    assert parse(["--chat-template", str(path)]).chat_template == template
+    assert parse(["--chat-template", template]).chat_template == template
+    with pytest.raises(SystemExit, match="neither a file nor a Jinja template"):
+        parse(["--chat-template", str(tmp_path / "missing.jinja")])
+
+
+def test_every_flag_has_help() -> None:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    for action in parser._actions:
+        assert action.help, f"{action.dest} has no help text"
+    assert {a.dest for a in parser._actions} >= set(serve.DEFAULTS)
