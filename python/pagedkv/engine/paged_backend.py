@@ -72,9 +72,9 @@ class PagedAttentionBackend:
                  value_cache: torch.Tensor) -> None:
         n = meta.num_prefills
         ops.context_attention_fwd(
-            out, q, k, v, key_cache, value_cache, meta.block_tables[:n],
-            meta.query_start_loc[:n + 1], meta.seq_lens[:n], meta.max_query_len,
-            scale=self.scale)
+            q, k, v, out, "auto", key_cache, value_cache, meta.block_tables[:n],
+            meta.query_start_loc[:n + 1], meta.seq_lens[:n], None, meta.max_query_len,
+            sm_scale=self.scale)
 
     def _decode(self, meta: AttentionMetadata, out: torch.Tensor, q: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
