@@ -1,8 +1,317 @@
-// Placeholder: filled in by the scheduler work.
+// Python bindings of the scheduler: SchedulerConfig, Scheduler, StepPlan. The plan's arrays are
+// zero-copy numpy views of the scheduler's preallocated buffers (valid until the next
+// schedule()); each view keeps the plan, and through it the scheduler, alive.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pagedkv/error.h"
+#include "pagedkv/block_allocator.h"
+#include "pagedkv/scheduler.h"
 #include "python/bindings.h"
 
-namespace pagedkv::python {
+namespace nb = nanobind;
 
-void bind_scheduler(nanobind::module_&) {}
+namespace pagedkv::python {
+namespace {
+
+// The Python Scheduler: the C++ one plus the Python str of every live request id, by slot, so
+// that plan.request_ids and update() build their lists without creating strings.
+class PyScheduler : public Scheduler {
+ public:
+  using Scheduler::Scheduler;
+  void remember(int32_t slot, nb::object id) {
+    if (static_cast<size_t>(slot) >= ids_.size()) ids_.resize(static_cast<size_t>(slot) + 1);
+    ids_[static_cast<size_t>(slot)] = std::move(id);
+  }
+  nb::list ids_of(const int32_t* slots, size_t n) const {
+    nb::list out;
+    for (size_t i = 0; i < n; ++i) {
+      if (slots[i] < 0) {
+        out.append(nb::none());  // aborted since schedule()
+      } else {
+        out.append(ids_[static_cast<size_t>(slots[i])]);
+      }
+    }
+    return out;
+  }
+
+  std::vector<int64_t> scratch;  // sampled tokens converted to int64
+
+ private:
+  std::vector<nb::object> ids_;
+};
+
+const PyScheduler& owner_of(const StepPlan& p) { return *static_cast<const PyScheduler*>(p.scheduler); }
+
+template <typename T>
+nb::ndarray<nb::numpy, T> view(const StepPlan& plan, T* data, std::initializer_list<size_t> shape) {
+  static T empty[2] = {};
+  return nb::ndarray<nb::numpy, T>(data != nullptr ? data : empty, shape, nb::find(&plan));
+}
+
+nb::ndarray<nb::numpy, int64_t> pairs_view(const StepPlan& plan, const BlockPairs& v) {
+  static_assert(sizeof(BlockPairs::value_type) == 2 * sizeof(int64_t), "pairs are [k, 2]");
+  auto* data = reinterpret_cast<int64_t*>(const_cast<BlockPairs::value_type*>(v.data()));
+  return view<int64_t>(plan, data, {v.size(), 2});
+}
+
+std::vector<int32_t> to_token_ids(nb::handle obj, const char* name) {
+  nb::object seq = nb::borrow(obj);
+  if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq) && nb::hasattr(seq, "tolist")) {
+    seq = seq.attr("tolist")();  // numpy / torch / jax arrays
+  }
+  std::vector<int64_t> raw;
+  if (!nb::try_cast(seq, raw)) {
+    throw TypeError(std::string(name) + ": expected a sequence of ints");
+  }
+  std::vector<int32_t> out(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    PAGEDKV_CHECK(raw[i] >= 0 && raw[i] <= std::numeric_limits<int32_t>::max(), name,
+                  ": token ", i, " is out of range (", raw[i], ")");
+    out[i] = static_cast<int32_t>(raw[i]);
+  }
+  return out;
+}
+
+// cache_salt: an int, or a str hashed with FNV-1a (stable across processes, unlike hash()).
+uint64_t to_salt(nb::handle salt) {
+  if (salt.is_none()) return 0;
+  if (nb::isinstance<nb::str>(salt)) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char* c = nb::borrow<nb::str>(salt).c_str(); *c; ++c) {
+      h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    }
+    return h;
+  }
+  return static_cast<uint64_t>(nb::cast<int64_t>(salt));
+}
+
+PreemptionMode to_mode(const std::string& s) {
+  if (s == "recompute") return PreemptionMode::kRecompute;
+  if (s == "swap") return PreemptionMode::kSwap;
+  throw ValueError("preemption_mode must be 'recompute' or 'swap', got '" + s + "'");
+}
+
+SchedulingPolicy to_policy(const std::string& s) {
+  if (s == "fcfs") return SchedulingPolicy::kFcfs;
+  if (s == "priority") return SchedulingPolicy::kPriority;
+  throw ValueError("policy must be 'fcfs' or 'priority', got '" + s + "'");
+}
+
+nb::list update(PyScheduler& s, const StepPlan& plan, const int64_t* sampled, size_t n) {
+  const std::vector<int32_t>* finished;
+  {
+    nb::gil_scoped_release release;
+    finished = &s.update(plan, sampled, n);
+  }
+  return s.ids_of(finished->data(), finished->size());
+}
+
+void bind_config(nb::module_& m) {
+  nb::class_<SchedulerConfig>(m, "SchedulerConfig",
+                              "Scheduler settings (vLLM names). Raises ValueError naming a bad field.")
+      .def(
+          "__init__",
+          [](SchedulerConfig* c, int32_t num_blocks, int32_t block_size, int32_t max_num_seqs,
+             int32_t max_num_batched_tokens, bool enable_chunked_prefill,
+             bool enable_prefix_caching, int32_t num_cpu_blocks, const std::string& preemption_mode,
+             const std::string& policy, std::optional<int32_t> max_model_len) {
+            SchedulerConfig v;
+            v.num_blocks = num_blocks;
+            v.block_size = block_size;
+            v.max_num_seqs = max_num_seqs;
+            v.max_num_batched_tokens = max_num_batched_tokens;
+            v.enable_chunked_prefill = enable_chunked_prefill;
+            v.enable_prefix_caching = enable_prefix_caching;
+            v.num_cpu_blocks = num_cpu_blocks;
+            v.preemption_mode = to_mode(preemption_mode);
+            v.policy = to_policy(policy);
+            PAGEDKV_CHECK(!max_model_len || *max_model_len > 0,
+                          "max_model_len must be > 0 or None, got ", max_model_len.value_or(0));
+            v.max_model_len = max_model_len.value_or(0);
+            v.validate();
+            new (c) SchedulerConfig(v);
+          },
+          nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("max_num_seqs") = 256,
+          nb::arg("max_num_batched_tokens") = 2048, nb::arg("enable_chunked_prefill") = true,
+          nb::arg("enable_prefix_caching") = true, nb::arg("num_cpu_blocks") = 0,
+          nb::arg("preemption_mode") = "recompute", nb::arg("policy") = "fcfs",
+          nb::arg("max_model_len") = nb::none())
+      .def_ro("num_blocks", &SchedulerConfig::num_blocks)
+      .def_ro("block_size", &SchedulerConfig::block_size)
+      .def_ro("max_num_seqs", &SchedulerConfig::max_num_seqs)
+      .def_ro("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens)
+      .def_ro("enable_chunked_prefill", &SchedulerConfig::enable_chunked_prefill)
+      .def_ro("enable_prefix_caching", &SchedulerConfig::enable_prefix_caching)
+      .def_ro("num_cpu_blocks", &SchedulerConfig::num_cpu_blocks)
+      .def_prop_ro("preemption_mode",
+                   [](const SchedulerConfig& c) {
+                     return c.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute";
+                   })
+      .def_prop_ro("policy",
+                   [](const SchedulerConfig& c) {
+                     return c.policy == SchedulingPolicy::kPriority ? "priority" : "fcfs";
+                   })
+      .def_prop_ro("max_model_len", &SchedulerConfig::effective_max_model_len,
+                   "Longest prompt + max_tokens (default: num_blocks * block_size)")
+      .def_prop_ro("max_blocks_per_seq", &SchedulerConfig::max_blocks_per_seq,
+                   "Row width of StepPlan.block_tables");
+}
+
+void bind_plan(nb::module_& m) {
+  using P = StepPlan;
+  nb::class_<P>(m, "StepPlan",
+                "One step's batch: prefills first, then decodes. Arrays are views valid until "
+                "the next schedule(). Apply blocks_to_swap_out, blocks_to_swap_in, then "
+                "blocks_to_copy before running the model. block_tables is padded with 0.")
+      .def_ro("num_seqs", &P::num_seqs)
+      .def_ro("num_prefills", &P::num_prefills)
+      .def_ro("num_prefill_tokens", &P::num_prefill_tokens)
+      .def_ro("num_decode_tokens", &P::num_decode_tokens)
+      .def_ro("num_tokens", &P::num_tokens)
+      .def_ro("max_query_len", &P::max_query_len)
+      .def_ro("max_prefill_seq_len", &P::max_prefill_seq_len)
+      .def_ro("max_decode_seq_len", &P::max_decode_seq_len)
+      .def_ro("max_blocks_per_seq", &P::max_blocks_per_seq)
+      .def_ro("step", &P::step)
+      .def("__len__", [](const P& p) { return p.num_seqs; })
+      .def_prop_ro("request_ids",
+                   [](const P& p) { return owner_of(p).ids_of(p.slots.data(), p.num_seqs); },
+                   "list[str] in batch order (None for an entry aborted since schedule())")
+      .def_prop_ro("preempted_ids",
+                   [](const P& p) {
+                     return owner_of(p).ids_of(p.preempted_slots.data(), p.preempted_slots.size());
+                   },
+                   "Requests recompute-preempted this step (they resume later, losing nothing)")
+#define PAGEDKV_VIEW(name, type, count, doc)                                                  \
+  .def_prop_ro(                                                                               \
+      #name,                                                                                  \
+      [](P& p) { return view<type>(p, p.name.data(), {static_cast<size_t>(p.count)}); }, doc)
+      PAGEDKV_VIEW(input_ids, int32_t, num_tokens, "[num_tokens] int32")
+      PAGEDKV_VIEW(positions, int64_t, num_tokens, "[num_tokens] int64")
+      PAGEDKV_VIEW(slot_mapping, int64_t, num_tokens, "[num_tokens] int64 block*block_size+offset")
+      PAGEDKV_VIEW(seq_lens, int32_t, num_seqs, "[num_seqs] int32 context + query")
+      PAGEDKV_VIEW(context_lens, int32_t, num_seqs, "[num_seqs] int32 tokens cached before")
+      PAGEDKV_VIEW(query_start_loc, int32_t, num_seqs + 1, "[num_seqs + 1] int32")
+      PAGEDKV_VIEW(seq_start_loc, int32_t, num_seqs + 1, "[num_seqs + 1] int32")
+      PAGEDKV_VIEW(sample_indices, int32_t, num_seqs,
+                   "[num_seqs] int32 token index sampled for each entry, -1 = partial chunk")
+#undef PAGEDKV_VIEW
+      .def_prop_ro(
+          "block_tables",
+          [](P& p) {
+            return view<int32_t>(p, p.block_tables.get(),
+                                 {static_cast<size_t>(p.num_seqs),
+                                  static_cast<size_t>(p.max_blocks_per_seq)});
+          },
+          "[num_seqs, max_blocks_per_seq] int32, padded with 0")
+      .def_prop_ro("blocks_to_swap_out", [](P& p) { return pairs_view(p, p.blocks_to_swap_out); },
+                   "[k, 2] int64 (device block, host block)")
+      .def_prop_ro("blocks_to_swap_in", [](P& p) { return pairs_view(p, p.blocks_to_swap_in); },
+                   "[k, 2] int64 (host block, device block)")
+      .def_prop_ro("blocks_to_copy", [](P& p) { return pairs_view(p, p.blocks_to_copy); },
+                   "[k, 2] int64 (src block, dst block)")
+      .def("__repr__", [](const P& p) {
+        return "StepPlan(step=" + std::to_string(p.step) + ", num_seqs=" +
+               std::to_string(p.num_seqs) + ", num_prefills=" + std::to_string(p.num_prefills) +
+               ", num_tokens=" + std::to_string(p.num_tokens) + ")";
+      });
+}
+
+}  // namespace
+
+void bind_scheduler(nb::module_& m) {
+  bind_config(m);
+  bind_plan(m);
+  using S = PyScheduler;
+  nb::class_<S>(m, "Scheduler", "Continuous-batching scheduler over a paged KV cache (C++).")
+      .def(nb::init<const SchedulerConfig&>(), nb::arg("config"))
+      .def_prop_ro("config", [](const S& s) { return s.config(); })
+      .def(
+          "add_request",
+          [](S& s, nb::str request_id, nb::handle prompt_token_ids, int32_t max_tokens,
+             std::optional<int64_t> eos_token_id, nb::handle stop_token_ids, int32_t priority,
+             bool ignore_eos, int32_t min_tokens, nb::handle cache_salt) {
+            std::vector<int32_t> prompt = to_token_ids(prompt_token_ids, "prompt_token_ids");
+            RequestParams p;
+            p.max_tokens = max_tokens;
+            PAGEDKV_CHECK(!eos_token_id || (*eos_token_id >= 0 && *eos_token_id <= INT32_MAX),
+                          "eos_token_id out of range");
+            p.eos_token_id = eos_token_id ? static_cast<int32_t>(*eos_token_id) : -1;
+            p.stop_token_ids = to_token_ids(stop_token_ids, "stop_token_ids");
+            p.priority = priority;
+            p.ignore_eos = ignore_eos;
+            p.min_tokens = min_tokens;
+            p.cache_salt = to_salt(cache_salt);
+            int32_t slot = s.add_request(request_id.c_str(), prompt, p);
+            s.remember(slot, request_id);
+          },
+          nb::arg("request_id"), nb::arg("prompt_token_ids"), nb::arg("max_tokens"),
+          nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids") = nb::tuple(),
+          nb::arg("priority") = 0, nb::arg("ignore_eos") = false, nb::arg("min_tokens") = 0,
+          nb::arg("cache_salt") = 0,
+          "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
+          "> max_model_len, or a request that could never fit in num_blocks.")
+      .def("abort_request", [](S& s, const std::string& id) { return s.abort_request(id); },
+           nb::arg("request_id"), "Remove a request and free its blocks; False if unknown.")
+      .def("schedule", &S::schedule, nb::rv_policy::reference_internal,
+           nb::call_guard<nb::gil_scoped_release>(), "Plan the next step (a StepPlan).")
+      .def(
+          "update",
+          [](S& s, const StepPlan& plan,
+             nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> sampled) {
+            return update(s, plan, sampled.data(), sampled.shape(0));
+          },
+          nb::arg("plan"), nb::arg("sampled_token_ids"))
+      .def(
+          "update",
+          [](S& s, const StepPlan& plan, nb::handle sampled) {
+            s.scratch.clear();
+            nb::object seq = nb::borrow(sampled);
+            if (nb::hasattr(seq, "tolist")) seq = seq.attr("tolist")();
+            if (!nb::try_cast(seq, s.scratch)) {
+              throw TypeError("sampled_token_ids: expected a sequence of ints");
+            }
+            return update(s, plan, s.scratch.data(), s.scratch.size());
+          },
+          nb::arg("plan"), nb::arg("sampled_token_ids"),
+          "Apply a step's sampled tokens (one per plan entry, -1 where the entry does not "
+          "sample). Returns the ids of the requests that finished (they are freed).")
+      .def(
+          "fork",
+          [](S& s, nb::str parent_id, nb::str child_id, int32_t first_token) {
+            bool done = s.fork(parent_id.c_str(), child_id.c_str(), first_token);
+            if (!done) s.remember(s.slot_of(child_id.c_str()), child_id);
+            return done;
+          },
+          nb::arg("parent_id"), nb::arg("child_id"), nb::arg("first_token"),
+          "n > 1 sampling: a child sharing the parent's prompt blocks. True if it finished at "
+          "once (and was freed).")
+      .def("has_unfinished_requests", &S::has_unfinished_requests)
+      .def("get_token_ids", &S::get_token_ids, nb::arg("request_id"))
+      .def("get_num_generated", &S::get_num_generated, nb::arg("request_id"))
+      .def("__contains__", &S::has_request)
+      .def_prop_ro("num_free_blocks", &S::num_free_blocks)
+      .def_prop_ro("num_running", &S::num_running)
+      .def_prop_ro("num_waiting", &S::num_waiting)
+      .def_prop_ro("num_swapped", &S::num_swapped)
+      .def_prop_ro("num_free_cpu_blocks",
+                   [](const S& s) { return s.allocator().num_free_cpu_blocks(); })
+      .def_prop_ro("num_preemptions", [](const S& s) { return s.counters().num_preemptions; })
+      .def_prop_ro("prefix_cache_query_tokens",
+                   [](const S& s) { return s.counters().prefix_cache_query_tokens; })
+      .def_prop_ro("prefix_cache_hit_tokens",
+                   [](const S& s) { return s.counters().prefix_cache_hit_tokens; })
+      .def_prop_ro("kv_cache_usage", &S::kv_cache_usage,
+                   "Fraction of device blocks in use (0..1)");
+}
 
 }  // namespace pagedkv::python

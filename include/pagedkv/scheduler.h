@@ -1,0 +1,104 @@
+// Scheduler: continuous batching over a paged KV cache (vLLM-v1-like policy).
+//
+// One loop under one token budget per step: running sequences first (decodes, then chunks of
+// prefills already under way), then swapped-out ones, then waiting ones, within
+// max_num_batched_tokens and max_num_seqs. Prompts are chunked when enable_chunked_prefill.
+// When blocks run out, the lowest-priority / latest-arrived running sequence not yet scheduled
+// in this step is preempted (recompute: blocks freed, requeued at its place with its generated
+// tokens; swap: blocks moved to the host pool). A step that preempted admits nothing new, and a
+// preempted sequence is resumed only when its whole remaining prefill fits in free blocks, so
+// it is not preempted again at once (no preemption storms).
+//
+// Usage: add_request(...); loop { plan = schedule(); run model; update(plan, sampled); }.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagedkv/scheduler_config.h"
+#include "pagedkv/step_plan.h"
+
+namespace pagedkv {
+
+class BlockAllocator;
+
+// Per-request stopping rules and scheduling attributes.
+struct RequestParams {
+  int32_t max_tokens = 16;              // tokens to generate at most (>= 1)
+  int32_t eos_token_id = -1;            // -1 = none
+  std::vector<int32_t> stop_token_ids;  // finish when one is sampled (after min_tokens)
+  int32_t priority = 0;                 // lower = sooner, with SchedulingPolicy::kPriority
+  bool ignore_eos = false;              // keep going past eos (stop_token_ids still apply)
+  int32_t min_tokens = 0;               // eos / stop ids do not finish before this many tokens
+  uint64_t cache_salt = 0;              // separates prefix-cache namespaces (0 = shared)
+};
+
+struct SchedulerCounters {
+  int64_t num_preemptions = 0;            // recompute + swap
+  int64_t prefix_cache_query_tokens = 0;  // prompt tokens looked up at admission
+  int64_t prefix_cache_hit_tokens = 0;    // of which found in the cache
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const SchedulerConfig& config() const;
+
+  // Queues a request. Throws ValueError (naming the argument) for an empty prompt, a negative
+  // token id, a duplicate id, max_tokens < 1, prompt + max_tokens > max_model_len, or a request
+  // that could never fit in num_blocks. Returns the request's slot: a small integer naming it
+  // in StepPlan::slots while it lives (see request_id()).
+  int32_t add_request(const std::string& request_id, const int32_t* prompt, size_t prompt_len,
+                      const RequestParams& params);
+  int32_t add_request(const std::string& request_id, const std::vector<int32_t>& prompt,
+                      const RequestParams& params) {
+    return add_request(request_id, prompt.data(), prompt.size(), params);
+  }
+  // Removes a request wherever it is and frees its blocks. false for an unknown id.
+  bool abort_request(const std::string& request_id);
+
+  // Plans the next step. The plan (owned by the scheduler) stays valid until the next call.
+  // Throws ValueError when the previous non-empty plan was not passed to update().
+  const StepPlan& schedule();
+
+  // Applies a step's results: `sampled[i]` is the token sampled for plan entry i (ignored where
+  // plan.sample_indices[i] < 0; pass -1). Returns the slots of the requests that finished, in
+  // plan order; they are freed (their ids stay readable via request_id() until the next
+  // add_request or fork).
+  const std::vector<int32_t>& update(const StepPlan& plan, const int64_t* sampled, size_t n);
+  // Convenience: the finished request ids.
+  std::vector<std::string> update(const StepPlan& plan, const std::vector<int64_t>& sampled);
+
+  // n > 1 sampling: right after the update() that completed the parent's prompt, creates
+  // `child_id` = parent prompt + [first_token] sharing all the parent's prompt blocks (the
+  // shared partial block is copied on write). Returns true when the child finished at once
+  // (stop token or max_tokens == 1); it is then freed immediately.
+  bool fork(const std::string& parent_id, const std::string& child_id, int32_t first_token);
+
+  const std::string& request_id(int32_t slot) const;
+  int32_t slot_of(const std::string& request_id) const;  // -1 when unknown
+  bool has_request(const std::string& request_id) const;
+  std::vector<int32_t> get_token_ids(const std::string& request_id) const;
+  int32_t get_num_generated(const std::string& request_id) const;
+
+  bool has_unfinished_requests() const;
+  int32_t num_running() const;
+  int32_t num_waiting() const;
+  int32_t num_swapped() const;
+  int32_t num_free_blocks() const;
+  double kv_cache_usage() const;  // fraction of device blocks in use, 0..1
+  const SchedulerCounters& counters() const;
+  const BlockAllocator& allocator() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedkv

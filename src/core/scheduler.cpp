@@ -1,0 +1,264 @@
+// Scheduler: requests, update() and queries. The per-step policy is in scheduler_step.cpp.
+#include "pagedkv/scheduler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "pagedkv/error.h"
+#include "scheduler_impl.h"
+
+namespace pagedkv {
+
+static SchedulerConfig validated(const SchedulerConfig& c) {
+  c.validate();
+  return c;
+}
+
+Scheduler::Impl::Impl(const SchedulerConfig& c)
+    : config(validated(c)),
+      max_model_len(c.effective_max_model_len()),
+      kv(c),
+      builder(c, &plan) {
+  running.reserve(static_cast<size_t>(c.max_num_seqs));
+  entries.reserve(static_cast<size_t>(c.max_num_seqs));
+  admitted.reserve(static_cast<size_t>(c.max_num_seqs));
+}
+
+Request* Scheduler::Impl::find(const std::string& id) const {
+  auto it = by_id.find(id);
+  return it == by_id.end() ? nullptr : pool[static_cast<size_t>(it->second)].get();
+}
+
+Request* Scheduler::Impl::new_request(const std::string& id) {
+  int32_t slot;
+  if (free_slots.empty()) {
+    slot = static_cast<int32_t>(pool.size());
+    pool.push_back(std::make_unique<Request>());
+  } else {
+    slot = free_slots.back();
+    free_slots.pop_back();
+  }
+  Request* r = pool[static_cast<size_t>(slot)].get();
+  r->id = id;
+  r->slot = slot;
+  r->arrival = next_arrival++;
+  r->tokens.clear();
+  r->blocks.clear();
+  r->block_hashes.clear();
+  r->cpu_blocks.clear();
+  r->num_computed = 0;
+  r->num_preemptions = 0;
+  r->num_scheduled = 0;
+  r->touch_blocks();
+  by_id.emplace(id, slot);
+  return r;
+}
+
+void Scheduler::Impl::release(Request* req) {
+  kv.free_blocks(*req);
+  kv.free_cpu_blocks(*req);
+  by_id.erase(req->id);
+  req->state = RequestState::kFree;
+  free_slots.push_back(req->slot);
+}
+
+bool Scheduler::Impl::append_token(Request& req, int32_t token) {
+  req.tokens.push_back(token);
+  const RequestParams& p = req.params;
+  const int32_t generated = req.num_generated();
+  if (generated >= p.min_tokens) {
+    if (!p.ignore_eos && p.eos_token_id >= 0 && token == p.eos_token_id) return true;
+    for (int32_t stop : p.stop_token_ids) {
+      if (token == stop) return true;
+    }
+  }
+  return generated >= p.max_tokens;
+}
+
+void Scheduler::Impl::check_new_request(const std::string& id, size_t prompt_len,
+                                        const RequestParams& p) const {
+  PAGEDKV_CHECK(by_id.find(id) == by_id.end(), "request_id: '", id, "' is already in use");
+  PAGEDKV_CHECK(prompt_len > 0, "prompt_token_ids: the prompt of '", id, "' is empty");
+  PAGEDKV_CHECK(p.max_tokens >= 1, "max_tokens must be >= 1, got ", p.max_tokens);
+  PAGEDKV_CHECK(p.min_tokens >= 0 && p.min_tokens <= p.max_tokens,
+                "min_tokens must be in [0, max_tokens], got ", p.min_tokens);
+  const int64_t total = static_cast<int64_t>(prompt_len) + p.max_tokens;
+  PAGEDKV_CHECK(total <= max_model_len, "max_tokens: prompt (", prompt_len, ") + max_tokens (",
+                p.max_tokens, ") = ", total, " exceeds max_model_len (", max_model_len, ")");
+  const int64_t blocks = (total - 1 + config.block_size - 1) / config.block_size;
+  PAGEDKV_CHECK(blocks <= config.num_blocks, "prompt_token_ids: request '", id, "' needs ",
+                blocks, " blocks at its longest (prompt ", prompt_len, " + max_tokens ",
+                p.max_tokens, ") but the cache has only num_blocks = ", config.num_blocks,
+                "; it could never run");
+}
+
+// ---- public API ---------------------------------------------------------------------------
+
+Scheduler::Scheduler(const SchedulerConfig& config) : impl_(std::make_unique<Impl>(config)) {
+  impl_->plan.scheduler = this;
+}
+Scheduler::~Scheduler() = default;
+
+const SchedulerConfig& Scheduler::config() const { return impl_->config; }
+
+int32_t Scheduler::add_request(const std::string& request_id, const int32_t* prompt,
+                               size_t prompt_len, const RequestParams& params) {
+  Impl& s = *impl_;
+  s.check_new_request(request_id, prompt_len, params);
+  for (size_t i = 0; i < prompt_len; ++i) {
+    PAGEDKV_CHECK(prompt[i] >= 0, "prompt_token_ids: token ", i, " is negative (", prompt[i], ")");
+  }
+  Request* r = s.new_request(request_id);
+  r->params = params;
+  r->priority = s.config.policy == SchedulingPolicy::kPriority ? params.priority : 0;
+  r->tokens.assign(prompt, prompt + prompt_len);
+  r->num_prompt_tokens = static_cast<int32_t>(prompt_len);
+  r->prefill_target = r->num_prompt_tokens;
+  r->state = RequestState::kWaiting;
+  s.waiting.insert(r);
+  return r->slot;
+}
+
+bool Scheduler::abort_request(const std::string& request_id) {
+  Impl& s = *impl_;
+  Request* r = s.find(request_id);
+  if (r == nullptr) return false;
+  StepPlan& p = s.plan;
+  if (s.plan_pending) {  // its entry in the pending plan is skipped by update()
+    std::replace(p.slots.begin(), p.slots.begin() + p.num_seqs, r->slot, -1);
+  }
+  p.preempted_slots.erase(std::remove(p.preempted_slots.begin(), p.preempted_slots.end(), r->slot),
+                          p.preempted_slots.end());
+  switch (r->state) {
+    case RequestState::kRunning: s.erase_running(r); break;
+    case RequestState::kWaiting: s.waiting.erase(r); break;
+    case RequestState::kSwapped: s.swapped.erase(r); break;
+    case RequestState::kFree: break;
+  }
+  s.release(r);
+  return true;
+}
+
+const StepPlan& Scheduler::schedule() {
+  PAGEDKV_CHECK(!impl_->plan_pending,
+                "schedule(): the previous plan was not passed to update() yet");
+  impl_->schedule_step();
+  return impl_->plan;
+}
+
+const std::vector<int32_t>& Scheduler::update(const StepPlan& plan, const int64_t* sampled,
+                                              size_t n) {
+  Impl& s = *impl_;
+  const StepPlan& p = s.plan;
+  PAGEDKV_CHECK(&plan == &p, "plan: not a plan of this scheduler");
+  s.finished.clear();
+  if (p.num_seqs == 0) return s.finished;
+  PAGEDKV_CHECK(s.plan_pending, "plan: this plan was already applied by update()");
+  PAGEDKV_CHECK(n == static_cast<size_t>(p.num_seqs), "sampled_token_ids: expected ", p.num_seqs,
+                " entries (one per plan entry), got ", n);
+  for (int32_t i = 0; i < p.num_seqs; ++i) {
+    if (p.slots[i] < 0 || p.sample_indices[i] < 0) continue;
+    PAGEDKV_CHECK(sampled[i] >= 0 && sampled[i] <= std::numeric_limits<int32_t>::max(),
+                  "sampled_token_ids: entry ", i, " samples a token but got ", sampled[i]);
+  }
+  for (int32_t i = 0; i < p.num_seqs; ++i) {
+    const int32_t slot = p.slots[i];
+    if (slot < 0) continue;  // aborted since schedule()
+    Request& req = *s.pool[static_cast<size_t>(slot)];
+    req.num_computed += p.query_start_loc[i + 1] - p.query_start_loc[i];
+    s.kv.cache_full_blocks(req);
+    if (p.sample_indices[i] >= 0 && s.append_token(req, static_cast<int32_t>(sampled[i]))) {
+      s.finished.push_back(slot);
+    }
+  }
+  s.plan_pending = false;
+  if (!s.finished.empty()) {
+    for (int32_t slot : s.finished) s.release(s.pool[static_cast<size_t>(slot)].get());
+    s.running.erase(std::remove_if(s.running.begin(), s.running.end(),
+                                   [](const Request* r) { return r->state == RequestState::kFree; }),
+                    s.running.end());
+  }
+  return s.finished;
+}
+
+std::vector<std::string> Scheduler::update(const StepPlan& plan,
+                                           const std::vector<int64_t>& sampled) {
+  std::vector<std::string> ids;
+  for (int32_t slot : update(plan, sampled.data(), sampled.size())) ids.push_back(request_id(slot));
+  return ids;
+}
+
+bool Scheduler::fork(const std::string& parent_id, const std::string& child_id,
+                     int32_t first_token) {
+  Impl& s = *impl_;
+  Request* parent = s.find(parent_id);
+  PAGEDKV_CHECK(parent != nullptr, "parent_id: unknown request '", parent_id, "'");
+  PAGEDKV_CHECK(s.by_id.find(child_id) == s.by_id.end(), "child_id: '", child_id,
+                "' is already in use");
+  PAGEDKV_CHECK(parent->state == RequestState::kRunning && parent->num_generated() == 1 &&
+                    parent->num_computed == parent->num_prompt_tokens,
+                "parent_id: fork '", parent_id,
+                "' right after the update() that completed its prompt (it has ",
+                parent->num_generated(), " generated tokens)");
+  PAGEDKV_CHECK(first_token >= 0, "first_token must be >= 0, got ", first_token);
+  Request* child = s.new_request(child_id);
+  child->params = parent->params;
+  child->priority = parent->priority;
+  child->num_prompt_tokens = parent->num_prompt_tokens;
+  child->tokens.assign(parent->tokens.begin(), parent->tokens.begin() + parent->num_prompt_tokens);
+  if (s.append_token(*child, first_token)) {
+    s.release(child);
+    return true;
+  }
+  s.kv.share_prefix(*parent, *child, parent->num_prompt_tokens);
+  child->num_computed = child->prefill_target = child->num_prompt_tokens;
+  if (s.running.size() < static_cast<size_t>(s.config.max_num_seqs)) {
+    child->state = RequestState::kRunning;
+    s.insert_running(child);
+  } else {  // no seat this step: wait like a preempted request (it keeps its tokens)
+    s.kv.free_blocks(*child);
+    child->num_computed = 0;
+    child->prefill_target = child->num_tokens();
+    child->state = RequestState::kWaiting;
+    s.waiting.insert(child);
+  }
+  return false;
+}
+
+const std::string& Scheduler::request_id(int32_t slot) const {
+  if (slot < 0 || static_cast<size_t>(slot) >= impl_->pool.size()) {
+    throw std::out_of_range("slot: no such request slot");
+  }
+  return impl_->pool[static_cast<size_t>(slot)]->id;
+}
+
+int32_t Scheduler::slot_of(const std::string& id) const {
+  const Request* r = impl_->find(id);
+  return r == nullptr ? -1 : r->slot;
+}
+
+bool Scheduler::has_request(const std::string& id) const { return impl_->find(id) != nullptr; }
+
+std::vector<int32_t> Scheduler::get_token_ids(const std::string& id) const {
+  const Request* r = impl_->find(id);
+  PAGEDKV_CHECK(r != nullptr, "request_id: unknown request '", id, "'");
+  return r->tokens;
+}
+int32_t Scheduler::get_num_generated(const std::string& id) const {
+  const Request* r = impl_->find(id);
+  PAGEDKV_CHECK(r != nullptr, "request_id: unknown request '", id, "'");
+  return r->num_generated();
+}
+
+bool Scheduler::has_unfinished_requests() const { return !impl_->by_id.empty(); }
+int32_t Scheduler::num_running() const { return static_cast<int32_t>(impl_->running.size()); }
+int32_t Scheduler::num_waiting() const { return static_cast<int32_t>(impl_->waiting.size()); }
+int32_t Scheduler::num_swapped() const { return static_cast<int32_t>(impl_->swapped.size()); }
+int32_t Scheduler::num_free_blocks() const { return impl_->kv.num_free_blocks(); }
+double Scheduler::kv_cache_usage() const {
+  return 1.0 - static_cast<double>(impl_->kv.num_free_blocks()) / impl_->config.num_blocks;
+}
+const SchedulerCounters& Scheduler::counters() const { return impl_->counters; }
+const BlockAllocator& Scheduler::allocator() const { return impl_->kv.allocator(); }
+
+}  // namespace pagedkv

@@ -1,0 +1,66 @@
+// Scheduler::Impl: the scheduler's state, shared by scheduler.cpp (requests, update) and
+// scheduler_step.cpp (the per-step policy). Internal.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kv_cache_manager.h"
+#include "pagedkv/scheduler.h"
+#include "request.h"
+#include "step_plan_builder.h"
+
+namespace pagedkv {
+
+using RequestQueue = std::set<Request*, RequestKeyLess>;
+
+struct Scheduler::Impl {
+  explicit Impl(const SchedulerConfig& config);
+
+  SchedulerConfig config;
+  int32_t max_model_len;
+  KvCacheManager kv;
+  StepPlan plan;
+  StepPlanBuilder builder;
+  bool plan_pending = false;  // a non-empty plan awaits update()
+  SchedulerCounters counters;
+
+  // Requests by slot; freed slots are reused (their Request objects too).
+  std::vector<std::unique_ptr<Request>> pool;
+  std::vector<int32_t> free_slots;
+  std::unordered_map<std::string, int32_t> by_id;
+  int64_t next_arrival = 0;
+
+  std::vector<Request*> running;  // sorted by RequestKeyLess: back = first preemption victim
+  RequestQueue waiting;           // new and recompute-preempted requests
+  RequestQueue swapped;           // swap-preempted requests
+
+  // Per-step scratch.
+  std::vector<ScheduledEntry> entries;
+  std::vector<Request*> admitted;
+  std::vector<int32_t> finished;
+
+  // scheduler.cpp
+  Request* find(const std::string& id) const;
+  Request* new_request(const std::string& id);
+  void release(Request* req);  // frees blocks and the slot
+  bool append_token(Request& req, int32_t token);  // true when the request finished
+  void check_new_request(const std::string& id, size_t prompt_len,
+                         const RequestParams& params) const;
+
+  // scheduler_step.cpp
+  void schedule_step();
+  void schedule_running(int32_t* budget, bool* preempted);
+  bool schedule_swapped(int32_t* budget);
+  void schedule_waiting(int32_t* budget);
+  Request* pick_victim();
+  void preempt(Request* victim);
+  void insert_running(Request* req);
+  void erase_running(Request* req);
+};
+
+}  // namespace pagedkv

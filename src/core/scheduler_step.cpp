@@ -1,0 +1,165 @@
+// The per-step policy of the Scheduler: which sequences run, how many tokens each, who is
+// preempted. See scheduler.h for the rules.
+#include <algorithm>
+
+#include "scheduler_impl.h"
+
+namespace pagedkv {
+
+void Scheduler::Impl::schedule_step() {
+  builder.begin_step();
+  entries.clear();
+  admitted.clear();
+
+  int32_t budget = config.max_num_batched_tokens;
+  bool preempted = false;
+  schedule_running(&budget, &preempted);
+  // A step that preempted admits nothing: the freed room goes to the running sequences.
+  // Swapped-out sequences come back before new ones are admitted.
+  if (!preempted && schedule_swapped(&budget)) schedule_waiting(&budget);
+  for (Request* req : admitted) insert_running(req);
+
+  BlockPairs copies = kv.allocator().take_pending_copies();
+  plan.blocks_to_copy.swap(copies);
+  builder.build(entries);
+  for (const ScheduledEntry& e : entries) e.req->num_scheduled = 0;
+  plan_pending = plan.num_seqs > 0;
+}
+
+// Running sequences: decodes first (one token each), then prompt chunks already under way.
+void Scheduler::Impl::schedule_running(int32_t* budget, bool* preempted) {
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool prefills = pass == 1;
+    size_t i = 0;
+    while (i < running.size() && *budget > 0) {
+      Request* req = running[i];
+      if (req->num_scheduled > 0 || req->in_prefill() != prefills) {
+        ++i;
+        continue;
+      }
+      int32_t num_new = req->num_tokens() - req->num_computed;
+      if (num_new > *budget) {
+        if (!config.enable_chunked_prefill && prefills) {
+          ++i;
+          continue;
+        }
+        num_new = *budget;
+      }
+      bool self_preempted = false;
+      while (!kv.ensure_slots(*req, req->num_computed + num_new)) {
+        Request* victim = pick_victim();
+        preempt(victim);
+        *preempted = true;
+        if (victim == req) {
+          self_preempted = true;
+          break;
+        }
+      }
+      if (self_preempted) continue;  // running[i] is now the next sequence
+      req->num_scheduled = num_new;
+      entries.push_back({req, num_new, prefills});
+      *budget -= num_new;
+      ++i;
+    }
+  }
+}
+
+// The lowest-priority / latest-arrived running sequence not yet scheduled in this step (the
+// one asking for room is always a candidate, so there is one).
+Request* Scheduler::Impl::pick_victim() {
+  for (auto it = running.rbegin(); it != running.rend(); ++it) {
+    if ((*it)->num_scheduled == 0) return *it;
+  }
+  return nullptr;  // unreachable: the caller is unscheduled and running
+}
+
+void Scheduler::Impl::preempt(Request* victim) {
+  erase_running(victim);
+  ++counters.num_preemptions;
+  ++victim->num_preemptions;
+  if (config.preemption_mode == PreemptionMode::kSwap &&
+      kv.swap_out(*victim, &plan.blocks_to_swap_out)) {
+    victim->state = RequestState::kSwapped;
+    swapped.insert(victim);
+    return;
+  }
+  // Recompute (or no host room): it keeps its tokens and its place in the queue, and
+  // re-prefills prompt + generated tokens when resumed.
+  kv.free_blocks(*victim);
+  victim->num_computed = 0;
+  victim->prefill_target = victim->num_tokens();
+  victim->state = RequestState::kWaiting;
+  waiting.insert(victim);
+  plan.preempted_slots.push_back(victim->slot);
+}
+
+// Swapped-out sequences, in queue order, when their blocks (and the next chunk's) fit.
+// Returns true when none is left swapped out.
+bool Scheduler::Impl::schedule_swapped(int32_t* budget) {
+  while (!swapped.empty()) {
+    Request* req = *swapped.begin();
+    if (*budget <= 0 || running.size() + admitted.size() >= size_t(config.max_num_seqs)) break;
+    int32_t num_new = req->num_tokens() - req->num_computed;
+    if (num_new > *budget) {
+      if (!config.enable_chunked_prefill && req->in_prefill()) break;
+      num_new = *budget;
+    }
+    const int32_t held = static_cast<int32_t>(req->cpu_blocks.size());
+    const int32_t grow = std::max(kv.blocks_for(req->num_computed + num_new) - held, 0);
+    if (held + grow > kv.num_free_blocks()) break;
+    swapped.erase(swapped.begin());
+    kv.swap_in(*req, &plan.blocks_to_swap_in);
+    kv.ensure_slots(*req, req->num_computed + num_new);
+    req->state = RequestState::kRunning;
+    req->num_scheduled = num_new;
+    admitted.push_back(req);
+    entries.push_back({req, num_new, req->in_prefill()});
+    *budget -= num_new;
+  }
+  return swapped.empty();
+}
+
+// Waiting sequences in queue order (head-of-line: stop at the first that does not fit).
+void Scheduler::Impl::schedule_waiting(int32_t* budget) {
+  while (!waiting.empty()) {
+    if (*budget <= 0 || running.size() + admitted.size() >= size_t(config.max_num_seqs)) return;
+    Request* req = *waiting.begin();
+    const int32_t hit = kv.match_prefix(*req);
+    int32_t chunk = req->num_tokens() - req->num_computed;
+    bool fits = true;
+    if (chunk > *budget) {
+      fits = config.enable_chunked_prefill;
+      chunk = *budget;
+    }
+    int32_t reserve = req->num_computed + chunk;
+    if (req->num_preemptions > 0) {
+      // Resume only when the whole remaining prefill and the next token fit, so that it is
+      // not preempted again right away (preemption storms).
+      reserve = std::max(reserve, std::min(req->num_tokens() + 1, req->max_cached_tokens()));
+    }
+    if (!fits || !kv.ensure_slots(*req, reserve)) {
+      kv.free_blocks(*req);  // give the matched prefix back
+      req->num_computed = 0;
+      return;
+    }
+    waiting.erase(waiting.begin());
+    counters.prefix_cache_query_tokens += req->num_tokens();
+    counters.prefix_cache_hit_tokens += hit;
+    req->state = RequestState::kRunning;
+    req->num_scheduled = chunk;
+    admitted.push_back(req);
+    entries.push_back({req, chunk, true});
+    *budget -= chunk;
+  }
+}
+
+void Scheduler::Impl::insert_running(Request* req) {
+  running.insert(std::upper_bound(running.begin(), running.end(), req, RequestKeyLess()), req);
+}
+
+void Scheduler::Impl::erase_running(Request* req) {
+  auto it = std::lower_bound(running.begin(), running.end(), req, RequestKeyLess());
+  if (it != running.end() && *it == req) running.erase(it);
+}
+
+}  // namespace pagedkv
