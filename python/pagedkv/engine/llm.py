@@ -57,7 +57,12 @@ class LLM:
         [...]}; ``prompts`` may be one prompt or a list. ``sampling_params`` is one for all or a
         list with one per prompt."""
         items = _normalise_prompts(prompts, prompt_token_ids)
-        params = _per_prompt(sampling_params, len(items))
+        finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
+        params = []
+        for p in _per_prompt(sampling_params, len(items)):
+            if id(p) not in finals:
+                finals[id(p)] = _final_only(p)
+            params.append(finals[id(p)])
         if priority is not None and len(priority) != len(items):
             raise ValueError("priority must have one entry per prompt")
         ids: List[str] = []
@@ -148,6 +153,15 @@ def _per_prompt(params: Any, n: int) -> List[SamplingParams]:
     if len(params) != n:
         raise ValueError(f"sampling_params: got {len(params)} for {n} prompts")
     return params
+
+
+def _final_only(p: SamplingParams) -> SamplingParams:
+    """generate() returns finished requests only: ask the engine for nothing else."""
+    if p.output_kind == "final_only":
+        return p
+    p = p.clone()
+    p.output_kind = "final_only"
+    return p
 
 
 def _progress(total: int, use_tqdm: bool) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
+from pagedkv.engine.direct_decoder import DirectDecoder
 from pagedkv.engine.engine_setup import build_engine_parts
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
 from pagedkv.engine.request_state import RequestState, SeqState
@@ -35,6 +36,7 @@ class LLMEngine:
         self.runner, self.scheduler, self.sampler = parts.runner, parts.scheduler, parts.sampler
         self.num_gpu_blocks, self.num_cpu_blocks = parts.num_blocks, parts.num_cpu_blocks
         self.eos_token_ids = parts.eos_token_ids
+        self.decoder = DirectDecoder(self.tokenizer)
         self.requests: Dict[str, RequestState] = {}
         self.seq_owner: Dict[str, tuple[RequestState, SeqState]] = {}  # scheduler id -> seq
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
@@ -181,29 +183,37 @@ class LLMEngine:
         # A stop token / EOS ends the text without being shown (vLLM's rule).
         hide = (sched_finished and seq.finish_reason == "stop"
                 and not req.params.include_stop_str_in_output)
-        delta = 0 if hide else self._detokenize(req, seq, tok)
-        if not seq.finished and req.check_stop_strings(seq, delta):
-            self.scheduler.abort_request(seq.sched_id)
-            self.seq_owner.pop(seq.sched_id or "", None)
+        if not req.incremental_text:
+            if seq.finished and req.params.detokenize:
+                shown = seq.token_ids[:-1] if hide else seq.token_ids
+                seq.text = self.decoder.decode(shown, req.params.skip_special_tokens)
+            return
+        delta = self._detokenize(req, seq, [] if hide else [tok])
+        if req.check_stop_strings(seq, delta):
+            if not sched_finished:
+                self.scheduler.abort_request(seq.sched_id)
+                self.seq_owner.pop(seq.sched_id or "", None)
+        elif seq.finished:
+            seq.text += seq.detok.flush()  # release a held-back partial character
 
-    def _detokenize(self, req: RequestState, seq: SeqState, tok: int) -> int:
-        """Appends the token's text to the sample; returns how many characters it added."""
+    def _detokenize(self, req: RequestState, seq: SeqState, toks: List[int]) -> int:
+        """Appends the tokens' text to the sample; returns how many characters it added."""
         if seq.detok is None:
-            seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
-                                               req.params.skip_special_tokens)
-        delta = seq.detok.add_token(tok)
+            seq.detok = IncrementalDetokenizer(self.decoder, req.params.skip_special_tokens)
+        delta = seq.detok.append(toks)
         seq.text += delta
         return len(delta)
 
     def _decode_logprob_tokens(self, d: dict) -> dict:
         for tid, lp in d.items():
-            lp.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+            lp.decoded_token = self.decoder.decode([tid], skip_special_tokens=False)
         return d
 
     def _collect_outputs(self, touched: Dict[str, RequestState]) -> List[RequestOutput]:
         outs = []
         for req in touched.values():
-            if req.params.best_of > req.params.n and not req.finished:
+            if not req.finished and (req.params.output_kind == "final_only"
+                                     or req.params.best_of > req.params.n):
                 continue  # best_of picks the winners at the end only
             outs.append(req.to_output())
             if req.finished:

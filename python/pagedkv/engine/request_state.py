@@ -12,6 +12,7 @@ from typing import Any, List, Optional, Union
 
 import torch
 
+from pagedkv.engine.detokenizer import find_stop_string, stop_holdback
 from pagedkv.engine.outputs import (
     CompletionOutput,
     PromptLogprobs,
@@ -57,6 +58,13 @@ class RequestState:
     num_cached_tokens: int = 0
 
     @property
+    def incremental_text(self) -> bool:
+        """Text is built token by token when someone can see it before the end (streaming)
+        or stop strings must be watched; otherwise it is decoded once at the end."""
+        p = self.params
+        return p.detokenize and (bool(p.stop) or p.output_kind != "final_only")
+
+    @property
     def finished(self) -> bool:
         return all(s.finished for s in self.seqs)
 
@@ -97,18 +105,12 @@ class RequestState:
         p = self.params
         if not p.stop or len(seq.token_ids) < p.min_tokens:
             return False
-        longest = max(len(s) for s in p.stop)  # type: ignore[union-attr]
-        start = max(0, len(seq.text) - new_text_len - longest + 1)
-        best: Optional[tuple[int, str]] = None
-        for s in p.stop:  # type: ignore[union-attr]
-            i = seq.text.find(s, start)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
+        hit = find_stop_string(seq.text, new_text_len, p.stop,  # type: ignore[arg-type]
+                               p.include_stop_str_in_output)
+        if hit is None:
             return False
-        i, s = best
-        seq.text = seq.text[:i + len(s)] if p.include_stop_str_in_output else seq.text[:i]
-        seq.finish_reason, seq.stop_reason = "stop", s
+        seq.text = seq.text[:hit[1]]
+        seq.finish_reason, seq.stop_reason = "stop", hit[0]
         return True
 
     # ------------------------------------------------------------ outputs
@@ -118,8 +120,8 @@ class RequestState:
         p = self.params
         if seq.finished or not p.stop or p.include_stop_str_in_output:
             return seq.text
-        hold = max(len(s) for s in p.stop) - 1  # type: ignore[union-attr]
-        return seq.text[:max(0, len(seq.text) - hold)] if hold else seq.text
+        hold = stop_holdback(seq.text, p.stop)  # type: ignore[arg-type]
+        return seq.text[:len(seq.text) - hold] if hold else seq.text
 
     def to_output(self) -> RequestOutput:
         finished = self.finished
