@@ -38,7 +38,8 @@ class PySeq:
 
 
 class PyBlockManager:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, caching: bool) -> None:
+        self.caching = caching
         self.free: deque[int] = deque(range(num_blocks))
         self.ref = [0] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block
@@ -53,7 +54,7 @@ class PyBlockManager:
             seq.blocks.append(b)
 
     def cache_full(self, seq: PySeq) -> None:
-        while (len(seq.hashes) + 1) * BLOCK <= seq.num_computed:
+        while self.caching and (len(seq.hashes) + 1) * BLOCK <= seq.num_computed:
             j = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else 0
             h = hash((parent, tuple(seq.tokens[j * BLOCK:(j + 1) * BLOCK])))
@@ -69,8 +70,9 @@ class PyBlockManager:
 
 
 class PyScheduler:
-    def __init__(self, num_blocks: int, max_seqs: int, budget: int, max_blocks: int) -> None:
-        self.bm = PyBlockManager(num_blocks)
+    def __init__(self, num_blocks: int, max_seqs: int, budget: int, max_blocks: int,
+                 caching: bool) -> None:
+        self.bm = PyBlockManager(num_blocks, caching)
         self.max_seqs, self.budget, self.max_blocks = max_seqs, budget, max_blocks
         self.waiting: deque[PySeq] = deque()
         self.running: list[PySeq] = []
@@ -142,7 +144,8 @@ class PyScheduler:
 
 
 # ---- the workloads -------------------------------------------------------------------------
-def run_cpp(cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals) -> float:
+def run_cpp(cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals,
+            shape: list | None = None) -> float:
     s = Scheduler(cfg)
     for i, p in enumerate(prompts):
         s.add_request(f"r{i}", p, max_tokens, ignore_eos=True)
@@ -157,12 +160,14 @@ def run_cpp(cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals) 
         s.update(plan, sampled[: plan.num_seqs])
         if step >= warmup:
             t += time.perf_counter() - t0
+            if shape is not None:
+                shape.append((plan.num_seqs, plan.num_prefills, plan.num_tokens))
     return t / steps
 
 
 def run_py(cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals) -> float:
     s = PyScheduler(cfg.num_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                    cfg.max_blocks_per_seq)
+                    cfg.max_blocks_per_seq, cfg.enable_prefix_caching)
     for i, p in enumerate(prompts):
         s.add_request(f"r{i}", p, max_tokens)
     sampled = np.full(cfg.max_num_seqs, 7, dtype=np.int64)
@@ -187,15 +192,20 @@ def main() -> None:
     rng = np.random.default_rng(0)
     n = args.seqs
 
-    # 1) decode: n running sequences (prompt 128), one token each per step.
-    cfg = SchedulerConfig(num_blocks=n * 48, block_size=BLOCK, max_num_seqs=n,
-                          max_num_batched_tokens=max(2048, n), max_model_len=768,
-                          enable_prefix_caching=True)
-    prompts = [rng.integers(0, 32000, 128).tolist() for _ in range(n)]
-    warm = -(-128 * n // cfg.max_num_batched_tokens) + 2  # finish every prefill first
+    # 1) decode: n running sequences (prompt 128), one token each per step; with and without
+    # prefix caching (registering each block that fills up costs a hash-table insert).
     rows = []
-    args_dec = (cfg, prompts, 600, args.steps, warm, lambda step: ())
-    rows.append((f"decode, {n} seqs", run_cpp(*args_dec), run_py(*args_dec)))
+    prompts = [rng.integers(0, 32000, 128).tolist() for _ in range(n)]
+    for caching in (True, False):
+        cfg = SchedulerConfig(num_blocks=n * 48, block_size=BLOCK, max_num_seqs=n,
+                              max_num_batched_tokens=2 * n + 1024, max_model_len=768,
+                              enable_prefix_caching=caching)
+        warm = -(-128 * n // (cfg.max_num_batched_tokens - n)) + 4  # all prefills done
+        args_dec = (cfg, prompts, 600, args.steps, warm, lambda step: ())
+        shape: list = []
+        c = run_cpp(*args_dec, shape=shape)
+        name = f"decode {n} seqs, prefix cache {'on' if caching else 'off'}"
+        rows.append((name, c, run_py(*args_dec), shape))
 
     # 2) mixed: 256 decodes finishing after 64 tokens, new 512-token prompts arriving each
     # step and prefilled in chunks under the 2048-token budget.
@@ -204,13 +214,18 @@ def main() -> None:
     prompts2 = [rng.integers(0, 32000, 512).tolist() for _ in range(256)]
     stream = [rng.integers(0, 32000, 512).tolist() for _ in range(8)]
     args_mix = (cfg2, prompts2, 64, args.steps, 40, lambda step: stream[: 4])
-    rows.append(("mixed prefill+decode", run_cpp(*args_mix), run_py(*args_mix)))
+    shape = []
+    c = run_cpp(*args_mix, shape=shape)
+    rows.append(("mixed prefill+decode", c, run_py(*args_mix), shape))
 
-    print(f"machine: {platform.processor() or platform.machine()}, python "
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
           f"{platform.python_version()}; schedule()+update() per step, mean of {args.steps}")
-    print(f"{'workload':<24} {'pagedkv (us)':>13} {'python (us)':>12} {'speedup':>8}")
-    for name, c, p in rows:
-        print(f"{name:<24} {c * 1e6:>13.1f} {p * 1e6:>12.1f} {p / c:>7.1f}x")
+    print(f"{'workload':<34} {'seqs':>5} {'prefills':>8} {'tokens':>6} {'pagedkv us':>10} "
+          f"{'python us':>10} {'speedup':>8}")
+    for name, c, p, sh in rows:
+        seqs, pre, tok = (float(np.mean([x[k] for x in sh])) for k in range(3))
+        print(f"{name:<34} {seqs:>5.0f} {pre:>8.1f} {tok:>6.0f} {c * 1e6:>10.1f} "
+              f"{p * 1e6:>10.1f} {p / c:>7.1f}x")
 
 
 if __name__ == "__main__":

@@ -36,16 +36,17 @@ int32_t KvCacheManager::blocks_needed(const Request& req, int32_t total_tokens) 
 }
 
 bool KvCacheManager::ensure_slots(Request& req, int32_t total_tokens) {
-  if (blocks_needed(req, total_tokens) > allocator_.num_free_blocks()) return false;
-  if (write_block_shared(allocator_, req, block_size_)) {
+  const int32_t grow = blocks_for(total_tokens) - static_cast<int32_t>(req.blocks.size());
+  const bool cow = write_block_shared(allocator_, req, block_size_);
+  if (grow <= 0 && !cow) return true;  // the common decode: room left in a private block
+  if (std::max(grow, 0) + (cow ? 1 : 0) > allocator_.num_free_blocks()) return false;
+  if (cow) {
     bool copied = false;
     BlockId* id = &req.blocks[static_cast<size_t>(req.num_computed / block_size_)];
     if (allocator_.copy_on_write(id, &copied) != Status::kOk) return false;
     if (copied) req.touch_blocks();
   }
-  int32_t grow = blocks_for(total_tokens) - static_cast<int32_t>(req.blocks.size());
-  if (grow > 0 && allocator_.allocate(grow, &req.blocks) != Status::kOk) return false;
-  return true;
+  return grow <= 0 || allocator_.allocate(grow, &req.blocks) == Status::kOk;
 }
 
 int32_t KvCacheManager::match_prefix(Request& req) {
@@ -66,8 +67,11 @@ void KvCacheManager::cache_full_blocks(Request& req) {
   while (req.block_hashes.size() < full) {
     size_t j = req.block_hashes.size();
     const BlockHash& parent = j == 0 ? kRootHash : req.block_hashes[j - 1];
-    req.block_hashes.push_back(allocator_.cache_full_block(
-        req.blocks[j], parent, req.tokens.data() + j * block_size_, req.params.cache_salt));
+    BlockHash h;
+    // Cannot fail for a block this request holds; on a failure the block just stays uncached.
+    allocator_.try_cache_full_block(req.blocks[j], parent, req.tokens.data() + j * block_size_,
+                                    req.params.cache_salt, &h);
+    req.block_hashes.push_back(h);
   }
 }
 

@@ -15,10 +15,7 @@ static SchedulerConfig validated(const SchedulerConfig& c) {
 }
 
 Scheduler::Impl::Impl(const SchedulerConfig& c)
-    : config(validated(c)),
-      max_model_len(c.effective_max_model_len()),
-      kv(c),
-      builder(c, &plan) {
+    : config(validated(c)), max_model_len(c.effective_max_model_len()), kv(c), builder(c, &plan) {
   running.reserve(static_cast<size_t>(c.max_num_seqs));
   entries.reserve(static_cast<size_t>(c.max_num_seqs));
   admitted.reserve(static_cast<size_t>(c.max_num_seqs));
@@ -86,9 +83,9 @@ void Scheduler::Impl::check_new_request(const std::string& id, size_t prompt_len
   PAGEDKV_CHECK(total <= max_model_len, "max_tokens: prompt (", prompt_len, ") + max_tokens (",
                 p.max_tokens, ") = ", total, " exceeds max_model_len (", max_model_len, ")");
   const int64_t blocks = (total - 1 + config.block_size - 1) / config.block_size;
-  PAGEDKV_CHECK(blocks <= config.num_blocks, "prompt_token_ids: request '", id, "' needs ",
-                blocks, " blocks at its longest (prompt ", prompt_len, " + max_tokens ",
-                p.max_tokens, ") but the cache has only num_blocks = ", config.num_blocks,
+  PAGEDKV_CHECK(blocks <= config.num_blocks, "prompt_token_ids: request '", id, "' needs ", blocks,
+                " blocks at its longest (prompt ", prompt_len, " + max_tokens ", p.max_tokens,
+                ") but the cache has only num_blocks = ", config.num_blocks,
                 "; it could never run");
 }
 
@@ -130,10 +127,17 @@ bool Scheduler::abort_request(const std::string& request_id) {
   p.preempted_slots.erase(std::remove(p.preempted_slots.begin(), p.preempted_slots.end(), r->slot),
                           p.preempted_slots.end());
   switch (r->state) {
-    case RequestState::kRunning: s.erase_running(r); break;
-    case RequestState::kWaiting: s.waiting.erase(r); break;
-    case RequestState::kSwapped: s.swapped.erase(r); break;
-    case RequestState::kFree: break;
+    case RequestState::kRunning:
+      s.erase_running(r);
+      break;
+    case RequestState::kWaiting:
+      s.waiting.erase(r);
+      break;
+    case RequestState::kSwapped:
+      s.swapped.erase(r);
+      break;
+    case RequestState::kFree:
+      break;
   }
   s.release(r);
   return true;
@@ -174,9 +178,10 @@ const std::vector<int32_t>& Scheduler::update(const StepPlan& plan, const int64_
   s.plan_pending = false;
   if (!s.finished.empty()) {
     for (int32_t slot : s.finished) s.release(s.pool[static_cast<size_t>(slot)].get());
-    s.running.erase(std::remove_if(s.running.begin(), s.running.end(),
-                                   [](const Request* r) { return r->state == RequestState::kFree; }),
-                    s.running.end());
+    s.running.erase(
+        std::remove_if(s.running.begin(), s.running.end(),
+                       [](const Request* r) { return r->state == RequestState::kFree; }),
+        s.running.end());
   }
   return s.finished;
 }

@@ -47,7 +47,7 @@ struct Scheduler::Impl {
   // scheduler.cpp
   Request* find(const std::string& id) const;
   Request* new_request(const std::string& id);
-  void release(Request* req);  // frees blocks and the slot
+  void release(Request* req);                      // frees blocks and the slot
   bool append_token(Request& req, int32_t token);  // true when the request finished
   void check_new_request(const std::string& id, size_t prompt_len,
                          const RequestParams& params) const;

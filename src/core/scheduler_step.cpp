@@ -28,12 +28,15 @@ void Scheduler::Impl::schedule_step() {
 
 // Running sequences: decodes first (one token each), then prompt chunks already under way.
 void Scheduler::Impl::schedule_running(int32_t* budget, bool* preempted) {
+  size_t num_prefilling = 0;
   for (int pass = 0; pass < 2; ++pass) {
     const bool prefills = pass == 1;
+    if (prefills && num_prefilling == 0) return;
     size_t i = 0;
     while (i < running.size() && *budget > 0) {
       Request* req = running[i];
       if (req->num_scheduled > 0 || req->in_prefill() != prefills) {
+        num_prefilling += req->in_prefill() ? 1 : 0;
         ++i;
         continue;
       }

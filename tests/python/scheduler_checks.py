@@ -47,6 +47,35 @@ def check_plan(sched, plan, expected_tokens: dict[str, list[int]]) -> None:
     assert len(set(slots)) == len(slots), "two tokens write the same cache slot"
 
 
+class KvModel:
+    """Plays the KV cache: each slot holds the (token, position) written there. Applies a
+    plan's swaps and copies in the documented order, writes the fed tokens, then checks that
+    every entry's whole context reads back its own tokens through its block table."""
+
+    def __init__(self, cfg) -> None:
+        self.bs = cfg.block_size
+        self.dev = np.full((cfg.num_blocks * self.bs, 2), -1, dtype=np.int64)
+        self.host = np.full((max(cfg.num_cpu_blocks, 1) * self.bs, 2), -1, dtype=np.int64)
+
+    def _move(self, dst: np.ndarray, src: np.ndarray, pairs: np.ndarray) -> None:
+        b = self.bs
+        for s, d in pairs.tolist():  # in recorded order
+            dst[d * b:(d + 1) * b] = src[s * b:(s + 1) * b]
+
+    def run(self, plan, expected_tokens: dict[str, list[int]]) -> None:
+        self._move(self.host, self.dev, plan.blocks_to_swap_out)
+        self._move(self.dev, self.host, plan.blocks_to_swap_in)
+        self._move(self.dev, self.dev, plan.blocks_to_copy)
+        self.dev[plan.slot_mapping, 0] = plan.input_ids
+        self.dev[plan.slot_mapping, 1] = plan.positions
+        for i, rid in enumerate(plan.request_ids):
+            pos = np.arange(plan.seq_lens[i])
+            slots = plan.block_tables[i][pos // self.bs].astype(np.int64) * self.bs + pos % self.bs
+            want = np.asarray(expected_tokens[rid][: len(pos)], dtype=np.int64)
+            assert (self.dev[slots, 1] == pos).all(), f"{rid}: KV of a wrong position"
+            assert (self.dev[slots, 0] == want).all(), f"{rid}: KV of a wrong token"
+
+
 class Driver:
     """Feeds fake sampled tokens, tracks what each request must contain, checks every plan."""
 
@@ -59,6 +88,7 @@ class Driver:
         self.finished: dict[str, list[int]] = {}
         self.prompt_len: dict[str, int] = {}
         self.plans = 0
+        self.kv = KvModel(sched.config)
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, **kw) -> None:
         self.s.add_request(rid, prompt, max_tokens, eos_token_id=self.eos, **kw)
@@ -78,6 +108,7 @@ class Driver:
     def step(self):
         plan = self.s.schedule()
         check_plan(self.s, plan, self.tokens)
+        self.kv.run(plan, self.tokens)
         ids = plan.request_ids
         sampled = np.full(plan.num_seqs, -1, dtype=np.int64)
         for i, rid in enumerate(ids):
