@@ -8,6 +8,8 @@ namespace pagedkv {
 
 void Scheduler::Impl::schedule_step() {
   builder.begin_step();
+  free_slots.insert(free_slots.end(), finished_slots.begin(), finished_slots.end());
+  finished_slots.clear();
   entries.clear();
   admitted.clear();
 
