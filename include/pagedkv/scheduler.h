@@ -1,13 +1,16 @@
 // Scheduler: continuous batching over a paged KV cache (vLLM-v1-like policy).
 //
 // One loop under one token budget per step: running sequences first (decodes, then chunks of
-// prefills already under way), then swapped-out ones, then waiting ones, within
+// prefills already under way), then swapped-out and waiting ones in queue order, within
 // max_num_batched_tokens and max_num_seqs. Prompts are chunked when enable_chunked_prefill.
 // When blocks run out, the lowest-priority / latest-arrived running sequence not yet scheduled
 // in this step is preempted (recompute: blocks freed, requeued at its place with its generated
 // tokens; swap: blocks moved to the host pool). A step that preempted admits nothing new, and a
 // preempted sequence is resumed only when its whole remaining prefill fits in free blocks, so
-// it is not preempted again at once (no preemption storms).
+// it is not preempted again at once (no preemption storms). Under SchedulingPolicy::kPriority
+// the queues are ordered by (priority, arrival), victims are taken from the lowest priority, and
+// a waiting request that outranks a running one and does not fit preempts it at the start of
+// the step.
 //
 // Usage: add_request(...); loop { plan = schedule(); run model; update(plan, sampled); }.
 #pragma once

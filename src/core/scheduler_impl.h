@@ -59,9 +59,11 @@ struct Scheduler::Impl {
   // scheduler_step.cpp
   void schedule_step();
   void schedule_running(int32_t* budget, bool* preempted);
-  bool schedule_swapped(int32_t* budget);
-  void schedule_waiting(int32_t* budget);
+  void schedule_queued(int32_t* budget);
+  bool try_swap_in(Request* req, int32_t* budget);
+  bool try_admit(Request* req, int32_t* budget);
   Request* pick_victim();
+  void preempt_for_priority();
   void preempt(Request* victim);
   void insert_running(Request* req);
   void erase_running(Request* req);

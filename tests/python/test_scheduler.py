@@ -294,3 +294,27 @@ def test_concurrent_calls_raise_instead_of_racing() -> None:
         p = s.schedule()
         s.update(p, np.full(p.num_seqs, 5))
     assert s.num_free_blocks == 4096
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_waiting_high_priority_preempts_low_priority_running(mode: str) -> None:
+    def run(policy: str) -> tuple[list[str], Scheduler]:
+        s = Scheduler(SchedulerConfig(16, 4, max_num_seqs=4, policy=policy,
+                                      preemption_mode=mode, num_cpu_blocks=32))
+        d = Driver(s, seed=3)
+        for i in range(4):
+            d.add(f"low{i}", list(range(20 + i, 28 + i)), 8, priority=5)
+        for _ in range(3):
+            d.step()
+        d.add("vip", [7, 8, 9, 10], 2, priority=0)
+        ids, _ = d.step()
+        d.run_to_end()
+        assert s.num_free_blocks == 16 and s.num_swapped == 0
+        assert set(d.finished) == {"low0", "low1", "low2", "low3", "vip"}
+        return ids, s
+
+    ids, s = run("priority")
+    assert "vip" in ids, "no seat: the lowest-priority running request gives it up"
+    assert s.num_preemptions >= 1
+    ids, _ = run("fcfs")
+    assert "vip" not in ids
