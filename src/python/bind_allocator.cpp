@@ -18,6 +18,8 @@ void bind_allocator(nb::module_& m) {
         TokenSpan t = to_tokens(tokens, "tokens");
         return to_tuple(hash_block(to_hash(parent), t.data, t.size, extra_key));
       },
+      nb::sig("def hash_block(parent: tuple[int, int] | None, tokens: " PAGEDKV_TOKENS_T
+              ", extra_key: int = 0) -> tuple[int, int]"),
       nb::arg("parent").none(), nb::arg("tokens"), nb::arg("extra_key") = 0,
       "128-bit chained hash H(parent, tokens, extra_key) as (lo, hi); parent "
       "None = root.");

@@ -307,3 +307,115 @@ def test_seed000_decode_shapes() -> None:
 
 def test_threads_reported() -> None:
     assert pagedkv._C.ops_num_threads() >= 1
+
+
+@pytest.mark.parametrize("layout", ["vllm", "nhd"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_decode_matrix(layout: str, block_size: int, group: int) -> None:
+    """Every layout x block size x GQA ratio, v1 and v2 (with lengths past two partitions)."""
+    rng = np.random.default_rng(block_size * 100 + group * 10 + len(layout))
+    fw, dtype = FRAMEWORKS_DTYPES[rng.integers(len(FRAMEWORKS_DTYPES))]
+    d = int(rng.choice(HEAD_SIZES))
+    kvh = int(rng.integers(1, 3))
+    lens = [int(rng.integers(1, 1100)), 1, int(rng.integers(500, 1100))]
+    kv = make_paged_kv(rng, fw, dtype, layout, "auto", lens, block_size, kvh, d)
+    query, q64 = rand_array(rng, (3, kvh * group, d), fw, dtype)
+    seq_lens = to_fw(np.array(lens), fw, "int32")
+    want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array(lens), 0.09)
+    for version in (1, 2):
+        out = empty_like_fw(query.shape, fw, dtype)
+        if version == 1:
+            ops.paged_attention_v1(out, query, kv.key_cache, kv.value_cache, kvh, 0.09,
+                                   kv.block_tables, seq_lens, block_size, max(lens))
+        else:
+            p = 3
+            es, ml = empty_like_fw((3, kvh * group, p), fw, "float32"), empty_like_fw(
+                (3, kvh * group, p), fw, "float32")
+            tmp = empty_like_fw((3, kvh * group, p, d), fw, dtype)  # query dtype is accepted
+            ops.paged_attention_v2(out, es, ml, tmp, query, kv.key_cache, kv.value_cache, kvh,
+                                   0.09, kv.block_tables, seq_lens, block_size, max(lens))
+        got = to_np(out)
+        assert not np.isnan(got).any()
+        assert ref.rel_error(got, want) < tolerance(dtype), (version, fw, dtype, d, kvh, lens)
+
+
+def test_decode_strided_query_out_and_small_partitions() -> None:
+    """query/out as column slices of wider tensors (vLLM slices q out of qkv), v2 with a
+    partition of 32 keys and a sliding window that hides whole partitions."""
+    rng = np.random.default_rng(21)
+    kvh, group, d, lens = 2, 4, 64, [300, 77, 5]
+    kv = make_paged_kv(rng, "torch", "float32", "nhd", "auto", lens, 16, kvh, d)
+    qkv = torch.randn(3, kvh * group + 2 * kvh, d)
+    query = qkv[:, : kvh * group]
+    assert not query.is_contiguous()
+    big_out = torch.full((3, 16, d), float("nan"))
+    out = big_out[:, 2 : 2 + kvh * group]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    q64 = query.double().numpy()
+    for window in (None, 40):
+        want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array(lens), 0.1,
+                          sliding_window=window)
+        ops.paged_attention_v1(out, query, kv.key_cache, kv.value_cache, kvh, 0.1,
+                               kv.block_tables, seq_lens, 16, 300, sliding_window=window)
+        assert ref.rel_error(out.double().numpy(), want) < 2e-6
+        p = (300 + 31) // 32
+        es = torch.full((3, kvh * group, p), float("nan"))
+        ml, tmp = es.clone(), torch.full((3, kvh * group, p, d), float("nan"))
+        out.fill_(float("nan"))
+        ops.paged_attention_v2(out, es, ml, tmp, query, kv.key_cache, kv.value_cache, kvh, 0.1,
+                               kv.block_tables, seq_lens, 16, 300, sliding_window=window,
+                               partition_size=32)
+        assert ref.rel_error(out.double().numpy(), want) < 2e-6
+        assert torch.isnan(big_out[:, :2]).all() and torch.isnan(big_out[:, 10:]).all()
+
+
+def test_decode_empty_sequence_gives_zeros() -> None:
+    rng = np.random.default_rng(9)
+    kv = make_paged_kv(rng, "numpy", "float32", "vllm", "auto", [0, 20], 16, 1, 32)
+    q, q64 = rand_array(rng, (2, 2, 32), "numpy", "float32")
+    out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                        np.array([0, 20], np.int32), 20, "auto", 1, 0.2, None,
+                                        1.0, 1.0)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    assert np.all(out[0] == 0)
+    want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array([0, 20]), 0.2)
+    assert ref.rel_error(out, want) < 2e-6
+
+
+@pytest.mark.parametrize("layout", ["vllm", "nhd"])
+def test_seed000_chunked_prefill_then_decode(layout: str) -> None:
+    """Seed 000's schedule for one 484-token prompt: a 28-token chunk, then the remaining 456
+    tokens over the cached 28, then a decode step. Each step writes its tokens to the cache
+    first (as the model runner does) and must match one-shot attention over the prompt."""
+    rng = np.random.default_rng(484)
+    h, kvh, d, bs, n = 9, 3, 64, 16, 485
+    q_all = torch.randn(n, h, d)
+    k_all = torch.randn(n, kvh, d)
+    v_all = torch.randn(n, kvh, d)
+    nb = 40
+    shape = PagedAttention.get_kv_cache_shape(nb, bs, kvh, d)
+    kv_cache = torch.zeros(shape)
+    if layout == "vllm":
+        kc, vc = PagedAttention.split_kv_cache(kv_cache, kvh, d)
+    else:
+        kc = torch.zeros(nb, bs, kvh, d)
+        vc = torch.zeros(nb, bs, kvh, d)
+    table = torch.from_numpy(rng.permutation(nb)[: (n + bs - 1) // bs].astype(np.int32))[None]
+    slots = (table[0].long()[torch.arange(n) // bs] * bs + torch.arange(n) % bs)
+    write = ops.reshape_and_cache if layout == "vllm" else ops.reshape_and_cache_flash
+    outs = []
+    for start, end in ((0, 28), (28, 484)):
+        write(k_all[start:end], v_all[start:end], kc, vc, slots[start:end])
+        outs.append(PagedAttention.forward_prefix(
+            q_all[start:end], k_all[start:end], v_all[start:end], "auto", kc, vc, table,
+            torch.tensor([0, end - start], dtype=torch.int32),
+            torch.tensor([end], dtype=torch.int32), end - start, None, None, 1.0, 1.0))
+    write(k_all[484:], v_all[484:], kc, vc, slots[484:])
+    outs.append(PagedAttention.forward_decode(q_all[484:], kc, vc, table,
+                                              torch.tensor([485], dtype=torch.int32), 485,
+                                              "auto", kvh, 1 / 8, None, 1.0, 1.0))
+    got = torch.cat(outs).double().numpy()
+    want = ref.attention(q_all.double().numpy(), k_all.double().numpy(),
+                         v_all.double().numpy(), np.arange(n), 1 / 8)
+    assert ref.rel_error(got, want) < 2e-6

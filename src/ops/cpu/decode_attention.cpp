@@ -42,7 +42,7 @@ struct PartialState {
 PAGEDKV_MULTIVERSION
 void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, int64_t t_end,
                   int64_t seq_len, PartialState st) {
-  thread_local std::vector<float> q_buf, logit_buf, tile_buf;
+  thread_local std::vector<float> q_buf, logit_buf, tile_buf, w_buf;
   const int G = p.group, D = p.head_size, bs = p.k.block_size;
   const int64_t L = std::max<int64_t>(t_end - t_begin, 0);
   float* q = scratch(q_buf, static_cast<size_t>(G) * D);
@@ -58,15 +58,18 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     load_row(p.query.row(seq, kh * G + g), p.query.dtype, q + g * D, D);
     scale_row(p.scale, q + g * D, D);
   }
-  // Pass 1: logits of every key in the range, block by block.
+  // Pass 1: logits [G, L] of every key in the range, one block (tile) at a time.
   for (int64_t t = t_begin; t < t_end;) {
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
-    p.k.load(p.tables(seq, t / bs), kh, off, n, tile);
-    for (int g = 0; g < G; ++g) {
-      float* s = logits + g * L + (t - t_begin);
-      for (int j = 0; j < n; ++j) s[j] = dot(q + g * D, tile + j * D, D);
+    const int64_t block = p.tables(seq, t / bs);
+    int64_t ld = D;
+    const float* k = p.k.rows(block, kh, off, &ld);
+    if (!k) {
+      p.k.load(block, kh, off, n, tile);
+      k = tile;
     }
+    dot_tile<false>(q, D, G, k, ld, n, D, logits + (t - t_begin), L);
     t += n;
   }
   // Softmax numerators in place.
@@ -74,24 +77,33 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     float* s = logits + g * L;
     p.transform.apply(s, static_cast<int>(L), p.transform.slope(kh * G + g), t_begin,
                       seq_len - 1);
-    float m = kNegInf;
-    for (int64_t j = 0; j < L; ++j) m = std::max(m, s[j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < L; ++j) {
-      s[j] = std::exp(s[j] - m);
-      sum += s[j];
-    }
-    st.max[g] = m;
-    st.sum[g] = sum;
+    st.max[g] = max_of(s, static_cast<int>(L), kNegInf);
+    st.sum[g] = exp_sub_sum(s, static_cast<int>(L), st.max[g]);
   }
   // Pass 2: weighted sum of the values.
+  const bool transposed = p.v.layout == KVLayout::kVLLM;
+  float* w = transposed ? scratch(w_buf, static_cast<size_t>(G) * bs) : nullptr;
   for (int64_t t = t_begin; t < t_end;) {
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
-    p.v.load(p.tables(seq, t / bs), kh, off, n, tile);
-    for (int g = 0; g < G; ++g) {
-      const float* w = logits + g * L + (t - t_begin);
-      for (int j = 0; j < n; ++j) axpy(w[j], tile + j * D, st.acc + g * D, D);
+    const int64_t block = p.tables(seq, t / bs);
+    if (transposed) {
+      // acc[g, d] += sum_j w[g, j] * vt[d, j] over the whole (zero-padded) block.
+      p.v.load_transposed(block, kh, off, n, tile);
+      for (int g = 0; g < G; ++g) {
+        std::fill(w + g * bs, w + (g + 1) * bs, 0.0f);
+        std::copy(logits + g * L + (t - t_begin), logits + g * L + (t - t_begin) + n,
+                  w + g * bs + off);
+      }
+      dot_tile<true>(w, bs, G, tile, bs, D, bs, st.acc, D);
+    } else {
+      int64_t ld = D;
+      const float* v = p.v.rows(block, kh, off, &ld);
+      if (!v) {
+        p.v.load(block, kh, off, n, tile);
+        v = tile;
+      }
+      pv_tile(logits + (t - t_begin), L, G, v, ld, n, D, st.acc, D);
     }
     t += n;
   }

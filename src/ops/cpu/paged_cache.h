@@ -59,7 +59,17 @@ struct PagedCache {
     }
   }
 
+  // fp32 NHD caches are read in place: the rows of tokens t0.. of `block`, head h, with the
+  // row stride (elements) in *ld. Null for every other layout / dtype (use load()).
+  PAGEDKV_INLINE const float* rows(int64_t block, int h, int t0, int64_t* ld) const {
+    if (layout != KVLayout::kNHD || fp8 || dtype != DType::kFloat32) return nullptr;
+    *ld = static_cast<int64_t>(num_heads) * head_size;
+    return reinterpret_cast<const float*>(base + block * block_stride) + t0 * *ld +
+           static_cast<int64_t>(h) * head_size;
+  }
+
   // Tokens [t0, t0 + n) of physical block `block`, head h -> dst [n, head_size] fp32.
+  // (For the transposed vLLM value layout prefer load_transposed.)
   PAGEDKV_INLINE void load(int64_t block, int h, int t0, int n, float* dst) const {
     const int D = head_size, bs = block_size;
     const char* blk = base + block * block_stride;
@@ -73,17 +83,28 @@ struct PagedCache {
           convert(head + (static_cast<int64_t>(c) * bs * x + (t0 + t) * x) * elem,
                   dst + t * D + c * x, x);
     } else {
-      // Values are stored transposed ([D, block_size]): convert each d's run of tokens, then
-      // scatter into the [n, D] tile.
+      float run[256];
       const char* head = blk + static_cast<int64_t>(h) * D * bs * elem;
-      float run[64];
       for (int d = 0; d < D; ++d) {
-        for (int t = 0; t < n; t += 64) {
-          const int m = n - t < 64 ? n - t : 64;
+        for (int t = 0; t < n; t += 256) {
+          const int m = n - t < 256 ? n - t : 256;
           convert(head + (static_cast<int64_t>(d) * bs + t0 + t) * elem, run, m);
           for (int j = 0; j < m; ++j) dst[(t + j) * D + d] = run[j];
         }
       }
+    }
+  }
+
+  // vLLM value layout only: the whole block of head h as dst [head_size, block_size] fp32, with
+  // token columns outside [t0, t0 + n) set to 0 (they may hold stale or poisoned values).
+  PAGEDKV_INLINE void load_transposed(int64_t block, int h, int t0, int n, float* dst) const {
+    const int D = head_size, bs = block_size;
+    const char* head = base + block * block_stride + static_cast<int64_t>(h) * D * bs * elem;
+    for (int d = 0; d < D; ++d) {
+      float* row = dst + static_cast<int64_t>(d) * bs;
+      for (int t = 0; t < t0; ++t) row[t] = 0.0f;
+      convert(head + (static_cast<int64_t>(d) * bs + t0) * elem, row + t0, n);
+      for (int t = t0 + n; t < bs; ++t) row[t] = 0.0f;
     }
   }
 };

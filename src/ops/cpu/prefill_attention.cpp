@@ -17,7 +17,7 @@
 namespace pagedkv::cpu_ops {
 namespace {
 
-constexpr int kNewKeyTile = 32;  // keys per tile when reading the new tokens
+constexpr int kNewKeyTile = 64;  // keys per tile when reading the new tokens
 constexpr int kMaxTile = 64;     // keys per tile at most (bounds the logit buffer)
 
 struct PrefillProblem {
@@ -43,46 +43,52 @@ struct RowState {
   float* acc;  // [R, D]
 };
 
-// Folds one K/V tile (keys at positions kpos0 .. kpos0 + n - 1) into the running state of the
-// chunk's rows (query token i -> rows (i - i0) * G + g).
+PAGEDKV_MULTIVERSION
+void load_cache_tile(const PagedCache& c, int64_t block, int kh, int off, int n, float* dst) {
+  c.load(block, kh, off, n, dst);
+}
+
+// Folds one K/V tile (keys at positions kpos0 .. kpos0 + n - 1; K and V row-major with row
+// strides ldk / ldv) into the running state of the chunk's rows (query token i -> rows
+// (i - i0) * G + g): S = Q K^T for all rows at once, per-row masking and online softmax, then
+// acc += P V for all rows at once.
 PAGEDKV_MULTIVERSION
 void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t i1,
-               int64_t kpos0, int n, const float* ktile, const float* vtile, RowState st) {
+               int64_t kpos0, int n, const float* ktile, int64_t ldk, const float* vtile,
+               int64_t ldv, RowState st) {
+  thread_local std::vector<float> s_buf;
   const int G = p.group, D = p.head_size;
-  float s[kMaxTile];
+  const int R = static_cast<int>((i1 - i0) * G);
+  float* S = scratch(s_buf, static_cast<size_t>(R) * kMaxTile);
+  dot_tile<false>(st.q, D, R, ktile, ldk, n, D, S, kMaxTile);
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t qpos = ctx + i;
     // Visible keys of this query inside the tile: causal and sliding-window bounds.
-    const int j_end = static_cast<int>(std::min<int64_t>(n, qpos - kpos0 + 1));
+    const int j_end = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n, qpos - kpos0 + 1)));
     int j_begin = 0;
     if (p.window > 0) j_begin = static_cast<int>(std::max<int64_t>(0, qpos - p.window + 1 - kpos0));
-    if (j_begin >= j_end) continue;
-    const int m = j_end - j_begin;
+    j_begin = std::min(j_begin, j_end);
     for (int g = 0; g < G; ++g) {
       const int64_t r = (i - i0) * G + g;
-      const float* q = st.q + r * D;
-      for (int j = 0; j < m; ++j) s[j] = dot(q, ktile + (j_begin + j) * D, D);
-      p.transform.apply(s, m, p.transform.slope(kh * G + g), kpos0 + j_begin, qpos);
-      float mx = kNegInf;
-      for (int j = 0; j < m; ++j) mx = std::max(mx, s[j]);
+      float* s = S + r * kMaxTile;
+      std::fill(s, s + j_begin, 0.0f);
+      std::fill(s + j_end, s + n, 0.0f);
+      if (j_begin == j_end) continue;  // nothing visible: P row stays 0
+      const int m = j_end - j_begin;
+      float* sv = s + j_begin;
+      p.transform.apply(sv, m, p.transform.slope(kh * G + g), kpos0 + j_begin, qpos);
       const float m_old = st.m[r];
-      const float m_new = std::max(m_old, mx);
-      float* acc = st.acc + r * D;
+      const float m_new = max_of(sv, m, m_old);
       if (m_new > m_old && m_old != kNegInf) {
         const float corr = std::exp(m_old - m_new);
         st.l[r] *= corr;
-        scale_row(corr, acc, D);
+        scale_row(corr, st.acc + r * D, D);
       }
       st.m[r] = m_new;
-      float sum = 0.0f;
-      for (int j = 0; j < m; ++j) {
-        const float w = std::exp(s[j] - m_new);
-        sum += w;
-        axpy(w, vtile + (j_begin + j) * D, acc, D);
-      }
-      st.l[r] += sum;
+      st.l[r] += exp_sub_sum(sv, m, m_new);
     }
   }
+  pv_tile(S, kMaxTile, R, vtile, ldv, n, D, st.acc, D);
 }
 
 PAGEDKV_MULTIVERSION
@@ -90,9 +96,25 @@ void load_new_rows(const RowArray& a, int64_t token0, int kh, int n, int D, floa
   for (int j = 0; j < n; ++j) load_row(a.row(token0 + j, kh), a.dtype, dst + j * D, D);
 }
 
-PAGEDKV_MULTIVERSION
-void load_cache_tile(const PagedCache& c, int64_t block, int kh, int off, int n, float* dst) {
-  c.load(block, kh, off, n, dst);
+// K or V rows of the new tokens: read in place when fp32 with a float-aligned row stride.
+const float* new_rows(const RowArray& a, int64_t token0, int kh, int n, int D, float* buf,
+                      int64_t* ld) {
+  if (a.dtype == DType::kFloat32 && a.s0 % static_cast<int64_t>(sizeof(float)) == 0) {
+    *ld = a.s0 / static_cast<int64_t>(sizeof(float));
+    return reinterpret_cast<const float*>(a.row(token0, kh));
+  }
+  load_new_rows(a, token0, kh, n, D, buf);
+  *ld = D;
+  return buf;
+}
+
+// K or V rows of cached tokens: in place for fp32 NHD caches, else converted into buf.
+const float* cache_rows(const PagedCache& c, int64_t block, int kh, int off, int n, float* buf,
+                        int64_t* ld) {
+  if (const float* r = c.rows(block, kh, off, ld)) return r;
+  load_cache_tile(c, block, kh, off, n, buf);
+  *ld = c.head_size;
+  return buf;
 }
 
 void run_item(const PrefillProblem& p, const WorkItem& w, int kh) {
@@ -124,16 +146,18 @@ void run_item(const PrefillProblem& p, const WorkItem& w, int kh) {
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>({bs - off, ctx - t, kMaxTile}));
     const int64_t block = p.tables(w.seq, t / bs);
-    load_cache_tile(p.k, block, kh, off, n, kt);
-    load_cache_tile(p.v, block, kh, off, n, vt);
-    fold_tile(p, kh, ctx, i0, i1, t, n, kt, vt, st);
+    int64_t ldk = D, ldv = D;
+    const float* k = cache_rows(p.k, block, kh, off, n, kt, &ldk);
+    const float* v = cache_rows(p.v, block, kh, off, n, vt, &ldv);
+    fold_tile(p, kh, ctx, i0, i1, t, n, k, ldk, v, ldv, st);
     t += n;
   }
   for (int64_t t = std::max(lo, ctx); t < hi;) {  // the new tokens
     const int n = static_cast<int>(std::min<int64_t>(kNewKeyTile, hi - t));
-    load_new_rows(p.key, qs + (t - ctx), kh, n, D, kt);
-    load_new_rows(p.value, qs + (t - ctx), kh, n, D, vt);
-    fold_tile(p, kh, ctx, i0, i1, t, n, kt, vt, st);
+    int64_t ldk = D, ldv = D;
+    const float* k = new_rows(p.key, qs + (t - ctx), kh, n, D, kt, &ldk);
+    const float* v = new_rows(p.value, qs + (t - ctx), kh, n, D, vt, &ldv);
+    fold_tile(p, kh, ctx, i0, i1, t, n, k, ldk, v, ldv, st);
     t += n;
   }
   for (int64_t i = i0; i < i1; ++i)
