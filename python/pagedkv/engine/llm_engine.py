@@ -36,7 +36,7 @@ class LLMEngine:
         self.runner, self.scheduler, self.sampler = parts.runner, parts.scheduler, parts.sampler
         self.num_gpu_blocks, self.num_cpu_blocks = parts.num_blocks, parts.num_cpu_blocks
         self.eos_token_ids = parts.eos_token_ids
-        self.decoder = DirectDecoder(self.tokenizer)
+        self.decoder = DirectDecoder(self.tokenizer) if self.tokenizer is not None else None
         self.requests: Dict[str, RequestState] = {}
         self.seq_owner: Dict[str, tuple[RequestState, SeqState]] = {}  # scheduler id -> seq
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
@@ -51,11 +51,19 @@ class LLMEngine:
                     prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
                     arrival_time: Optional[float] = None) -> None:
         params = params if params is not None else SamplingParams()
+        if self.tokenizer is None:
+            if params.stop:
+                raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
+            if params.detokenize:
+                params = params.clone()
+                params.detokenize = False
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if prompt_token_ids is None:
             if prompt is None:
                 raise ValueError("prompt or prompt_token_ids must be given")
+            if self.tokenizer is None:
+                raise ValueError("skip_tokenizer_init=True: pass prompt_token_ids, not text")
             prompt_token_ids = self.tokenizer.encode(prompt)
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
@@ -176,7 +184,7 @@ class LLMEngine:
             if lp[0] is not None:
                 seq.cumulative_logprob += lp[0]
             if seq.logprobs is not None and lp[1] is not None:
-                seq.logprobs.append(self._decode_logprob_tokens(lp[1]))
+                seq.logprobs.append(self.decode_logprob_tokens(lp[1]))
         if sched_finished:
             req.finish_by_scheduler(seq)
             self.seq_owner.pop(seq.sched_id or "", None)
@@ -204,7 +212,9 @@ class LLMEngine:
         seq.text += delta
         return len(delta)
 
-    def _decode_logprob_tokens(self, d: dict) -> dict:
+    def decode_logprob_tokens(self, d: dict) -> dict:
+        if self.decoder is None:
+            return d
         for tid, lp in d.items():
             lp.decoded_token = self.decoder.decode([tid], skip_special_tokens=False)
         return d

@@ -114,8 +114,7 @@ class StepSampling:
             want = req.params.prompt_logprobs or 0
             keep = {t: lp for t, lp in d.items() if lp.rank is not None
                     and (lp.rank <= want or t == req.prompt_token_ids[pos])}
-            for t, lp in keep.items():
-                lp.decoded_token = self.engine.tokenizer.decode([t], skip_special_tokens=False)
+            self.engine.decode_logprob_tokens(keep)
             assert req.prompt_logprobs is not None and len(req.prompt_logprobs) == pos
             req.prompt_logprobs.append(_with_ranks(keep))
 
