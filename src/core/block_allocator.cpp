@@ -41,6 +41,7 @@ BlockAllocator::Impl::Impl(const BlockAllocatorConfig& c)
     hash.resize(num_blocks);
     parent.resize(num_blocks);
     extra.assign(num_blocks, 0);
+    child_pos.assign(num_blocks, 0);
     tokens.assign(static_cast<size_t>(num_blocks) * block_size, 0);
   }
 }
@@ -194,6 +195,13 @@ std::string BlockAllocator::check_invariants() const {
   size_t num_children = 0;
   for (const auto& kv : m.children) num_children += kv.second.size();
   if (num_children != m.table.size()) err << "children index size mismatch; ";
+  for (const auto& kv : m.children) {
+    for (size_t i = 0; i < kv.second.size(); ++i) {
+      BlockId c = kv.second[i];
+      if (!m.cached[c] || m.parent[c] != kv.first || m.child_pos[c] != static_cast<int32_t>(i))
+        err << "children index entry " << c << " inconsistent; ";
+    }
+  }
   // Queue order: uncached blocks must precede cached ones (they are reused first).
   bool seen_cached = false;
   for (BlockId id = m.free_queue.front(); id != -1; id = m.free_queue.next(id)) {

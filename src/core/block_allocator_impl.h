@@ -37,7 +37,8 @@ struct BlockAllocator::Impl {
   std::unordered_map<BlockHash, BlockId, BlockHashHasher> table;  // hash -> cached block
   // parent hash -> its cached children, for partial-block matching.
   std::unordered_map<BlockHash, std::vector<BlockId>, BlockHashHasher> children;
-  int32_t num_cached_free = 0;  // cached blocks with ref 0
+  std::vector<int32_t> child_pos;  // [num_blocks] slot of a cached block in its parent's list
+  int32_t num_cached_free = 0;     // cached blocks with ref 0
 
   std::vector<std::pair<int64_t, int64_t>> pending_copies;  // (src, dst) for copy_blocks
 

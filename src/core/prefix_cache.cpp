@@ -12,14 +12,14 @@ namespace pagedkv {
 void BlockAllocator::Impl::uncache(BlockId id) {
   auto it = table.find(hash[id]);
   if (it != table.end() && it->second == id) table.erase(it);
+  // O(1) swap-remove from the parent's child list (child_pos tracks each block's slot there).
   auto ch = children.find(parent[id]);
   if (ch != children.end()) {
     auto& v = ch->second;
-    auto pos = std::find(v.begin(), v.end(), id);
-    if (pos != v.end()) {
-      *pos = v.back();
-      v.pop_back();
-    }
+    int32_t pos = child_pos[id];
+    v[pos] = v.back();
+    child_pos[v[pos]] = pos;
+    v.pop_back();
     if (v.empty()) children.erase(ch);
   }
   cached[id] = 0;
@@ -122,8 +122,14 @@ int32_t BlockAllocator::match_prefix_tokens(const int32_t* tokens, size_t num_to
   size_t best_k = 0;
   // The source must not be the last free block: copying needs another one.
   const bool last_free_only = m.free_queue.size() == 1;
-  for (BlockId c : ch->second) {
+  // A bounded scan (a parent such as the root can have thousands of cached children): the
+  // kPartialScan most recently registered ones, stopping early at a best possible match.
+  constexpr size_t kPartialScan = 64;
+  const auto& kids = ch->second;
+  for (size_t i = kids.size(), seen = 0; i-- > 0 && seen < kPartialScan && best_k < want;) {
+    BlockId c = kids[i];
     if (m.extra[c] != extra_key || (last_free_only && m.ref[c] == 0)) continue;
+    ++seen;
     const int32_t* ct = &m.tokens[static_cast<size_t>(c) * m.block_size];
     size_t k = 0;
     while (k < want && ct[k] == rest[k]) ++k;
@@ -165,7 +171,9 @@ Status BlockAllocator::try_cache_full_block(BlockId id, const BlockHash& parent,
   if (m.cached[id]) return m.hash[id] == h ? Status::kOk : Status::kInvalidArgument;
   if (m.table.count(h)) return Status::kOk;  // duplicate content: stays uncached
   m.table.emplace(h, id);
-  m.children[parent].push_back(id);
+  auto& kids = m.children[parent];
+  m.child_pos[id] = static_cast<int32_t>(kids.size());
+  kids.push_back(id);
   m.cached[id] = 1;
   m.hash[id] = h;
   m.parent[id] = parent;

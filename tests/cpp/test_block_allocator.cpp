@@ -271,5 +271,26 @@ TEST(PrefixCache, PartialBlockReuseByCopy) {
   EXPECT_EQ(a.check_invariants(), "");
 }
 
+TEST(PrefixCache, ManySiblingsEvictInO1AndPartialFindsRecentOnes) {
+  BlockAllocator a(config(300, 4));
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> blocks;
+  for (int i = 0; i < 200; ++i) {  // 200 cached children of the root
+    blocks.push_back({i, static_cast<int32_t>(rng() % 9), 5, 6});
+    auto ids = cache_sequence(a, blocks.back());
+    ASSERT_EQ(a.free(ids.data(), 1), Status::kOk);
+  }
+  EXPECT_EQ(a.num_cached_blocks(), 200);
+  std::vector<int32_t> q{199, blocks[199][1], 5, 0, 0};  // 3 tokens of the newest child
+  std::vector<BlockId> got;
+  EXPECT_EQ(a.match_prefix_tokens(q.data(), q.size(), 0, -1, &got, nullptr), 3);
+  ASSERT_EQ(a.free(got.data(), got.size()), Status::kOk);
+  std::vector<BlockId> all;  // evicts every cached block (siblings removed from the index)
+  ASSERT_EQ(a.allocate(300, &all), Status::kOk);
+  EXPECT_EQ(a.num_cached_blocks(), 0);
+  EXPECT_EQ(a.counters().evictions, 200);
+  EXPECT_EQ(a.check_invariants(), "");
+}
+
 }  // namespace
 }  // namespace pagedkv
