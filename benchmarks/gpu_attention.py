@@ -76,7 +76,7 @@ def decode_partition(num_seqs: int, max_len: int, sms: int) -> int:
     parts = math.ceil(8 * sms / ctas)
     if parts <= 1:
         return 0
-    return max(64, math.ceil(max_len / parts / BS) * BS)
+    return max(128, math.ceil(max_len / parts / BS) * BS)
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):

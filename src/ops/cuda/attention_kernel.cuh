@@ -343,6 +343,9 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
                                       static_cast<const CT*>(p.v_cache), p.kl, p.vl, p.kv_vec,
                                       bt, 0, k_lo, min(k_hi, ctx_len), ln, kvh, q_pos, q, slope,
                                       p.qk_scale * p.k_scale, p.v_scale, m, l, acc);
+  // The new tokens' ring holds Raw<QT>, whose slots overlap other lanes' Raw<CT> slots: wait
+  // for every lane to finish the cached context first (uniform per CTA).
+  if (sizeof(Raw<QT>) != sizeof(Raw<CT>)) __syncthreads();
   if (k_hi > ctx_len) {
     attend_range<QT, kNoFp8, GC, U, S, false>(
         p, reinterpret_cast<Raw<QT>*>(smem), static_cast<const QT*>(p.k_new), static_cast<const QT*>(p.v_new), p.knl, p.vnl,

@@ -16,12 +16,26 @@ namespace pagedkv::cuda_ops {
 
 struct CacheLayout {
   int64_t s_block = 0, s_head = 0, s_slot = 0, s_chunk = 0;
-  int x = 1;  // elements contiguous along the head dimension
+  int x = 1;        // elements contiguous along the head dimension
+  int x_shift = 0;  // log2(x) when x is a power of two (always so for the vLLM layout)
 
+  // Offset of element d within a (block, slot, head) row, without a division on the hot path:
+  // NHD rows are one run (d < x), vLLM runs have a power-of-two length.
+  __device__ __forceinline__ int64_t d_offset(int d) const {
+    if (d < x) return d;
+    if (x_shift >= 0) return int64_t(d >> x_shift) * s_chunk + (d & (x - 1));
+    return int64_t(d / x) * s_chunk + d % x;
+  }
   __device__ __forceinline__ int64_t offset(int64_t block, int slot, int head, int d) const {
-    return block * s_block + head * s_head + slot * s_slot + (d / x) * s_chunk + d % x;
+    return block * s_block + head * s_head + slot * s_slot + d_offset(d);
   }
 };
+
+inline int pow2_shift(int x) {
+  int s = 0;
+  while ((1 << s) < x) ++s;
+  return (1 << s) == x ? s : -1;
+}
 
 // NHD: rank 4; vLLM: rank 5 (keys) or rank 4 with `is_vllm_value` (values).
 inline CacheLayout make_layout(const TensorView& t, bool vllm, bool is_value) {
@@ -32,18 +46,21 @@ inline CacheLayout make_layout(const TensorView& t, bool vllm, bool is_value) {
     l.s_head = t.stride(2);
     l.s_chunk = 0;
     l.x = static_cast<int>(t.size(3));
+    l.x_shift = pow2_shift(l.x);
   } else if (!is_value) {  // [nb, h, d/x, bs, x]
     l.s_block = t.stride(0);
     l.s_head = t.stride(1);
     l.s_chunk = t.stride(2);
     l.s_slot = t.stride(3);
     l.x = static_cast<int>(t.size(4));
+    l.x_shift = pow2_shift(l.x);
   } else {  // [nb, h, d, bs]
     l.s_block = t.stride(0);
     l.s_head = t.stride(1);
     l.s_chunk = t.stride(2);
     l.s_slot = t.stride(3);
     l.x = 1;
+    l.x_shift = 0;
   }
   return l;
 }

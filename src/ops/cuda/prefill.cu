@@ -28,6 +28,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
     l->s_slot = 0;
     l->s_chunk = 0;
     l->x = static_cast<int>(t->size(2));
+    l->x_shift = pow2_shift(l->x);
   }
   p.new_vec = vector_ok(key, 16) && vector_ok(value, 16);
   const cudaStream_t s = to_cuda(stream);
