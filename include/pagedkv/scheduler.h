@@ -1,13 +1,16 @@
 // Scheduler: continuous batching over a paged KV cache (vLLM-v1-like policy).
 //
 // One loop under one token budget per step: running sequences first (decodes, then chunks of
-// prefills already under way), then swapped-out ones, then waiting ones, within
+// prefills already under way), then swapped-out and waiting ones in queue order, within
 // max_num_batched_tokens and max_num_seqs. Prompts are chunked when enable_chunked_prefill.
 // When blocks run out, the lowest-priority / latest-arrived running sequence not yet scheduled
 // in this step is preempted (recompute: blocks freed, requeued at its place with its generated
 // tokens; swap: blocks moved to the host pool). A step that preempted admits nothing new, and a
 // preempted sequence is resumed only when its whole remaining prefill fits in free blocks, so
-// it is not preempted again at once (no preemption storms).
+// it is not preempted again at once (no preemption storms). Under SchedulingPolicy::kPriority
+// the queues are ordered by (priority, arrival), victims are taken from the lowest priority, and
+// a waiting request that outranks a running one and does not fit preempts it at the start of
+// the step.
 //
 // Usage: add_request(...); loop { plan = schedule(); run model; update(plan, sampled); }.
 #pragma once
@@ -69,8 +72,8 @@ class Scheduler {
 
   // Applies a step's results: `sampled[i]` is the token sampled for plan entry i (ignored where
   // plan.sample_indices[i] < 0; pass -1). Returns the slots of the requests that finished, in
-  // plan order; they are freed (their ids stay readable via request_id() until the next
-  // add_request or fork).
+  // plan order; their blocks are freed at once (their ids stay readable via request_id()
+  // until the next schedule()).
   const std::vector<int32_t>& update(const StepPlan& plan, const int64_t* sampled, size_t n);
   // Convenience: the finished request ids.
   std::vector<std::string> update(const StepPlan& plan, const std::vector<int64_t>& sampled);
@@ -78,7 +81,9 @@ class Scheduler {
   // n > 1 sampling: right after the update() that completed the parent's prompt, creates
   // `child_id` = parent prompt + [first_token] sharing all the parent's prompt blocks (the
   // shared partial block is copied on write). Returns true when the child finished at once
-  // (stop token or max_tokens == 1); it is then freed immediately.
+  // (stop token or max_tokens == 1); it is then freed immediately. If the parent itself
+  // finished in that update() (its first token was a stop token), the child still starts: it
+  // re-prefills its prompt (mostly from the prefix cache) instead of sharing blocks.
   bool fork(const std::string& parent_id, const std::string& child_id, int32_t first_token);
 
   const std::string& request_id(int32_t slot) const;

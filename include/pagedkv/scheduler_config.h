@@ -16,13 +16,13 @@ enum class SchedulingPolicy : uint8_t {
 };
 
 struct SchedulerConfig {
-  int32_t num_blocks = 0;                // device KV-cache blocks
-  int32_t block_size = 16;               // tokens per block
-  int32_t max_num_seqs = 256;            // sequences per step
-  int32_t max_num_batched_tokens = 2048; // tokens per step (the token budget)
-  bool enable_chunked_prefill = true;    // split long prompts across steps
-  bool enable_prefix_caching = true;     // reuse cached full blocks of equal prefixes
-  int32_t num_cpu_blocks = 0;            // host swap pool (needed by PreemptionMode::kSwap)
+  int32_t num_blocks = 0;                 // device KV-cache blocks
+  int32_t block_size = 16;                // tokens per block
+  int32_t max_num_seqs = 256;             // sequences per step
+  int32_t max_num_batched_tokens = 2048;  // tokens per step (the token budget)
+  bool enable_chunked_prefill = true;     // split long prompts across steps
+  bool enable_prefix_caching = true;      // reuse cached full blocks of equal prefixes
+  int32_t num_cpu_blocks = 0;             // host swap pool (needed by PreemptionMode::kSwap)
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   // Longest prompt + output. 0 = num_blocks * block_size; clamped to max_num_batched_tokens

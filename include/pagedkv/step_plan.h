@@ -32,7 +32,7 @@ struct StepPlan {
   int32_t num_prefills = 0;
   int32_t num_prefill_tokens = 0;
   int32_t num_decode_tokens = 0;
-  int32_t num_tokens = 0;          // num_prefill_tokens + num_decode_tokens
+  int32_t num_tokens = 0;  // num_prefill_tokens + num_decode_tokens
   int32_t max_query_len = 0;
   int32_t max_prefill_seq_len = 0;  // 0 when there is no prefill
   int32_t max_decode_seq_len = 0;   // 0 when there is no decode
@@ -46,14 +46,14 @@ struct StepPlan {
   std::vector<int32_t> query_start_loc;  // [num_seqs + 1] prefix sums of query lengths
   std::vector<int32_t> seq_start_loc;    // [num_seqs + 1] prefix sums of seq_lens
   std::vector<int32_t> sample_indices;   // [num_seqs] token index to sample, -1 = partial chunk
-  std::vector<int32_t> slots;            // [num_seqs] request slot (Scheduler::request_id), -1 = aborted
+  std::vector<int32_t> slots;  // [num_seqs] request slot (Scheduler::request_id), -1 = aborted
   // [max_num_seqs, max_blocks_per_seq] row-major, padded with kBlockTablePad. calloc'ed so
   // rows never used cost no memory.
   std::unique_ptr<int32_t[], decltype(&std::free)> block_tables{nullptr, &std::free};
 
-  BlockPairs blocks_to_swap_out;       // [k, 2] (device block, host block)
-  BlockPairs blocks_to_swap_in;        // [k, 2] (host block, device block)
-  BlockPairs blocks_to_copy;           // [k, 2] (src device block, dst device block)
+  BlockPairs blocks_to_swap_out;         // [k, 2] (device block, host block)
+  BlockPairs blocks_to_swap_in;          // [k, 2] (host block, device block)
+  BlockPairs blocks_to_copy;             // [k, 2] (src device block, dst device block)
   std::vector<int32_t> preempted_slots;  // recompute-preempted this step (still alive, waiting)
 
   const int32_t* block_table_row(int32_t i) const {

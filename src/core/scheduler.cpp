@@ -51,12 +51,20 @@ Request* Scheduler::Impl::new_request(const std::string& id) {
   return r;
 }
 
-void Scheduler::Impl::release(Request* req) {
+void Scheduler::Impl::release(Request* req, bool recycle_slot) {
   kv.free_blocks(*req);
   kv.free_cpu_blocks(*req);
   by_id.erase(req->id);
   req->state = RequestState::kFree;
-  free_slots.push_back(req->slot);
+  (recycle_slot ? free_slots : finished_slots).push_back(req->slot);
+}
+
+Request* Scheduler::Impl::just_finished(const std::string& id) const {
+  for (int32_t slot : finished_slots) {
+    Request* r = pool[static_cast<size_t>(slot)].get();
+    if (r->id == id) return r;
+  }
+  return nullptr;
 }
 
 bool Scheduler::Impl::append_token(Request& req, int32_t token) {
@@ -177,7 +185,9 @@ const std::vector<int32_t>& Scheduler::update(const StepPlan& plan, const int64_
   }
   s.plan_pending = false;
   if (!s.finished.empty()) {
-    for (int32_t slot : s.finished) s.release(s.pool[static_cast<size_t>(slot)].get());
+    // Their slots (and Request objects) are recycled at the next schedule(): until then
+    // request_id(slot) still names them and fork() can still read a finished parent.
+    for (int32_t slot : s.finished) s.release(s.pool[static_cast<size_t>(slot)].get(), false);
     s.running.erase(
         std::remove_if(s.running.begin(), s.running.end(),
                        [](const Request* r) { return r->state == RequestState::kFree; }),
@@ -197,10 +207,12 @@ bool Scheduler::fork(const std::string& parent_id, const std::string& child_id,
                      int32_t first_token) {
   Impl& s = *impl_;
   Request* parent = s.find(parent_id);
+  if (parent == nullptr) parent = s.just_finished(parent_id);
   PAGEDKV_CHECK(parent != nullptr, "parent_id: unknown request '", parent_id, "'");
   PAGEDKV_CHECK(s.by_id.find(child_id) == s.by_id.end(), "child_id: '", child_id,
                 "' is already in use");
-  PAGEDKV_CHECK(parent->state == RequestState::kRunning && parent->num_generated() == 1 &&
+  const bool live = parent->state == RequestState::kRunning;
+  PAGEDKV_CHECK((live || parent->state == RequestState::kFree) && parent->num_generated() == 1 &&
                     parent->num_computed == parent->num_prompt_tokens,
                 "parent_id: fork '", parent_id,
                 "' right after the update() that completed its prompt (it has ",
@@ -215,13 +227,15 @@ bool Scheduler::fork(const std::string& parent_id, const std::string& child_id,
     s.release(child);
     return true;
   }
-  s.kv.share_prefix(*parent, *child, parent->num_prompt_tokens);
-  child->num_computed = child->prefill_target = child->num_prompt_tokens;
-  if (s.running.size() < static_cast<size_t>(s.config.max_num_seqs)) {
+  if (live && s.running.size() < static_cast<size_t>(s.config.max_num_seqs)) {
+    s.kv.share_prefix(*parent, *child, parent->num_prompt_tokens);
+    child->num_computed = child->prefill_target = child->num_prompt_tokens;
     child->state = RequestState::kRunning;
     s.insert_running(child);
-  } else {  // no seat this step: wait like a preempted request (it keeps its tokens)
-    s.kv.free_blocks(*child);
+  } else {
+    // No seat this step, or the parent already finished (its first token was a stop token)
+    // and its blocks are gone: wait like a preempted request, keeping the tokens; the prefix
+    // cache usually still holds the prompt.
     child->num_computed = 0;
     child->prefill_target = child->num_tokens();
     child->state = RequestState::kWaiting;

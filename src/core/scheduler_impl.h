@@ -32,6 +32,7 @@ struct Scheduler::Impl {
   // Requests by slot; freed slots are reused (their Request objects too).
   std::vector<std::unique_ptr<Request>> pool;
   std::vector<int32_t> free_slots;
+  std::vector<int32_t> finished_slots;  // finished in the last update(), recycled next step
   std::unordered_map<std::string, int32_t> by_id;
   int64_t next_arrival = 0;
 
@@ -47,7 +48,10 @@ struct Scheduler::Impl {
   // scheduler.cpp
   Request* find(const std::string& id) const;
   Request* new_request(const std::string& id);
-  void release(Request* req);                      // frees blocks and the slot
+  // Frees the request's blocks and its id; its slot is reused at once or (for requests that
+  // finished in update()) from the next schedule() on.
+  void release(Request* req, bool recycle_slot = true);
+  Request* just_finished(const std::string& id) const;
   bool append_token(Request& req, int32_t token);  // true when the request finished
   void check_new_request(const std::string& id, size_t prompt_len,
                          const RequestParams& params) const;
@@ -55,9 +59,11 @@ struct Scheduler::Impl {
   // scheduler_step.cpp
   void schedule_step();
   void schedule_running(int32_t* budget, bool* preempted);
-  bool schedule_swapped(int32_t* budget);
-  void schedule_waiting(int32_t* budget);
+  void schedule_queued(int32_t* budget);
+  bool try_swap_in(Request* req, int32_t* budget);
+  bool try_admit(Request* req, int32_t* budget);
   Request* pick_victim();
+  void preempt_for_priority();
   void preempt(Request* victim);
   void insert_running(Request* req);
   void erase_running(Request* req);

@@ -8,15 +8,17 @@ namespace pagedkv {
 
 void Scheduler::Impl::schedule_step() {
   builder.begin_step();
+  free_slots.insert(free_slots.end(), finished_slots.begin(), finished_slots.end());
+  finished_slots.clear();
   entries.clear();
   admitted.clear();
 
   int32_t budget = config.max_num_batched_tokens;
   bool preempted = false;
+  if (config.policy == SchedulingPolicy::kPriority) preempt_for_priority();
   schedule_running(&budget, &preempted);
   // A step that preempted admits nothing: the freed room goes to the running sequences.
-  // Swapped-out sequences come back before new ones are admitted.
-  if (!preempted && schedule_swapped(&budget)) schedule_waiting(&budget);
+  if (!preempted) schedule_queued(&budget);
   for (Request* req : admitted) insert_running(req);
 
   BlockPairs copies = kv.allocator().take_pending_copies();
@@ -67,6 +69,22 @@ void Scheduler::Impl::schedule_running(int32_t* budget, bool* preempted) {
   }
 }
 
+// Priority policy: a waiting request that outranks the lowest-priority running one, and does
+// not fit now (no seat, or too few free blocks for its first chunk), takes that one's place.
+// The victims rank below it, so they queue behind it and cannot bounce it back out.
+void Scheduler::Impl::preempt_for_priority() {
+  while (!waiting.empty() && !running.empty()) {
+    Request* w = *waiting.begin();
+    Request* victim = running.back();
+    if (w->priority >= victim->priority) return;  // strictly higher priority only
+    const bool seat = running.size() < static_cast<size_t>(config.max_num_seqs);
+    const int32_t first_chunk =
+        std::min(w->num_tokens(), config.max_num_batched_tokens);  // ignores prefix hits
+    if (seat && kv.blocks_for(first_chunk) <= kv.num_free_blocks()) return;
+    preempt(victim);
+  }
+}
+
 // The lowest-priority / latest-arrived running sequence not yet scheduled in this step (the
 // one asking for room is always a candidate, so there is one).
 Request* Scheduler::Impl::pick_victim() {
@@ -96,64 +114,72 @@ void Scheduler::Impl::preempt(Request* victim) {
   plan.preempted_slots.push_back(victim->slot);
 }
 
-// Swapped-out sequences, in queue order, when their blocks (and the next chunk's) fit.
-// Returns true when none is left swapped out.
-bool Scheduler::Impl::schedule_swapped(int32_t* budget) {
-  while (!swapped.empty()) {
-    Request* req = *swapped.begin();
-    if (*budget <= 0 || running.size() + admitted.size() >= size_t(config.max_num_seqs)) break;
-    int32_t num_new = req->num_tokens() - req->num_computed;
-    if (num_new > *budget) {
-      if (!config.enable_chunked_prefill && req->in_prefill()) break;
-      num_new = *budget;
-    }
-    const int32_t held = static_cast<int32_t>(req->cpu_blocks.size());
-    const int32_t grow = std::max(kv.blocks_for(req->num_computed + num_new) - held, 0);
-    if (held + grow > kv.num_free_blocks()) break;
-    swapped.erase(swapped.begin());
-    kv.swap_in(*req, &plan.blocks_to_swap_in);
-    kv.ensure_slots(*req, req->num_computed + num_new);
-    req->state = RequestState::kRunning;
-    req->num_scheduled = num_new;
-    admitted.push_back(req);
-    entries.push_back({req, num_new, req->in_prefill()});
-    *budget -= num_new;
+// Swapped-out and waiting sequences, merged in queue order (priority, arrival); stops at the
+// first that does not fit (head-of-line), so nothing overtakes a request that waits for room.
+void Scheduler::Impl::schedule_queued(int32_t* budget) {
+  const size_t max_seqs = static_cast<size_t>(config.max_num_seqs);
+  while (*budget > 0 && running.size() + admitted.size() < max_seqs) {
+    Request* sw = swapped.empty() ? nullptr : *swapped.begin();
+    Request* wt = waiting.empty() ? nullptr : *waiting.begin();
+    if (sw == nullptr && wt == nullptr) return;
+    const bool ok = sw != nullptr && (wt == nullptr || RequestKeyLess()(sw, wt))
+                        ? try_swap_in(sw, budget)
+                        : try_admit(wt, budget);
+    if (!ok) return;
   }
-  return swapped.empty();
 }
 
-// Waiting sequences in queue order (head-of-line: stop at the first that does not fit).
-void Scheduler::Impl::schedule_waiting(int32_t* budget) {
-  while (!waiting.empty()) {
-    if (*budget <= 0 || running.size() + admitted.size() >= size_t(config.max_num_seqs)) return;
-    Request* req = *waiting.begin();
-    const int32_t hit = kv.match_prefix(*req);
-    int32_t chunk = req->num_tokens() - req->num_computed;
-    bool fits = true;
-    if (chunk > *budget) {
-      fits = config.enable_chunked_prefill;
-      chunk = *budget;
-    }
-    int32_t reserve = req->num_computed + chunk;
-    if (req->num_preemptions > 0) {
-      // Resume only when the whole remaining prefill and the next token fit, so that it is
-      // not preempted again right away (preemption storms).
-      reserve = std::max(reserve, std::min(req->num_tokens() + 1, req->max_cached_tokens()));
-    }
-    if (!fits || !kv.ensure_slots(*req, reserve)) {
-      kv.free_blocks(*req);  // give the matched prefix back
-      req->num_computed = 0;
-      return;
-    }
-    waiting.erase(waiting.begin());
-    counters.prefix_cache_query_tokens += req->num_tokens();
-    counters.prefix_cache_hit_tokens += hit;
-    req->state = RequestState::kRunning;
-    req->num_scheduled = chunk;
-    admitted.push_back(req);
-    entries.push_back({req, chunk, true});
-    *budget -= chunk;
+// A swapped-out sequence comes back when its blocks and the next chunk's fit.
+bool Scheduler::Impl::try_swap_in(Request* req, int32_t* budget) {
+  int32_t num_new = req->num_tokens() - req->num_computed;
+  if (num_new > *budget) {
+    if (!config.enable_chunked_prefill && req->in_prefill()) return false;
+    num_new = *budget;
   }
+  const int32_t held = static_cast<int32_t>(req->cpu_blocks.size());
+  const int32_t grow = std::max(kv.blocks_for(req->num_computed + num_new) - held, 0);
+  if (held + grow > kv.num_free_blocks()) return false;
+  swapped.erase(req);
+  kv.swap_in(*req, &plan.blocks_to_swap_in);
+  kv.ensure_slots(*req, req->num_computed + num_new);
+  req->state = RequestState::kRunning;
+  req->num_scheduled = num_new;
+  admitted.push_back(req);
+  entries.push_back({req, num_new, req->in_prefill()});
+  *budget -= num_new;
+  return true;
+}
+
+// A waiting sequence (new or recompute-preempted): reuse its cached prefix, then take blocks
+// for its first chunk (or, when resuming, for its whole remaining prefill).
+bool Scheduler::Impl::try_admit(Request* req, int32_t* budget) {
+  const int32_t hit = kv.match_prefix(*req);
+  int32_t chunk = req->num_tokens() - req->num_computed;
+  bool fits = true;
+  if (chunk > *budget) {
+    fits = config.enable_chunked_prefill;
+    chunk = *budget;
+  }
+  int32_t reserve = req->num_computed + chunk;
+  if (req->num_preemptions > 0) {
+    // Resume only when the whole remaining prefill and the next token fit, so that it is
+    // not preempted again right away (preemption storms).
+    reserve = std::max(reserve, std::min(req->num_tokens() + 1, req->max_cached_tokens()));
+  }
+  if (!fits || !kv.ensure_slots(*req, reserve)) {
+    kv.free_blocks(*req);  // give the matched prefix back
+    req->num_computed = 0;
+    return false;
+  }
+  waiting.erase(req);
+  counters.prefix_cache_query_tokens += req->num_tokens();
+  counters.prefix_cache_hit_tokens += hit;
+  req->state = RequestState::kRunning;
+  req->num_scheduled = chunk;
+  admitted.push_back(req);
+  entries.push_back({req, chunk, true});
+  *budget -= chunk;
+  return true;
 }
 
 void Scheduler::Impl::insert_running(Request* req) {

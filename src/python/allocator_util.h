@@ -21,6 +21,9 @@
 #include "pagedkv/error.h"
 #include "python/bindings.h"
 
+// Type of `tokens` arguments in the generated stubs (nb::sig).
+#define PAGEDKV_TOKENS_T "collections.abc.Sequence[int] | numpy.typing.NDArray[numpy.int32]"
+
 namespace pagedkv::python {
 
 namespace nb = nanobind;

@@ -18,6 +18,8 @@ void bind_allocator(nb::module_& m) {
         TokenSpan t = to_tokens(tokens, "tokens");
         return to_tuple(hash_block(to_hash(parent), t.data, t.size, extra_key));
       },
+      nb::sig("def hash_block(parent: tuple[int, int] | None, tokens: " PAGEDKV_TOKENS_T
+              ", extra_key: int = 0) -> tuple[int, int]"),
       nb::arg("parent").none(), nb::arg("tokens"), nb::arg("extra_key") = 0,
       "128-bit chained hash H(parent, tokens, extra_key) as (lo, hi); parent "
       "None = root.");
@@ -25,6 +27,9 @@ void bind_allocator(nb::module_& m) {
   nb::class_<BlockAllocator> cls(m, "BlockAllocator",
                                  "KV-cache block pool: ref counts, copy-on-write, host swap pool "
                                  "and automatic prefix caching.");
+  // Also reachable from the class (pagedkv.BlockAllocator.hash_block / ROOT_HASH).
+  cls.attr("hash_block") = nb::steal(PyStaticMethod_New(m.attr("hash_block").ptr()));
+  cls.attr("ROOT_HASH") = m.attr("ROOT_BLOCK_HASH");
   cls.def(
       "__init__",
       [](BlockAllocator* self, int64_t num_blocks, int64_t block_size, int64_t num_cpu_blocks,
@@ -65,9 +70,11 @@ void bind_allocator(nb::module_& m) {
   cls.def(
       "allocate",
       [](BlockAllocator& a, int64_t n) {
-        check_count(n, "n");
+        PAGEDKV_CHECK(n >= 0, "n must be >= 0, got ", n);
         std::vector<BlockId> out;
-        Status s = a.allocate(static_cast<int32_t>(n), &out);
+        // n beyond int32 can never be satisfied: the same MemoryError as any n > free.
+        Status s = n > a.num_free_blocks() ? Status::kOutOfBlocks
+                                           : a.allocate(static_cast<int32_t>(n), &out);
         if (s != Status::kOk) {
           std::string msg = detail::concat("allocate: ", n, " blocks requested, only ",
                                            a.num_free_blocks(), " free");

@@ -13,9 +13,9 @@ int32_t to_cap(const std::optional<int64_t>& cap, const char* arg) {
   return static_cast<int32_t>(*cap);
 }
 
-nb::dict stats(const BlockAllocator& a) {
+nb::typed<nb::dict, nb::str, int> stats(const BlockAllocator& a) {
   const AllocatorCounters& c = a.counters();
-  nb::dict d;
+  nb::typed<nb::dict, nb::str, int> d;
   d["num_blocks"] = a.num_blocks();
   d["num_used_blocks"] = a.num_used_blocks();
   d["num_free_blocks"] = a.num_free_blocks();
@@ -49,6 +49,8 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
         a.match_prefix(t.data, t.size, extra_key, cap, &out, nullptr);
         return out;
       },
+      nb::sig("def match_prefix(self, tokens: " PAGEDKV_TOKENS_T
+              ", extra_key: int = 0, max_blocks: int | None = None) -> list[int]"),
       nb::arg("tokens"), nb::arg("extra_key") = 0, nb::arg("max_blocks") = nb::none(),
       "Longest cached run of full blocks of `tokens` (at most max_blocks); "
       "each returned block "
@@ -60,6 +62,8 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
         TokenSpan t = to_tokens(tokens, "tokens");
         return a.peek_prefix(t.data, t.size, extra_key, to_cap(max_blocks, "max_blocks"));
       },
+      nb::sig("def peek_prefix(self, tokens: " PAGEDKV_TOKENS_T
+              ", extra_key: int = 0, max_blocks: int | None = None) -> int"),
       nb::arg("tokens"), nb::arg("extra_key") = 0, nb::arg("max_blocks") = nb::none(),
       "Number of blocks match_prefix would return now (takes no references, "
       "counts nothing).");
@@ -73,6 +77,8 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
         int32_t n = a.match_prefix_tokens(t.data, t.size, extra_key, cap, &out, nullptr);
         return std::make_pair(out, n);
       },
+      nb::sig("def match_prefix_partial(self, tokens: " PAGEDKV_TOKENS_T
+              ", extra_key: int = 0, max_tokens: int | None = None) -> tuple[list[int], int]"),
       nb::arg("tokens"), nb::arg("extra_key") = 0, nb::arg("max_tokens") = nb::none(),
       "Token-granular match: (block_ids, num_cached_tokens). Full blocks as "
       "match_prefix; when "
@@ -96,6 +102,8 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
         if (s != Status::kOk) raise(s, "id", v, [&](BlockId i) { return a.ref_count(i); });
         return to_tuple(h);
       },
+      nb::sig("def cache_full_block(self, id: int, parent: tuple[int, int] | None, "
+              "tokens: " PAGEDKV_TOKENS_T ", extra_key: int = 0) -> tuple[int, int]"),
       nb::arg("id"), nb::arg("parent").none(), nb::arg("tokens"), nb::arg("extra_key") = 0,
       "Registers full block `id` (its tokens, child of `parent`; None = root) "
       "in the prefix "

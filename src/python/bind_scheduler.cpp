@@ -7,13 +7,15 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.h"
 #include "pagedkv/block_allocator.h"
+#include "pagedkv/error.h"
 #include "pagedkv/scheduler.h"
 #include "python/bindings.h"
 
@@ -45,11 +47,27 @@ class PyScheduler : public Scheduler {
 
   std::vector<int64_t> scratch;  // sampled tokens converted to int64
 
+  // The scheduler is single-threaded and schedule()/update() run without the GIL: a second
+  // thread calling in meanwhile gets an error instead of a data race.
+  struct Busy {
+    explicit Busy(PyScheduler& s) : s_(s) {
+      if (s_.busy_.exchange(true)) {
+        throw std::runtime_error(
+            "Scheduler is not thread-safe: called while another thread is inside it");
+      }
+    }
+    ~Busy() { s_.busy_.store(false); }
+    PyScheduler& s_;
+  };
+
  private:
+  std::atomic<bool> busy_{false};
   std::vector<nb::object> ids_;
 };
 
-const PyScheduler& owner_of(const StepPlan& p) { return *static_cast<const PyScheduler*>(p.scheduler); }
+const PyScheduler& owner_of(const StepPlan& p) {
+  return *static_cast<const PyScheduler*>(p.scheduler);
+}
 
 template <typename T>
 nb::ndarray<nb::numpy, T> view(const StepPlan& plan, T* data, std::initializer_list<size_t> shape) {
@@ -65,7 +83,8 @@ nb::ndarray<nb::numpy, int64_t> pairs_view(const StepPlan& plan, const BlockPair
 
 std::vector<int32_t> to_token_ids(nb::handle obj, const char* name) {
   nb::object seq = nb::borrow(obj);
-  if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq) && nb::hasattr(seq, "tolist")) {
+  if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq) &&
+      nb::hasattr(seq, "tolist")) {
     seq = seq.attr("tolist")();  // numpy / torch / jax arrays
   }
   std::vector<int64_t> raw;
@@ -74,8 +93,8 @@ std::vector<int32_t> to_token_ids(nb::handle obj, const char* name) {
   }
   std::vector<int32_t> out(raw.size());
   for (size_t i = 0; i < raw.size(); ++i) {
-    PAGEDKV_CHECK(raw[i] >= 0 && raw[i] <= std::numeric_limits<int32_t>::max(), name,
-                  ": token ", i, " is out of range (", raw[i], ")");
+    PAGEDKV_CHECK(raw[i] >= 0 && raw[i] <= std::numeric_limits<int32_t>::max(), name, ": token ", i,
+                  " is out of range (", raw[i], ")");
     out[i] = static_cast<int32_t>(raw[i]);
   }
   return out;
@@ -109,6 +128,7 @@ SchedulingPolicy to_policy(const std::string& s) {
 nb::list update(PyScheduler& s, const StepPlan& plan, const int64_t* sampled, size_t n) {
   const std::vector<int32_t>* finished;
   {
+    PyScheduler::Busy busy(s);
     nb::gil_scoped_release release;
     finished = &s.update(plan, sampled, n);
   }
@@ -116,8 +136,9 @@ nb::list update(PyScheduler& s, const StepPlan& plan, const int64_t* sampled, si
 }
 
 void bind_config(nb::module_& m) {
-  nb::class_<SchedulerConfig>(m, "SchedulerConfig",
-                              "Scheduler settings (vLLM names). Raises ValueError naming a bad field.")
+  nb::class_<SchedulerConfig>(
+      m, "SchedulerConfig",
+      "Scheduler settings (vLLM names). Raises ValueError naming a bad field.")
       .def(
           "__init__",
           [](SchedulerConfig* c, int32_t num_blocks, int32_t block_size, int32_t max_num_seqs,
@@ -183,45 +204,53 @@ void bind_plan(nb::module_& m) {
       .def_ro("max_blocks_per_seq", &P::max_blocks_per_seq)
       .def_ro("step", &P::step)
       .def("__len__", [](const P& p) { return p.num_seqs; })
-      .def_prop_ro("request_ids",
-                   [](const P& p) { return owner_of(p).ids_of(p.slots.data(), p.num_seqs); },
-                   "list[str] in batch order (None for an entry aborted since schedule())")
-      .def_prop_ro("preempted_ids",
-                   [](const P& p) {
-                     return owner_of(p).ids_of(p.preempted_slots.data(), p.preempted_slots.size());
-                   },
-                   "Requests recompute-preempted this step (they resume later, losing nothing)")
-#define PAGEDKV_VIEW(name, type, count, doc)                                                  \
-  .def_prop_ro(                                                                               \
-      #name,                                                                                  \
-      [](P& p) { return view<type>(p, p.name.data(), {static_cast<size_t>(p.count)}); }, doc)
-      PAGEDKV_VIEW(input_ids, int32_t, num_tokens, "[num_tokens] int32")
-      PAGEDKV_VIEW(positions, int64_t, num_tokens, "[num_tokens] int64")
-      PAGEDKV_VIEW(slot_mapping, int64_t, num_tokens, "[num_tokens] int64 block*block_size+offset")
-      PAGEDKV_VIEW(seq_lens, int32_t, num_seqs, "[num_seqs] int32 context + query")
-      PAGEDKV_VIEW(context_lens, int32_t, num_seqs, "[num_seqs] int32 tokens cached before")
-      PAGEDKV_VIEW(query_start_loc, int32_t, num_seqs + 1, "[num_seqs + 1] int32")
-      PAGEDKV_VIEW(seq_start_loc, int32_t, num_seqs + 1, "[num_seqs + 1] int32")
-      PAGEDKV_VIEW(sample_indices, int32_t, num_seqs,
-                   "[num_seqs] int32 token index sampled for each entry, -1 = partial chunk")
+      .def_prop_ro(
+          "request_ids", [](const P& p) { return owner_of(p).ids_of(p.slots.data(), p.num_seqs); },
+          "list[str] in batch order (None for an entry aborted since schedule())")
+      .def_prop_ro(
+          "preempted_ids",
+          [](const P& p) {
+            return owner_of(p).ids_of(p.preempted_slots.data(), p.preempted_slots.size());
+          },
+          "Requests recompute-preempted this step (they resume later, losing nothing)")
+#define PAGEDKV_VIEW(name, type, count, doc)                                                    \
+  .def_prop_ro(                                                                                 \
+      #name, [](P& p) { return view<type>(p, p.name.data(), {static_cast<size_t>(p.count)}); }, \
+      doc)
+          PAGEDKV_VIEW(input_ids, int32_t, num_tokens, "[num_tokens] int32") PAGEDKV_VIEW(
+              positions, int64_t, num_tokens,
+              "[num_tokens] int64") PAGEDKV_VIEW(slot_mapping, int64_t, num_tokens,
+                                                 "[num_tokens] int64 block*block_size+offset")
+              PAGEDKV_VIEW(seq_lens, int32_t, num_seqs, "[num_seqs] int32 context + query")
+                  PAGEDKV_VIEW(context_lens, int32_t, num_seqs,
+                               "[num_seqs] int32 tokens cached before")
+                      PAGEDKV_VIEW(query_start_loc, int32_t, num_seqs + 1, "[num_seqs + 1] int32")
+                          PAGEDKV_VIEW(seq_start_loc, int32_t, num_seqs + 1, "[num_seqs + 1] int32")
+                              PAGEDKV_VIEW(sample_indices, int32_t, num_seqs,
+                                           "[num_seqs] int32 token index sampled for each entry, "
+                                           "-1 = partial chunk")
 #undef PAGEDKV_VIEW
       .def_prop_ro(
           "block_tables",
           [](P& p) {
-            return view<int32_t>(p, p.block_tables.get(),
-                                 {static_cast<size_t>(p.num_seqs),
-                                  static_cast<size_t>(p.max_blocks_per_seq)});
+            return view<int32_t>(
+                p, p.block_tables.get(),
+                {static_cast<size_t>(p.num_seqs), static_cast<size_t>(p.max_blocks_per_seq)});
           },
           "[num_seqs, max_blocks_per_seq] int32, padded with 0")
-      .def_prop_ro("blocks_to_swap_out", [](P& p) { return pairs_view(p, p.blocks_to_swap_out); },
-                   "[k, 2] int64 (device block, host block)")
-      .def_prop_ro("blocks_to_swap_in", [](P& p) { return pairs_view(p, p.blocks_to_swap_in); },
-                   "[k, 2] int64 (host block, device block)")
-      .def_prop_ro("blocks_to_copy", [](P& p) { return pairs_view(p, p.blocks_to_copy); },
-                   "[k, 2] int64 (src block, dst block)")
+      .def_prop_ro(
+          "blocks_to_swap_out", [](P& p) { return pairs_view(p, p.blocks_to_swap_out); },
+          "[k, 2] int64 (device block, host block)")
+      .def_prop_ro(
+          "blocks_to_swap_in", [](P& p) { return pairs_view(p, p.blocks_to_swap_in); },
+          "[k, 2] int64 (host block, device block)")
+      .def_prop_ro(
+          "blocks_to_copy", [](P& p) { return pairs_view(p, p.blocks_to_copy); },
+          "[k, 2] int64 (src block, dst block)")
       .def("__repr__", [](const P& p) {
-        return "StepPlan(step=" + std::to_string(p.step) + ", num_seqs=" +
-               std::to_string(p.num_seqs) + ", num_prefills=" + std::to_string(p.num_prefills) +
+        return "StepPlan(step=" + std::to_string(p.step) +
+               ", num_seqs=" + std::to_string(p.num_seqs) +
+               ", num_prefills=" + std::to_string(p.num_prefills) +
                ", num_tokens=" + std::to_string(p.num_tokens) + ")";
       });
 }
@@ -251,6 +280,7 @@ void bind_scheduler(nb::module_& m) {
             p.ignore_eos = ignore_eos;
             p.min_tokens = min_tokens;
             p.cache_salt = to_salt(cache_salt);
+            S::Busy busy(s);
             int32_t slot = s.add_request(request_id.c_str(), prompt, p);
             s.remember(slot, request_id);
           },
@@ -260,10 +290,21 @@ void bind_scheduler(nb::module_& m) {
           nb::arg("cache_salt") = 0,
           "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
           "> max_model_len, or a request that could never fit in num_blocks.")
-      .def("abort_request", [](S& s, const std::string& id) { return s.abort_request(id); },
-           nb::arg("request_id"), "Remove a request and free its blocks; False if unknown.")
-      .def("schedule", &S::schedule, nb::rv_policy::reference_internal,
-           nb::call_guard<nb::gil_scoped_release>(), "Plan the next step (a StepPlan).")
+      .def(
+          "abort_request",
+          [](S& s, const std::string& id) {
+            S::Busy busy(s);
+            return s.abort_request(id);
+          },
+          nb::arg("request_id"), "Remove a request and free its blocks; False if unknown.")
+      .def(
+          "schedule",
+          [](S& s) -> const StepPlan& {
+            S::Busy busy(s);
+            nb::gil_scoped_release release;
+            return s.schedule();
+          },
+          nb::rv_policy::reference_internal, "Plan the next step (a StepPlan).")
       .def(
           "update",
           [](S& s, const StepPlan& plan,
@@ -288,6 +329,7 @@ void bind_scheduler(nb::module_& m) {
       .def(
           "fork",
           [](S& s, nb::str parent_id, nb::str child_id, int32_t first_token) {
+            S::Busy busy(s);
             bool done = s.fork(parent_id.c_str(), child_id.c_str(), first_token);
             if (!done) s.remember(s.slot_of(child_id.c_str()), child_id);
             return done;
@@ -310,8 +352,7 @@ void bind_scheduler(nb::module_& m) {
                    [](const S& s) { return s.counters().prefix_cache_query_tokens; })
       .def_prop_ro("prefix_cache_hit_tokens",
                    [](const S& s) { return s.counters().prefix_cache_hit_tokens; })
-      .def_prop_ro("kv_cache_usage", &S::kv_cache_usage,
-                   "Fraction of device blocks in use (0..1)");
+      .def_prop_ro("kv_cache_usage", &S::kv_cache_usage, "Fraction of device blocks in use (0..1)");
 }
 
 }  // namespace pagedkv::python

@@ -51,8 +51,8 @@ void check_plan(const Scheduler& s, const StepPlan& p, TokensOf&& expected_token
       ASSERT_LT(row[pos / bs], c.num_blocks);
     }
     max_q = std::max(max_q, q);
-    (i < p.num_prefills ? max_pre : max_dec) = std::max(i < p.num_prefills ? max_pre : max_dec,
-                                                        p.seq_lens[i]);
+    (i < p.num_prefills ? max_pre : max_dec) =
+        std::max(i < p.num_prefills ? max_pre : max_dec, p.seq_lens[i]);
   }
   ASSERT_EQ(p.query_start_loc[p.num_seqs], p.num_tokens);
   ASSERT_EQ(p.query_start_loc[p.num_prefills], p.num_prefill_tokens);

@@ -294,3 +294,84 @@ TEST(PrefixCache, ManySiblingsEvictInO1AndPartialFindsRecentOnes) {
 
 }  // namespace
 }  // namespace pagedkv
+
+namespace pagedkv {
+namespace {
+
+// Random operations with full structural checks after each (the Python stateful test compares
+// against an exact model; this one keeps the C++ suite self-sufficient): ref counts equal the
+// references the test holds, nothing is handed out twice, matched blocks hold the prompt.
+TEST(BlockAllocatorFuzz, RandomOperationsKeepInvariants) {
+  std::mt19937 rng(11);
+  for (int32_t bs : {1, 4}) {
+    BlockAllocator a(config(48, bs, 8));
+    std::vector<std::vector<BlockId>> seqs;
+    std::vector<std::vector<int32_t>> contents(48);  // tokens each cached block was cached with
+    for (int step = 0; step < 4000; ++step) {
+      int op = rng() % 5;
+      if (op == 0) {  // prompt: match, allocate the rest, register full blocks
+        std::vector<int32_t> p(1 + rng() % (6 * bs));
+        for (auto& t : p) t = rng() % 3;
+        std::vector<BlockId> ids;
+        std::vector<BlockHash> hs;
+        int32_t m = a.match_prefix(p.data(), p.size(), 0, (p.size() - 1) / bs, &ids, &hs);
+        for (int32_t i = 0; i < m; ++i)
+          ASSERT_EQ(contents[ids[i]],
+                    std::vector<int32_t>(p.begin() + i * bs, p.begin() + (i + 1) * bs));
+        int32_t need = static_cast<int32_t>((p.size() + bs - 1) / bs) - m;
+        if (a.allocate(need, &ids) != Status::kOk) {
+          ASSERT_EQ(a.free(ids.data(), ids.size()), Status::kOk);
+          continue;
+        }
+        BlockHash h = m ? hs.back() : kRootHash;
+        for (size_t i = m; i < p.size() / bs; ++i) {
+          const int32_t* t = &p[i * bs];
+          h = a.cache_full_block(ids[i], h, t);
+          if (a.cached_hash(ids[i], nullptr)) contents[ids[i]].assign(t, t + bs);
+        }
+        seqs.push_back(ids);
+      } else if (op == 1 && !seqs.empty()) {  // finish
+        size_t i = rng() % seqs.size();
+        ASSERT_EQ(a.free(seqs[i].data(), seqs[i].size()), Status::kOk);
+        seqs.erase(seqs.begin() + i);
+      } else if (op == 2 && !seqs.empty()) {  // fork
+        auto s = seqs[rng() % seqs.size()];
+        ASSERT_EQ(a.fork(s.data(), s.size()), Status::kOk);
+        seqs.push_back(s);
+      } else if (op == 3 && !seqs.empty() && !seqs.back().empty()) {  // copy-on-write
+        BlockId& b = seqs.back()[rng() % seqs.back().size()];
+        bool copied = false;
+        Status s = a.copy_on_write(&b, &copied);
+        ASSERT_TRUE(s == Status::kOk || s == Status::kOutOfBlocks);
+        a.take_pending_copies();
+      } else if (op == 4 && !seqs.empty()) {  // swap out and back in
+        size_t i = rng() % seqs.size();
+        std::vector<BlockId> cpu, back;
+        std::vector<std::pair<int64_t, int64_t>> map;
+        if (a.swap_out(seqs[i].data(), seqs[i].size(), &cpu, &map) != Status::kOk) continue;
+        if (a.swap_in(cpu.data(), cpu.size(), &back, &map) != Status::kOk) {
+          ASSERT_EQ(a.free_cpu(cpu.data(), cpu.size()), Status::kOk);
+          seqs.erase(seqs.begin() + i);
+        } else {
+          seqs[i] = back;
+        }
+      }
+      std::vector<int32_t> held(48, 0);
+      for (const auto& s : seqs)
+        for (BlockId b : s) ++held[b];
+      for (BlockId b = 0; b < 48; ++b) ASSERT_EQ(a.ref_count(b), held[b]) << "block " << b;
+      ASSERT_EQ(a.num_free_cpu_blocks(), 8);
+      ASSERT_EQ(a.check_invariants(), "");
+    }
+    for (auto& s : seqs) ASSERT_EQ(a.free(s.data(), s.size()), Status::kOk);
+    EXPECT_EQ(a.num_free_blocks(), 48);
+    // The run exercised the interesting paths.
+    EXPECT_GT(a.counters().prefix_hits_tokens, 50);
+    EXPECT_GT(a.counters().evictions, 100);
+    EXPECT_GT(a.counters().cow_copies, 10);
+    EXPECT_GT(a.counters().swapped_in_blocks, 100);
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv

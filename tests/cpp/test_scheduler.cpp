@@ -154,7 +154,8 @@ TEST(Scheduler, RandomTracesKeepEveryTokenAndLeakNothing) {
         if (step < 400 && rng() % 3 == 0) {
           int32_t len = 1 + static_cast<int32_t>(rng() % 40);
           std::vector<int32_t> prompt = random_tokens(rng, len);
-          if (rng() % 2) std::copy(shared.begin(), shared.begin() + std::min(len, 16), prompt.begin());
+          if (rng() % 2)
+            std::copy(shared.begin(), shared.begin() + std::min(len, 16), prompt.begin());
           RequestParams p = max_tokens(1 + static_cast<int32_t>(rng() % 20));
           p.eos_token_id = d.eos;
           d.add("r" + std::to_string(next++), prompt, p);
@@ -184,7 +185,8 @@ TEST(Scheduler, PreemptionStormLosesNothing) {
     Scheduler s(c);
     Driver d(s, 1);
     std::mt19937 rng(1);
-    for (int i = 0; i < 24; ++i) d.add("r" + std::to_string(i), random_tokens(rng, 8), max_tokens(40));
+    for (int i = 0; i < 24; ++i)
+      d.add("r" + std::to_string(i), random_tokens(rng, 8), max_tokens(40));
     int steps = 0;
     while (s.has_unfinished_requests()) {
       ASSERT_LT(++steps, 5000);
@@ -335,6 +337,41 @@ TEST(Scheduler, AbortBetweenScheduleAndUpdateIsSkipped) {
   EXPECT_TRUE(s.update(p, {9, 9}).empty());
   EXPECT_EQ(s.get_num_generated("b"), 1);
   EXPECT_TRUE(s.abort_request("b"));
+  EXPECT_EQ(s.num_free_blocks(), 32);
+}
+
+}  // namespace
+}  // namespace pagedkv
+
+namespace pagedkv {
+namespace {
+
+TEST(Scheduler, ForkFromAParentThatJustFinished) {
+  SchedulerConfig c;
+  c.num_blocks = 32;
+  c.block_size = 4;
+  Scheduler s(c);
+  RequestParams p;
+  p.max_tokens = 3;
+  p.eos_token_id = 2;
+  std::vector<int32_t> prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+  s.add_request("p", prompt, p);
+  EXPECT_EQ(s.update(s.schedule(), {2}), std::vector<std::string>{"p"});
+  EXPECT_FALSE(s.fork("p", "c1", 40));
+  EXPECT_FALSE(s.fork("p", "c2", 41));  // the finished parent's record outlives the first fork
+  const StepPlan& plan = s.schedule();
+  ASSERT_EQ(plan.num_seqs, 2);
+  EXPECT_EQ(plan.num_prefills, 2);
+  EXPECT_EQ(plan.context_lens[0], 8);  // two full blocks from the prefix cache
+  EXPECT_EQ(plan.seq_lens[0], 10);
+  EXPECT_EQ(plan.input_ids[plan.query_start_loc[1] - 1], 40);
+  s.update(plan, {5, 6});
+  EXPECT_EQ(s.get_token_ids("c2").back(), 6);
+  EXPECT_THROW(s.fork("p", "c3", 1), ValueError);
+  while (s.has_unfinished_requests()) {
+    const StepPlan& q = s.schedule();
+    s.update(q, std::vector<int64_t>(q.num_seqs, 5));
+  }
   EXPECT_EQ(s.num_free_blocks(), 32);
 }
 

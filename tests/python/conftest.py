@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import pagedkv
+import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -39,7 +39,21 @@ def test_allocate_more_than_free_raises_memory_error_and_allocates_nothing() -> 
     a.allocate(2)
     with pytest.raises(MemoryError, match="2 blocks requested, only 1 free"):
         a.allocate(2)
+    with pytest.raises(MemoryError):
+        a.allocate(2**40)
     assert a.num_free_blocks == 1
+
+
+def test_numpy_ids_and_scalars_are_accepted() -> None:
+    a = BlockAllocator(8, 4)
+    ids = a.allocate(np.int64(3))
+    a.fork(np.array(ids, dtype=np.int64))
+    assert [a.ref_count(np.int32(i)) for i in ids] == [2, 2, 2]
+    a.free(np.array(ids, dtype=np.int32))
+    a.free(tuple(ids))
+    assert a.num_free_blocks == 8
+    with pytest.raises(TypeError):
+        a.free([1.5])
 
 
 @pytest.mark.parametrize(
@@ -140,6 +154,9 @@ def test_hash_block_is_chained_and_keyed() -> None:
     assert h != hash_block(None, [1, 2, 3], extra_key=1)
     assert h != hash_block(h, [1, 2, 3])
     assert h != hash_block(None, [1, 3, 2])
+    assert BlockAllocator.hash_block(None, [1, 2, 3]) == h
+    assert BlockAllocator(1, 3).hash_block(None, [1, 2, 3]) == h
+    assert BlockAllocator.ROOT_HASH == ROOT_BLOCK_HASH == (0, 0)
 
 
 def test_prefix_cache_reuses_longest_prefix_and_counts() -> None:

@@ -8,9 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import pagedkv
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 

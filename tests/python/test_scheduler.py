@@ -231,3 +231,90 @@ def test_no_chunking_schedules_whole_prompts() -> None:
     assert plan_ids == ["b", "a"]
     d.run_to_end()
     assert s.num_free_blocks == 100
+
+
+def test_fork_after_the_parent_finished_on_its_first_token() -> None:
+    # n > 1 sampling where the parent samples eos but a sibling does not: the child still runs,
+    # re-prefilling its prompt (from the prefix cache) since the parent's blocks are gone.
+    s = Scheduler(SchedulerConfig(32, 4))
+    d = Driver(s)  # its KV model must see the parent's prefill
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    s.add_request("p", prompt, 3, eos_token_id=2)
+    plan = s.schedule()
+    d.kv.run(plan, {"p": prompt})
+    assert s.update(plan, [2]) == ["p"]
+    assert s.num_free_blocks == 32
+    assert s.fork("p", "c", 40) is False
+    assert s.fork("p", "d", 41) is False
+    d.tokens = {"c": prompt + [40], "d": prompt + [41]}
+    d.prompt_len = {"c": len(prompt), "d": len(prompt)}
+    d.params = {"c": {"max_tokens": 3}, "d": {"max_tokens": 3}}
+    d.eos = 2
+    ids, _ = d.step()
+    assert sorted(ids) == ["c", "d"]
+    assert s.prefix_cache_hit_tokens == 16  # both reuse the prompt's two full blocks
+    d.run_to_end()
+    assert set(d.finished) == {"c", "d"} and s.num_free_blocks == 32
+    with pytest.raises(ValueError, match="parent_id"):
+        s.fork("p", "e", 1)  # only right after that update()
+
+
+def test_concurrent_calls_raise_instead_of_racing() -> None:
+    import threading
+
+    s = Scheduler(SchedulerConfig(4096, 16, max_num_seqs=512, max_num_batched_tokens=8192))
+    for i in range(512):
+        s.add_request(f"r{i}", [1] * 16, 200)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def poke() -> None:
+        while not stop.is_set():
+            try:
+                s.abort_request("nope")
+            except RuntimeError as e:
+                errors.append(e)
+                return
+
+    t = threading.Thread(target=poke)
+    t.start()
+    try:
+        for _ in range(300):
+            p = s.schedule()
+            s.update(p, np.full(p.num_seqs, 5))
+            if errors:
+                break
+    finally:
+        stop.set()
+        t.join()
+    # Either the poker hit a schedule()/update() in flight (RuntimeError) or never overlapped;
+    # in no case may the scheduler's state be corrupted.
+    assert all("thread" in str(e) for e in errors)
+    while s.has_unfinished_requests():
+        p = s.schedule()
+        s.update(p, np.full(p.num_seqs, 5))
+    assert s.num_free_blocks == 4096
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_waiting_high_priority_preempts_low_priority_running(mode: str) -> None:
+    def run(policy: str) -> tuple[list[str], Scheduler]:
+        s = Scheduler(SchedulerConfig(16, 4, max_num_seqs=4, policy=policy,
+                                      preemption_mode=mode, num_cpu_blocks=32))
+        d = Driver(s, seed=3)
+        for i in range(4):
+            d.add(f"low{i}", list(range(20 + i, 28 + i)), 8, priority=5)
+        for _ in range(3):
+            d.step()
+        d.add("vip", [7, 8, 9, 10], 2, priority=0)
+        ids, _ = d.step()
+        d.run_to_end()
+        assert s.num_free_blocks == 16 and s.num_swapped == 0
+        assert set(d.finished) == {"low0", "low1", "low2", "low3", "vip"}
+        return ids, s
+
+    ids, s = run("priority")
+    assert "vip" in ids, "no seat: the lowest-priority running request gives it up"
+    assert s.num_preemptions >= 1
+    ids, _ = run("fcfs")
+    assert "vip" not in ids

@@ -60,16 +60,20 @@ class Sampler:
         if not rows:
             return SamplerOutput([], [], [])
         raw = logits
-        logits = logits.float().clone()
-        _mask_banned(logits, rows)
-        _apply_penalties(logits, rows)
-        tokens = logits.argmax(dim=-1)
+        logits = logits.float()
+        if any(r.banned_token_ids or _has_penalty(r.params) for r in rows):
+            logits = logits.clone() if logits is raw else logits  # keep raw logits for logprobs
+            _mask_banned(logits, rows)
+            _apply_penalties(logits, rows)
         random_idx = [i for i, r in enumerate(rows) if not r.params.sampling_type_greedy]
-        if random_idx:
+        if not random_idx:
+            tokens = logits.argmax(dim=-1)
+        elif len(random_idx) == len(rows):
+            tokens = self._sample_random(logits, rows)
+        else:
+            tokens = logits.argmax(dim=-1)
             idx = torch.tensor(random_idx, device=logits.device)
-            sub_rows = [rows[i] for i in random_idx]
-            sampled = self._sample_random(logits[idx], sub_rows)
-            tokens[idx] = sampled
+            tokens[idx] = self._sample_random(logits[idx], [rows[i] for i in random_idx])
         return _gather_logprobs(raw, tokens, rows)
 
     def _sample_random(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
@@ -111,10 +115,12 @@ def _mask_banned(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
             logits[i, list(r.banned_token_ids)] = float("-inf")
 
 
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
 def _apply_penalties(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
-    pick = [i for i, r in enumerate(rows)
-            if r.params.repetition_penalty != 1.0 or r.params.presence_penalty != 0.0
-            or r.params.frequency_penalty != 0.0]
+    pick = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
     if not pick:
         return
     dev, vocab = logits.device, logits.shape[1]

@@ -36,6 +36,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # "cumulative": an output every step (streaming); "final_only": only when finished
+    # (LLM.generate uses it, which also lets the engine decode the text once at the end).
+    output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
         if self.best_of is None:
@@ -98,6 +101,8 @@ class SamplingParams:
             raise bad("stop", "must be a non-empty string or a list of non-empty strings")
         if any(t < 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
             raise bad("stop_token_ids", "must be non-negative token ids")
+        if self.output_kind not in ("cumulative", "final_only"):
+            raise bad("output_kind", "must be 'cumulative' or 'final_only'")
         if self.best_of > self.n and self.sampling_type_greedy:
             raise bad("best_of", "must equal n for greedy sampling (all sequences would match)")
 

@@ -92,11 +92,12 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     completion = OpenAIServingCompletion(state)
     chat = OpenAIServingChat(state)
+    # vLLM's ModelCard.root: what was loaded (the MODEL argument / path).
+    root = getattr(args, "model", None) or getattr(engine.model_config, "model", None) or names[0]
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        cards = [ModelCard(id=n, root=aliases[0] if aliases else n,
-                           max_model_len=state.max_model_len) for n in names]
+        cards = [ModelCard(id=n, root=root, max_model_len=state.max_model_len) for n in names]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.post("/v1/completions")
@@ -150,7 +151,6 @@ def run_server(args: argparse.Namespace) -> int:
 
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
 
-    logger.info("loading model %s ...", args.model or "(default: SmolLM2-135M-Instruct)")
     engine = AsyncLLMEngine.from_engine_args(args)
     app = build_app(engine, args)
     state = app.state.pagedkv

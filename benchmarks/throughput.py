@@ -1,0 +1,238 @@
+"""Offline throughput: pagedkv LLM.generate vs HF transformers, same prompts, same lengths.
+
+Peers, measured side by side in one run on the same weights:
+  * HF ``generate`` (static batches of --hf-batch-size prompts; equal lengths, so no padding),
+  * HF continuous batching (``model.generate_batch``) where the installed transformers has it.
+All runs are greedy with EOS ignored, so every system produces exactly num_prompts x output_len
+tokens. ``--check`` also compares greedy tokens and first-token logprobs with HF.
+
+  python benchmarks/throughput.py                                # CPU, SmolLM2 (default model)
+  python benchmarks/throughput.py --random-llama-1b /tmp/llama1b --device cuda  # H100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model for all systems (default: SmolLM2)")
+    ap.add_argument("--random-llama-1b", metavar="DIR", default=None,
+                    help="build (if missing) and use a random-weight ~1B Llama HF dir here")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="auto", help="auto (fp32 CPU / bf16 GPU), float16, ...")
+    ap.add_argument("--num-prompts", type=int, default=32, help="requests")
+    ap.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
+    ap.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
+    ap.add_argument("--hf-batch-size", type=int, default=None,
+                    help="HF generate batch size (default: all prompts in one batch)")
+    ap.add_argument("--max-num-seqs", type=int, default=256, help="pagedkv max_num_seqs")
+    ap.add_argument("--kv-cache-space", type=float, default=1.0, help="pagedkv CPU KV GiB")
+    ap.add_argument("--enforce-eager", action="store_true", help="pagedkv without CUDA graphs")
+    ap.add_argument("--skip-hf", action="store_true", help="skip HF generate")
+    ap.add_argument("--skip-hf-cb", action="store_true", help="skip HF continuous batching")
+    ap.add_argument("--check", type=int, default=0, metavar="K",
+                    help="compare greedy tokens / logprobs with HF on the first K prompts")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    return ap.parse_args()
+
+
+def random_llama_1b(out_dir: str) -> str:
+    """The models' seeded random ~1B Llama checkpoint (built once; no tokenizer needed: the
+    benchmark feeds token ids and the engine runs with skip_tokenizer_init)."""
+    from pagedkv.models.random_weights import save_random_model
+
+    if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        t0 = time.perf_counter()
+        save_random_model(out_dir, "llama-1b", dtype=torch.bfloat16, tokenizer=False)
+        print(f"built random llama-1b in {out_dir} ({time.perf_counter() - t0:.0f} s)",
+              file=sys.stderr)
+    return out_dir
+
+
+def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> List[List[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, min(vocab, 30000), length).tolist() for _ in range(n)]
+
+
+def torch_dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return getattr(torch, name)
+
+
+def load_hf(model: Optional[str], dtype: torch.dtype, device: str) -> Any:
+    import transformers
+    from pagedkv.models.registry import resolve_model
+
+    src = resolve_model(model)
+    kw: Dict[str, Any] = {"dtype": dtype}
+    if src.kind == "gguf":
+        kw["gguf_file"] = os.path.basename(src.path)
+    return transformers.AutoModelForCausalLM.from_pretrained(src.directory, **kw).to(device).eval()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def make_llm(args: argparse.Namespace) -> Any:
+    from pagedkv import LLM
+
+    return LLM(args.model, device=args.device, dtype=args.dtype,
+               kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
+               enforce_eager=args.enforce_eager,
+               max_model_len=args.input_len + args.output_len + 16,
+               skip_tokenizer_init=args.random_llama_1b is not None)
+
+
+def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]]
+                  ) -> Dict[str, Any]:
+    from pagedkv import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+    sync(args.device)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync(args.device)
+    elapsed = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    graphs = "eager" if args.enforce_eager or args.device == "cpu" else "CUDA graphs"
+    return {"system": f"pagedkv LLM.generate ({graphs})", "elapsed_s": elapsed,
+            "tokens": tokens}
+
+
+def bench_hf_generate(args: argparse.Namespace, hf: Any, prompts: List[List[int]]
+                      ) -> Dict[str, Any]:
+    bs = args.hf_batch_size or len(prompts)
+    dev = args.device
+
+    def run(batch: List[List[int]]) -> torch.Tensor:
+        ids = torch.tensor(batch, device=dev)
+        with torch.no_grad():
+            return hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=args.output_len, min_new_tokens=args.output_len,
+                               pad_token_id=0)
+
+    run(prompts[:2])  # warm-up
+    sync(dev)
+    t0 = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(prompts), bs):
+        out = run(prompts[i:i + bs])
+        tokens += (out.shape[1] - args.input_len) * out.shape[0]
+    sync(dev)
+    return {"system": f"HF generate (batch {bs})", "elapsed_s": time.perf_counter() - t0,
+            "tokens": tokens}
+
+
+def bench_hf_cb(args: argparse.Namespace, hf: Any, prompts: List[List[int]]
+                ) -> Optional[Dict[str, Any]]:
+    if not hasattr(hf, "generate_batch"):
+        return None
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=args.output_len, min_new_tokens=args.output_len,
+                           do_sample=False, eos_token_id=-1, pad_token_id=0)
+    try:
+        hf.generate_batch(inputs=prompts[:2], generation_config=cfg)  # warm-up
+        sync(args.device)
+        t0 = time.perf_counter()
+        res = hf.generate_batch(inputs=prompts, generation_config=cfg)
+        sync(args.device)
+        elapsed = time.perf_counter() - t0
+    except Exception as e:  # report, do not hide: the table says why the row is missing
+        print(f"HF continuous batching failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return {"system": "HF generate_batch (continuous batching)", "error": str(e)[:200]}
+    tokens = sum(len(r.generated_tokens) for r in res.values())
+    return {"system": "HF generate_batch (continuous batching)", "elapsed_s": elapsed,
+            "tokens": tokens}
+
+
+def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
+                    prompts: List[List[int]]) -> Dict[str, Any]:
+    """Greedy tokens (prefix agreement) and first-token logprobs of pagedkv vs HF."""
+    from pagedkv import SamplingParams
+
+    k = min(args.check, len(prompts))
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True,
+                            logprobs=5)
+    outs = llm.generate(prompts[:k], params, use_tqdm=False)
+    matched, total, worst_lp, top1_same = 0, 0, 0.0, 0
+    for p, o in zip(prompts[:k], outs):
+        ids = torch.tensor([p], device=args.device)
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=args.output_len, min_new_tokens=args.output_len,
+                              pad_token_id=0)[0, len(p):].tolist()
+            lp = torch.log_softmax(hf(ids).logits[0, -1].float(), -1)
+        ours = o.outputs[0].token_ids
+        n = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), len(ref))
+        matched += n
+        total += len(ref)
+        first = o.outputs[0].logprobs[0]
+        top1_same += int(ours[0] == int(lp.argmax()))
+        for tid, entry in first.items():
+            worst_lp = max(worst_lp, abs(entry.logprob - float(lp[tid])))
+    return {"prompts": k, "greedy_prefix_agreement": matched / max(total, 1),
+            "first_token_top1_agreement": top1_same / k,
+            "max_abs_logprob_diff_top5": worst_lp}
+
+
+def main() -> None:
+    args = parse_args()
+    if args.random_llama_1b:
+        args.model = random_llama_1b(args.random_llama_1b)
+    dtype = torch_dtype(args.dtype, args.device)
+    llm = make_llm(args)
+    prompts = make_prompts(args.num_prompts, args.input_len,
+                           llm.llm_engine.model_config.vocab_size)
+    results = [bench_pagedkv(args, llm, prompts)]
+    hf = None
+    if not (args.skip_hf and args.skip_hf_cb and not args.check):
+        hf = load_hf(args.model, dtype, args.device)
+    if not args.skip_hf:
+        results.append(bench_hf_generate(args, hf, prompts))
+    if not args.skip_hf_cb:
+        cb = bench_hf_cb(args, hf, prompts)
+        if cb is not None:
+            results.append(cb)
+    report(args, results)
+    if args.check:
+        agreement = check_agreement(args, hf, llm, prompts)
+        print("agreement with HF:", json.dumps(agreement))
+        results.append({"system": "agreement", **agreement})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def report(args: argparse.Namespace, results: List[Dict[str, Any]]) -> None:
+    dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"\nmodel {args.model or 'smollm2'} on {dev}: {args.num_prompts} prompts, "
+          f"{args.input_len} in / {args.output_len} out, greedy, EOS ignored")
+    base = results[0]["tokens"] / results[0]["elapsed_s"]
+    print(f"{'system':<44} {'time s':>8} {'out tok/s':>10} {'pagedkv x':>10}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['system']:<44} {'failed':>8}  {r['error'][:60]}")
+            continue
+        tps = r["tokens"] / r["elapsed_s"]
+        r["output_tokens_per_s"] = tps
+        print(f"{r['system']:<44} {r['elapsed_s']:>8.2f} {tps:>10.1f} {base / tps:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Start-up of an engine: model, tokenizer, KV cache, scheduler, CUDA graphs, sampler.
+
+Logs each stage on the "pagedkv" logger (with timings), the way vLLM's start-up reads, so a
+user can follow a slow load and see how large the KV cache came out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.model_runner import ModelRunner
+from pagedkv.engine.sampler import Sampler
+
+logger = logging.getLogger("pagedkv")
+
+
+@dataclass
+class EngineModelConfig:
+    """What callers (server, CLI) need to know about the served model."""
+
+    model: str  # the name the user asked for
+    served_model_name: str
+    max_model_len: int
+    vocab_size: int
+    dtype: torch.dtype
+    device: torch.device
+    hf_config: Any  # pagedkv.models.ModelConfig
+
+
+@dataclass
+class EngineParts:
+    tokenizer: Any
+    model_config: EngineModelConfig
+    runner: ModelRunner
+    scheduler: Any
+    sampler: Sampler
+    num_blocks: int
+    num_cpu_blocks: int
+    eos_token_ids: List[int]
+
+
+def build_engine_parts(cfg: EngineConfig) -> EngineParts:
+    import pagedkv
+    from pagedkv.engine.tokenizer import Tokenizer
+    device = cfg.resolve_device()
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    logger.info("loading model %r on %s (dtype %s)", cfg.model or "smollm2 (default)", device,
+                cfg.dtype)
+    model, mc = _load_shared(cfg, device)
+    dtype = next(model.parameters()).dtype
+    logger.info("model loaded in %.1f s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s",
+                time.perf_counter() - t0, mc.architecture, mc.num_hidden_layers, mc.hidden_size,
+                mc.num_attention_heads, mc.num_key_value_heads, mc.vocab_size, dtype)
+    tokenizer = (None if cfg.skip_tokenizer_init
+                 else Tokenizer.from_pretrained(cfg.tokenizer or cfg.model))
+    max_model_len = _max_model_len(cfg, mc)
+    batched = cfg.max_num_batched_tokens or _default_batched_tokens(cfg, device, max_model_len)
+    runner = ModelRunner(cfg, model, mc, device, dtype, max_model_len, batched)
+    num_blocks, num_cpu = runner.determine_num_blocks()
+    capacity = num_blocks * cfg.block_size
+    if capacity < max_model_len:
+        logger.warning("the KV cache holds %d tokens, fewer than max_model_len=%d: lowering "
+                       "max_model_len to %d", capacity, max_model_len, capacity)
+        max_model_len = runner.max_model_len = capacity
+    if not cfg.enable_chunked_prefill and batched < max_model_len:
+        batched = runner.max_num_batched_tokens = max_model_len
+    runner.allocate_kv_cache(num_blocks, num_cpu)
+    sched_cfg = pagedkv.SchedulerConfig(
+        num_blocks=num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=batched, enable_chunked_prefill=cfg.enable_chunked_prefill,
+        enable_prefix_caching=cfg.enable_prefix_caching, num_cpu_blocks=num_cpu,
+        preemption_mode=cfg.preemption_mode, policy=cfg.scheduling_policy,
+        max_model_len=max_model_len)
+    scheduler = pagedkv.Scheduler(sched_cfg)
+    runner.capture_cuda_graphs(cfg.max_num_seqs)
+    eos = _eos_ids(tokenizer, mc)
+    name = cfg.model or "smollm2"
+    model_config = EngineModelConfig(name, cfg.served_model_name or name, max_model_len,
+                                     mc.vocab_size, dtype, device, mc)
+    logger.info("engine ready in %.1f s: max_model_len %d, max_num_seqs %d, "
+                "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s",
+                time.perf_counter() - t0, max_model_len, cfg.max_num_seqs, batched,
+                cfg.enable_prefix_caching, cfg.enable_chunked_prefill)
+    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed),
+                       num_blocks, num_cpu, eos)
+
+
+# Loaded models by (model, dtype, device), held weakly: a second engine on the same weights
+# (tests, a CLI bench next to an LLM) reuses them while the first is alive; none is kept alive
+# by this table, so `del llm` still frees the memory.
+_LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
+    from pagedkv.models import load_model
+
+    key = (cfg.model, str(cfg.dtype), str(device))
+    model = _LOADED.get(key)
+    if model is not None:
+        return model, model.pagedkv_config
+    model, mc = load_model(cfg.model, cfg.dtype, device)
+    model.pagedkv_config = mc
+    _LOADED[key] = model
+    return model, mc
+
+
+def _max_model_len(cfg: EngineConfig, mc: Any) -> int:
+    limit = int(mc.max_position_embeddings)
+    if cfg.max_model_len is None:
+        return limit
+    if cfg.max_model_len > limit:
+        raise ValueError(f"max_model_len={cfg.max_model_len} is larger than the model's "
+                         f"max_position_embeddings={limit}")
+    if cfg.max_model_len < 2:
+        raise ValueError(f"max_model_len must be >= 2, got {cfg.max_model_len}")
+    return int(cfg.max_model_len)
+
+
+def _default_batched_tokens(cfg: EngineConfig, device: torch.device, max_model_len: int) -> int:
+    if not cfg.enable_chunked_prefill:
+        return max(max_model_len, 2048)
+    # Offline throughput likes big steps on a GPU; on a CPU a 2048-token step is already long.
+    return 8192 if device.type == "cuda" else 2048
+
+
+def _eos_ids(tokenizer: Any, mc: Any) -> List[int]:
+    ids: List[int] = []
+    tok_eos: Optional[int] = tokenizer.eos_token_id if tokenizer is not None else None
+    if tok_eos is not None:
+        ids.append(int(tok_eos))
+    for t in mc.eos_token_ids:
+        if int(t) not in ids:
+            ids.append(int(t))
+    return ids

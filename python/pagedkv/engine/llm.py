@@ -1,0 +1,181 @@
+"""LLM: offline batched inference with vLLM's user API (seed 003).
+
+    llm = LLM()                                  # the embedded SmolLM2-135M-Instruct
+    outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0))
+    outs = llm.chat([{"role": "user", "content": "Hi"}])
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from pagedkv.engine.llm_engine import LLMEngine
+from pagedkv.engine.outputs import RequestOutput
+from pagedkv.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("pagedkv")
+
+PromptType = Union[str, List[int], Dict[str, Any]]
+Message = Dict[str, Any]
+
+
+def _ensure_log_handler() -> None:
+    """Show pagedkv's INFO logs (loading progress, KV-cache size) unless the app set logging up.
+    PAGEDKV_LOGGING_LEVEL overrides the level, as VLLM_LOGGING_LEVEL does for vLLM."""
+    import os
+
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s pagedkv: %(message)s",
+                                           "%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("PAGEDKV_LOGGING_LEVEL", "INFO").upper())
+    logger.propagate = False
+
+
+class LLM:
+    def __init__(self, model: Optional[str] = None, tokenizer: Optional[str] = None,
+                 **kwargs: Any) -> None:
+        _ensure_log_handler()
+        self.llm_engine = LLMEngine(model, tokenizer=tokenizer, **kwargs)
+        self._counter = 0
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True, prompt_token_ids: Optional[List[List[int]]] = None,
+                 priority: Optional[List[int]] = None) -> List[RequestOutput]:
+        """Runs every prompt to completion; outputs come back in input order.
+
+        A prompt is a string, a list of token ids, or {"prompt": str} / {"prompt_token_ids":
+        [...]}; ``prompts`` may be one prompt or a list. ``sampling_params`` is one for all or a
+        list with one per prompt."""
+        items = _normalise_prompts(prompts, prompt_token_ids)
+        finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
+        params = []
+        for p in _per_prompt(sampling_params, len(items)):
+            if id(p) not in finals:
+                finals[id(p)] = _final_only(p)
+            params.append(finals[id(p)])
+        if priority is not None and len(priority) != len(items):
+            raise ValueError("priority must have one entry per prompt")
+        ids: List[str] = []
+        try:
+            for i, (item, p) in enumerate(zip(items, params)):
+                rid = str(self._counter)
+                self._counter += 1
+                self.llm_engine.add_request(rid, item.get("prompt"), p,
+                                            prompt_token_ids=item.get("prompt_token_ids"),
+                                            priority=priority[i] if priority else 0)
+                ids.append(rid)
+        except BaseException:
+            self.llm_engine.abort_request(ids)  # a bad prompt rejects the whole call
+            raise
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(self, messages: Union[List[Message], Sequence[List[Message]]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             use_tqdm: bool = True, chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True, **template_kwargs: Any) -> List[RequestOutput]:
+        """Formats each conversation with the model's chat template, then generates."""
+        batched = bool(messages) and isinstance(messages[0], (list, tuple))
+        convs = list(messages) if batched else [messages]
+        tok = self.llm_engine.tokenizer
+        prompts: List[PromptType] = []
+        for conv in convs:
+            text = tok.apply_chat_template(list(conv), chat_template=chat_template,
+                                           add_generation_prompt=add_generation_prompt,
+                                           **template_kwargs)
+            # The template wrote any BOS itself: do not let encode() add another.
+            prompts.append({"prompt": text,
+                            "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run_engine(self, ids: List[str], use_tqdm: bool) -> List[RequestOutput]:
+        engine = self.llm_engine
+        wanted = set(ids)
+        results: Dict[str, RequestOutput] = {}
+        bar = _progress(len(ids), use_tqdm)
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished and out.request_id in wanted:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+                            _bar_postfix(bar, out)
+        except BaseException:
+            engine.abort_request(list(wanted - set(results)))
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[i] for i in ids]
+
+
+def _normalise_prompts(prompts: Any, prompt_token_ids: Optional[List[List[int]]]
+                       ) -> List[Dict[str, Any]]:
+    if prompt_token_ids is not None:  # vLLM's older keyword
+        return [{"prompt_token_ids": list(t)} for t in prompt_token_ids]
+    if prompts is None:
+        raise ValueError("prompts must be given")
+    single = (isinstance(prompts, (str, dict))
+              or (isinstance(prompts, (list, tuple)) and prompts
+                  and isinstance(prompts[0], int)))
+    items = [prompts] if single else list(prompts)
+    out = []
+    for p in items:
+        if isinstance(p, str):
+            out.append({"prompt": p})
+        elif isinstance(p, dict):
+            if "prompt" not in p and "prompt_token_ids" not in p:
+                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+            out.append(dict(p))
+        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
+            out.append({"prompt_token_ids": list(p)})
+        else:
+            raise TypeError(f"prompts: expected str, list of token ids or dict, got {type(p)}")
+    return out
+
+
+def _per_prompt(params: Any, n: int) -> List[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"sampling_params: got {len(params)} for {n} prompts")
+    return params
+
+
+def _final_only(p: SamplingParams) -> SamplingParams:
+    """generate() returns finished requests only: ask the engine for nothing else."""
+    if p.output_kind == "final_only":
+        return p
+    p = p.clone()
+    p.output_kind = "final_only"
+    return p
+
+
+def _progress(total: int, use_tqdm: bool) -> Any:
+    if not use_tqdm:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def _bar_postfix(bar: Any, out: RequestOutput) -> None:
+    elapsed = bar.format_dict.get("elapsed") or 0.0
+    bar.total_out = getattr(bar, "total_out", 0) + sum(len(o.token_ids) for o in out.outputs)
+    if elapsed > 0:
+        bar.set_postfix_str(f"output: {bar.total_out / elapsed:.1f} toks/s", refresh=False)

@@ -1,0 +1,248 @@
+"""LLMEngine: requests in, RequestOutputs out, one scheduler step at a time (vLLM's API).
+
+One step, data flowing one way: Scheduler.schedule() -> StepPlan -> ModelRunner.execute()
+(block swaps/copies, forward through the paged cache) -> logits of the rows to sample ->
+Sampler -> Scheduler.update() (appends tokens, finishes on EOS / stop ids / max_tokens, frees
+blocks) -> detokenizer and stop strings (finishing in the scheduler by abort) -> outputs.
+n > 1 samples fork from the parent right after its prompt completes, sharing its prompt blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.detokenizer import IncrementalDetokenizer
+from pagedkv.engine.direct_decoder import DirectDecoder
+from pagedkv.engine.engine_setup import build_engine_parts
+from pagedkv.engine.outputs import RequestMetrics, RequestOutput
+from pagedkv.engine.request_state import RequestState, SeqState
+from pagedkv.engine.sampling_params import SamplingParams
+from pagedkv.engine.step_sampling import StepSampling
+
+logger = logging.getLogger("pagedkv")
+
+
+class LLMEngine:
+    def __init__(self, model: Optional[str] = None, tokenizer: Optional[str] = None,
+                 **kwargs: Any) -> None:
+        self.config = EngineConfig.from_kwargs(model, tokenizer=tokenizer, **kwargs)
+        parts = build_engine_parts(self.config)
+        self.tokenizer = parts.tokenizer
+        self.model_config = parts.model_config
+        self.runner, self.scheduler, self.sampler = parts.runner, parts.scheduler, parts.sampler
+        self.num_gpu_blocks, self.num_cpu_blocks = parts.num_blocks, parts.num_cpu_blocks
+        self.eos_token_ids = parts.eos_token_ids
+        self.decoder = DirectDecoder(self.tokenizer) if self.tokenizer is not None else None
+        self.requests: Dict[str, RequestState] = {}
+        self.seq_owner: Dict[str, tuple[RequestState, SeqState]] = {}  # scheduler id -> seq
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+
+    @classmethod
+    def from_engine_args(cls, **kwargs: Any) -> LLMEngine:
+        return cls(**kwargs)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt: Optional[str],
+                    params: Optional[SamplingParams] = None,
+                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
+                    arrival_time: Optional[float] = None) -> None:
+        params = params if params is not None else SamplingParams()
+        if self.tokenizer is None:
+            if params.stop:
+                raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
+            if params.detokenize:
+                params = params.clone()
+                params.detokenize = False
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise ValueError("prompt or prompt_token_ids must be given")
+            if self.tokenizer is None:
+                raise ValueError("skip_tokenizer_init=True: pass prompt_token_ids, not text")
+            prompt_token_ids = self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("prompt must not be empty (it encodes to no tokens)")
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got "
+                             f"{min(ids)}..{max(ids)}")
+        max_len = self.model_config.max_model_len
+        if len(ids) >= max_len:
+            raise ValueError(f"prompt is {len(ids)} tokens long, which does not leave room for "
+                             f"one generated token within max_model_len={max_len}")
+        max_tokens = max_len - len(ids)
+        if params.max_tokens is not None:
+            max_tokens = min(params.max_tokens, max_tokens)
+        req = RequestState(request_id, prompt, ids, params,
+                           RequestMetrics(arrival_time or time.time()), max_tokens,
+                           self.eos_token_ids)
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None]
+        for i in range(params.best_of):  # type: ignore[arg-type]
+            gen = None
+            if params.seed is not None:
+                gen = self.sampler.make_generator(params.seed + 1_000_003 * i)
+            req.seqs.append(SeqState(index=i, generator=gen,
+                                     logprobs=[] if params.logprobs is not None else None))
+        self._add_to_scheduler(req, priority)
+        self.requests[request_id] = req
+
+    def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
+        p = req.params
+        eos = req.eos_token_ids
+        stop_ids = list(p.stop_token_ids or [])
+        if not p.ignore_eos:
+            stop_ids += eos[1:]  # the scheduler has one EOS slot; the others act as stop ids
+        # Prompt logprobs need logits at every prompt position: keep such a request off the
+        # prefix cache with a salt of its own.
+        salt = (zlib.crc32(req.request_id.encode()) | 1) if p.prompt_logprobs is not None else 0
+        seq = req.seqs[0]
+        seq.sched_id = req.request_id
+        self.scheduler.add_request(
+            req.request_id, req.prompt_token_ids, req.max_tokens,
+            eos_token_id=eos[0] if eos else None, stop_token_ids=stop_ids,
+            priority=priority, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
+            cache_salt=salt)
+        self.seq_owner[req.request_id] = (req, seq)
+
+    def abort_request(self, request_id: Union[str, Iterable[str]]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if seq.sched_id is not None and not seq.finished:
+                    self.scheduler.abort_request(seq.sched_id)
+                self.seq_owner.pop(seq.sched_id or "", None)
+                if not seq.finished:
+                    seq.finish_reason = "abort"
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> List[RequestOutput]:
+        plan = self.scheduler.schedule()
+        n = int(plan.num_seqs)
+        if n == 0:
+            return []
+        now = time.time()
+        entries = [self.seq_owner[sid] for sid in list(plan.request_ids)[:n]]
+        for req, _ in entries:
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = now
+        hidden = self.runner.execute(plan)
+        work = StepSampling(self, plan, entries)
+        sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
+        finished_ids = set(self.scheduler.update(plan, sampled))
+        touched: Dict[str, RequestState] = {}
+        for i, (req, seq) in enumerate(work.entries):
+            tok = int(sampled[i])
+            if tok < 0:
+                continue
+            touched[req.request_id] = req
+            if i in work.forks:  # before the parent can be finished by a stop string
+                self._fork_children(req, seq, work.forks[i], work)
+            self._accept_token(req, seq, tok, work.logprobs.get(id(seq)),
+                               seq.sched_id in finished_ids)
+        return self._collect_outputs(touched)
+
+    def _fork_children(self, req: RequestState, parent: SeqState,
+                       kids: List[tuple[SeqState, int]], work: StepSampling) -> None:
+        req.forked = True
+        for seq, tok in kids:
+            seq.sched_id = f"{req.request_id}#{seq.index}"
+            if req.would_finish(1, tok):
+                done = True  # finishes on its first token: it never needs blocks of its own
+            else:
+                done = bool(self.scheduler.fork(parent.sched_id, seq.sched_id, tok))
+            if not done:
+                self.seq_owner[seq.sched_id] = (req, seq)
+            self._accept_token(req, seq, tok, work.logprobs.get(id(seq)), done)
+
+    def _accept_token(self, req: RequestState, seq: SeqState, tok: int,
+                      lp: Optional[tuple[Optional[float], Optional[dict]]],
+                      sched_finished: bool) -> None:
+        now = time.time()
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+            self.stats["prompt_tokens"] += len(req.prompt_token_ids)
+        req.metrics.last_token_time = now
+        self.stats["generation_tokens"] += 1
+        seq.token_ids.append(tok)
+        if lp is not None:
+            if lp[0] is not None:
+                seq.cumulative_logprob += lp[0]
+            if seq.logprobs is not None and lp[1] is not None:
+                seq.logprobs.append(self.decode_logprob_tokens(lp[1]))
+        if sched_finished:
+            req.finish_by_scheduler(seq)
+            self.seq_owner.pop(seq.sched_id or "", None)
+        # A stop token / EOS ends the text without being shown (vLLM's rule).
+        hide = (sched_finished and seq.finish_reason == "stop"
+                and not req.params.include_stop_str_in_output)
+        if not req.incremental_text:
+            if seq.finished and req.params.detokenize:
+                shown = seq.token_ids[:-1] if hide else seq.token_ids
+                seq.text = self.decoder.decode(shown, req.params.skip_special_tokens)
+            return
+        delta = self._detokenize(req, seq, [] if hide else [tok])
+        if req.check_stop_strings(seq, delta):
+            if not sched_finished:
+                self.scheduler.abort_request(seq.sched_id)
+                self.seq_owner.pop(seq.sched_id or "", None)
+        elif seq.finished:
+            seq.text += seq.detok.flush()  # release a held-back partial character
+
+    def _detokenize(self, req: RequestState, seq: SeqState, toks: List[int]) -> int:
+        """Appends the tokens' text to the sample; returns how many characters it added."""
+        if seq.detok is None:
+            seq.detok = IncrementalDetokenizer(self.decoder, req.params.skip_special_tokens)
+        delta = seq.detok.append(toks)
+        seq.text += delta
+        return len(delta)
+
+    def decode_logprob_tokens(self, d: dict) -> dict:
+        if self.decoder is None:
+            return d
+        for tid, lp in d.items():
+            lp.decoded_token = self.decoder.decode([tid], skip_special_tokens=False)
+        return d
+
+    def _collect_outputs(self, touched: Dict[str, RequestState]) -> List[RequestOutput]:
+        outs = []
+        for req in touched.values():
+            if not req.finished and (req.params.output_kind == "final_only"
+                                     or req.params.best_of > req.params.n):
+                continue  # best_of picks the winners at the end only
+            outs.append(req.to_output())
+            if req.finished:
+                self.requests.pop(req.request_id, None)
+        return outs
+
+    # ------------------------------------------------------------------ stats
+    def get_stats(self) -> Dict[str, Any]:
+        s = self.scheduler
+        return {
+            "num_requests_running": int(s.num_running),
+            "num_requests_waiting": int(s.num_waiting) + int(s.num_swapped),
+            "num_requests_swapped": int(s.num_swapped),
+            "kv_cache_usage_perc": float(s.kv_cache_usage),
+            "prefix_cache_queries": int(s.prefix_cache_query_tokens),
+            "prefix_cache_hits": int(s.prefix_cache_hit_tokens),
+            "num_preemptions": int(s.num_preemptions),
+            "prompt_tokens": self.stats["prompt_tokens"],
+            "generation_tokens": self.stats["generation_tokens"],
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "num_free_blocks": int(s.num_free_blocks),
+        }

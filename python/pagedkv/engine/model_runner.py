@@ -1,0 +1,199 @@
+"""ModelRunner: the model, its paged KV cache, and one forward per StepPlan.
+
+Owns the device side of a step: applies the plan's block swaps / copies, turns the plan's
+numpy metadata into device tensors, and runs the model eagerly or, for decode-only steps on
+CUDA, by replaying a captured CUDA graph (cuda_graph.py). Returns the final hidden states; the
+engine picks the rows to turn into logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, List, Optional
+
+import numpy as np
+import torch
+
+from pagedkv import ops
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
+
+logger = logging.getLogger("pagedkv")
+
+_GiB = 1 << 30
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, model: torch.nn.Module, model_config: Any,
+                 device: torch.device, dtype: torch.dtype, max_model_len: int,
+                 max_num_batched_tokens: int) -> None:
+        self.cfg, self.model, self.mc = cfg, model, model_config
+        self.device, self.dtype = device, dtype
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = cfg.block_size
+        self.num_layers = model_config.num_hidden_layers
+        self.num_kv_heads, self.head_dim = model_config.num_key_value_heads, model_config.head_dim
+        self.kv_caches: List[torch.Tensor] = []
+        self.cpu_caches: List[torch.Tensor] = []
+        self.backend: Optional[PagedAttentionBackend] = None
+        self.graphs: Any = None  # CudaGraphRunner once captured
+
+    # ------------------------------------------------------------------ KV cache sizing
+    def block_bytes(self) -> int:
+        """Bytes of one block across all layers, keys and values."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+    def determine_num_blocks(self) -> tuple[int, int]:
+        """(device blocks, host swap blocks) from the memory budget, as vLLM sizes them."""
+        per_block = self.block_bytes()
+        if self.cfg.num_gpu_blocks_override is not None:
+            num_blocks = self.cfg.num_gpu_blocks_override
+        elif self.device.type == "cuda":
+            num_blocks = self._profile_gpu_blocks(per_block)
+        else:
+            space = self.cfg.kv_cache_space if self.cfg.kv_cache_space is not None else 4.0
+            num_blocks = int(space * _GiB) // per_block
+        if num_blocks <= 0:
+            raise RuntimeError(
+                "no memory left for the KV cache: raise gpu_memory_utilization / kv_cache_space "
+                "or use a smaller model")
+        if self.cfg.num_cpu_blocks is not None:
+            num_cpu = self.cfg.num_cpu_blocks
+        elif self.cfg.preemption_mode == "swap":
+            num_cpu = int(self.cfg.swap_space * _GiB) // per_block
+        else:
+            num_cpu = 0
+        return num_blocks, num_cpu
+
+    def _profile_gpu_blocks(self, per_block: int) -> int:
+        """Runs a worst-case prefill step, then gives the KV cache what the budget leaves."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._profile_run()
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        now = torch.cuda.memory_allocated(self.device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        # What is in use now (weights, CUDA context, other processes) plus the step's
+        # activation peak must stay within the budget; the rest becomes KV cache.
+        budget = total * self.cfg.gpu_memory_utilization - (total - free) - (peak - now)
+        logger.info("memory profiling: total %.2f GiB, in use %.2f GiB, activation peak "
+                    "%.2f GiB, KV-cache budget %.2f GiB", total / _GiB, (total - free) / _GiB,
+                    (peak - now) / _GiB, max(budget, 0) / _GiB)
+        return int(budget // per_block)
+
+    @torch.inference_mode()
+    def _profile_run(self) -> None:
+        tokens, seqs = self.max_num_batched_tokens, []
+        while tokens > 0 and len(seqs) < self.cfg.max_num_seqs:
+            seqs.append(min(tokens, self.max_model_len))
+            tokens -= seqs[-1]
+        n = sum(seqs)
+        dummy = [torch.zeros(2, 1, self.block_size, self.num_kv_heads, self.head_dim,
+                             dtype=self.dtype, device=self.device)
+                 for _ in range(self.num_layers)]
+        backend = PagedAttentionBackend(dummy, self.mc.num_attention_heads, self.num_kv_heads,
+                                        self.head_dim, self.block_size)
+        qsl = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
+        backend.set_metadata(AttentionMetadata(
+            num_prefills=len(seqs), num_prefill_tokens=n, num_decode_tokens=0,
+            slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device),
+            seq_lens=torch.tensor(seqs, dtype=torch.int32, device=self.device),
+            query_start_loc=torch.from_numpy(qsl).to(self.device),
+            block_tables=torch.zeros(len(seqs), 1, dtype=torch.int32, device=self.device),
+            max_query_len=max(seqs), max_decode_seq_len=0))
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.cat([torch.arange(s, device=self.device) for s in seqs])
+        hidden = self.model.forward(ids, pos, backend)
+        # The sampler's worst case: logits of max_num_seqs rows, sorted for top-k / top-p.
+        rows = hidden[:1].expand(self.cfg.max_num_seqs, -1)
+        self.model.compute_logits(rows).sort(dim=-1, descending=True)
+
+    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        # Zeroed on the GPU so padded CUDA-graph rows read finite values; left lazy on the CPU
+        # so an unused reservation costs no RAM.
+        alloc = torch.zeros if self.device.type == "cuda" else torch.empty
+        self.kv_caches = [alloc(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(self.num_layers)]
+        if num_cpu_blocks:
+            host_shape = (2, num_cpu_blocks) + shape[2:]
+            pin = self.device.type == "cuda"
+            self.cpu_caches = [torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
+                               for _ in range(self.num_layers)]
+        self.backend = PagedAttentionBackend(self.kv_caches, self.mc.num_attention_heads,
+                                             self.num_kv_heads, self.head_dim, self.block_size)
+        kind = "GPU" if self.device.type == "cuda" else "CPU"
+        logger.info("# %s blocks: %d, # CPU swap blocks: %d (block_size %d, %.2f GiB KV cache)",
+                    kind, num_blocks, num_cpu_blocks, self.block_size,
+                    num_blocks * self.block_bytes() / _GiB)
+
+    def capture_cuda_graphs(self, max_num_seqs: int) -> None:
+        if self.device.type != "cuda" or self.cfg.enforce_eager:
+            return
+        from pagedkv.engine.cuda_graph import CudaGraphRunner
+
+        t0 = time.perf_counter()
+        self.graphs = CudaGraphRunner(self, max_num_seqs)
+        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s",
+                    self.graphs.batch_sizes, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ one step
+    def apply_block_ops(self, plan: Any) -> None:
+        """Swap out, swap in, then copy-on-write copies, in the order the plan requires."""
+        out, inn, cpy = plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.blocks_to_copy
+        if len(out):
+            self._swap(self.kv_caches, self.cpu_caches, out)
+        if len(inn):
+            self._swap(self.cpu_caches, self.kv_caches, inn)
+        if len(cpy):
+            mapping = torch.from_numpy(np.ascontiguousarray(cpy, dtype=np.int64)).to(self.device)
+            ops.copy_blocks([c[0] for c in self.kv_caches], [c[1] for c in self.kv_caches],
+                            mapping)
+
+    @staticmethod
+    def _swap(src: List[torch.Tensor], dst: List[torch.Tensor], pairs: Any) -> None:
+        if not src or not dst:
+            raise RuntimeError("the plan swaps blocks but no host swap space was allocated")
+        mapping = torch.from_numpy(np.ascontiguousarray(pairs, dtype=np.int64))
+        for s, d in zip(src, dst):
+            ops.swap_blocks(s[0], d[0], mapping)
+            ops.swap_blocks(s[1], d[1], mapping)
+
+    @torch.inference_mode()
+    def execute(self, plan: Any) -> torch.Tensor:
+        """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden]."""
+        self.apply_block_ops(plan)
+        n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
+        if (self.graphs is not None and plan.num_prefills == 0
+                and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))):
+            return self.graphs.run(plan)
+        seq_lens = np.asarray(plan.seq_lens[:n_seq])
+        width = max(1, -(-int(seq_lens.max()) // self.block_size))
+        dev = self.device
+        meta = AttentionMetadata(
+            num_prefills=int(plan.num_prefills),
+            num_prefill_tokens=int(plan.num_prefill_tokens),
+            num_decode_tokens=int(plan.num_decode_tokens),
+            slot_mapping=_dev(plan.slot_mapping[:n_tok], torch.int64, dev),
+            seq_lens=_dev(seq_lens, torch.int32, dev),
+            query_start_loc=_dev(plan.query_start_loc[:n_seq + 1], torch.int32, dev),
+            block_tables=_dev(plan.block_tables[:n_seq, :width], torch.int32, dev),
+            max_query_len=int(plan.max_query_len),
+            max_decode_seq_len=int(plan.max_decode_seq_len))
+        assert self.backend is not None
+        self.backend.set_metadata(meta)
+        ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
+        pos = _dev(plan.positions[:n_tok], torch.int64, dev)
+        return self.model.forward(ids, pos, self.backend)
+
+
+def _dev(arr: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t.to(device, non_blocking=True) if device.type != "cpu" else t

@@ -1,0 +1,97 @@
+"""The attention backend the models run on: pagedkv ops over a paged NHD KV cache.
+
+Per layer and step: write the new keys/values into the cache (reshape_and_cache_flash), then
+attend — prefill / extend tokens (which come first in the batch) with context_attention_fwd,
+which reads the cached context from the pages and the new tokens from k/v; decode tokens (one
+per sequence, after the prefills) with paged_attention_v1/v2. The step's metadata is set once
+per forward by the model runner (``set_metadata``), so the model code stays cache-agnostic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+
+from pagedkv import ops
+
+# Keys per partition of paged_attention_v2 (pagedkv.ops' default; seed 001's _PARTITION_SIZE).
+_PARTITION_SIZE = 512
+
+
+@dataclass
+class AttentionMetadata:
+    """Device tensors for one forward; prefill entries first, then decode entries."""
+
+    num_prefills: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = padding token (not written)
+    seq_lens: torch.Tensor  # [num_seqs] int32, context + query
+    query_start_loc: torch.Tensor  # [num_prefills + 1] int32 (prefix sums of the prefill queries)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    max_query_len: int  # longest prefill query
+    max_decode_seq_len: int  # longest decode sequence (a bound under CUDA graphs)
+
+
+class PagedAttentionBackend:
+    """AttentionBackend (see pagedkv.models.attention_backend) over per-layer paged caches."""
+
+    def __init__(self, kv_caches: List[torch.Tensor], num_heads: int, num_kv_heads: int,
+                 head_dim: int, block_size: int) -> None:
+        # kv_caches[layer]: [2, num_blocks, block_size, num_kv_heads, head_dim] (k, v), NHD.
+        self.kv_caches = kv_caches
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim, self.block_size = head_dim, block_size
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.meta: Optional[AttentionMetadata] = None
+
+    def set_metadata(self, meta: AttentionMetadata) -> None:
+        self.meta = meta
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> torch.Tensor:
+        meta = self.meta
+        assert meta is not None, "set_metadata() must be called before the forward"
+        key_cache, value_cache = self.kv_caches[layer_idx][0], self.kv_caches[layer_idx][1]
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        ops.reshape_and_cache_flash(k, v, key_cache, value_cache, meta.slot_mapping, "auto",
+                                    1.0, 1.0)
+        out = torch.empty_like(q)
+        p = meta.num_prefill_tokens
+        if meta.num_prefills:
+            self._prefill(meta, out[:p], q[:p], k[:p], v[:p], key_cache, value_cache)
+        if meta.num_decode_tokens:
+            self._decode(meta, out[p:], q[p:], key_cache, value_cache)
+        return out
+
+    def _prefill(self, meta: AttentionMetadata, out: torch.Tensor, q: torch.Tensor,
+                 k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor) -> None:
+        n = meta.num_prefills
+        ops.context_attention_fwd(
+            q, k, v, out, "auto", key_cache, value_cache, meta.block_tables[:n],
+            meta.query_start_loc[:n + 1], meta.seq_lens[:n], None, meta.max_query_len,
+            sm_scale=self.scale)
+
+    def _decode(self, meta: AttentionMetadata, out: torch.Tensor, q: torch.Tensor,
+                key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+        n = meta.num_prefills
+        block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
+        max_len = meta.max_decode_seq_len
+        num_partitions = (max_len + _PARTITION_SIZE - 1) // _PARTITION_SIZE
+        if num_partitions <= 1:
+            ops.paged_attention_v1(out, q, key_cache, value_cache, self.num_kv_heads, self.scale,
+                                   block_tables, seq_lens, self.block_size, max_len)
+            return
+        num_seqs = q.shape[0]
+        exp_sums = torch.empty(num_seqs, self.num_heads, num_partitions, dtype=torch.float32,
+                               device=q.device)
+        max_logits = torch.empty_like(exp_sums)
+        tmp_out = torch.empty(num_seqs, self.num_heads, num_partitions, self.head_dim,
+                              dtype=torch.float32, device=q.device)
+        ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, q, key_cache, value_cache,
+                               self.num_kv_heads, self.scale, block_tables, seq_lens,
+                               self.block_size, max_len)

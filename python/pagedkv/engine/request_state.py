@@ -1,0 +1,147 @@
+"""Engine-side state of a request: its samples (n / best_of), text, logprobs and finish.
+
+The scheduler owns tokens and KV blocks; this side owns what the user sees: detokenized text,
+stop strings (which only text can detect), logprobs, and building RequestOutput objects.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Union
+
+import torch
+
+from pagedkv.engine.detokenizer import find_stop_string, stop_holdback
+from pagedkv.engine.outputs import (
+    CompletionOutput,
+    PromptLogprobs,
+    RequestMetrics,
+    RequestOutput,
+    SampleLogprobs,
+)
+from pagedkv.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SeqState:
+    """One sample (completion) of a request; `sched_id` names it in the scheduler."""
+
+    index: int
+    sched_id: Optional[str] = None
+    generator: Optional[torch.Generator] = None
+    token_ids: List[int] = field(default_factory=list)
+    logprobs: Optional[SampleLogprobs] = None
+    cumulative_logprob: float = 0.0
+    detok: Any = None  # IncrementalDetokenizer
+    text: str = ""
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    max_tokens: int  # after clamping to max_model_len
+    eos_token_ids: List[int]
+    seqs: List[SeqState] = field(default_factory=list)
+    prompt_logprobs: Optional[PromptLogprobs] = None
+    forked: bool = False  # the n > 1 samples exist in the scheduler (or finished at once)
+    num_cached_tokens: int = 0
+
+    @property
+    def incremental_text(self) -> bool:
+        """Text is built token by token when someone can see it before the end (streaming)
+        or stop strings must be watched; otherwise it is decoded once at the end."""
+        p = self.params
+        return p.detokenize and (bool(p.stop) or p.output_kind != "final_only")
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.seqs)
+
+    # ------------------------------------------------------------ stop rules
+    def would_finish(self, num_tokens: int, token: int) -> Optional[str]:
+        """The finish reason the scheduler applies when `token` becomes output token number
+        `num_tokens` (1-based), or None; mirrors the scheduler's rules."""
+        p = self.params
+        if num_tokens >= p.min_tokens:
+            if token in (p.stop_token_ids or []):
+                return "stop"
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+        return "length" if num_tokens >= self.max_tokens else None
+
+    def banned_tokens(self, seq: SeqState) -> List[int]:
+        """EOS and stop ids cannot be sampled before min_tokens (as vLLM's logits processor)."""
+        if len(seq.token_ids) >= self.params.min_tokens:
+            return []
+        banned = list(self.params.stop_token_ids or [])
+        if not self.params.ignore_eos:
+            banned += self.eos_token_ids
+        return banned
+
+    def finish_by_scheduler(self, seq: SeqState) -> None:
+        last = seq.token_ids[-1]
+        p = self.params
+        if last in (p.stop_token_ids or []) and len(seq.token_ids) >= p.min_tokens:
+            seq.finish_reason, seq.stop_reason = "stop", last
+        elif (not p.ignore_eos and last in self.eos_token_ids
+              and len(seq.token_ids) >= p.min_tokens):
+            seq.finish_reason, seq.stop_reason = "stop", None
+        else:
+            seq.finish_reason = "length"
+
+    def check_stop_strings(self, seq: SeqState, new_text_len: int) -> bool:
+        """Finds a stop string in the newly added text; truncates and finishes on a match."""
+        p = self.params
+        if not p.stop or len(seq.token_ids) < p.min_tokens:
+            return False
+        hit = find_stop_string(seq.text, new_text_len, p.stop,  # type: ignore[arg-type]
+                               p.include_stop_str_in_output)
+        if hit is None:
+            return False
+        seq.text = seq.text[:hit[1]]
+        seq.finish_reason, seq.stop_reason = "stop", hit[0]
+        return True
+
+    # ------------------------------------------------------------ outputs
+    def _visible_text(self, seq: SeqState) -> str:
+        # While running, hold back a tail that could still become a stop string, so streamed
+        # text never shows a stop string's prefix (vLLM does the same).
+        p = self.params
+        if seq.finished or not p.stop or p.include_stop_str_in_output:
+            return seq.text
+        hold = stop_holdback(seq.text, p.stop)  # type: ignore[arg-type]
+        return seq.text[:len(seq.text) - hold] if hold else seq.text
+
+    def to_output(self) -> RequestOutput:
+        finished = self.finished
+        seqs = self.seqs
+        want_logprob = self.params.logprobs is not None or self.params.best_of > self.params.n
+        if finished and self.params.best_of > self.params.n:
+            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[:self.params.n]
+        outs = [CompletionOutput(
+            index=i if len(seqs) < len(self.seqs) else s.index,
+            text=self._visible_text(s), token_ids=list(s.token_ids),
+            cumulative_logprob=s.cumulative_logprob if want_logprob else None,
+            logprobs=list(s.logprobs) if s.logprobs is not None else None,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+            for i, s in enumerate(seqs)]
+        if finished and self.metrics.finished_time is None:
+            self.metrics.finished_time = time.time()
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt,
+            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None
+            else None,
+            outputs=outs, finished=finished, metrics=self.metrics,
+            num_cached_tokens=self.num_cached_tokens)

@@ -1,0 +1,49 @@
+"""``pagedkv generate "prompt" ...``: complete one or more prompts and print the text."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pagedkv.entrypoints.engine_args import (
+    add_engine_arguments,
+    add_sampling_arguments,
+    engine_kwargs,
+    sampling_params,
+)
+
+NAME = "generate"
+HELP = "Generate text for one or more prompts (default model: SmolLM2-135M-Instruct)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompts", nargs="+", help="prompt text (several prompts run batched)")
+    parser.add_argument("--chat", action="store_true",
+                        help="wrap each prompt as a user message in the model's chat template")
+    parser.add_argument("-n", type=int, default=1, help="completions per prompt")
+    parser.add_argument("--json", action="store_true", help="print results as JSON lines")
+    add_sampling_arguments(parser)
+    add_engine_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pagedkv.engine.llm import LLM
+
+    params = sampling_params(args, n=args.n)
+    llm = LLM(**engine_kwargs(args))
+    if args.chat:
+        convs = [[{"role": "user", "content": p}] for p in args.prompts]
+        outs = llm.chat(convs, params, use_tqdm=False)
+    else:
+        outs = llm.generate(args.prompts, params, use_tqdm=False)
+    for prompt, out in zip(args.prompts, outs):
+        for c in out.outputs:
+            if args.json:
+                print(json.dumps({"prompt": prompt, "index": c.index, "text": c.text,
+                                  "finish_reason": c.finish_reason,
+                                  "num_tokens": len(c.token_ids)}))
+            else:
+                print(f"{prompt}{c.text}" if not args.chat else c.text)
+                if len(out.outputs) > 1 or len(outs) > 1:
+                    print("-" * 40)
+    return 0
