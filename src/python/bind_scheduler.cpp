@@ -184,7 +184,20 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("max_model_len", &SchedulerConfig::effective_max_model_len,
                    "Longest prompt + max_tokens (default: num_blocks * block_size)")
       .def_prop_ro("max_blocks_per_seq", &SchedulerConfig::max_blocks_per_seq,
-                   "Row width of StepPlan.block_tables");
+                   "Row width of StepPlan.block_tables")
+      .def("__repr__", [](const SchedulerConfig& c) {
+        auto b = [](bool v) { return v ? "True" : "False"; };
+        return "SchedulerConfig(num_blocks=" + std::to_string(c.num_blocks) +
+               ", block_size=" + std::to_string(c.block_size) +
+               ", max_num_seqs=" + std::to_string(c.max_num_seqs) +
+               ", max_num_batched_tokens=" + std::to_string(c.max_num_batched_tokens) +
+               ", enable_chunked_prefill=" + b(c.enable_chunked_prefill) +
+               ", enable_prefix_caching=" + b(c.enable_prefix_caching) +
+               ", num_cpu_blocks=" + std::to_string(c.num_cpu_blocks) + ", preemption_mode='" +
+               (c.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute") + "', policy='" +
+               (c.policy == SchedulingPolicy::kPriority ? "priority" : "fcfs") +
+               "', max_model_len=" + std::to_string(c.effective_max_model_len()) + ")";
+      });
 }
 
 void bind_plan(nb::module_& m) {
