@@ -10,9 +10,12 @@
 // Uncached free blocks go to its head (reused first); cached ones go to its tail and keep their
 // hash until popped for reuse (lazy eviction, least recently freed first).
 //
-// Ordering: execute the recorded copies and swap mappings in the order the calls were made and
-// before the step's KV writes: a block freed by one call (a copy's or swap's source) may be
-// handed out again by a later call in the same step.
+// Ordering: blocks released by a call (a copy-on-write or swap source) are free at once and may
+// be handed out again by a later call in the same step, so a step's block moves must run before
+// its KV writes and in the order the calls were made. With the moves kept in separate lists
+// (StepPlan), run swap-outs, then copies, then swap-ins: that is call order for a scheduler that
+// swaps out (preempts) before it copies and swaps in last, and never swaps a sequence in and
+// another out in the same step.
 #pragma once
 
 #include <cstddef>
