@@ -205,14 +205,16 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
 
   std::vector<WorkItem> items;
   const int64_t num_seqs = seq_lens.size(0);
+  int64_t work = 0;  // multiply-adds, for parallel_for's serial cut-off
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
     for (int64_t i = 0; i < q_len; i += p.chunk) items.push_back({s, i});
+    work += 2 * q_len * p.seq_lens[s] * p.num_heads * p.head_size;
   }
   const int64_t n_items = static_cast<int64_t>(items.size());
   parallel_for(n_items * p.num_kv_heads, [&](int64_t k) {
     run_item(p, items[k % n_items], static_cast<int>(k / n_items));
-  });
+  }, work);
 }
 
 }  // namespace pagedkv::cpu_ops
