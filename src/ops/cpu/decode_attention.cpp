@@ -63,6 +63,8 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
     const int64_t block = p.tables(seq, t / bs);
+    if (t + n < t_end) p.k.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
+                                    static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
     int64_t ld = D;
     const float* k = p.k.rows(block, kh, off, &ld);
     if (!k) {
@@ -87,6 +89,8 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
     const int64_t block = p.tables(seq, t / bs);
+    if (t + n < t_end) p.v.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
+                                    static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
     if (transposed) {
       // acc[g, d] += sum_j w[g, j] * vt[d, j] over the whole (zero-padded) block.
       p.v.load_transposed(block, kh, off, n, tile);

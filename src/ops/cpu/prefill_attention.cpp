@@ -56,11 +56,17 @@ PAGEDKV_MULTIVERSION
 void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t i1,
                int64_t kpos0, int n, const float* ktile, int64_t ldk, const float* vtile,
                int64_t ldv, RowState st) {
-  thread_local std::vector<float> s_buf;
+  thread_local std::vector<float> s_buf, kt_buf;
   const int G = p.group, D = p.head_size;
   const int R = static_cast<int>((i1 - i0) * G);
   float* S = scratch(s_buf, static_cast<size_t>(R) * kMaxTile);
-  dot_tile<false>(st.q, D, R, ktile, ldk, n, D, S, kMaxTile);
+  // S = Q K^T as a broadcast-FMA GEMM over K^T [D, n] (accumulators stay in registers over
+  // all of D); the transpose costs D * n moves, amortised over the R query rows.
+  float* kt = scratch(kt_buf, static_cast<size_t>(D) * kMaxTile);
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < D; ++d) kt[d * kMaxTile + j] = ktile[j * ldk + d];
+  std::fill(S, S + static_cast<size_t>(R) * kMaxTile, 0.0f);
+  pv_tile(st.q, D, R, kt, kMaxTile, D, n, S, kMaxTile);
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t qpos = ctx + i;
     // Visible keys of this query inside the tile: causal and sliding-window bounds.
