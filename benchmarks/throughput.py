@@ -34,8 +34,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--num-prompts", type=int, default=32, help="requests")
     ap.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
     ap.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
-    ap.add_argument("--hf-batch-size", type=int, default=None,
-                    help="HF generate batch size (default: all prompts in one batch)")
+    ap.add_argument("--hf-batch-sizes", default="all",
+                    help="comma-separated HF generate batch sizes, one table row each "
+                         "('all' = every prompt in one batch)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                    help="pagedkv's share of GPU memory (HF runs in the same process)")
     ap.add_argument("--max-num-seqs", type=int, default=256, help="pagedkv max_num_seqs")
     ap.add_argument("--kv-cache-space", type=float, default=1.0, help="pagedkv CPU KV GiB")
     ap.add_argument("--enforce-eager", action="store_true", help="pagedkv without CUDA graphs")
@@ -92,6 +95,7 @@ def make_llm(args: argparse.Namespace) -> Any:
 
     return LLM(args.model, device=args.device, dtype=args.dtype,
                kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
+               gpu_memory_utilization=args.gpu_memory_utilization,
                enforce_eager=args.enforce_eager,
                max_model_len=args.input_len + args.output_len + 16,
                skip_tokenizer_init=args.random_llama_1b is not None)
@@ -114,9 +118,8 @@ def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]]
             "tokens": tokens}
 
 
-def bench_hf_generate(args: argparse.Namespace, hf: Any, prompts: List[List[int]]
-                      ) -> Dict[str, Any]:
-    bs = args.hf_batch_size or len(prompts)
+def bench_hf_generate(args: argparse.Namespace, hf: Any, prompts: List[List[int]],
+                      bs: int) -> Dict[str, Any]:
     dev = args.device
 
     def run(batch: List[List[int]]) -> torch.Tensor:
@@ -204,7 +207,9 @@ def main() -> None:
     if not (args.skip_hf and args.skip_hf_cb and not args.check):
         hf = load_hf(args.model, dtype, args.device)
     if not args.skip_hf:
-        results.append(bench_hf_generate(args, hf, prompts))
+        for b in args.hf_batch_sizes.split(","):
+            bs = len(prompts) if b.strip() == "all" else int(b)
+            results.append(bench_hf_generate(args, hf, prompts, bs))
     if not args.skip_hf_cb:
         cb = bench_hf_cb(args, hf, prompts)
         if cb is not None:

@@ -166,11 +166,16 @@ def _summary(res: SimulationResult, sched: Any, reqs: list[TraceRequest],
         "prefix_query_tokens": q,
         "prefix_hit_tokens": sched.prefix_cache_hit_tokens,
         "prefix_hit_rate": round(sched.prefix_cache_hit_tokens / q, 3) if q else 0.0,
-        "mean_ttft_s": round(float(np.mean(list(res.ttft.values()))), 4) if res.ttft else 0,
-        "mean_latency_s": round(float(np.mean(list(res.latency.values()))), 4)
-        if res.latency else 0,
+        "mean_ttft_s": _stat(res.ttft, np.mean),
+        "p99_ttft_s": _stat(res.ttft, lambda v: np.percentile(v, 99)),
+        "mean_latency_s": _stat(res.latency, np.mean),
+        "p99_latency_s": _stat(res.latency, lambda v: np.percentile(v, 99)),
         "leaked_blocks": sched.config.num_blocks - sched.num_free_blocks,
     }
+
+
+def _stat(values: dict[str, float], fn: Any) -> float:
+    return round(float(fn(list(values.values()))), 4) if values else 0.0
 
 
 def plot(res: SimulationResult, path: Union[str, Path]) -> None:

@@ -31,6 +31,8 @@ BlockAllocator::Impl::Impl(const BlockAllocatorConfig& c)
       prefix_caching(c.enable_prefix_caching),
       ref(c.num_blocks, 0),
       free_queue(c.num_blocks),
+      table(c.enable_prefix_caching ? c.num_blocks : 0),
+      child_head(c.enable_prefix_caching ? c.num_blocks : 0),
       cpu_ref(c.num_cpu_blocks, 0) {
   for (BlockId id = 0; id < num_blocks; ++id) free_queue.push_back(id);
   // Host ids are handed out lowest first: push them in reverse onto the stack.
@@ -41,7 +43,8 @@ BlockAllocator::Impl::Impl(const BlockAllocatorConfig& c)
     hash.resize(num_blocks);
     parent.resize(num_blocks);
     extra.assign(num_blocks, 0);
-    child_pos.assign(num_blocks, 0);
+    next_sibling.assign(num_blocks, -1);
+    prev_sibling.assign(num_blocks, -1);
     tokens.assign(static_cast<size_t>(num_blocks) * block_size, 0);
   }
 }
@@ -156,7 +159,11 @@ Status BlockAllocator::copy_on_write(BlockId* id, bool* copied) {
   if (impl_->ref[src] == 1 && !is_cached) return Status::kOk;  // private: write in place
   if (impl_->free_queue.empty()) return Status::kOutOfBlocks;
   BlockId dst = impl_->pop_free();  // src has ref >= 1, so it cannot be the popped block
-  impl_->release(&src, 1);
+  if (impl_->ref[src] == 1) {
+    impl_->pinned_sources.push_back(src);  // last reference: kept until the copy is taken
+  } else {
+    impl_->release(&src, 1);  // still shared: the last sharer may then write it in place
+  }
   impl_->pending_copies.emplace_back(src, dst);
   ++impl_->counters.cow_copies;
   *id = dst;
@@ -167,6 +174,8 @@ Status BlockAllocator::copy_on_write(BlockId* id, bool* copied) {
 std::vector<std::pair<int64_t, int64_t>> BlockAllocator::take_pending_copies() {
   std::vector<std::pair<int64_t, int64_t>> out;
   out.swap(impl_->pending_copies);
+  for (BlockId src : impl_->pinned_sources) impl_->release(&src, 1);  // in recording order
+  impl_->pinned_sources.clear();
   return out;
 }
 
@@ -183,25 +192,25 @@ std::string BlockAllocator::check_invariants() const {
     if (m.prefix_caching && m.cached[id]) {
       ++cached_total;
       cached_free += m.ref[id] == 0;
-      auto it = m.table.find(m.hash[id]);
-      if (it == m.table.end() || it->second != id)
-        err << "cached block " << id << " not in table; ";
+      if (m.table.find(m.hash[id]) != id) err << "cached block " << id << " not in table; ";
     }
   }
   if (zero != m.free_queue.size())
     err << "free queue size " << m.free_queue.size() << " != " << zero << "; ";
   if (cached_free != m.num_cached_free) err << "num_cached_free mismatch; ";
   if (cached_total != static_cast<int32_t>(m.table.size())) err << "table size mismatch; ";
+  // Sibling lists: every cached block exactly once, under its parent, links consistent.
   size_t num_children = 0;
-  for (const auto& kv : m.children) num_children += kv.second.size();
-  if (num_children != m.table.size()) err << "children index size mismatch; ";
-  for (const auto& kv : m.children) {
-    for (size_t i = 0; i < kv.second.size(); ++i) {
-      BlockId c = kv.second[i];
-      if (!m.cached[c] || m.parent[c] != kv.first || m.child_pos[c] != static_cast<int32_t>(i))
+  m.child_head.for_each([&](const BlockHash& parent, int32_t head) {
+    int32_t prev = -1;
+    for (int32_t c = head; c != -1 && num_children <= m.table.size(); c = m.next_sibling[c]) {
+      ++num_children;
+      if (!m.cached[c] || m.parent[c] != parent || m.prev_sibling[c] != prev)
         err << "children index entry " << c << " inconsistent; ";
+      prev = c;
     }
-  }
+  });
+  if (num_children != m.table.size()) err << "children index size mismatch; ";
   // Queue order: uncached blocks must precede cached ones (they are reused first).
   bool seen_cached = false;
   for (BlockId id = m.free_queue.front(); id != -1; id = m.free_queue.next(id)) {

@@ -4,19 +4,14 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "core/free_block_queue.h"
+#include "core/hash_index.h"
 #include "pagedkv/block_allocator.h"
 
 namespace pagedkv {
-
-struct BlockHashHasher {
-  size_t operator()(const BlockHash& h) const { return static_cast<size_t>(h.lo ^ (h.hi >> 7)); }
-};
 
 struct BlockAllocator::Impl {
   explicit Impl(const BlockAllocatorConfig& c);
@@ -34,13 +29,19 @@ struct BlockAllocator::Impl {
   std::vector<BlockHash> parent;  // [num_blocks] parent hash, valid when cached
   std::vector<uint64_t> extra;    // [num_blocks] extra key, valid when cached
   std::vector<int32_t> tokens;    // [num_blocks * block_size] tokens, valid when cached
-  std::unordered_map<BlockHash, BlockId, BlockHashHasher> table;  // hash -> cached block
-  // parent hash -> its cached children, for partial-block matching.
-  std::unordered_map<BlockHash, std::vector<BlockId>, BlockHashHasher> children;
-  std::vector<int32_t> child_pos;  // [num_blocks] slot of a cached block in its parent's list
-  int32_t num_cached_free = 0;     // cached blocks with ref 0
+  detail::HashIndex table;        // hash -> cached block
+  // parent hash -> its most recently registered cached child; the other children follow
+  // through next_sibling (for partial-block matching; O(1) unlink on eviction).
+  detail::HashIndex child_head;
+  std::vector<int32_t> next_sibling;  // [num_blocks] int32, -1 = none
+  std::vector<int32_t> prev_sibling;  // [num_blocks] int32, -1 = head of its list
+  int32_t num_cached_free = 0;        // cached blocks with ref 0
 
   std::vector<std::pair<int64_t, int64_t>> pending_copies;  // (src, dst) for copy_blocks
+  // Copy sources that no sequence references any more keep one reference until
+  // take_pending_copies(), so no allocation in the same step (a swap-in, which the step plan
+  // applies before copies) can take and overwrite them before the copy has run.
+  std::vector<BlockId> pinned_sources;
 
   // ---- host swap pool ----
   std::vector<int32_t> cpu_ref;   // [num_cpu_blocks] int32

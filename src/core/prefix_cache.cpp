@@ -10,18 +10,17 @@
 namespace pagedkv {
 
 void BlockAllocator::Impl::uncache(BlockId id) {
-  auto it = table.find(hash[id]);
-  if (it != table.end() && it->second == id) table.erase(it);
-  // O(1) swap-remove from the parent's child list (child_pos tracks each block's slot there).
-  auto ch = children.find(parent[id]);
-  if (ch != children.end()) {
-    auto& v = ch->second;
-    int32_t pos = child_pos[id];
-    v[pos] = v.back();
-    child_pos[v[pos]] = pos;
-    v.pop_back();
-    if (v.empty()) children.erase(ch);
+  if (table.find(hash[id]) == id) table.erase(hash[id]);
+  // O(1) unlink from the parent's sibling list.
+  int32_t prev = prev_sibling[id], next = next_sibling[id];
+  if (prev != -1) {
+    next_sibling[prev] = next;
+  } else if (next != -1) {
+    child_head.put(parent[id], next);
+  } else {
+    child_head.erase(parent[id]);
   }
+  if (next != -1) prev_sibling[next] = prev;
   cached[id] = 0;
 }
 
@@ -35,9 +34,9 @@ bool BlockAllocator::Impl::block_matches(BlockId id, const BlockHash& parent_has
 BlockId BlockAllocator::Impl::lookup(const BlockHash& h, const BlockHash& parent_hash,
                                      const int32_t* toks, uint64_t extra_key,
                                      bool* collided) const {
-  auto it = table.find(h);
-  if (it == table.end()) return kNoBlock;
-  if (block_matches(it->second, parent_hash, toks, extra_key)) return it->second;
+  BlockId id = table.find(h);
+  if (id == detail::HashIndex::kNone) return kNoBlock;
+  if (block_matches(id, parent_hash, toks, extra_key)) return id;
   if (collided) *collided = true;
   return kNoBlock;
 }
@@ -114,8 +113,8 @@ int32_t BlockAllocator::match_prefix_tokens(const int32_t* tokens, size_t num_to
   size_t want = std::min(cap - done, static_cast<size_t>(m.block_size - 1));
   if (want == 0 || m.free_queue.empty()) return static_cast<int32_t>(done);
   BlockHash h = full > 0 ? (*hs)[hs_first + full - 1] : kRootHash;
-  auto ch = m.children.find(h);
-  if (ch == m.children.end()) return static_cast<int32_t>(done);
+  BlockId head = m.child_head.find(h);
+  if (head == detail::HashIndex::kNone) return static_cast<int32_t>(done);
   // Longest common prefix with the next tokens over the cached children of the last block.
   const int32_t* rest = tokens + done;
   BlockId best = kNoBlock;
@@ -125,11 +124,10 @@ int32_t BlockAllocator::match_prefix_tokens(const int32_t* tokens, size_t num_to
   // A bounded scan (a parent such as the root can have thousands of cached children): the
   // kPartialScan most recently registered ones, stopping early at a best possible match.
   constexpr size_t kPartialScan = 64;
-  const auto& kids = ch->second;
-  for (size_t i = kids.size(), seen = 0; i-- > 0 && seen < kPartialScan && best_k < want;) {
-    BlockId c = kids[i];
-    if (m.extra[c] != extra_key || (last_free_only && m.ref[c] == 0)) continue;
+  size_t seen = 0;
+  for (BlockId c = head; c != -1 && seen < kPartialScan && best_k < want; c = m.next_sibling[c]) {
     ++seen;
+    if (m.extra[c] != extra_key || (last_free_only && m.ref[c] == 0)) continue;
     const int32_t* ct = &m.tokens[static_cast<size_t>(c) * m.block_size];
     size_t k = 0;
     while (k < want && ct[k] == rest[k]) ++k;
@@ -140,7 +138,7 @@ int32_t BlockAllocator::match_prefix_tokens(const int32_t* tokens, size_t num_to
   // back to the tail of the free queue (most recently used) if nobody else holds it.
   m.acquire(best);  // now free_queue is not empty (see last_free_only)
   BlockId dst = m.pop_free();
-  m.release(&best, 1);
+  m.pinned_sources.push_back(best);  // released by take_pending_copies()
   m.pending_copies.emplace_back(best, dst);
   ++m.counters.cow_copies;
   out->push_back(dst);
@@ -169,11 +167,13 @@ Status BlockAllocator::try_cache_full_block(BlockId id, const BlockHash& parent,
   if (out) *out = h;
   if (!m.prefix_caching) return Status::kOk;
   if (m.cached[id]) return m.hash[id] == h ? Status::kOk : Status::kInvalidArgument;
-  if (m.table.count(h)) return Status::kOk;  // duplicate content: stays uncached
-  m.table.emplace(h, id);
-  auto& kids = m.children[parent];
-  m.child_pos[id] = static_cast<int32_t>(kids.size());
-  kids.push_back(id);
+  if (m.table.find(h) != detail::HashIndex::kNone) return Status::kOk;  // duplicate: uncached
+  m.table.put(h, id);
+  BlockId head = m.child_head.find(parent);  // becomes the newest child of `parent`
+  m.next_sibling[id] = head;
+  m.prev_sibling[id] = -1;
+  if (head != detail::HashIndex::kNone) m.prev_sibling[head] = id;
+  m.child_head.put(parent, id);
   m.cached[id] = 1;
   m.hash[id] = h;
   m.parent[id] = parent;
@@ -188,7 +188,7 @@ void BlockAllocator::reset_prefix_cache() {
   if (!m.prefix_caching) return;
   std::fill(m.cached.begin(), m.cached.end(), 0);
   m.table.clear();
-  m.children.clear();
+  m.child_head.clear();
   m.num_cached_free = 0;
 }
 

@@ -139,12 +139,14 @@ bool Scheduler::Impl::try_swap_in(Request* req, int32_t* budget) {
   const int32_t held = static_cast<int32_t>(req->cpu_blocks.size());
   const int32_t grow = std::max(kv.blocks_for(req->num_computed + num_new) - held, 0);
   if (held + grow > kv.num_free_blocks()) return false;
+  if (!kv.swap_in(*req, &plan.blocks_to_swap_in)) return false;  // stays swapped out
   swapped.erase(req);
-  kv.swap_in(*req, &plan.blocks_to_swap_in);
-  kv.ensure_slots(*req, req->num_computed + num_new);
   req->state = RequestState::kRunning;
-  req->num_scheduled = num_new;
   admitted.push_back(req);
+  // Room was checked above; should the allocator still refuse, it runs from the next step on
+  // (where the running loop can preempt for it) instead of being scheduled without slots.
+  if (!kv.ensure_slots(*req, req->num_computed + num_new)) return false;
+  req->num_scheduled = num_new;
   entries.push_back({req, num_new, req->in_prefill()});
   *budget -= num_new;
   return true;

@@ -82,6 +82,7 @@ nb::ndarray<nb::numpy, int64_t> pairs_view(const StepPlan& plan, const BlockPair
 }
 
 std::vector<int32_t> to_token_ids(nb::handle obj, const char* name) {
+  if (obj.is_none()) return {};
   nb::object seq = nb::borrow(obj);
   if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq) &&
       nb::hasattr(seq, "tolist")) {
@@ -184,7 +185,20 @@ void bind_config(nb::module_& m) {
       .def_prop_ro("max_model_len", &SchedulerConfig::effective_max_model_len,
                    "Longest prompt + max_tokens (default: num_blocks * block_size)")
       .def_prop_ro("max_blocks_per_seq", &SchedulerConfig::max_blocks_per_seq,
-                   "Row width of StepPlan.block_tables");
+                   "Row width of StepPlan.block_tables")
+      .def("__repr__", [](const SchedulerConfig& c) {
+        auto b = [](bool v) { return v ? "True" : "False"; };
+        return "SchedulerConfig(num_blocks=" + std::to_string(c.num_blocks) +
+               ", block_size=" + std::to_string(c.block_size) +
+               ", max_num_seqs=" + std::to_string(c.max_num_seqs) +
+               ", max_num_batched_tokens=" + std::to_string(c.max_num_batched_tokens) +
+               ", enable_chunked_prefill=" + b(c.enable_chunked_prefill) +
+               ", enable_prefix_caching=" + b(c.enable_prefix_caching) +
+               ", num_cpu_blocks=" + std::to_string(c.num_cpu_blocks) + ", preemption_mode='" +
+               (c.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute") + "', policy='" +
+               (c.policy == SchedulingPolicy::kPriority ? "priority" : "fcfs") +
+               "', max_model_len=" + std::to_string(c.effective_max_model_len()) + ")";
+      });
 }
 
 void bind_plan(nb::module_& m) {
@@ -285,9 +299,9 @@ void bind_scheduler(nb::module_& m) {
             s.remember(slot, request_id);
           },
           nb::arg("request_id"), nb::arg("prompt_token_ids"), nb::arg("max_tokens"),
-          nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids") = nb::tuple(),
+          nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids").none() = nb::tuple(),
           nb::arg("priority") = 0, nb::arg("ignore_eos") = false, nb::arg("min_tokens") = 0,
-          nb::arg("cache_salt") = 0,
+          nb::arg("cache_salt").none() = 0,
           "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
           "> max_model_len, or a request that could never fit in num_blocks.")
       .def(

@@ -7,6 +7,7 @@
 
 #include "ops/cpu/fp8.h"
 #include "ops/cpu/half.h"
+#include "ops/cpu/vec.h"
 #include "pagedkv/ops.h"
 
 namespace pagedkv {
@@ -22,6 +23,27 @@ TEST(HalfConversion, RoundTripsEveryFp16) {
   EXPECT_EQ(cpu_ops::float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even mantissa
   EXPECT_EQ(cpu_ops::float_to_bf16(1.0f + 1.0f / 256), 0x3f80);
   EXPECT_EQ(cpu_ops::float_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+}
+
+TEST(HalfConversion, VectorPathMatchesScalarForEveryFp16) {
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
+  std::vector<float> got(all.size());
+  cpu_ops::load_row(all.data(), DType::kFloat16, got.data(), static_cast<int>(all.size()));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float want = cpu_ops::half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got[h])) << h;
+    } else {
+      EXPECT_EQ(cpu_ops::float_to_bits(got[h]), cpu_ops::float_to_bits(want)) << h;
+    }
+  }
+  // Spot values: 1.0, -2.0, the smallest subnormal, 65504 and -inf.
+  EXPECT_EQ(got[0x3c00], 1.0f);
+  EXPECT_EQ(got[0xc000], -2.0f);
+  EXPECT_EQ(got[0x0001], std::ldexp(1.0f, -24));
+  EXPECT_EQ(got[0x7bff], 65504.0f);
+  EXPECT_EQ(got[0xfc00], -INFINITY);
 }
 
 TEST(Fp8Conversion, RoundTripsEveryCodeAndSaturates) {

@@ -179,6 +179,17 @@ def test_n_samples_fork_and_match_single_requests(llm, reference):
     b = llm.generate([PROMPTS[3], PROMPTS[1]], params, use_tqdm=False)[1]
     assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
     assert len({tuple(c.token_ids) for c in a.outputs}) > 1  # the samples differ
+    # best_of=3, n=1 returns the most likely of the same three samples.
+    scored = llm.generate(PROMPTS[1], SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=7,
+                                                     max_tokens=20, logprobs=0),
+                          use_tqdm=False)[0].outputs
+    assert [c.token_ids for c in scored] == [c.token_ids for c in a.outputs]
+    best = llm.generate(PROMPTS[1], SamplingParams(n=1, best_of=3, temperature=1.0, top_p=0.9,
+                                                   seed=7, max_tokens=20),
+                        use_tqdm=False)[0].outputs
+    winner = max(scored, key=lambda c: c.cumulative_logprob)
+    assert len(best) == 1 and best[0].token_ids == winner.token_ids
+    assert best[0].cumulative_logprob == pytest.approx(winner.cumulative_logprob, abs=1e-4)
     assert_no_leak(llm)
 
 

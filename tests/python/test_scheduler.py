@@ -146,7 +146,7 @@ def test_stop_rules_eos_stop_ids_min_tokens_ignore_eos() -> None:
     s.add_request("eos", [1, 2], 10, eos_token_id=0)
     s.add_request("stop", [1, 2], 10, stop_token_ids=[5, 6])
     s.add_request("min", [1, 2], 10, eos_token_id=0, min_tokens=2)
-    s.add_request("ign", [1, 2], 2, eos_token_id=0, ignore_eos=True)
+    s.add_request("ign", (1, 2), 2, eos_token_id=0, ignore_eos=True, stop_token_ids=None)
     assert s.update(s.schedule(), [0, 6, 0, 0]) == ["eos", "stop"]
     assert s.update(s.schedule(), [0, 0]) == ["min", "ign"]
     assert s.num_free_blocks == 64
@@ -318,3 +318,17 @@ def test_waiting_high_priority_preempts_low_priority_running(mode: str) -> None:
     assert s.num_preemptions >= 1
     ids, _ = run("fcfs")
     assert "vip" not in ids
+
+
+def test_config_repr_round_trips_and_exposes_fields() -> None:
+    cfg = SchedulerConfig(100, 8, max_num_seqs=7, max_num_batched_tokens=99,
+                          enable_chunked_prefill=False, enable_prefix_caching=False,
+                          num_cpu_blocks=5, preemption_mode="swap", policy="priority",
+                          max_model_len=64)
+    again = eval(repr(cfg), {"SchedulerConfig": SchedulerConfig})
+    fields = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+              "enable_chunked_prefill", "enable_prefix_caching", "num_cpu_blocks",
+              "preemption_mode", "policy", "max_model_len", "max_blocks_per_seq")
+    assert [getattr(again, f) for f in fields] == [getattr(cfg, f) for f in fields]
+    assert (cfg.max_model_len, cfg.max_blocks_per_seq) == (64, 8)
+    assert SchedulerConfig(10, 16).max_model_len == 160  # default: the cache capacity

@@ -49,10 +49,11 @@ def engine_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     return kw
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int = 128) -> None:
+def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int = 128,
+                           temperature: float = 0.7) -> None:
     g = parser.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=max_tokens, help="tokens to generate at most")
-    g.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    g.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob")

@@ -63,6 +63,8 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
     const int64_t block = p.tables(seq, t / bs);
+    if (t + n < t_end) p.k.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
+                                    static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
     int64_t ld = D;
     const float* k = p.k.rows(block, kh, off, &ld);
     if (!k) {
@@ -87,6 +89,8 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
     const int64_t block = p.tables(seq, t / bs);
+    if (t + n < t_end) p.v.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
+                                    static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
     if (transposed) {
       // acc[g, d] += sum_j w[g, j] * vt[d, j] over the whole (zero-padded) block.
       p.v.load_transposed(block, kh, off, n, tile);
@@ -114,6 +118,13 @@ int64_t window_start(const DecodeProblem& p, int64_t seq_len) {
   return p.window > 0 ? std::max<int64_t>(0, seq_len - p.window) : 0;
 }
 
+// Multiply-adds of a decode call, for parallel_for's serial cut-off.
+int64_t decode_work(const DecodeProblem& p, int64_t num_seqs) {
+  int64_t keys = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) keys += p.seq_lens[s];
+  return 2 * keys * p.num_heads * p.head_size;
+}
+
 void run_v1(const DecodeProblem& p, int64_t num_seqs) {
   parallel_for(num_seqs * p.num_kv_heads, [&](int64_t item) {
     thread_local std::vector<float> state;
@@ -130,7 +141,7 @@ void run_v1(const DecodeProblem& p, int64_t num_seqs) {
       scale_row(inv, st.acc + g * D, D);
       store_row(st.acc + g * D, p.out.dtype, p.out.row(seq, kh * G + g), D);
     }
-  });
+  }, decode_work(p, num_seqs));
 }
 
 void run_v2(const DecodeProblem& p, int64_t num_seqs) {
@@ -158,7 +169,7 @@ void run_v2(const DecodeProblem& p, int64_t num_seqs) {
       scale_row(inv, st.acc + g * D, D);
       store_row(st.acc + g * D, p.tmp_dtype, p.tmp_out + idx * D * tmp_elem, D);
     }
-  });
+  }, decode_work(p, num_seqs));
   // Phase 2: merge the partitions of each (sequence, head) in fp32.
   parallel_for(num_seqs * H, [&](int64_t item) {
     thread_local std::vector<float> buf;
@@ -183,7 +194,7 @@ void run_v2(const DecodeProblem& p, int64_t num_seqs) {
     }
     scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
     store_row(acc, p.out.dtype, p.out.row(seq, h), D);
-  });
+  }, num_seqs * H * P * D);
 }
 
 DecodeProblem make_problem(const TensorView& out, const TensorView& query,

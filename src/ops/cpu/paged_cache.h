@@ -68,6 +68,23 @@ struct PagedCache {
            static_cast<int64_t>(h) * head_size;
   }
 
+  // Asks the memory system for tokens [t0, t0 + n) of `block`, head h, ahead of use. NHD rows of
+  // one head are num_heads * head_size elements apart (often > 4 KiB, beyond the hardware
+  // prefetcher); a vLLM-layout head is one contiguous run.
+  PAGEDKV_INLINE void prefetch(int64_t block, int h, int t0, int n) const {
+    const char* blk = base + block * block_stride;
+    const int64_t row = static_cast<int64_t>(head_size) * elem;
+    if (layout == KVLayout::kNHD) {
+      for (int t = 0; t < n; ++t) {
+        const char* r = blk + ((static_cast<int64_t>(t0 + t) * num_heads + h) * head_size) * elem;
+        for (int64_t b = 0; b < row; b += 64) __builtin_prefetch(r + b);
+      }
+    } else {
+      const char* r = blk + static_cast<int64_t>(h) * head_size * block_size * elem;
+      for (int64_t b = 0; b < row * block_size; b += 64) __builtin_prefetch(r + b);
+    }
+  }
+
   // Tokens [t0, t0 + n) of physical block `block`, head h -> dst [n, head_size] fp32.
   // (For the transposed vLLM value layout prefer load_transposed.)
   PAGEDKV_INLINE void load(int64_t block, int h, int t0, int n, float* dst) const {
@@ -78,10 +95,28 @@ struct PagedCache {
         convert(blk + ((static_cast<int64_t>(t0 + t) * num_heads + h) * D) * elem, dst + t * D, D);
     } else if (is_key) {
       const char* head = blk + static_cast<int64_t>(h) * D * bs * elem;
-      for (int c = 0; c < D / x; ++c)
-        for (int t = 0; t < n; ++t)
-          convert(head + (static_cast<int64_t>(c) * bs * x + (t0 + t) * x) * elem,
-                  dst + t * D + c * x, x);
+      // Chunks of x elements = 16 bytes: fixed-size copies / conversions (no memcpy calls).
+      for (int c = 0; c < D / x; ++c) {
+        const char* src = head + (static_cast<int64_t>(c) * bs * x + t0 * x) * elem;
+        float* out = dst + c * x;
+        if (fp8) {
+          for (int t = 0; t < n; ++t) load_row_fp8(reinterpret_cast<const uint8_t*>(src) + t * 16,
+                                                  fp8, scale, out + t * D, 16);
+        } else if (dtype == DType::kFloat32) {
+          for (int t = 0; t < n; ++t) std::memcpy(out + t * D, src + t * 16, 16);
+        } else if (dtype == DType::kFloat16) {
+          // The chunk's n tokens are contiguous: convert them in one run, then place them.
+          float run[32 * 8];
+          for (int t = 0; t < n; t += 32) {
+            const int m = n - t < 32 ? n - t : 32;
+            load_row(src + t * 16, DType::kFloat16, run, m * 8);
+            for (int j = 0; j < m; ++j) std::memcpy(out + (t + j) * D, run + j * 8, 32);
+          }
+        } else {
+          for (int t = 0; t < n; ++t)
+            bf16x8_to_float(reinterpret_cast<const uint16_t*>(src + t * 16), out + t * D);
+        }
+      }
     } else {
       float run[256];
       const char* head = blk + static_cast<int64_t>(h) * D * bs * elem;

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wrap each prompt as a user message in the model's chat template")
     parser.add_argument("-n", type=int, default=1, help="completions per prompt")
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
-    add_sampling_arguments(parser)
+    # Greedy by default: the same command prints the same text every time.
+    add_sampling_arguments(parser, max_tokens=64, temperature=0.0)
     add_engine_arguments(parser)
 
 

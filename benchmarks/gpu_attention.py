@@ -1,0 +1,246 @@
+"""GPU paged attention vs contiguous torch SDPA (cuDNN / FlashAttention backends), gather + SDPA
+and the card's copy bandwidth. One run prints one table.
+
+    python benchmarks/gpu_attention.py [--quick]
+
+bf16, Hq=32, Hkv=8, D=128, block 16, NHD cache with randomly permuted blocks. Times are medians
+of CUDA-graph replays (each replay runs the op over several rotating buffer sets whose total
+size exceeds the L2 cache, so every call reads from HBM), after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from typing import Callable, Optional
+
+import pagedkv
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HQ, HKV, D, BS = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+ROTATE_BYTES = 256 << 20  # buffers cycled per replay: > 50 MB of L2
+DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 4096), (64, 2048), (256, 512), (32, 8192)]
+PREFILL_SHAPES = [(1, 8192), (8, 2048), (32, 512)]
+
+
+ops = pagedkv.ops
+
+
+def time_graph(calls: list[Callable[[], None]], reps: int = 15) -> float:
+    """Median seconds per call: the calls are captured once in a CUDA graph and replayed."""
+    for c in calls:  # warm-up (also triggers lazy init outside the capture)
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def try_time(make: Callable[[], list[Callable[[], None]]]) -> Optional[float]:
+    try:
+        return time_graph(make())
+    except Exception as e:  # a backend that refuses the shape is reported as n/a
+        print(f"    (n/a: {type(e).__name__}: {str(e).splitlines()[0][:90]})")
+        return None
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    n = 1 << 28  # 512 MiB of bf16
+    a = torch.empty(n, dtype=DTYPE, device="cuda").normal_()
+    b = torch.empty_like(a)
+    t = time_graph([lambda: b.copy_(a)] * 4)
+    return 2 * a.numel() * a.element_size() / t
+
+
+def decode_partition(num_seqs: int, max_len: int, sms: int) -> int:
+    """Split-K heuristic: enough (sequence, KV head, partition) CTAs for ~8 per SM; 0 = v1."""
+    ctas = num_seqs * HKV
+    parts = math.ceil(8 * sms / ctas)
+    if parts <= 1:
+        return 0
+    return max(64, math.ceil(max_len / parts / BS) * BS)
+
+
+def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
+    nblk = math.ceil(seq_len / BS)
+    nb = num_seqs * nblk
+    if kv_dtype == "auto":
+        kc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+        vc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    else:
+        kc = torch.randn(nb, BS, HKV, D, device="cuda").to(torch.float8_e4m3fn).view(torch.uint8)
+        vc = torch.randn(nb, BS, HKV, D, device="cuda").to(torch.float8_e4m3fn).view(torch.uint8)
+    tables = torch.randperm(nb, device="cuda", dtype=torch.int32).view(num_seqs, nblk)
+    return kc, vc, tables
+
+
+def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
+    kv_bytes = 2 * b * length * HKV * D * (2 if kv_dtype == "auto" else 1)
+    n_sets = max(1, min(8, ROTATE_BYTES // kv_bytes))
+    caches = [make_cache(b, length, kv_dtype) for _ in range(n_sets)]
+    q = torch.randn(b, HQ, D, dtype=DTYPE, device="cuda")
+    out = torch.empty_like(q)
+    sl = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    ps = decode_partition(b, length, sms)
+    parts = math.ceil(length / ps) if ps else 1
+    es = torch.empty(b, HQ, parts, device="cuda")
+    ml, tmp = torch.empty_like(es), torch.empty(b, HQ, parts, D, device="cuda")
+
+    def ours(kc, vc, bt):
+        args = (q, kc, vc, HKV, D ** -0.5, bt, sl, BS, length, None, kv_dtype, 1.0, 1.0)
+        if ps:
+            return lambda: ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=ps)
+        return lambda: ops.paged_attention_v1(out, *args)
+
+    res = {"ours": time_graph([ours(*c) for c in caches]), "bytes": kv_bytes, "ps": ps}
+    if kv_dtype != "auto":
+        return res
+    qs = q.view(b, HQ, 1, D)
+    contig = []
+    for kc, vc, bt in caches:  # the same data laid out contiguously [b, hkv, L, d]
+        k = kc[bt.long()].reshape(b, -1, HKV, D)[:, :length].transpose(1, 2).contiguous()
+        v = vc[bt.long()].reshape(b, -1, HKV, D)[:, :length].transpose(1, 2).contiguous()
+        contig.append((k, v))
+
+    def sdpa(backend):
+        def make():
+            def call(k, v):
+                def f():
+                    with sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+                return f
+            return [call(k, v) for k, v in contig]
+        return make
+
+    res["cudnn"] = try_time(sdpa(SDPBackend.CUDNN_ATTENTION))
+    res["flash"] = try_time(sdpa(SDPBackend.FLASH_ATTENTION))
+
+    def gather_make():
+        def call(kc, vc, bt):
+            def f():
+                k = kc[bt.long()].view(b, -1, HKV, D).transpose(1, 2)
+                v = vc[bt.long()].view(b, -1, HKV, D).transpose(1, 2)
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+            return f
+        return [call(*c) for c in caches]
+
+    res["gather"] = try_time(gather_make)
+    return res
+
+
+def bench_prefill(b: int, length: int) -> dict:
+    n = b * length
+    q = torch.randn(n, HQ, D, dtype=DTYPE, device="cuda")
+    k = torch.randn(n, HKV, D, dtype=DTYPE, device="cuda")
+    v = torch.randn(n, HKV, D, dtype=DTYPE, device="cuda")
+    out = torch.empty_like(q)
+    qsl = torch.arange(0, n + 1, length, dtype=torch.int32, device="cuda")
+    sl = torch.full((b,), length, dtype=torch.int32, device="cuda")
+    kc = torch.empty(1, BS, HKV, D, dtype=DTYPE, device="cuda")  # no cached prefix
+    bt = torch.zeros(b, 1, dtype=torch.int32, device="cuda")
+    res = {"flops": 4 * b * HQ * D * length * (length + 1) / 2}
+    res["ours"] = time_graph([lambda: ops.context_attention_fwd(
+        q, k, v, out, "auto", kc, kc, bt, qsl, sl, None, length)] * 3)
+    qs = q.view(b, length, HQ, D).transpose(1, 2)
+    ks = k.view(b, length, HKV, D).transpose(1, 2)
+    vs = v.view(b, length, HKV, D).transpose(1, 2)
+
+    def sdpa(backend):
+        def make():
+            def f():
+                with sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            return [f] * 3
+        return make
+
+    res["cudnn"] = try_time(sdpa(SDPBackend.CUDNN_ATTENTION))
+    res["flash"] = try_time(sdpa(SDPBackend.FLASH_ATTENTION))
+    return res
+
+
+def bench_cache_write(num_tokens: int) -> dict:
+    nb = math.ceil(num_tokens / BS) * 2
+    kc = torch.empty(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    vc = torch.empty_like(kc)
+    sets = []
+    per = 2 * 2 * num_tokens * HKV * D * 2  # read + write, keys and values
+    for _ in range(max(1, min(8, ROTATE_BYTES // per))):
+        key = torch.randn(num_tokens, HKV, D, dtype=DTYPE, device="cuda")
+        val = torch.randn_like(key)
+        slots = torch.randperm(nb * BS, device="cuda")[:num_tokens]
+        sets.append((key, val, slots))
+    t = time_graph([(lambda a=a, b_=b_, s=s: ops.reshape_and_cache_flash(a, b_, kc, vc, s))
+                    for a, b_, s in sets])
+    return {"ours": t, "bytes": per}
+
+
+def fmt(x: Optional[float], unit: float = 1e6) -> str:
+    return "n/a" if x is None else f"{x * unit:9.1f}"
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> str:
+    return "n/a" if a is None or b is None else f"{a / b:5.2f}x"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    bw = copy_bandwidth()
+    print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s")
+    dec = DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
+    print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
+    print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "
+          f"{'vs cuDNN':>8} {'vs FA2':>7} {'vs gath':>7} {'TB/s':>6} {'of copy':>7} "
+          f"{'fp8':>9} {'fp8 gain':>8}")
+    for b, length in dec:
+        r = bench_decode(b, length, sms)
+        r8 = bench_decode(b, length, sms, "fp8")
+        tbs = r["bytes"] / r["ours"]
+        print(f"{b:>4}*{length:<5} {r['ps']:>6} {fmt(r['ours'])} {fmt(r['cudnn'])} "
+              f"{fmt(r['flash'])} {fmt(r['gather'])} {ratio(r['cudnn'], r['ours']):>8} "
+              f"{ratio(r['flash'], r['ours']):>7} {ratio(r['gather'], r['ours']):>7} "
+              f"{tbs / 1e12:6.2f} {tbs / bw:7.2f} {fmt(r8['ours'])} "
+              f"{ratio(r['ours'], r8['ours']):>8}")
+        torch.cuda.empty_cache()
+    pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
+    print("\nPrefill, causal, no cached prefix (us; TFLOP/s of ours)")
+    print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
+          f"{'TFLOP/s':>8}")
+    for b, length in pre:
+        r = bench_prefill(b, length)
+        print(f"{b:>4}*{length:<5} {fmt(r['ours'])} {fmt(r['cudnn'])} {fmt(r['flash'])} "
+              f"{ratio(r['cudnn'], r['ours']):>8} {ratio(r['flash'], r['ours']):>7} "
+              f"{r['flops'] / r['ours'] / 1e12:8.1f}")
+        torch.cuda.empty_cache()
+    print("\nreshape_and_cache_flash (bytes read + written / time vs copy BW)")
+    for n in (256, 16384, 65536):
+        r = bench_cache_write(n)
+        tbs = r["bytes"] / r["ours"]
+        print(f"  tokens {n:>6}: {fmt(r['ours'])} us  {tbs / 1e12:5.2f} TB/s  "
+              f"{tbs / bw:5.2f} of copy")
+
+
+if __name__ == "__main__":
+    main()

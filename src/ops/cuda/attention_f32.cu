@@ -1,0 +1,11 @@
+// Instantiates the CUDA-core paged attention kernels for float queries (one file per query dtype
+// so the kernels compile in parallel).
+#include "ops/cuda/attention_kernel.cuh"
+
+namespace pagedkv::cuda_ops {
+
+void launch_attention_f32(const AttnParams& p, int cache_fp8, cudaStream_t s) {
+  launch_attention<float>(p, cache_fp8, s);
+}
+
+}  // namespace pagedkv::cuda_ops

@@ -1,0 +1,158 @@
+// Shared helpers of the CUDA kernels: error checks, the device guard, element conversions
+// (fp32 / fp16 / bf16 / fp8 e4m3 / e5m2) and vector loads and stores of 8 or 16 elements.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "pagedkv/error.h"
+#include "pagedkv/ops.h"
+#include "pagedkv/tensor.h"
+
+namespace pagedkv::cuda_ops {
+
+inline cudaStream_t to_cuda(Stream s) { return static_cast<cudaStream_t>(s); }
+
+// A failed CUDA call is a runtime error (not the caller's argument): report the op and the cause.
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so the next op starts clean
+    throw std::runtime_error(std::string("pagedkv CUDA error in ") + what + ": " +
+                             cudaGetErrorString(err));
+  }
+}
+// After a launch: catches bad launch configurations without synchronising.
+inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+// Makes `device` current for the scope of an op, so tensors on another GPU than the current one
+// get their kernels launched there (the caller's stream must belong to that device).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const Device& device) {
+    if (!device.is_cuda()) return;
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device.id) {
+      check_cuda(cudaSetDevice(device.id), "cudaSetDevice");
+      switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool switched_ = false;
+};
+
+inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+inline bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+inline int log2_int(int64_t v) {
+  int s = 0;
+  while ((int64_t{1} << s) < v) ++s;
+  return s;
+}
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// fp8 formats of a uint8 cache (0 = the cache holds the query dtype itself).
+enum Fp8Kind : int { kNoFp8 = 0, kE4M3 = 1, kE5M2 = 2 };
+inline int fp8_kind(KVCacheDType d) {
+  return d == KVCacheDType::kFp8E4M3 ? kE4M3 : d == KVCacheDType::kFp8E5M2 ? kE5M2 : kNoFp8;
+}
+
+// ---- scalar conversions ---------------------------------------------------------------------
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float fp8_to_float(uint8_t v, int kind) {
+  const __nv_fp8_interpretation_t f = kind == kE5M2 ? __NV_E5M2 : __NV_E4M3;
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(v, f)));
+}
+// Saturating, like vLLM: values past the format's range become its largest finite value.
+__device__ __forceinline__ uint8_t float_to_fp8(float x, int kind) {
+  const __nv_fp8_interpretation_t f = kind == kE5M2 ? __NV_E5M2 : __NV_E4M3;
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, f));
+}
+
+// Two fp8 values (low byte first) to two floats; hardware cvt on sm_89+.
+template <int KIND>
+__device__ __forceinline__ float2 fp8x2_to_float2(uint16_t v) {
+  constexpr __nv_fp8_interpretation_t f = KIND == kE5M2 ? __NV_E5M2 : __NV_E4M3;
+  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), f));
+  return __half22float2(h);
+}
+
+// ---- vector loads: N elements of type T starting at p into floats ---------------------------
+
+__device__ __forceinline__ uint4 ldg16(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// 8 x 16-bit elements held in a uint4 -> 8 floats.
+__device__ __forceinline__ void unpack8(const uint4& r, const __half*, float* f) {
+  const __half2* h = reinterpret_cast<const __half2*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __half22float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+__device__ __forceinline__ void unpack8(const uint4& r, const __nv_bfloat16*, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+// 16 fp8 values held in a uint4 -> 16 floats.
+template <int KIND>
+__device__ __forceinline__ void unpack16_fp8(const uint4& r, float* f) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(&r);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 v = fp8x2_to_float2<KIND>(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+// Stores 8 floats as T at p (16-byte aligned for 16-bit T, 32 bytes for float).
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float* f) {
+  if constexpr (sizeof(T) == 4) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  } else {
+    uint4 r;
+    T* h = reinterpret_cast<T*>(&r);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = from_float<T>(f[i]);
+    *reinterpret_cast<uint4*>(p) = r;
+  }
+}
+
+}  // namespace pagedkv::cuda_ops

@@ -1,0 +1,46 @@
+// paged_attention_v1 (single pass: one CTA per sequence and KV group) and paged_attention_v2
+// (split-K: one CTA per partition of `partition_size` keys, then an fp32 log-sum-exp reduction),
+// with vLLM's semantics for exp_sums / max_logits / tmp_out.
+#include "ops/cuda/attention_setup.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_reduce.h"
+
+namespace pagedkv::cuda_ops {
+
+void paged_attention_v1(const TensorView& out, const TensorView& query,
+                        const TensorView& key_cache, const TensorView& value_cache,
+                        int num_kv_heads, const TensorView& block_tables,
+                        const TensorView& seq_lens, int /*max_seq_len*/,
+                        const AttentionOptions& opts, Stream stream) {
+  DeviceGuard guard(query.device());
+  AttnParams p = make_attn_params(out, query, key_cache, value_cache, num_kv_heads, block_tables,
+                                  seq_lens, opts);
+  launch_attention(p, query.dtype(), opts.kv_cache_dtype, to_cuda(stream), "paged_attention_v1");
+}
+
+void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
+                        const TensorView& max_logits, const TensorView& tmp_out,
+                        const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens,
+                        int /*max_seq_len*/, const AttentionOptions& opts, int partition_size,
+                        Stream stream) {
+  DeviceGuard guard(query.device());
+  AttnParams p = make_attn_params(out, query, key_cache, value_cache, num_kv_heads, block_tables,
+                                  seq_lens, opts);
+  if (p.num_q == 0) return;
+  // The grid covers every partition the workspace has room for (fixed by the tensors' shapes,
+  // not by the data, so a captured CUDA graph stays valid when seq_lens change).
+  p.partition_size = partition_size;
+  p.max_parts = static_cast<int>(exp_sums.size(2));
+  p.exp_sums = exp_sums.data_as<float>();
+  p.max_logits = max_logits.data_as<float>();
+  p.tmp_out = tmp_out.data();
+  p.tmp_f32 = tmp_out.dtype() == DType::kFloat32;
+  PAGEDKV_CHECK(p.max_parts <= 32768, "exp_sums: at most 32768 partitions on CUDA");
+  const cudaStream_t s = to_cuda(stream);
+  launch_attention(p, query.dtype(), opts.kv_cache_dtype, s, "paged_attention_v2");
+  launch_decode_reduce(p, query.dtype(), s);
+}
+
+}  // namespace pagedkv::cuda_ops

@@ -1,0 +1,85 @@
+// Merges paged_attention_v2's per-partition results with an fp32 log-sum-exp: one CTA per
+// (query head, sequence); the partition weights live in shared memory.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/decode_reduce.h"
+
+namespace pagedkv::cuda_ops {
+namespace {
+
+constexpr int kThreads = 128;
+
+template <bool kMax>
+__device__ float block_reduce(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = scratch[0];
+#pragma unroll
+  for (int i = 1; i < kThreads / 32; ++i) r = kMax ? fmaxf(r, scratch[i]) : r + scratch[i];
+  __syncthreads();
+  return r;
+}
+
+template <typename QT, typename TT>
+__global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const AttnParams p) {
+  extern __shared__ float weights[];  // [max_parts]
+  __shared__ float scratch[kThreads / 32];
+  const int h = blockIdx.x, seq = blockIdx.y, D = p.head_size;
+  const int seq_len = p.seq_lens[seq];
+  const int n = seq_len <= 0 ? 0 : min(p.max_parts, (seq_len + p.partition_size - 1) / p.partition_size);
+  const int64_t row = (int64_t(seq) * p.num_heads + h) * p.max_parts;
+
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < n; i += kThreads) mx = fmaxf(mx, p.max_logits[row + i]);
+  mx = block_reduce<true>(mx, scratch);
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float ml = p.max_logits[row + i];
+    const float w = ml == -INFINITY ? 0.f : p.exp_sums[row + i] * __expf(ml - mx);
+    weights[i] = w;
+    sum += w;
+  }
+  sum = block_reduce<false>(sum, scratch);  // its barrier also publishes `weights`
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const TT* tmp = static_cast<const TT*>(p.tmp_out) + row * D;
+  QT* out = static_cast<QT*>(p.out) + int64_t(seq) * p.o_s_tok + int64_t(h) * p.o_s_head;
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    float o = 0.f;
+    for (int i = 0; i < n; ++i) {
+      if (weights[i] != 0.f) o += weights[i] * to_float(tmp[int64_t(i) * D + d]);
+    }
+    out[d] = from_float<QT>(o * inv);
+  }
+}
+
+template <typename QT>
+void launch_typed(const AttnParams& p, cudaStream_t s) {
+  const dim3 grid(p.num_heads, p.num_q);
+  const size_t smem = sizeof(float) * p.max_parts;
+  if (p.tmp_f32) {
+    auto k = decode_reduce_kernel<QT, float>;
+    if (smem > 48 * 1024) check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "decode_reduce");
+    k<<<grid, kThreads, smem, s>>>(p);
+  } else {
+    auto k = decode_reduce_kernel<QT, QT>;
+    if (smem > 48 * 1024) check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "decode_reduce");
+    k<<<grid, kThreads, smem, s>>>(p);
+  }
+}
+
+}  // namespace
+
+void launch_decode_reduce(const AttnParams& p, DType qdtype, cudaStream_t s) {
+  switch (qdtype) {
+    case DType::kFloat32: launch_typed<float>(p, s); break;
+    case DType::kFloat16: launch_typed<__half>(p, s); break;
+    default: launch_typed<__nv_bfloat16>(p, s); break;
+  }
+  check_launch("paged_attention_v2 (reduce)");
+}
+
+}  // namespace pagedkv::cuda_ops
