@@ -96,7 +96,16 @@ class GGUFFile:
         return items
 
     def config(self) -> ModelConfig:
-        return ModelConfig.from_gguf_metadata(self.metadata, {t[0] for t in self.tensors})
+        cfg = ModelConfig.from_gguf_metadata(self.metadata, {t[0] for t in self.tensors})
+        freqs = next((t for t in self.tensors if t[0] == "rope_freqs.weight"), None)
+        if freqs is not None:
+            # Llama 3.x GGUFs store the llama3 rope scaling as per-frequency divisors.
+            from gguf import quants
+
+            raw, kind = self.tensor_data(*freqs[1:])
+            factors = np.asarray(quants.dequantize(raw, kind), dtype=np.float32).reshape(-1)
+            cfg.rope_scaling = {"rope_type": "freq_factors", "factors": factors.tolist()}
+        return cfg
 
     def tensor_data(self, dims: list[int], qtype: int, offset: int) -> tuple[np.ndarray, Any]:
         """(raw bytes of one tensor as rows, its GGMLQuantizationType) for gguf.dequantize."""

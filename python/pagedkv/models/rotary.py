@@ -77,6 +77,8 @@ class RotaryEmbedding(nn.Module):
                 inv_freq = inv_freq / self.scaling["factor"]
             elif rope_type == "llama3":
                 inv_freq = _llama3_inv_freq(inv_freq, self.scaling)
+            elif rope_type == "freq_factors":  # GGUF rope_freqs tensor (llama.cpp's form)
+                inv_freq = inv_freq / torch.tensor(self.scaling["factors"], dtype=torch.float32)
             elif rope_type == "yarn":
                 inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, base, self.scaling,
                                                                  max_position)
