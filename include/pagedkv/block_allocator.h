@@ -10,9 +10,12 @@
 // Uncached free blocks go to its head (reused first); cached ones go to its tail and keep their
 // hash until popped for reuse (lazy eviction, least recently freed first).
 //
-// Ordering: execute the recorded copies and swap mappings in the order the calls were made and
-// before the step's KV writes: a block freed by one call (a copy's or swap's source) may be
-// handed out again by a later call in the same step.
+// Ordering: a step's block moves run before its KV writes, in the StepPlan's order: swap-outs,
+// swap-ins, then copies. Safe because a copy's source is either still referenced by another
+// sequence or kept referenced until take_pending_copies() (so a swap-in cannot take it), and
+// blocks freed by swap-outs are only read before anything is written into them. Do not swap a
+// sequence in and another out in the same step (a host block freed by the swap-in could be the
+// swap-out's destination).
 #pragma once
 
 #include <cstddef>
@@ -103,9 +106,13 @@ class BlockAllocator {
   // content must not change, allocates a fresh block, drops one ref of the old one, records the
   // (src, dst) pair for copy_blocks and updates *id. *copied tells whether that happened.
   // A private (ref 1) uncached block is returned unchanged. Errors: kInvalidBlock,
-  // kNotAllocated, kOutOfBlocks (nothing changed).
+  // kNotAllocated, kOutOfBlocks (nothing changed). When the dropped reference is the source's
+  // last one (a private cached block), the source stays referenced until
+  // take_pending_copies(), so nothing else can take and overwrite it before the copy runs.
   Status copy_on_write(BlockId* id, bool* copied);
-  // (src, dst) pairs recorded since the last call, for ops.copy_blocks. Clears the list.
+  // (src, dst) pairs recorded since the last call, for ops.copy_blocks. Clears the list and
+  // releases the sources kept alive for the copies (see copy_on_write, match_prefix_tokens):
+  // call it when the step's allocations are done (the scheduler: when it builds the plan).
   std::vector<std::pair<int64_t, int64_t>> take_pending_copies();
 
   // ---- prefix caching -------------------------------------------------------------------
@@ -142,6 +149,7 @@ class BlockAllocator {
   // (1 <= k < block_size, within max_tokens). If one exists, a fresh block (ref 1) is allocated,
   // the copy (cached block -> fresh block) is recorded in take_pending_copies(), and the fresh
   // block is appended to *out: its first k slots are valid, the sequence appends from slot k.
+  // The cached source keeps a reference until take_pending_copies().
   // Returns the number of cached tokens (full blocks * block_size + k); max_tokens < 0 = no
   // cap. Hashes are appended for the full blocks only. Never fails: without a free block it
   // skips the partial block.

@@ -3,6 +3,13 @@
 // Every function validates its arguments (shapes, dtypes, devices, ids in range) and throws
 // pagedkv::ValueError / TypeError naming the offending argument, then dispatches on the device
 // of its first array: CPU kernels (src/ops/cpu) or CUDA kernels (src/ops/cuda, when built).
+// Checks that read array *values* (block ids of the used block-table rows, seq_lens against
+// the table and max_seq_len, slots, query_start_loc, block mappings) run for host arrays only:
+// on the GPU they would need a device synchronisation, so CUDA callers get shape / dtype /
+// device checks and must pass consistent metadata. Head sizes must be kSupportedHeadSizes;
+// the vLLM layout needs head_size % x == 0 (fp8 with head size 120 needs the NHD layout).
+// sliding_window <= 0 means off; logit = soft_cap * tanh(scale q.k / soft_cap) (cap > 0), then
+// + alibi_slope * (key_pos - query_pos).
 // CUDA work is enqueued on `stream` and never synchronises or allocates, so it is CUDA-graph safe.
 //
 // KV-cache layouts, told apart by the key cache's rank:

@@ -159,7 +159,11 @@ Status BlockAllocator::copy_on_write(BlockId* id, bool* copied) {
   if (impl_->ref[src] == 1 && !is_cached) return Status::kOk;  // private: write in place
   if (impl_->free_queue.empty()) return Status::kOutOfBlocks;
   BlockId dst = impl_->pop_free();  // src has ref >= 1, so it cannot be the popped block
-  impl_->release(&src, 1);
+  if (impl_->ref[src] == 1) {
+    impl_->pinned_sources.push_back(src);  // last reference: kept until the copy is taken
+  } else {
+    impl_->release(&src, 1);  // still shared: the last sharer may then write it in place
+  }
   impl_->pending_copies.emplace_back(src, dst);
   ++impl_->counters.cow_copies;
   *id = dst;
@@ -170,6 +174,8 @@ Status BlockAllocator::copy_on_write(BlockId* id, bool* copied) {
 std::vector<std::pair<int64_t, int64_t>> BlockAllocator::take_pending_copies() {
   std::vector<std::pair<int64_t, int64_t>> out;
   out.swap(impl_->pending_copies);
+  for (BlockId src : impl_->pinned_sources) impl_->release(&src, 1);  // in recording order
+  impl_->pinned_sources.clear();
   return out;
 }
 

@@ -38,6 +38,10 @@ struct BlockAllocator::Impl {
   int32_t num_cached_free = 0;        // cached blocks with ref 0
 
   std::vector<std::pair<int64_t, int64_t>> pending_copies;  // (src, dst) for copy_blocks
+  // Copy sources that no sequence references any more keep one reference until
+  // take_pending_copies(), so no allocation in the same step (a swap-in, which the step plan
+  // applies before copies) can take and overwrite them before the copy has run.
+  std::vector<BlockId> pinned_sources;
 
   // ---- host swap pool ----
   std::vector<int32_t> cpu_ref;   // [num_cpu_blocks] int32

@@ -138,7 +138,7 @@ int32_t BlockAllocator::match_prefix_tokens(const int32_t* tokens, size_t num_to
   // back to the tail of the free queue (most recently used) if nobody else holds it.
   m.acquire(best);  // now free_queue is not empty (see last_free_only)
   BlockId dst = m.pop_free();
-  m.release(&best, 1);
+  m.pinned_sources.push_back(best);  // released by take_pending_copies()
   m.pending_copies.emplace_back(best, dst);
   ++m.counters.cow_copies;
   out->push_back(dst);

@@ -82,6 +82,7 @@ nb::ndarray<nb::numpy, int64_t> pairs_view(const StepPlan& plan, const BlockPair
 }
 
 std::vector<int32_t> to_token_ids(nb::handle obj, const char* name) {
+  if (obj.is_none()) return {};
   nb::object seq = nb::borrow(obj);
   if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq) &&
       nb::hasattr(seq, "tolist")) {
@@ -298,9 +299,9 @@ void bind_scheduler(nb::module_& m) {
             s.remember(slot, request_id);
           },
           nb::arg("request_id"), nb::arg("prompt_token_ids"), nb::arg("max_tokens"),
-          nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids") = nb::tuple(),
+          nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids").none() = nb::tuple(),
           nb::arg("priority") = 0, nb::arg("ignore_eos") = false, nb::arg("min_tokens") = 0,
-          nb::arg("cache_salt") = 0,
+          nb::arg("cache_salt").none() = 0,
           "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
           "> max_model_len, or a request that could never fit in num_blocks.")
       .def(

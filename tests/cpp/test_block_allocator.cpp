@@ -258,11 +258,12 @@ TEST(PrefixCache, PartialBlockReuseByCopy) {
   EXPECT_EQ(got[0], ids[0]);
   EXPECT_NE(got[1], ids[1]);
   EXPECT_EQ(a.ref_count(got[1]), 1);
-  EXPECT_EQ(a.ref_count(ids[1]), 0);  // the source stays cached and free
-  EXPECT_EQ(a.num_cached_free_blocks(), 1);
+  EXPECT_EQ(a.ref_count(ids[1]), 1);  // kept until the copy is taken
   auto copies = a.take_pending_copies();
   ASSERT_EQ(copies.size(), 1u);
   EXPECT_EQ(copies[0], Pair(ids[1], got[1]));
+  EXPECT_EQ(a.ref_count(ids[1]), 0);  // then the source stays cached and free
+  EXPECT_EQ(a.num_cached_free_blocks(), 1);
   EXPECT_EQ(a.counters().partial_hit_tokens, 2);
   EXPECT_EQ(a.counters().prefix_hits_tokens, 6);
   // max_tokens caps the partial part too.
@@ -285,6 +286,7 @@ TEST(PrefixCache, ManySiblingsEvictInO1AndPartialFindsRecentOnes) {
   std::vector<BlockId> got;
   EXPECT_EQ(a.match_prefix_tokens(q.data(), q.size(), 0, -1, &got, nullptr), 3);
   ASSERT_EQ(a.free(got.data(), got.size()), Status::kOk);
+  ASSERT_EQ(a.take_pending_copies().size(), 1u);  // releases the source
   std::vector<BlockId> all;  // evicts every cached block (siblings removed from the index)
   ASSERT_EQ(a.allocate(300, &all), Status::kOk);
   EXPECT_EQ(a.num_cached_blocks(), 0);

@@ -52,10 +52,9 @@ class Harness:
 
     def sync_copies(self) -> None:
         got = [tuple(p) for p in self.real.take_pending_copies().tolist()]
-        assert got == self.model.copies
+        assert got == self.model.take_copies()
         for src, dst in got:  # executed in call order, as the model runner would
             self.content[dst] = list(self.content.get(src, []))
-        self.model.copies.clear()
 
     def write(self, seq: Seq, t: int) -> None:
         j, pos = divmod(len(seq.tokens), self.bs)
@@ -135,7 +134,7 @@ class Harness:
         assert self.content[src][:best] == tokens[done:done + best]
         assert self.model.match_partial_apply(src) == dst == ids[-1]
         self.model.hits_tokens += best
-        self.model.copies.clear()
+        assert self.model.take_copies() == pend
         self.content[dst] = list(self.content[src])
         return ids, k
 

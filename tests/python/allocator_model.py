@@ -46,6 +46,7 @@ class AllocatorModel:
     cpu_ref: list[int] = field(init=False)
     cpu_free: list[int] = field(init=False)  # stack, top = end
     copies: list[tuple[int, int]] = field(init=False)
+    pins: list[int] = field(init=False)  # copy sources kept referenced until take_copies()
     evictions: int = 0
     hits_tokens: int = 0
     query_tokens: int = 0
@@ -53,7 +54,7 @@ class AllocatorModel:
     def __post_init__(self) -> None:
         self.ref = [0] * self.num_blocks
         self.queue = OrderedDict((i, None) for i in range(self.num_blocks))
-        self.meta, self.table, self.copies = {}, {}, []
+        self.meta, self.table, self.copies, self.pins = {}, {}, [], []
         self.cpu_ref = [0] * self.num_cpu_blocks
         self.cpu_free = list(reversed(range(self.num_cpu_blocks)))
 
@@ -122,9 +123,19 @@ class AllocatorModel:
         if not self.queue:
             raise ModelError("memory")
         dst = self._pop()
-        self._release([b])
+        if self.ref[b] == 1:
+            self.pins.append(b)  # its last reference: kept until the copy is taken
+        else:
+            self._release([b])
         self.copies.append((b, dst))
         return dst, True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        out, self.copies = self.copies, []
+        for b in self.pins:
+            self._release([b])
+        self.pins = []
+        return out
 
     # ---- prefix cache -------------------------------------------------------------------------
     def _lookup(self, h: Hash, parent: Hash, toks: tuple[int, ...], extra: int) -> int | None:
@@ -177,7 +188,7 @@ class AllocatorModel:
         """Applies the partial reuse of cached block `src`; returns the fresh block."""
         self._acquire(src)
         dst = self._pop()
-        self._release([src])
+        self.pins.append(src)
         self.copies.append((src, dst))
         return dst
 

@@ -123,7 +123,10 @@ def test_copy_on_write_of_cached_block_keeps_the_cached_content() -> None:
     a = BlockAllocator(4, 2)
     (b,) = cache_chain(a, [5, 6])
     new, copied = a.copy_on_write(b)
-    assert copied and a.ref_count(b) == 0 and a.num_cached_free_blocks == 1
+    assert copied and a.ref_count(b) == 1  # kept until the copy is taken: cannot be reused
+    assert a.allocate(2) and a.num_free_blocks == 0
+    assert a.take_pending_copies().tolist() == [[b, new]]
+    assert a.ref_count(b) == 0 and a.num_cached_free_blocks == 1
     assert a.match_prefix([5, 6, 7]) == [b]
 
 

@@ -60,3 +60,21 @@ def test_unsupported_architecture(tmp_path) -> None:
 
     with pytest.raises(ValueError, match="unsupported architecture"):
         load_model(str(tmp_path))
+
+
+def test_gguf_freq_factors_reproduce_llama3_rope() -> None:
+    """llama.cpp stores Llama 3's rope scaling as rope_freqs (base / scaled inverse frequency);
+    the rotary built from those divisors must equal the llama3 one."""
+    import torch
+    from pagedkv.models.rotary import RotaryEmbedding
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    ref = RotaryEmbedding(64, 512, 500000.0, llama3)
+    plain = RotaryEmbedding(64, 512, 500000.0, None)
+    factors = (plain.inv_freq / ref.inv_freq).tolist()
+    assert max(factors) > 7.9 and min(factors) == 1.0  # the scaling really does something
+    ff = RotaryEmbedding(64, 512, 500000.0, {"rope_type": "freq_factors", "factors": factors})
+    pos = torch.randint(0, 512, (50,))
+    for a, b in zip(ff.cos_sin(pos), ref.cos_sin(pos)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

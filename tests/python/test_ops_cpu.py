@@ -419,3 +419,35 @@ def test_seed000_chunked_prefill_then_decode(layout: str) -> None:
     want = ref.attention(q_all.double().numpy(), k_all.double().numpy(),
                          v_all.double().numpy(), np.arange(n), 1 / 8)
     assert ref.rel_error(got, want) < 2e-6
+
+
+def test_concurrent_calls_and_forked_child() -> None:
+    """Ops called from several Python threads at once (the GIL is released) and from a forked
+    child (whose copy of the thread pool has no workers) still give the right answers."""
+    import os
+    import threading
+
+    rng = np.random.default_rng(33)
+    kv = make_paged_kv(rng, "numpy", "float32", "nhd", "auto", [700, 300], 16, 2, 64)
+    q, q64 = rand_array(rng, (2, 8, 64), "numpy", "float32")
+    lens = np.array([700, 300], np.int32)
+    want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, lens, 0.1)
+
+    def run() -> np.ndarray:
+        return PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables,
+                                             lens, 700, "auto", 2, 0.1, None, 1.0, 1.0)
+
+    run()  # start the pool before forking
+    errors: list[float] = []
+    threads = [threading.Thread(target=lambda: errors.extend(
+        ref.rel_error(run(), want) for _ in range(5))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(errors) == 20 and max(errors) < 2e-6
+    pid = os.fork()
+    if pid == 0:  # child: exit code says whether the result was right
+        os._exit(0 if ref.rel_error(run(), want) < 2e-6 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

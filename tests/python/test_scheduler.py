@@ -146,7 +146,7 @@ def test_stop_rules_eos_stop_ids_min_tokens_ignore_eos() -> None:
     s.add_request("eos", [1, 2], 10, eos_token_id=0)
     s.add_request("stop", [1, 2], 10, stop_token_ids=[5, 6])
     s.add_request("min", [1, 2], 10, eos_token_id=0, min_tokens=2)
-    s.add_request("ign", [1, 2], 2, eos_token_id=0, ignore_eos=True)
+    s.add_request("ign", (1, 2), 2, eos_token_id=0, ignore_eos=True, stop_token_ids=None)
     assert s.update(s.schedule(), [0, 6, 0, 0]) == ["eos", "stop"]
     assert s.update(s.schedule(), [0, 0]) == ["min", "ign"]
     assert s.num_free_blocks == 64

@@ -68,9 +68,12 @@ def test_completion(client: openai.OpenAI) -> None:
     assert greedy(client).choices[0].text == choice.text
 
 
-def test_completion_stream_matches(client: openai.OpenAI) -> None:
-    full = greedy(client, max_tokens=16)
-    chunks = list(greedy(client, max_tokens=16, stream=True,
+@pytest.mark.parametrize("stop", [None, ["\n", " the"]])
+def test_completion_stream_matches(client: openai.OpenAI, stop) -> None:
+    full = greedy(client, max_tokens=16, stop=stop)
+    if stop:
+        assert not any(s in full.choices[0].text for s in stop)
+    chunks = list(greedy(client, max_tokens=16, stop=stop, stream=True,
                          stream_options={"include_usage": True}))
     *text_chunks, usage_chunk = chunks
     assert all(c.id == chunks[0].id and c.id.startswith("cmpl-") for c in chunks)

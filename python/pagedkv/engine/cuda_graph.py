@@ -37,6 +37,7 @@ class CudaGraphRunner:
         self.query_start_loc = torch.zeros(1, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)
         self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.num_replays = 0  # decode steps served by a graph (tests and logs read it)
         self._capture_all()
 
     def _backend(self, bs: int) -> PagedAttentionBackend:
@@ -83,6 +84,7 @@ class CudaGraphRunner:
             non_blocking=True)
         graph, out = self.graphs[bs]
         graph.replay()
+        self.num_replays += 1
         return out[:n]
 
 

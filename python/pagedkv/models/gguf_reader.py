@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 import re
+import struct
 from typing import Any, Iterator
 
 import numpy as np
@@ -22,33 +24,107 @@ _BLOCK_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# GGUF value type -> struct format (8 = string, 9 = array).
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                   10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
 # Tensors llama.cpp keeps for its own use; nothing in the HF model corresponds to them.
 _SKIPPED = {"rope_freqs.weight"}
 
 
-def open_gguf(path: str) -> Any:
-    import gguf
+class GGUFFile:
+    """A GGUF file's metadata and tensor directory, read with one pass over the header.
 
-    return gguf.GGUFReader(path)
+    The gguf package's own reader builds a numpy view per string of the vocabulary (100k+), which
+    costs seconds; here the big tokenizer arrays are skipped (the tokenizer is built by
+    transformers) and only the tensor data goes through ``gguf.quants.dequantize``.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as f:  # the mapping stays valid after the file is closed
+            self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._pos = 0
+        if self._buf[:4] != b"GGUF":
+            raise ValueError(f"{path!r} is not a GGUF file (bad magic)")
+        self._pos = 4
+        version = self._scalar("<I")
+        if version < 2:
+            raise ValueError(f"{path!r}: GGUF version {version} is not supported")
+        n_tensors, n_kv = self._scalar("<Q"), self._scalar("<Q")
+        self.metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            self.metadata[key] = self._value(self._scalar("<I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._string()
+            dims = [self._scalar("<Q") for _ in range(self._scalar("<I"))]
+            qtype, offset = self._scalar("<I"), self._scalar("<Q")
+            infos.append((name, dims, qtype, offset))
+        align = int(self.metadata.get("general.alignment", 32))
+        data_start = (self._pos + align - 1) // align * align
+        self.tensors = [(name, dims, qtype, data_start + off) for name, dims, qtype, off in infos]
+
+    def _scalar(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        (v,) = struct.unpack_from(fmt, self._buf, self._pos)
+        self._pos += size
+        return v
+
+    def _string(self) -> str:
+        n = self._scalar("<Q")
+        s = self._buf[self._pos:self._pos + n].decode("utf-8", errors="replace")
+        self._pos += n
+        return s
+
+    def _value(self, vtype: int) -> Any:
+        if vtype in _SCALAR_FORMATS:
+            return self._scalar(_SCALAR_FORMATS[vtype])
+        if vtype == _STRING:
+            return self._string()
+        if vtype != _ARRAY:
+            raise ValueError(f"{self.path!r}: unknown GGUF value type {vtype}")
+        item_type, count = self._scalar("<I"), self._scalar("<Q")
+        if item_type in _SCALAR_FORMATS:
+            fmt = _SCALAR_FORMATS[item_type]
+            size = struct.calcsize(fmt)
+            arr = np.frombuffer(self._buf, dtype=np.dtype(fmt), count=count, offset=self._pos)
+            self._pos += size * count
+            return arr
+        items = [self._value(item_type) for _ in range(count)]
+        return items
+
+    def config(self) -> ModelConfig:
+        cfg = ModelConfig.from_gguf_metadata(self.metadata, {t[0] for t in self.tensors})
+        freqs = next((t for t in self.tensors if t[0] == "rope_freqs.weight"), None)
+        if freqs is not None:
+            # Llama 3.x GGUFs store the llama3 rope scaling as per-frequency divisors.
+            from gguf import quants
+
+            raw, kind = self.tensor_data(*freqs[1:])
+            factors = np.asarray(quants.dequantize(raw, kind), dtype=np.float32).reshape(-1)
+            cfg.rope_scaling = {"rope_type": "freq_factors", "factors": factors.tolist()}
+        return cfg
+
+    def tensor_data(self, dims: list[int], qtype: int, offset: int) -> tuple[np.ndarray, Any]:
+        """(raw bytes of one tensor as rows, its GGMLQuantizationType) for gguf.dequantize."""
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        kind = GGMLQuantizationType(qtype)
+        block, type_size = GGML_QUANT_SIZES[kind]
+        rows = [int(d) for d in reversed(dims)]  # GGUF lists dims fastest-first
+        nbytes = int(np.prod(rows)) // block * type_size
+        raw = np.frombuffer(self._buf, dtype=np.uint8, count=nbytes, offset=offset)
+        return raw.reshape(*rows[:-1], rows[-1] // block * type_size), kind
 
 
-def gguf_metadata(reader: Any) -> dict[str, Any]:
-    """Scalar and string fields; the big tokenizer arrays are left out (the tokenizer reads
-    them itself)."""
-    meta: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key.rsplit(".", 1)[-1] in (
-                "tokens", "token_type", "merges", "scores"):
-            continue
-        try:
-            meta[key] = f.contents()
-        except Exception:  # exotic field types we never need
-            continue
-    return meta
+def open_gguf(path: str) -> GGUFFile:
+    return GGUFFile(path)
 
 
-def gguf_config(reader: Any) -> ModelConfig:
-    return ModelConfig.from_gguf_metadata(gguf_metadata(reader), {t.name for t in reader.tensors})
+def gguf_config(reader: GGUFFile) -> ModelConfig:
+    return reader.config()
 
 
 def hf_name(gguf_name: str) -> str:
@@ -67,18 +143,19 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def gguf_weights(reader: Any, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def gguf_weights(reader: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Dequantized float32 tensors named as in the HF checkpoint."""
     from gguf import quants
 
     # Only the "llama" GGUF architecture stores permuted q/k; qwen2 is written neox-style.
-    permuted = reader.fields["general.architecture"].contents() in ("llama", "mistral")
-    for t in reader.tensors:
-        if t.name in _SKIPPED:
+    permuted = reader.metadata["general.architecture"] in ("llama", "mistral")
+    for gguf_name, dims, qtype, offset in reader.tensors:
+        if gguf_name in _SKIPPED:
             continue
-        name = hf_name(t.name)
-        w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims fastest-first
+        name = hf_name(gguf_name)
+        raw, kind = reader.tensor_data(dims, qtype, offset)
+        w = np.asarray(quants.dequantize(raw, kind), dtype=np.float32)
+        w = w.reshape([int(d) for d in reversed(dims)])
         if permuted and ".q_proj." in name:
             w = _unpermute_rope(w, cfg.num_attention_heads)
         elif permuted and ".k_proj." in name:

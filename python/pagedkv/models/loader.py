@@ -76,12 +76,14 @@ def checkpoint_weights(source: ModelSource, config: ModelConfig
 
 
 def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """The model with uninitialised storage (no time spent on random init)."""
-    with torch.device("meta"):
-        model = model_class(config.architecture)(config)
-    model = model.to(dtype).to_empty(device=device)
-    if config.tie_word_embeddings:
-        model.tie_weights()  # to_empty may give the two modules separate tensors
+    """The model allocated on ``device`` in ``dtype``, parameters uninitialised."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_class(config.architecture)(config)
+    finally:
+        torch.set_default_dtype(previous)
     return model.eval()
 
 

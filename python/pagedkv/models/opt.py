@@ -9,7 +9,14 @@ from torch import nn
 
 from pagedkv.models.attention_backend import AttentionBackend
 from pagedkv.models.config import ModelConfig
-from pagedkv.models.layers import activation, check_all_loaded, load_weights_into
+from pagedkv.models.layers import (
+    Embedding,
+    LayerNorm,
+    Linear,
+    activation,
+    check_all_loaded,
+    load_weights_into,
+)
 
 _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
           (".v_proj.", ".qkv_proj.", 2)]
@@ -21,8 +28,8 @@ class OPTAttention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
-        self.out_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
+        self.out_proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
@@ -37,10 +44,10 @@ class OPTDecoderLayer(nn.Module):
         affine = cfg.layer_norm_elementwise_affine
         self.pre_norm = cfg.do_layer_norm_before
         self.self_attn = OPTAttention(cfg, layer_idx)
-        self.self_attn_layer_norm = nn.LayerNorm(cfg.hidden_size, elementwise_affine=affine)
-        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, elementwise_affine=affine)
+        self.self_attn_layer_norm = LayerNorm(cfg.hidden_size, affine=affine)
+        self.fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.final_layer_norm = LayerNorm(cfg.hidden_size, affine=affine)
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
@@ -58,17 +65,16 @@ class OPTDecoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         proj = cfg.word_embed_proj_dim or cfg.hidden_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, proj)
-        self.embed_positions = nn.Embedding(cfg.max_position_embeddings + _POSITION_OFFSET,
+        self.embed_tokens = Embedding(cfg.vocab_size, proj)
+        self.embed_positions = Embedding(cfg.max_position_embeddings + _POSITION_OFFSET,
                                             cfg.hidden_size)
-        self.project_in = nn.Linear(proj, cfg.hidden_size, bias=False) \
+        self.project_in = Linear(proj, cfg.hidden_size, bias=False) \
             if proj != cfg.hidden_size else None
-        self.project_out = nn.Linear(cfg.hidden_size, proj, bias=False) \
+        self.project_out = Linear(cfg.hidden_size, proj, bias=False) \
             if proj != cfg.hidden_size else None
         has_final = cfg.do_layer_norm_before and not cfg.extra.get("remove_final_layer_norm")
-        self.final_layer_norm = nn.LayerNorm(
-            cfg.hidden_size, elementwise_affine=cfg.layer_norm_elementwise_affine) \
-            if has_final else None
+        self.final_layer_norm = LayerNorm(
+            cfg.hidden_size, affine=cfg.layer_norm_elementwise_affine) if has_final else None
         self.layers = nn.ModuleList(OPTDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
 
 
@@ -78,7 +84,7 @@ class OPTForCausalLM(nn.Module):
         self.config = cfg
         self.model = nn.Module()
         self.model.decoder = OPTDecoder(cfg)
-        self.lm_head = nn.Linear(cfg.word_embed_proj_dim or cfg.hidden_size, cfg.vocab_size,
+        self.lm_head = Linear(cfg.word_embed_proj_dim or cfg.hidden_size, cfg.vocab_size,
                                  bias=False)
         if cfg.tie_word_embeddings:
             self.tie_weights()

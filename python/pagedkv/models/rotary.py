@@ -77,6 +77,8 @@ class RotaryEmbedding(nn.Module):
                 inv_freq = inv_freq / self.scaling["factor"]
             elif rope_type == "llama3":
                 inv_freq = _llama3_inv_freq(inv_freq, self.scaling)
+            elif rope_type == "freq_factors":  # GGUF rope_freqs tensor (llama.cpp's form)
+                inv_freq = inv_freq / torch.tensor(self.scaling["factors"], dtype=torch.float32)
             elif rope_type == "yarn":
                 inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, base, self.scaling,
                                                                  max_position)
@@ -128,9 +130,10 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary on x [T, H, D] with cos/sin [T, D/2]."""
+    """Rotate-half rotary on x [T, H, D] with float32 cos/sin [T, D/2]."""
     half = x.shape[-1] // 2
-    cos = cos[:, None, :].to(x.dtype)
-    sin = sin[:, None, :].to(x.dtype)
+    if cos.dtype != x.dtype:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    cos, sin = cos[:, None, :], sin[:, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

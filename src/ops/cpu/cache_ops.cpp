@@ -80,7 +80,7 @@ void write_cache(const TensorView& key, const TensorView& value, const TensorVie
       write_token(k, i, kbase + b * kstride, k_lay, t, fp8, fmt, 1.0f / k_scale, elem, tmp);
       write_token(v, i, vbase + b * vstride, v_lay, t, fp8, fmt, 1.0f / v_scale, elem, tmp);
     }
-  });
+  }, n * H * D * 2 * (fp8 ? 8 : 1));
 }
 
 // Bytes of one block (all dims after the first, which are contiguous).
@@ -124,7 +124,7 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
       const int64_t src = map[i * m0], dst = map[i * m0 + m1];
       if (src != dst) std::memmove(base + dst * stride, base + src * stride, bytes);
     }
-  });
+  }, layers * pairs * (key_caches.empty() ? 0 : block_bytes(key_caches[0])) / 4);
 }
 
 void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping) {

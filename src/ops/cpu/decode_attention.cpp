@@ -118,6 +118,13 @@ int64_t window_start(const DecodeProblem& p, int64_t seq_len) {
   return p.window > 0 ? std::max<int64_t>(0, seq_len - p.window) : 0;
 }
 
+// Multiply-adds of a decode call, for parallel_for's serial cut-off.
+int64_t decode_work(const DecodeProblem& p, int64_t num_seqs) {
+  int64_t keys = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) keys += p.seq_lens[s];
+  return 2 * keys * p.num_heads * p.head_size;
+}
+
 void run_v1(const DecodeProblem& p, int64_t num_seqs) {
   parallel_for(num_seqs * p.num_kv_heads, [&](int64_t item) {
     thread_local std::vector<float> state;
@@ -134,7 +141,7 @@ void run_v1(const DecodeProblem& p, int64_t num_seqs) {
       scale_row(inv, st.acc + g * D, D);
       store_row(st.acc + g * D, p.out.dtype, p.out.row(seq, kh * G + g), D);
     }
-  });
+  }, decode_work(p, num_seqs));
 }
 
 void run_v2(const DecodeProblem& p, int64_t num_seqs) {
@@ -162,7 +169,7 @@ void run_v2(const DecodeProblem& p, int64_t num_seqs) {
       scale_row(inv, st.acc + g * D, D);
       store_row(st.acc + g * D, p.tmp_dtype, p.tmp_out + idx * D * tmp_elem, D);
     }
-  });
+  }, decode_work(p, num_seqs));
   // Phase 2: merge the partitions of each (sequence, head) in fp32.
   parallel_for(num_seqs * H, [&](int64_t item) {
     thread_local std::vector<float> buf;
@@ -187,7 +194,7 @@ void run_v2(const DecodeProblem& p, int64_t num_seqs) {
     }
     scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
     store_row(acc, p.out.dtype, p.out.row(seq, h), D);
-  });
+  }, num_seqs * H * P * D);
 }
 
 DecodeProblem make_problem(const TensorView& out, const TensorView& query,

@@ -124,9 +124,9 @@ int num_threads() {
   return n;
 }
 
-void parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, int64_t work) {
   if (n <= 0) return;
-  if (n > 1 && !t_in_parallel && num_threads() > 1) {
+  if (n > 1 && work >= kMinParallelWork && !t_in_parallel && num_threads() > 1) {
     Pool& p = pool();
     if (p.usable() && p.run(n, fn)) return;
   }

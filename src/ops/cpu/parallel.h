@@ -15,6 +15,12 @@ namespace pagedkv::cpu_ops {
 // Threads used by parallel_for: PAGEDKV_NUM_THREADS if set, else the CPUs this process may use.
 int num_threads();
 
-void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+// `work` estimates the total cost (roughly multiply-adds or bytes moved); below
+// kMinParallelWork the items run on the calling thread, since waking the workers costs more
+// than tiny calls (a decode step of a small model calls the ops once per layer).
+inline constexpr int64_t kMinParallelWork = int64_t{1} << 17;
+
+void parallel_for(int64_t n, const std::function<void(int64_t)>& fn,
+                  int64_t work = kMinParallelWork);
 
 }  // namespace pagedkv::cpu_ops

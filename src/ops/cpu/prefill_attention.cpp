@@ -56,11 +56,17 @@ PAGEDKV_MULTIVERSION
 void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t i1,
                int64_t kpos0, int n, const float* ktile, int64_t ldk, const float* vtile,
                int64_t ldv, RowState st) {
-  thread_local std::vector<float> s_buf;
+  thread_local std::vector<float> s_buf, kt_buf;
   const int G = p.group, D = p.head_size;
   const int R = static_cast<int>((i1 - i0) * G);
   float* S = scratch(s_buf, static_cast<size_t>(R) * kMaxTile);
-  dot_tile<false>(st.q, D, R, ktile, ldk, n, D, S, kMaxTile);
+  // S = Q K^T as a broadcast-FMA GEMM over K^T [D, n] (accumulators stay in registers over
+  // all of D); the transpose costs D * n moves, amortised over the R query rows.
+  float* kt = scratch(kt_buf, static_cast<size_t>(D) * kMaxTile);
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < D; ++d) kt[d * kMaxTile + j] = ktile[j * ldk + d];
+  std::fill(S, S + static_cast<size_t>(R) * kMaxTile, 0.0f);
+  pv_tile(st.q, D, R, kt, kMaxTile, D, n, S, kMaxTile);
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t qpos = ctx + i;
     // Visible keys of this query inside the tile: causal and sliding-window bounds.
@@ -199,14 +205,16 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
 
   std::vector<WorkItem> items;
   const int64_t num_seqs = seq_lens.size(0);
+  int64_t work = 0;  // multiply-adds, for parallel_for's serial cut-off
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = p.query_start[s + 1] - p.query_start[s];
     for (int64_t i = 0; i < q_len; i += p.chunk) items.push_back({s, i});
+    work += 2 * q_len * p.seq_lens[s] * p.num_heads * p.head_size;
   }
   const int64_t n_items = static_cast<int64_t>(items.size());
   parallel_for(n_items * p.num_kv_heads, [&](int64_t k) {
     run_item(p, items[k % n_items], static_cast<int>(k / n_items));
-  });
+  }, work);
 }
 
 }  // namespace pagedkv::cpu_ops
