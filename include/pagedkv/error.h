@@ -5,9 +5,12 @@
 // allocator's hot path does not throw: it returns status values instead (see block_allocator.h).
 #pragma once
 
-#include <sstream>
+#include <charconv>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace pagedkv {
 
@@ -24,11 +27,31 @@ class TypeError : public std::invalid_argument {
 };
 
 namespace detail {
+// Error messages are built by plain string appends, not iostreams: an ostream formats numbers
+// through the global locale, which is shared with every other library in the host process (a
+// Python interpreter with torch, CUDA and friends loaded), and a fault there would turn a
+// ValueError into a crash. std::to_chars touches no shared state.
+inline void append(std::string& s, std::string_view v) { s.append(v.data(), v.size()); }
+inline void append(std::string& s, const char* v) { s.append(v ? v : "(null)"); }
+inline void append(std::string& s, char c) { s.push_back(c); }
+inline void append(std::string& s, bool b) { s.append(b ? "true" : "false"); }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+void append(std::string& s, T v) {
+  char buf[24];
+  s.append(buf, std::to_chars(buf, buf + sizeof(buf), v).ptr);
+}
+template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+void append(std::string& s, T v) {
+  char buf[32];
+  int n = std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+  s.append(buf, n > 0 ? static_cast<size_t>(n) : 0);
+}
+
 template <typename... Args>
 std::string concat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  std::string s;
+  (append(s, args), ...);
+  return s;
 }
 }  // namespace detail
 

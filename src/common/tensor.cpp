@@ -1,7 +1,6 @@
 // TensorView construction from DLPack and the argument-validation helpers.
 #include "pagedkv/tensor.h"
 
-#include <sstream>
 
 namespace pagedkv {
 
@@ -128,11 +127,9 @@ bool TensorView::is_contiguous() const {
 }
 
 std::string TensorView::shape_str() const {
-  std::ostringstream os;
-  os << "[";
-  for (int d = 0; d < ndim_; ++d) os << (d ? ", " : "") << shape_[d];
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int d = 0; d < ndim_; ++d) detail::append(s, d ? ", " : ""), detail::append(s, shape_[d]);
+  return s + "]";
 }
 
 void check_ndim(const TensorView& t, std::string_view arg, int ndim) {
@@ -142,14 +139,13 @@ void check_ndim(const TensorView& t, std::string_view arg, int ndim) {
 void check_dtype(const TensorView& t, std::string_view arg, std::initializer_list<DType> allowed) {
   for (DType d : allowed)
     if (t.dtype() == d) return;
-  std::ostringstream os;
-  os << arg << " has dtype " << dtype_name(t.dtype()) << ", expected ";
+  std::string msg = detail::concat(arg, " has dtype ", dtype_name(t.dtype()), ", expected ");
   bool first = true;
   for (DType d : allowed) {
-    os << (first ? "" : " or ") << dtype_name(d);
+    msg += detail::concat(first ? "" : " or ", dtype_name(d));
     first = false;
   }
-  throw TypeError(os.str());
+  throw TypeError(msg);
 }
 
 void check_contiguous(const TensorView& t, std::string_view arg) {
@@ -164,15 +160,13 @@ void check_shape(const TensorView& t, std::string_view arg, std::initializer_lis
     ++d;
   }
   if (ok) return;
-  std::ostringstream os;
-  os << arg << " has shape " << t.shape_str() << ", expected [";
+  std::string msg = detail::concat(arg, " has shape ", t.shape_str(), ", expected [");
   d = 0;
   for (int64_t s : shape) {
-    os << (d++ ? ", " : "");
-    if (s >= 0) os << s; else os << "*";
+    msg += d++ ? ", " : "";
+    msg += s >= 0 ? std::to_string(s) : std::string("*");
   }
-  os << "]";
-  throw ValueError(os.str());
+  throw ValueError(msg + "]");
 }
 
 void check_same_device(const TensorView& a, std::string_view arg_a, const TensorView& b,

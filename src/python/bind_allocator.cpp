@@ -12,23 +12,25 @@ namespace pagedkv::python {
 
 void bind_allocator(nb::module_& m) {
   m.attr("ROOT_BLOCK_HASH") = to_tuple(kRootHash);
-  m.def(
-      "hash_block",
-      [](std::optional<HashTuple> parent, nb::handle tokens, uint64_t extra_key) {
-        TokenSpan t = to_tokens(tokens, "tokens");
-        return to_tuple(hash_block(to_hash(parent), t.data, t.size, extra_key));
-      },
-      nb::sig("def hash_block(parent: tuple[int, int] | None, tokens: " PAGEDKV_TOKENS_T
-              ", extra_key: int = 0) -> tuple[int, int]"),
-      nb::arg("parent").none(), nb::arg("tokens"), nb::arg("extra_key") = 0,
-      "128-bit chained hash H(parent, tokens, extra_key) as (lo, hi); parent "
-      "None = root.");
+  // Registered twice (module function and BlockAllocator.hash_block) with def / def_static: a
+  // staticmethod wrapper built by hand would need PyStaticMethod_New, outside the stable ABI.
+  auto hash_fn = [](std::optional<HashTuple> parent, nb::handle tokens, uint64_t extra_key) {
+    TokenSpan t = to_tokens(tokens, "tokens");
+    return to_tuple(hash_block(to_hash(parent), t.data, t.size, extra_key));
+  };
+  constexpr const char* kHashSig =
+      "def hash_block(parent: tuple[int, int] | None, tokens: " PAGEDKV_TOKENS_T
+      ", extra_key: int = 0) -> tuple[int, int]";
+  constexpr const char* kHashDoc =
+      "128-bit chained hash H(parent, tokens, extra_key) as (lo, hi); parent None = root.";
+  m.def("hash_block", hash_fn, nb::sig(kHashSig), nb::arg("parent").none(), nb::arg("tokens"),
+        nb::arg("extra_key") = 0, kHashDoc);
 
   nb::class_<BlockAllocator> cls(m, "BlockAllocator",
                                  "KV-cache block pool: ref counts, copy-on-write, host swap pool "
                                  "and automatic prefix caching.");
-  // Also reachable from the class (pagedkv.BlockAllocator.hash_block / ROOT_HASH).
-  cls.attr("hash_block") = nb::steal(PyStaticMethod_New(m.attr("hash_block").ptr()));
+  cls.def_static("hash_block", hash_fn, nb::sig(kHashSig), nb::arg("parent").none(),
+                 nb::arg("tokens"), nb::arg("extra_key") = 0, kHashDoc);
   cls.attr("ROOT_HASH") = m.attr("ROOT_BLOCK_HASH");
   cls.def(
       "__init__",
