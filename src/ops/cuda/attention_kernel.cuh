@@ -1,13 +1,15 @@
 // CUDA-core paged attention: decode (one query per sequence) and the prefill fallback (one query
-// per token). Bound by memory bandwidth, so it is shaped around the loads:
+// per token). Meant to be bound by memory bandwidth, so it is shaped around the loads:
 //  - one CTA serves GC query heads of one KV group (GQA/MQA): each KV byte is read once for the
 //    whole group, not once per query head;
-//  - a row of TX lanes covers one key (VEC elements = 16 bytes per lane), a warp 32/TX keys, the
-//    4 warps ROWS keys; each lane keeps U keys of K and V in flight and the next U are fetched
-//    before the current ones are used (software pipeline in registers);
+//  - a row of TX lanes (a run-time power of two) covers one key, VEC = 8 elements per lane, a
+//    warp 32/TX keys, the 4 warps ROWS keys; each lane streams its K/V runs through a private
+//    S-stage cp.async ring in shared memory (attend_range), U keys per stage;
 //  - online softmax in the log2 domain (FlashAttention), one state per row and head, merged
 //    across rows by shuffles and across warps through shared memory at the end;
 //  - split mode writes normalised partial outputs with their max logit and exp-sum (vLLM v2).
+// Measured on an H100 it is instruction-issue bound (benchmarks/RESULTS.md, "CUDA kernels"):
+// the per-key softmax / shuffle work is replicated over the TX lanes of a row.
 #pragma once
 
 #include <cfloat>
