@@ -1,0 +1,100 @@
+// Tile geometry and shared-memory loads of the tensor-core prefill kernel (prefill_mma_kernel.cuh).
+#pragma once
+
+#include "ops/cuda/attention_params.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/mma.cuh"
+
+namespace pagedkv::cuda_ops::prefill {
+
+// A CTA of 4 warps owns BM query rows; each warp owns MT m16 tiles (32 rows when the 32-row
+// accumulators fit in registers, i.e. head size <= 128), so every K/V fragment that ldmatrix brings
+// in feeds 2 * MT mma: with 16 rows per warp the loop is bound by shared-memory reads, with 32 by
+// the tensor cores. K/V tiles of BN keys are double-buffered; rows are padded by 16 bytes so the 8
+// rows an ldmatrix reads land in distinct banks.
+template <int DP>
+struct Tile {
+  static constexpr int kWarps = 4, kThreads = 32 * kWarps;
+  static constexpr int MT = DP <= 128 ? 2 : 1;
+  static constexpr int BM = kWarps * 16 * MT;
+  static constexpr int BN = DP <= 128 ? 64 : 32;
+  static constexpr int LD = DP + 8;
+  static constexpr int CH = DP / 8;                     // 16-byte chunks per row
+  static constexpr int kSmem = (BM + 4 * BN) * LD * 2;  // Q + 2 stages of K and V
+};
+
+// 2^x on the SFU (inputs are <= 0 or -inf; -inf gives 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Elements d0..d0+7 of row (block, slot, head) into shared memory: one cp.async when the run is
+// 16-byte aligned and contiguous, else eight scalar reads (vLLM's value layout strides along d).
+template <typename T>
+__device__ __forceinline__ void copy8(T* dst, const T* base, const CacheLayout& l, bool vec,
+                                      int64_t block, int slot, int head, int d0) {
+  if (vec) {
+    cp_async16(dst, base + l.offset(block, slot, head, d0));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dst[i] = base[l.offset(block, slot, head, d0 + i)];
+  }
+}
+
+// Keys (or values) [kt, kt + BN) of KV head `kvh` into dst [BN][LD]: the cached context from the
+// paged cache, the new tokens (positions >= ctx) from `fresh` (token qs + key - ctx), zeros from
+// k_hi on (their P is 0, and 0 * garbage could be NaN). Head-size padding columns stay as zeroed in
+// the prologue. Issues cp.async without committing.
+template <typename T, int DP>
+__device__ __forceinline__ void load_rows(T* dst, const T* cache, const CacheLayout& cl,
+                                          bool cache_vec, const T* fresh, const CacheLayout& fl,
+                                          bool fresh_vec, const AttnParams& p, const int* bt,
+                                          int kt, int k_hi, int ctx, int qs, int kvh) {
+  using C = Tile<DP>;
+#pragma unroll 4
+  for (int idx = threadIdx.x; idx < C::BN * C::CH; idx += C::kThreads) {
+    const int j = idx / C::CH, c = idx % C::CH, key = kt + j;
+    if (c * 8 >= p.head_size) continue;
+    T* d = dst + j * C::LD + c * 8;
+    if (key >= k_hi) {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    } else if (key < ctx) {
+      const int bi = p.bs_shift >= 0 ? key >> p.bs_shift : key / p.block_size;
+      const int slot = key - bi * p.block_size;
+      const int b = bt[min(bi, p.max_blocks - 1)];
+      const int64_t block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
+      copy8(d, cache, cl, cache_vec, block, slot, kvh, c * 8);
+    } else {
+      copy8(d, fresh, fl, fresh_vec, int64_t(qs) + (key - ctx), 0, kvh, c * 8);
+    }
+  }
+}
+
+// The BM x DP query tile (rows pack (token, query head of the group)); zeros for rows past the
+// sequence and for the head-size padding.
+template <typename T, int DP>
+__device__ __forceinline__ void load_q(T* sQ, const AttnParams& p, bool vec, int qs, int rows,
+                                       int r0, int kvh) {
+  using C = Tile<DP>;
+  const T* q = static_cast<const T*>(p.q);
+  for (int idx = threadIdx.x; idx < C::BM * C::CH; idx += C::kThreads) {
+    const int r = idx / C::CH, c = idx % C::CH, gr = r0 + r;
+    T* dst = sQ + r * C::LD + c * 8;
+    if (gr < rows && c * 8 < p.head_size) {
+      const T* src = q + int64_t(qs + gr / p.group) * p.q_s_tok +
+                     int64_t(kvh * p.group + gr % p.group) * p.q_s_head + c * 8;
+      if (vec) {
+        cp_async16(dst, src);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dst[i] = src[i];
+      }
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+}  // namespace pagedkv::cuda_ops::prefill

@@ -1,0 +1,106 @@
+"""The tensor-core prefill kernel over many query and key tiles: long, ragged sequences (several
+128-row query tiles and 64-key tiles per sequence, cached prefix + new tokens), GQA groups that
+split tokens across tiles, windows ending mid-tile, alibi / soft-cap, and strided (padded)
+query / key / value / output rows that take the 16-byte and the scalar copy paths. Outputs are
+NaN-poisoned (the padding around strided rows too, which must stay untouched) and every row is
+compared with a float64 reference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pagedkv  # noqa: E402
+from cuda_cases import TOL, attention_ref, gather, make_paged_kv, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+ops = pagedkv.ops
+ROW_TOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2}  # max |out - ref| over all elements
+
+
+def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
+            fill: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [*, d] view of a [*, d + pad] tensor (row stride d + pad) and its backing tensor."""
+    *lead, d = shape
+    if fill is None:
+        full = torch.randn(*lead, d + pad, generator=gen).to(dtype).cuda()
+    else:
+        full = torch.full((*lead, d + pad), fill, dtype=dtype, device="cuda")
+    return full[..., :d], full
+
+
+def _reference(q, k, v, kv, qsl, ctx, scale, opts):
+    refs = []
+    for i, c in enumerate(ctx):
+        a, b = qsl[i], qsl[i + 1]
+        kc, vc = gather(kv, i, c)
+        kk = torch.cat([kc, k[a:b].cpu().double()])
+        vv = torch.cat([vc, v[a:b].cpu().double()])
+        refs.append(attention_ref(q[a:b].cpu(), kk, vv, torch.arange(c, c + b - a), scale,
+                                  opts["alibi"], opts["softcap"], opts["window"]))
+    return torch.cat(refs)
+
+
+@pytest.mark.parametrize("pad", [0, 8, 4])  # 4: rows not 16-byte aligned -> scalar copies
+@pytest.mark.parametrize("layout", ["nhd", "vllm"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_size", [64, 96, 128, 256])
+def test_prefill_mma_long_ragged(head_size, dtype, layout, pad):
+    r = random.Random()
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    hkv, group, bs = r.choice([1, 2]), r.choice([1, 3, 4, 8]), r.choice([16, 32])
+    n = r.randint(1, 3)
+    ctx = [r.choice([0, r.randint(1, 700)]) for _ in range(n)]
+    qlen = [r.randint(1, 600) for _ in range(n)]
+    qsl = [0]
+    for x in qlen:
+        qsl.append(qsl[-1] + x)
+    hq, t = hkv * group, qsl[-1]
+    q, _ = _padded((t, hq, head_size), pad, dtype, gen)
+    k, _ = _padded((t, hkv, head_size), pad, dtype, gen)
+    v, _ = _padded((t, hkv, head_size), pad, dtype, gen)
+    out, out_full = _padded((t, hq, head_size), pad, dtype, gen, float("nan"))
+    kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout)
+    opts = {"alibi": (torch.rand(hq, generator=gen) * 0.1).cuda() if r.random() < 0.3 else None,
+            "softcap": r.choice([0.0, 0.0, 20.0]),
+            "window": r.choice([0, 0, r.randint(1, 100), r.randint(100, 900)])}
+    scale = head_size ** -0.5
+    ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
+                              kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
+                              torch.tensor([c + x for c, x in zip(ctx, qlen)],
+                                           dtype=torch.int32).cuda(),
+                              None, max(qlen), 1.0, 1.0, opts["alibi"], opts["window"] or None,
+                              scale, logits_soft_cap=opts["softcap"])
+    torch.cuda.synchronize()
+    ref = _reference(q, k, v, kv, qsl, ctx, scale, opts)
+    case = (hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"], opts["alibi"] is None)
+    assert rel_err(out, ref) < TOL[dtype], case
+    assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype], case
+    if pad:
+        assert out_full[..., head_size:].isnan().all(), "wrote outside the output rows"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_prefill_mma_pure_causal(dtype):
+    """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
+    r = random.Random()
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    b, length, hkv, group, d = 2, r.randint(900, 1300), 2, 4, 128
+    n = b * length
+    q = torch.randn(n, hkv * group, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(n, hkv, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(n, hkv, d, generator=gen).to(dtype).cuda()
+    out = torch.full_like(q, float("nan"))
+    kv = make_paged_kv(gen, [0] * b, hkv, d, 16, dtype, "nhd")
+    qsl = list(range(0, n + 1, length))
+    ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
+                              kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
+                              torch.full((b,), length, dtype=torch.int32).cuda(), None, length)
+    torch.cuda.synchronize()
+    opts = {"alibi": None, "softcap": 0.0, "window": 0}
+    ref = _reference(q, k, v, kv, qsl, [0] * b, d ** -0.5, opts)
+    assert rel_err(out, ref) < TOL[dtype]
+    assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype]
