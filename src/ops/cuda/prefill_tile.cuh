@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_rows(T* dst, const T* cache, const CacheLay
                                           bool fresh_vec, const AttnParams& p, const int* bt,
                                           int kt, int k_hi, int ctx, int qs, int kvh) {
   using C = Tile<DP>;
-#pragma unroll 4
+#pragma unroll
   for (int idx = threadIdx.x; idx < C::BN * C::CH; idx += C::kThreads) {
     const int j = idx / C::CH, c = idx % C::CH, key = kt + j;
     if (c * 8 >= p.head_size) continue;
