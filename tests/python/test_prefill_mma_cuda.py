@@ -1,9 +1,9 @@
-"""The tensor-core prefill kernel over many query and key tiles: long, ragged sequences (several
-128-row query tiles and 64-key tiles per sequence, cached prefix + new tokens), GQA groups that
-split tokens across tiles, windows ending mid-tile, alibi / soft-cap, and strided (padded)
-query / key / value / output rows that take the 16-byte and the scalar copy paths. Outputs are
-NaN-poisoned (the padding around strided rows too, which must stay untouched) and every row is
-compared with a float64 reference."""
+"""The BM-128 tensor-core prefill kernel (PAGEDKV_PREFILL_MMA=2) over many query and key tiles:
+long, ragged sequences (several 128-row query tiles and 64-key tiles per sequence, cached prefix +
+new tokens), GQA groups that split tokens across tiles, windows ending mid-tile, alibi / soft-cap,
+and strided (padded) query / key / value / output rows that take the 16-byte and the scalar copy
+paths. Outputs are NaN-poisoned (the padding around strided rows too, which must stay untouched)
+and every element is compared with a float64 reference."""
 
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ from cuda_cases import TOL, attention_ref, gather, make_paged_kv, rel_err  # noq
 pytestmark = pytest.mark.cuda
 ops = pagedkv.ops
 ROW_TOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2}  # max |out - ref| over all elements
+HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
+
+
+@pytest.fixture(autouse=True)
+def _bm128_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call here runs the BM-128 kernel unless a test picks another (read per call)."""
+    monkeypatch.setenv("PAGEDKV_PREFILL_MMA", "2")
 
 
 def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
@@ -44,13 +51,13 @@ def _reference(q, k, v, kv, qsl, ctx, scale, opts):
     return torch.cat(refs)
 
 
-@pytest.mark.parametrize("pad", [0, 8, 4])  # 4: rows not 16-byte aligned -> scalar copies
 @pytest.mark.parametrize("layout", ["nhd", "vllm"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_size", [64, 96, 128, 256])
-def test_prefill_mma_long_ragged(head_size, dtype, layout, pad):
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+def test_prefill_mma_long_ragged(head_size, dtype, layout):
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    pad = r.choice([0, 8, 4])  # 4: rows not 16-byte aligned -> the scalar copy paths
     hkv, group, bs = r.choice([1, 2]), r.choice([1, 3, 4, 8]), r.choice([16, 32])
     n = r.randint(1, 3)
     ctx = [r.choice([0, r.randint(1, 700)]) for _ in range(n)]
@@ -76,16 +83,18 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout, pad):
                               scale, logits_soft_cap=opts["softcap"])
     torch.cuda.synchronize()
     ref = _reference(q, k, v, kv, qsl, ctx, scale, opts)
-    case = (hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"], opts["alibi"] is None)
+    case = (pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"], opts["alibi"] is None)
     assert rel_err(out, ref) < TOL[dtype], case
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype], case
     if pad:
         assert out_full[..., head_size:].isnan().all(), "wrote outside the output rows"
 
 
+@pytest.mark.parametrize("kernel", ["0", "1", "2"])  # CUDA-core, 64-row, BM-128
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_mma_pure_causal(dtype):
+def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
+    monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     b, length, hkv, group, d = 2, r.randint(900, 1300), 2, 4, 128
