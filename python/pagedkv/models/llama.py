@@ -115,9 +115,11 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
+        model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if upcast else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""
