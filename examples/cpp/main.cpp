@@ -55,14 +55,14 @@ int main() {
   std::vector<int64_t> slots(kTokens);
   for (int t = 0; t < kTokens; ++t) slots[t] = 2 * kBlockSize + t;
 
-  const TensorView kc(key_cache.data(), DType::kFloat32, {kBlocks, kBlockSize, kKVHeads, kHeadSize});
+  const TensorView kc(key_cache.data(), DType::kFloat32,
+                      {kBlocks, kBlockSize, kKVHeads, kHeadSize});
   const TensorView vc(value_cache.data(), DType::kFloat32,
                       {kBlocks, kBlockSize, kKVHeads, kHeadSize});
   pagedkv::ops::reshape_and_cache_flash(
       TensorView(key.data(), DType::kFloat32, {kTokens, kKVHeads, kHeadSize}),
       TensorView(value.data(), DType::kFloat32, {kTokens, kKVHeads, kHeadSize}), kc, vc,
-      TensorView(slots.data(), DType::kInt64, {kTokens}), pagedkv::KVCacheDType::kAuto, 1.0f,
-      1.0f);
+      TensorView(slots.data(), DType::kInt64, {kTokens}), pagedkv::KVCacheDType::kAuto, 1.0f, 1.0f);
 
   std::vector<float> query(kHeads * kHeadSize, 0.1f), out(query.size(), 0.0f);
   std::vector<int32_t> block_table = {2}, seq_lens = {kTokens};
