@@ -13,7 +13,8 @@ cudaGraphExecDestroy is not permitted while a stream captures: it invalidates th
 progress ("operation not permitted when stream is capturing" from CUDAGraph::reset, then a
 failed capture_end). For the same reason this runner holds no reference back to the
 ModelRunner that owns it: a dropped engine is freed by reference counting, not left for the
-collector.
+collector. (The collection before capture also takes the start-up heap off the collector's
+pending count, so a full collection, tens of ms, does not fall into the first steps.)
 """
 
 from __future__ import annotations

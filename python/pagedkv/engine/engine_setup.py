@@ -6,7 +6,6 @@ user can follow a slow load and see how large the KV cache came out.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 import weakref
@@ -82,10 +81,6 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         max_model_len=max_model_len)
     scheduler = pagedkv.Scheduler(sched_cfg)
     runner.capture_cuda_graphs(cfg.max_num_seqs)
-    # Start-up leaves a large heap of new objects (weights' wrappers, tokenizer tables) pending
-    # for the collector; one full collection now keeps it from running (tens of ms) in the
-    # middle of the first generate() calls, as vLLM collects after start-up.
-    gc.collect()
     eos = _eos_ids(tokenizer, mc)
     name = cfg.model or "smollm2"
     model_config = EngineModelConfig(name, cfg.served_model_name or name, max_model_len,
