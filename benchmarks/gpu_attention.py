@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import pagedkv
 import torch
 import torch.nn.functional as F
+from pagedkv.attention import decode_partition_size
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HQ, HKV, D, BS = 32, 8, 128, 16
@@ -71,12 +72,8 @@ def copy_bandwidth() -> float:
 
 
 def decode_partition(num_seqs: int, max_len: int, sms: int) -> int:
-    """Split-K heuristic: enough (sequence, KV head, partition) CTAs for ~8 per SM; 0 = v1."""
-    ctas = num_seqs * HKV
-    parts = math.ceil(8 * sms / ctas)
-    if parts <= 1:
-        return 0
-    return max(128, math.ceil(max_len / parts / BS) * BS)
+    """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA)."""
+    return decode_partition_size(num_seqs, HQ, HKV, max_len, BS, sms)
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
@@ -92,25 +89,42 @@ def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
     return kc, vc, tables
 
 
-def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
+def _decode_inputs(b: int, length: int, sms: int, kv_dtype: str) -> dict:
     kv_bytes = 2 * b * length * HKV * D * (2 if kv_dtype == "auto" else 1)
     n_sets = max(1, min(8, ROTATE_BYTES // kv_bytes))
-    caches = [make_cache(b, length, kv_dtype) for _ in range(n_sets)]
-    q = torch.randn(b, HQ, D, dtype=DTYPE, device="cuda")
-    out = torch.empty_like(q)
-    sl = torch.full((b,), length, dtype=torch.int32, device="cuda")
     ps = decode_partition(b, length, sms)
     parts = math.ceil(length / ps) if ps else 1
     es = torch.empty(b, HQ, parts, device="cuda")
-    ml, tmp = torch.empty_like(es), torch.empty(b, HQ, parts, D, device="cuda")
+    return {"caches": [make_cache(b, length, kv_dtype) for _ in range(n_sets)],
+            "q": torch.randn(b, HQ, D, dtype=DTYPE, device="cuda"),
+            "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
+            "ps": ps, "es": es, "ml": torch.empty_like(es),
+            "tmp": torch.empty(b, HQ, parts, D, device="cuda"), "bytes": kv_bytes}
+
+
+def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
+    q, sl, ps = x["q"], x["sl"], x["ps"]
+    out = torch.empty_like(q)
 
     def ours(kc, vc, bt):
         args = (q, kc, vc, HKV, D ** -0.5, bt, sl, BS, length, None, kv_dtype, 1.0, 1.0)
         if ps:
-            return lambda: ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=ps)
+            return lambda: ops.paged_attention_v2(out, x["es"], x["ml"], x["tmp"], *args,
+                                                  partition_size=ps)
         return lambda: ops.paged_attention_v1(out, *args)
 
-    res = {"ours": time_graph([ours(*c) for c in caches]), "bytes": kv_bytes, "ps": ps}
+    return time_graph([ours(*c) for c in x["caches"]])
+
+
+def bench_decode_ours(b: int, length: int, sms: int, kv_dtype: str = "auto") -> float:
+    """Seconds per call of our decode alone."""
+    return _time_ours(_decode_inputs(b, length, sms, kv_dtype), length, kv_dtype)
+
+
+def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
+    x = _decode_inputs(b, length, sms, kv_dtype)
+    caches, q, kv_bytes = x["caches"], x["q"], x["bytes"]
+    res = {"ours": _time_ours(x, length, kv_dtype), "bytes": kv_bytes, "ps": x["ps"]}
     if kv_dtype != "auto":
         return res
     qs = q.view(b, HQ, 1, D)
