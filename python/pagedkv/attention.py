@@ -10,25 +10,46 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any, List, Optional, Tuple
 
 from pagedkv import _tensor, ops
 
 _PARTITION_SIZE = ops.PARTITION_SIZE
-_CTAS_PER_SM = 2  # the CUDA tensor-core decode keeps 2 CTAs (4 warps each) resident per SM
+# The tensor-core CUDA decode (src/ops/cuda/decode_mma.cuh) is opt-in until it has run on a GPU:
+# PAGEDKV_DECODE_MMA=1 enables it (the default mirrors kMmaDecodeDefault in decode_mma.cu).
+_MMA_DECODE_DEFAULT = False
+
+
+def mma_decode_enabled() -> bool:
+    """True when CUDA decode of fp16/bf16 queries runs on the tensor-core kernel
+    (PAGEDKV_DECODE_MMA=1; 0 = the CUDA-core kernel)."""
+    value = os.environ.get("PAGEDKV_DECODE_MMA", "").strip()
+    if not value:
+        return _MMA_DECODE_DEFAULT
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False  # what the C++ side's atoi reads
 
 
 def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_seq_len: int,
-                          block_size: int, num_sms: int) -> int:
+                          block_size: int, num_sms: int,
+                          tensor_cores: Optional[bool] = None) -> int:
     """Split-K partition size for CUDA decode; 0 = single pass (paged_attention_v1).
 
-    The CUDA kernel runs one CTA per (sequence, KV head, 16 query heads, partition). When the
-    unsplit grid fills less than half a wave, the context is cut into as many partitions as
-    fit one wave, so every SM streams KV at once and no tail wave runs half empty; partitions
-    are multiples of 16 keys (the kernel's chunk) and of block_size, at least 128 keys."""
+    Both CUDA kernels run one CTA per (sequence, KV head, query-head chunk, partition). When
+    the unsplit grid fills less than half of `slots` resident CTAs, the context is cut into
+    slots // CTAs partitions (whole waves: no half-empty tail wave). The tensor-core kernel
+    keeps 2 CTAs per SM resident (16 query heads per CTA) and wants one wave; the CUDA-core
+    kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM. Partitions are
+    multiples of 16 keys and of block_size, at least 128 keys."""
+    if tensor_cores is None:
+        tensor_cores = mma_decode_enabled()
+    heads_per_cta, per_sm = (16, 2) if tensor_cores else (8, 8)
     group = max(1, num_heads // max(1, num_kv_heads))
-    ctas = max(1, num_seqs * num_kv_heads * math.ceil(group / 16))
-    parts = _CTAS_PER_SM * num_sms // ctas
+    ctas = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_cta))
+    parts = per_sm * num_sms // ctas
     if parts < 2 or max_seq_len <= 0:
         return 0
     unit = block_size * 16 // math.gcd(block_size, 16)

@@ -14,11 +14,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import test_cuda_graph  # noqa: E402
 from cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
 from pagedkv.attention import PagedAttention, decode_partition_size  # noqa: E402
 from test_ops_cuda import decode_ref, run_decode  # noqa: E402
 
 MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]
+
+
+@pytest.fixture(autouse=True)
+def _tensor_core_decode(monkeypatch):
+    """The tensor-core kernel is opt-in (PAGEDKV_DECODE_MMA=1): every test here turns it on."""
+    monkeypatch.setenv("PAGEDKV_DECODE_MMA", "1")
 
 
 def _case(r: random.Random, gen: torch.Generator, kv_dtype: str, layout: str, dtype):
@@ -57,18 +64,24 @@ def test_decode_mma_random(dtype, layout, kv_dtype):
 
 
 def test_partition_heuristic():
-    # Small batches split to fill one wave (2 CTAs per SM); large ones run single pass.
-    assert decode_partition_size(1, 32, 8, 32768, 16, 132) == 1008
-    assert decode_partition_size(1, 32, 8, 4096, 16, 132) == 128
-    assert decode_partition_size(16, 32, 8, 4096, 16, 132) == 2048
-    assert decode_partition_size(32, 32, 8, 8192, 16, 132) == 0
-    assert decode_partition_size(256, 32, 8, 512, 16, 132) == 0
-    assert decode_partition_size(1, 32, 8, 100, 16, 132) == 0  # shorter than one partition
+    # Tensor cores: small batches split to fill one wave (2 CTAs per SM); large ones don't.
+    def tc(*args):
+        return decode_partition_size(*args, tensor_cores=True)
+
+    assert tc(1, 32, 8, 32768, 16, 132) == 1008
+    assert tc(1, 32, 8, 4096, 16, 132) == 128
+    assert tc(16, 32, 8, 4096, 16, 132) == 2048
+    assert tc(32, 32, 8, 8192, 16, 132) == 0
+    assert tc(256, 32, 8, 512, 16, 132) == 0
+    assert tc(1, 32, 8, 100, 16, 132) == 0  # shorter than one partition
+    # The CUDA-core kernel wants ~8 CTAs per SM.
+    assert decode_partition_size(1, 32, 8, 32768, 16, 132, tensor_cores=False) == 256
+    assert decode_partition_size(32, 32, 8, 8192, 16, 132, tensor_cores=False) == 2048
     for _ in range(200):
         bs = random.choice([8, 16, 32, 48])
         n = random.randint(1, 100000)
         ps = decode_partition_size(random.randint(1, 64), 32, random.choice([1, 8, 32]), n, bs,
-                                   random.choice([108, 132]))
+                                   random.choice([108, 132]), random.choice([True, False]))
         assert ps == 0 or (ps % bs == 0 and ps % 16 == 0 and 128 <= ps < n)
 
 
@@ -82,7 +95,7 @@ def test_forward_decode_split_on_cuda(layout):
     q = torch.randn(2, hkv * group, d, generator=gen).to(torch.bfloat16).cuda()
     kv = make_paged_kv(gen, seq_lens, hkv, d, bs, torch.bfloat16, layout)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert decode_partition_size(2, hkv * group, hkv, max(seq_lens), bs, sms) > 0
+    assert decode_partition_size(2, hkv * group, hkv, max(seq_lens), bs, sms, True) > 0
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
     out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables, sl,
                                         max(seq_lens), "auto", hkv, d ** -0.5, None, 1.0, 1.0)
@@ -108,3 +121,11 @@ def test_decode_mma_matches_cuda_core_kernel():
     torch.cuda.synchronize()
     assert rel_err(fast, slow.double().cpu()) < TOL[torch.bfloat16], seed
     assert math.isfinite(float(fast.float().abs().max()))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("partition_size", [0, 128])
+@pytest.mark.parametrize("layout", ["vllm", "nhd"])
+def test_decode_mma_graph_replay(layout, partition_size):
+    """The CUDA-graph replay test of test_cuda_graph.py on the tensor-core kernel."""
+    test_cuda_graph.test_decode_graph_replay(layout, partition_size)

@@ -11,9 +11,12 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kCtaBudget = 110 * 1024;  // shared memory per CTA that keeps 2 CTAs per SM
 constexpr int kCtaMax = 227 * 1024;     // the sm_90 limit per CTA
+// Opt-in until the kernel has run on a GPU (PAGEDKV_DECODE_MMA=1); python/pagedkv/attention.py
+// mirrors this default (_MMA_DECODE_DEFAULT) to size its split-K partitions.
+constexpr int kMmaDecodeDefault = 0;
 
 // Tuning and comparison knobs, read per call (a getenv is nothing next to a launch):
-// PAGEDKV_DECODE_MMA=0 sends every decode to the CUDA-core kernel; PAGEDKV_DECODE_SMEM_KB sets
+// PAGEDKV_DECODE_MMA=0/1 picks the CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB sets
 // the per-CTA shared-memory budget that picks the ring depth.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -63,7 +66,7 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
 }  // namespace
 
 bool decode_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {
-  if (!vec16 || env_int("PAGEDKV_DECODE_MMA", 1) == 0) return false;
+  if (!vec16 || env_int("PAGEDKV_DECODE_MMA", kMmaDecodeDefault) == 0) return false;
   if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) return false;
   if (p.query_start_loc != nullptr || p.num_blocks < 1) return false;
   if (p.head_size % 16 != 0 || p.head_size > 256) return false;
