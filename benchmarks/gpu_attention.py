@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import pagedkv
 import torch
 import torch.nn.functional as F
-from pagedkv.attention import decode_partition_size
+from pagedkv.attention import decode_partition_size, mma_decode_enabled
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HQ, HKV, D, BS = 32, 8, 128, 16
@@ -218,11 +218,15 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only the decode table (skip prefill and reshape_and_cache)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     bw = copy_bandwidth()
-    print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s")
+    print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
+          f"decode kernel: {'tensor-core' if mma_decode_enabled() else 'CUDA-core'} "
+          f"(PAGEDKV_DECODE_MMA)")
     dec = DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "
@@ -238,6 +242,8 @@ def main() -> None:
               f"{tbs / 1e12:6.2f} {tbs / bw:7.2f} {fmt(r8['ours'])} "
               f"{ratio(r['ours'], r8['ours']):>8}")
         torch.cuda.empty_cache()
+    if args.decode_only:
+        return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
     print("\nPrefill, causal, no cached prefix (us; TFLOP/s of ours)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "

@@ -75,8 +75,8 @@ template <typename QT, int KIND, int KD>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodeParams mp) {
   using CT = std::conditional_t<KIND == kNoFp8, QT, uint8_t>;
   constexpr bool kFp8 = KIND != kNoFp8;
-  constexpr int EPR = 16 / static_cast<int>(sizeof(CT));  // elements per 16-byte run
-  constexpr int NT = 2 * KD;                               // 8-wide output column tiles
+  constexpr int EPR = 16 / static_cast<int>(sizeof(CT));    // elements per 16-byte run
+  constexpr int NT = 2 * KD;                                // 8-wide output column tiles
   constexpr int NIK = (kKeys * (KD * 16 / EPR) + 31) / 32;  // key-row runs per lane per chunk
   constexpr int NIV = (KD * 16 * (kKeys / EPR) + 31) / 32;  // [d][slot] runs per lane per chunk
   const AttnParams& p = mp.a;
@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
   if constexpr (KD <= 8) {
 #pragma unroll
     for (int ks = 0; ks < KD; ++ks) {
-      if (ks * 16 < D) ldmatrix_x4(qf[ks], qs + (lane & 15) * mp.k_pitch + ks * 16 + (lane >> 4) * 8);
+      if (ks * 16 < D)
+        ldmatrix_x4(qf[ks], qs + (lane & 15) * mp.k_pitch + ks * 16 + (lane >> 4) * 8);
     }
   }
 
@@ -144,8 +145,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
 
   unsigned char* wbase = smem + mp.q_bytes + warp * mp.warp_bytes;
   const int kt_bytes = 16 * mp.k_pitch * 2;  // 16-bit K tile; the V tile follows it
-  const int R = D / EPR;                      // runs per key row
-  const int rinv = (65536 + R - 1) / R;       // idx / R as (idx * rinv) >> 16 (idx < 512)
+  const int R = D / EPR;                     // runs per key row
+  const int rinv = (65536 + R - 1) / R;      // idx / R as (idx * rinv) >> 16 (idx < 512)
   const CT* kc = static_cast<const CT*>(p.k_cache) + int64_t(kvh) * p.kl.s_head;
   const CT* vc = static_cast<const CT*>(p.v_cache) + int64_t(kvh) * p.vl.s_head;
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
@@ -186,11 +187,13 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
         const int tok = key0 + j;
         const bool ok = valid(tok);
         const int slot = slot_of(tok);
-        cp_async16_zfill(krow_dst(st, false, j, r),
-                         kc + int64_t(blk) * p.kl.s_block + int64_t(slot) * p.kl.s_slot + r * mp.k_run, ok);
+        cp_async16_zfill(
+            krow_dst(st, false, j, r),
+            kc + int64_t(blk) * p.kl.s_block + int64_t(slot) * p.kl.s_slot + r * mp.k_run, ok);
         if (!mp.v_trans) {
-          cp_async16_zfill(krow_dst(st, true, j, r),
-                           vc + int64_t(blk) * p.vl.s_block + int64_t(slot) * p.vl.s_slot + r * mp.v_run, ok);
+          cp_async16_zfill(
+              krow_dst(st, true, j, r),
+              vc + int64_t(blk) * p.vl.s_block + int64_t(slot) * p.vl.s_slot + r * mp.v_run, ok);
         }
       }
     }
@@ -204,8 +207,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
         const int tk = min(max(t0, k_lo), k_hi - 1);  // a valid key of the run (same block)
         const int blk = __shfl_sync(0xffffffffu, nblk, (tk - key0) & (kKeys - 1));
         if (d < D) {
-          cp_async16_zfill(vt_dst(st, d, h),
-                           vc + int64_t(blk) * p.vl.s_block + int64_t(d) * p.vl.s_chunk + slot_of(t0), ok);
+          cp_async16_zfill(
+              vt_dst(st, d, h),
+              vc + int64_t(blk) * p.vl.s_block + int64_t(d) * p.vl.s_chunk + slot_of(t0), ok);
         }
       }
     }
@@ -272,8 +276,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
     for (int ks = 0; ks < KD; ++ks) {
       if (ks * 16 < D) {
         uint32_t b[4];
-        ldmatrix_x4(b, kt + ((lane & 7) + (lane >> 4) * 8) * mp.k_pitch + ks * 16 +
-                           ((lane >> 3) & 1) * 8);
+        ldmatrix_x4(
+            b, kt + ((lane & 7) + (lane >> 4) * 8) * mp.k_pitch + ks * 16 + ((lane >> 3) & 1) * 8);
         if constexpr (KD <= 8) {
           mma_16816<QT>(s[0], qf[ks], b[0], b[1]);
           mma_16816<QT>(s[1], qf[ks], b[2], b[3]);
@@ -341,8 +345,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
           ldmatrix_x4(b, vt + (np * 16 + (lane & 7) + (lane >> 4) * 8) * mp.v_pitch +
                              ((lane >> 3) & 1) * 8);
         } else {
-          ldmatrix_x4_trans(b, vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * mp.v_pitch +
-                                   np * 16 + (lane >> 4) * 8);
+          ldmatrix_x4_trans(b, vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * mp.v_pitch + np * 16 +
+                                   (lane >> 4) * 8);
         }
         mma_16816<QT>(o[2 * np], pa, b[0], b[1]);
         mma_16816<QT>(o[2 * np + 1], pa, b[2], b[3]);
