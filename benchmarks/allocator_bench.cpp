@@ -23,7 +23,7 @@ constexpr int kNumBlocks = 8192, kBlockSize = 16, kPromptLen = 1024;
 template <typename F>
 void report(const char* name, int iters, F&& body) {
   for (int i = 0; i < iters / 10 + 1; ++i) body();  // warm up
-  double best = 1e300;  // best of 5 rounds: the machine is shared
+  double best = 1e300;                              // best of 5 rounds: the machine is shared
   for (int round = 0; round < 5; ++round) {
     auto t0 = Clock::now();
     for (int i = 0; i < iters / 5; ++i) body();

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import pagedkv
 import torch
 import torch.nn.functional as F
+from pagedkv.attention import decode_partition_size, mma_decode_enabled
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HQ, HKV, D, BS = 32, 8, 128, 16
@@ -71,12 +72,8 @@ def copy_bandwidth() -> float:
 
 
 def decode_partition(num_seqs: int, max_len: int, sms: int) -> int:
-    """Split-K heuristic: enough (sequence, KV head, partition) CTAs for ~8 per SM; 0 = v1."""
-    ctas = num_seqs * HKV
-    parts = math.ceil(8 * sms / ctas)
-    if parts <= 1:
-        return 0
-    return max(128, math.ceil(max_len / parts / BS) * BS)
+    """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA)."""
+    return decode_partition_size(num_seqs, HQ, HKV, max_len, BS, sms)
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
@@ -92,25 +89,42 @@ def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
     return kc, vc, tables
 
 
-def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
+def _decode_inputs(b: int, length: int, sms: int, kv_dtype: str) -> dict:
     kv_bytes = 2 * b * length * HKV * D * (2 if kv_dtype == "auto" else 1)
     n_sets = max(1, min(8, ROTATE_BYTES // kv_bytes))
-    caches = [make_cache(b, length, kv_dtype) for _ in range(n_sets)]
-    q = torch.randn(b, HQ, D, dtype=DTYPE, device="cuda")
-    out = torch.empty_like(q)
-    sl = torch.full((b,), length, dtype=torch.int32, device="cuda")
     ps = decode_partition(b, length, sms)
     parts = math.ceil(length / ps) if ps else 1
     es = torch.empty(b, HQ, parts, device="cuda")
-    ml, tmp = torch.empty_like(es), torch.empty(b, HQ, parts, D, device="cuda")
+    return {"caches": [make_cache(b, length, kv_dtype) for _ in range(n_sets)],
+            "q": torch.randn(b, HQ, D, dtype=DTYPE, device="cuda"),
+            "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
+            "ps": ps, "es": es, "ml": torch.empty_like(es),
+            "tmp": torch.empty(b, HQ, parts, D, device="cuda"), "bytes": kv_bytes}
+
+
+def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
+    q, sl, ps = x["q"], x["sl"], x["ps"]
+    out = torch.empty_like(q)
 
     def ours(kc, vc, bt):
         args = (q, kc, vc, HKV, D ** -0.5, bt, sl, BS, length, None, kv_dtype, 1.0, 1.0)
         if ps:
-            return lambda: ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=ps)
+            return lambda: ops.paged_attention_v2(out, x["es"], x["ml"], x["tmp"], *args,
+                                                  partition_size=ps)
         return lambda: ops.paged_attention_v1(out, *args)
 
-    res = {"ours": time_graph([ours(*c) for c in caches]), "bytes": kv_bytes, "ps": ps}
+    return time_graph([ours(*c) for c in x["caches"]])
+
+
+def bench_decode_ours(b: int, length: int, sms: int, kv_dtype: str = "auto") -> float:
+    """Seconds per call of our decode alone."""
+    return _time_ours(_decode_inputs(b, length, sms, kv_dtype), length, kv_dtype)
+
+
+def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
+    x = _decode_inputs(b, length, sms, kv_dtype)
+    caches, q, kv_bytes = x["caches"], x["q"], x["bytes"]
+    res = {"ours": _time_ours(x, length, kv_dtype), "bytes": kv_bytes, "ps": x["ps"]}
     if kv_dtype != "auto":
         return res
     qs = q.view(b, HQ, 1, D)
@@ -204,11 +218,15 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="only the decode table (skip prefill and reshape_and_cache)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     bw = copy_bandwidth()
-    print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s")
+    print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
+          f"decode kernel: {'tensor-core' if mma_decode_enabled() else 'CUDA-core'} "
+          f"(PAGEDKV_DECODE_MMA)")
     dec = DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "
@@ -224,6 +242,8 @@ def main() -> None:
               f"{tbs / 1e12:6.2f} {tbs / bw:7.2f} {fmt(r8['ours'])} "
               f"{ratio(r['ours'], r8['ours']):>8}")
         torch.cuda.empty_cache()
+    if args.decode_only:
+        return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
     print("\nPrefill, causal, no cached prefix (us; TFLOP/s of ours)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "

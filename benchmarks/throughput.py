@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -166,32 +167,91 @@ def bench_hf_cb(args: argparse.Namespace, hf: Any, prompts: List[List[int]]
 
 def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
                     prompts: List[List[int]]) -> Dict[str, Any]:
-    """Greedy tokens (prefix agreement) and first-token logprobs of pagedkv vs HF."""
+    """Greedy tokens (prefix agreement) and first-token logprobs of pagedkv vs HF.
+
+    Logprobs are compared on the same token ids: HF's top-5 ids looked up in pagedkv's top-20
+    (a missing id counts as a disagreement). In bf16 the logits themselves are rounded to 8
+    significant bits, so two correct implementations differ by up to about one bf16 step of the
+    largest logit ("logit_bf16_step"); with a half-precision dtype HF is also re-run in float32,
+    and both are measured against that reference: pagedkv's error should match HF's own."""
     from pagedkv import SamplingParams
 
     k = min(args.check, len(prompts))
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True,
-                            logprobs=5)
+                            logprobs=20)
     outs = llm.generate(prompts[:k], params, use_tqdm=False)
-    matched, total, worst_lp, top1_same = 0, 0, 0.0, 0
-    for p, o in zip(prompts[:k], outs):
-        ids = torch.tensor([p], device=args.device)
-        with torch.no_grad():
-            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                              max_new_tokens=args.output_len, min_new_tokens=args.output_len,
-                              pad_token_id=0)[0, len(p):].tolist()
-            lp = torch.log_softmax(hf(ids).logits[0, -1].float(), -1)
-        ours = o.outputs[0].token_ids
-        n = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), len(ref))
-        matched += n
-        total += len(ref)
-        first = o.outputs[0].logprobs[0]
-        top1_same += int(ours[0] == int(lp.argmax()))
-        for tid, entry in first.items():
-            worst_lp = max(worst_lp, abs(entry.logprob - float(lp[tid])))
-    return {"prompts": k, "greedy_prefix_agreement": matched / max(total, 1),
-            "first_token_top1_agreement": top1_same / k,
-            "max_abs_logprob_diff_top5": worst_lp}
+    ours = [o.outputs[0] for o in outs]
+    matched = total = top1_same = top5_same = missing = 0
+    worst, step = 0.0, 0.0
+    hf_lps = []
+    for p, o in zip(prompts[:k], ours):
+        ref = hf_greedy(args, hf, p)
+        logits = hf_first_logits(args, hf, p)
+        lp = torch.log_softmax(logits, -1)
+        hf_lps.append(lp)
+        n = next((i for i, (a, b) in enumerate(zip(o.token_ids, ref)) if a != b), len(ref))
+        matched, total = matched + n, total + len(ref)
+        first = o.logprobs[0]
+        top1_same += int(o.token_ids[0] == int(lp.argmax()))
+        hf_top5 = lp.topk(5).indices.tolist()
+        top5_same += len(set(hf_top5) & {t for t, e in first.items() if e.rank <= 5})
+        for tid in hf_top5:
+            if tid not in first:
+                missing += 1
+                continue
+            worst = max(worst, abs(first[tid].logprob - float(lp[tid])))
+        step = max(step, bf16_step(logits))
+    result: Dict[str, Any] = {
+        "prompts": k, "greedy_prefix_agreement": matched / max(total, 1),
+        "first_token_top1_agreement": top1_same / k,
+        "top5_ids_agreement": top5_same / (5 * k),
+        "hf_top5_missing_from_ours_top20": missing,
+        "max_abs_logprob_diff_same_ids": worst, "logit_bf16_step": step}
+    if torch_dtype(args.dtype, args.device).itemsize < 4:
+        result.update(fp32_reference(args, hf, prompts[:k], ours, hf_lps))
+    return result
+
+
+def hf_greedy(args: argparse.Namespace, hf: Any, prompt: List[int]) -> List[int]:
+    ids = torch.tensor([prompt], device=args.device)
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=args.output_len, min_new_tokens=args.output_len,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_first_logits(args: argparse.Namespace, hf: Any, prompt: List[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt], device=args.device)
+    with torch.no_grad():
+        return hf(ids).logits[0, -1].float()
+
+
+def bf16_step(logits: torch.Tensor) -> float:
+    """Spacing of bfloat16 numbers at the largest |logit| (8 significant bits)."""
+    top = float(logits.abs().max())
+    return 2.0 ** (math.floor(math.log2(top)) - 7) if top > 0 else 0.0
+
+
+def fp32_reference(args: argparse.Namespace, hf: Any, prompts: List[List[int]],
+                   ours: List[Any], hf_lps: List[torch.Tensor]) -> Dict[str, Any]:
+    """HF in float32 (the same weights, upcast) as the reference for both bf16 results, on the
+    reference's top-5 ids of the first token."""
+    hf.float()
+    err_ours = err_hf = 0.0
+    missing = 0
+    for p, o, lp_hf in zip(prompts, ours, hf_lps):
+        ref = torch.log_softmax(hf_first_logits(args, hf, p), -1)
+        first = o.logprobs[0]
+        for tid in ref.topk(5).indices.tolist():
+            err_hf = max(err_hf, abs(float(lp_hf[tid]) - float(ref[tid])))
+            if tid in first:
+                err_ours = max(err_ours, abs(first[tid].logprob - float(ref[tid])))
+            else:
+                missing += 1
+    return {"fp32_ref_max_abs_logprob_err_pagedkv": err_ours,
+            "fp32_ref_max_abs_logprob_err_hf": err_hf,
+            "fp32_ref_top5_missing_from_ours_top20": missing}
 
 
 def main() -> None:

@@ -1,14 +1,43 @@
-// Uses the installed pagedkv library from C++: prints the version and build, then writes a few
-// tokens into a paged KV cache (NHD layout) and runs decode attention over them on the CPU.
+// Uses the installed pagedkv library from C++: prints the version and build, schedules two
+// prompts with the continuous-batching scheduler (seed 000's trace: chunked prefill under a
+// 512-token budget), then writes a few tokens into a paged KV cache (NHD layout) and runs decode
+// attention over them on the CPU.
 #include <pagedkv/pagedkv.h>
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
+
+namespace {
+
+// Three steps of two 484-token prompts; the sampled token of every sequence is a dummy 7.
+void run_scheduler() {
+  pagedkv::SchedulerConfig cfg;
+  cfg.num_blocks = 128;
+  cfg.block_size = 16;
+  cfg.max_num_batched_tokens = 512;
+  pagedkv::Scheduler sched(cfg);
+  pagedkv::RequestParams params;
+  params.max_tokens = 8;
+  for (int r = 0; r < 2; ++r)
+    sched.add_request("req-" + std::to_string(r), std::vector<int32_t>(484, 100 + r), params);
+  for (int step = 1; step <= 3; ++step) {
+    const pagedkv::StepPlan& plan = sched.schedule();
+    std::printf("step %d: %d prefills, %d prefill tokens, %d decode tokens, seq_lens", step,
+                plan.num_prefills, plan.num_prefill_tokens, plan.num_decode_tokens);
+    for (int32_t len : plan.seq_lens) std::printf(" %d", len);
+    std::printf("\n");
+    sched.update(plan, std::vector<int64_t>(plan.num_seqs, 7));
+  }
+}
+
+}  // namespace
 
 int main() {
   const pagedkv::BuildInfo info = pagedkv::build_info();
   std::printf("pagedkv %s (cuda: %s)\n", pagedkv::version(), info.with_cuda ? "yes" : "no");
+  run_scheduler();
 
   using pagedkv::DType;
   using pagedkv::TensorView;
@@ -26,14 +55,14 @@ int main() {
   std::vector<int64_t> slots(kTokens);
   for (int t = 0; t < kTokens; ++t) slots[t] = 2 * kBlockSize + t;
 
-  const TensorView kc(key_cache.data(), DType::kFloat32, {kBlocks, kBlockSize, kKVHeads, kHeadSize});
+  const TensorView kc(key_cache.data(), DType::kFloat32,
+                      {kBlocks, kBlockSize, kKVHeads, kHeadSize});
   const TensorView vc(value_cache.data(), DType::kFloat32,
                       {kBlocks, kBlockSize, kKVHeads, kHeadSize});
   pagedkv::ops::reshape_and_cache_flash(
       TensorView(key.data(), DType::kFloat32, {kTokens, kKVHeads, kHeadSize}),
       TensorView(value.data(), DType::kFloat32, {kTokens, kKVHeads, kHeadSize}), kc, vc,
-      TensorView(slots.data(), DType::kInt64, {kTokens}), pagedkv::KVCacheDType::kAuto, 1.0f,
-      1.0f);
+      TensorView(slots.data(), DType::kInt64, {kTokens}), pagedkv::KVCacheDType::kAuto, 1.0f, 1.0f);
 
   std::vector<float> query(kHeads * kHeadSize, 0.1f), out(query.size(), 0.0f);
   std::vector<int32_t> block_table = {2}, seq_lens = {kTokens};

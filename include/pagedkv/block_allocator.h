@@ -52,9 +52,9 @@ BlockHash hash_block(const BlockHash& parent, const int32_t* tokens, size_t num_
                      uint64_t extra_key = 0);
 
 struct BlockAllocatorConfig {
-  int32_t num_blocks = 0;       // device (GPU or CPU-cache) blocks
-  int32_t block_size = 16;      // tokens per block
-  int32_t num_cpu_blocks = 0;   // host swap pool size (0 = no swapping)
+  int32_t num_blocks = 0;      // device (GPU or CPU-cache) blocks
+  int32_t block_size = 16;     // tokens per block
+  int32_t num_cpu_blocks = 0;  // host swap pool size (0 = no swapping)
   bool enable_prefix_caching = true;
 };
 

@@ -58,12 +58,12 @@ std::string concat(const Args&... args) {
 }  // namespace pagedkv
 
 // Throws pagedkv::ValueError with a message built from the remaining arguments when `cond` fails.
-#define PAGEDKV_CHECK(cond, ...) \
-  do {                           \
+#define PAGEDKV_CHECK(cond, ...)                                                      \
+  do {                                                                                \
     if (!(cond)) throw ::pagedkv::ValueError(::pagedkv::detail::concat(__VA_ARGS__)); \
   } while (0)
 
-#define PAGEDKV_CHECK_TYPE(cond, ...) \
-  do {                                \
+#define PAGEDKV_CHECK_TYPE(cond, ...)                                                \
+  do {                                                                               \
     if (!(cond)) throw ::pagedkv::TypeError(::pagedkv::detail::concat(__VA_ARGS__)); \
   } while (0)

@@ -2,13 +2,11 @@
 // The one header a C++ application includes.
 #pragma once
 
+#include "pagedkv/block_allocator.h"
 #include "pagedkv/error.h"
+#include "pagedkv/ops.h"
+#include "pagedkv/scheduler.h"
+#include "pagedkv/scheduler_config.h"
+#include "pagedkv/step_plan.h"
 #include "pagedkv/tensor.h"
 #include "pagedkv/version.h"
-#include "pagedkv/ops.h"
-#if __has_include("pagedkv/block_allocator.h")
-#include "pagedkv/block_allocator.h"
-#endif
-#if __has_include("pagedkv/scheduler.h")
-#include "pagedkv/scheduler.h"
-#endif

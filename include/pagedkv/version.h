@@ -11,11 +11,11 @@ const char* version();
 
 struct BuildInfo {
   std::string version;
-  bool with_cuda = false;                // CUDA kernels compiled in
-  std::vector<std::string> cuda_archs;   // e.g. {"80", "90a"}; empty without CUDA
-  std::string cuda_version;              // nvcc version used, empty without CUDA
-  std::string compiler;                  // C++ compiler id and version
-  std::string build_type;                // CMake build type
+  bool with_cuda = false;               // CUDA kernels compiled in
+  std::vector<std::string> cuda_archs;  // e.g. {"80", "90a"}; empty without CUDA
+  std::string cuda_version;             // nvcc version used, empty without CUDA
+  std::string compiler;                 // C++ compiler id and version
+  std::string build_type;               // CMake build type
 };
 
 BuildInfo build_info();

@@ -8,12 +8,71 @@ Keyword-only extras (``logits_soft_cap``, ``sliding_window``, ``scale``, ``strea
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from typing import Any, List, Optional, Tuple
 
 from pagedkv import _tensor, ops
 
 _PARTITION_SIZE = ops.PARTITION_SIZE
+# The tensor-core CUDA decode (src/ops/cuda/decode_mma.cuh) is opt-in until it has run on a GPU:
+# PAGEDKV_DECODE_MMA=1 enables it (the default mirrors kMmaDecodeDefault in decode_mma.cu).
+_MMA_DECODE_DEFAULT = False
+
+
+def mma_decode_enabled() -> bool:
+    """True when CUDA decode of fp16/bf16 queries runs on the tensor-core kernel
+    (PAGEDKV_DECODE_MMA=1; 0 = the CUDA-core kernel)."""
+    value = os.environ.get("PAGEDKV_DECODE_MMA", "").strip()
+    if not value:
+        return _MMA_DECODE_DEFAULT
+    try:
+        return int(value) != 0
+    except ValueError:
+        return False  # what the C++ side's atoi reads
+
+
+def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_seq_len: int,
+                          block_size: int, num_sms: int,
+                          tensor_cores: Optional[bool] = None) -> int:
+    """Split-K partition size for CUDA decode; 0 = single pass (paged_attention_v1).
+
+    Both CUDA kernels run one CTA per (sequence, KV head, query-head chunk, partition). When
+    the unsplit grid fills less than half of `slots` resident CTAs, the context is cut into
+    slots // CTAs partitions (whole waves: no half-empty tail wave). The tensor-core kernel
+    keeps 2 CTAs per SM resident (16 query heads per CTA) and wants one wave; the CUDA-core
+    kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM. Partitions are
+    multiples of 16 keys and of block_size, at least 128 keys."""
+    if tensor_cores is None:
+        tensor_cores = mma_decode_enabled()
+    heads_per_cta, per_sm = (16, 2) if tensor_cores else (8, 8)
+    group = max(1, num_heads // max(1, num_kv_heads))
+    ctas = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_cta))
+    parts = per_sm * num_sms // ctas
+    if parts < 2 or max_seq_len <= 0:
+        return 0
+    unit = block_size * 16 // math.gcd(block_size, 16)
+    size = max(math.ceil(max_seq_len / parts / unit) * unit, math.ceil(128 / unit) * unit)
+    return 0 if size >= max_seq_len else size
+
+
+@functools.cache
+def _sm_count(framework: str, device: int) -> int:
+    if framework == "torch":
+        import torch
+
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    if framework == "cupy":
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])
+    return 132  # an H100 SXM
+
+
+def _num_sms(x: Any) -> int:
+    """Multiprocessors of the GPU holding ``x``."""
+    return _sm_count(_tensor.framework(x), int(x.__dlpack_device__()[1]))
 
 
 def _element_size(x: Any) -> int:
@@ -68,16 +127,24 @@ class PagedAttention:
                        logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
                        stream: Optional[int] = None) -> Any:
         """Decode attention; returns the output [num_seqs, num_heads, head_size] like query.
-        Uses the single-pass kernel unless the context spans several 512-token partitions and
-        the batch is small (vLLM's heuristic), or max_seq_len > 8192."""
+        On CUDA the split-K partition comes from decode_partition_size (split only when the
+        batch leaves the GPU under-filled); on the CPU it is vLLM's: the single-pass kernel
+        unless the context spans several 512-token partitions and the batch is small, or
+        max_seq_len > 8192."""
         _tensor.check_array(query, "query")
         _tensor.check_array(key_cache, "key_cache")
         output = _tensor.empty(query.shape, _tensor.dtype_name(query), like=query)
         block_size = int(key_cache.shape[3] if len(key_cache.shape) == 5 else key_cache.shape[1])
         num_seqs, num_heads, head_size = (int(s) for s in query.shape)
-        max_num_partitions = (max_seq_len + _PARTITION_SIZE - 1) // _PARTITION_SIZE
-        use_v1 = max_seq_len <= 8192 and (max_num_partitions == 1
-                                          or num_seqs * num_heads > 512)
+        if _tensor.is_cuda(query):
+            partition_size = decode_partition_size(num_seqs, num_heads, num_kv_heads,
+                                                   max_seq_len, block_size, _num_sms(query))
+            use_v1 = partition_size == 0
+        else:
+            partition_size = _PARTITION_SIZE
+            max_parts = (max_seq_len + _PARTITION_SIZE - 1) // _PARTITION_SIZE
+            use_v1 = max_seq_len <= 8192 and (max_parts == 1 or num_seqs * num_heads > 512)
+        max_num_partitions = (max_seq_len + partition_size - 1) // max(1, partition_size)
         common = dict(logits_soft_cap=logits_soft_cap, sliding_window=sliding_window,
                       stream=stream)
         if use_v1:
@@ -101,7 +168,8 @@ class PagedAttention:
                                    block_size, max_seq_len, alibi_slopes, kv_cache_dtype,
                                    k_scale, v_scale, tp_rank, blocksparse_local_blocks,
                                    blocksparse_vert_stride, blocksparse_block_size,
-                                   blocksparse_head_sliding_step, **common)
+                                   blocksparse_head_sliding_step,
+                                   partition_size=partition_size, **common)
         return _tensor.finish(output, query)
 
     @staticmethod

@@ -1,7 +1,6 @@
 // TensorView construction from DLPack and the argument-validation helpers.
 #include "pagedkv/tensor.h"
 
-
 namespace pagedkv {
 
 std::string_view dtype_name(DType dtype) {
@@ -35,7 +34,8 @@ size_t dtype_size(DType dtype) {
 }
 
 DType dtype_from_dlpack(DLDataType dt, std::string_view arg) {
-  PAGEDKV_CHECK_TYPE(dt.lanes == 1, arg, ": vector dtypes (lanes=", dt.lanes, ") are not supported");
+  PAGEDKV_CHECK_TYPE(dt.lanes == 1, arg, ": vector dtypes (lanes=", dt.lanes,
+                     ") are not supported");
   const int code = dt.code, bits = dt.bits;
   if (code == kDLFloat && bits == 32) return DType::kFloat32;
   if (code == kDLFloat && bits == 16) return DType::kFloat16;
@@ -46,8 +46,8 @@ DType dtype_from_dlpack(DLDataType dt, std::string_view arg) {
   if (code == kDLInt && bits == 32) return DType::kInt32;
   if (code == kDLInt && bits == 64) return DType::kInt64;
   if (code == kDLBool && bits == 8) return DType::kBool;
-  throw TypeError(detail::concat(arg, ": unsupported dtype (DLPack code ", code, ", ", bits,
-                                 " bits)"));
+  throw TypeError(
+      detail::concat(arg, ": unsupported dtype (DLPack code ", code, ", ", bits, " bits)"));
 }
 
 DLDataType dtype_to_dlpack(DType dtype) {
@@ -74,8 +74,8 @@ std::string Device::str() const {
   return "unknown";
 }
 
-TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape,
-                       Device device, std::initializer_list<int64_t> strides)
+TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device,
+                       std::initializer_list<int64_t> strides)
     : TensorView(data, dtype, shape.begin(), static_cast<int>(shape.size()), device,
                  strides.size() == 0 ? nullptr : strides.begin()) {
   PAGEDKV_CHECK(strides.size() == 0 || strides.size() == shape.size(),

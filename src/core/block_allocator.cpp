@@ -10,17 +10,13 @@ namespace pagedkv {
 
 const char* status_message(Status s) {
   switch (s) {
-    case Status::kOk:
-      return "ok";
-    case Status::kOutOfBlocks:
-      return "not enough free blocks";
-    case Status::kInvalidBlock:
-      return "block id out of range";
+    case Status::kOk: return "ok";
+    case Status::kOutOfBlocks: return "not enough free blocks";
+    case Status::kInvalidBlock: return "block id out of range";
     case Status::kNotAllocated:
       return "block is not allocated (ref count 0: double free or never "
              "allocated)";
-    case Status::kInvalidArgument:
-      return "invalid argument";
+    case Status::kInvalidArgument: return "invalid argument";
   }
   return "unknown status";
 }

@@ -19,7 +19,9 @@ class KvCacheManager {
   BlockAllocator& allocator() { return allocator_; }
   const BlockAllocator& allocator() const { return allocator_; }
   int32_t num_free_blocks() const { return allocator_.num_free_blocks(); }
-  int32_t blocks_for(int32_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
+  int32_t blocks_for(int32_t num_tokens) const {
+    return (num_tokens + block_size_ - 1) / block_size_;
+  }
 
   // Device blocks that ensure_slots(req, total_tokens) would take from the free pool, counting
   // a copy-on-write of the partially filled block that this step writes into.

@@ -23,13 +23,13 @@ struct Request {
 
   std::vector<int32_t> tokens;  // prompt + generated
   int32_t num_prompt_tokens = 0;
-  int32_t num_computed = 0;     // tokens whose KV is in the cache
-  int32_t prefill_target = 0;   // in its prefill phase while num_computed < prefill_target
+  int32_t num_computed = 0;    // tokens whose KV is in the cache
+  int32_t prefill_target = 0;  // in its prefill phase while num_computed < prefill_target
   int32_t num_preemptions = 0;
 
-  std::vector<BlockId> blocks;           // device blocks, in token order
-  std::vector<BlockHash> block_hashes;   // hashes of blocks[0..k) registered for prefix reuse
-  std::vector<BlockId> cpu_blocks;       // host blocks while swapped out
+  std::vector<BlockId> blocks;          // device blocks, in token order
+  std::vector<BlockHash> block_hashes;  // hashes of blocks[0..k) registered for prefix reuse
+  std::vector<BlockId> cpu_blocks;      // host blocks while swapped out
   // Changes (to a value unique across all requests) whenever `blocks` changes other than by
   // appending, so a cached block-table row is never mistaken for the current one.
   uint64_t table_version = 0;
@@ -37,7 +37,7 @@ struct Request {
     static std::atomic<uint64_t> counter{0};
     table_version = ++counter;
   }
-  int32_t num_scheduled = 0;             // tokens scheduled in the current step (0 = not yet)
+  int32_t num_scheduled = 0;  // tokens scheduled in the current step (0 = not yet)
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - num_prompt_tokens; }

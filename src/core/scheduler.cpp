@@ -135,17 +135,10 @@ bool Scheduler::abort_request(const std::string& request_id) {
   p.preempted_slots.erase(std::remove(p.preempted_slots.begin(), p.preempted_slots.end(), r->slot),
                           p.preempted_slots.end());
   switch (r->state) {
-    case RequestState::kRunning:
-      s.erase_running(r);
-      break;
-    case RequestState::kWaiting:
-      s.waiting.erase(r);
-      break;
-    case RequestState::kSwapped:
-      s.swapped.erase(r);
-      break;
-    case RequestState::kFree:
-      break;
+    case RequestState::kRunning: s.erase_running(r); break;
+    case RequestState::kWaiting: s.waiting.erase(r); break;
+    case RequestState::kSwapped: s.swapped.erase(r); break;
+    case RequestState::kFree: break;
   }
   s.release(r);
   return true;

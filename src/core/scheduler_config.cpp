@@ -33,11 +33,10 @@ void SchedulerConfig::validate() const {
   PAGEDKV_CHECK(max_model_len >= 0, "max_model_len must be > 0 (or None), got ", max_model_len);
   PAGEDKV_CHECK(preemption_mode != PreemptionMode::kSwap || num_cpu_blocks > 0,
                 "num_cpu_blocks must be > 0 when preemption_mode is 'swap'");
-  PAGEDKV_CHECK(enable_chunked_prefill || max_model_len == 0 ||
-                    max_model_len <= max_num_batched_tokens,
-                "max_num_batched_tokens (", max_num_batched_tokens,
-                ") must be >= max_model_len (", max_model_len,
-                ") when enable_chunked_prefill is False: a prompt must fit one step");
+  PAGEDKV_CHECK(
+      enable_chunked_prefill || max_model_len == 0 || max_model_len <= max_num_batched_tokens,
+      "max_num_batched_tokens (", max_num_batched_tokens, ") must be >= max_model_len (",
+      max_model_len, ") when enable_chunked_prefill is False: a prompt must fit one step");
   // Bound the block-table buffer (max_num_seqs rows of max_blocks_per_seq int32).
   int64_t table = static_cast<int64_t>(max_num_seqs) * max_blocks_per_seq();
   PAGEDKV_CHECK(table <= (int64_t{1} << 28),

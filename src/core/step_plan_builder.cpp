@@ -70,8 +70,8 @@ void StepPlanBuilder::add_entry(const ScheduledEntry& e, int32_t row) {
     const int32_t pos = ctx + t;
     p.input_ids[start + t] = tokens[pos];
     p.positions[start + t] = pos;
-    p.slot_mapping[start + t] = static_cast<int64_t>(blocks[pos / block_size_]) * block_size_ +
-                                pos % block_size_;
+    p.slot_mapping[start + t] =
+        static_cast<int64_t>(blocks[pos / block_size_]) * block_size_ + pos % block_size_;
   }
   p.num_tokens = start + e.num_tokens;
   p.seq_lens[row] = seq_len;

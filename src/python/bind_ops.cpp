@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/ops.h"
 #include "ops/cpu/parallel.h"
+#include "pagedkv/ops.h"
 #include "python/bindings.h"
 #include "python/tensor_caster.h"
 
@@ -63,18 +63,17 @@ void bind_ops(nb::module_& m) {
           ops::reshape_and_cache(k, v, kc, vc, sm, dt, k_scale, v_scale, to_stream(stream));
         }
       },
-      "key"_a, "value"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
-      "slot_mapping"_a, "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a, "flash"_a,
-      "stream"_a = 0,
+      "key"_a, "value"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(), "slot_mapping"_a,
+      "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a, "flash"_a, "stream"_a = 0,
       "Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at "
       "slot_mapping (vLLM layout, or NHD when flash=True).");
 
   m.def(
       "ops_paged_attention_v1",
-      [](Array out, Array query, Array key_cache, Array value_cache, int num_kv_heads,
-         float scale, Array block_tables, Array seq_lens, int max_seq_len,
-         std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
-         float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream) {
+      [](Array out, Array query, Array key_cache, Array value_cache, int num_kv_heads, float scale,
+         Array block_tables, Array seq_lens, int max_seq_len, std::optional<Array> alibi_slopes,
+         const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
+         int sliding_window, uintptr_t stream) {
         const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
                                                 sliding_window, kv_cache_dtype, k_scale, v_scale);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
@@ -94,11 +93,11 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_paged_attention_v2",
-      [](Array out, Array exp_sums, Array max_logits, Array tmp_out, Array query,
-         Array key_cache, Array value_cache, int num_kv_heads, float scale, Array block_tables,
-         Array seq_lens, int max_seq_len, std::optional<Array> alibi_slopes,
-         const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
-         int sliding_window, int partition_size, uintptr_t stream) {
+      [](Array out, Array exp_sums, Array max_logits, Array tmp_out, Array query, Array key_cache,
+         Array value_cache, int num_kv_heads, float scale, Array block_tables, Array seq_lens,
+         int max_seq_len, std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype,
+         float k_scale, float v_scale, float logits_soft_cap, int sliding_window,
+         int partition_size, uintptr_t stream) {
         const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
                                                 sliding_window, kv_cache_dtype, k_scale, v_scale);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
@@ -114,20 +113,19 @@ void bind_ops(nb::module_& m) {
                                 partition_size, to_stream(stream));
       },
       "out"_a.noconvert(), "exp_sums"_a.noconvert(), "max_logits"_a.noconvert(),
-      "tmp_out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(),
-      "value_cache"_a.noconvert(), "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a,
-      "max_seq_len"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
-      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1,
-      "partition_size"_a = kPartitionSize, "stream"_a = 0,
+      "tmp_out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
+      "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "max_seq_len"_a,
+      "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
+      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "partition_size"_a = kPartitionSize,
+      "stream"_a = 0,
       "Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.");
 
   m.def(
       "ops_context_attention_fwd",
       [](Array out, Array query, Array key, Array value, Array key_cache, Array value_cache,
-         Array block_tables, Array query_start_loc, Array seq_lens, int max_query_len,
-         float scale, std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype,
-         float k_scale, float v_scale, float logits_soft_cap, int sliding_window,
-         uintptr_t stream) {
+         Array block_tables, Array query_start_loc, Array seq_lens, int max_query_len, float scale,
+         std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
+         float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream) {
         const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
                                                 sliding_window, kv_cache_dtype, k_scale, v_scale);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");

@@ -19,7 +19,7 @@ TEST(HalfConversion, RoundTripsEveryFp16) {
     if (std::isnan(f)) continue;
     EXPECT_EQ(cpu_ops::float_to_half(f), h) << h;
   }
-  EXPECT_EQ(cpu_ops::float_to_half(65520.0f), 0x7c00);  // ties to even: overflow to inf
+  EXPECT_EQ(cpu_ops::float_to_half(65520.0f), 0x7c00);            // ties to even: overflow to inf
   EXPECT_EQ(cpu_ops::float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even mantissa
   EXPECT_EQ(cpu_ops::float_to_bf16(1.0f + 1.0f / 256), 0x3f80);
   EXPECT_EQ(cpu_ops::float_to_bf16(1.0f + 3.0f / 256), 0x3f82);
@@ -98,8 +98,8 @@ TEST(PagedAttentionV1, MatchesDirectSoftmax) {
 
   lens[0] = 17;  // needs 3 blocks, the table has 2
   EXPECT_THROW(ops::paged_attention_v1(TensorView(out.data(), DType::kFloat32, {1, 1, kD}),
-                                       TensorView(q.data(), DType::kFloat32, {1, 1, kD}), kv, vv,
-                                       1, TensorView(table.data(), DType::kInt32, {1, 2}),
+                                       TensorView(q.data(), DType::kFloat32, {1, 1, kD}), kv, vv, 1,
+                                       TensorView(table.data(), DType::kInt32, {1, 2}),
                                        TensorView(lens.data(), DType::kInt32, {1}), 17, o),
                ValueError);
   EXPECT_THROW(parse_kv_cache_dtype("fp4"), ValueError);

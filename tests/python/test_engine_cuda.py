@@ -6,6 +6,10 @@ self-contained on a GPU machine with no model files.
 
 from __future__ import annotations
 
+import gc
+import warnings
+import weakref
+
 import numpy as np
 import pytest
 
@@ -107,3 +111,47 @@ def test_cuda_seeded_sampling_is_batch_independent(model_dir):
     batch = llm.generate(prompts[1:] + [prompts[0]], others + [p], use_tqdm=False)
     assert batch[-1].outputs[0].token_ids == alone
     _no_leak(llm)
+
+
+def test_cuda_graph_capture_survives_a_collection_of_a_dropped_engine(model_dir, monkeypatch,
+                                                                      capfd):
+    # The swap test's failure: an earlier engine, unreachable but kept by a reference cycle,
+    # was collected while a new engine captured its graphs; destroying a CUDA graph during a
+    # capture is illegal and invalidates it. Force that timing: a cyclic dead engine, and a
+    # collection inside the new capture.
+    from pagedkv.models.llama import LlamaForCausalLM
+
+    old = _llm(model_dir, device="cuda", dtype="float32", max_num_seqs=8)
+    assert old.llm_engine.runner.graphs is not None
+    old_runner = weakref.ref(old.llm_engine.runner)
+    old.cycle = old  # only the collector can free it now
+    del old
+    real_forward = LlamaForCausalLM.forward
+
+    def forward_collecting(self, *args, **kwargs):
+        if torch.cuda.is_current_stream_capturing():
+            gc.collect()
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", forward_collecting)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        new = _llm(model_dir, device="cuda", dtype="float32", max_num_seqs=8)
+    monkeypatch.undo()
+    assert old_runner() is None  # collected before the capture, not during it
+    assert not [w for w in caught if "CUDAGraph" in str(w.message)]
+    assert "CUDAGraph" not in capfd.readouterr().err
+    prompts = _prompts(3, seed=4)
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    eager = _llm(model_dir, device="cuda", dtype="float32", enforce_eager=True)
+    assert _tokens(new.generate(prompts, p, use_tqdm=False)) == _tokens(
+        eager.generate(prompts, p, use_tqdm=False))
+    assert new.llm_engine.runner.graphs.num_replays > 0
+    # Without a cycle, dropping an engine frees it (and its graphs) at once.
+    new_runner = weakref.ref(new.llm_engine.runner)
+    gc.disable()
+    try:
+        del new
+        assert new_runner() is None
+    finally:
+        gc.enable()

@@ -280,3 +280,23 @@ def test_token_id_prompts_and_order(llm, reference):
     for p, o in zip(PROMPTS[::-1], outs):
         assert o.outputs[0].token_ids == reference[p] and o.prompt is None
     assert_no_leak(llm)
+
+
+def test_dropped_engine_is_freed_without_the_cycle_collector(llm):
+    # A reference cycle would leave a dropped engine (its KV cache, on CUDA its graphs) to the
+    # cyclic collector, which may run at any allocation, e.g. inside another engine's CUDA
+    # graph capture (test_engine_cuda covers that case).
+    import gc
+    import weakref
+
+    other = _make(max_model_len=256)  # shares the module engine's weights
+    outs = other.generate(PROMPTS[0], SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=4,
+                                                     logprobs=2), use_tqdm=False)
+    assert len(outs[0].outputs) == 2
+    runner = weakref.ref(other.llm_engine.runner)
+    gc.disable()
+    try:
+        del other, outs
+        assert runner() is None, "a reference cycle keeps the dropped engine alive"
+    finally:
+        gc.enable()

@@ -6,11 +6,22 @@ buffers that each step refills; a batch is padded up to the next captured size w
 tokens (slot -1: not written to the cache; seq_len 1: a one-key attention whose result is
 dropped). The attention ops are graph-safe: no host sync, no allocation, fixed launch shapes for a
 given bound on the sequence length (``max_seq_len_to_capture``, capped at max_model_len).
+
+Capture runs with Python's garbage collector paused (after one full collection). A collection
+during capture can run the destructor of an unreachable engine's CUDA graphs, and
+cudaGraphExecDestroy is not permitted while a stream captures: it invalidates the capture in
+progress ("operation not permitted when stream is capturing" from CUDAGraph::reset, then a
+failed capture_end). For the same reason this runner holds no reference back to the
+ModelRunner that owns it: a dropped engine is freed by reference counting, not left for the
+collector. (The collection before capture also takes the start-up heap off the collector's
+pending count, so a full collection, tens of ms, does not fall into the first steps.)
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+import contextlib
+import gc
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import torch
@@ -25,25 +36,36 @@ def capture_sizes(max_num_seqs: int) -> List[int]:
 
 class CudaGraphRunner:
     def __init__(self, runner: Any, max_num_seqs: int) -> None:
-        self.runner = runner
+        # What capture needs from the ModelRunner, copied out (no back-reference: see above).
+        self.model = runner.model
+        self.kv_caches = runner.kv_caches
+        self.num_heads, self.num_kv_heads = runner.mc.num_attention_heads, runner.num_kv_heads
+        self.head_dim, self.block_size = runner.head_dim, runner.block_size
         self.batch_sizes = capture_sizes(max_num_seqs)
         self.max_len = min(runner.max_model_len, runner.cfg.max_seq_len_to_capture)
         max_bs, dev = self.batch_sizes[-1], runner.device
-        width = -(-self.max_len // runner.block_size)
-        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones(max_bs, dtype=torch.int32, device=dev)
+        width = -(-self.max_len // self.block_size)
+        # The graphs' static inputs live in two device buffers, each refilled by one copy per
+        # step from a pinned host mirror (not one copy and one padding fill per field).
+        self._host64, self._dev64 = _mirrored((3, max_bs), torch.int64, dev)
+        self.input_ids, self.positions, self.slot_mapping = self._dev64.unbind(0)
+        self._host64[2] = -1  # padding slots: not written to the cache
+        self._host32, self._dev32 = _mirrored((max_bs * (1 + width),), torch.int32, dev)
+        self.seq_lens = self._dev32[:max_bs]
+        self.block_tables = self._dev32[max_bs:].view(max_bs, width)
+        self._host32[:max_bs] = 1  # padding rows: a one-key attention whose result is dropped
+        self._host32[max_bs:] = 0
+        self._dev64.copy_(self._host64)
+        self._dev32.copy_(self._host32)
+        self._copied = torch.cuda.Event()  # the last host -> device copy of the mirrors
         self.query_start_loc = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.block_tables = torch.zeros(max_bs, width, dtype=torch.int32, device=dev)
         self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = 0  # decode steps served by a graph (tests and logs read it)
         self._capture_all()
 
     def _backend(self, bs: int) -> PagedAttentionBackend:
-        r = self.runner
-        backend = PagedAttentionBackend(r.kv_caches, r.mc.num_attention_heads, r.num_kv_heads,
-                                        r.head_dim, r.block_size)
+        backend = PagedAttentionBackend(self.kv_caches, self.num_heads, self.num_kv_heads,
+                                        self.head_dim, self.block_size)
         backend.set_metadata(AttentionMetadata(
             num_prefills=0, num_prefill_tokens=0, num_decode_tokens=bs,
             slot_mapping=self.slot_mapping[:bs], seq_lens=self.seq_lens[:bs],
@@ -53,19 +75,23 @@ class CudaGraphRunner:
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
-        model, pool = self.runner.model, None
-        # Largest first, so smaller graphs reuse the memory pool of the larger ones.
-        for bs in reversed(self.batch_sizes):
-            backend = self._backend(bs)
-            ids, pos = self.input_ids[:bs], self.positions[:bs]
-            model.forward(ids, pos, backend)  # warm-up: lazy inits must not happen in capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = model.forward(ids, pos, backend)
-            pool = graph.pool()
-            self.graphs[bs] = (graph, out)
+        model, pool = self.model, None
+        with _gc_paused():
+            # Largest first, so smaller graphs reuse the memory pool of the larger ones.
+            for bs in reversed(self.batch_sizes):
+                pool = self._capture(model, bs, pool)
         torch.cuda.synchronize()
+
+    def _capture(self, model: Any, bs: int, pool: Any) -> Any:
+        backend = self._backend(bs)
+        ids, pos = self.input_ids[:bs], self.positions[:bs]
+        model.forward(ids, pos, backend)  # warm-up: lazy inits must not happen in capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = model.forward(ids, pos, backend)
+        self.graphs[bs] = (graph, out)
+        return graph.pool()
 
     def can_run(self, num_seqs: int, max_seq_len: int) -> bool:
         return num_seqs <= self.batch_sizes[-1] and max_seq_len <= self.max_len
@@ -73,23 +99,43 @@ class CudaGraphRunner:
     def run(self, plan: Any) -> torch.Tensor:
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
+        max_bs, width = self.block_tables.shape
         seq_lens = np.asarray(plan.seq_lens[:n])
-        width = max(1, -(-int(seq_lens.max()) // self.runner.block_size))
-        _fill(self.input_ids, plan.input_ids[:n], bs, 0)
-        _fill(self.positions, plan.positions[:n], bs, 0)
-        _fill(self.slot_mapping, plan.slot_mapping[:n], bs, -1)
-        _fill(self.seq_lens, seq_lens, bs, 1)
-        self.block_tables[:n, :width].copy_(
-            torch.from_numpy(np.ascontiguousarray(plan.block_tables[:n, :width])),
-            non_blocking=True)
+        used = max(1, -(-int(seq_lens.max()) // self.block_size))
+        self._copied.synchronize()  # the previous step's copy has read the mirrors
+        h64 = self._host64.numpy()
+        h64[0, :n], h64[0, n:bs] = plan.input_ids[:n], 0
+        h64[1, :n], h64[1, n:bs] = plan.positions[:n], 0
+        h64[2, :n], h64[2, n:bs] = plan.slot_mapping[:n], -1
+        h32 = self._host32.numpy()
+        h32[:n], h32[n:bs] = seq_lens, 1
+        # Rows past n keep earlier block ids (valid ones): padding rows read one key only.
+        h32[max_bs:max_bs + n * width].reshape(n, width)[:, :used] = plan.block_tables[:n, :used]
+        self._dev64.copy_(self._host64, non_blocking=True)
+        end = max_bs + n * width
+        self._dev32[:end].copy_(self._host32[:end], non_blocking=True)
+        self._copied.record()
         graph, out = self.graphs[bs]
         graph.replay()
         self.num_replays += 1
         return out[:n]
 
 
-def _fill(dst: torch.Tensor, src: Any, bs: int, pad: int) -> None:
-    n = len(src)
-    dst[:n].copy_(torch.from_numpy(np.ascontiguousarray(src)).to(dst.dtype), non_blocking=True)
-    if bs > n:
-        dst[n:bs].fill_(pad)
+def _mirrored(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device
+              ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A pinned host buffer and its device twin (asynchronous copies need pinned memory)."""
+    return (torch.empty(shape, dtype=dtype, pin_memory=True),
+            torch.empty(shape, dtype=dtype, device=device))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Collects now, then keeps automatic collection off until the block ends."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -37,6 +37,7 @@ class LLMEngine:
         self.num_gpu_blocks, self.num_cpu_blocks = parts.num_blocks, parts.num_cpu_blocks
         self.eos_token_ids = parts.eos_token_ids
         self.decoder = DirectDecoder(self.tokenizer) if self.tokenizer is not None else None
+        self._token_text: Dict[int, str] = {}  # token id -> its text alone (logprob entries)
         self.requests: Dict[str, RequestState] = {}
         self.seq_owner: Dict[str, tuple[RequestState, SeqState]] = {}  # scheduler id -> seq
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
@@ -136,8 +137,9 @@ class LLMEngine:
         n = int(plan.num_seqs)
         if n == 0:
             return []
-        now = time.time()
-        entries = [self.seq_owner[sid] for sid in list(plan.request_ids)[:n]]
+        now = time.time()  # one clock read per step: its tokens all arrive together
+        owner = self.seq_owner
+        entries = [owner[sid] for sid in list(plan.request_ids)[:n]]
         for req, _ in entries:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
@@ -145,20 +147,27 @@ class LLMEngine:
         work = StepSampling(self, plan, entries)
         sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
         finished_ids = set(self.scheduler.update(plan, sampled))
+        logprobs, forks = work.logprobs, work.forks
+        # Only requests with something to report: streaming ones, and those whose sample
+        # finished (generate()'s final_only requests report once, at the end).
         touched: Dict[str, RequestState] = {}
-        for i, (req, seq) in enumerate(work.entries):
-            tok = int(sampled[i])
+        num_tokens = 0
+        for i, tok in enumerate(sampled.tolist()):
             if tok < 0:
                 continue
-            touched[req.request_id] = req
-            if i in work.forks:  # before the parent can be finished by a stop string
-                self._fork_children(req, seq, work.forks[i], work)
-            self._accept_token(req, seq, tok, work.logprobs.get(id(seq)),
-                               seq.sched_id in finished_ids)
+            req, seq = work.entries[i]
+            if forks and i in forks:  # before the parent can be finished by a stop string
+                num_tokens += self._fork_children(req, seq, forks[i], work, now)
+            self._accept_token(req, seq, tok, logprobs.get(id(seq)) if logprobs else None,
+                               seq.sched_id in finished_ids, now)
+            num_tokens += 1
+            if not req.final_only or seq.finish_reason is not None:
+                touched[req.request_id] = req
+        self.stats["generation_tokens"] += num_tokens
         return self._collect_outputs(touched)
 
     def _fork_children(self, req: RequestState, parent: SeqState,
-                       kids: List[tuple[SeqState, int]], work: StepSampling) -> None:
+                       kids: List[tuple[SeqState, int]], work: StepSampling, now: float) -> int:
         req.forked = True
         for seq, tok in kids:
             seq.sched_id = f"{req.request_id}#{seq.index}"
@@ -168,17 +177,17 @@ class LLMEngine:
                 done = bool(self.scheduler.fork(parent.sched_id, seq.sched_id, tok))
             if not done:
                 self.seq_owner[seq.sched_id] = (req, seq)
-            self._accept_token(req, seq, tok, work.logprobs.get(id(seq)), done)
+            self._accept_token(req, seq, tok, work.logprobs.get(id(seq)), done, now)
+        return len(kids)
 
     def _accept_token(self, req: RequestState, seq: SeqState, tok: int,
                       lp: Optional[tuple[Optional[float], Optional[dict]]],
-                      sched_finished: bool) -> None:
-        now = time.time()
-        if req.metrics.first_token_time is None:
-            req.metrics.first_token_time = now
+                      sched_finished: bool, now: float) -> None:
+        metrics = req.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
             self.stats["prompt_tokens"] += len(req.prompt_token_ids)
-        req.metrics.last_token_time = now
-        self.stats["generation_tokens"] += 1
+        metrics.last_token_time = now
         seq.token_ids.append(tok)
         if lp is not None:
             if lp[0] is not None:
@@ -188,6 +197,8 @@ class LLMEngine:
         if sched_finished:
             req.finish_by_scheduler(seq)
             self.seq_owner.pop(seq.sched_id or "", None)
+        elif not req.incremental_text:
+            return  # the common running case: nothing to show or check yet
         # A stop token / EOS ends the text without being shown (vLLM's rule).
         hide = (sched_finished and seq.finish_reason == "stop"
                 and not req.params.include_stop_str_in_output)
@@ -215,15 +226,18 @@ class LLMEngine:
     def decode_logprob_tokens(self, d: dict) -> dict:
         if self.decoder is None:
             return d
+        cache = self._token_text
         for tid, lp in d.items():
-            lp.decoded_token = self.decoder.decode([tid], skip_special_tokens=False)
+            text = cache.get(tid)
+            if text is None:  # one decode per vocabulary entry, not per entry per step
+                text = cache[tid] = self.decoder.decode([tid], skip_special_tokens=False)
+            lp.decoded_token = text
         return d
 
     def _collect_outputs(self, touched: Dict[str, RequestState]) -> List[RequestOutput]:
         outs = []
         for req in touched.values():
-            if not req.finished and (req.params.output_kind == "final_only"
-                                     or req.params.best_of > req.params.n):
+            if not req.finished and (req.final_only or req.params.best_of > req.params.n):
                 continue  # best_of picks the winners at the end only
             outs.append(req.to_output())
             if req.finished:

@@ -57,16 +57,36 @@ class RequestState:
     forked: bool = False  # the n > 1 samples exist in the scheduler (or finished at once)
     num_cached_tokens: int = 0
 
-    @property
-    def incremental_text(self) -> bool:
-        """Text is built token by token when someone can see it before the end (streaming)
-        or stop strings must be watched; otherwise it is decoded once at the end."""
+    # Derived from params once (params do not change after add_request); the per-step loops
+    # read these for every sequence of the batch.
+    final_only: bool = field(init=False)  # no output until the request finishes
+    # Text is built token by token when someone can see it before the end (streaming) or stop
+    # strings must be watched; otherwise it is decoded once at the end.
+    incremental_text: bool = field(init=False)
+    # Sampling is a plain argmax: greedy, no penalties, no logprobs of any kind.
+    plain_greedy: bool = field(init=False)
+    # Some token is banned before min_tokens (EOS / stop ids, see banned_tokens).
+    bannable: bool = field(init=False)
+
+    def __post_init__(self) -> None:
         p = self.params
-        return p.detokenize and (bool(p.stop) or p.output_kind != "final_only")
+        self.final_only = p.output_kind == "final_only"
+        self.incremental_text = bool(p.detokenize and (p.stop or not self.final_only))
+        self.plain_greedy = (p.sampling_type_greedy and p.logprobs is None
+                             and p.prompt_logprobs is None and p.best_of == p.n
+                             and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+                             and p.frequency_penalty == 0.0)
+        self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.seqs)
+        return all(s.finish_reason is not None for s in self.seqs)
+
+    def argmax_row(self, seq: SeqState) -> bool:
+        """This step's row of `seq` is sampled by a plain argmax (StepSampling's fast path):
+        greedy without knobs, one row (no n > 1 prompt completion), nothing banned."""
+        return (self.plain_greedy and (self.forked or len(self.seqs) == 1 or bool(seq.token_ids))
+                and (not self.bannable or len(seq.token_ids) >= self.params.min_tokens))
 
     # ------------------------------------------------------------ stop rules
     def would_finish(self, num_tokens: int, token: int) -> Optional[str]:

@@ -36,6 +36,8 @@ class StepSampling:
     def run(self, hidden: torch.Tensor) -> np.ndarray:
         plan, n = self.plan, len(self.entries)
         sample_idx = np.asarray(plan.sample_indices[:n])
+        if all(req.argmax_row(seq) for req, seq in self.entries):
+            return self._argmax(hidden, sample_idx)
         rows: List[SamplingRow] = []
         row_hidden: List[int] = []
         owners: List[Tuple[int, SeqState]] = []
@@ -59,6 +61,24 @@ class StepSampling:
             self._assign(out, owners, sampled)
         if prompt_rows:
             self._prompt_logprobs(logits[len(rows):], prompt_next, prompt_owner)
+        return sampled
+
+    def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> np.ndarray:
+        """Every row is a plain argmax (the common greedy batch): no per-row Python objects,
+        one device-to-host copy. Same tokens as the Sampler's greedy path: argmax over the same
+        logits, on the model's dtype (the float32 copy the Sampler makes changes no ordering)."""
+        rows = np.flatnonzero(sample_idx >= 0)
+        sampled = np.full(len(sample_idx), -1, dtype=np.int64)
+        if not len(rows):
+            return sampled
+        idx = sample_idx[rows]
+        if len(idx) == hidden.shape[0] and np.array_equal(idx, np.arange(len(idx))):
+            picked = hidden  # decode-only step: every hidden row is sampled, in order
+        else:
+            picked = hidden.index_select(0, torch.from_numpy(idx.astype(np.int64))
+                                         .to(hidden.device))
+        logits = self.engine.runner.model.compute_logits(picked, upcast=False)
+        sampled[rows] = logits.argmax(dim=-1).cpu().numpy()
         return sampled
 
     def _assign(self, out: Any, owners: List[Tuple[int, SeqState]], sampled: np.ndarray) -> None:

@@ -109,15 +109,20 @@ class LlamaForCausalLM(nn.Module):
                 attn: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden] (after the last norm)."""
         x = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary.cos_sin(positions)
+        cos, sin = self.model.rotary.cos_sin(positions)
+        # Cast once for all layers (apply_rotary would cast q's and k's copy in every layer:
+        # 4 kernels per layer saved, the same values).
+        rope = (cos.to(x.dtype), sin.to(x.dtype))
         for layer in self.model.layers:
             x = layer(x, rope, attn)
         return self.model.norm(x)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
+        model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if upcast else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""

@@ -107,8 +107,11 @@ class OPTForCausalLM(nn.Module):
         return dec.project_out(x) if dec.project_out is not None else x
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
+        model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if upcast else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         cfg = self.config

@@ -27,9 +27,8 @@ struct SlotLayout {
 };
 
 // Writes the [H, D] rows of one token into one cache.
-void write_token(const RowArray& src, int64_t token, char* block, const SlotLayout& lay,
-                 int64_t t, bool fp8, Fp8Format fmt, float inv_scale, int64_t elem,
-                 std::vector<float>& tmp) {
+void write_token(const RowArray& src, int64_t token, char* block, const SlotLayout& lay, int64_t t,
+                 bool fp8, Fp8Format fmt, float inv_scale, int64_t elem, std::vector<float>& tmp) {
   const int D = static_cast<int>(lay.D);
   for (int64_t h = 0; h < lay.H; ++h) {
     const char* row = src.row(token, h);
@@ -71,16 +70,19 @@ void write_cache(const TensorView& key, const TensorView& value, const TensorVie
   char* vbase = static_cast<char*>(value_cache.data());
   // Tokens in chunks: each chunk is a parallel item (slots are distinct, so no write races).
   constexpr int64_t kChunk = 16;
-  parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
-    thread_local std::vector<float> tmp;
-    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-      const int64_t slot = slots[i];
-      if (slot < 0) continue;  // padding token
-      const int64_t b = slot / bs, t = slot % bs;
-      write_token(k, i, kbase + b * kstride, k_lay, t, fp8, fmt, 1.0f / k_scale, elem, tmp);
-      write_token(v, i, vbase + b * vstride, v_lay, t, fp8, fmt, 1.0f / v_scale, elem, tmp);
-    }
-  }, n * H * D * 2 * (fp8 ? 8 : 1));
+  parallel_for(
+      (n + kChunk - 1) / kChunk,
+      [&](int64_t c) {
+        thread_local std::vector<float> tmp;
+        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+          const int64_t slot = slots[i];
+          if (slot < 0) continue;  // padding token
+          const int64_t b = slot / bs, t = slot % bs;
+          write_token(k, i, kbase + b * kstride, k_lay, t, fp8, fmt, 1.0f / k_scale, elem, tmp);
+          write_token(v, i, vbase + b * vstride, v_lay, t, fp8, fmt, 1.0f / v_scale, elem, tmp);
+        }
+      },
+      n * H * D * 2 * (fp8 ? 8 : 1));
 }
 
 // Bytes of one block (all dims after the first, which are contiguous).
@@ -91,10 +93,9 @@ int64_t block_bytes(const TensorView& cache) {
 
 }  // namespace
 
-void reshape_and_cache(const TensorView& key, const TensorView& value,
-                       const TensorView& key_cache, const TensorView& value_cache,
-                       const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                       float k_scale, float v_scale) {
+void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
+                       const TensorView& value_cache, const TensorView& slot_mapping,
+                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale) {
   write_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
               KVLayout::kVLLM);
 }
@@ -115,16 +116,19 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
   const int64_t layers = static_cast<int64_t>(key_caches.size());
   // One item per (layer, key|value); pairs run in order inside an item, so chained copies
   // (a -> b, b -> c) behave as a sequential loop would.
-  parallel_for(layers * 2, [&](int64_t item) {
-    const TensorView& c = item % 2 == 0 ? key_caches[item / 2] : value_caches[item / 2];
-    const int64_t bytes = block_bytes(c);
-    const int64_t stride = c.stride(0) * static_cast<int64_t>(c.element_size());
-    char* base = static_cast<char*>(c.data());
-    for (int64_t i = 0; i < pairs; ++i) {
-      const int64_t src = map[i * m0], dst = map[i * m0 + m1];
-      if (src != dst) std::memmove(base + dst * stride, base + src * stride, bytes);
-    }
-  }, layers * pairs * (key_caches.empty() ? 0 : block_bytes(key_caches[0])) / 4);
+  parallel_for(
+      layers * 2,
+      [&](int64_t item) {
+        const TensorView& c = item % 2 == 0 ? key_caches[item / 2] : value_caches[item / 2];
+        const int64_t bytes = block_bytes(c);
+        const int64_t stride = c.stride(0) * static_cast<int64_t>(c.element_size());
+        char* base = static_cast<char*>(c.data());
+        for (int64_t i = 0; i < pairs; ++i) {
+          const int64_t src = map[i * m0], dst = map[i * m0 + m1];
+          if (src != dst) std::memmove(base + dst * stride, base + src * stride, bytes);
+        }
+      },
+      layers * pairs * (key_caches.empty() ? 0 : block_bytes(key_caches[0])) / 4);
 }
 
 void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping) {

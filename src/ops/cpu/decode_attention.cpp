@@ -63,8 +63,9 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
     const int64_t block = p.tables(seq, t / bs);
-    if (t + n < t_end) p.k.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
-                                    static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
+    if (t + n < t_end)
+      p.k.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
+                   static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
     int64_t ld = D;
     const float* k = p.k.rows(block, kh, off, &ld);
     if (!k) {
@@ -77,8 +78,7 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
   // Softmax numerators in place.
   for (int g = 0; g < G; ++g) {
     float* s = logits + g * L;
-    p.transform.apply(s, static_cast<int>(L), p.transform.slope(kh * G + g), t_begin,
-                      seq_len - 1);
+    p.transform.apply(s, static_cast<int>(L), p.transform.slope(kh * G + g), t_begin, seq_len - 1);
     st.max[g] = max_of(s, static_cast<int>(L), kNegInf);
     st.sum[g] = exp_sub_sum(s, static_cast<int>(L), st.max[g]);
   }
@@ -89,8 +89,9 @@ void attend_range(const DecodeProblem& p, int64_t seq, int kh, int64_t t_begin, 
     const int off = static_cast<int>(t % bs);
     const int n = static_cast<int>(std::min<int64_t>(bs - off, t_end - t));
     const int64_t block = p.tables(seq, t / bs);
-    if (t + n < t_end) p.v.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
-                                    static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
+    if (t + n < t_end)
+      p.v.prefetch(p.tables(seq, (t + n) / bs), kh, 0,
+                   static_cast<int>(std::min<int64_t>(bs, t_end - t - n)));
     if (transposed) {
       // acc[g, d] += sum_j w[g, j] * vt[d, j] over the whole (zero-padded) block.
       p.v.load_transposed(block, kh, off, n, tile);
@@ -126,75 +127,84 @@ int64_t decode_work(const DecodeProblem& p, int64_t num_seqs) {
 }
 
 void run_v1(const DecodeProblem& p, int64_t num_seqs) {
-  parallel_for(num_seqs * p.num_kv_heads, [&](int64_t item) {
-    thread_local std::vector<float> state;
-    const int64_t seq = item / p.num_kv_heads;
-    const int kh = static_cast<int>(item % p.num_kv_heads);
-    const int G = p.group, D = p.head_size;
-    float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
-    PartialState st{buf, buf + G, buf + 2 * G};
-    const int64_t seq_len = p.seq_lens[seq];
-    attend_range(p, seq, kh, window_start(p, seq_len), seq_len, seq_len, st);
-    for (int g = 0; g < G; ++g) {
-      // A sequence with no visible key (seq_len 0) gets a zero output, not NaN.
-      const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
-      scale_row(inv, st.acc + g * D, D);
-      store_row(st.acc + g * D, p.out.dtype, p.out.row(seq, kh * G + g), D);
-    }
-  }, decode_work(p, num_seqs));
+  parallel_for(
+      num_seqs * p.num_kv_heads,
+      [&](int64_t item) {
+        thread_local std::vector<float> state;
+        const int64_t seq = item / p.num_kv_heads;
+        const int kh = static_cast<int>(item % p.num_kv_heads);
+        const int G = p.group, D = p.head_size;
+        float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
+        PartialState st{buf, buf + G, buf + 2 * G};
+        const int64_t seq_len = p.seq_lens[seq];
+        attend_range(p, seq, kh, window_start(p, seq_len), seq_len, seq_len, st);
+        for (int g = 0; g < G; ++g) {
+          // A sequence with no visible key (seq_len 0) gets a zero output, not NaN.
+          const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
+          scale_row(inv, st.acc + g * D, D);
+          store_row(st.acc + g * D, p.out.dtype, p.out.row(seq, kh * G + g), D);
+        }
+      },
+      decode_work(p, num_seqs));
 }
 
 void run_v2(const DecodeProblem& p, int64_t num_seqs) {
   const int P = p.max_partitions, H = p.num_heads, D = p.head_size;
   const int64_t tmp_elem = static_cast<int64_t>(dtype_size(p.tmp_dtype));
   // Phase 1: one item per (sequence, KV head, partition).
-  parallel_for(num_seqs * p.num_kv_heads * P, [&](int64_t item) {
-    const int part = static_cast<int>(item % P);
-    const int64_t seq = item / P / p.num_kv_heads;
-    const int kh = static_cast<int>(item / P % p.num_kv_heads);
-    const int64_t seq_len = p.seq_lens[seq];
-    const int64_t t0 = static_cast<int64_t>(part) * p.partition_size;
-    if (t0 >= seq_len) return;  // beyond this sequence: left untouched, as in vLLM
-    const int64_t t1 = std::min<int64_t>(t0 + p.partition_size, seq_len);
-    thread_local std::vector<float> state;
-    const int G = p.group;
-    float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
-    PartialState st{buf, buf + G, buf + 2 * G};
-    attend_range(p, seq, kh, std::max(t0, window_start(p, seq_len)), t1, seq_len, st);
-    for (int g = 0; g < G; ++g) {
-      const int64_t idx = (seq * H + kh * G + g) * P + part;
-      p.exp_sums[idx] = st.sum[g];
-      p.max_logits[idx] = st.max[g];
-      const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
-      scale_row(inv, st.acc + g * D, D);
-      store_row(st.acc + g * D, p.tmp_dtype, p.tmp_out + idx * D * tmp_elem, D);
-    }
-  }, decode_work(p, num_seqs));
+  parallel_for(
+      num_seqs * p.num_kv_heads * P,
+      [&](int64_t item) {
+        const int part = static_cast<int>(item % P);
+        const int64_t seq = item / P / p.num_kv_heads;
+        const int kh = static_cast<int>(item / P % p.num_kv_heads);
+        const int64_t seq_len = p.seq_lens[seq];
+        const int64_t t0 = static_cast<int64_t>(part) * p.partition_size;
+        if (t0 >= seq_len) return;  // beyond this sequence: left untouched, as in vLLM
+        const int64_t t1 = std::min<int64_t>(t0 + p.partition_size, seq_len);
+        thread_local std::vector<float> state;
+        const int G = p.group;
+        float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
+        PartialState st{buf, buf + G, buf + 2 * G};
+        attend_range(p, seq, kh, std::max(t0, window_start(p, seq_len)), t1, seq_len, st);
+        for (int g = 0; g < G; ++g) {
+          const int64_t idx = (seq * H + kh * G + g) * P + part;
+          p.exp_sums[idx] = st.sum[g];
+          p.max_logits[idx] = st.max[g];
+          const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
+          scale_row(inv, st.acc + g * D, D);
+          store_row(st.acc + g * D, p.tmp_dtype, p.tmp_out + idx * D * tmp_elem, D);
+        }
+      },
+      decode_work(p, num_seqs));
   // Phase 2: merge the partitions of each (sequence, head) in fp32.
-  parallel_for(num_seqs * H, [&](int64_t item) {
-    thread_local std::vector<float> buf;
-    float* acc = scratch(buf, 2 * static_cast<size_t>(D));
-    float* row = acc + D;
-    const int64_t seq = item / H;
-    const int h = static_cast<int>(item % H);
-    const int64_t seq_len = p.seq_lens[seq];
-    const int64_t parts = (seq_len + p.partition_size - 1) / p.partition_size;
-    const int64_t base = (seq * H + h) * P;
-    float gmax = kNegInf;
-    for (int64_t i = 0; i < parts; ++i) gmax = std::max(gmax, p.max_logits[base + i]);
-    std::fill(acc, acc + D, 0.0f);
-    float total = 0.0f;
-    for (int64_t i = 0; i < parts; ++i) {
-      const float m = p.max_logits[base + i];
-      if (m == kNegInf) continue;  // partition fully outside the sliding window
-      const float w = p.exp_sums[base + i] * std::exp(m - gmax);
-      load_row(p.tmp_out + (base + i) * D * tmp_elem, p.tmp_dtype, row, D);
-      axpy(w, row, acc, D);
-      total += w;
-    }
-    scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
-    store_row(acc, p.out.dtype, p.out.row(seq, h), D);
-  }, num_seqs * H * P * D);
+  parallel_for(
+      num_seqs * H,
+      [&](int64_t item) {
+        thread_local std::vector<float> buf;
+        float* acc = scratch(buf, 2 * static_cast<size_t>(D));
+        float* row = acc + D;
+        const int64_t seq = item / H;
+        const int h = static_cast<int>(item % H);
+        const int64_t seq_len = p.seq_lens[seq];
+        const int64_t parts = (seq_len + p.partition_size - 1) / p.partition_size;
+        const int64_t base = (seq * H + h) * P;
+        float gmax = kNegInf;
+        for (int64_t i = 0; i < parts; ++i) gmax = std::max(gmax, p.max_logits[base + i]);
+        std::fill(acc, acc + D, 0.0f);
+        float total = 0.0f;
+        for (int64_t i = 0; i < parts; ++i) {
+          const float m = p.max_logits[base + i];
+          if (m == kNegInf) continue;  // partition fully outside the sliding window
+          const float w = p.exp_sums[base + i] * std::exp(m - gmax);
+          load_row(p.tmp_out + (base + i) * D * tmp_elem, p.tmp_dtype, row, D);
+          axpy(w, row, acc, D);
+          total += w;
+        }
+        scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
+        store_row(acc, p.out.dtype, p.out.row(seq, h), D);
+      },
+      num_seqs * H * P * D);
 }
 
 DecodeProblem make_problem(const TensorView& out, const TensorView& query,
@@ -221,13 +231,12 @@ DecodeProblem make_problem(const TensorView& out, const TensorView& query,
 
 }  // namespace
 
-void paged_attention_v1(const TensorView& out, const TensorView& query,
-                        const TensorView& key_cache, const TensorView& value_cache,
-                        int num_kv_heads, const TensorView& block_tables,
-                        const TensorView& seq_lens, int /*max_seq_len*/,
-                        const AttentionOptions& opts) {
-  const DecodeProblem p = make_problem(out, query, key_cache, value_cache, num_kv_heads,
-                                       block_tables, seq_lens, opts);
+void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens,
+                        int /*max_seq_len*/, const AttentionOptions& opts) {
+  const DecodeProblem p =
+      make_problem(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, opts);
   run_v1(p, query.size(0));
 }
 
@@ -237,8 +246,8 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const TensorView& value_cache, int num_kv_heads,
                         const TensorView& block_tables, const TensorView& seq_lens,
                         int /*max_seq_len*/, const AttentionOptions& opts, int partition_size) {
-  DecodeProblem p = make_problem(out, query, key_cache, value_cache, num_kv_heads, block_tables,
-                                 seq_lens, opts);
+  DecodeProblem p =
+      make_problem(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, opts);
   p.exp_sums = exp_sums.data_as<float>();
   p.max_logits = max_logits.data_as<float>();
   p.tmp_out = static_cast<char*>(tmp_out.data());

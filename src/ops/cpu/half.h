@@ -46,7 +46,7 @@ inline uint16_t float_to_half(float f) {
   if (a < 0x38800000u) {
     // Result is subnormal (or zero): scale so that one fp16 subnormal ulp (2^-24) is 1.0 and
     // let the FPU round to nearest even.
-    const float scaled = bits_to_float(a) * 16777216.0f;  // 2^24, exact
+    const float scaled = bits_to_float(a) * 16777216.0f;     // 2^24, exact
     const float rounded = scaled + 8388608.0f - 8388608.0f;  // RNE to an integer (< 2^23)
     return sign | static_cast<uint16_t>(rounded);
   }

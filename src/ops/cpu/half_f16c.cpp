@@ -9,8 +9,8 @@
 
 namespace pagedkv::cpu_ops {
 
-__attribute__((target("avx,f16c"))) void half_row_to_float_f16c(const uint16_t* src,
-                                                                  float* dst, int n) {
+__attribute__((target("avx,f16c"))) void half_row_to_float_f16c(const uint16_t* src, float* dst,
+                                                                int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i,

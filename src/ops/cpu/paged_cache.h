@@ -1,9 +1,9 @@
 // Read access to one paged KV cache (keys or values) in either layout and any supported
 // storage type, producing fp32 tiles [n_tokens, head_size] that the attention kernels consume.
 //
-//   vLLM key   [num_blocks, H, D / x, block_size, x]  element (t, d): (d / x) * bs * x + t * x + d % x
-//   vLLM value [num_blocks, H, D, block_size]         element (t, d): d * bs + t
-//   NHD        [num_blocks, block_size, H, D]          element (t, d): t * H * D + h * D + d
+//   vLLM key   [num_blocks, H, D / x, block_size, x]  element (t, d): (d / x) * bs * x + t * x + d
+//   % x vLLM value [num_blocks, H, D, block_size]         element (t, d): d * bs + t NHD
+//   [num_blocks, block_size, H, D]          element (t, d): t * H * D + h * D + d
 #pragma once
 
 #include <cstdint>
@@ -100,8 +100,9 @@ struct PagedCache {
         const char* src = head + (static_cast<int64_t>(c) * bs * x + t0 * x) * elem;
         float* out = dst + c * x;
         if (fp8) {
-          for (int t = 0; t < n; ++t) load_row_fp8(reinterpret_cast<const uint8_t*>(src) + t * 16,
-                                                  fp8, scale, out + t * D, 16);
+          for (int t = 0; t < n; ++t)
+            load_row_fp8(reinterpret_cast<const uint8_t*>(src) + t * 16, fp8, scale, out + t * D,
+                         16);
         } else if (dtype == DType::kFloat32) {
           for (int t = 0; t < n; ++t) std::memcpy(out + t * D, src + t * 16, 16);
         } else if (dtype == DType::kFloat16) {

@@ -53,9 +53,9 @@ void load_cache_tile(const PagedCache& c, int64_t block, int kh, int off, int n,
 // (i - i0) * G + g): S = Q K^T for all rows at once, per-row masking and online softmax, then
 // acc += P V for all rows at once.
 PAGEDKV_MULTIVERSION
-void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t i1,
-               int64_t kpos0, int n, const float* ktile, int64_t ldk, const float* vtile,
-               int64_t ldv, RowState st) {
+void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t i1, int64_t kpos0,
+               int n, const float* ktile, int64_t ldk, const float* vtile, int64_t ldv,
+               RowState st) {
   thread_local std::vector<float> s_buf, kt_buf;
   const int G = p.group, D = p.head_size;
   const int R = static_cast<int>((i1 - i0) * G);
@@ -70,7 +70,8 @@ void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t qpos = ctx + i;
     // Visible keys of this query inside the tile: causal and sliding-window bounds.
-    const int j_end = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n, qpos - kpos0 + 1)));
+    const int j_end =
+        static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n, qpos - kpos0 + 1)));
     int j_begin = 0;
     if (p.window > 0) j_begin = static_cast<int>(std::max<int64_t>(0, qpos - p.window + 1 - kpos0));
     j_begin = std::min(j_begin, j_end);
@@ -142,7 +143,7 @@ void run_item(const PrefillProblem& p, const WorkItem& w, int kh) {
   std::fill(st.m, st.m + R, kNegInf);
   std::fill(st.l, st.l + R + R * D, 0.0f);  // l and acc are adjacent
 
-    float* kt = scratch(k_buf, static_cast<size_t>(kMaxTile) * D);
+  float* kt = scratch(k_buf, static_cast<size_t>(kMaxTile) * D);
   float* vt = scratch(v_buf, static_cast<size_t>(kMaxTile) * D);
   // Keys any row of the chunk can see: [lo, hi).
   const int64_t hi = ctx + i1;
@@ -212,9 +213,9 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
     work += 2 * q_len * p.seq_lens[s] * p.num_heads * p.head_size;
   }
   const int64_t n_items = static_cast<int64_t>(items.size());
-  parallel_for(n_items * p.num_kv_heads, [&](int64_t k) {
-    run_item(p, items[k % n_items], static_cast<int>(k / n_items));
-  }, work);
+  parallel_for(
+      n_items * p.num_kv_heads,
+      [&](int64_t k) { run_item(p, items[k % n_items], static_cast<int>(k / n_items)); }, work);
 }
 
 }  // namespace pagedkv::cpu_ops

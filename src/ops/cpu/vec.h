@@ -203,8 +203,8 @@ PAGEDKV_INLINE float max_of(const float* s, int n, float init) {
 // Register-blocked 4 x 2 (eight 8-lane accumulators); covers Q K^T with row-major keys, and
 // P V^T when values are stored transposed.
 template <bool kAccumulate>
-PAGEDKV_INLINE void dot_tile(const float* A, int64_t lda, int R, const float* B, int64_t ldb,
-                             int N, int k, float* S, int64_t lds) {
+PAGEDKV_INLINE void dot_tile(const float* A, int64_t lda, int R, const float* B, int64_t ldb, int N,
+                             int k, float* S, int64_t lds) {
   const int k8 = k & ~7;
   auto put = [&](int r, int j, float v) {
     float* o = S + r * lds + j;
@@ -274,8 +274,8 @@ PAGEDKV_INLINE void dot_tile(const float* A, int64_t lda, int R, const float* B,
 
 // O[r * ldo + d] += sum_j P[r * ldp + j] * V[j * ldv + d] for r < R, j < N, d < D (V row-major).
 // Register-blocked 4 rows x 16 columns; accumulators stay in registers across all N keys.
-PAGEDKV_INLINE void pv_tile(const float* P, int64_t ldp, int R, const float* V, int64_t ldv,
-                            int N, int D, float* O, int64_t ldo) {
+PAGEDKV_INLINE void pv_tile(const float* P, int64_t ldp, int R, const float* V, int64_t ldv, int N,
+                            int D, float* O, int64_t ldo) {
   const int d16 = D & ~15, d8 = D & ~7;
   int r = 0;
   for (; r + 4 <= R; r += 4) {

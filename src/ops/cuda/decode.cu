@@ -1,11 +1,29 @@
 // paged_attention_v1 (single pass: one CTA per sequence and KV group) and paged_attention_v2
 // (split-K: one CTA per partition of `partition_size` keys, then an fp32 log-sum-exp reduction),
-// with vLLM's semantics for exp_sums / max_logits / tmp_out.
+// with vLLM's semantics for exp_sums / max_logits / tmp_out. fp16/bf16 queries with head sizes
+// that are multiples of 16 run on the tensor-core kernel (decode_mma.cuh); the rest (fp32,
+// head size 120, odd layouts or alignments) on the CUDA-core kernel (attention_kernel.cuh).
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_mma.h"
 #include "ops/cuda/decode_reduce.h"
 
 namespace pagedkv::cuda_ops {
+namespace {
+
+void launch_decode(const AttnParams& p, const TensorView& query, const TensorView& key_cache,
+                   const TensorView& value_cache, const AttentionOptions& opts, cudaStream_t s,
+                   const char* op) {
+  const bool vec16 = vector_ok(key_cache, 16) && vector_ok(value_cache, 16);
+  if (p.num_q > 0 && decode_mma_supported(p, query.dtype(), opts.kv_cache_dtype, vec16)) {
+    launch_decode_mma(p, query.dtype(), opts.kv_cache_dtype, s);
+    check_launch(op);
+    return;
+  }
+  launch_attention(p, query.dtype(), opts.kv_cache_dtype, s, op);
+}
+
+}  // namespace
 
 void paged_attention_v1(const TensorView& out, const TensorView& query,
                         const TensorView& key_cache, const TensorView& value_cache,
@@ -15,7 +33,7 @@ void paged_attention_v1(const TensorView& out, const TensorView& query,
   DeviceGuard guard(query.device());
   AttnParams p = make_attn_params(out, query, key_cache, value_cache, num_kv_heads, block_tables,
                                   seq_lens, opts);
-  launch_attention(p, query.dtype(), opts.kv_cache_dtype, to_cuda(stream), "paged_attention_v1");
+  launch_decode(p, query, key_cache, value_cache, opts, to_cuda(stream), "paged_attention_v1");
 }
 
 void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
@@ -39,7 +57,7 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   p.tmp_f32 = tmp_out.dtype() == DType::kFloat32;
   PAGEDKV_CHECK(p.max_parts <= 32768, "exp_sums: at most 32768 partitions on CUDA");
   const cudaStream_t s = to_cuda(stream);
-  launch_attention(p, query.dtype(), opts.kv_cache_dtype, s, "paged_attention_v2");
+  launch_decode(p, query, key_cache, value_cache, opts, s, "paged_attention_v2");
   launch_decode_reduce(p, query.dtype(), s);
 }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, AsyncIterator, Dict, List, Optional
 
@@ -12,21 +11,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagedkv.entrypoints.openai import logprobs as lp
 from pagedkv.entrypoints.openai.errors import APIError, bad_request
 from pagedkv.entrypoints.openai.protocol import (
-    DONE,
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogProbs,
     ChatMessage,
     ResponseMessage,
-    chunk,
     random_id,
 )
 from pagedkv.entrypoints.openai.serving_engine import (
     OpenAIServing,
     RequestTimer,
     cancel_on_disconnect,
-    logger,
 )
 
 
@@ -114,44 +110,35 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionResponse(id=request_id, model=self.state.model_name,
                                       choices=choices, usage=usage)
 
-    async def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
-                      timer: RequestTimer) -> AsyncIterator[str]:
+    def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
+                timer: RequestTimer) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = []
-        try:
-            # The role comes first, in a chunk of its own per choice, as OpenAI sends it.
-            for i in range(req.n):
-                yield chunk(dict(base, choices=[{"index": i, "delta": {"role": "assistant",
-                                                                        "content": ""},
-                                                 "logprobs": None, "finish_reason": None}]))
-            async for d in self.deltas(streams, req.n, timer):
-                latest[0] = d.output
-                logprobs = self._logprobs(req, d.token_ids, d.logprobs)
-                delta = {"content": d.text} if d.text or d.finish_reason is None else {}
-                choice = {"index": d.index, "delta": delta,
-                          "logprobs": logprobs.model_dump() if logprobs else None,
-                          "finish_reason": d.finish_reason}
-                if d.finish_reason is not None:
-                    reasons.append(d.finish_reason)
-                body = dict(base, choices=[choice])
-                if continuous:
-                    body["usage"] = self.usage(latest).model_dump()
-                yield chunk(body)
-            if include_usage:
-                yield chunk(dict(base, choices=[], usage=self.usage(latest).model_dump()))
-            yield DONE
-        except asyncio.CancelledError:
-            logger.info("client disconnected: %s aborted", request_id)
-            raise
-        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
-            logger.exception("stream %s failed", request_id)
-            yield APIError(500, f"{type(exc).__name__}: {exc}").sse()
-            yield DONE
-        finally:
-            for s in streams:
-                s.close()
-            timer.done(self.usage(latest).completion_tokens, reasons or [None])
+        bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous)
+        return self.sse(request_id, bodies, streams, timer, latest, reasons,
+                        base if include_usage else None)
+
+    async def _chunks(self, req: ChatCompletionRequest, base: Dict[str, Any], streams: List[Any],
+                      timer: RequestTimer, latest: List[Any], reasons: List[Optional[str]],
+                      continuous: bool) -> AsyncIterator[Dict[str, Any]]:
+        # The role comes first, in a chunk of its own per choice, as OpenAI sends it.
+        for i in range(req.n):
+            yield dict(base, choices=[{"index": i, "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}])
+        async for d in self.deltas(streams, req.n, timer):
+            latest[0] = d.output
+            logprobs = self._logprobs(req, d.token_ids, d.logprobs)
+            delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+            choice = {"index": d.index, "delta": delta,
+                      "logprobs": logprobs.model_dump() if logprobs else None,
+                      "finish_reason": d.finish_reason}
+            if d.finish_reason is not None:
+                reasons.append(d.finish_reason)
+            body = dict(base, choices=[choice])
+            if continuous:
+                body["usage"] = self.usage(latest).model_dump()
+            yield body

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import Any, AsyncIterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pagedkv.entrypoints.openai import logprobs as lp
-from pagedkv.entrypoints.openai.errors import APIError, bad_request
+from pagedkv.entrypoints.openai.errors import bad_request
 from pagedkv.entrypoints.openai.protocol import (
-    DONE,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    chunk,
     random_id,
 )
 from pagedkv.entrypoints.openai.serving_engine import (
     OpenAIServing,
     RequestTimer,
     cancel_on_disconnect,
-    logger,
 )
 
 Prompt = Tuple[List[int], Optional[str]]  # token ids, text (None when given as ids)
@@ -106,50 +102,42 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionResponse(id=request_id, model=self.state.model_name, choices=choices,
                                   usage=usage)
 
-    async def _stream(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
-                      streams: List[Any], timer: RequestTimer) -> AsyncIterator[str]:
-        created = int(time.time())
-        base = {"id": request_id, "object": "text_completion", "created": created,
+    def _stream(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
+                streams: List[Any], timer: RequestTimer) -> AsyncIterator[str]:
+        base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
-        offsets: dict = {}
         reasons: List[Optional[str]] = []
         latest: List[Any] = [None] * len(streams)
-        try:
-            async for d in self.deltas(streams, req.n, timer):
-                latest[d.prompt_index] = d.output
-                text, items = d.text, []
-                if d.first and req.echo:
-                    text = self._prompt_text(prompts[d.prompt_index]) + text
-                    if req.logprobs is not None:
-                        items = self._echo_logprobs(d.output)
-                logprobs = None
+        bodies = self._chunks(req, base, prompts, streams, timer, latest, reasons, continuous)
+        return self.sse(request_id, bodies, streams, timer, latest, reasons,
+                        base if include_usage else None)
+
+    async def _chunks(self, req: CompletionRequest, base: Dict[str, Any], prompts: List[Prompt],
+                      streams: List[Any], timer: RequestTimer, latest: List[Any],
+                      reasons: List[Optional[str]], continuous: bool
+                      ) -> AsyncIterator[Dict[str, Any]]:
+        offsets: Dict[int, int] = {}  # text offset of each choice, for logprobs.text_offset
+        async for d in self.deltas(streams, req.n, timer):
+            latest[d.prompt_index] = d.output
+            text, items = d.text, []
+            if d.first and req.echo:
+                text = self._prompt_text(prompts[d.prompt_index]) + text
                 if req.logprobs is not None:
-                    items += lp.entries(d.token_ids, d.logprobs or [], self.decode_token)
-                    logprobs = lp.completion_logprobs(items, offsets.get(d.index, 0))
-                offsets[d.index] = offsets.get(d.index, 0) + len(text)
-                choice = {"index": d.index, "text": text,
-                          "logprobs": logprobs.model_dump() if logprobs else None,
-                          "finish_reason": d.finish_reason}
-                if d.finish_reason is not None:
-                    choice["stop_reason"] = d.stop_reason
-                    reasons.append(d.finish_reason)
-                body = dict(base, choices=[choice])
-                if continuous:
-                    body["usage"] = self.usage(latest).model_dump()
-                yield chunk(body)
-            if include_usage:
-                yield chunk(dict(base, choices=[], usage=self.usage(latest).model_dump()))
-            yield DONE
-        except asyncio.CancelledError:
-            logger.info("client disconnected: %s aborted", request_id)
-            raise
-        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
-            logger.exception("stream %s failed", request_id)
-            yield APIError(500, f"{type(exc).__name__}: {exc}").sse()
-            yield DONE
-        finally:
-            for s in streams:
-                s.close()
-            timer.done(self.usage(latest).completion_tokens, reasons or [None])
+                    items = self._echo_logprobs(d.output)
+            logprobs = None
+            if req.logprobs is not None:
+                items += lp.entries(d.token_ids, d.logprobs or [], self.decode_token)
+                logprobs = lp.completion_logprobs(items, offsets.get(d.index, 0))
+            offsets[d.index] = offsets.get(d.index, 0) + len(text)
+            choice = {"index": d.index, "text": text,
+                      "logprobs": logprobs.model_dump() if logprobs else None,
+                      "finish_reason": d.finish_reason}
+            if d.finish_reason is not None:
+                choice["stop_reason"] = d.stop_reason
+                reasons.append(d.finish_reason)
+            body = dict(base, choices=[choice])
+            if continuous:
+                body["usage"] = self.usage(latest).model_dump()
+            yield body

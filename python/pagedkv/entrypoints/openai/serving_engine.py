@@ -13,7 +13,7 @@ from fastapi import Request
 
 from pagedkv.entrypoints.openai.errors import APIError, bad_request
 from pagedkv.entrypoints.openai.metrics import ServerMetrics
-from pagedkv.entrypoints.openai.protocol import UsageInfo
+from pagedkv.entrypoints.openai.protocol import DONE, UsageInfo, chunk
 
 logger = logging.getLogger("pagedkv.server")
 T = TypeVar("T")
@@ -181,6 +181,33 @@ class OpenAIServing:
                     timer.token()
             results.append(out)
         return results
+
+    async def sse(self, request_id: str, bodies: AsyncIterator[Dict[str, Any]],
+                  streams: List[Any], timer: RequestTimer, latest: List[Any],
+                  reasons: List[Optional[str]], usage_chunk: Optional[Dict[str, Any]]
+                  ) -> AsyncIterator[str]:
+        """Server-sent events of one streamed request: each chunk body, then the usage chunk
+        (when the client asked for it) and [DONE]. A client that goes away aborts the request
+        (its streams close, the engine frees its blocks); an engine error after the headers are
+        sent is reported in-band. ``latest`` holds the newest output of each prompt and
+        ``reasons`` the finish reasons, both filled by ``bodies`` as it runs."""
+        try:
+            async for body in bodies:
+                yield chunk(body)
+            if usage_chunk is not None:
+                yield chunk(dict(usage_chunk, choices=[], usage=self.usage(latest).model_dump()))
+            yield DONE
+        except asyncio.CancelledError:
+            logger.info("client disconnected: %s aborted", request_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+            logger.exception("stream %s failed", request_id)
+            yield APIError(500, f"{type(exc).__name__}: {exc}").sse()
+            yield DONE
+        finally:
+            for s in streams:
+                s.close()
+            timer.done(self.usage(latest).completion_tokens, reasons or [None])
 
     def usage(self, outputs: Sequence[Any]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids or ()) for o in outputs if o is not None)

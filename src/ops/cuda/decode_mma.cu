@@ -1,0 +1,92 @@
+// Host side of the tensor-core decode: which calls it covers, the shared-memory plan (tile
+// pitches, ring depth) and the launch.
+#include <algorithm>
+#include <cstdlib>
+
+#include "ops/cuda/decode_mma.h"
+
+namespace pagedkv::cuda_ops {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kCtaBudget = 110 * 1024;  // shared memory per CTA that keeps 2 CTAs per SM
+constexpr int kCtaMax = 227 * 1024;     // the sm_90 limit per CTA
+// Opt-in until the kernel has run on a GPU (PAGEDKV_DECODE_MMA=1); python/pagedkv/attention.py
+// mirrors this default (_MMA_DECODE_DEFAULT) to size its split-K partitions.
+constexpr int kMmaDecodeDefault = 0;
+
+// Tuning and comparison knobs, read per call (a getenv is nothing next to a launch):
+// PAGEDKV_DECODE_MMA=0/1 picks the CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB sets
+// the per-CTA shared-memory budget that picks the ring depth.
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+int element_bytes(KVCacheDType cache) { return fp8_kind(cache) != kNoFp8 ? 1 : 2; }
+
+// Fills everything but `a`; returns false when a layout is not covered.
+bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
+  const int D = a.head_size, esz = element_bytes(cache), epr = 16 / esz;
+  mp.a = a;
+  mp.gchunks = ceil_div(a.group, 16);
+  // Keys: NHD rows (one run of D) or vLLM's [d/x][slot][x] with x = one 16-byte run.
+  if (a.kl.s_chunk == 0 && a.kl.x >= D) {
+    mp.k_run = epr;
+  } else if (a.kl.x == epr) {
+    mp.k_run = a.kl.s_chunk;
+  } else {
+    return false;
+  }
+  // Values: NHD rows, or vLLM's [d][slot] (runs of epr slots must stay inside one block).
+  if (a.vl.s_chunk == 0 && a.vl.x >= D) {
+    mp.v_trans = 0;
+    mp.v_run = epr;
+  } else if (a.vl.x == 1 && a.vl.s_slot == 1 && a.block_size % epr == 0) {
+    mp.v_trans = 1;
+    mp.v_run = 0;
+  } else {
+    return false;
+  }
+  mp.k_pitch = D + 8;  // + 16 bytes: ldmatrix rows fall in distinct banks
+  mp.v_pitch = mp.v_trans ? 16 + 8 : D + 8;
+  const int kt = 16 * mp.k_pitch * 2;
+  const int vt = (mp.v_trans ? D : 16) * mp.v_pitch * 2;
+  const bool fp8 = esz == 1;
+  mp.stage_bytes = fp8 ? 32 * D : kt + vt;
+  mp.tile_bytes = fp8 ? kt + vt : 0;
+  mp.q_bytes = kt;
+  const int budget = env_int("PAGEDKV_DECODE_SMEM_KB", kCtaBudget / 1024) * 1024;
+  const int per_warp = (budget - mp.q_bytes) / kWarps - mp.tile_bytes;
+  mp.stages = std::clamp(per_warp / mp.stage_bytes, 2, kMmaMaxStages);
+  mp.warp_bytes = std::max(mp.stages * mp.stage_bytes + mp.tile_bytes, 16 * D * 4);
+  return mp.q_bytes + kWarps * mp.warp_bytes <= kCtaMax;
+}
+
+}  // namespace
+
+bool decode_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {
+  if (!vec16 || env_int("PAGEDKV_DECODE_MMA", kMmaDecodeDefault) == 0) return false;
+  if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) return false;
+  if (p.query_start_loc != nullptr || p.num_blocks < 1) return false;
+  if (p.head_size % 16 != 0 || p.head_size > 256) return false;
+  MmaDecodeParams mp;
+  return plan(p, cache, mp);
+}
+
+void launch_decode_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s) {
+  if (p.num_q == 0) return;
+  MmaDecodeParams mp;
+  plan(p, cache, mp);
+  const int parts = p.partition_size > 0 ? p.max_parts : 1;
+  const dim3 grid(p.num_q, p.num_kv_heads * mp.gchunks, parts);
+  const int smem = mp.q_bytes + kWarps * mp.warp_bytes;
+  const int fp8 = fp8_kind(cache);
+  if (qdtype == DType::kFloat16) {
+    launch_decode_mma_f16(mp, fp8, grid, smem, s);
+  } else {
+    launch_decode_mma_bf16(mp, fp8, grid, smem, s);
+  }
+}
+
+}  // namespace pagedkv::cuda_ops

@@ -1,0 +1,131 @@
+"""The tensor-core decode path (fp16/bf16 queries, head sizes multiple of 16) against a float64
+reference over random shapes: GQA groups past 16 query heads (several CTAs per KV head), MQA,
+fp8 caches in both layouts, block sizes 8..64, split-K partitions that cut chunks of 16 keys,
+sliding windows, alibi and soft-cap; outputs and v2 workspaces are NaN-poisoned. Also the
+library's split-K choice (PagedAttention.forward_decode on CUDA)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import test_cuda_graph  # noqa: E402
+from cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
+from pagedkv.attention import PagedAttention, decode_partition_size  # noqa: E402
+from test_ops_cuda import decode_ref, run_decode  # noqa: E402
+
+MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]
+
+
+@pytest.fixture(autouse=True)
+def _tensor_core_decode(monkeypatch):
+    """The tensor-core kernel is opt-in (PAGEDKV_DECODE_MMA=1): every test here turns it on."""
+    monkeypatch.setenv("PAGEDKV_DECODE_MMA", "1")
+
+
+def _case(r: random.Random, gen: torch.Generator, kv_dtype: str, layout: str, dtype):
+    head_size = r.choice(MMA_HEAD_SIZES)
+    hkv = r.choice([1, 2, 3])
+    group = r.choice([1, 4, 5, 8, 16, 24, 32])
+    bs = r.choice([8, 16, 32, 64] if kv_dtype == "auto" or layout == "nhd" else [16, 32])
+    seq_lens = [r.choice([1, 15, 16, 17, r.randint(1, 3000)]) for _ in range(r.randint(1, 3))]
+    ks, vs = (1.0, 1.0) if kv_dtype == "auto" else (r.uniform(0.3, 2.0), r.uniform(0.3, 2.0))
+    q = torch.randn(len(seq_lens), hkv * group, head_size, generator=gen).to(dtype).cuda()
+    kv = make_paged_kv(gen, seq_lens, hkv, head_size, bs, dtype, layout, kv_dtype, ks, vs)
+    alibi = ((torch.rand(hkv * group, generator=gen) * 0.2).cuda()
+             if r.random() < 0.3 else None)
+    opts = {"alibi": alibi, "softcap": r.choice([0.0, 0.0, 20.0]),
+            "window": r.choice([0, 0, r.randint(1, 700)])}
+    partition = r.choice([0, bs, 3 * bs, 128, 512])
+    return q, kv, seq_lens, hkv, opts, ks, vs, partition
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("layout", ["vllm", "nhd"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_mma_random(dtype, layout, kv_dtype):
+    seed = random.randrange(1 << 30)
+    r, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        q, kv, seq_lens, hkv, opts, ks, vs, partition = _case(r, gen, kv_dtype, layout, dtype)
+        scale = q.shape[-1] ** -0.5
+        out = run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition)
+        torch.cuda.synchronize()
+        ref = decode_ref(q, kv, seq_lens, scale, opts)
+        err = rel_err(out, ref)
+        assert err < TOL[dtype], (seed, err, q.shape, hkv, kv.block_size, seq_lens, partition,
+                                  opts["window"], opts["softcap"], opts["alibi"] is not None)
+
+
+def test_partition_heuristic():
+    # Tensor cores: small batches split to fill one wave (2 CTAs per SM); large ones don't.
+    def tc(*args):
+        return decode_partition_size(*args, tensor_cores=True)
+
+    assert tc(1, 32, 8, 32768, 16, 132) == 1008
+    assert tc(1, 32, 8, 4096, 16, 132) == 128
+    assert tc(16, 32, 8, 4096, 16, 132) == 2048
+    assert tc(32, 32, 8, 8192, 16, 132) == 0
+    assert tc(256, 32, 8, 512, 16, 132) == 0
+    assert tc(1, 32, 8, 100, 16, 132) == 0  # shorter than one partition
+    # The CUDA-core kernel wants ~8 CTAs per SM.
+    assert decode_partition_size(1, 32, 8, 32768, 16, 132, tensor_cores=False) == 256
+    assert decode_partition_size(32, 32, 8, 8192, 16, 132, tensor_cores=False) == 2048
+    for _ in range(200):
+        bs = random.choice([8, 16, 32, 48])
+        n = random.randint(1, 100000)
+        ps = decode_partition_size(random.randint(1, 64), 32, random.choice([1, 8, 32]), n, bs,
+                                   random.choice([108, 132]), random.choice([True, False]))
+        assert ps == 0 or (ps % bs == 0 and ps % 16 == 0 and 128 <= ps < n)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["vllm", "nhd"])
+def test_forward_decode_split_on_cuda(layout):
+    """PagedAttention.forward_decode picks its own split for a small batch with long contexts."""
+    seed = random.randrange(1 << 30)
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens, hkv, group, d, bs = [5000, 77], 2, 4, 128, 16
+    q = torch.randn(2, hkv * group, d, generator=gen).to(torch.bfloat16).cuda()
+    kv = make_paged_kv(gen, seq_lens, hkv, d, bs, torch.bfloat16, layout)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert decode_partition_size(2, hkv * group, hkv, max(seq_lens), bs, sms, True) > 0
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables, sl,
+                                        max(seq_lens), "auto", hkv, d ** -0.5, None, 1.0, 1.0)
+    torch.cuda.synchronize()
+    opts = {"alibi": None, "softcap": 0.0, "window": 0}
+    assert rel_err(out, decode_ref(q, kv, seq_lens, d ** -0.5, opts)) < TOL[torch.bfloat16], seed
+
+
+@pytest.mark.cuda
+def test_decode_mma_matches_cuda_core_kernel():
+    """fp32 queries keep the CUDA-core kernel: on the same data (rounded to bf16) both paths
+    agree with each other to bf16 accuracy."""
+    seed = random.randrange(1 << 30)
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens, hkv, group, d = [333, 1200], 2, 8, 128
+    kv = make_paged_kv(gen, seq_lens, hkv, d, 16, torch.bfloat16, "nhd")
+    q = torch.randn(2, hkv * group, d, generator=gen).to(torch.bfloat16).cuda()
+    opts = {"alibi": None, "softcap": 0.0, "window": 0}
+    fast = run_decode(q, kv, seq_lens, hkv, d ** -0.5, opts, "auto", 1.0, 1.0, 256)
+    kv32 = dataclasses.replace(kv, key_cache=kv.key_cache.float(),
+                               value_cache=kv.value_cache.float())
+    slow = run_decode(q.float(), kv32, seq_lens, hkv, d ** -0.5, opts, "auto", 1.0, 1.0, 256)
+    torch.cuda.synchronize()
+    assert rel_err(fast, slow.double().cpu()) < TOL[torch.bfloat16], seed
+    assert math.isfinite(float(fast.float().abs().max()))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("partition_size", [0, 128])
+@pytest.mark.parametrize("layout", ["vllm", "nhd"])
+def test_decode_mma_graph_replay(layout, partition_size):
+    """The CUDA-graph replay test of test_cuda_graph.py on the tensor-core kernel."""
+    test_cuda_graph.test_decode_graph_replay(layout, partition_size)
