@@ -1,46 +1,39 @@
-// Host side of the tensor-core prefill: which calls it serves, and which
-// operands can be moved with 16-byte copies; the kernels are instantiated per
-// query dtype in prefill_mma_{f16,bf16}.cu.
-#include "ops/cuda/prefill_mma.h"
-
+// Host side of the tensor-core prefill: which calls it serves, and which operands can be moved with
+// 16-byte copies; the kernels are instantiated per query dtype in prefill_mma_{f16,bf16}.cu.
 #include <cstdlib>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/prefill_mma.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
 
-// Which prefill kernel fp16/bf16 calls run on, read per call (a getenv is
-// nothing next to a launch): PAGEDKV_PREFILL_MMA=0 the CUDA-core kernel, 1 the
-// 64-row tensor-core kernel (prefill_mma_v1.cu, tested on an H100), 2 the
-// BM-128 kernel (prefill_mma_kernel.cuh). The default stays 1 until the BM-128
-// kernel has passed the CUDA tests on a GPU.
+// Which prefill kernel fp16/bf16 calls run on, read per call (a getenv is nothing next to a
+// launch): PAGEDKV_PREFILL_MMA=0 the CUDA-core kernel, 1 the 64-row tensor-core kernel
+// (prefill_mma_v1.cu, tested on an H100), 2 the BM-128 kernel (prefill_mma_kernel.cuh). The default
+// stays 1 until the BM-128 kernel has passed the CUDA tests on a GPU.
 constexpr int kPrefillKernelDefault = 1;
 
 int prefill_kernel() {
-  const char *v = std::getenv("PAGEDKV_PREFILL_MMA");
+  const char* v = std::getenv("PAGEDKV_PREFILL_MMA");
   return v != nullptr && *v != '\0' ? std::atoi(v) : kPrefillKernelDefault;
 }
 
-// 16-byte runs along d: base aligned and both outer strides multiples of 8
-// (2-byte) elements.
-bool rows16(const void *base, int64_t s0, int64_t s1) {
+// 16-byte runs along d: base aligned and both outer strides multiples of 8 (2-byte) elements.
+bool rows16(const void* base, int64_t s0, int64_t s1) {
   return aligned16(base) && s0 % 8 == 0 && s1 % 8 == 0;
 }
 
-} // namespace
+}  // namespace
 
-bool prefill_mma_supported(const AttnParams &p, DType qdtype,
-                           KVCacheDType cache) {
+bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache) {
   return (qdtype == DType::kFloat16 || qdtype == DType::kBFloat16) &&
-         cache == KVCacheDType::kAuto && p.head_size % 8 == 0 &&
-         p.head_size <= 256 && prefill_kernel() != 0;
+         cache == KVCacheDType::kAuto && p.head_size % 8 == 0 && p.head_size <= 256 &&
+         prefill_kernel() != 0;
 }
 
-void launch_prefill_mma(const AttnParams &p, DType qdtype, int max_query_len,
-                        cudaStream_t s) {
-  if (p.num_seqs == 0 || max_query_len <= 0)
-    return;
+void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s) {
+  if (p.num_seqs == 0 || max_query_len <= 0) return;
   if (prefill_kernel() == 1) {
     launch_prefill_mma_v1(p, qdtype, max_query_len, s);
     return;
@@ -48,8 +41,8 @@ void launch_prefill_mma(const AttnParams &p, DType qdtype, int max_query_len,
   prefill::VecFlags vf;
   vf.q = rows16(p.q, p.q_s_tok, p.q_s_head);
   vf.out = rows16(p.out, p.o_s_tok, p.o_s_head);
-  // Caches: 16-byte aligned runs of >= 8 elements along d (NHD rows, vLLM key
-  // chunks; vLLM values stride along d and take the scalar path).
+  // Caches: 16-byte aligned runs of >= 8 elements along d (NHD rows, vLLM key chunks; vLLM values
+  // stride along d and take the scalar path).
   vf.k_cache = p.kv_vec && p.kl.x % 8 == 0;
   vf.v_cache = p.kv_vec && p.vl.x % 8 == 0;
   vf.fresh = p.new_vec;
@@ -60,4 +53,4 @@ void launch_prefill_mma(const AttnParams &p, DType qdtype, int max_query_len,
   }
 }
 
-} // namespace pagedkv::cuda_ops
+}  // namespace pagedkv::cuda_ops

@@ -1,14 +1,14 @@
 // Tensor-core prefill / extend attention kernel (FlashAttention-2 style) over a paged prefix.
 //
-// A CTA of 4 warps owns BM query rows of one sequence and one KV head (prefill_tile.cuh); rows
-// pack (token, query head of the group) pairs, so every K/V tile loaded into shared memory
-// serves the whole GQA group. Each warp computes S = Q K^T for its 32 (16 for head sizes > 128)
-// rows with mma.sync m16n8k16 (fp32 accumulators), masks only tiles that cross its diagonal,
-// window edge or need soft-cap / alibi, updates an online softmax in registers (exp2 with the
-// scale folded into one FMA, prefill_softmax.cuh) and accumulates O += P V with P taken straight
-// from the S accumulators. K and V tiles are separate cp.async groups, double-buffered: S of
-// tile i starts as soon as K_i lands, while V_i and both halves of tile i + 1 are in flight.
-// CTAs are ordered so that every sequence's last (longest causal) query tile starts first.
+// A CTA of 4 warps owns BM query rows of one sequence and one KV head (prefill_tile.cuh); rows pack
+// (token, query head of the group) pairs, so every K/V tile loaded into shared memory serves the
+// whole GQA group. Each warp computes S = Q K^T for its 32 (16 for head sizes > 128) rows with
+// mma.sync m16n8k16 (fp32 accumulators), masks only tiles that cross its diagonal, window edge or
+// need soft-cap / alibi, updates an online softmax in registers (exp2 with the scale folded into
+// one FMA, prefill_softmax.cuh) and accumulates O += P V with P taken straight from the S
+// accumulators. K and V tiles are separate cp.async groups, double-buffered: S of tile i starts as
+// soon as K_i lands, while V_i and both halves of tile i + 1 are in flight. CTAs are ordered so
+// that every sequence's last (longest causal) query tile starts first.
 #pragma once
 
 #include <algorithm>
@@ -219,36 +219,19 @@ void launch_dp(const AttnParams& p, const VecFlags& vf, int max_query_len, cudaS
   kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(p, vf);
 }
 
-// One instantiation per query dtype (prefill_mma_{f16,bf16}.cu) so they compile
-// in parallel.
+// One instantiation per query dtype (prefill_mma_{f16,bf16}.cu) so they compile in parallel.
 template <typename T>
 void launch_typed(const AttnParams& p, const VecFlags& vf, int max_query_len, cudaStream_t s) {
   switch (p.head_size) {
-    case 32:
-      launch_dp<T, 32>(p, vf, max_query_len, s);
-      break;
-    case 64:
-      launch_dp<T, 64>(p, vf, max_query_len, s);
-      break;
-    case 80:
-      launch_dp<T, 80>(p, vf, max_query_len, s);
-      break;
-    case 96:
-      launch_dp<T, 96>(p, vf, max_query_len, s);
-      break;
-    case 112:
-      launch_dp<T, 112>(p, vf, max_query_len, s);
-      break;
+    case 32: launch_dp<T, 32>(p, vf, max_query_len, s); break;
+    case 64: launch_dp<T, 64>(p, vf, max_query_len, s); break;
+    case 80: launch_dp<T, 80>(p, vf, max_query_len, s); break;
+    case 96: launch_dp<T, 96>(p, vf, max_query_len, s); break;
+    case 112: launch_dp<T, 112>(p, vf, max_query_len, s); break;
     case 120:
-    case 128:
-      launch_dp<T, 128>(p, vf, max_query_len, s);
-      break;
-    case 192:
-      launch_dp<T, 192>(p, vf, max_query_len, s);
-      break;
-    default:
-      launch_dp<T, 256>(p, vf, max_query_len, s);
-      break;
+    case 128: launch_dp<T, 128>(p, vf, max_query_len, s); break;
+    case 192: launch_dp<T, 192>(p, vf, max_query_len, s); break;
+    default: launch_dp<T, 256>(p, vf, max_query_len, s); break;
   }
 }
 
