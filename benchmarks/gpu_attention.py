@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 from typing import Callable, Optional
 
@@ -220,6 +221,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
     ap.add_argument("--decode-only", action="store_true",
                     help="only the decode table (skip prefill and reshape_and_cache)")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="only the prefill table (skip decode and reshape_and_cache)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
@@ -227,7 +230,7 @@ def main() -> None:
     print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
           f"decode kernel: {'tensor-core' if mma_decode_enabled() else 'CUDA-core'} "
           f"(PAGEDKV_DECODE_MMA)")
-    dec = DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
+    dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "
           f"{'vs cuDNN':>8} {'vs FA2':>7} {'vs gath':>7} {'TB/s':>6} {'of copy':>7} "
@@ -245,7 +248,9 @@ def main() -> None:
     if args.decode_only:
         return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
-    print("\nPrefill, causal, no cached prefix (us; TFLOP/s of ours)")
+    kernel = os.environ.get("PAGEDKV_PREFILL_MMA", "").strip() or "1"
+    print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; prefill kernel "
+          f"PAGEDKV_PREFILL_MMA={kernel}: 0 CUDA-core, 1 64-row, 2 BM-128 tensor-core)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
           f"{'TFLOP/s':>8}")
     for b, length in pre:
@@ -254,6 +259,8 @@ def main() -> None:
               f"{ratio(r['cudnn'], r['ours']):>8} {ratio(r['flash'], r['ours']):>7} "
               f"{r['flops'] / r['ours'] / 1e12:8.1f}")
         torch.cuda.empty_cache()
+    if args.prefill_only:
+        return
     print("\nreshape_and_cache_flash (bytes read + written / time vs copy BW)")
     for n in (256, 16384, 65536):
         r = bench_cache_write(n)
