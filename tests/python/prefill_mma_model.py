@@ -7,7 +7,9 @@ domain with the scale folded into the exponent. The tensor-core steps are float3
 products of whole warp tiles (their fragment layouts are those of the H100-tested 64-row kernel)
 and P is rounded to bf16 as the kernel packs it. The paged-cache addressing is not modelled (the
 loads copy it from the 64-row kernel): keys are given per sequence as context + new tokens.
-Mirrors the kernel's names; keep them in step."""
+At lane level (warp_tile), the kernel's ldmatrix addresses, mma operand order, P re-packing and
+output staging run under PTX's ldmatrix / mma.m16n8k16 fragment semantics. Mirrors the kernel's
+names and index expressions; keep them in step."""
 
 from __future__ import annotations
 
@@ -176,3 +178,74 @@ def reference(pb: Problem) -> np.ndarray:
             o[:, h] = (p / p.sum(1, keepdims=True)) @ v
         outs.append(o)
     return np.concatenate(outs)
+
+
+# ---- lane level: the kernel's fragment index expressions under PTX's ldmatrix / mma semantics
+
+
+def ldmatrix_x4(smem: np.ndarray, row_start, trans: bool = False) -> np.ndarray:
+    """ldmatrix.x4(.trans).b16: lane l gives the row start (flat offset) of row l % 8 of matrix
+    l // 8; returns regs[lane, matrix, 2] (elements (l // 4, 2 (l % 4) + {0, 1}) of each 8 x 8
+    matrix, transposed first with .trans)."""
+    regs = np.zeros((32, 4, 2))
+    for i in range(4):
+        m = np.array([smem[row_start(8 * i + r):row_start(8 * i + r) + 8] for r in range(8)])
+        m = m.T if trans else m
+        for lane in range(32):
+            regs[lane, i] = m[lane // 4, 2 * (lane % 4):2 * (lane % 4) + 2]
+    return regs
+
+
+def mma_16816(c: np.ndarray, a: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> None:
+    """c[lane, 4] += A (16 x 16, from a[lane, 4, 2]) @ B (16 x 8, from b0 / b1[lane, 2])."""
+    am, bm = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        g, q = lane // 4, 2 * (lane % 4)
+        am[g, q:q + 2], am[g + 8, q:q + 2] = a[lane, 0], a[lane, 1]
+        am[g, q + 8:q + 10], am[g + 8, q + 8:q + 10] = a[lane, 2], a[lane, 3]
+        bm[q:q + 2, g], bm[q + 8:q + 10, g] = b0[lane], b1[lane]
+    cm = am @ bm
+    for lane in range(32):
+        g, q = lane // 4, 2 * (lane % 4)
+        c[lane, 0:2] += cm[g, q:q + 2]
+        c[lane, 2:4] += cm[g + 8, q:q + 2]
+
+
+def warp_tile(sq: np.ndarray, tk: np.ndarray, tv: np.ndarray, warp: int, mt_: int,
+              ld: int) -> tuple[np.ndarray, np.ndarray]:
+    """One warp's S = Q K^T and (S as P) V through the kernel's ldmatrix addressing, mma operand
+    order, P re-packing and output staging; returns (S [rows, BN], staged O [rows, LD])."""
+    dp, bn = ld - 8, tk.shape[0]
+    fq, fk, fv = sq.reshape(-1), tk.reshape(-1), tv.reshape(-1)
+    qw = warp * mt_ * 16 * ld
+    s = np.zeros((mt_, bn // 8, 32, 4))
+    for kk in range(dp // 16):
+        a = [ldmatrix_x4(fq, lambda ln, mt=mt, kk=kk: qw + (mt * 16 + (ln & 15)) * ld + kk * 16
+                         + (ln >> 4) * 8) for mt in range(mt_)]
+        for nb in range(bn // 16):
+            b = ldmatrix_x4(fk, lambda ln, nb=nb, kk=kk: (nb * 16 + (ln >> 4) * 8 + (ln & 7)) * ld
+                            + kk * 16 + ((ln >> 3) & 1) * 8)
+            for mt in range(mt_):
+                mma_16816(s[mt, 2 * nb], a[mt], b[:, 0], b[:, 1])
+                mma_16816(s[mt, 2 * nb + 1], a[mt], b[:, 2], b[:, 3])
+    o = np.zeros((mt_, dp // 8, 32, 4))
+    for kk in range(bn // 16):
+        a = [np.stack([s[mt, 2 * kk, :, 0:2], s[mt, 2 * kk, :, 2:4], s[mt, 2 * kk + 1, :, 0:2],
+                       s[mt, 2 * kk + 1, :, 2:4]], axis=1) for mt in range(mt_)]
+        for nd in range(dp // 16):
+            b = ldmatrix_x4(fv, lambda ln, kk=kk, nd=nd: (kk * 16 + ((ln >> 3) & 1) * 8
+                                                          + (ln & 7)) * ld + nd * 16
+                            + (ln >> 4) * 8, trans=True)
+            for mt in range(mt_):
+                mma_16816(o[mt, 2 * nd], a[mt], b[:, 0], b[:, 1])
+                mma_16816(o[mt, 2 * nd + 1], a[mt], b[:, 2], b[:, 3])
+    s_rows, so = np.zeros((mt_ * 16, bn)), np.full((mt_ * 16, ld), np.nan)
+    for i in range(2 * mt_):
+        mt, h = i >> 1, i & 1
+        for lane in range(32):
+            r, col = mt * 16 + lane // 4 + 8 * h, 2 * (lane & 3)
+            for n in range(dp // 8):
+                so[r, n * 8 + col:n * 8 + col + 2] = o[mt, n, lane, 2 * h:2 * h + 2]
+            for n in range(bn // 8):
+                s_rows[r, n * 8 + col:n * 8 + col + 2] = s[mt, n, lane, 2 * h:2 * h + 2]
+    return s_rows, so

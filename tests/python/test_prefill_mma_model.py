@@ -2,7 +2,8 @@
 (prefill_mma_model.py): random head sizes (all instantiations, padded ones too), GQA groups that
 split tokens across query tiles, cached prefixes, ragged sequences, windows, alibi, soft-cap, and
 a max_query_len larger than needed. Every (token, head) must be written exactly once and match a
-float64 reference. The kernel itself is tested on a GPU in test_prefill_mma_cuda.py."""
+float64 reference; and, at lane level, the fragment index expressions of every warp's tiles.
+The kernel itself is tested on a GPU in test_prefill_mma_cuda.py."""
 
 from __future__ import annotations
 
@@ -51,3 +52,22 @@ def test_model_matches_reference(trial):
 def test_padded_head_dispatch():
     assert [padded_head(d) for d in (32, 64, 80, 96, 112, 120, 128, 192, 256)] == \
         [32, 64, 80, 96, 112, 128, 128, 192, 256]
+
+
+@pytest.mark.parametrize("dp", [64, 80, 192])
+def test_fragment_indexing(dp):
+    """The kernel's ldmatrix addresses, mma operand order, P re-packing and output staging (as
+    transcribed in prefill_mma_model.warp_tile) give Q K^T and P V for every warp's rows."""
+    from prefill_mma_model import tile_shape, warp_tile
+
+    rng = np.random.default_rng()
+    mt_, bm, bn = tile_shape(dp)
+    ld = dp + 8
+    sq, tk, tv = (np.zeros((n, ld)) for n in (bm, bn, bn))
+    for t in (sq, tk, tv):
+        t[:, :dp] = rng.standard_normal((t.shape[0], dp))
+    for warp in range(4):
+        s, so = warp_tile(sq, tk, tv, warp, mt_, ld)
+        rows = sq[warp * mt_ * 16:(warp + 1) * mt_ * 16, :dp]
+        np.testing.assert_allclose(s, rows @ tk[:, :dp].T, atol=1e-9)
+        np.testing.assert_allclose(so[:, :dp], s @ tv[:, :dp], atol=1e-9)
