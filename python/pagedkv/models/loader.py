@@ -69,10 +69,26 @@ def hf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 def checkpoint_weights(source: ModelSource, config: ModelConfig
                        ) -> Iterator[tuple[str, torch.Tensor]]:
     if source.kind == "hf":
-        return hf_weights(source.path)
+        return _progress(hf_weights(source.path), None, "Loading weights")
     from pagedkv.models.gguf_reader import gguf_weights, open_gguf
 
-    return gguf_weights(open_gguf(source.path), config)
+    reader = open_gguf(source.path)
+    return _progress(gguf_weights(reader, config), len(reader.tensors),
+                     "Loading GGUF tensors (dequantizing)")
+
+
+def _progress(weights: Iterator[tuple[str, torch.Tensor]], total: Optional[int], desc: str
+              ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A progress bar over the tensors (on stderr; PAGEDKV_NO_PROGRESS=1 or no tqdm: none):
+    dequantizing or reading a large checkpoint takes long enough to look hung without one."""
+    if os.environ.get("PAGEDKV_NO_PROGRESS"):
+        return weights
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return weights
+    return iter(tqdm(weights, total=total, desc=desc, unit=" tensors", dynamic_ncols=True,
+                     leave=False))
 
 
 def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
