@@ -49,10 +49,10 @@ bool is_supported_head_size(int head_size);
 
 // Options shared by the attention ops. Defaults mean "off".
 struct AttentionOptions {
-  float scale = 1.0f;                        // softmax scale, usually 1/sqrt(head_size)
-  std::optional<TensorView> alibi_slopes;    // [num_heads] float32
-  float logits_soft_cap = 0.0f;              // > 0: logits = cap * tanh(logits / cap)
-  int sliding_window = -1;                   // > 0: attend to the last `sliding_window` keys
+  float scale = 1.0f;                      // softmax scale, usually 1/sqrt(head_size)
+  std::optional<TensorView> alibi_slopes;  // [num_heads] float32
+  float logits_soft_cap = 0.0f;            // > 0: logits = cap * tanh(logits / cap)
+  int sliding_window = -1;                 // > 0: attend to the last `sliding_window` keys
   KVCacheDType kv_cache_dtype = KVCacheDType::kAuto;
   float k_scale = 1.0f;
   float v_scale = 1.0f;
@@ -61,8 +61,8 @@ struct AttentionOptions {
 namespace ops {
 
 // Writes key/value [num_tokens, num_kv_heads, head_size] into a vLLM-layout cache (rank 5).
-void reshape_and_cache(const TensorView& key, const TensorView& value,
-                       const TensorView& key_cache, const TensorView& value_cache,
+void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
+                       const TensorView& value_cache,
                        const TensorView& slot_mapping,  // [num_tokens] int64
                        KVCacheDType kv_cache_dtype, float k_scale, float v_scale,
                        Stream stream = nullptr);
@@ -75,10 +75,9 @@ void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
 
 // Decode attention, one query token per sequence, single pass over the context.
 //   out, query: [num_seqs, num_heads, head_size]; seq_lens: [num_seqs] int32
-void paged_attention_v1(const TensorView& out, const TensorView& query,
-                        const TensorView& key_cache, const TensorView& value_cache,
-                        int num_kv_heads, const TensorView& block_tables,
-                        const TensorView& seq_lens, int max_seq_len,
+void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
                         const AttentionOptions& opts, Stream stream = nullptr);
 
 // Decode attention split over partitions of `partition_size` keys, then reduced.
@@ -89,9 +88,9 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const TensorView& max_logits, const TensorView& tmp_out,
                         const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, int num_kv_heads,
-                        const TensorView& block_tables, const TensorView& seq_lens,
-                        int max_seq_len, const AttentionOptions& opts,
-                        int partition_size = kPartitionSize, Stream stream = nullptr);
+                        const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
+                        const AttentionOptions& opts, int partition_size = kPartitionSize,
+                        Stream stream = nullptr);
 
 // Prefill / extend attention (chunked prefill, prefix reuse): the query tokens of each sequence
 // attend causally to the sequence's cached context (from the paged cache) and to themselves.

@@ -17,8 +17,10 @@ KVCacheDType parse_kv_cache_dtype(std::string_view name) {
   if (name == "auto") return KVCacheDType::kAuto;
   if (name == "fp8" || name == "fp8_e4m3") return KVCacheDType::kFp8E4M3;
   if (name == "fp8_e5m2") return KVCacheDType::kFp8E5M2;
-  throw ValueError(::pagedkv::detail::concat("kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3' or "
-                                  "'fp8_e5m2', got '", name, "'"));
+  throw ValueError(
+      ::pagedkv::detail::concat("kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3' or "
+                                "'fp8_e5m2', got '",
+                                name, "'"));
 }
 
 bool is_supported_head_size(int head_size) {
@@ -42,20 +44,22 @@ using detail::check_rows;
     }                                                    \
   } while (0)
 #else
-#define PAGEDKV_DISPATCH(first, op, cpu_args, cuda_args)                        \
-  do {                                                                          \
-    PAGEDKV_CHECK(!(first).device().is_cuda(), #op ": the arrays are on ",      \
-                  (first).device().str(), " but pagedkv was built without CUDA"); \
-    cpu_ops::op cpu_args;                                                       \
+#define PAGEDKV_DISPATCH(first, op, cpu_args, cuda_args)                                           \
+  do {                                                                                             \
+    PAGEDKV_CHECK(!(first).device().is_cuda(), #op ": the arrays are on ", (first).device().str(), \
+                  " but pagedkv was built without CUDA");                                          \
+    cpu_ops::op cpu_args;                                                                          \
   } while (0)
 #endif
 
-void check_cache_write(const TensorView& key, const TensorView& value,
-                       const TensorView& key_cache, const TensorView& value_cache,
-                       const TensorView& slot_mapping, KVCacheDType kv_dtype, float k_scale,
-                       float v_scale, KVLayout layout) {
-  detail::check_devices({{&key, "key"}, {&value, "value"}, {&key_cache, "key_cache"},
-                         {&value_cache, "value_cache"}, {&slot_mapping, "slot_mapping"}});
+void check_cache_write(const TensorView& key, const TensorView& value, const TensorView& key_cache,
+                       const TensorView& value_cache, const TensorView& slot_mapping,
+                       KVCacheDType kv_dtype, float k_scale, float v_scale, KVLayout layout) {
+  detail::check_devices({{&key, "key"},
+                         {&value, "value"},
+                         {&key_cache, "key_cache"},
+                         {&value_cache, "value_cache"},
+                         {&slot_mapping, "slot_mapping"}});
   detail::check_float(key, "key");
   check_rows(key, "key", -1, -1, -1);
   check_rows(value, "value", key.size(0), key.size(1), key.size(2));
@@ -93,8 +97,8 @@ CacheGeometry check_decode(const TensorView& out, const TensorView& query,
   detail::check_head_size(D, "query");
   PAGEDKV_CHECK(num_kv_heads > 0 && H % num_kv_heads == 0, "num_kv_heads = ", num_kv_heads,
                 " must be positive and divide the number of query heads (", H, ")");
-  const CacheGeometry g = detail::check_kv_caches(key_cache, value_cache, opts.kv_cache_dtype,
-                                                  query.dtype(), nullptr);
+  const CacheGeometry g =
+      detail::check_kv_caches(key_cache, value_cache, opts.kv_cache_dtype, query.dtype(), nullptr);
   PAGEDKV_CHECK(g.num_kv_heads == num_kv_heads, "key_cache has ", g.num_kv_heads,
                 " KV heads but num_kv_heads = ", num_kv_heads);
   PAGEDKV_CHECK(g.head_size == D, "key_cache has head size ", g.head_size, " but query has ", D);
@@ -118,17 +122,15 @@ CacheGeometry check_decode(const TensorView& out, const TensorView& query,
 
 }  // namespace
 
-void reshape_and_cache(const TensorView& key, const TensorView& value,
-                       const TensorView& key_cache, const TensorView& value_cache,
-                       const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                       float k_scale, float v_scale, Stream stream) {
+void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
+                       const TensorView& value_cache, const TensorView& slot_mapping,
+                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kVLLM);
-  PAGEDKV_DISPATCH(key, reshape_and_cache,
-                   (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                    v_scale),
-                   (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                    v_scale, stream));
+  PAGEDKV_DISPATCH(
+      key, reshape_and_cache,
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, stream));
   (void)stream;
 }
 
@@ -138,30 +140,32 @@ void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              float k_scale, float v_scale, Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kNHD);
-  PAGEDKV_DISPATCH(key, reshape_and_cache_flash,
-                   (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                    v_scale),
-                   (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
-                    v_scale, stream));
+  PAGEDKV_DISPATCH(
+      key, reshape_and_cache_flash,
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, stream));
   (void)stream;
 }
 
-void paged_attention_v1(const TensorView& out, const TensorView& query,
-                        const TensorView& key_cache, const TensorView& value_cache,
-                        int num_kv_heads, const TensorView& block_tables,
-                        const TensorView& seq_lens, int max_seq_len,
+void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
                         const AttentionOptions& opts, Stream stream) {
   const TensorView& alibi = opts.alibi_slopes ? *opts.alibi_slopes : query;
-  detail::check_devices({{&query, "query"}, {&out, "out"}, {&key_cache, "key_cache"},
-                         {&value_cache, "value_cache"}, {&block_tables, "block_tables"},
-                         {&seq_lens, "seq_lens"}, {&alibi, "alibi_slopes"}});
+  detail::check_devices({{&query, "query"},
+                         {&out, "out"},
+                         {&key_cache, "key_cache"},
+                         {&value_cache, "value_cache"},
+                         {&block_tables, "block_tables"},
+                         {&seq_lens, "seq_lens"},
+                         {&alibi, "alibi_slopes"}});
   check_decode(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
                max_seq_len, opts);
-  PAGEDKV_DISPATCH(query, paged_attention_v1,
-                   (out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
-                    max_seq_len, opts),
-                   (out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
-                    max_seq_len, opts, stream));
+  PAGEDKV_DISPATCH(
+      query, paged_attention_v1,
+      (out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, max_seq_len, opts),
+      (out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, max_seq_len, opts,
+       stream));
   (void)stream;
 }
 
@@ -169,19 +173,24 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const TensorView& max_logits, const TensorView& tmp_out,
                         const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, int num_kv_heads,
-                        const TensorView& block_tables, const TensorView& seq_lens,
-                        int max_seq_len, const AttentionOptions& opts, int partition_size,
-                        Stream stream) {
+                        const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
+                        const AttentionOptions& opts, int partition_size, Stream stream) {
   const TensorView& alibi = opts.alibi_slopes ? *opts.alibi_slopes : query;
-  detail::check_devices({{&query, "query"}, {&out, "out"}, {&exp_sums, "exp_sums"},
-                         {&max_logits, "max_logits"}, {&tmp_out, "tmp_out"},
-                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
-                         {&block_tables, "block_tables"}, {&seq_lens, "seq_lens"},
+  detail::check_devices({{&query, "query"},
+                         {&out, "out"},
+                         {&exp_sums, "exp_sums"},
+                         {&max_logits, "max_logits"},
+                         {&tmp_out, "tmp_out"},
+                         {&key_cache, "key_cache"},
+                         {&value_cache, "value_cache"},
+                         {&block_tables, "block_tables"},
+                         {&seq_lens, "seq_lens"},
                          {&alibi, "alibi_slopes"}});
   const CacheGeometry g = check_decode(out, query, key_cache, value_cache, num_kv_heads,
                                        block_tables, seq_lens, max_seq_len, opts);
-  PAGEDKV_CHECK(partition_size > 0 && partition_size % g.block_size == 0, "partition_size = ",
-                partition_size, " must be a positive multiple of block_size (", g.block_size, ")");
+  PAGEDKV_CHECK(partition_size > 0 && partition_size % g.block_size == 0,
+                "partition_size = ", partition_size, " must be a positive multiple of block_size (",
+                g.block_size, ")");
   const int64_t S = query.size(0), H = query.size(1), D = query.size(2);
   const int64_t parts = (static_cast<int64_t>(max_seq_len) + partition_size - 1) / partition_size;
   check_dtype(exp_sums, "exp_sums", {DType::kFloat32});
@@ -196,11 +205,10 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   check_shape(tmp_out, "tmp_out", {S, H, exp_sums.size(2), D});
   check_contiguous(tmp_out, "tmp_out");
   PAGEDKV_DISPATCH(query, paged_attention_v2,
-                   (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                    num_kv_heads, block_tables, seq_lens, max_seq_len, opts, partition_size),
-                   (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                    num_kv_heads, block_tables, seq_lens, max_seq_len, opts, partition_size,
-                    stream));
+                   (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+                    block_tables, seq_lens, max_seq_len, opts, partition_size),
+                   (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
+                    block_tables, seq_lens, max_seq_len, opts, partition_size, stream));
   (void)stream;
 }
 
@@ -210,10 +218,16 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
                            const TensorView& query_start_loc, const TensorView& seq_lens,
                            int max_query_len, const AttentionOptions& opts, Stream stream) {
   const TensorView& alibi = opts.alibi_slopes ? *opts.alibi_slopes : query;
-  detail::check_devices({{&query, "query"}, {&out, "out"}, {&key, "key"}, {&value, "value"},
-                         {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
-                         {&block_tables, "block_tables"}, {&query_start_loc, "query_start_loc"},
-                         {&seq_lens, "seq_lens"}, {&alibi, "alibi_slopes"}});
+  detail::check_devices({{&query, "query"},
+                         {&out, "out"},
+                         {&key, "key"},
+                         {&value, "value"},
+                         {&key_cache, "key_cache"},
+                         {&value_cache, "value_cache"},
+                         {&block_tables, "block_tables"},
+                         {&query_start_loc, "query_start_loc"},
+                         {&seq_lens, "seq_lens"},
+                         {&alibi, "alibi_slopes"}});
   detail::check_float(query, "query");
   check_rows(query, "query", -1, -1, -1);
   const int64_t T = query.size(0), H = query.size(1), D = query.size(2);
@@ -227,8 +241,8 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   const int64_t KVH = key.size(1);
   PAGEDKV_CHECK(KVH > 0 && H % KVH == 0, "key has ", KVH, " heads, which must divide the ", H,
                 " query heads");
-  const CacheGeometry g = detail::check_kv_caches(key_cache, value_cache, opts.kv_cache_dtype,
-                                                  query.dtype(), nullptr);
+  const CacheGeometry g =
+      detail::check_kv_caches(key_cache, value_cache, opts.kv_cache_dtype, query.dtype(), nullptr);
   PAGEDKV_CHECK(g.num_kv_heads == KVH && g.head_size == D, "key_cache holds ", g.num_kv_heads,
                 " heads of size ", g.head_size, " but key has ", KVH, " heads of size ", D);
   check_dtype(seq_lens, "seq_lens", {DType::kInt32});
@@ -247,13 +261,12 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
       const int64_t q0 = detail::host_int(query_start_loc, s);
       const int64_t q1 = detail::host_int(query_start_loc, s + 1);
       const int64_t len = detail::host_int(seq_lens, s);
-      PAGEDKV_CHECK(q1 >= q0 && q1 - q0 <= max_query_len, "query_start_loc: sequence ", s,
-                    " has ", q1 - q0, " query tokens (must be in [0, max_query_len = ",
-                    max_query_len, "])");
+      PAGEDKV_CHECK(q1 >= q0 && q1 - q0 <= max_query_len, "query_start_loc: sequence ", s, " has ",
+                    q1 - q0, " query tokens (must be in [0, max_query_len = ", max_query_len, "])");
       PAGEDKV_CHECK(q1 <= T && q1 <= key.size(0), "query_start_loc[", s + 1, "] = ", q1,
                     " exceeds the ", std::min(T, key.size(0)), " tokens of query/key");
-      PAGEDKV_CHECK(len >= q1 - q0, "seq_lens[", s, "] = ", len, " is smaller than its ",
-                    q1 - q0, " query tokens");
+      PAGEDKV_CHECK(len >= q1 - q0, "seq_lens[", s, "] = ", len, " is smaller than its ", q1 - q0,
+                    " query tokens");
       const int64_t ctx = len - (q1 - q0);
       // Context keys visible to the first query token (position ctx) under the window.
       const int64_t first =
@@ -262,10 +275,10 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
     }
   }
   PAGEDKV_DISPATCH(query, context_attention_fwd,
-                   (out, query, key, value, key_cache, value_cache, block_tables,
-                    query_start_loc, seq_lens, max_query_len, opts),
-                   (out, query, key, value, key_cache, value_cache, block_tables,
-                    query_start_loc, seq_lens, max_query_len, opts, stream));
+                   (out, query, key, value, key_cache, value_cache, block_tables, query_start_loc,
+                    seq_lens, max_query_len, opts),
+                   (out, query, key, value, key_cache, value_cache, block_tables, query_start_loc,
+                    seq_lens, max_query_len, opts, stream));
   (void)stream;
 }
 
@@ -298,8 +311,8 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
     check_layer(key_caches[i], k0, ::pagedkv::detail::concat("key_caches[", i, "]"));
     check_layer(value_caches[i], v0, ::pagedkv::detail::concat("value_caches[", i, "]"));
   }
-  detail::check_devices({{&k0, "key_caches[0]"}, {&v0, "value_caches[0]"},
-                         {&block_mapping, "block_mapping"}});
+  detail::check_devices(
+      {{&k0, "key_caches[0]"}, {&v0, "value_caches[0]"}, {&block_mapping, "block_mapping"}});
   const int64_t nb = std::min(k0.size(0), v0.size(0));
   detail::check_block_mapping(block_mapping, "block_mapping", nb, nb);
   PAGEDKV_DISPATCH(k0, copy_blocks, (key_caches, value_caches, block_mapping),
@@ -327,14 +340,15 @@ void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView&
                 block_mapping.device().str());
   detail::check_block_mapping(block_mapping, "block_mapping", src.size(0), dst.size(0));
   if (src.device().is_cuda() || dst.device().is_cuda()) {
-    PAGEDKV_CHECK(!(src.device().is_cuda() && dst.device().is_cuda()) ||
-                      src.device() == dst.device(),
-                  "src is on ", src.device().str(), " but dst is on ", dst.device().str());
+    PAGEDKV_CHECK(
+        !(src.device().is_cuda() && dst.device().is_cuda()) || src.device() == dst.device(),
+        "src is on ", src.device().str(), " but dst is on ", dst.device().str());
 #ifdef PAGEDKV_WITH_CUDA
     cuda_ops::swap_blocks(src, dst, block_mapping, stream);
     return;
 #else
-    PAGEDKV_CHECK(false, "swap_blocks: src/dst on a CUDA device but pagedkv was built without CUDA");
+    PAGEDKV_CHECK(false,
+                  "swap_blocks: src/dst on a CUDA device but pagedkv was built without CUDA");
 #endif
   }
   cpu_ops::swap_blocks(src, dst, block_mapping);

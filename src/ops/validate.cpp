@@ -43,21 +43,24 @@ void check_rows(const TensorView& t, std::string_view name, int64_t n0, int64_t 
 
 void check_head_size(int64_t head_size, std::string_view name) {
   PAGEDKV_CHECK(is_supported_head_size(static_cast<int>(head_size)), name, ": head size ",
-                head_size, " is not supported (supported: 32, 64, 80, 96, 112, 120, 128, 192, 256)");
+                head_size,
+                " is not supported (supported: 32, 64, 80, 96, 112, 120, 128, 192, 256)");
 }
 
 void check_scales(float k_scale, float v_scale) {
-  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0, "k_scale must be a positive finite number, got ",
-                k_scale);
-  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0, "v_scale must be a positive finite number, got ",
-                v_scale);
+  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0,
+                "k_scale must be a positive finite number, got ", k_scale);
+  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0,
+                "v_scale must be a positive finite number, got ", v_scale);
 }
 
 CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCacheDType kv_dtype,
                               DType dtype, const KVLayout* want) {
-  PAGEDKV_CHECK(kc.ndim() == 5 || kc.ndim() == 4, "key_cache must have rank 5 (vLLM layout "
+  PAGEDKV_CHECK(kc.ndim() == 5 || kc.ndim() == 4,
+                "key_cache must have rank 5 (vLLM layout "
                 "[num_blocks, num_kv_heads, head_size/x, block_size, x]) or rank 4 (NHD layout "
-                "[num_blocks, block_size, num_kv_heads, head_size]), got shape ", kc.shape_str());
+                "[num_blocks, block_size, num_kv_heads, head_size]), got shape ",
+                kc.shape_str());
   const KVLayout layout = kc.ndim() == 5 ? KVLayout::kVLLM : KVLayout::kNHD;
   if (want && *want != layout) {
     PAGEDKV_CHECK(false, "key_cache must have rank ", *want == KVLayout::kVLLM ? 5 : 4,
@@ -68,10 +71,14 @@ CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCach
     check_dtype(kc, "key_cache", {dtype});
     check_dtype(vc, "value_cache", {dtype});
   } else {
-    PAGEDKV_CHECK_TYPE(kc.dtype() == DType::kUInt8, "key_cache must be uint8 for an fp8 "
-                       "kv_cache_dtype, got ", dtype_name(kc.dtype()));
-    PAGEDKV_CHECK_TYPE(vc.dtype() == DType::kUInt8, "value_cache must be uint8 for an fp8 "
-                       "kv_cache_dtype, got ", dtype_name(vc.dtype()));
+    PAGEDKV_CHECK_TYPE(kc.dtype() == DType::kUInt8,
+                       "key_cache must be uint8 for an fp8 "
+                       "kv_cache_dtype, got ",
+                       dtype_name(kc.dtype()));
+    PAGEDKV_CHECK_TYPE(vc.dtype() == DType::kUInt8,
+                       "value_cache must be uint8 for an fp8 "
+                       "kv_cache_dtype, got ",
+                       dtype_name(vc.dtype()));
   }
   PAGEDKV_CHECK(block_contiguous(kc), "key_cache must be contiguous (except along num_blocks)");
   PAGEDKV_CHECK(block_contiguous(vc), "value_cache must be contiguous (except along num_blocks)");
@@ -80,8 +87,8 @@ CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCach
   g.num_blocks = kc.size(0);
   if (layout == KVLayout::kVLLM) {
     const int64_t x = 16 / static_cast<int64_t>(kc.element_size());
-    PAGEDKV_CHECK(kc.size(4) == x, "key_cache: last dimension must be x = 16 / element size = ",
-                  x, ", got shape ", kc.shape_str());
+    PAGEDKV_CHECK(kc.size(4) == x, "key_cache: last dimension must be x = 16 / element size = ", x,
+                  ", got shape ", kc.shape_str());
     g.num_kv_heads = kc.size(1);
     g.head_size = kc.size(2) * x;
     g.block_size = kc.size(3);
@@ -117,9 +124,9 @@ void check_seq_blocks(const TensorView& bt, int64_t seq, int64_t first, int64_t 
                       const CacheGeometry& g) {
   if (end <= first) return;
   const int64_t cap = bt.size(1) * g.block_size;
-  PAGEDKV_CHECK(end <= cap, "seq_lens[", seq, "] = ", end, " exceeds the block table: ",
-                "block_tables has ", bt.size(1), " blocks per sequence of block_size ",
-                g.block_size, " (", cap, " tokens)");
+  PAGEDKV_CHECK(end <= cap, "seq_lens[", seq, "] = ", end,
+                " exceeds the block table: ", "block_tables has ", bt.size(1),
+                " blocks per sequence of block_size ", g.block_size, " (", cap, " tokens)");
   const int32_t* row = bt.data_as<const int32_t>() + seq * bt.stride(0);
   for (int64_t b = first / g.block_size; b <= (end - 1) / g.block_size; ++b) {
     const int64_t id = row[b * bt.stride(1)];

@@ -1,5 +1,5 @@
-// Instantiates the CUDA-core paged attention kernels for __nv_bfloat16 queries (one file per query dtype
-// so the kernels compile in parallel).
+// Instantiates the CUDA-core paged attention kernels for __nv_bfloat16 queries (one file per query
+// dtype so the kernels compile in parallel).
 #include "ops/cuda/attention_kernel.cuh"
 
 namespace pagedkv::cuda_ops {

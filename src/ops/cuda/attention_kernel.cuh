@@ -71,7 +71,8 @@ __device__ __forceinline__ void stage_run(Raw<CT>* dst, const CT* base, const Ca
       cp_async8(dst, src + a.off);
     } else {
 #pragma unroll
-      for (int w = 0; w < Raw<CT>::kWords; ++w) cp_async16(&dst->u[w], src + a.off + w * 16 / sizeof(CT));
+      for (int w = 0; w < Raw<CT>::kWords; ++w)
+        cp_async16(&dst->u[w], src + a.off + w * 16 / sizeof(CT));
     }
   } else if (a.mode == 1) {
     cp_async16(&dst->u[0], src + a.off);
@@ -131,14 +132,11 @@ constexpr int kThreads = 128;
 // reads back only what it copied), so S - 1 stages of U keys stay in flight per lane without
 // holding registers.
 template <typename ST, int KIND, int GC, int U, int S, bool kPaged>
-__device__ __forceinline__ void attend_range(const AttnParams& p, Raw<ST>* ring, const ST* kb,
-                                             const ST* vb, const CacheLayout& kl,
-                                             const CacheLayout& vl, bool vec, const int* bt,
-                                             int64_t row_off, int lo, int hi, const Lanes& ln,
-                                             int kvh, int q_pos, const float (&q)[GC][VEC],
-                                             const float (&slope)[GC], float k_mul, float v_mul,
-                                             float (&m)[GC], float (&l)[GC],
-                                             float (&acc)[GC][VEC]) {
+__device__ __forceinline__ void attend_range(
+    const AttnParams& p, Raw<ST>* ring, const ST* kb, const ST* vb, const CacheLayout& kl,
+    const CacheLayout& vl, bool vec, const int* bt, int64_t row_off, int lo, int hi,
+    const Lanes& ln, int kvh, int q_pos, const float (&q)[GC][VEC], const float (&slope)[GC],
+    float k_mul, float v_mul, float (&m)[GC], float (&l)[GC], float (&acc)[GC][VEC]) {
   if (lo >= hi) return;
   const int step = ln.rows * U;
   const int D = p.head_size;
@@ -153,8 +151,8 @@ __device__ __forceinline__ void attend_range(const AttnParams& p, Raw<ST>* ring,
     for (int u = 0; u < U; ++u) {
       const int tok = base + u * ln.rows + ln.row;
       if constexpr (kPaged) {
-        const int bi = min(p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size,
-                           p.max_blocks - 1);
+        const int bi =
+            min(p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size, p.max_blocks - 1);
         const int b = tok < hi ? bt[bi] : 0;
         blk[u] = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // bad ids: no wild reads
       } else {
@@ -264,7 +262,7 @@ template <typename QT, typename CT, int KIND, int GC>
 __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p, int tx_shift) {
   constexpr int NW = kNumWarps;
   constexpr int RAW = sizeof(Raw<CT>) > sizeof(Raw<QT>) ? sizeof(Raw<CT>) : sizeof(Raw<QT>);
-  constexpr int U = 2;                // keys per lane per stage
+  constexpr int U = 2;                  // keys per lane per stage
   constexpr int S = RAW <= 16 ? 4 : 2;  // stages (shared memory: S * U * 2 * 128 * RAW bytes)
   constexpr int RING = S * U * 2 * kThreads * RAW;
   constexpr int ACC = NW * GC * kMaxDW * 4;
@@ -292,7 +290,10 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
     int lo = 0, hi = p.num_seqs - 1;  // last seq with query_start_loc[seq] <= item
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
-      if (p.query_start_loc[mid] <= item) lo = mid; else hi = mid - 1;
+      if (p.query_start_loc[mid] <= item)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     seq = lo;
     const int qs = p.query_start_loc[seq];
@@ -340,19 +341,19 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
 
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
   // Cached context from the paged cache, then the new tokens from key/value (prefill).
-  attend_range<CT, KIND, GC, U, S, true>(p, reinterpret_cast<Raw<CT>*>(smem),
-                                      static_cast<const CT*>(p.k_cache),
-                                      static_cast<const CT*>(p.v_cache), p.kl, p.vl, p.kv_vec,
-                                      bt, 0, k_lo, min(k_hi, ctx_len), ln, kvh, q_pos, q, slope,
-                                      p.qk_scale * p.k_scale, p.v_scale, m, l, acc);
+  attend_range<CT, KIND, GC, U, S, true>(
+      p, reinterpret_cast<Raw<CT>*>(smem), static_cast<const CT*>(p.k_cache),
+      static_cast<const CT*>(p.v_cache), p.kl, p.vl, p.kv_vec, bt, 0, k_lo, min(k_hi, ctx_len), ln,
+      kvh, q_pos, q, slope, p.qk_scale * p.k_scale, p.v_scale, m, l, acc);
   // The new tokens' ring holds Raw<QT>, whose slots overlap other lanes' Raw<CT> slots: wait
   // for every lane to finish the cached context first (uniform per CTA).
   if (sizeof(Raw<QT>) != sizeof(Raw<CT>)) __syncthreads();
   if (k_hi > ctx_len) {
     attend_range<QT, kNoFp8, GC, U, S, false>(
-        p, reinterpret_cast<Raw<QT>*>(smem), static_cast<const QT*>(p.k_new), static_cast<const QT*>(p.v_new), p.knl, p.vnl,
-        p.new_vec, nullptr, int64_t(new_base) - ctx_len, max(k_lo, ctx_len), k_hi, ln, kvh,
-        q_pos, q, slope, p.qk_scale, 1.f, m, l, acc);
+        p, reinterpret_cast<Raw<QT>*>(smem), static_cast<const QT*>(p.k_new),
+        static_cast<const QT*>(p.v_new), p.knl, p.vnl, p.new_vec, nullptr,
+        int64_t(new_base) - ctx_len, max(k_lo, ctx_len), k_hi, ln, kvh, q_pos, q, slope, p.qk_scale,
+        1.f, m, l, acc);
   }
 
   // ---- merge the rows of each warp (lanes tx, tx + TX, ...) ----

@@ -21,7 +21,7 @@ struct AttnParams {
   const int* block_tables;  // [num_seqs, max_blocks_per_seq] int32
   int64_t bt_stride;
   int max_blocks, num_blocks;  // block table columns; cache blocks (ids are clamped to these)
-  const int* seq_lens;  // [num_seqs] int32
+  const int* seq_lens;         // [num_seqs] int32
 
   // Prefill mode when query_start_loc != nullptr: query i is token i of the flat batch.
   const int* query_start_loc;  // [num_seqs + 1] int32
@@ -35,10 +35,10 @@ struct AttnParams {
   float qk_scale;            // softmax scale
   float softcap;             // > 0: cap * tanh(logit / cap)
   float k_scale, v_scale;    // fp8 cache dequantisation (1 otherwise); new tokens are unscaled
-  const float* alibi;  // [num_heads] float32 or nullptr
-  int window;          // > 0: keys with q_pos - key_pos < window
-  bool kv_vec;         // cache runs can be read with 16-byte loads
-  bool new_vec;        // k_new / v_new rows can be read with 16-byte loads
+  const float* alibi;        // [num_heads] float32 or nullptr
+  int window;                // > 0: keys with q_pos - key_pos < window
+  bool kv_vec;               // cache runs can be read with 16-byte loads
+  bool new_vec;              // k_new / v_new rows can be read with 16-byte loads
 
   // Split mode (paged_attention_v2) when partition_size > 0: CTA z handles keys
   // [z * partition_size, (z + 1) * partition_size) and writes partial results.

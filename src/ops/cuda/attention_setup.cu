@@ -1,8 +1,8 @@
 // Host side shared by decode and the prefill fallback: fills AttnParams from the op's arguments
 // and dispatches on the query dtype.
-#include "ops/cuda/attention_setup.h"
-
 #include <algorithm>
+
+#include "ops/cuda/attention_setup.h"
 
 namespace pagedkv::cuda_ops {
 

@@ -33,7 +33,8 @@ __global__ void copy_blocks_kernel(CopyBlocksParams p) {
   if (src < 0 || dst < 0 || src >= p.num_blocks[c] || dst >= p.num_blocks[c]) return;  // bad id
   const char* s = p.caches[c] + src * p.block_stride_bytes[c];
   char* d = p.caches[c] + dst * p.block_stride_bytes[c];
-  const bool vec = ((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) | n) & 15) == 0;
+  const bool vec =
+      ((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d) | n) & 15) == 0;
   if (vec) {
     const uint4* s4 = reinterpret_cast<const uint4*>(s);
     uint4* d4 = reinterpret_cast<uint4*>(d);
@@ -115,8 +116,7 @@ void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView&
     cudaPointerAttributes attr{};
     const cudaError_t err = cudaPointerGetAttributes(&attr, t->data());
     if (err != cudaSuccess) cudaGetLastError();
-    PAGEDKV_CHECK(err == cudaSuccess && attr.type == cudaMemoryTypeHost,
-                  t == &src ? "src" : "dst",
+    PAGEDKV_CHECK(err == cudaSuccess && attr.type == cudaMemoryTypeHost, t == &src ? "src" : "dst",
                   ": host memory for swap_blocks must be pinned (page-locked), e.g. "
                   "torch.empty(..., pin_memory=True)");
   }

@@ -23,9 +23,9 @@ struct CacheWriteParams {
   int64_t num_tokens, num_slots;
   int num_heads, head_size, block_size;
   float k_scale, v_scale;  // fp8: stored = x / scale
-  int fp8;            // Fp8Kind of the cache
-  bool src_vec;       // key/value rows can be read 16 bytes at a time
-  bool dst_vec;       // cache runs can be written as vectors
+  int fp8;                 // Fp8Kind of the cache
+  bool src_vec;            // key/value rows can be read 16 bytes at a time
+  bool dst_vec;            // cache runs can be written as vectors
 };
 
 template <typename T>
@@ -39,8 +39,14 @@ __device__ __forceinline__ void load_run(const T* src, bool vec, float* f) {
     if (vec) {
       const float4 a = __ldg(reinterpret_cast<const float4*>(src));
       const float4 b = __ldg(reinterpret_cast<const float4*>(src) + 1);
-      f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-      f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+      f[0] = a.x;
+      f[1] = a.y;
+      f[2] = a.z;
+      f[3] = a.w;
+      f[4] = b.x;
+      f[5] = b.y;
+      f[6] = b.z;
+      f[7] = b.w;
       return;
     }
   }
@@ -51,8 +57,8 @@ __device__ __forceinline__ void load_run(const T* src, bool vec, float* f) {
 // Writes 8 values at head offset d0 of (block, slot, head).
 template <typename T, typename CT>
 __device__ __forceinline__ void store_run(CT* cache, const CacheLayout& l, int64_t block, int slot,
-                                          int head, int d0, const float* f, float scale,
-                                          int fp8, bool vec) {
+                                          int head, int d0, const float* f, float scale, int fp8,
+                                          bool vec) {
   if constexpr (sizeof(CT) == 1) {
     uint8_t q[kRun];
 #pragma unroll
@@ -77,7 +83,8 @@ __device__ __forceinline__ void store_run(CT* cache, const CacheLayout& l, int64
       *reinterpret_cast<float4*>(b) = make_float4(f[4], f[5], f[6], f[7]);
     } else {
 #pragma unroll
-      for (int i = 0; i < kRun; ++i) cache[l.offset(block, slot, head, d0 + i)] = from_float<CT>(f[i]);
+      for (int i = 0; i < kRun; ++i)
+        cache[l.offset(block, slot, head, d0 + i)] = from_float<CT>(f[i]);
     }
   }
 }
@@ -160,10 +167,9 @@ void cache_write(const TensorView& key, const TensorView& value, const TensorVie
 
 }  // namespace
 
-void reshape_and_cache(const TensorView& key, const TensorView& value,
-                       const TensorView& key_cache, const TensorView& value_cache,
-                       const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                       float k_scale, float v_scale, Stream stream) {
+void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
+                       const TensorView& value_cache, const TensorView& slot_mapping,
+                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream) {
   cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
               stream, /*vllm=*/true);
 }

@@ -10,29 +10,26 @@
 
 namespace pagedkv::cuda_ops {
 
-void reshape_and_cache(const TensorView& key, const TensorView& value,
-                       const TensorView& key_cache, const TensorView& value_cache,
-                       const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                       float k_scale, float v_scale, Stream stream);
+void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
+                       const TensorView& value_cache, const TensorView& slot_mapping,
+                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream);
 
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
                              float k_scale, float v_scale, Stream stream);
 
-void paged_attention_v1(const TensorView& out, const TensorView& query,
-                        const TensorView& key_cache, const TensorView& value_cache,
-                        int num_kv_heads, const TensorView& block_tables,
-                        const TensorView& seq_lens, int max_seq_len,
+void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
                         const AttentionOptions& opts, Stream stream);
 
 void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const TensorView& max_logits, const TensorView& tmp_out,
                         const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, int num_kv_heads,
-                        const TensorView& block_tables, const TensorView& seq_lens,
-                        int max_seq_len, const AttentionOptions& opts, int partition_size,
-                        Stream stream);
+                        const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
+                        const AttentionOptions& opts, int partition_size, Stream stream);
 
 void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
                            const TensorView& value, const TensorView& key_cache,

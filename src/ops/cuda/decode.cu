@@ -25,11 +25,10 @@ void launch_decode(const AttnParams& p, const TensorView& query, const TensorVie
 
 }  // namespace
 
-void paged_attention_v1(const TensorView& out, const TensorView& query,
-                        const TensorView& key_cache, const TensorView& value_cache,
-                        int num_kv_heads, const TensorView& block_tables,
-                        const TensorView& seq_lens, int /*max_seq_len*/,
-                        const AttentionOptions& opts, Stream stream) {
+void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
+                        const TensorView& value_cache, int num_kv_heads,
+                        const TensorView& block_tables, const TensorView& seq_lens,
+                        int /*max_seq_len*/, const AttentionOptions& opts, Stream stream) {
   DeviceGuard guard(query.device());
   AttnParams p = make_attn_params(out, query, key_cache, value_cache, num_kv_heads, block_tables,
                                   seq_lens, opts);

@@ -30,7 +30,8 @@ __global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const AttnParam
   __shared__ float scratch[kThreads / 32];
   const int h = blockIdx.x, seq = blockIdx.y, D = p.head_size;
   const int seq_len = p.seq_lens[seq];
-  const int n = seq_len <= 0 ? 0 : min(p.max_parts, (seq_len + p.partition_size - 1) / p.partition_size);
+  const int n =
+      seq_len <= 0 ? 0 : min(p.max_parts, (seq_len + p.partition_size - 1) / p.partition_size);
   const int64_t row = (int64_t(seq) * p.num_heads + h) * p.max_parts;
 
   float mx = -INFINITY;
@@ -62,11 +63,15 @@ void launch_typed(const AttnParams& p, cudaStream_t s) {
   const size_t smem = sizeof(float) * p.max_parts;
   if (p.tmp_f32) {
     auto k = decode_reduce_kernel<QT, float>;
-    if (smem > 48 * 1024) check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "decode_reduce");
+    if (smem > 48 * 1024)
+      check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                 "decode_reduce");
     k<<<grid, kThreads, smem, s>>>(p);
   } else {
     auto k = decode_reduce_kernel<QT, QT>;
-    if (smem > 48 * 1024) check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "decode_reduce");
+    if (smem > 48 * 1024)
+      check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                 "decode_reduce");
     k<<<grid, kThreads, smem, s>>>(p);
   }
 }
