@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from decode_mma_model import ceil_div, layout_of, plan, reference, run_cta
+from decode_mma_model import ceil_div, chunk_fragments, layout_of, plan, reference, run_cta
 
 
 def _cache(rng, nb, bs, hkv, D, layout, is_value, esz):
@@ -92,3 +92,24 @@ def test_model_matches_reference(trial):
             assert np.isfinite(out).all(), seed
             assert np.abs(out - ref).max() < 1e-9, (seed, D, esz, layout, bs, seq_len, window,
                                                     partition)
+
+
+@pytest.mark.parametrize("D", [32, 80, 128, 256])
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_fragment_expressions(D, v_trans):
+    """The kernel's ldmatrix addresses, mma operand order, S element positions, P re-packing and
+    output staging (transcribed in decode_mma_model.chunk_fragments) give S = Q K^T and O = S V
+    for both value tiles ([key][d] through ldmatrix.trans, [d][key] through plain ldmatrix)."""
+    rng = np.random.default_rng()
+    k_pitch, v_pitch = D + 8, (24 if v_trans else D + 8)
+    qs, kt = np.full((16, k_pitch), np.nan), np.full((16, k_pitch), np.nan)
+    qs[:, :D], kt[:, :D] = rng.standard_normal((16, D)), rng.standard_normal((16, D))
+    v = rng.standard_normal((16, D))  # [key][d]
+    vt = np.full((D, v_pitch) if v_trans else (16, v_pitch), np.nan)
+    if v_trans:
+        vt[:, :16] = v.T
+    else:
+        vt[:, :D] = v
+    s, o = chunk_fragments(qs, kt, vt, D, k_pitch, v_pitch, v_trans)
+    np.testing.assert_allclose(s, qs[:, :D] @ kt[:, :D].T, atol=1e-9)
+    np.testing.assert_allclose(o, s @ v, atol=1e-9)
