@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+from ptx_fragments import ldmatrix_x4, mma_16816
 
 KEYS, WARPS, L2E = 16, 4, 1.4426950408889634
 
@@ -283,35 +284,6 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
 # ---- lane level: the kernel's fragment expressions under PTX's ldmatrix / mma semantics ----
 
 
-def ldsm_x4(smem: np.ndarray, addr, trans: bool = False) -> np.ndarray:
-    """ldmatrix.sync.aligned.m8n8.x4(.trans).b16 on a flat element array: lane l supplies the
-    address of row l % 8 of matrix l // 8; lane l receives elements (l // 4, 2 (l % 4) + {0, 1})
-    of each matrix (of its transpose with .trans). Returns regs[lane, matrix, 2]."""
-    regs = np.zeros((32, 4, 2))
-    for i in range(4):
-        mat = np.array([smem[addr(8 * i + r):addr(8 * i + r) + 8] for r in range(8)])
-        if trans:
-            mat = mat.T
-        for lane in range(32):
-            regs[lane, i] = mat[lane // 4, 2 * (lane % 4):2 * (lane % 4) + 2]
-    return regs
-
-
-def mma(c: np.ndarray, a: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> None:
-    """mma.sync.aligned.m16n8k16.row.col: c[lane, 4] += A (16 x 16) B (16 x 8), operands in the
-    PTX fragment layouts (a[lane, 4, 2]: rows g / g + 8, k pairs q / q + 8; b: k pairs q / q + 8
-    of column g; c: row g cols q, q + 1, then row g + 8), g = lane / 4, q = 2 (lane % 4)."""
-    am, bm = np.zeros((16, 16)), np.zeros((16, 8))
-    for lane in range(32):
-        g, q = lane // 4, 2 * (lane % 4)
-        am[g, q:q + 2], am[g + 8, q:q + 2] = a[lane, 0], a[lane, 1]
-        am[g, q + 8:q + 10], am[g + 8, q + 8:q + 10] = a[lane, 2], a[lane, 3]
-        bm[q:q + 2, g], bm[q + 8:q + 10, g] = b0[lane], b1[lane]
-    cm = am @ bm
-    for lane in range(32):
-        g, q = lane // 4, 2 * (lane % 4)
-        c[lane, 0:2] += cm[g, q:q + 2]
-        c[lane, 2:4] += cm[g + 8, q:q + 2]
 
 
 def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pitch: int,
@@ -324,11 +296,11 @@ def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pi
     fq, fk, fv = qs.reshape(-1), kt.reshape(-1), vt.reshape(-1)
     s = np.zeros((2, 32, 4))
     for ks in range(D // 16):
-        a = ldsm_x4(fq, lambda ln, ks=ks: (ln & 15) * k_pitch + ks * 16 + (ln >> 4) * 8)
-        b = ldsm_x4(fk, lambda ln, ks=ks: ((ln & 7) + (ln >> 4) * 8) * k_pitch + ks * 16
+        a = ldmatrix_x4(fq, lambda ln, ks=ks: (ln & 15) * k_pitch + ks * 16 + (ln >> 4) * 8)
+        b = ldmatrix_x4(fk, lambda ln, ks=ks: ((ln & 7) + (ln >> 4) * 8) * k_pitch + ks * 16
                     + ((ln >> 3) & 1) * 8)
-        mma(s[0], a, b[:, 0], b[:, 1])
-        mma(s[1], a, b[:, 2], b[:, 3])
+        mma_16816(s[0], a, b[:, 0], b[:, 1])
+        mma_16816(s[1], a, b[:, 2], b[:, 3])
     s_mat = np.full((16, 16), np.nan)
     for lane in range(32):
         for nt in range(2):
@@ -339,13 +311,13 @@ def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pi
     o = np.zeros((2 * (D // 16), 32, 4))
     for np_ in range(D // 16):
         if v_trans:
-            b = ldsm_x4(fv, lambda ln, n=np_: (n * 16 + (ln & 7) + (ln >> 4) * 8) * v_pitch
+            b = ldmatrix_x4(fv, lambda ln, n=np_: (n * 16 + (ln & 7) + (ln >> 4) * 8) * v_pitch
                         + ((ln >> 3) & 1) * 8)
         else:
-            b = ldsm_x4(fv, lambda ln, n=np_: ((ln & 7) + ((ln >> 3) & 1) * 8) * v_pitch
+            b = ldmatrix_x4(fv, lambda ln, n=np_: ((ln & 7) + ((ln >> 3) & 1) * 8) * v_pitch
                         + n * 16 + (ln >> 4) * 8, trans=True)
-        mma(o[2 * np_], pa, b[:, 0], b[:, 1])
-        mma(o[2 * np_ + 1], pa, b[:, 2], b[:, 3])
+        mma_16816(o[2 * np_], pa, b[:, 0], b[:, 1])
+        mma_16816(o[2 * np_ + 1], pa, b[:, 2], b[:, 3])
     ow = np.full(16 * D, np.nan)
     for lane in range(32):
         r0 = lane >> 2

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+from ptx_fragments import ldmatrix_x4, mma_16816
 
 L2E = 1.4426950408889634
 
@@ -183,32 +184,6 @@ def reference(pb: Problem) -> np.ndarray:
 # ---- lane level: the kernel's fragment index expressions under PTX's ldmatrix / mma semantics
 
 
-def ldmatrix_x4(smem: np.ndarray, row_start, trans: bool = False) -> np.ndarray:
-    """ldmatrix.x4(.trans).b16: lane l gives the row start (flat offset) of row l % 8 of matrix
-    l // 8; returns regs[lane, matrix, 2] (elements (l // 4, 2 (l % 4) + {0, 1}) of each 8 x 8
-    matrix, transposed first with .trans)."""
-    regs = np.zeros((32, 4, 2))
-    for i in range(4):
-        m = np.array([smem[row_start(8 * i + r):row_start(8 * i + r) + 8] for r in range(8)])
-        m = m.T if trans else m
-        for lane in range(32):
-            regs[lane, i] = m[lane // 4, 2 * (lane % 4):2 * (lane % 4) + 2]
-    return regs
-
-
-def mma_16816(c: np.ndarray, a: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> None:
-    """c[lane, 4] += A (16 x 16, from a[lane, 4, 2]) @ B (16 x 8, from b0 / b1[lane, 2])."""
-    am, bm = np.zeros((16, 16)), np.zeros((16, 8))
-    for lane in range(32):
-        g, q = lane // 4, 2 * (lane % 4)
-        am[g, q:q + 2], am[g + 8, q:q + 2] = a[lane, 0], a[lane, 1]
-        am[g, q + 8:q + 10], am[g + 8, q + 8:q + 10] = a[lane, 2], a[lane, 3]
-        bm[q:q + 2, g], bm[q + 8:q + 10, g] = b0[lane], b1[lane]
-    cm = am @ bm
-    for lane in range(32):
-        g, q = lane // 4, 2 * (lane % 4)
-        c[lane, 0:2] += cm[g, q:q + 2]
-        c[lane, 2:4] += cm[g + 8, q:q + 2]
 
 
 def warp_tile(sq: np.ndarray, tk: np.ndarray, tv: np.ndarray, warp: int, mt_: int,
