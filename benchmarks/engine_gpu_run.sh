@@ -3,17 +3,7 @@
 # random-weight ~1B Llama with the greedy agreement check. Logs go to $OUT (default ./gpu_out).
 #   bash benchmarks/engine_gpu_run.sh        (SKIP_BUILD=1 to reuse an installed CUDA build)
 set -uo pipefail
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
-export PAGEDKV_CUDA=ON PAGEDKV_CUDA_ARCHS=${PAGEDKV_CUDA_ARCHS:-90a}
-export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: pagedkv is already installed with CUDA
-  python3 -m pip install --no-build-isolation --no-deps -q ${PAGEDKV_PIP_ARGS:-} . > "$OUT/build.log" 2>&1 \
-    || { grep -n -B2 -A12 "error\|FAILED" "$OUT/build.log" | head -60; exit 1; }
-fi
-python3 -c "import pagedkv, torch; print(pagedkv.build_info(), torch.__version__)" \
-  | tee -a "$OUT/build.log"
+source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 # Full log kept; the console shows the failures' short tracebacks and the summary (torch's
 # per-graph CUDA warnings, if any, are counted rather than allowed to bury them).
 timeout 180 python3 -m pytest tests/python/test_engine_cuda.py -q -p no:cacheprovider \

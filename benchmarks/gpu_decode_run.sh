@@ -4,16 +4,7 @@
 # gpu_attention.py on each kernel and the variants table. Logs go to $OUT (default ./gpu_out).
 #   bash benchmarks/gpu_decode_run.sh        (SKIP_BUILD=1 to reuse an installed CUDA build)
 set -uo pipefail
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PAGEDKV_CUDA=ON PAGEDKV_CUDA_ARCHS=${PAGEDKV_CUDA_ARCHS:-90a}
-export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-if [ -z "${SKIP_BUILD:-}" ]; then
-  python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1 \
-    || { grep -n -B2 -A12 "error\|FAILED" "$OUT/build.log" | head -60; exit 1; }
-fi
+source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 T="tests/python/test_decode_mma_cuda.py tests/python/test_ops_cuda.py tests/python/test_cuda_graph.py"
 for mma in 1 0; do
   PAGEDKV_DECODE_MMA=$mma timeout 240 python3 -m pytest -q -n 8 -p no:cacheprovider $T \

@@ -5,16 +5,7 @@
 # gpu_attention.py on the 64-row (1) and the BM-128 (2) kernel. Logs go to $OUT (default
 # ./gpu_out).   bash benchmarks/gpu_prefill_run.sh    (SKIP_BUILD=1 reuses an installed build)
 set -uo pipefail
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PAGEDKV_CUDA=ON PAGEDKV_CUDA_ARCHS=${PAGEDKV_CUDA_ARCHS:-90a}
-export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-if [ -z "${SKIP_BUILD:-}" ]; then
-  python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1 \
-    || { grep -n -B2 -A12 "error\|FAILED" "$OUT/build.log" | head -60; exit 1; }
-fi
+source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 PAGEDKV_PREFILL_MMA=2 timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider \
   tests/python/test_prefill_mma_cuda.py tests/python/test_ops_cuda.py \
   tests/python/test_cuda_graph.py -k "prefill or graph or malformed" 2>&1 | tail -15 \
