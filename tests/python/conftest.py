@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pagedkv
 import pytest
 
@@ -16,3 +18,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> str:
+    """Path of the embedded default model's GGUF file. Where it is not installed the tests that
+    need it skip, except under CI (CI=true), where the test command installs it: a missing model
+    there is a broken install step, not a reason to skip."""
+    from pagedkv.models.registry import smollm2_path
+
+    try:
+        return smollm2_path()
+    except FileNotFoundError as e:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the default model is missing under CI: {e}")
+        pytest.skip(str(e))

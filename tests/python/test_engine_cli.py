@@ -18,15 +18,10 @@ ENGINE = ["--device", "cpu", "--kv-cache-space", "0.1", "--max-model-len", "512"
 
 
 @pytest.fixture(scope="module")
-def greedy_reference():
+def greedy_reference(smollm2_gguf: str):
     """An LLM kept alive for the module, so the CLI runs reuse its loaded weights."""
     from pagedkv import LLM, SamplingParams
-    from pagedkv.models.registry import smollm2_path
 
-    try:
-        smollm2_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
     llm = LLM(device="cpu", kv_cache_space=0.1, max_model_len=512)
     out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=12),
                        use_tqdm=False)[0]

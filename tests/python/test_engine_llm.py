@@ -33,15 +33,6 @@ HF_PROMPTS = PROMPTS + [
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
 
-def _smollm2_or_skip() -> str:
-    from pagedkv.models.registry import smollm2_path
-
-    try:
-        return smollm2_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-
 def _make(**kw) -> LLM:
     kw.setdefault("kv_cache_space", 0.25)
     kw.setdefault("max_model_len", 1024)
@@ -56,8 +47,7 @@ def assert_no_leak(llm: LLM) -> None:
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    _smollm2_or_skip()
+def llm(smollm2_gguf: str) -> LLM:
     return _make()
 
 
@@ -70,8 +60,8 @@ def reference(llm: LLM) -> dict:
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    path = _smollm2_or_skip()
+def hf_model(smollm2_gguf: str):
+    path = smollm2_gguf
     pytest.importorskip("accelerate")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)

@@ -18,7 +18,6 @@ from pagedkv.models.reference_backend import (  # noqa: E402
     ContiguousCacheBackend,
     DenseAttentionBackend,
 )
-from pagedkv.models.registry import smollm2_path  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -38,11 +37,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def gguf_path() -> str:
-    try:
-        return smollm2_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+def gguf_path(smollm2_gguf: str) -> str:
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")

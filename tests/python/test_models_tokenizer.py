@@ -17,7 +17,6 @@ from pagedkv.engine.detokenizer import (  # noqa: E402
     truncate_at_stop,
 )
 from pagedkv.engine.tokenizer import Tokenizer  # noqa: E402
-from pagedkv.models.registry import smollm2_path  # noqa: E402
 
 TEXTS = [
     "Hello, world!",
@@ -30,11 +29,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def gguf_path() -> str:
-    try:
-        return smollm2_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+def gguf_path(smollm2_gguf: str) -> str:
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")
