@@ -1,8 +1,9 @@
 // paged_attention_v1 (single pass: one CTA per sequence and KV group) and paged_attention_v2
 // (split-K: one CTA per partition of `partition_size` keys, then an fp32 log-sum-exp reduction),
-// with vLLM's semantics for exp_sums / max_logits / tmp_out. fp16/bf16 queries with head sizes
-// that are multiples of 16 run on the tensor-core kernel (decode_mma.cuh); the rest (fp32,
-// head size 120, odd layouts or alignments) on the CUDA-core kernel (attention_kernel.cuh).
+// with vLLM's semantics for exp_sums / max_logits / tmp_out. Two kernels: the CUDA-core one
+// (attention_kernel.cuh, the default, H100-tested) and the tensor-core one (decode_mma.cuh) for
+// fp16/bf16 queries with head sizes that are multiples of 16, opt-in with PAGEDKV_DECODE_MMA=1
+// until it has run on a GPU (see decode_mma.cu).
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_mma.h"
