@@ -3,6 +3,7 @@
 // by int32 block id; no per-block allocation.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -67,6 +68,29 @@ struct BlockAllocator::Impl {
   // found under `h` but its content differs.
   BlockId lookup(const BlockHash& h, const BlockHash& parent_hash, const int32_t* toks,
                  uint64_t extra_key, bool* collided) const;
+  // Walks the cached full blocks that spell tokens[0..num_tokens) (at most max_blocks; < 0 = no
+  // cap), calling on_hit(id, hash) for each in order, and returns how many matched. A block found
+  // under the right hash but with other content ends the walk and is counted in *collisions
+  // (when given).
+  template <typename OnHit>
+  size_t walk_prefix(const int32_t* tokens, size_t num_tokens, uint64_t extra_key,
+                     int32_t max_blocks, int64_t* collisions, OnHit&& on_hit) const {
+    size_t limit = num_tokens / static_cast<size_t>(block_size);
+    if (max_blocks >= 0) limit = std::min(limit, static_cast<size_t>(max_blocks));
+    BlockHash h = kRootHash;
+    size_t i = 0;
+    for (; i < limit; ++i) {
+      const int32_t* toks = tokens + i * block_size;
+      const BlockHash next = hash_block(h, toks, block_size, extra_key);
+      bool collided = false;
+      const BlockId id = lookup(next, h, toks, extra_key, &collided);
+      if (collisions) *collisions += collided;
+      if (id == kNoBlock) break;
+      on_hit(id, next);
+      h = next;
+    }
+    return i;
+  }
 };
 
 }  // namespace pagedkv

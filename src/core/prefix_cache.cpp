@@ -55,17 +55,8 @@ int32_t BlockAllocator::peek_prefix(const int32_t* tokens, size_t num_tokens, ui
                                     int32_t max_blocks) const {
   const Impl& m = *impl_;
   if (!m.prefix_caching || tokens == nullptr) return 0;
-  size_t limit = num_tokens / m.block_size;
-  if (max_blocks >= 0) limit = std::min(limit, static_cast<size_t>(max_blocks));
-  BlockHash h = kRootHash;
-  size_t i = 0;
-  for (; i < limit; ++i) {
-    const int32_t* toks = tokens + i * m.block_size;
-    BlockHash next = hash_block(h, toks, m.block_size, extra_key);
-    if (m.lookup(next, h, toks, extra_key, nullptr) == kNoBlock) break;
-    h = next;
-  }
-  return static_cast<int32_t>(i);
+  return static_cast<int32_t>(m.walk_prefix(tokens, num_tokens, extra_key, max_blocks, nullptr,
+                                            [](BlockId, const BlockHash&) {}));
 }
 
 int32_t BlockAllocator::match_prefix(const int32_t* tokens, size_t num_tokens, uint64_t extra_key,
@@ -73,22 +64,12 @@ int32_t BlockAllocator::match_prefix(const int32_t* tokens, size_t num_tokens, u
                                      std::vector<BlockHash>* hashes) {
   Impl& m = *impl_;
   if (!m.prefix_caching || tokens == nullptr || out == nullptr) return 0;
-  size_t limit = num_tokens / m.block_size;
-  if (max_blocks >= 0) limit = std::min(limit, static_cast<size_t>(max_blocks));
-  BlockHash h = kRootHash;
-  size_t i = 0;
-  for (; i < limit; ++i) {
-    const int32_t* toks = tokens + i * m.block_size;
-    BlockHash next = hash_block(h, toks, m.block_size, extra_key);
-    bool collided = false;
-    BlockId id = m.lookup(next, h, toks, extra_key, &collided);
-    m.counters.hash_collisions += collided;
-    if (id == kNoBlock) break;
-    m.acquire(id);
-    out->push_back(id);
-    if (hashes) hashes->push_back(next);
-    h = next;
-  }
+  const size_t i = m.walk_prefix(tokens, num_tokens, extra_key, max_blocks,
+                                 &m.counters.hash_collisions, [&](BlockId id, const BlockHash& h) {
+                                   m.acquire(id);
+                                   out->push_back(id);
+                                   if (hashes) hashes->push_back(h);
+                                 });
   ++m.counters.prefix_queries;
   m.counters.prefix_queries_tokens += static_cast<int64_t>(num_tokens);
   m.counters.prefix_hits_tokens += static_cast<int64_t>(i) * m.block_size;
