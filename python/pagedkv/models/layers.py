@@ -70,6 +70,20 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+class CausalLM(nn.Module):
+    """What every model class shares: an ``lm_head`` that turns final hidden states into logits
+    (the engine calls forward(...) for hidden states, then compute_logits on the sampled rows)."""
+
+    lm_head: nn.Module
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
+        model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if upcast else logits
+
+
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name not in ACTIVATIONS:
         raise ValueError(f"hidden_act {name!r} is not supported; supported: {sorted(ACTIVATIONS)}")

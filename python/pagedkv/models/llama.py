@@ -14,6 +14,7 @@ from torch import nn
 from pagedkv.models.attention_backend import AttentionBackend
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import (
+    CausalLM,
     Embedding,
     Linear,
     RMSNorm,
@@ -92,7 +93,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -116,13 +117,6 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, rope, attn)
         return self.model.norm(x)
-
-    @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
-        model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
-        logits = self.lm_head(hidden)
-        return logits.float() if upcast else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""

@@ -10,6 +10,7 @@ from torch import nn
 from pagedkv.models.attention_backend import AttentionBackend
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import (
+    CausalLM,
     Embedding,
     LayerNorm,
     Linear,
@@ -78,7 +79,7 @@ class OPTDecoder(nn.Module):
         self.layers = nn.ModuleList(OPTDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
 
 
-class OPTForCausalLM(nn.Module):
+class OPTForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -105,13 +106,6 @@ class OPTForCausalLM(nn.Module):
         if dec.final_layer_norm is not None:
             x = dec.final_layer_norm(x)
         return dec.project_out(x) if dec.project_out is not None else x
-
-    @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
-        model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
-        logits = self.lm_head(hidden)
-        return logits.float() if upcast else logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         cfg = self.config
