@@ -93,17 +93,11 @@ class ModelConfig:
             return cls._from_opt_dict(arch, d)
         heads = d["num_attention_heads"]
         theta, scaling = _hf_rope(d)
-        dtype_name = d.get("torch_dtype") or d.get("dtype")
         return cls(
-            architecture=arch,
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=heads,
+            **_hf_common(arch, d),
             num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
             intermediate_size=d["intermediate_size"],
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
@@ -112,33 +106,21 @@ class ModelConfig:
             attention_bias=d.get("attention_bias", arch == "Qwen2ForCausalLM"),
             mlp_bias=d.get("mlp_bias", False),
             hidden_act=d.get("hidden_act", "silu"),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=d.get("eos_token_id"),
-            torch_dtype=_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None,
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
         )
 
     @classmethod
     def _from_opt_dict(cls, arch: str, d: dict[str, Any]) -> ModelConfig:
         heads = d["num_attention_heads"]
-        dtype_name = d.get("torch_dtype") or d.get("dtype")
         return cls(
-            architecture=arch,
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=heads,
+            **_hf_common(arch, d),
             num_key_value_heads=heads,
             head_dim=d["hidden_size"] // heads,
             intermediate_size=d["ffn_dim"],
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=d.get("tie_word_embeddings", True),
             attention_bias=d.get("enable_bias", True),
             mlp_bias=d.get("enable_bias", True),
             hidden_act=d.get("activation_function", "relu"),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=d.get("eos_token_id"),
-            torch_dtype=_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None,
             word_embed_proj_dim=d.get("word_embed_proj_dim") or d["hidden_size"],
             do_layer_norm_before=d.get("do_layer_norm_before", True),
             layer_norm_elementwise_affine=d.get("layer_norm_elementwise_affine", True),
@@ -187,6 +169,22 @@ class ModelConfig:
             eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
             torch_dtype=torch.float32,  # dequantized weights come out as float32
         )
+
+
+def _hf_common(arch: str, d: dict[str, Any]) -> dict[str, Any]:
+    """The config.json fields every HF family spells the same way."""
+    dtype_name = d.get("torch_dtype") or d.get("dtype")
+    return dict(
+        architecture=arch,
+        vocab_size=d["vocab_size"],
+        hidden_size=d["hidden_size"],
+        num_hidden_layers=d["num_hidden_layers"],
+        num_attention_heads=d["num_attention_heads"],
+        max_position_embeddings=d.get("max_position_embeddings", 2048),
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_id=d.get("eos_token_id"),
+        torch_dtype=_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None,
+    )
 
 
 def _hf_rope(d: dict[str, Any]) -> tuple[float, Optional[dict[str, Any]]]:
