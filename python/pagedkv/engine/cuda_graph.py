@@ -123,8 +123,12 @@ class CudaGraphRunner:
 
 def _mirrored(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device
               ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A pinned host buffer and its device twin (asynchronous copies need pinned memory)."""
-    return (torch.empty(shape, dtype=dtype, pin_memory=True),
+    """A pinned host buffer and its device twin (asynchronous copies need pinned memory).
+
+    Zeroed: the capture's warm-up forward reads them before any step has filled them, and
+    recycled pinned memory (e.g. a dropped engine's) holds stale token ids and positions that
+    index out of the embedding and rotary tables (a device-side assert seen on the H100)."""
+    return (torch.zeros(shape, dtype=dtype, pin_memory=True),
             torch.empty(shape, dtype=dtype, device=device))
 
 
