@@ -162,19 +162,35 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
     return res
 
 
-def bench_prefill(b: int, length: int) -> dict:
+def _prefill_inputs(b: int, length: int) -> dict:
     n = b * length
-    q = torch.randn(n, HQ, D, dtype=DTYPE, device="cuda")
-    k = torch.randn(n, HKV, D, dtype=DTYPE, device="cuda")
-    v = torch.randn(n, HKV, D, dtype=DTYPE, device="cuda")
-    out = torch.empty_like(q)
-    qsl = torch.arange(0, n + 1, length, dtype=torch.int32, device="cuda")
-    sl = torch.full((b,), length, dtype=torch.int32, device="cuda")
-    kc = torch.empty(1, BS, HKV, D, dtype=DTYPE, device="cuda")  # no cached prefix
-    bt = torch.zeros(b, 1, dtype=torch.int32, device="cuda")
+    return {"q": torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"),
+            "k": torch.randn(n, HKV, D, dtype=DTYPE, device="cuda"),
+            "v": torch.randn(n, HKV, D, dtype=DTYPE, device="cuda"),
+            "qsl": torch.arange(0, n + 1, length, dtype=torch.int32, device="cuda"),
+            "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
+            # no cached prefix
+            "kc": torch.empty(1, BS, HKV, D, dtype=DTYPE, device="cuda"),
+            "bt": torch.zeros(b, 1, dtype=torch.int32, device="cuda")}
+
+
+def _time_prefill_ours(x: dict, length: int) -> float:
+    out = torch.empty_like(x["q"])
+    return time_graph([lambda: ops.context_attention_fwd(
+        x["q"], x["k"], x["v"], out, "auto", x["kc"], x["kc"], x["bt"], x["qsl"], x["sl"], None,
+        length)] * 3)
+
+
+def bench_prefill_ours(b: int, length: int) -> float:
+    """Seconds per call of our prefill alone."""
+    return _time_prefill_ours(_prefill_inputs(b, length), length)
+
+
+def bench_prefill(b: int, length: int) -> dict:
+    x = _prefill_inputs(b, length)
+    q, k, v = x["q"], x["k"], x["v"]
     res = {"flops": 4 * b * HQ * D * length * (length + 1) / 2}
-    res["ours"] = time_graph([lambda: ops.context_attention_fwd(
-        q, k, v, out, "auto", kc, kc, bt, qsl, sl, None, length)] * 3)
+    res["ours"] = _time_prefill_ours(x, length)
     qs = q.view(b, length, HQ, D).transpose(1, 2)
     ks = k.view(b, length, HKV, D).transpose(1, 2)
     vs = v.view(b, length, HKV, D).transpose(1, 2)
@@ -248,9 +264,10 @@ def main() -> None:
     if args.decode_only:
         return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
-    kernel = os.environ.get("PAGEDKV_PREFILL_MMA", "").strip() or "1"
-    print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; prefill kernel "
-          f"PAGEDKV_PREFILL_MMA={kernel}: 0 CUDA-core, 1 64-row, 2 BM-128 tensor-core)")
+    kernel = "CUDA-core" if os.environ.get("PAGEDKV_PREFILL_MMA", "").strip() == "0" else \
+        "tensor-core"
+    print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; {kernel} kernel "
+          f"(PAGEDKV_PREFILL_MMA))")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
           f"{'TFLOP/s':>8}")
     for b, length in pre:

@@ -1,4 +1,4 @@
-# Sourced by the GPU run scripts (engine_gpu_run.sh, gpu_decode_run.sh, gpu_prefill_run.sh):
+# Sourced by the GPU run scripts (gpu_kernels_run.sh, engine_gpu_run.sh):
 # logs folder, CUDA build settings, the card's identity, and the CUDA build itself unless
 # SKIP_BUILD=1 says pagedkv is already installed with CUDA (e.g. by the previous script).
 OUT=${OUT:-gpu_out}

@@ -16,9 +16,9 @@ from typing import Any, List, Optional, Tuple
 from pagedkv import _tensor, ops
 
 _PARTITION_SIZE = ops.PARTITION_SIZE
-# The tensor-core CUDA decode (src/ops/cuda/decode_mma.cuh) is opt-in until it has run on a GPU:
-# PAGEDKV_DECODE_MMA=1 enables it (the default mirrors kMmaDecodeDefault in decode_mma.cu).
-_MMA_DECODE_DEFAULT = False
+# The tensor-core CUDA decode (src/ops/cuda/decode_mma.cuh) is the default; PAGEDKV_DECODE_MMA=0
+# selects the CUDA-core kernel (the default mirrors kMmaDecodeDefault in decode_mma.cu).
+_MMA_DECODE_DEFAULT = True
 
 
 def mma_decode_enabled() -> bool:

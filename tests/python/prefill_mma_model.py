@@ -4,9 +4,9 @@
 causal masks and sliding windows), the zero fill past k_hi and in the head-size padding, the
 per-warp decisions (skip a key tile, plain tile without masks) and the online softmax in the log2
 domain with the scale folded into the exponent. The tensor-core steps are float32 matrix
-products of whole warp tiles (their fragment layouts are those of the H100-tested 64-row kernel)
-and P is rounded to bf16 as the kernel packs it. The paged-cache addressing is not modelled (the
-loads copy it from the 64-row kernel): keys are given per sequence as context + new tokens.
+products of whole warp tiles and P is rounded to bf16 as the kernel packs it. The paged-cache
+addressing is not modelled (the H100 tests cover it): keys are given per sequence as context +
+new tokens.
 At lane level (warp_tile), the kernel's ldmatrix addresses, mma operand order, P re-packing and
 output staging run under PTX's ldmatrix / mma.m16n8k16 fragment semantics. Mirrors the kernel's
 names and index expressions; keep them in step."""

@@ -24,7 +24,8 @@ MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]
 
 @pytest.fixture(autouse=True)
 def _tensor_core_decode(monkeypatch):
-    """The tensor-core kernel is opt-in (PAGEDKV_DECODE_MMA=1): every test here turns it on."""
+    """The tensor-core kernel is the default; a PAGEDKV_DECODE_MMA=0 in the caller's
+    environment must not turn these tests into CUDA-core ones."""
     monkeypatch.setenv("PAGEDKV_DECODE_MMA", "1")
 
 

@@ -1,4 +1,4 @@
-"""The BM-128 tensor-core prefill kernel (PAGEDKV_PREFILL_MMA=2) over many query and key tiles:
+"""The BM-128 tensor-core prefill kernel (the default for fp16/bf16) over many query and key tiles:
 long, ragged sequences (several 128-row query tiles and 64-key tiles per sequence, cached prefix +
 new tokens), GQA groups that split tokens across tiles, windows ending mid-tile, alibi / soft-cap,
 and strided (padded) query / key / value / output rows that take the 16-byte and the scalar copy
@@ -23,9 +23,9 @@ HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
 
 
 @pytest.fixture(autouse=True)
-def _bm128_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every call here runs the BM-128 kernel unless a test picks another (read per call)."""
-    monkeypatch.setenv("PAGEDKV_PREFILL_MMA", "2")
+def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call here runs the tensor-core kernel unless a test picks the CUDA-core one."""
+    monkeypatch.delenv("PAGEDKV_PREFILL_MMA", raising=False)
 
 
 def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
@@ -90,7 +90,7 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
         assert out_full[..., head_size:].isnan().all(), "wrote outside the output rows"
 
 
-@pytest.mark.parametrize("kernel", ["0", "1", "2"])  # CUDA-core, 64-row, BM-128
+@pytest.mark.parametrize("kernel", ["0", "1"])  # CUDA-core, tensor-core
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""

@@ -1,9 +1,9 @@
 // paged_attention_v1 (single pass: one CTA per sequence and KV group) and paged_attention_v2
 // (split-K: one CTA per partition of `partition_size` keys, then an fp32 log-sum-exp reduction),
 // with vLLM's semantics for exp_sums / max_logits / tmp_out. Two kernels: the CUDA-core one
-// (attention_kernel.cuh, the default, H100-tested) and the tensor-core one (decode_mma.cuh) for
-// fp16/bf16 queries with head sizes that are multiples of 16, opt-in with PAGEDKV_DECODE_MMA=1
-// until it has run on a GPU (see decode_mma.cu).
+// (attention_kernel.cuh: fp32 queries, head sizes not a multiple of 16, layouts the other cannot
+// copy in 16-byte runs, or PAGEDKV_DECODE_MMA=0) and the tensor-core one (decode_mma.cuh, the
+// default for fp16/bf16 queries with head sizes that are multiples of 16).
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_mma.h"

@@ -11,9 +11,10 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kCtaBudget = 110 * 1024;  // shared memory per CTA that keeps 2 CTAs per SM
 constexpr int kCtaMax = 227 * 1024;     // the sm_90 limit per CTA
-// Opt-in until the kernel has run on a GPU (PAGEDKV_DECODE_MMA=1); python/pagedkv/attention.py
-// mirrors this default (_MMA_DECODE_DEFAULT) to size its split-K partitions.
-constexpr int kMmaDecodeDefault = 0;
+// The default since it passed the CUDA tests on an H100 and beat the CUDA-core kernel on every
+// benchmark shape (benchmarks/RESULTS.md); python/pagedkv/attention.py mirrors it
+// (_MMA_DECODE_DEFAULT) to size its split-K partitions.
+constexpr int kMmaDecodeDefault = 1;
 
 // Tuning and comparison knobs, read per call (a getenv is nothing next to a launch):
 // PAGEDKV_DECODE_MMA=0/1 picks the CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB sets

@@ -8,15 +8,11 @@
 namespace pagedkv::cuda_ops {
 namespace {
 
-// Which prefill kernel fp16/bf16 calls run on, read per call (a getenv is nothing next to a
-// launch): PAGEDKV_PREFILL_MMA=0 the CUDA-core kernel, 1 the 64-row tensor-core kernel
-// (prefill_mma_v1.cu, tested on an H100), 2 the BM-128 kernel (prefill_mma_kernel.cuh). The default
-// stays 1 until the BM-128 kernel has passed the CUDA tests on a GPU.
-constexpr int kPrefillKernelDefault = 1;
-
-int prefill_kernel() {
+// PAGEDKV_PREFILL_MMA=0 sends every prefill to the CUDA-core kernel (a comparison knob, read per
+// call: a getenv is nothing next to a launch); unset or any other value: the tensor-core kernel.
+bool tensor_core_prefill() {
   const char* v = std::getenv("PAGEDKV_PREFILL_MMA");
-  return v != nullptr && *v != '\0' ? std::atoi(v) : kPrefillKernelDefault;
+  return v == nullptr || *v == '\0' || std::atoi(v) != 0;
 }
 
 // 16-byte runs along d: base aligned and both outer strides multiples of 8 (2-byte) elements.
@@ -29,15 +25,11 @@ bool rows16(const void* base, int64_t s0, int64_t s1) {
 bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache) {
   return (qdtype == DType::kFloat16 || qdtype == DType::kBFloat16) &&
          cache == KVCacheDType::kAuto && p.head_size % 8 == 0 && p.head_size <= 256 &&
-         prefill_kernel() != 0;
+         tensor_core_prefill();
 }
 
 void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s) {
   if (p.num_seqs == 0 || max_query_len <= 0) return;
-  if (prefill_kernel() == 1) {
-    launch_prefill_mma_v1(p, qdtype, max_query_len, s);
-    return;
-  }
   prefill::VecFlags vf;
   vf.q = rows16(p.q, p.q_s_tok, p.q_s_head);
   vf.out = rows16(p.out, p.o_s_tok, p.o_s_head);

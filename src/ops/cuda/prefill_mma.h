@@ -8,9 +8,7 @@ namespace pagedkv::cuda_ops {
 
 // False also when PAGEDKV_PREFILL_MMA=0 (every prefill on the CUDA-core kernel).
 bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache);
-// PAGEDKV_PREFILL_MMA=2 runs the BM-128 kernel, 1 the 64-row kernel (prefill_mma_v1.cu).
 void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s);
-void launch_prefill_mma_v1(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s);
 
 namespace prefill {
 
