@@ -49,6 +49,10 @@ def plan(D: int, esz: int, kl: Layout, vl: Layout, block_size: int, budget: int 
         v_trans, v_run = 1, 0
     else:
         return None
+    k_span = 16 * kl.s_slot + (D // epr) * k_run
+    v_span = 0 if v_trans else 16 * vl.s_slot + (D // epr) * v_run
+    one_block = int(block_size % 16 == 0 and max(k_span, v_span) < 2 ** 31
+                    and kl.s_slot >= 0 and vl.s_slot >= 0)
     k_pitch = D + 8
     v_pitch = 24 if v_trans else D + 8
     kt = 16 * k_pitch * 2
@@ -60,7 +64,8 @@ def plan(D: int, esz: int, kl: Layout, vl: Layout, block_size: int, budget: int 
     per_warp = (budget - q_bytes) // WARPS - tile
     stages = min(max(per_warp // stage, 2), 8)
     warp_bytes = max(stages * stage + tile, 16 * D * 4)
-    return dict(k_run=k_run, v_run=v_run, v_trans=v_trans, k_pitch=k_pitch, v_pitch=v_pitch,
+    return dict(k_run=k_run, v_run=v_run, v_trans=v_trans, one_block=one_block,
+                k_pitch=k_pitch, v_pitch=v_pitch,
                 stage_bytes=stage, tile_bytes=tile, q_bytes=q_bytes, stages=stages,
                 warp_bytes=warp_bytes, kt_bytes=kt)
 
@@ -115,6 +120,7 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
     kbase, vbase = kvh * kl.s_head, kvh * vl.s_head
     bs_pow2 = block_size & (block_size - 1) == 0
     max_blocks = len(bt)
+    one_block = kd_max <= 8 and mp["one_block"]
 
     def slot_of(tok):
         return tok & (block_size - 1) if bs_pow2 else tok % block_size
@@ -125,9 +131,9 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
     def lookup(c):
         nb = []
         for lane in range(32):
-            tok = c * KEYS + (lane & 15)
+            tok = c * KEYS + (0 if one_block else lane & 15)
             b = 0
-            if valid(tok):
+            if (tok < k_hi and tok + KEYS > k_lo) if one_block else valid(tok):
                 b = int(bt[min(tok // block_size, max_blocks - 1)])
                 b = b if 0 <= b < num_blocks else 0
             nb.append(b)
@@ -148,9 +154,29 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
         assert len(vals) == epr
         smem.put(dst, vals, esz)
 
+    def issue_one_block(key0, st, nblk):
+        slot0 = slot_of(key0)
+        for i in range(nik):
+            for lane in range(32):
+                blk = nblk[lane]
+                assert blk == nblk[0], "one_block: the chunk's block is lane-uniform"
+                kb = kbase + blk * kl.s_block + slot0 * kl.s_slot
+                vb = vbase + blk * vl.s_block + slot0 * vl.s_slot
+                idx = i * 32 + lane
+                j = min((idx * rinv) >> 16, KEYS - 1)
+                r = idx - j * R
+                if idx < KEYS * R:
+                    ok = valid(key0 + j)
+                    copy(krow_dst(st, False, j, r), kc, kb + j * kl.s_slot + r * mp["k_run"], ok)
+                    if not mp["v_trans"]:
+                        copy(krow_dst(st, True, j, r), vc, vb + j * vl.s_slot + r * mp["v_run"],
+                             ok)
+
     def issue(c, st, nblk):
         key0 = c * KEYS
-        for i in range(nik):
+        if one_block:
+            issue_one_block(key0, st, nblk)
+        for i in range(0 if one_block else nik):
             for lane in range(32):
                 idx = i * 32 + lane
                 j = min((idx * rinv) >> 16, KEYS - 1)
@@ -258,16 +284,20 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
                     s = qs @ kt.T  # [16 rows, 16 keys]
                 toks = key0 + np.arange(KEYS)
                 x = softcap * L2E * np.tanh(s * kmul / softcap) if softcap > 0 else s * kmul * L2E
-                x = x + slope[:, None] * (toks - q_pos)[None, :]
-                ok = (toks >= k_lo) & (toks < k_hi)
-                x = np.where(ok[None, :], x, -np.inf)
+                if alibi is not None:
+                    x = x + slope[:, None] * (toks - q_pos)[None, :]
+                if key0 < k_lo or key0 + KEYS > k_hi:  # edge chunk: the range mask
+                    ok = (toks >= k_lo) & (toks < k_hi)
+                    x = np.where(ok[None, :], x, -np.inf)
                 mn = np.maximum(m, x.max(1))
                 ms = np.where(mn == -np.inf, 0.0, mn)
                 alpha = np.exp2(m - ms)
                 p = np.exp2(x - ms[:, None])
                 lsum = lsum * alpha + p.sum(1)
                 m = mn
-                o = o * alpha[:, None] + p @ vt
+                if (alpha != 1.0).any():  # rescale only when a row's maximum grew
+                    o = o * alpha[:, None]
+                o = o + p @ vt
                 cur = 0 if cur + 1 == S else cur + 1
         states.append((m, lsum, o))
     big_m = np.max([s[0] for s in states], axis=0)

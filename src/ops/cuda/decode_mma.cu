@@ -49,6 +49,11 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
   } else {
     return false;
   }
+  // Offsets of a chunk's runs from its first key: below 16 slots + one row of runs.
+  const int64_t k_span = 16 * a.kl.s_slot + (D / epr) * mp.k_run;
+  const int64_t v_span = mp.v_trans ? 0 : 16 * a.vl.s_slot + (D / epr) * mp.v_run;
+  mp.one_block = a.block_size % 16 == 0 && std::max(k_span, v_span) < (int64_t(1) << 31) &&
+                 a.kl.s_slot >= 0 && a.vl.s_slot >= 0;
   mp.k_pitch = D + 8;  // + 16 bytes: ldmatrix rows fall in distinct banks
   mp.v_pitch = mp.v_trans ? 16 + 8 : D + 8;
   const int kt = 16 * mp.k_pitch * 2;

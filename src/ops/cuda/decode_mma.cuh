@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
   const bool capped = p.softcap > 0.f;
   const float c_in = capped ? kmul / p.softcap : 0.f;
   const float c_out = capped ? p.softcap * kL2e : kmul * kL2e;
+  const bool has_alibi = p.alibi != nullptr;
 
   uint32_t qf[KD <= 8 ? KD : 1][4];  // query fragments stay in registers up to D = 128
   if constexpr (KD <= 8) {
@@ -155,11 +156,16 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
   };
   auto valid = [&](int tok) { return tok >= k_lo && tok < k_hi; };
 
-  // Block id of key (chunk c, lane % 16); 0 for keys outside the range (never read).
+  // mp.one_block: the 16 keys of a chunk share one block, so a chunk costs one table lookup, one
+  // 64-bit base address and a 32-bit offset per run (the host checked that the offsets fit).
+  // KD = 16 (head sizes past 128) keeps the general path: the fast one's extra registers spill.
+  const bool one_block = KD <= 8 && mp.one_block;
+  // Block id of key (chunk c, lane % 16); 0 for keys outside the range (never read). With
+  // one_block every lane looks up the chunk's single block (one broadcast load).
   auto lookup = [&](int c) {
-    const int tok = c * kKeys + (lane & 15);
+    const int tok = c * kKeys + (one_block ? 0 : lane & 15);
     int b = 0;
-    if (valid(tok)) {
+    if (one_block ? tok < k_hi && tok + kKeys > k_lo : valid(tok)) {
       const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
       b = bt[min(bi, p.max_blocks - 1)];
       b = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // bad ids: no wild reads
@@ -176,10 +182,31 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
     return st + kt_bytes + (d * mp.v_pitch + h * 8) * 2;
   };
 
+  const int ks_slot = int(p.kl.s_slot), vs_slot = int(p.vl.s_slot);
+  const int k_run = int(mp.k_run), v_run = int(mp.v_run);
+  auto issue_one_block = [&](int key0, unsigned char* st, int blk) {
+    const int64_t slot0 = slot_of(key0);
+    const CT* kb = kc + int64_t(blk) * p.kl.s_block + slot0 * p.kl.s_slot;
+    const CT* vb = vc + int64_t(blk) * p.vl.s_block + slot0 * p.vl.s_slot;
+#pragma unroll
+    for (int i = 0; i < NIK; ++i) {
+      const int idx = i * 32 + lane;
+      const int j = min((idx * rinv) >> 16, kKeys - 1), r = idx - j * R;
+      if (idx < kKeys * R) {
+        const bool ok = valid(key0 + j);
+        cp_async16_zfill(krow_dst(st, false, j, r), kb + (j * ks_slot + r * k_run), ok);
+        if (!mp.v_trans) {
+          cp_async16_zfill(krow_dst(st, true, j, r), vb + (j * vs_slot + r * v_run), ok);
+        }
+      }
+    }
+  };
+
   auto issue = [&](int c, unsigned char* st, int nblk) {
     const int key0 = c * kKeys;
+    if (one_block) issue_one_block(key0, st, nblk);
 #pragma unroll
-    for (int i = 0; i < NIK; ++i) {  // key rows: K, and V unless it is [d][slot]
+    for (int i = 0; i < NIK && !one_block; ++i) {  // key rows: K, and V unless [d][slot]
       const int idx = i * 32 + lane;
       const int j = min((idx * rinv) >> 16, kKeys - 1), r = idx - j * R;
       const int blk = __shfl_sync(0xffffffffu, nblk, j);
@@ -291,7 +318,9 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
     }
 
     // Logits in the log2 domain, masked; s[nt][e] is row r0 + 8 * (e >> 1), key
-    // key0 + 8 * nt + 2 * (lane % 4) + (e & 1).
+    // key0 + 8 * nt + 2 * (lane % 4) + (e & 1). Alibi and the range mask are warp-uniform
+    // branches: most chunks lie inside the range and most models have no alibi.
+    const bool edge = key0 < k_lo || key0 + kKeys > k_hi;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -299,8 +328,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
       for (int e = 0; e < 4; ++e) {
         const int tok = key0 + nt * 8 + 2 * (lane & 3) + (e & 1);
         float x = capped ? c_out * tanhf(s[nt][e] * c_in) : s[nt][e] * c_out;
-        x += slope[e >> 1] * float(tok - q_pos);
-        x = valid(tok) ? x : -INFINITY;
+        if (has_alibi) x += slope[e >> 1] * float(tok - q_pos);
+        if (edge && !valid(tok)) x = -INFINITY;
         s[nt][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
@@ -312,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       const float mn = fmaxf(m[i], mx[i]);
       ms[i] = mn == -INFINITY ? 0.f : mn;  // nothing unmasked yet: keep zeros, no NaN
-      alpha[i] = exp2f(m[i] - ms[i]);
+      alpha[i] = mn == m[i] ? 1.f : exp2f(m[i] - ms[i]);  // exactly 1: see the lazy rescale
       m[i] = mn;
     }
     float sum[2] = {0.f, 0.f};
@@ -326,12 +355,16 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + sum[i];  // lane-partial sums
+    // Rescale O only when some row's maximum grew (alpha is exactly 1 otherwise): after the first
+    // chunks that is rare, and the rescale is 4 * NT multiplies per lane (the loop is issue-bound).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      o[nt][0] *= alpha[0];
-      o[nt][1] *= alpha[0];
-      o[nt][2] *= alpha[1];
-      o[nt][3] *= alpha[1];
+      for (int nt = 0; nt < NT; ++nt) {
+        o[nt][0] *= alpha[0];
+        o[nt][1] *= alpha[0];
+        o[nt][2] *= alpha[1];
+        o[nt][3] *= alpha[1];
+      }
     }
 
     // O += P·V: the S fragments of the two key tiles are the A fragment of one k16 step.

@@ -13,6 +13,7 @@ struct MmaDecodeParams {
   int gchunks;           // CTAs per KV head: ceil(group / 16)
   int stages;            // cp.async ring depth of each warp (<= kMmaMaxStages)
   int v_trans;           // 1: values stored [d][slot] (vLLM), staged as a [d][key] tile
+  int one_block;         // 1: a chunk's 16 keys share one block, run offsets fit 32 bits
   int64_t k_run, v_run;  // elements between consecutive 16-byte runs of one key's row
   int k_pitch, v_pitch;  // elements per row of the 16-bit K / V tiles (D + 8, or 24 when v_trans)
   int stage_bytes;       // one ring stage of one warp (raw bytes of the cache dtype)
