@@ -16,8 +16,8 @@ import torch
 
 # (name, environment): PAGEDKV_DECODE_MMA picks the kernel, PAGEDKV_DECODE_SMEM_KB the budget.
 VARIANTS = [("cuda-core", {"PAGEDKV_DECODE_MMA": "0"}),
-            ("mma-110K", {"PAGEDKV_DECODE_MMA": "1"}),
-            ("mma-72K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "72"}),
+            ("mma-72K", {"PAGEDKV_DECODE_MMA": "1"}),
+            ("mma-110K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "110"}),
             ("mma-150K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "150"})]
 KNOBS = ("PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB")
 

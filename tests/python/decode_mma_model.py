@@ -34,7 +34,7 @@ def layout_of(shape: tuple, strides: tuple, vllm: bool, is_value: bool) -> Layou
     return Layout(strides[0], strides[1], strides[3], strides[2], 1)
 
 
-def plan(D: int, esz: int, kl: Layout, vl: Layout, block_size: int, budget: int = 110 * 1024):
+def plan(D: int, esz: int, kl: Layout, vl: Layout, block_size: int, budget: int = 72 * 1024):
     """decode_mma.cu's plan(): None when not covered."""
     epr = 16 // esz
     if kl.s_chunk == 0 and kl.x >= D:

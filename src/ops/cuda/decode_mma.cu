@@ -9,7 +9,9 @@ namespace pagedkv::cuda_ops {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kCtaBudget = 110 * 1024;  // shared memory per CTA that keeps 2 CTAs per SM
+// Shared memory per CTA that lets 3 CTAs share an SM (kMinCtas in decode_mma.cuh); head sizes
+// past 128 need more and run 2 per SM.
+constexpr int kCtaBudget = 72 * 1024;
 constexpr int kCtaMax = 227 * 1024;     // the sm_90 limit per CTA
 // The default since it passed the CUDA tests on an H100 and beat the CUDA-core kernel on every
 // benchmark shape (benchmarks/RESULTS.md); python/pagedkv/attention.py mirrors it

@@ -69,10 +69,17 @@ __device__ __forceinline__ void dequant16(const uint4& raw, uint4* out) {
   out[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
+// CTAs per SM the registers must allow. The loop is issue-bound (ncu on an H100: 2 warps per
+// scheduler, 0.4 of them eligible), so head sizes up to 128 trade the query fragments' registers
+// (reloaded from shared memory per chunk) for a third CTA; past 128 that would spill.
+template <int KD>
+constexpr int kMinCtas = KD <= 8 ? 3 : 2;
+
 // Grid: (num_seqs, num_kv_heads * gchunks, partitions); kThreads threads; dynamic shared memory
 // q_bytes + kWarps * warp_bytes. KD: 16-wide head-dimension steps provisioned (head_size <= 16 KD).
 template <typename QT, int KIND, int KD>
-__global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodeParams mp) {
+__global__ void __launch_bounds__(kThreads, kMinCtas<KD>) decode_mma_kernel(
+    const MmaDecodeParams mp) {
   using CT = std::conditional_t<KIND == kNoFp8, QT, uint8_t>;
   constexpr bool kFp8 = KIND != kNoFp8;
   constexpr int EPR = 16 / static_cast<int>(sizeof(CT));    // elements per 16-byte run
@@ -125,8 +132,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
   const float c_out = capped ? p.softcap * kL2e : kmul * kL2e;
   const bool has_alibi = p.alibi != nullptr;
 
-  uint32_t qf[KD <= 8 ? KD : 1][4];  // query fragments stay in registers up to D = 128
-  if constexpr (KD <= 8) {
+  uint32_t qf[KD <= 4 ? KD : 1][4];  // query fragments stay in registers up to D = 64
+  if constexpr (KD <= 4) {
 #pragma unroll
     for (int ks = 0; ks < KD; ++ks) {
       if (ks * 16 < D)
@@ -305,7 +312,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const MmaDecodePar
         uint32_t b[4];
         ldmatrix_x4(
             b, kt + ((lane & 7) + (lane >> 4) * 8) * mp.k_pitch + ks * 16 + ((lane >> 3) & 1) * 8);
-        if constexpr (KD <= 8) {
+        if constexpr (KD <= 4) {
           mma_16816<QT>(s[0], qf[ks], b[0], b[1]);
           mma_16816<QT>(s[1], qf[ks], b[2], b[3]);
         } else {
