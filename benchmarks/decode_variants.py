@@ -1,6 +1,7 @@
 """Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8,
-D=128, block 16): the CUDA-core kernel, the tensor-core kernel at several shared-memory budgets
-(ring depths), bf16 and fp8 caches, each against cuDNN SDPA on the same data measured in the
+D=128, block 16): the CUDA-core kernel, the tensor-core kernel with its own shared-memory budget
+choice and fixed at 72 KB (3 CTAs per SM) and 110 KB (2), bf16 and fp8 caches, each against
+cuDNN SDPA on the same data measured in the
 same run. Each variant uses the split-K partition the library would pick for its kernel.
 
     python benchmarks/decode_variants.py [--quick]
@@ -16,9 +17,9 @@ import torch
 
 # (name, environment): PAGEDKV_DECODE_MMA picks the kernel, PAGEDKV_DECODE_SMEM_KB the budget.
 VARIANTS = [("cuda-core", {"PAGEDKV_DECODE_MMA": "0"}),
-            ("mma-72K", {"PAGEDKV_DECODE_MMA": "1"}),
-            ("mma-110K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "110"}),
-            ("mma-150K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "150"})]
+            ("mma-auto", {"PAGEDKV_DECODE_MMA": "1"}),
+            ("mma-72K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "72"}),
+            ("mma-110K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "110"})]
 KNOBS = ("PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB")
 
 

@@ -9,9 +9,12 @@ namespace pagedkv::cuda_ops {
 namespace {
 
 constexpr int kWarps = 4;
-// Shared memory per CTA that lets 3 CTAs share an SM (kMinCtas in decode_mma.cuh); head sizes
-// past 128 need more and run 2 per SM.
-constexpr int kCtaBudget = 72 * 1024;
+// Shared memory per CTA that lets 3 (or 2) CTAs share an SM; kMinCtas in decode_mma.cuh caps the
+// registers so that 3 fit for head sizes up to 128.
+constexpr int kBudget3 = 72 * 1024, kBudget2 = 110 * 1024;
+// How much faster a full SM streams with 3 resident CTAs than with 2 (H100, decode_variants.py:
+// 256 x 512, eight waves, 230 vs 266 us).
+constexpr double kSpeed3 = 1.15;
 constexpr int kCtaMax = 227 * 1024;     // the sm_90 limit per CTA
 // The default since it passed the CUDA tests on an H100 and beat the CUDA-core kernel on every
 // benchmark shape (benchmarks/RESULTS.md); python/pagedkv/attention.py mirrors it
@@ -19,14 +22,33 @@ constexpr int kCtaMax = 227 * 1024;     // the sm_90 limit per CTA
 constexpr int kMmaDecodeDefault = 1;
 
 // Tuning and comparison knobs, read per call (a getenv is nothing next to a launch):
-// PAGEDKV_DECODE_MMA=0/1 picks the CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB sets
-// the per-CTA shared-memory budget that picks the ring depth.
+// PAGEDKV_DECODE_MMA=0/1 picks the CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB fixes
+// the per-CTA shared-memory budget (ring depth and CTAs per SM) instead of cta_budget's choice.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
 }
 
 int element_bytes(KVCacheDType cache) { return fp8_kind(cache) != kNoFp8 ? 1 : 2; }
+
+int sm_count() {
+  int dev = 0, n = 0;
+  check_cuda(cudaGetDevice(&dev), "paged_attention (device)");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev),
+             "paged_attention (SM count)");
+  return n;
+}
+
+// The shared-memory budget, i.e. 2 or 3 CTAs per SM: 3 stream faster, but a grid just past one
+// wave of 3-per-SM slots leaves a thin second wave (64 x 2048 = 512 CTAs ran 16 % slower with 3
+// per SM than with 2, which fit it in 1.94 waves). Picks the smaller waves x per-wave time.
+int cta_budget(int64_t ctas) {
+  const int64_t sms = sm_count();
+  auto cost = [&](int per_sm, double speed) {
+    return double((ctas + per_sm * sms - 1) / (per_sm * sms)) * per_sm / speed;
+  };
+  return cost(3, kSpeed3) <= cost(2, 1.0) ? kBudget3 : kBudget2;
+}
 
 // Fills everything but `a`; returns false when a layout is not covered.
 bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
@@ -64,7 +86,10 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
   mp.stage_bytes = fp8 ? 32 * D : kt + vt;
   mp.tile_bytes = fp8 ? kt + vt : 0;
   mp.q_bytes = kt;
-  const int budget = env_int("PAGEDKV_DECODE_SMEM_KB", kCtaBudget / 1024) * 1024;
+  const int64_t ctas = int64_t(a.num_q) * a.num_kv_heads * mp.gchunks *
+                       (a.partition_size > 0 ? a.max_parts : 1);
+  const int smem_kb = env_int("PAGEDKV_DECODE_SMEM_KB", 0);
+  const int budget = smem_kb > 0 ? smem_kb * 1024 : cta_budget(ctas);
   const int per_warp = (budget - mp.q_bytes) / kWarps - mp.tile_bytes;
   mp.stages = std::clamp(per_warp / mp.stage_bytes, 2, kMmaMaxStages);
   mp.warp_bytes = std::max(mp.stages * mp.stage_bytes + mp.tile_bytes, 16 * D * 4);
