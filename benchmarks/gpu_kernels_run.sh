@@ -7,7 +7,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 # (test_server.py needs the openai client, which the GPU image lacks; it has no CUDA tests.)
-timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda tests/python -rfE --tb=short \
+timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda tests/python -rfEs --tb=short \
   --ignore=tests/python/test_server.py > "$OUT/cuda_tests.log" 2>&1
 grep -v "PytestBenchmarkWarning\|warner(\|CUDAGraph.cpp" "$OUT/cuda_tests.log" | tail -30
 timeout 150 python3 benchmarks/gpu_attention.py 2>&1 | tee "$OUT/gpu_attention.log"

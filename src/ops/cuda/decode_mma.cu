@@ -15,7 +15,7 @@ constexpr int kBudget3 = 72 * 1024, kBudget2 = 110 * 1024;
 // How much faster a full SM streams with 3 resident CTAs than with 2 (H100, decode_variants.py:
 // 256 x 512, eight waves, 230 vs 266 us).
 constexpr double kSpeed3 = 1.15;
-constexpr int kCtaMax = 227 * 1024;     // the sm_90 limit per CTA
+constexpr int kCtaMax = 227 * 1024;  // the sm_90 limit per CTA
 // The default since it passed the CUDA tests on an H100 and beat the CUDA-core kernel on every
 // benchmark shape (benchmarks/RESULTS.md); python/pagedkv/attention.py mirrors it
 // (_MMA_DECODE_DEFAULT) to size its split-K partitions.
@@ -86,8 +86,8 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
   mp.stage_bytes = fp8 ? 32 * D : kt + vt;
   mp.tile_bytes = fp8 ? kt + vt : 0;
   mp.q_bytes = kt;
-  const int64_t ctas = int64_t(a.num_q) * a.num_kv_heads * mp.gchunks *
-                       (a.partition_size > 0 ? a.max_parts : 1);
+  const int64_t ctas =
+      int64_t(a.num_q) * a.num_kv_heads * mp.gchunks * (a.partition_size > 0 ? a.max_parts : 1);
   const int smem_kb = env_int("PAGEDKV_DECODE_SMEM_KB", 0);
   const int budget = smem_kb > 0 ? smem_kb * 1024 : cta_budget(ctas);
   const int per_warp = (budget - mp.q_bytes) / kWarps - mp.tile_bytes;

@@ -78,8 +78,8 @@ constexpr int kMinCtas = KD <= 8 ? 3 : 2;
 // Grid: (num_seqs, num_kv_heads * gchunks, partitions); kThreads threads; dynamic shared memory
 // q_bytes + kWarps * warp_bytes. KD: 16-wide head-dimension steps provisioned (head_size <= 16 KD).
 template <typename QT, int KIND, int KD>
-__global__ void __launch_bounds__(kThreads, kMinCtas<KD>) decode_mma_kernel(
-    const MmaDecodeParams mp) {
+__global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
+    decode_mma_kernel(const MmaDecodeParams mp) {
   using CT = std::conditional_t<KIND == kNoFp8, QT, uint8_t>;
   constexpr bool kFp8 = KIND != kNoFp8;
   constexpr int EPR = 16 / static_cast<int>(sizeof(CT));    // elements per 16-byte run
