@@ -41,7 +41,8 @@ def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_
     Both CUDA kernels run one CTA per (sequence, KV head, query-head chunk, partition). When
     the unsplit grid fills less than half of `slots` resident CTAs, the context is cut into
     slots // CTAs partitions (whole waves: no half-empty tail wave). The tensor-core kernel
-    keeps 2 CTAs per SM resident (16 query heads per CTA) and wants one wave; the CUDA-core
+    (16 query heads per CTA) is sized for one wave of 2 CTAs per SM; it then picks 2 per SM
+    itself for such a grid (cta_budget in decode_mma.cu: one wave needs no third); the CUDA-core
     kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM. Partitions are
     multiples of 16 keys and of block_size, at least 128 keys."""
     if tensor_cores is None:
