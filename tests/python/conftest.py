@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pagedkv
 import pytest
+from deps import under_ci
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,6 +29,6 @@ def smollm2_gguf() -> str:
     try:
         return smollm2_path()
     except FileNotFoundError as e:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if under_ci():
             pytest.fail(f"the default model is missing under CI: {e}")
         pytest.skip(str(e))

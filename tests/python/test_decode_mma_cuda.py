@@ -11,8 +11,9 @@ import math
 import random
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 import test_cuda_graph  # noqa: E402
 from cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402

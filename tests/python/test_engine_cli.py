@@ -6,9 +6,10 @@ import io
 import json
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("gguf")
+torch = need("torch")
+need("gguf")
 
 from pagedkv.entrypoints import cli  # noqa: E402
 

@@ -12,8 +12,9 @@ import weakref
 
 import numpy as np
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 from pagedkv.engine.llm import LLM  # noqa: E402
 from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402

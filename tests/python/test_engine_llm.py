@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("gguf")
+torch = need("torch")
+transformers = need("transformers")
+need("gguf")
 
 from pagedkv.engine.llm import LLM  # noqa: E402
 from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
@@ -62,7 +63,7 @@ def reference(llm: LLM) -> dict:
 @pytest.fixture(scope="module")
 def hf_model(smollm2_gguf: str):
     path = smollm2_gguf
-    pytest.importorskip("accelerate")
+    need("accelerate")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
     return model.eval()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 from pagedkv.engine.sampler import Sampler, SamplingRow  # noqa: E402
 from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402

@@ -4,8 +4,9 @@ mixed batch) gives the logits of one dense forward over each whole sequence."""
 from __future__ import annotations
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 from pagedkv.models import load_model  # noqa: E402
 from pagedkv.models.random_weights import save_random_model  # noqa: E402

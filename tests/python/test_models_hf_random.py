@@ -4,9 +4,10 @@ both HF transformers and pagedkv: logits of a batch of sequences must agree in f
 from __future__ import annotations
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = need("torch")
+transformers = need("transformers")
 
 from pagedkv.models import load_model  # noqa: E402
 from pagedkv.models.random_weights import save_random_model  # noqa: E402

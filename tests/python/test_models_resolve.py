@@ -6,8 +6,9 @@ import importlib.util
 import json
 
 import pytest
+from deps import need
 
-pytest.importorskip("torch")
+need("torch")
 
 from pagedkv.models import registry  # noqa: E402
 from pagedkv.models.config import ModelConfig  # noqa: E402

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("gguf")
-pytest.importorskip("accelerate")  # transformers needs it to load GGUF files
+torch = need("torch")
+transformers = need("transformers")
+need("gguf")
+need("accelerate")  # transformers needs it to load GGUF files
 
 from pagedkv.engine.tokenizer import Tokenizer  # noqa: E402
 from pagedkv.models import load_model  # noqa: E402

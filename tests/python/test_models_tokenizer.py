@@ -7,8 +7,9 @@ import os
 import random
 
 import pytest
+from deps import need
 
-transformers = pytest.importorskip("transformers")
+transformers = need("transformers")
 
 from pagedkv.engine.detokenizer import (  # noqa: E402
     IncrementalDetokenizer,

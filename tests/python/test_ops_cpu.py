@@ -13,10 +13,11 @@ import numpy as np
 import pagedkv
 import pytest
 import reference_attention as ref
+from deps import need
 from paged_cases import alibi, empty_like_fw, make_paged_kv, rand_array, to_fw, to_np, tolerance
 from pagedkv import PagedAttention, ops
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 HEAD_SIZES = PagedAttention.get_supported_head_sizes()
 FRAMEWORKS_DTYPES = [("numpy", "float32"), ("numpy", "float16"), ("torch", "float32"),

@@ -8,8 +8,9 @@ import math
 import random
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 import pagedkv  # noqa: E402
 from cuda_cases import (  # noqa: E402

@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from deps import need
 
-torch = pytest.importorskip("torch")
+torch = need("torch")
 
 import pagedkv  # noqa: E402
 from cuda_cases import TOL, attention_ref, gather, make_paged_kv, rel_err  # noqa: E402

@@ -6,6 +6,7 @@ import gc
 
 import numpy as np
 import pytest
+from deps import need
 from pagedkv import Scheduler, SchedulerConfig, StepPlan
 from scheduler_checks import Driver, check_plan
 
@@ -89,7 +90,7 @@ def test_views_are_zero_copy_and_keep_the_scheduler_alive() -> None:
 
 
 def test_update_accepts_lists_numpy_and_torch() -> None:
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     s = Scheduler(SchedulerConfig(64, 4))
     for i in range(3):
         s.add_request(f"r{i}", [1, 2, 3], 4)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
-import openai
 import pytest
-from server_utils import RemoteServer
+from deps import need
 
-# Until the engine lands on main there is nothing to serve; say so instead of failing.
-pytest.importorskip("pagedkv.engine.llm_engine", reason="pagedkv.engine.llm_engine not built yet")
+httpx = need("httpx")
+openai = need("openai")
+
+from server_utils import RemoteServer  # noqa: E402
 
 API_KEY = "test-key-123"
 MODEL = "smol"

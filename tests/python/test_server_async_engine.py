@@ -8,11 +8,12 @@ import asyncio
 import time
 
 import pytest
+from deps import need
 
-# Until the engine lands on main there is nothing to serve; say so instead of failing.
-pytest.importorskip("pagedkv.engine.llm_engine", reason="pagedkv.engine.llm_engine not built yet")
-from pagedkv.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
-from pagedkv.engine.sampling_params import SamplingParams
+need("torch")  # the engine runs its model in torch
+
+from pagedkv.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError  # noqa: E402
+from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT = "The capital of France is"
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from deps import need
 from pagedkv.entrypoints.cli import main
 from pagedkv.simulator import TraceRequest, load_trace, simulate
 
@@ -14,7 +15,7 @@ SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "traces" / "sample
 
 def test_simulate_command_reports_and_plots(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    need("matplotlib")
     png, out = tmp_path / "sim.png", tmp_path / "sim.json"
     rc = main(["simulate", str(SAMPLE), "--num-blocks", "512", "--plot", str(png),
                "--json", str(out), "--print-every", "500"])
