@@ -211,9 +211,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
 
   auto issue = [&](int c, unsigned char* st, int nblk) {
     const int key0 = c * kKeys;
+    // Key rows (K, and V unless it is [d][slot]): the one-block path, or this loop, where each
+    // run takes its key's block id from the lane that looked it up. (Written as one loop with a
+    // guard rather than if / else: that is the form measured on the H100; an if / else compiles
+    // to a different register allocation.)
     if (one_block) issue_one_block(key0, st, nblk);
 #pragma unroll
-    for (int i = 0; i < NIK && !one_block; ++i) {  // key rows: K, and V unless [d][slot]
+    for (int i = 0; i < NIK && !one_block; ++i) {
       const int idx = i * 32 + lane;
       const int j = min((idx * rinv) >> 16, kKeys - 1), r = idx - j * R;
       const int blk = __shfl_sync(0xffffffffu, nblk, j);
