@@ -141,13 +141,11 @@ def _warp(pb, out, written, sq, load_rows, warp, mt_, bn, r0, rows, ctx, kvh, qs
             s = np.where(masked, -np.inf, x).astype(np.float32)
             mx = np.maximum(m, s.max(1))
         ms = np.where(mx == -np.inf, 0, mx).astype(np.float32)
-        alpha = np.where(mx == m, 1.0, np.exp2(m - ms))  # exactly 1 where the maximum stayed
+        alpha = np.exp2(m - ms)
         m = mx
         p = np.exp2(s * mul - ms[:, None]).astype(np.float32)
         l_ = l_ * alpha + p.sum(1)
-        if (alpha != 1.0).any():  # the kernel's lazy rescale (per warp; equivalent per tile)
-            o = o * alpha[:, None]
-        o = o + bf16(p) @ v
+        o = o * alpha[:, None] + bf16(p) @ v
     inv = np.where(l_ > 0, 1 / np.where(l_ > 0, l_, 1), 0)
     for r in range(nrow):
         if gr[r] < rows:

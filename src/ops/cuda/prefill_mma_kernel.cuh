@@ -129,22 +129,15 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
 
       float alpha[NR];
       online_softmax<MT, BN>(s, m, l, alpha, plain, p, kt, wr0, rows, ctx, kvh);
-      // Rescale O only when some row's maximum grew: past the first tiles that is rare, and the
-      // rescale is MT * DP / 2 multiplies per thread in an issue-bound loop.
-      bool grew = false;
 #pragma unroll
-      for (int i = 0; i < NR; ++i) grew |= alpha[i] != 1.f;
-      if (__any_sync(0xffffffffu, grew)) {
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int n = 0; n < DP / 8; ++n) {
-            o[mt][n][0] *= alpha[2 * mt];
-            o[mt][n][1] *= alpha[2 * mt];
-            o[mt][n][2] *= alpha[2 * mt + 1];
-            o[mt][n][3] *= alpha[2 * mt + 1];
-          }
-      }
+        for (int n = 0; n < DP / 8; ++n) {
+          o[mt][n][0] *= alpha[2 * mt];
+          o[mt][n][1] *= alpha[2 * mt];
+          o[mt][n][2] *= alpha[2 * mt + 1];
+          o[mt][n][3] *= alpha[2 * mt + 1];
+        }
     }
     if (it + 1 < n_tiles) {
       cp_async_wait<2>();  // V_it landed (tile it + 1 may still be in flight)

@@ -11,8 +11,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Turns this warp's S accumulators s (MT m16 tiles x BN keys from kt; thread rows i = 2 * mt + h at
 // wr0 + mt * 16 + lane / 4 + 8 * h) into unnormalised probabilities in place, and updates the
 // running row maxima m (log2 domain) and partial row sums l (this thread's columns only; reduced
-// over the quad at the end). alpha receives the factor the output rows must be rescaled by (exactly
-// 1 for rows whose maximum did not grow). Plain
+// over the quad at the end). alpha receives the factor the output rows must be rescaled by. Plain
 // tiles (wholly visible to every row, no soft-cap / alibi) keep raw scores and fold the scale into
 // the exponent's FMA; others get per-element masks.
 template <int MT, int BN>
@@ -69,8 +68,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][BN / 8][4], float 
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
     ms[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // no row key visible yet: keep zeros
-    // Exactly 1 when the maximum stayed: the caller then skips rescaling the output rows.
-    alpha[i] = mx[i] == m[i] ? 1.f : fast_exp2(m[i] - ms[i]);
+    alpha[i] = fast_exp2(m[i] - ms[i]);
     m[i] = mx[i];
     l[i] *= alpha[i];
   }
