@@ -4,6 +4,7 @@ outputs are NaN-poisoned before each call and every element is checked."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -194,9 +195,7 @@ def test_prefill(head_size, dtype, layout):
         n = r.randint(1, 4)
         ctx = [r.choice([0, r.randint(1, 400)]) for _ in range(n)]
         qlen = [r.randint(1, 200) for _ in range(n)]
-        qsl = [0]
-        for x in qlen:
-            qsl.append(qsl[-1] + x)
+        qsl = [0, *itertools.accumulate(qlen)]
         seq_lens = [c + x for c, x in zip(ctx, qlen)]
         hq = hkv * group
         q = torch.randn(qsl[-1], hq, head_size, generator=gen).to(dtype).cuda()

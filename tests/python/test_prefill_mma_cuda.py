@@ -7,6 +7,7 @@ and every element is compared with a float64 reference."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -15,7 +16,8 @@ from deps import need
 torch = need("torch")
 
 import pagedkv  # noqa: E402
-from cuda_cases import TOL, attention_ref, gather, make_paged_kv, rel_err  # noqa: E402
+from cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
+from test_ops_cuda import prefill_ref  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 ops = pagedkv.ops
@@ -40,18 +42,6 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
     return full[..., :d], full
 
 
-def _reference(q, k, v, kv, qsl, ctx, scale, opts):
-    refs = []
-    for i, c in enumerate(ctx):
-        a, b = qsl[i], qsl[i + 1]
-        kc, vc = gather(kv, i, c)
-        kk = torch.cat([kc, k[a:b].cpu().double()])
-        vv = torch.cat([vc, v[a:b].cpu().double()])
-        refs.append(attention_ref(q[a:b].cpu(), kk, vv, torch.arange(c, c + b - a), scale,
-                                  opts["alibi"], opts["softcap"], opts["window"]))
-    return torch.cat(refs)
-
-
 @pytest.mark.parametrize("layout", ["nhd", "vllm"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", HEAD_SIZES)
@@ -63,9 +53,7 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
     n = r.randint(1, 3)
     ctx = [r.choice([0, r.randint(1, 700)]) for _ in range(n)]
     qlen = [r.randint(1, 600) for _ in range(n)]
-    qsl = [0]
-    for x in qlen:
-        qsl.append(qsl[-1] + x)
+    qsl = [0, *itertools.accumulate(qlen)]
     hq, t = hkv * group, qsl[-1]
     q, _ = _padded((t, hq, head_size), pad, dtype, gen)
     k, _ = _padded((t, hkv, head_size), pad, dtype, gen)
@@ -83,7 +71,7 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
                               None, max(qlen), 1.0, 1.0, opts["alibi"], opts["window"] or None,
                               scale, logits_soft_cap=opts["softcap"])
     torch.cuda.synchronize()
-    ref = _reference(q, k, v, kv, qsl, ctx, scale, opts)
+    ref = prefill_ref(q, k, v, kv, qsl, ctx, scale, opts)
     case = (pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"], opts["alibi"] is None)
     assert rel_err(out, ref) < TOL[dtype], case
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype], case
@@ -111,6 +99,6 @@ def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
                               torch.full((b,), length, dtype=torch.int32).cuda(), None, length)
     torch.cuda.synchronize()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
-    ref = _reference(q, k, v, kv, qsl, [0] * b, d ** -0.5, opts)
+    ref = prefill_ref(q, k, v, kv, qsl, [0] * b, d ** -0.5, opts)
     assert rel_err(out, ref) < TOL[dtype]
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype]

@@ -7,6 +7,7 @@ The kernel itself is tested on a GPU in test_prefill_mma_cuda.py."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -19,9 +20,7 @@ def _problem(r: random.Random, rng: np.random.Generator) -> tuple[Problem, int]:
     g, hkv, n = r.choice([1, 2, 3, 4, 8]), r.choice([1, 2]), r.randint(1, 3)
     ctx = [r.choice([0, r.randint(1, 300)]) for _ in range(n)]
     qlen = [r.randint(1, 300) for _ in range(n)]
-    qsl = [0]
-    for x in qlen:
-        qsl.append(qsl[-1] + x)
+    qsl = [0, *itertools.accumulate(qlen)]
     sl = [c + x for c, x in zip(ctx, qlen)]
 
     def kv() -> list[list[np.ndarray]]:
