@@ -1,8 +1,8 @@
 """Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8,
-D=128, block 16): the CUDA-core kernel, the tensor-core kernel with its own shared-memory budget
-choice and fixed at 72 KB (3 CTAs per SM) and 110 KB (2), bf16 and fp8 caches, each against
-cuDNN SDPA on the same data measured in the
-same run. Each variant uses the split-K partition the library would pick for its kernel.
+D=128, block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel
+(decode_bulk) with its own occupancy choice and fixed at 2, 3 and 4 CTAs per SM, bf16 and fp8
+caches, each against cuDNN SDPA on the same data measured in the same run. Each variant uses
+the split-K partition the library would pick for its kernel.
 
     python benchmarks/decode_variants.py [--quick]
 """
@@ -15,12 +15,15 @@ import os
 import gpu_attention as ga
 import torch
 
-# (name, environment): PAGEDKV_DECODE_MMA picks the kernel, PAGEDKV_DECODE_SMEM_KB the budget.
-VARIANTS = [("cuda-core", {"PAGEDKV_DECODE_MMA": "0"}),
-            ("mma-auto", {"PAGEDKV_DECODE_MMA": "1"}),
-            ("mma-72K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "72"}),
-            ("mma-110K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "110"})]
-KNOBS = ("PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB")
+# (name, environment): PAGEDKV_DECODE_BULK / PAGEDKV_DECODE_MMA pick the kernel (Hopper bulk-copy,
+# tensor-core, CUDA-core), PAGEDKV_DECODE_CTAS_PER_SM / PAGEDKV_DECODE_SMEM_KB their occupancy.
+VARIANTS = [("mma-auto", {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"}),
+            ("bulk-auto", {"PAGEDKV_DECODE_BULK": "1"}),
+            ("bulk-2/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "2"}),
+            ("bulk-3/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "3"}),
+            ("bulk-4/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "4"})]
+KNOBS = ("PAGEDKV_DECODE_BULK", "PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB",
+         "PAGEDKV_DECODE_CTAS_PER_SM")
 
 
 def main() -> None:
