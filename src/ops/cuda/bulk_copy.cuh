@@ -71,6 +71,27 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 #endif
 }
 
+// The same with an L2 eviction policy (make_evict_first_policy): data read once should not push
+// data read again (queries, block tables, other CTAs' rows) out of L2.
+__device__ __forceinline__ void bulk_copy_g2s_hint(void* dst, const void* src, uint32_t bytes,
+                                                   uint64_t* bar, uint64_t policy) {
+#if PAGEDKV_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint64_t make_evict_first_policy() {
+  uint64_t policy = 0;
+#if PAGEDKV_SM90
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
 // Orders this thread's earlier generic writes to shared memory before later bulk copies into the
 // same bytes (they go through the async proxy).
 __device__ __forceinline__ void fence_proxy_async() {

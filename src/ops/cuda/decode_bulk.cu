@@ -2,6 +2,7 @@
 // depth, CTAs per SM) and the launch.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <string>
 
 #include "ops/cuda/decode_bulk.h"
@@ -13,19 +14,27 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kSmemPerSm = 228 * 1024;  // sm_90: shared memory per SM, 1 KB of it per CTA reserved
 constexpr int kCtaMax = 227 * 1024;     // sm_90: the most one CTA may use
-// 0: off until measured on an H100 (benchmarks/RESULTS.md). PAGEDKV_DECODE_BULK=0/1/2 overrides
-// (2: required, an uncovered call raises); PAGEDKV_DECODE_CTAS_PER_SM fixes the CTAs per SM the
-// ring is sized for (default: cta_target).
-constexpr int kBulkDefault = 0;
+// On: faster than decode_mma on every benchmark shape on an H100, bf16 and fp8 (RESULTS.md).
+// PAGEDKV_DECODE_BULK=0/1/2 overrides (2: required, an uncovered call raises);
+// PAGEDKV_DECODE_CTAS_PER_SM fixes the CTAs per SM the rings are sized for (default:
+// cta_target); PAGEDKV_DECODE_EVICT_FIRST=1 tags the copies evict-first in L2.
+constexpr int kBulkDefault = 1;
 
-// Resident CTAs per SM the rings are sized for: 3 (12 warps) unless the grid is just past one
-// wave of 3-per-SM slots and 2 per SM fits it in fewer waves (as decode_mma.cu's cta_budget).
-int cta_target(int64_t ctas) {
+// Resident CTAs per SM the rings are sized for: as many as fit with two stages per warp (at most
+// 4: 16 warps), unless the grid is just past one wave of those slots and one CTA fewer per SM fits
+// it in fewer waves (a thin last wave costs a whole wave; decode_mma.cu's cta_budget measured
+// 15 % more streaming speed per extra CTA).
+int cta_target(int64_t ctas, int per_cta_min) {
   const int knob = env_int("PAGEDKV_DECODE_CTAS_PER_SM", 0);
   if (knob > 0) return std::clamp(knob, 1, 8);
+  const int fit = std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, 4);
+  if (fit == 1) return 1;
   const int64_t sms = sm_count(current_device());
-  auto waves = [&](int per_sm) { return (ctas + per_sm * sms - 1) / (per_sm * sms); };
-  return double(waves(3)) * 3 / 1.15 <= double(waves(2)) * 2 ? 3 : 2;
+  auto cost = [&](int per_sm) {
+    const int64_t waves = (ctas + per_sm * sms - 1) / (per_sm * sms);
+    return double(waves) * per_sm / std::pow(1.15, per_sm);
+  };
+  return cost(fit) <= cost(fit - 1) ? fit : fit - 1;
 }
 
 // Rows of a layout: element (block, slot, head, d) at block * s_block + slot * s_slot +
@@ -51,9 +60,11 @@ const char* plan(const AttnParams& a, KVCacheDType cache, BulkDecodeParams& bp) 
   bp.bar_bytes = head - bp.q_bytes;
   const int64_t ctas =
       int64_t(a.num_q) * a.num_kv_heads * bp.gchunks * (a.partition_size > 0 ? a.max_parts : 1);
-  const int budget = kSmemPerSm / cta_target(ctas) - 1024 - 1024;  // reserved + static arrays
+  const int per_cta_min = head + kWarps * 2 * bp.stage_bytes;
+  const int budget = kSmemPerSm / cta_target(ctas, per_cta_min) - 2048;  // reserved + static
   bp.stages = std::clamp((budget - head) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
   bp.warp_bytes = std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * D * 4);
+  bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 0) != 0;
   if (head + kWarps * bp.warp_bytes > kCtaMax) return "the rings do not fit shared memory";
   return nullptr;
 }

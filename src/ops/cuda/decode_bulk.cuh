@@ -203,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     }
     return b;
   };
+  const uint64_t policy = bp.evict_first ? make_evict_first_policy() : 0;
   // Stage layout: 16 K rows then 16 V rows, `pitch` bytes apart: lane l's row is row l.
   auto issue = [&](int c, int stage, int blk) {
     unsigned char* dst = ring + stage * bp.stage_bytes + lane * pitch;
@@ -213,7 +214,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
       const int64_t slot = slot_of(tok);
       const CT* src = lane < 16 ? kc + int64_t(blk) * p.kl.s_block + slot * p.kl.s_slot
                                 : vc + int64_t(blk) * p.vl.s_block + slot * p.vl.s_slot;
-      bulk_copy_g2s(dst, src, bp.row_bytes, bars + stage);
+      if (bp.evict_first) {
+        bulk_copy_g2s_hint(dst, src, bp.row_bytes, bars + stage, policy);
+      } else {
+        bulk_copy_g2s(dst, src, bp.row_bytes, bars + stage);
+      }
     } else if (lane >= 16) {
       for (int b = 0; b < bp.row_bytes; b += 16) {
         *reinterpret_cast<uint4*>(dst + b) = make_uint4(0u, 0u, 0u, 0u);

@@ -21,6 +21,7 @@ struct BulkDecodeParams {
   int warp_bytes;   // a warp's shared memory (its ring; later its fp32 output for the merge)
   int q_bytes;      // the 16-bit query tile, [8 * head_tiles][head_size + 8]
   int bar_bytes;    // the warps' mbarriers, one per ring stage
+  int evict_first;  // 1: the copies carry an L2 evict-first policy (PAGEDKV_DECODE_EVICT_FIRST)
 };
 
 constexpr int kBulkMaxStages = 8;
