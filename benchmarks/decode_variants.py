@@ -66,8 +66,8 @@ def partitions() -> None:
     print(f"{'B*L':>10} {'kv':>5} " + " ".join(f"{p:>8}" for p in sizes))
     choose = ga.decode_partition
     for b, length in [s for s in ga.DECODE_SHAPES if s[0] <= 16]:
-        picked = choose(b, length, sms)
         for kv in ("auto", "fp8"):
+            picked = choose(b, length, sms, kv)
             cells = []
             for ps in sizes:
                 if ps >= length:

@@ -72,9 +72,9 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() * a.element_size() / t
 
 
-def decode_partition(num_seqs: int, max_len: int, sms: int) -> int:
+def decode_partition(num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto") -> int:
     """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA)."""
-    return decode_partition_size(num_seqs, HQ, HKV, max_len, BS, sms)
+    return decode_partition_size(num_seqs, HQ, HKV, max_len, BS, sms, kv_cache_dtype=kv_dtype)
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
@@ -93,7 +93,7 @@ def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
 def _decode_inputs(b: int, length: int, sms: int, kv_dtype: str) -> dict:
     kv_bytes = 2 * b * length * HKV * D * (2 if kv_dtype == "auto" else 1)
     n_sets = max(1, min(8, ROTATE_BYTES // kv_bytes))
-    ps = decode_partition(b, length, sms)
+    ps = decode_partition(b, length, sms, kv_dtype)
     parts = math.ceil(length / ps) if ps else 1
     es = torch.empty(b, HQ, parts, device="cuda")
     return {"caches": [make_cache(b, length, kv_dtype) for _ in range(n_sets)],

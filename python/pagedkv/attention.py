@@ -35,19 +35,22 @@ def mma_decode_enabled() -> bool:
 
 def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_seq_len: int,
                           block_size: int, num_sms: int,
-                          tensor_cores: Optional[bool] = None) -> int:
+                          tensor_cores: Optional[bool] = None,
+                          kv_cache_dtype: str = "auto") -> int:
     """Split-K partition size for CUDA decode; 0 = single pass (paged_attention_v1).
 
-    Both CUDA kernels run one CTA per (sequence, KV head, query-head chunk, partition). When
+    Every CUDA kernel runs one CTA per (sequence, KV head, query-head chunk, partition). When
     the unsplit grid fills less than half of `slots` resident CTAs, the context is cut into
-    slots // CTAs partitions (whole waves: no half-empty tail wave). The tensor-core kernel
-    (16 query heads per CTA) is sized for one wave of 2 CTAs per SM; it then picks 2 per SM
-    itself for such a grid (cta_budget in decode_mma.cu: one wave needs no third); the CUDA-core
-    kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM. Partitions are
-    multiples of 16 keys and of block_size, at least 128 keys."""
+    slots // CTAs partitions (whole waves: no half-empty tail wave). The tensor-core kernels
+    (up to 16 query heads per CTA) are sized for one wave of 2 CTAs per SM, 4 with an fp8 cache
+    (the Hopper kernel fits 4 then, and its fp8 path needs the warps: benchmarks/RESULTS.md,
+    decode_variants.py --partitions); the CUDA-core kernel (8 query heads per CTA) is
+    issue-bound and wants ~8 CTAs per SM. Partitions are multiples of 16 keys and of
+    block_size, at least 128 keys."""
     if tensor_cores is None:
         tensor_cores = mma_decode_enabled()
-    heads_per_cta, per_sm = (16, 2) if tensor_cores else (8, 8)
+    fp8 = kv_cache_dtype.startswith("fp8")
+    heads_per_cta, per_sm = ((16, 4 if fp8 else 2) if tensor_cores else (8, 8))
     group = max(1, num_heads // max(1, num_kv_heads))
     ctas = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_cta))
     parts = per_sm * num_sms // ctas
@@ -139,7 +142,8 @@ class PagedAttention:
         num_seqs, num_heads, head_size = (int(s) for s in query.shape)
         if _tensor.is_cuda(query):
             partition_size = decode_partition_size(num_seqs, num_heads, num_kv_heads,
-                                                   max_seq_len, block_size, _num_sms(query))
+                                                   max_seq_len, block_size, _num_sms(query),
+                                                   kv_cache_dtype=kv_cache_dtype)
             use_v1 = partition_size == 0
         else:
             partition_size = _PARTITION_SIZE

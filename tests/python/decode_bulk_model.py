@@ -2,8 +2,9 @@
 (src/ops/cuda/decode_bulk.cuh, `compute` and the output store), for checking its fragment index
 expressions without a GPU: S^T = K Q^T with keys as rows, the per-head online softmax on the
 accumulator fragments, the movmatrix transposes of P^T, O^T += V^T P^T, the fp8 path's permuted
-head dimension (32-bit reads of fp8 rows, byte regrouping) and out_dim. Mirrors the kernel line
-by line; keep them in step. fp8 values are modelled as the numbers they convert to (the
+head dimension (32-bit reads of fp8 rows, byte regrouping), out_dim and both staged-tile forms
+(`at`: 128-byte-swizzled tensor-copy boxes, padded rows). Mirrors the kernel line by line; keep
+them in step. fp8 values are modelled as the numbers they convert to (the
 conversion is exact)."""
 
 from __future__ import annotations
@@ -20,20 +21,40 @@ def out_dim(fp8: bool, mt: int, rr: int) -> int:
     return 16 * mt + rr
 
 
-def _k_fragment(kt: np.ndarray, ks: int, fp8: bool) -> np.ndarray:
+def tile_form(row_bytes: int, tma: bool) -> dict:
+    """decode_bulk.cu's staged-tile geometry: tensor copies (128-byte swizzle) or row copies."""
+    if tma:
+        return {"row_stride": 128, "box": 2048, "swz": 7}
+    return {"row_stride": row_bytes + 16, "box": 128, "swz": 0}
+
+
+def at(form: dict, j: int, u: int) -> int:
+    """The kernel's `at`: byte offset of (row j, 16-byte unit u) of a staged tile."""
+    return (u >> 3) * form["box"] + j * form["row_stride"] + (((u & 7) ^ (j & form["swz"])) << 4)
+
+
+def stage(rows: np.ndarray, esz: int, tma: bool) -> np.ndarray:
+    """Lands 16 rows [16, D] as the copies do (one element per esz bytes of shared memory)."""
+    form = tile_form(rows.shape[1] * esz, tma)
+    flat = np.full((16 * form["row_stride"] + 16 * form["box"]) // esz, np.nan)
+    per_unit = 16 // esz
+    for j in range(16):
+        for u in range(rows.shape[1] // per_unit):
+            a = at(form, j, u) // esz
+            flat[a:a + per_unit] = rows[j, u * per_unit:(u + 1) * per_unit]
+    return flat
+
+
+def _k_fragment(kf: np.ndarray, form: dict, ks: int, fp8: bool) -> np.ndarray:
     """A fragment [lane, 4, 2] of K rows (keys) x the k step's 16 dims."""
     if not fp8:
-        pitch = kt.shape[1] + 8
-        flat = np.zeros(16 * pitch)
-        for j in range(16):
-            flat[j * pitch:j * pitch + kt.shape[1]] = kt[j]
-        return ldmatrix_x4(flat, lambda lane: ((lane & 7) + (lane & 8)) * pitch + ks * 16
-                           + (lane >> 4) * 8)
+        return ldmatrix_x4(kf, lambda lane: at(form, (lane & 7) + (lane & 8),
+                                               2 * ks + (lane >> 4)) // 2)
     a = np.zeros((32, 4, 2))
     for lane in range(32):
         r, q = lane >> 2, lane & 3
-        w0 = kt[r, ks * 16 + 4 * q:ks * 16 + 4 * q + 4]
-        w1 = kt[r + 8, ks * 16 + 4 * q:ks * 16 + 4 * q + 4]
+        w0 = kf[at(form, r, ks) + 4 * q:][:4]
+        w1 = kf[at(form, r + 8, ks) + 4 * q:][:4]
         a[lane] = [w0[0:2], w1[0:2], w0[2:4], w1[2:4]]
     return a
 
@@ -48,21 +69,18 @@ def _q_fragment(qt: np.ndarray, ks: int, nh: int, fp8: bool) -> tuple:
     return b0, b1
 
 
-def _v_fragments(vt: np.ndarray, fp8: bool) -> list:
+def _v_fragments(vf: np.ndarray, form: dict, D: int, fp8: bool) -> list:
     """A fragments [lane, 4, 2] of V^T (dims x keys), one per 16-dim tile (logical rows)."""
-    D = vt.shape[1]
     if not fp8:
-        pitch = D + 8
-        flat = np.zeros(16 * pitch)
-        for j in range(16):
-            flat[j * pitch:j * pitch + D] = vt[j]
-        return [ldmatrix_x4(flat, lambda lane, mt=mt: ((lane & 7) + (lane >> 4) * 8) * pitch
-                            + mt * 16 + (lane & 8), trans=True) for mt in range(D // 16)]
+        return [ldmatrix_x4(vf, lambda lane, mt=mt: at(form, (lane & 7) + (lane >> 4) * 8,
+                                                        2 * mt + ((lane >> 3) & 1)) // 2,
+                            trans=True) for mt in range(D // 16)]
     frags = [np.zeros((32, 4, 2)) for _ in range(D // 16)]
     for m2 in range(D // 32):
         for lane in range(32):
             r, q = lane >> 2, lane & 3
-            w = [list(vt[k, m2 * 32 + 4 * r:m2 * 32 + 4 * r + 4])
+            u, ob = 2 * m2 + (r >> 2), 4 * (r & 3)
+            w = [list(vf[at(form, k, u) + ob:][:4])
                  for k in (2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9)]
             t0, t1 = byte_perm(w[0], w[1], 0x5140), byte_perm(w[0], w[1], 0x7362)
             t2, t3 = byte_perm(w[2], w[3], 0x5140), byte_perm(w[2], w[3], 0x7362)
@@ -72,20 +90,23 @@ def _v_fragments(vt: np.ndarray, fp8: bool) -> list:
 
 
 def warp_attention(q: np.ndarray, ks: list, vs: list, valid: list, fp8: bool,
-                   c_out: float) -> tuple:
+                   c_out: float, tma: bool = False) -> tuple:
     """One warp over its chunks: q [8 NH, D] (the staged query tile), ks / vs [16, D] per chunk,
     valid[c][j] whether key j of chunk c is in range (invalid V rows must be zeros, as the kernel
     writes them). Returns the warp's (O [heads, D] unnormalised, m [heads], l [heads]) as the
     merge reads them from shared memory."""
     heads, D = q.shape
     NH = heads // 8
+    esz = 1 if fp8 else 2
+    form = tile_form(D * esz, tma)
     m = np.full((32, NH, 2), -np.inf)
     lsum = np.zeros((32, NH, 2))
     o = np.zeros((D // 16, NH, 32, 4))
     for kt, vt, ok in zip(ks, vs, valid):
+        kf, vf = stage(kt, esz, tma), stage(vt, esz, tma)
         s = np.zeros((NH, 32, 4))
         for k in range(D // 16):
-            a = _k_fragment(kt, k, fp8)
+            a = _k_fragment(kf, form, k, fp8)
             for nh in range(NH):
                 mma_16816(s[nh], a, *_q_fragment(q, k, nh, fp8))
         x = s * c_out
@@ -104,7 +125,7 @@ def warp_attention(q: np.ndarray, ks: list, vs: list, valid: list, fp8: bool,
         p = np.exp2(x - ms.transpose(1, 0, 2)[:, :, [0, 1, 0, 1]])  # [nh, lane, e]
         lsum = lsum * alpha + (p[:, :, 0:2] + p[:, :, 2:4]).transpose(1, 0, 2)
         o *= alpha.transpose(1, 0, 2)[None][:, :, :, [0, 1, 0, 1]]
-        for mt, a in enumerate(_v_fragments(vt, fp8)):
+        for mt, a in enumerate(_v_fragments(vf, form, D, fp8)):
             for nh in range(NH):
                 mma_16816(o[mt, nh], a, movmatrix_trans(p[nh][:, 0:2]),
                           movmatrix_trans(p[nh][:, 2:4]))

@@ -30,13 +30,17 @@ def _hopper_decode(monkeypatch):
     monkeypatch.setenv("PAGEDKV_DECODE_BULK", "2")
 
 
+@pytest.mark.parametrize("copies", ["tensor", "rows"])
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_decode_bulk_random(dtype, kv_dtype):
+def test_decode_bulk_random(dtype, kv_dtype, copies, monkeypatch):
+    """Tensor copies where they apply (rows of a multiple of 128 bytes, block sizes of a multiple
+    of 16; other cases take row copies anyway), or row copies throughout (PAGEDKV_DECODE_TMA=0)."""
+    monkeypatch.setenv("PAGEDKV_DECODE_TMA", "1" if copies == "tensor" else "0")
     seed = random.randrange(1 << 30)
     r, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     sizes = mma_tests.MMA_HEAD_SIZES if kv_dtype == "auto" else FP8_HEAD_SIZES
-    for _ in range(4):
+    for _ in range(5):
         q, kv, seq_lens, hkv, opts, ks, vs, partition = mma_tests._case(r, gen, kv_dtype, "nhd",
                                                                        dtype, sizes)
         scale = q.shape[-1] ** -0.5

@@ -1,6 +1,7 @@
 """The lane-level model of the Hopper decode's arithmetic (decode_bulk_model.py) against a direct
 softmax(q k^T) v: the fragment index expressions of decode_bulk.cuh, for 16-bit and fp8 caches,
-one or two 8-head column tiles, all head sizes the kernel takes, masked edge keys. No GPU."""
+one or two 8-head column tiles, all head sizes the kernel takes, swizzled tensor-copy tiles and
+padded row tiles, masked edge keys. No GPU."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import pytest
 from decode_bulk_model import KEYS, out_dim, warp_attention
 
 
+@pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("head_tiles", [1, 2])
 @pytest.mark.parametrize("D", [32, 64, 80, 96, 128, 256])
-def test_warp_attention_matches_softmax(D, head_tiles, fp8):
+def test_warp_attention_matches_softmax(D, head_tiles, fp8, tma):
     if fp8 and D % 32:
         pytest.skip("fp8 caches need head sizes that are multiples of 32 (decode_bulk.cu)")
+    if tma and D * (1 if fp8 else 2) % 128:
+        pytest.skip("tensor copies need rows of a multiple of 128 bytes (decode_bulk.cu)")
     rng = np.random.default_rng(D * 10 + head_tiles + 100 * fp8)
     heads, chunks = 8 * head_tiles, 3
     q = rng.standard_normal((heads, D))
@@ -26,7 +30,7 @@ def test_warp_attention_matches_softmax(D, head_tiles, fp8):
     for v, ok in zip(vs, valid):
         v[~np.array(ok)] = 0.0  # as the kernel zeroes uncopied V rows
     c_out = 0.3
-    out, m, lsum = warp_attention(q, ks, vs, valid, fp8, c_out)
+    out, m, lsum = warp_attention(q, ks, vs, valid, fp8, c_out, tma)
 
     kk = np.concatenate(ks)[np.concatenate(valid)]
     vv = np.concatenate(vs)[np.concatenate(valid)]

@@ -1,9 +1,10 @@
 // Hopper (sm_90) bulk copies into shared memory and the mbarriers that count their bytes.
 //
 // One lane's `cp.async.bulk` moves a whole contiguous run (a key's row of K or V) through the
-// copy engine, so a warp streams its KV tiles with one instruction per row instead of a
-// 16-byte cp.async per lane per run; the consumer waits on an mbarrier whose transaction count
-// the copies complete. Every helper compiles to nothing below sm_90: callers launch their
+// copy engine, or a whole box of a tensor map (`cp.async.bulk.tensor`: many strided rows, laid
+// out swizzled in shared memory), so a warp streams its KV tiles with a few instructions instead
+// of a 16-byte cp.async per lane per run; the consumer waits on an mbarrier whose transaction
+// count the copies complete. Every helper compiles to nothing below sm_90: callers launch their
 // kernels only on devices of compute capability 9.x (and trap otherwise).
 #pragma once
 
@@ -90,6 +91,28 @@ __device__ __forceinline__ uint64_t make_evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
 #endif
   return policy;
+}
+
+// Copies one box of a 4-D tensor map (a __grid_constant__ kernel parameter) at coordinates
+// (c0, c1, c2, c3), innermost first, into shared memory laid out as the map's swizzle says;
+// completion is counted on `bar`. With `hint`, the copy carries the L2 `policy`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, int c1, int c2,
+                                            int c3, uint64_t* bar, uint64_t policy, bool hint) {
+#if PAGEDKV_SM90
+  if (hint) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar)), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        : "memory");
+  }
+#endif
 }
 
 // Orders this thread's earlier generic writes to shared memory before later bulk copies into the

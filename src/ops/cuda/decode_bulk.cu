@@ -1,9 +1,11 @@
-// Host side of the Hopper decode: which calls it covers, the shared-memory plan (row pitch, ring
+// Host side of the Hopper decode: which calls it covers, the shared-memory plan (copy form, ring
 // depth, CTAs per SM) and the launch.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <string>
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/device_props.h"
@@ -20,6 +22,12 @@ constexpr int kCtaMax = 227 * 1024;     // sm_90: the most one CTA may use
 // cta_target); PAGEDKV_DECODE_EVICT_FIRST=0 drops the copies' L2 evict-first policy (on: 1-7 %
 // faster on the benchmark shapes).
 constexpr int kBulkDefault = 1;
+
+// Dynamic shared memory of a launch: 1 KB of slack to align the rings to 1024 bytes, the rings,
+// the query tile, the mbarriers.
+int smem_bytes(const BulkDecodeParams& bp) {
+  return 1024 + kWarps * bp.warp_bytes + bp.q_bytes + kWarps * kBulkMaxStages * 8;
+}
 
 // Resident CTAs per SM the rings are sized for: as many as fit with two stages per warp (at most
 // 4: 16 warps), unless the grid is just past one wave of those slots and one CTA fewer per SM fits
@@ -42,8 +50,47 @@ int cta_target(int64_t ctas, int per_cta_min) {
 // head * s_head + d (NHD, and any layout with contiguous (slot, head) rows).
 bool row_layout(const CacheLayout& l, int D) { return l.s_chunk == 0 && l.x >= D; }
 
-// Fills everything but `a`; returns why the call is not covered, or nullptr.
-const char* plan(const AttnParams& a, KVCacheDType cache, BulkDecodeParams& bp) {
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A cache as a 4-D tensor (dims, heads, slots, blocks) whose boxes are 16 slots of one head and
+// one 128-byte slice of the head dimension, landing with the 128-byte swizzle.
+bool encode_cache(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& a,
+                  int esz) {
+  const auto fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(a.head_size), cuuint64_t(a.num_kv_heads),
+                              cuuint64_t(a.block_size), cuuint64_t(a.num_blocks)};
+  const cuuint64_t strides[3] = {cuuint64_t(l.s_head * esz), cuuint64_t(l.s_slot * esz),
+                                 cuuint64_t(l.s_block * esz)};
+  const cuuint32_t box[4] = {cuuint32_t(128 / esz), 1, 16, 1};
+  const cuuint32_t steps[4] = {1, 1, 1, 1};
+  for (const int64_t st : {l.s_head, l.s_slot, l.s_block}) {
+    if (st <= 0 || (st * esz) % 16 != 0 || st * esz >= (int64_t(1) << 40)) return false;
+  }
+  return fn(map, esz == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 4,
+            const_cast<void*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int round_up(int v, int to) { return (v + to - 1) / to * to; }
+
+// Fills everything but the tensor maps; returns why the call is not covered, or nullptr. `tma`:
+// whether tensor copies are wanted (the launch falls back to row copies if encoding fails).
+const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodeParams& bp) {
   const int D = a.head_size;
   const bool fp8 = fp8_kind(cache) != kNoFp8;
   if (D % 16 != 0 || D > 256 || (fp8 && D % 32 != 0)) {
@@ -54,19 +101,23 @@ const char* plan(const AttnParams& a, KVCacheDType cache, BulkDecodeParams& bp) 
   bp.head_tiles = a.group > 8 ? 2 : 1;
   bp.gchunks = ceil_div(a.group, 8 * bp.head_tiles);
   bp.row_bytes = D * (fp8 ? 1 : 2);
-  bp.pitch = bp.row_bytes + 16;
-  bp.stage_bytes = 32 * bp.pitch;
-  bp.q_bytes = (8 * bp.head_tiles * (D + 8) * 2 + 15) / 16 * 16;
-  const int head = (bp.q_bytes + kWarps * kBulkMaxStages * 8 + 127) / 128 * 128;
-  bp.bar_bytes = head - bp.q_bytes;
+  bp.tma = tma && bp.row_bytes % 128 == 0 && a.block_size % 16 == 0 &&
+           env_int("PAGEDKV_DECODE_TMA", 1) != 0;
+  bp.row_stride = bp.tma ? 128 : bp.row_bytes + 16;
+  bp.box_bytes = bp.tma ? 16 * 128 : 128;
+  bp.swz = bp.tma ? 7 : 0;
+  bp.v_off = 16 * (bp.tma ? bp.row_bytes : bp.row_stride);
+  bp.stage_bytes = 2 * bp.v_off;
+  bp.q_bytes = round_up(8 * bp.head_tiles * (D + 8) * 2, 16);
+  const int fixed = 1024 + bp.q_bytes + kWarps * kBulkMaxStages * 8;  // + alignment slack
   const int64_t ctas =
       int64_t(a.num_q) * a.num_kv_heads * bp.gchunks * (a.partition_size > 0 ? a.max_parts : 1);
-  const int per_cta_min = head + kWarps * 2 * bp.stage_bytes;
+  const int per_cta_min = fixed + kWarps * 2 * bp.stage_bytes;
   const int budget = kSmemPerSm / cta_target(ctas, per_cta_min) - 2048;  // reserved + static
-  bp.stages = std::clamp((budget - head) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
-  bp.warp_bytes = std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * D * 4);
+  bp.stages = std::clamp((budget - fixed) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
+  bp.warp_bytes = round_up(std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * D * 4), 1024);
   bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 1) != 0;
-  if (head + kWarps * bp.warp_bytes > kCtaMax) return "the rings do not fit shared memory";
+  if (smem_bytes(bp) > kCtaMax) return "the rings do not fit shared memory";
   return nullptr;
 }
 
@@ -93,7 +144,7 @@ const char* uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache, boo
   if (p.num_blocks < 1) return "empty cache";
   if (!vec16) return "cache rows must be 16-byte aligned";
   BulkDecodeParams bp;
-  return plan(p, cache, bp);
+  return plan(p, cache, false, bp);
 }
 
 }  // namespace
@@ -113,10 +164,15 @@ bool decode_bulk_supported(const AttnParams& p, DType qdtype, KVCacheDType cache
 void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s) {
   if (p.num_q == 0) return;
   BulkDecodeParams bp;
-  plan(p, cache, bp);
+  plan(p, cache, true, bp);
+  const int esz = bp.row_bytes / p.head_size;
+  if (bp.tma && !(encode_cache(&bp.k_map, p.k_cache, p.kl, p, esz) &&
+                  encode_cache(&bp.v_map, p.v_cache, p.vl, p, esz))) {
+    plan(p, cache, false, bp);  // the driver refused the maps: row copies
+  }
   const int parts = p.partition_size > 0 ? p.max_parts : 1;
   const dim3 grid(p.num_q, p.num_kv_heads * bp.gchunks, parts);
-  const int smem = bp.q_bytes + bp.bar_bytes + kWarps * bp.warp_bytes;
+  const int smem = smem_bytes(bp);
   const int fp8 = fp8_kind(cache);
   if (qdtype == DType::kFloat16) {
     launch_decode_bulk_f16(bp, fp8, grid, smem, s);

@@ -61,11 +61,11 @@ template <int KD, int NH>
 constexpr int kMinCtas = KD * NH <= 8 ? 4 : KD * NH <= 16 ? 2 : 1;
 
 // Grid: (num_seqs, num_kv_heads * gchunks, partitions); kThreads threads; dynamic shared memory
-// q_bytes + bar_bytes + kWarps * warp_bytes. KD: 16-wide head-dimension steps provisioned
+// smem_bytes(bp). KD: 16-wide head-dimension steps provisioned
 // (head_size <= 16 KD); NH: 8-head column tiles.
 template <typename QT, int KIND, int KD, int NH>
 __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
-    decode_bulk_kernel(const BulkDecodeParams bp) {
+    decode_bulk_kernel(const __grid_constant__ BulkDecodeParams bp) {
 #if PAGEDKV_SM90
   constexpr bool kFp8 = KIND != kNoFp8;
   using CT = std::conditional_t<kFp8, uint8_t, QT>;  // cache element
@@ -73,13 +73,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   constexpr int NR = 8 * NH;                         // query heads (S^T columns) per CTA
   constexpr bool kQRegs = KD * NH <= 16;             // query fragments live in registers
   const AttnParams& p = bp.a;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Rings first, from a 1024-byte boundary (the swizzle pattern follows address bits 7..9), then
+  // the query tile and the mbarriers.
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned char* qbase = smem + kWarps * bp.warp_bytes;
   __shared__ float sm_m[kWarps][NR], sm_l[kWarps][NR];
   __shared__ unsigned sm_amax;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, q = lane & 3;  // fragment row / column pair of this lane
-  const int D = p.head_size, pitch = bp.pitch;
+  const int D = p.head_size, rs = bp.row_stride, swz = bp.swz;
   const int seq = blockIdx.x;
   const int kvh = blockIdx.y / bp.gchunks;
   const int g0 = (blockIdx.y % bp.gchunks) * NR;
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
 
   // ---- the query tile [NR][D + 8] (MT); rows g >= ng are zeros ----
   const int qp = D + 8;
-  MT* qs = reinterpret_cast<MT*>(smem);
+  MT* qs = reinterpret_cast<MT*>(qbase);
   const QT* qg = static_cast<const QT*>(p.q) + int64_t(seq) * p.q_s_tok;
   auto qval = [&](int idx) {
     const int g = idx / D, d = idx - g * D;
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     qs[g * qp + d] = from_float<MT>(qval(idx) * qmul);
   }
   const int S = bp.stages;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + bp.q_bytes) + warp * kBulkMaxStages;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(qbase + bp.q_bytes) + warp * kBulkMaxStages;
   if (lane == 0) {
     for (int i = 0; i < S; ++i) mbar_init(bars + i, 1);
   }
@@ -184,17 +188,18 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   auto chunk = [&](int j) { return cl + warp + kWarps * j; };
   auto valid = [&](int tok) { return tok >= k_lo && tok < k_hi; };
 
-  unsigned char* ring = smem + bp.q_bytes + bp.bar_bytes + warp * bp.warp_bytes;
+  unsigned char* ring = smem + warp * bp.warp_bytes;
   const CT* kc = static_cast<const CT*>(p.k_cache) + int64_t(kvh) * p.kl.s_head;
   const CT* vc = static_cast<const CT*>(p.v_cache) + int64_t(kvh) * p.vl.s_head;
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
   auto slot_of = [&](int tok) {
     return p.bs_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
   };
-  // Block id of key c * 16 + lane % 16 (lanes l and l + 16 copy its K and V rows); 0 outside the
-  // range (never copied). Bad ids read block 0, never wild memory.
+  // Block id of key c * 16 + lane % 16 (row copies: lanes l and l + 16 copy its K and V rows), or
+  // of the chunk's keys (tensor copies: they share one block); 0 outside the range (a row of
+  // block 0 is copied and ignored). Bad ids read block 0, never wild memory.
   auto lookup = [&](int c) {
-    const int tok = c * kKeys + (lane & 15);
+    const int tok = bp.tma ? max(c * kKeys, k_lo) : c * kKeys + (lane & 15);
     int b = 0;
     if (valid(tok)) {
       const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
@@ -204,34 +209,57 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     return b;
   };
   const uint64_t policy = bp.evict_first ? make_evict_first_policy() : 0;
-  // Stage layout: 16 K rows then 16 V rows, `pitch` bytes apart: lane l's row is row l.
+  // Every copy lands whole (keys outside the range too: compute zeroes their V rows), so a stage
+  // always expects 2 * 16 * row_bytes.
   auto issue = [&](int c, int stage, int blk) {
-    unsigned char* dst = ring + stage * bp.stage_bytes + lane * pitch;
-    const int key0 = c * kKeys, tok = key0 + (lane & 15);
-    const int lo = max(key0, k_lo), hi = min(key0 + kKeys, k_hi);
-    if (lane == 0) mbar_arrive_expect(bars + stage, uint32_t(hi - lo) * 2u * bp.row_bytes);
-    if (tok >= lo && tok < hi) {
-      const int64_t slot = slot_of(tok);
+    unsigned char* st = ring + stage * bp.stage_bytes;
+    uint64_t* bar = bars + stage;
+    if (lane == 0) mbar_arrive_expect(bar, 32u * bp.row_bytes);
+    const int key0 = c * kKeys;
+    if (bp.tma) {
+      const int slices = bp.row_bytes / 128, box_elems = 128 / int(sizeof(CT));
+      if (lane < 2 * slices) {  // lane: K slices, then V slices
+        const bool is_v = lane >= slices;
+        const int h = is_v ? lane - slices : lane;
+        tma_load_4d(st + (is_v ? bp.v_off : 0) + h * bp.box_bytes, is_v ? &bp.v_map : &bp.k_map,
+                    h * box_elems, kvh, slot_of(key0), blk, bar, policy, bp.evict_first);
+      }
+    } else {
+      const int64_t slot = slot_of(key0 + (lane & 15));
       const CT* src = lane < 16 ? kc + int64_t(blk) * p.kl.s_block + slot * p.kl.s_slot
                                 : vc + int64_t(blk) * p.vl.s_block + slot * p.vl.s_slot;
+      unsigned char* dst = st + (lane < 16 ? 0 : bp.v_off) + (lane & 15) * rs;
       if (bp.evict_first) {
-        bulk_copy_g2s_hint(dst, src, bp.row_bytes, bars + stage, policy);
+        bulk_copy_g2s_hint(dst, src, bp.row_bytes, bar, policy);
       } else {
-        bulk_copy_g2s(dst, src, bp.row_bytes, bars + stage);
+        bulk_copy_g2s(dst, src, bp.row_bytes, bar);
       }
-    } else if (lane >= 16) {
-      for (int b = 0; b < bp.row_bytes; b += 16) {
-        *reinterpret_cast<uint4*>(dst + b) = make_uint4(0u, 0u, 0u, 0u);
-      }
-      fence_proxy_async();  // before a later bulk copy rewrites these bytes
     }
+  };
+  // Byte of (row j, 16-byte unit u) of a staged K or V tile (BulkDecodeParams).
+  auto at = [&](unsigned char* tile, int j, int u) -> unsigned char* {
+    return tile + (u >> 3) * bp.box_bytes + j * rs + (((u & 7) ^ (j & swz)) << 4);
+  };
+  // Zeroes the V rows of keys outside the range in an edge chunk (0 * a stale NaN would be NaN).
+  auto clear_edge = [&](unsigned char* vt, int key0) {
+    const int j = lane & 15, half = bp.row_bytes / 2;
+    if (!valid(key0 + j)) {
+      for (int b = (lane >> 4) * half; b < (lane >> 4) * half + half; b += 16) {
+        // Whole 16-byte units of row j: the swizzle only permutes units within the row.
+        *reinterpret_cast<uint4*>(at(vt, j, b >> 4)) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    fence_proxy_async();  // before a later copy rewrites these bytes
+    __syncwarp();
   };
 
   auto compute = [&](int c, int stage, uint32_t parity) {
-    const unsigned char* kt = ring + stage * bp.stage_bytes;
-    const unsigned char* vt = kt + 16 * pitch;
+    unsigned char* kt = ring + stage * bp.stage_bytes;
+    unsigned char* vt = kt + bp.v_off;
     const int key0 = c * kKeys;
+    const bool edge = key0 < k_lo || key0 + kKeys > k_hi;
     mbar_wait(bars + stage, parity);
+    if (edge) clear_edge(vt, key0);
 
     // S^T = K Q^T; even and odd k steps accumulate apart (two shorter MMA dependency chains).
     float sa[NH][4], sb[NH][4];
@@ -245,14 +273,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
       if (ks * 16 < D) {
         uint32_t a[4];
         if constexpr (kFp8) {  // logical k (2q, 2q+1 | 2q+8, 2q+9) = dims 4q..4q+3 of the step
-          const uint32_t w0 = lds32(kt + r * pitch + ks * 16 + 4 * q);
-          const uint32_t w1 = lds32(kt + (r + 8) * pitch + ks * 16 + 4 * q);
+          const uint32_t w0 = lds32(at(kt, r, ks) + 4 * q);
+          const uint32_t w1 = lds32(at(kt, r + 8, ks) + 4 * q);
           a[0] = fp8x2_to_h2<KIND>(w0);
           a[1] = fp8x2_to_h2<KIND>(w1);
           a[2] = fp8x2_to_h2<KIND>(w0 >> 16);
           a[3] = fp8x2_to_h2<KIND>(w1 >> 16);
         } else {
-          ldmatrix_x4(a, kt + ((lane & 7) + (lane & 8)) * pitch + (ks * 16 + (lane >> 4) * 8) * 2);
+          ldmatrix_x4(a, at(kt, (lane & 7) + (lane & 8), 2 * ks + (lane >> 4)));
         }
 #pragma unroll
         for (int nh = 0; nh < NH; ++nh) {
@@ -265,7 +293,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
 
     // Logits in the log2 domain, masked: element e of tile nh is key key0 + r + 8 (e >> 1), head
     // nh * 8 + 2q + (e & 1). Alibi and the range mask are warp-uniform branches.
-    const bool edge = key0 < k_lo || key0 + kKeys > k_hi;
     float mx[NH][2];
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
@@ -332,10 +359,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
 #pragma unroll
       for (int m2 = 0; m2 < KD / 2; ++m2) {
         if (m2 * 32 < D) {
-          const unsigned char* col = vt + m2 * 32 + 4 * r;
-          const uint32_t w0 = lds32(col + 2 * q * pitch), w1 = lds32(col + (2 * q + 1) * pitch);
-          const uint32_t w2 = lds32(col + (2 * q + 8) * pitch);
-          const uint32_t w3 = lds32(col + (2 * q + 9) * pitch);
+          const int u = 2 * m2 + (r >> 2), ob = 4 * (r & 3);
+          const uint32_t w0 = lds32(at(vt, 2 * q, u) + ob), w1 = lds32(at(vt, 2 * q + 1, u) + ob);
+          const uint32_t w2 = lds32(at(vt, 2 * q + 8, u) + ob);
+          const uint32_t w3 = lds32(at(vt, 2 * q + 9, u) + ob);
           const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
           const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
           const uint32_t a0[4] = {fp8x2_to_h2<KIND>(t0), fp8x2_to_h2<KIND>(t0 >> 16),
@@ -354,8 +381,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
       for (int mt = 0; mt < KD; ++mt) {
         if (mt * 16 < D) {
           uint32_t a[4];
-          ldmatrix_x4_trans(
-              a, vt + ((lane & 7) + (lane >> 4) * 8) * pitch + (mt * 16 + (lane & 8)) * 2);
+          ldmatrix_x4_trans(a, at(vt, (lane & 7) + (lane >> 4) * 8, 2 * mt + ((lane >> 3) & 1)));
 #pragma unroll
           for (int nh = 0; nh < NH; ++nh) mma_16816<MT>(o[mt][nh], a, pb[nh][0], pb[nh][1]);
         }
@@ -370,7 +396,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
       issue(chunk(j), j, nblk);
       nblk = lookup(chunk(j + 1));
     }
-    __syncwarp();  // zero-filled rows are visible to the whole warp
     int stage = 0;
     uint32_t parity = 0;
     for (int j = 0; j < n; ++j) {
@@ -424,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   __syncthreads();
 
   const bool split = p.partition_size > 0;
-  const unsigned char* rings = smem + bp.q_bytes + bp.bar_bytes;
+  const unsigned char* rings = smem;
   for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
     const int g = idx / D, d = idx - g * D;
     float M = -INFINITY;

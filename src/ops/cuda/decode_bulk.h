@@ -5,22 +5,36 @@
 // output accumulators are half as many registers, and fp8 caches dequantise in registers.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (a plain struct; the driver is reached at run time)
+
 #include "ops/cuda/attention_params.h"
 
 namespace pagedkv::cuda_ops {
 
-// AttnParams plus what the Hopper decode derives on the host.
+// AttnParams plus what the Hopper decode derives on the host. A stage holds a chunk's 16 K rows
+// then its 16 V rows, in one of two forms:
+//  - tensor copies (tma = 1; row bytes a multiple of 128, block size a multiple of 16): per
+//    128-byte column slice of the head dimension, one TMA box of 16 rows lands as 2 KB with the
+//    128-byte swizzle (16-byte unit u of row j at unit u ^ (j % 8)), so a chunk costs 2 * slices
+//    copies (4 for bf16 with head size 128) instead of 32;
+//  - row copies (tma = 0): one 1-D bulk copy per row, rows row bytes + 16 apart.
+// Either way the byte of (row j, 16-byte unit c, offset o) is at
+//   (c / 8) * box_bytes + j * row_stride + ((c % 8) ^ (j & swz)) * 16 + o.
 struct BulkDecodeParams {
+  CUtensorMap k_map, v_map;  // tma: the caches as 4-D tensors (dims, heads, slots, blocks)
   AttnParams a;
   int gchunks;      // CTAs per KV head: ceil(group / (8 * head_tiles))
   int head_tiles;   // 8-head column tiles per CTA: 1 (group <= 8) or 2
-  int stages;       // bulk-copy ring depth of each warp (<= kBulkMaxStages)
+  int stages;       // copy ring depth of each warp (<= kBulkMaxStages)
+  int tma;          // 1: tensor copies, 0: row copies
   int row_bytes;    // one key's K (or V) row: head_size * element size
-  int pitch;        // bytes between staged rows: row_bytes + 16 (conflict-free fragment loads)
-  int stage_bytes;  // one ring stage: 16 K rows then 16 V rows
+  int row_stride;   // bytes between staged rows: 128 (tma) or row_bytes + 16
+  int box_bytes;    // bytes between 128-byte column slices: 2048 (tma) or 128
+  int swz;          // 7 (tma: 128-byte swizzle) or 0
+  int v_off;        // bytes from a stage's K rows to its V rows
+  int stage_bytes;  // one ring stage (a multiple of 1024 with tma: the swizzle's alignment)
   int warp_bytes;   // a warp's shared memory (its ring; later its fp32 output for the merge)
   int q_bytes;      // the 16-bit query tile, [8 * head_tiles][head_size + 8]
-  int bar_bytes;    // the warps' mbarriers, one per ring stage
   int evict_first;  // 1: the copies carry an L2 evict-first policy (PAGEDKV_DECODE_EVICT_FIRST)
 };
 
