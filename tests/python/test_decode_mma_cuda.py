@@ -82,7 +82,7 @@ def test_partition_heuristic():
     # fp8 caches: sized for 4 CTAs per SM (the Hopper kernel's fp8 rows fit 4).
     assert decode_partition_size(16, 32, 8, 4096, 16, 132, True, "fp8") == 1024
     assert decode_partition_size(1, 32, 8, 32768, 16, 132, True, "fp8_e5m2") == 512
-    assert decode_partition_size(32, 32, 8, 8192, 16, 132, True, "fp8") == 0
+    assert decode_partition_size(32, 32, 8, 8192, 16, 132, True, "fp8") == 4096
     # The CUDA-core kernel wants ~8 CTAs per SM.
     assert decode_partition_size(1, 32, 8, 32768, 16, 132, tensor_cores=False) == 256
     assert decode_partition_size(32, 32, 8, 8192, 16, 132, tensor_cores=False) == 2048
