@@ -1,7 +1,7 @@
 """Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8,
 D=128, block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel
-(decode_bulk) with its own occupancy choice, fixed at 2 and 3 CTAs per SM and without its L2
-evict-first policy, bf16 and fp8 caches, each against cuDNN SDPA on the same data measured in the
+(decode_bulk) with its own occupancy choice, fixed at 2 and 3 CTAs per SM, with row copies
+instead of tensor-map copies and without its L2 evict-first policy, bf16 and fp8 caches, each against cuDNN SDPA on the same data measured in the
 same run. Each variant uses the split-K partition the library would pick for its kernel.
 --layouts: the default kernel on caches stored in other orders; --partitions: the default kernel
 at fixed split-K partition sizes.
@@ -19,14 +19,16 @@ import torch
 
 # (name, environment): PAGEDKV_DECODE_BULK / PAGEDKV_DECODE_MMA pick the kernel (Hopper bulk-copy,
 # tensor-core, CUDA-core), PAGEDKV_DECODE_CTAS_PER_SM / PAGEDKV_DECODE_SMEM_KB their occupancy,
-# PAGEDKV_DECODE_EVICT_FIRST=0 no L2 evict-first policy on the bulk copies.
+# PAGEDKV_DECODE_EVICT_FIRST=0 no L2 evict-first policy on the bulk copies, PAGEDKV_DECODE_TMA=0
+# row copies instead of tensor-map copies.
 KERNELS = [("mma-auto", {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"}),
            ("bulk-auto", {"PAGEDKV_DECODE_BULK": "1"}),
            ("bulk-2/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "2"}),
            ("bulk-3/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "3"}),
+           ("bulk-rows", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_TMA": "0"}),
            ("bulk-no-evict", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_EVICT_FIRST": "0"})]
 KNOBS = ("PAGEDKV_DECODE_BULK", "PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB",
-         "PAGEDKV_DECODE_CTAS_PER_SM", "PAGEDKV_DECODE_EVICT_FIRST")
+         "PAGEDKV_DECODE_CTAS_PER_SM", "PAGEDKV_DECODE_EVICT_FIRST", "PAGEDKV_DECODE_TMA")
 
 
 _make_cache = ga.make_cache  # the benchmark's own cache (NHD, randomly permuted blocks)
