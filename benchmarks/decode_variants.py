@@ -1,10 +1,10 @@
-"""Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8,
-D=128, block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel
-(decode_bulk) with its own occupancy choice, fixed at 2 and 3 CTAs per SM, with row copies
-instead of tensor-map copies and without its L2 evict-first policy, bf16 and fp8 caches, each against cuDNN SDPA on the same data measured in the
-same run. Each variant uses the split-K partition the library would pick for its kernel.
---layouts: the default kernel on caches stored in other orders; --partitions: the default kernel
-at fixed split-K partition sizes.
+"""Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8, D=128,
+block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel (decode_bulk) with
+its own occupancy choice, fixed at 2 and 3 CTAs per SM, with row copies instead of tensor-map
+copies and without its L2 evict-first policy, bf16 and fp8 caches, each against cuDNN SDPA on the
+same data measured in the same run. Each variant uses the split-K partition the library would
+pick for its kernel. --layouts: the default kernel on caches stored in other orders;
+--partitions: the default kernel at fixed split-K partition sizes.
 
     python benchmarks/decode_variants.py [--quick] [--layouts | --partitions]
 """
