@@ -3,7 +3,7 @@ block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel (
 its own occupancy choice, fixed at 2 and 3 CTAs per SM, with row copies instead of tensor-map
 copies and without its L2 evict-first policy, bf16 and fp8 caches, each against cuDNN SDPA on the
 same data measured in the same run. Each variant uses the split-K partition the library would
-pick for its kernel. --layouts: the default kernel on caches stored in other orders;
+pick for its kernel. --layouts: the default kernel with blocks in random and in sequential order;
 --partitions: the default kernel at fixed split-K partition sizes.
 
     python benchmarks/decode_variants.py [--quick] [--layouts | --partitions]
@@ -40,17 +40,8 @@ def cache_sequential(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
     return kc, vc, torch.arange(tables.numel(), device="cuda", dtype=torch.int32).view_as(tables)
 
 
-def cache_hnd(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
-    """The same shapes backed by [blocks, heads, slots, dims] storage (FlashInfer's HND): an NHD
-    view whose (block, head) slices are contiguous, which the kernels take as any strided cache."""
-    kc, vc, tables = _make_cache(num_seqs, seq_len, kv_dtype)
-    return (kc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3),
-            vc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3), tables)
-
-
 # (name, cache maker) for --layouts: the library's default kernel on differently stored caches.
-LAYOUTS = [("nhd-permuted", _make_cache), ("nhd-in-order", cache_sequential),
-           ("hnd-permuted", cache_hnd)]
+LAYOUTS = [("nhd-permuted", _make_cache), ("nhd-in-order", cache_sequential)]
 
 
 def _set_env(env: dict) -> None:
