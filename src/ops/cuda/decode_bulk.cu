@@ -2,7 +2,6 @@
 // depth, CTAs per SM) and the launch.
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <string>
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -29,21 +28,13 @@ int smem_bytes(const BulkDecodeParams& bp) {
   return 1024 + kWarps * bp.warp_bytes + bp.q_bytes + kWarps * kBulkMaxStages * 8;
 }
 
-// Resident CTAs per SM the rings are sized for: as many as fit with two stages per warp (at most
-// 4: 16 warps), unless the grid is just past one wave of those slots and one CTA fewer per SM fits
-// it in fewer waves (a thin last wave costs a whole wave; decode_mma.cu's cta_budget measured
-// 15 % more streaming speed per extra CTA).
-int cta_target(int64_t ctas, int per_cta_min) {
+// Resident CTAs per SM the rings are sized for: as many as fit with two stages per warp, at most
+// 4 (16 warps; registers cap there). On an H100 that beat fewer, deeper rings on every benchmark
+// shape (decode_variants.py: 3 vs 2 per SM for bf16, 4 vs 3 for fp8), wave tails included.
+int cta_target(int per_cta_min) {
   const int knob = env_int("PAGEDKV_DECODE_CTAS_PER_SM", 0);
   if (knob > 0) return std::clamp(knob, 1, 8);
-  const int fit = std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, 4);
-  if (fit == 1) return 1;
-  const int64_t sms = sm_count(current_device());
-  auto cost = [&](int per_sm) {
-    const int64_t waves = (ctas + per_sm * sms - 1) / (per_sm * sms);
-    return double(waves) * per_sm / std::pow(1.15, per_sm);
-  };
-  return cost(fit) <= cost(fit - 1) ? fit : fit - 1;
+  return std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, 4);
 }
 
 // Rows of a layout: element (block, slot, head, d) at block * s_block + slot * s_slot +
@@ -110,10 +101,8 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
   bp.stage_bytes = 2 * bp.v_off;
   bp.q_bytes = round_up(8 * bp.head_tiles * (D + 8) * 2, 16);
   const int fixed = 1024 + bp.q_bytes + kWarps * kBulkMaxStages * 8;  // + alignment slack
-  const int64_t ctas =
-      int64_t(a.num_q) * a.num_kv_heads * bp.gchunks * (a.partition_size > 0 ? a.max_parts : 1);
   const int per_cta_min = fixed + kWarps * 2 * bp.stage_bytes;
-  const int budget = kSmemPerSm / cta_target(ctas, per_cta_min) - 2048;  // reserved + static
+  const int budget = kSmemPerSm / cta_target(per_cta_min) - 2048;  // reserved + static
   bp.stages = std::clamp((budget - fixed) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
   bp.warp_bytes = round_up(std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * D * 4), 1024);
   bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 1) != 0;
