@@ -115,6 +115,21 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, 
 #endif
 }
 
+// Programmatic dependent launch (sm_90): lets the next kernel on the stream, launched with the
+// programmatic-serialization attribute, start once every CTA of this one got here; that kernel's
+// pdl_wait still waits for this one to finish and its writes to be visible, so triggering early
+// only hides the launch latency.
+__device__ __forceinline__ void pdl_trigger() {
+#if PAGEDKV_SM90
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if PAGEDKV_SM90
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Orders this thread's earlier generic writes to shared memory before later bulk copies into the
 // same bytes (they go through the async proxy).
 __device__ __forceinline__ void fence_proxy_async() {

@@ -35,13 +35,25 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 16;  // keys per chunk: the 16 rows of S^T, one k step of O^T += V^T P^T
 constexpr float kL2e = 1.4426950408889634f;
 
-// Two fp8 values (the low 16 bits of w) -> one f16x2 register.
-template <int KIND>
+// Two fp8 values (the low, or with HI the high, 16 bits of w) -> one f16x2 register: one cvt, the
+// halves addressed as a register pair (no masks or shifts).
+template <int KIND, bool HI>
 __device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t w) {
-  constexpr __nv_fp8_interpretation_t f = KIND == kE5M2 ? __NV_E5M2 : __NV_E4M3;
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), f);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  uint32_t h;
+  if constexpr (KIND == kE5M2) {
+    if constexpr (HI) {
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, h;}" : "=r"(h) : "r"(w));
+    } else {
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, l;}" : "=r"(h) : "r"(w));
+    }
+  } else {
+    if constexpr (HI) {
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;}" : "=r"(h) : "r"(w));
+    } else {
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(h) : "r"(w));
+    }
+  }
+  return h;
 }
 
 __device__ __forceinline__ uint32_t lds32(const unsigned char* p) {
@@ -275,10 +287,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
         if constexpr (kFp8) {  // logical k (2q, 2q+1 | 2q+8, 2q+9) = dims 4q..4q+3 of the step
           const uint32_t w0 = lds32(at(kt, r, ks) + 4 * q);
           const uint32_t w1 = lds32(at(kt, r + 8, ks) + 4 * q);
-          a[0] = fp8x2_to_h2<KIND>(w0);
-          a[1] = fp8x2_to_h2<KIND>(w1);
-          a[2] = fp8x2_to_h2<KIND>(w0 >> 16);
-          a[3] = fp8x2_to_h2<KIND>(w1 >> 16);
+          a[0] = fp8x2_to_h2<KIND, false>(w0);
+          a[1] = fp8x2_to_h2<KIND, false>(w1);
+          a[2] = fp8x2_to_h2<KIND, true>(w0);
+          a[3] = fp8x2_to_h2<KIND, true>(w1);
         } else {
           ldmatrix_x4(a, at(kt, (lane & 7) + (lane & 8), 2 * ks + (lane >> 4)));
         }
@@ -365,10 +377,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
           const uint32_t w3 = lds32(at(vt, 2 * q + 9, u) + ob);
           const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
           const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
-          const uint32_t a0[4] = {fp8x2_to_h2<KIND>(t0), fp8x2_to_h2<KIND>(t0 >> 16),
-                                  fp8x2_to_h2<KIND>(t2), fp8x2_to_h2<KIND>(t2 >> 16)};
-          const uint32_t a1[4] = {fp8x2_to_h2<KIND>(t1), fp8x2_to_h2<KIND>(t1 >> 16),
-                                  fp8x2_to_h2<KIND>(t3), fp8x2_to_h2<KIND>(t3 >> 16)};
+          const uint32_t a0[4] = {fp8x2_to_h2<KIND, false>(t0), fp8x2_to_h2<KIND, true>(t0),
+                                  fp8x2_to_h2<KIND, false>(t2), fp8x2_to_h2<KIND, true>(t2)};
+          const uint32_t a1[4] = {fp8x2_to_h2<KIND, false>(t1), fp8x2_to_h2<KIND, true>(t1),
+                                  fp8x2_to_h2<KIND, false>(t3), fp8x2_to_h2<KIND, true>(t3)};
 #pragma unroll
           for (int nh = 0; nh < NH; ++nh) {
             mma_16816<MT>(o[2 * m2][nh], a0, pb[nh][0], pb[nh][1]);
@@ -411,6 +423,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
       }
     }
   }
+
+  pdl_trigger();  // split mode: the reduction kernel may launch while CTAs finish
 
   // ---- merge the warps through shared memory (each warp's ring holds its [NR][D] output) ----
 #pragma unroll
