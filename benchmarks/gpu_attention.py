@@ -298,7 +298,9 @@ def main() -> None:
         "tensor-core"
     print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; {kernel} kernel "
           f"(PAGEDKV_PREFILL_MMA))")
-    print("  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90)")
+    pipe = os.environ.get("PAGEDKV_PREFILL_WGMMA_PIPE", "").strip() not in ("", "0")
+    print(f"  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90), "
+          f"{'pipelined' if pipe else 'serial'} consumer loop (PAGEDKV_PREFILL_WGMMA_PIPE)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
           f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}")
     for b, length in pre:

@@ -33,14 +33,17 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     or the Hopper wgmma one."""
     monkeypatch.delenv("PAGEDKV_PREFILL_MMA", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_PIPE", raising=False)
 
 
-def _require_wgmma(monkeypatch: pytest.MonkeyPatch) -> None:
+def _require_wgmma(monkeypatch: pytest.MonkeyPatch, pipe: str = "0") -> None:
     """Runs the calls on the wgmma kernel, with PAGEDKV_PREFILL_WGMMA=2 so that a call it does not
-    cover raises instead of silently taking another kernel; skips off Hopper (compute 9.x)."""
+    cover raises instead of silently taking another kernel, and its serial ("0") or pipelined
+    ("1") consumer loop; skips off Hopper (compute 9.x)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wgmma prefill kernel needs a compute capability 9.x GPU")
     monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "2")
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_PIPE", pipe)
 
 
 def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
@@ -97,12 +100,13 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
     _long_ragged_case(head_size, dtype, layout, [0, 8, 4])
 
 
+@pytest.mark.parametrize("pipe", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_long_ragged(head_size, dtype, monkeypatch):
+def test_prefill_wgmma_long_ragged(head_size, dtype, pipe, monkeypatch):
     """The same random cases on the wgmma kernel (NHD cache, 16-byte rows: what it covers); a
     few per parametrisation, since each draws new options and shapes."""
-    _require_wgmma(monkeypatch)
+    _require_wgmma(monkeypatch, pipe)
     for _ in range(4):
         _long_ragged_case(head_size, dtype, "nhd", [0, 8])
 
@@ -118,12 +122,13 @@ def test_prefill_wgmma_fallback(monkeypatch):
         _long_ragged_case(96, torch.float16, "nhd", [0])
 
 
-@pytest.mark.parametrize("kernel", ["0", "1", "wgmma"])  # CUDA-core, mma.sync, wgmma
+# CUDA-core, mma.sync, wgmma with the serial / pipelined consumer loop
+@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-pipe"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
-    if kernel == "wgmma":
-        _require_wgmma(monkeypatch)
+    if kernel.startswith("wgmma"):
+        _require_wgmma(monkeypatch, "1" if kernel.endswith("pipe") else "0")
     else:
         monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
     r = random.Random()

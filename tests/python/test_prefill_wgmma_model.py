@@ -1,5 +1,5 @@
 """CPU checks of the Hopper wgmma prefill kernel's shared-memory and fragment index math
-(src/ops/cuda/prefill_wgmma_kernel.cuh, prefill_wgmma_tile.cuh, wgmma.cuh) under the numpy wgmma
+(src/ops/cuda/prefill_wgmma_consume.cuh, prefill_wgmma_tile.cuh, wgmma.cuh) under the numpy wgmma
 model (wgmma_model.py): Q, K and V tiles stored with the kernel's swizzled chunk addresses and
 read back through the kernel's descriptors give S = Q K^T for each consumer warpgroup's 64 rows
 and O = P V with P re-packed from the S accumulators. The functions below mirror the kernel's
@@ -33,7 +33,7 @@ def store_tile(smem: np.ndarray, base: int, mat: np.ndarray) -> None:
 
 
 def qk(smem: np.ndarray, q_addr: int, k_addr: int, dp: int) -> np.ndarray:
-    """qk(): S accumulators [128 threads, BN / 8, 4] of one warpgroup."""
+    """issue_qk(): S accumulators [128 threads, BN / 8, 4] of one warpgroup."""
     s = np.full((128, BN // 8, 4), np.nan)
     for kk in range(dp // 16):
         col = (kk % 4) * 32
@@ -44,7 +44,7 @@ def qk(smem: np.ndarray, q_addr: int, k_addr: int, dp: int) -> np.ndarray:
 
 
 def pv(smem: np.ndarray, o: np.ndarray, s: np.ndarray, v_addr: int, dp: int) -> None:
-    """pv(): o += P V, P packed from s per k-step of 16 keys."""
+    """pack_p() + issue_pv(): o += P V, P packed from s per k-step of 16 keys."""
     for kk in range(BN // 16):
         regs = np.stack([s[:, 2 * kk, 0:2], s[:, 2 * kk, 2:4], s[:, 2 * kk + 1, 0:2],
                          s[:, 2 * kk + 1, 2:4]], axis=1)

@@ -23,6 +23,17 @@ int cc_major() {
   return major[dev];
 }
 
+// Whether the build carries the kernel's sm_90a code for the current device, checked once per
+// device (the answer cannot change while the library is loaded).
+bool sm90a_code() {
+  static int known[kMaxDevices] = {};  // 0: not checked yet, 1: yes, 2: no
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev < 0 || dev >= kMaxDevices) return false;
+  if (known[dev] == 0) known[dev] = prefill_wg::has_sm90a_code() ? 1 : 2;
+  return known[dev] == 1;
+}
+
 }  // namespace
 
 int prefill_wgmma_mode() {
@@ -36,7 +47,7 @@ bool prefill_wgmma_supported(const AttnParams& p, DType qdtype, KVCacheDType cac
   // The producer copies whole 16-byte runs of keys and values (cache and new tokens).
   const prefill::VecFlags vf = prefill::vec_flags(p);
   if (!vf.k_cache || !vf.v_cache || !vf.fresh) return false;
-  return cc_major() == 9 && prefill_wg::has_sm90a_code();
+  return cc_major() == 9 && sm90a_code();
 }
 
 void launch_prefill_wgmma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s) {

@@ -5,6 +5,7 @@
 //   1: used on compute capability 9.x devices (with sm_90a code) for the calls it covers, the
 //      mma.sync / CUDA-core kernels serve the rest;
 //   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
+// PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh).
 #pragma once
 
 #include "ops/cuda/attention_params.h"

@@ -2,12 +2,20 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "ops/cuda/prefill_wgmma_kernel.cuh"
 
 namespace pagedkv::cuda_ops::prefill_wg {
 
-template <typename T, int DP>
+// PAGEDKV_PREFILL_WGMMA_PIPE=1: the pipelined consumer loop (prefill_wgmma_consume.cuh), a
+// comparison knob while both forms are measured; read per call.
+inline bool pipelined() {
+  const char* v = std::getenv("PAGEDKV_PREFILL_WGMMA_PIPE");
+  return v != nullptr && *v != '\0' && std::atoi(v) != 0;
+}
+
+template <typename T, int DP, bool kPipe>
 void launch_dp(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
                cudaStream_t s) {
   using C = Tile<DP>;
@@ -15,7 +23,7 @@ void launch_dp(const AttnParams& p, const prefill::VecFlags& vf, int max_query_l
       std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
   const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
   PAGEDKV_CHECK(ctas < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
-  auto kernel = prefill_wgmma_kernel<T, DP>;
+  auto kernel = prefill_wgmma_kernel<T, DP, kPipe>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
              "context_attention_fwd");
   kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(p, vf);
@@ -24,10 +32,13 @@ void launch_dp(const AttnParams& p, const prefill::VecFlags& vf, int max_query_l
 template <typename T>
 void launch_typed(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
                   cudaStream_t s) {
+  const bool pipe = pipelined();
   if (p.head_size == 64) {
-    launch_dp<T, 64>(p, vf, max_query_len, s);
+    pipe ? launch_dp<T, 64, true>(p, vf, max_query_len, s)
+         : launch_dp<T, 64, false>(p, vf, max_query_len, s);
   } else {
-    launch_dp<T, 128>(p, vf, max_query_len, s);
+    pipe ? launch_dp<T, 128, true>(p, vf, max_query_len, s)
+         : launch_dp<T, 128, false>(p, vf, max_query_len, s);
   }
 }
 
@@ -36,7 +47,8 @@ void launch_typed(const AttnParams& p, const prefill::VecFlags& vf, int max_quer
 template <typename T, int DP>
 bool has_code_for() {
   cudaFuncAttributes a{};
-  check_cuda(cudaFuncGetAttributes(&a, prefill_wgmma_kernel<T, DP>), "cudaFuncGetAttributes");
+  check_cuda(cudaFuncGetAttributes(&a, prefill_wgmma_kernel<T, DP, false>),
+             "cudaFuncGetAttributes");
   return a.binaryVersion >= 90 && a.binaryVersion < 100;
 }
 

@@ -28,6 +28,30 @@ struct Tile {
   static constexpr int kSmem = kBarOff + 3 * kStages * 8 + 1024;  // + slack to align the base
 };
 
+// Where this CTA's work lies: sequence, KV head, first packed row and the key range.
+struct CtaWork {
+  int seq, kvh, qs, rows, r0, ctx, k_lo, k_hi, n_tiles;
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ bool cta_work(const AttnParams& p, CtaWork& w) {
+  const int pairs = p.num_seqs * p.num_kv_heads;
+  const int rank = blockIdx.x / pairs;
+  w.seq = blockIdx.x % pairs / p.num_kv_heads;
+  w.kvh = blockIdx.x % p.num_kv_heads;
+  w.qs = min(max(p.query_start_loc[w.seq], 0), p.num_q);               // bad metadata: no wild
+  const int qlen = min(p.query_start_loc[w.seq + 1], p.num_q) - w.qs;  // reads or writes
+  w.rows = qlen * p.group;
+  const int tile = (w.rows + BM - 1) / BM - 1 - rank;  // rank 0 = the sequence's last tile
+  if (tile < 0) return false;
+  w.r0 = tile * BM;
+  w.ctx = p.seq_lens[w.seq] - qlen;
+  w.k_hi = w.ctx + (min(w.r0 + BM, w.rows) - 1) / p.group + 1;
+  w.k_lo = p.window > 0 ? max(0, w.ctx + w.r0 / p.group - p.window + 1) : 0;
+  w.n_tiles = w.k_hi > w.k_lo ? (w.k_hi - w.k_lo + BN - 1) / BN : 0;
+  return true;
+}
+
 // cp.async of 16 bytes; src_bytes = 0 writes zeros without reading (src must still be a valid
 // address). Zeros go through cp.async too, so one cp.async.mbarrier.arrive covers every write.
 __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int src_bytes) {
