@@ -57,12 +57,15 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
     return full[..., :d], full
 
 
-def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int]) -> None:
+def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int],
+                      kv_pads: list[int] | None = None) -> None:
     """One random case: 1-3 sequences with or without a cached prefix, random GQA group, block
-    size, options and row padding (from `pads`), against the float64 reference."""
+    size, options and row padding (query / output from `pads`, new keys / values from `kv_pads`,
+    default the same), against the float64 reference."""
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     pad = r.choice(pads)  # 4: rows not 16-byte aligned -> the scalar copy paths
+    kv_pad = pad if kv_pads is None else r.choice(kv_pads)
     hkv, group, bs = r.choice([1, 2]), r.choice([1, 3, 4, 8]), r.choice([16, 32])
     n = r.randint(1, 3)
     ctx = [r.choice([0, r.randint(1, 700)]) for _ in range(n)]
@@ -70,8 +73,8 @@ def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: lis
     qsl = [0, *itertools.accumulate(qlen)]
     hq, t = hkv * group, qsl[-1]
     q, _ = _padded((t, hq, head_size), pad, dtype, gen)
-    k, _ = _padded((t, hkv, head_size), pad, dtype, gen)
-    v, _ = _padded((t, hkv, head_size), pad, dtype, gen)
+    k, _ = _padded((t, hkv, head_size), kv_pad, dtype, gen)
+    v, _ = _padded((t, hkv, head_size), kv_pad, dtype, gen)
     out, out_full = _padded((t, hq, head_size), pad, dtype, gen, float("nan"))
     kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout)
     opts = {"alibi": (torch.rand(hq, generator=gen) * 0.1).cuda() if r.random() < 0.3 else None,
@@ -86,7 +89,8 @@ def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: lis
                               scale, logits_soft_cap=opts["softcap"])
     torch.cuda.synchronize()
     ref = prefill_ref(q, k, v, kv, qsl, ctx, scale, opts)
-    case = (pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"], opts["alibi"] is None)
+    case = (pad, kv_pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"],
+            opts["alibi"] is None)
     assert rel_err(out, ref) < TOL[dtype], case
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype], case
     if pad:
@@ -104,11 +108,12 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", [64, 128])
 def test_prefill_wgmma_long_ragged(head_size, dtype, pipe, monkeypatch):
-    """The same random cases on the wgmma kernel (NHD cache, 16-byte rows: what it covers); a
-    few per parametrisation, since each draws new options and shapes."""
+    """The same random cases on the wgmma kernel (NHD cache, 16-byte key / value rows: what it
+    covers; query / output rows may take its scalar paths); a few per parametrisation, since each
+    draws new options and shapes."""
     _require_wgmma(monkeypatch, pipe)
     for _ in range(4):
-        _long_ragged_case(head_size, dtype, "nhd", [0, 8])
+        _long_ragged_case(head_size, dtype, "nhd", [0, 8, 4], kv_pads=[0, 8])
 
 
 def test_prefill_wgmma_fallback(monkeypatch):
