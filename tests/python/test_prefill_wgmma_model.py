@@ -2,8 +2,9 @@
 (src/ops/cuda/prefill_wgmma_consume.cuh, prefill_wgmma_tile.cuh, wgmma.cuh) under the numpy wgmma
 model (wgmma_model.py): Q, K and V tiles stored with the kernel's swizzled chunk addresses and
 read back through the kernel's descriptors give S = Q K^T for each consumer warpgroup's 64 rows
-and O = P V with P re-packed from the S accumulators. The functions below mirror the kernel's
-expressions; keep them in step."""
+and O = P V with P re-packed from the S accumulators; and at tile level, both consumer loops
+(serial, pipelined) order S, softmax, rescale and P V correctly. The functions below mirror the
+kernel's expressions; keep them in step."""
 
 from __future__ import annotations
 
@@ -96,3 +97,52 @@ def test_qk_and_pv_read_the_stored_tiles(dp, wg):
     o = np.zeros((128, dp // 8, 4))
     pv(smem, o, p, v_off, dp)
     np.testing.assert_array_equal(gather(o), gather(p) @ v)
+
+
+def _online_softmax(s: np.ndarray, m: np.ndarray, lsum: np.ndarray) -> np.ndarray:
+    """prefill_softmax.cuh's update for an unmasked tile (natural-log domain here): turns s into
+    P in place, updates the running max m and sum lsum, returns the rescale factor alpha."""
+    mx = np.maximum(m, s.max(axis=1))
+    alpha = np.exp(m - mx)
+    s[:] = np.exp(s - mx[:, None])
+    lsum[:] = lsum * alpha + s.sum(axis=1)
+    m[:] = mx
+    return alpha
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_consumer_loops_match_softmax_attention(pipelined):
+    """consume / consume_pipelined at tile level: the order of S, softmax, rescale and P V
+    (deferred by one step in the pipelined loop), with dead tiles (skipped keys) anywhere."""
+    rng = np.random.default_rng()
+    n_tiles, rows, bn, dp = 6, 8, 4, 5
+    q = rng.normal(size=(rows, dp))
+    k = rng.normal(size=(n_tiles * bn, dp))
+    v = rng.normal(size=(n_tiles * bn, dp))
+    live = rng.random(n_tiles) < 0.7
+    live[rng.integers(n_tiles)] = True
+    o, lsum, m = np.zeros((rows, dp)), np.zeros(rows), np.full(rows, -np.inf)
+    tile = lambda x, i: x[i * bn:(i + 1) * bn]  # noqa: E731
+    if not pipelined:
+        for it in range(n_tiles):
+            if live[it]:
+                s = q @ tile(k, it).T
+                o *= _online_softmax(s, m, lsum)[:, None]
+                o += s @ tile(v, it)
+    else:
+        a, prev_live = None, False
+        for it in range(n_tiles + 1):
+            cur = it < n_tiles and live[it]
+            s = q @ tile(k, it).T if cur else None  # issue_qk
+            if prev_live:
+                o += a @ tile(v, it - 1)  # issue_pv (completes before the rescale below)
+            alpha = _online_softmax(s, m, lsum) if cur else np.ones(rows)
+            if cur:
+                o *= alpha[:, None]
+                a = s  # pack_p
+            prev_live = cur
+    keys = np.concatenate([tile(k, i) for i in range(n_tiles) if live[i]])
+    vals = np.concatenate([tile(v, i) for i in range(n_tiles) if live[i]])
+    w = np.exp(q @ keys.T - (q @ keys.T).max(axis=1, keepdims=True))
+    np.testing.assert_allclose(o / lsum[:, None], (w / w.sum(axis=1, keepdims=True)) @ vals,
+                               rtol=1e-10)
