@@ -1,10 +1,12 @@
 """Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8,
-D=128, block 16): the CUDA-core kernel, the tensor-core kernel with its own shared-memory budget
-choice and fixed at 72 KB (3 CTAs per SM) and 110 KB (2), bf16 and fp8 caches, each against
-cuDNN SDPA on the same data measured in the
+D=128, block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel
+(decode_bulk) with its own occupancy choice, fixed at 2 and 3 CTAs per SM and without its L2
+evict-first policy, bf16 and fp8 caches, each against cuDNN SDPA on the same data measured in the
 same run. Each variant uses the split-K partition the library would pick for its kernel.
+--layouts: the default kernel on caches stored in other orders; --partitions: the default kernel
+at fixed split-K partition sizes.
 
-    python benchmarks/decode_variants.py [--quick]
+    python benchmarks/decode_variants.py [--quick] [--layouts | --partitions]
 """
 
 from __future__ import annotations
@@ -15,43 +17,105 @@ import os
 import gpu_attention as ga
 import torch
 
-# (name, environment): PAGEDKV_DECODE_MMA picks the kernel, PAGEDKV_DECODE_SMEM_KB the budget.
-VARIANTS = [("cuda-core", {"PAGEDKV_DECODE_MMA": "0"}),
-            ("mma-auto", {"PAGEDKV_DECODE_MMA": "1"}),
-            ("mma-72K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "72"}),
-            ("mma-110K", {"PAGEDKV_DECODE_MMA": "1", "PAGEDKV_DECODE_SMEM_KB": "110"})]
-KNOBS = ("PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB")
+# (name, environment): PAGEDKV_DECODE_BULK / PAGEDKV_DECODE_MMA pick the kernel (Hopper bulk-copy,
+# tensor-core, CUDA-core), PAGEDKV_DECODE_CTAS_PER_SM / PAGEDKV_DECODE_SMEM_KB their occupancy,
+# PAGEDKV_DECODE_EVICT_FIRST=0 no L2 evict-first policy on the bulk copies.
+KERNELS = [("mma-auto", {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"}),
+           ("bulk-auto", {"PAGEDKV_DECODE_BULK": "1"}),
+           ("bulk-2/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "2"}),
+           ("bulk-3/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "3"}),
+           ("bulk-no-evict", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_EVICT_FIRST": "0"})]
+KNOBS = ("PAGEDKV_DECODE_BULK", "PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB",
+         "PAGEDKV_DECODE_CTAS_PER_SM", "PAGEDKV_DECODE_EVICT_FIRST")
+
+
+_make_cache = ga.make_cache  # the benchmark's own cache (NHD, randomly permuted blocks)
+
+
+def cache_sequential(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
+    """gpu_attention's NHD cache, but each sequence's blocks in order (identity block table)."""
+    kc, vc, tables = _make_cache(num_seqs, seq_len, kv_dtype)
+    return kc, vc, torch.arange(tables.numel(), device="cuda", dtype=torch.int32).view_as(tables)
+
+
+def cache_hnd(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
+    """The same shapes backed by [blocks, heads, slots, dims] storage (FlashInfer's HND): an NHD
+    view whose (block, head) slices are contiguous, which the kernels take as any strided cache."""
+    kc, vc, tables = _make_cache(num_seqs, seq_len, kv_dtype)
+    return (kc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3),
+            vc.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3), tables)
+
+
+# (name, cache maker) for --layouts: the library's default kernel on differently stored caches.
+LAYOUTS = [("nhd-permuted", _make_cache), ("nhd-in-order", cache_sequential),
+           ("hnd-permuted", cache_hnd)]
+
+
+def _set_env(env: dict) -> None:
+    for k in KNOBS:
+        os.environ.pop(k, None)
+    os.environ.update(env)
+
+
+def partitions() -> None:
+    """The default kernel at fixed split-K partition sizes (0 = single pass) on the small-batch
+    shapes, bf16 and fp8, next to the size the library picks: data for decode_partition_size."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sizes = [0, 128, 256, 512, 1024, 2048, 4096]
+    print(f"{torch.cuda.get_device_name()}: us per call; * = the library's choice")
+    print(f"{'B*L':>10} {'kv':>5} " + " ".join(f"{p:>8}" for p in sizes))
+    choose = ga.decode_partition
+    for b, length in [s for s in ga.DECODE_SHAPES if s[0] <= 16]:
+        picked = choose(b, length, sms)
+        for kv in ("auto", "fp8"):
+            cells = []
+            for ps in sizes:
+                if ps >= length:
+                    cells.append(f"{'-':>8}")
+                    continue
+                ga.decode_partition = lambda *_, ps=ps: ps
+                t = ga.bench_decode_ours(b, length, sms, kv)
+                cells.append(f"{t * 1e6:7.1f}{'*' if ps == picked else ' '}")
+            ga.decode_partition = choose
+            print(f"{b:>4}*{length:<5} {kv:>5} " + " ".join(cells), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="first two shapes only")
+    ap.add_argument("--layouts", action="store_true",
+                    help="compare cache storage orders (default kernel) instead of kernels")
+    ap.add_argument("--partitions", action="store_true",
+                    help="time the default kernel at fixed split-K partition sizes instead")
     args = ap.parse_args()
+    if args.partitions:
+        partitions()
+        return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = ga.copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, {sms} SMs, copy BW {bw / 1e12:.2f} TB/s")
     print("per variant: bf16 us, x = cuDNN time / ours, KV bytes read / time / copy BW; fp8 us")
-    head = " ".join(f"{n + ' bf16':>19} {'fp8':>7}" for n, _ in VARIANTS)
+    variants = ([(n, {}, maker) for n, maker in LAYOUTS] if args.layouts
+                else [(n, env, _make_cache) for n, env in KERNELS])
+    head = " ".join(f"{n + ' bf16':>22} {'fp8':>7}" for n, _, _ in variants)
     print(f"{'B*L':>10} {'cuDNN':>8} {head}")
     shapes = ga.DECODE_SHAPES[:2] if args.quick else ga.DECODE_SHAPES
     for b, length in shapes:
-        for k in KNOBS:
-            os.environ.pop(k, None)
+        _set_env({})
         ref = ga.bench_decode(b, length, sms)
         cells = []
-        for _, env in VARIANTS:
-            for k in KNOBS:
-                os.environ.pop(k, None)
-            os.environ.update(env)
+        for _, env, maker in variants:
+            _set_env(env)
+            ga.make_cache = maker
             t16 = ga.bench_decode_ours(b, length, sms, "auto")
             t8 = ga.bench_decode_ours(b, length, sms, "fp8")
+            ga.make_cache = _make_cache
             x = "n/a" if ref["cudnn"] is None else f"{ref['cudnn'] / t16:.2f}x"
-            cells.append(f"{t16 * 1e6:7.1f} {x:>6} {ref['bytes'] / t16 / bw:4.2f} "
+            cells.append(f"{t16 * 1e6:10.1f} {x:>6} {ref['bytes'] / t16 / bw:4.2f} "
                          f"{t8 * 1e6:7.1f}")
         print(f"{b:>4}*{length:<5} {ga.fmt(ref['cudnn'])[-8:]} " + " ".join(cells), flush=True)
         torch.cuda.empty_cache()
-    for k in KNOBS:
-        os.environ.pop(k, None)
+    _set_env({})
 
 
 if __name__ == "__main__":

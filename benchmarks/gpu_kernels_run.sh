@@ -18,7 +18,7 @@ if [ -n "${PROFILE:-}" ]; then
        --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats"
   cd benchmarks
   for c in "decode 32 8192 auto" "decode 32 8192 fp8" "decode 256 512 auto"; do
-    timeout 60 $NCU -k regex:decode_mma python3 ncu_driver.py $c > "$OUT/ncu_${c// /_}.txt" 2>&1
+    timeout 60 $NCU -k "regex:decode_mma|decode_bulk" python3 ncu_driver.py $c > "$OUT/ncu_${c// /_}.txt" 2>&1
   done
   timeout 60 $NCU -k regex:prefill_mma python3 ncu_driver.py prefill 1 8192 \
     > "$OUT/ncu_prefill_1_8192.txt" 2>&1

@@ -39,3 +39,20 @@ def mma_16816(c: np.ndarray, a: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> N
         g, q = lane // 4, 2 * (lane % 4)
         c[lane, 0:2] += cm[g, q:q + 2]
         c[lane, 2:4] += cm[g + 8, q:q + 2]
+
+
+def movmatrix_trans(x: np.ndarray) -> np.ndarray:
+    """movmatrix.sync.aligned.m8n8.trans.b16: x[lane, 2] holds elements (l // 4, 2 (l % 4) + {0,
+    1}) of an 8 x 8 matrix; returns the same fragment of its transpose."""
+    m = np.zeros((8, 8))
+    for lane in range(32):
+        m[lane // 4, 2 * (lane % 4):2 * (lane % 4) + 2] = x[lane]
+    t = m.T
+    return np.array([t[lane // 4, 2 * (lane % 4):2 * (lane % 4) + 2] for lane in range(32)])
+
+
+def byte_perm(a: list, b: list, selector: int) -> list:
+    """__byte_perm / prmt.b32 on 4-element words (element i = byte i): result byte i is byte
+    (selector >> 4 i) & 7 of b:a."""
+    src = list(a) + list(b)
+    return [src[(selector >> (4 * i)) & 7] for i in range(4)]

@@ -25,13 +25,16 @@ MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]
 
 @pytest.fixture(autouse=True)
 def _tensor_core_decode(monkeypatch):
-    """The tensor-core kernel is the default; a PAGEDKV_DECODE_MMA=0 in the caller's
-    environment must not turn these tests into CUDA-core ones."""
+    """These tests are the tensor-core kernel's: a PAGEDKV_DECODE_MMA=0 in the caller's
+    environment must not turn them into CUDA-core ones, nor may the Hopper kernel
+    (test_decode_bulk_cuda.py) take their row-layout cases."""
     monkeypatch.setenv("PAGEDKV_DECODE_MMA", "1")
+    monkeypatch.setenv("PAGEDKV_DECODE_BULK", "0")
 
 
-def _case(r: random.Random, gen: torch.Generator, kv_dtype: str, layout: str, dtype):
-    head_size = r.choice(MMA_HEAD_SIZES)
+def _case(r: random.Random, gen: torch.Generator, kv_dtype: str, layout: str, dtype,
+          head_sizes: list[int] = MMA_HEAD_SIZES):
+    head_size = r.choice(head_sizes)
     hkv = r.choice([1, 2, 3])
     group = r.choice([1, 4, 5, 8, 16, 24, 32])
     bs = r.choice([8, 16, 32, 64] if kv_dtype == "auto" or layout == "nhd" else [16, 32])

@@ -1,11 +1,13 @@
 // paged_attention_v1 (single pass: one CTA per sequence and KV group) and paged_attention_v2
 // (split-K: one CTA per partition of `partition_size` keys, then an fp32 log-sum-exp reduction),
-// with vLLM's semantics for exp_sums / max_logits / tmp_out. Two kernels: the CUDA-core one
-// (attention_kernel.cuh: fp32 queries, head sizes not a multiple of 16, layouts the other cannot
-// copy in 16-byte runs, or PAGEDKV_DECODE_MMA=0) and the tensor-core one (decode_mma.cuh, the
-// default for fp16/bf16 queries with head sizes that are multiples of 16).
+// with vLLM's semantics for exp_sums / max_logits / tmp_out. Three kernels, the first that covers
+// the call runs: the Hopper one (decode_bulk.cuh: bulk copies, transposed tensor-core tiles; sm_90,
+// row layouts), the tensor-core one (decode_mma.cuh: fp16/bf16 queries with head sizes that are
+// multiples of 16, both layouts) and the CUDA-core one (attention_kernel.cuh: everything else,
+// fp32 queries included, or PAGEDKV_DECODE_MMA=0).
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/decode_reduce.h"
 
@@ -16,6 +18,11 @@ void launch_decode(const AttnParams& p, const TensorView& query, const TensorVie
                    const TensorView& value_cache, const AttentionOptions& opts, cudaStream_t s,
                    const char* op) {
   const bool vec16 = vector_ok(key_cache, 16) && vector_ok(value_cache, 16);
+  if (p.num_q > 0 && decode_bulk_supported(p, query.dtype(), opts.kv_cache_dtype, vec16)) {
+    launch_decode_bulk(p, query.dtype(), opts.kv_cache_dtype, s);
+    check_launch(op);
+    return;
+  }
   if (p.num_q > 0 && decode_mma_supported(p, query.dtype(), opts.kv_cache_dtype, vec16)) {
     launch_decode_mma(p, query.dtype(), opts.kv_cache_dtype, s);
     check_launch(op);

@@ -1,9 +1,9 @@
 // Host side of the tensor-core decode: which calls it covers, the shared-memory plan (tile
 // pitches, ring depth) and the launch.
 #include <algorithm>
-#include <cstdlib>
 
 #include "ops/cuda/decode_mma.h"
+#include "ops/cuda/device_props.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
@@ -21,29 +21,17 @@ constexpr int kCtaMax = 227 * 1024;  // the sm_90 limit per CTA
 // (_MMA_DECODE_DEFAULT) to size its split-K partitions.
 constexpr int kMmaDecodeDefault = 1;
 
-// Tuning and comparison knobs, read per call (a getenv is nothing next to a launch):
-// PAGEDKV_DECODE_MMA=0/1 picks the CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB fixes
-// the per-CTA shared-memory budget (ring depth and CTAs per SM) instead of cta_budget's choice.
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
+// Tuning and comparison knobs (env_int, read per call): PAGEDKV_DECODE_MMA=0/1 picks the
+// CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB fixes the per-CTA shared-memory budget
+// (ring depth and CTAs per SM) instead of cta_budget's choice.
 
 int element_bytes(KVCacheDType cache) { return fp8_kind(cache) != kNoFp8 ? 1 : 2; }
-
-int sm_count() {
-  int dev = 0, n = 0;
-  check_cuda(cudaGetDevice(&dev), "paged_attention (device)");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev),
-             "paged_attention (SM count)");
-  return n;
-}
 
 // The shared-memory budget, i.e. 2 or 3 CTAs per SM: 3 stream faster, but a grid just past one
 // wave of 3-per-SM slots leaves a thin second wave (64 x 2048 = 512 CTAs ran 16 % slower with 3
 // per SM than with 2, which fit it in 1.94 waves). Picks the smaller waves x per-wave time.
 int cta_budget(int64_t ctas) {
-  const int64_t sms = sm_count();
+  const int64_t sms = sm_count(current_device());
   auto cost = [&](int per_sm, double speed) {
     return double((ctas + per_sm * sms - 1) / (per_sm * sms)) * per_sm / speed;
   };

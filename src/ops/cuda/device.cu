@@ -1,6 +1,13 @@
 // CUDA runtime queries that must not throw or abort when no driver or GPU is present
-// (CI machines build the CUDA sources but have no GPU).
+// (CI machines build the CUDA sources but have no GPU), and the cached device properties of
+// device_props.h.
 #include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/device_props.h"
 
 namespace pagedkv {
 
@@ -13,4 +20,48 @@ int cuda_device_count_impl() {
   return count;
 }
 
+namespace cuda_ops {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// attr of `device`, from the cache (0 = not queried yet: every cached attribute is positive).
+int cached_attribute(std::atomic<int> (&cache)[kMaxDevices], cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    int v = 0;
+    check_cuda(cudaDeviceGetAttribute(&v, attr, device), "cudaDeviceGetAttribute");
+    return v;
+  }
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    check_cuda(cudaDeviceGetAttribute(&v, attr, device), "cudaDeviceGetAttribute");
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+std::atomic<int> g_sms[kMaxDevices], g_major[kMaxDevices];
+
+}  // namespace
+
+int current_device() {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  return dev;
+}
+
+int sm_count(int device) {
+  return cached_attribute(g_sms, cudaDevAttrMultiProcessorCount, device);
+}
+
+int compute_major(int device) {
+  return cached_attribute(g_major, cudaDevAttrComputeCapabilityMajor, device);
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+}  // namespace cuda_ops
 }  // namespace pagedkv

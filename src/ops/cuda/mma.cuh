@@ -1,5 +1,5 @@
 // Warp-level tensor-core helpers (sm_80+): ldmatrix, mma.sync m16n8k16 with fp32 accumulators,
-// and cp.async 16-byte copies into shared memory.
+// movmatrix transposes, and cp.async 16-byte copies into shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,6 +55,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&h);
   }
+}
+
+// Transposes an 8x8 matrix of 16-bit values held as one mma fragment register per lane (lane l:
+// row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1), within the warp (sm_75+).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {

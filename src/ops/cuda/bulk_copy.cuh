@@ -1,0 +1,103 @@
+// Hopper (sm_90) bulk copies into shared memory and the mbarriers that count their bytes.
+//
+// One lane's `cp.async.bulk` moves a whole contiguous run (a key's row of K or V) through the
+// copy engine, so a warp streams its KV tiles with one instruction per row instead of a
+// 16-byte cp.async per lane per run; the consumer waits on an mbarrier whose transaction count
+// the copies complete. Every helper compiles to nothing below sm_90: callers launch their
+// kernels only on devices of compute capability 9.x (and trap otherwise).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/mma.cuh"
+
+namespace pagedkv::cuda_ops {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PAGEDKV_SM90 1
+#else
+#define PAGEDKV_SM90 0
+#endif
+
+// Initialises an mbarrier that completes a phase after `count` arrivals and its expected bytes.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+#if PAGEDKV_SM90
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+#endif
+}
+
+// Makes initialised barriers (generic proxy) visible to the copy engine (async proxy).
+__device__ __forceinline__ void mbar_init_fence() {
+#if PAGEDKV_SM90
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// One arrival that also announces `bytes` of copies completing on this phase.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+#if PAGEDKV_SM90
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+
+// Spins until the phase with the given parity (0, 1, 0, ... per use of the barrier) completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if PAGEDKV_SM90
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared
+// memory; completion is counted on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
+                                              uint64_t* bar) {
+#if PAGEDKV_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+#endif
+}
+
+// The same with an L2 eviction policy (make_evict_first_policy): data read once should not push
+// data read again (queries, block tables, other CTAs' rows) out of L2.
+__device__ __forceinline__ void bulk_copy_g2s_hint(void* dst, const void* src, uint32_t bytes,
+                                                   uint64_t* bar, uint64_t policy) {
+#if PAGEDKV_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint64_t make_evict_first_policy() {
+  uint64_t policy = 0;
+#if PAGEDKV_SM90
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
+  return policy;
+}
+
+// Orders this thread's earlier generic writes to shared memory before later bulk copies into the
+// same bytes (they go through the async proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+#if PAGEDKV_SM90
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+}  // namespace pagedkv::cuda_ops

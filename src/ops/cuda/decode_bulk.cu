@@ -1,0 +1,128 @@
+// Host side of the Hopper decode: which calls it covers, the shared-memory plan (row pitch, ring
+// depth, CTAs per SM) and the launch.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+
+#include "ops/cuda/decode_bulk.h"
+#include "ops/cuda/device_props.h"
+
+namespace pagedkv::cuda_ops {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kSmemPerSm = 228 * 1024;  // sm_90: shared memory per SM, 1 KB of it per CTA reserved
+constexpr int kCtaMax = 227 * 1024;     // sm_90: the most one CTA may use
+// On: faster than decode_mma on every benchmark shape on an H100, bf16 and fp8 (RESULTS.md).
+// PAGEDKV_DECODE_BULK=0/1/2 overrides (2: required, an uncovered call raises);
+// PAGEDKV_DECODE_CTAS_PER_SM fixes the CTAs per SM the rings are sized for (default:
+// cta_target); PAGEDKV_DECODE_EVICT_FIRST=0 drops the copies' L2 evict-first policy (on: 1-7 %
+// faster on the benchmark shapes).
+constexpr int kBulkDefault = 1;
+
+// Resident CTAs per SM the rings are sized for: as many as fit with two stages per warp (at most
+// 4: 16 warps), unless the grid is just past one wave of those slots and one CTA fewer per SM fits
+// it in fewer waves (a thin last wave costs a whole wave; decode_mma.cu's cta_budget measured
+// 15 % more streaming speed per extra CTA).
+int cta_target(int64_t ctas, int per_cta_min) {
+  const int knob = env_int("PAGEDKV_DECODE_CTAS_PER_SM", 0);
+  if (knob > 0) return std::clamp(knob, 1, 8);
+  const int fit = std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, 4);
+  if (fit == 1) return 1;
+  const int64_t sms = sm_count(current_device());
+  auto cost = [&](int per_sm) {
+    const int64_t waves = (ctas + per_sm * sms - 1) / (per_sm * sms);
+    return double(waves) * per_sm / std::pow(1.15, per_sm);
+  };
+  return cost(fit) <= cost(fit - 1) ? fit : fit - 1;
+}
+
+// Rows of a layout: element (block, slot, head, d) at block * s_block + slot * s_slot +
+// head * s_head + d (NHD, and any layout with contiguous (slot, head) rows).
+bool row_layout(const CacheLayout& l, int D) { return l.s_chunk == 0 && l.x >= D; }
+
+// Fills everything but `a`; returns why the call is not covered, or nullptr.
+const char* plan(const AttnParams& a, KVCacheDType cache, BulkDecodeParams& bp) {
+  const int D = a.head_size;
+  const bool fp8 = fp8_kind(cache) != kNoFp8;
+  if (D % 16 != 0 || D > 256 || (fp8 && D % 32 != 0)) {
+    return "head_size must be a multiple of 16 (32 with an fp8 cache) up to 256";
+  }
+  if (!row_layout(a.kl, D) || !row_layout(a.vl, D)) return "caches must use a row (NHD) layout";
+  bp.a = a;
+  bp.head_tiles = a.group > 8 ? 2 : 1;
+  bp.gchunks = ceil_div(a.group, 8 * bp.head_tiles);
+  bp.row_bytes = D * (fp8 ? 1 : 2);
+  bp.pitch = bp.row_bytes + 16;
+  bp.stage_bytes = 32 * bp.pitch;
+  bp.q_bytes = (8 * bp.head_tiles * (D + 8) * 2 + 15) / 16 * 16;
+  const int head = (bp.q_bytes + kWarps * kBulkMaxStages * 8 + 127) / 128 * 128;
+  bp.bar_bytes = head - bp.q_bytes;
+  const int64_t ctas =
+      int64_t(a.num_q) * a.num_kv_heads * bp.gchunks * (a.partition_size > 0 ? a.max_parts : 1);
+  const int per_cta_min = head + kWarps * 2 * bp.stage_bytes;
+  const int budget = kSmemPerSm / cta_target(ctas, per_cta_min) - 2048;  // reserved + static
+  bp.stages = std::clamp((budget - head) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
+  bp.warp_bytes = std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * D * 4);
+  bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 1) != 0;
+  if (head + kWarps * bp.warp_bytes > kCtaMax) return "the rings do not fit shared memory";
+  return nullptr;
+}
+
+// The kernels' SASS architecture on `device` (queried once per device).
+int binary_version(int device) {
+  static std::atomic<int> cache[64];
+  if (device < 0 || device >= 64) return decode_bulk_binary_version();
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = std::max(1, decode_bulk_binary_version());
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+const char* uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {
+  const int dev = current_device();
+  if (compute_major(dev) < 9) return "needs a compute capability 9.x (Hopper) device";
+  if (binary_version(dev) < 90) return "not compiled for sm_90a (PAGEDKV_CUDA_ARCHS)";
+  if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) {
+    return "queries must be float16 or bfloat16";
+  }
+  if (p.query_start_loc != nullptr) return "decode only";
+  if (p.num_blocks < 1) return "empty cache";
+  if (!vec16) return "cache rows must be 16-byte aligned";
+  BulkDecodeParams bp;
+  return plan(p, cache, bp);
+}
+
+}  // namespace
+
+bool decode_bulk_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {
+  const int mode = env_int("PAGEDKV_DECODE_BULK", kBulkDefault);
+  if (mode == 0) return false;
+  const char* why = uncovered(p, qdtype, cache, vec16);
+  if (why != nullptr && mode == 2) {
+    throw ValueError(std::string("PAGEDKV_DECODE_BULK=2 requires the Hopper decode, which does "
+                                 "not cover this call: ") +
+                     why);
+  }
+  return why == nullptr;
+}
+
+void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s) {
+  if (p.num_q == 0) return;
+  BulkDecodeParams bp;
+  plan(p, cache, bp);
+  const int parts = p.partition_size > 0 ? p.max_parts : 1;
+  const dim3 grid(p.num_q, p.num_kv_heads * bp.gchunks, parts);
+  const int smem = bp.q_bytes + bp.bar_bytes + kWarps * bp.warp_bytes;
+  const int fp8 = fp8_kind(cache);
+  if (qdtype == DType::kFloat16) {
+    launch_decode_bulk_f16(bp, fp8, grid, smem, s);
+  } else {
+    launch_decode_bulk_bf16(bp, fp8, grid, smem, s);
+  }
+}
+
+}  // namespace pagedkv::cuda_ops

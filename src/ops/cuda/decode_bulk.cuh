@@ -1,0 +1,506 @@
+// Hopper paged decode (one query per sequence) that streams the KV cache at memory bandwidth:
+//  - each of the 4 warps of a CTA owns chunks of 16 keys (w, w + 4, ...) and a private ring of
+//    stages in shared memory; lanes 0-15 bulk-copy a chunk's 16 K rows and lanes 16-31 its V rows
+//    (one cp.async.bulk each, counted on the stage's mbarrier), so a row costs one instruction
+//    instead of address math and a cp.async per 16 bytes per lane (ncu showed the previous kernel,
+//    decode_mma.cuh, bound by instruction issue, not by memory);
+//  - S^T = K Q^T on mma.sync m16n8k16 with the 16 keys as rows and the query heads of the KV group
+//    as the 8 columns (two column tiles for groups of 9..16), the head dimension as the k steps;
+//  - an online softmax per head (column) in the log2 domain on the accumulator fragments; P^T goes
+//    from the accumulator layout to the B-operand layout by two movmatrix transposes;
+//  - O^T += V^T P^T with head-dimension rows: half the accumulator registers of O = P V for a
+//    group of 4 (whose 16-row tiles would be three quarters padding);
+//  - fp8 caches stay fp8 in shared memory and convert in registers (fp8x2 -> f16x2 is one
+//    instruction) straight into fragments, so the MMAs run in fp16 with the queries scaled by a
+//    power of two into fp16's range. Lanes read whole 32-bit words: the head dimension of S is
+//    permuted within each k step (a dot product does not care) and the rows of O^T are permuted
+//    and mapped back on the final store;
+//  - the warps' states merge through shared memory; split mode writes normalised partials with
+//    their max logit and exp-sum (vLLM paged_attention_v2).
+// Keys outside [k_lo, k_hi) are not copied: their V rows are zeroed (0 * a stale NaN is NaN) and
+// their logits masked to -inf.
+#pragma once
+
+#include <type_traits>
+
+#include "ops/cuda/bulk_copy.cuh"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/decode_bulk.h"
+#include "ops/cuda/mma.cuh"
+
+namespace pagedkv::cuda_ops::bulk_decode {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kKeys = 16;  // keys per chunk: the 16 rows of S^T, one k step of O^T += V^T P^T
+constexpr float kL2e = 1.4426950408889634f;
+
+// Two fp8 values (the low 16 bits of w) -> one f16x2 register.
+template <int KIND>
+__device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t w) {
+  constexpr __nv_fp8_interpretation_t f = KIND == kE5M2 ? __NV_E5M2 : __NV_E4M3;
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), f);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+__device__ __forceinline__ uint32_t lds32(const unsigned char* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Head-dimension index of row rr (0..15) of O^T tile mt: fp8 lanes read 4 consecutive bytes of a
+// V row, which serve rows (r, r + 8) of two neighbouring tiles.
+template <bool FP8>
+__device__ __forceinline__ int out_dim(int mt, int rr) {
+  return FP8 ? 32 * (mt >> 1) + 4 * (rr & 7) + 2 * (mt & 1) + (rr >> 3) : 16 * mt + rr;
+}
+
+// Registers per thread are capped so that this many CTAs fit an SM (4 x 128 threads at <= 128
+// registers for head sizes <= 128 and groups <= 8).
+template <int KD, int NH>
+constexpr int kMinCtas = KD * NH <= 8 ? 4 : KD * NH <= 16 ? 2 : 1;
+
+// Grid: (num_seqs, num_kv_heads * gchunks, partitions); kThreads threads; dynamic shared memory
+// q_bytes + bar_bytes + kWarps * warp_bytes. KD: 16-wide head-dimension steps provisioned
+// (head_size <= 16 KD); NH: 8-head column tiles.
+template <typename QT, int KIND, int KD, int NH>
+__global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
+    decode_bulk_kernel(const BulkDecodeParams bp) {
+#if PAGEDKV_SM90
+  constexpr bool kFp8 = KIND != kNoFp8;
+  using CT = std::conditional_t<kFp8, uint8_t, QT>;  // cache element
+  using MT = std::conditional_t<kFp8, __half, QT>;   // MMA operand
+  constexpr int NR = 8 * NH;                         // query heads (S^T columns) per CTA
+  constexpr bool kQRegs = KD * NH <= 16;             // query fragments live in registers
+  const AttnParams& p = bp.a;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float sm_m[kWarps][NR], sm_l[kWarps][NR];
+  __shared__ unsigned sm_amax;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, q = lane & 3;  // fragment row / column pair of this lane
+  const int D = p.head_size, pitch = bp.pitch;
+  const int seq = blockIdx.x;
+  const int kvh = blockIdx.y / bp.gchunks;
+  const int g0 = (blockIdx.y % bp.gchunks) * NR;
+  const int ng = min(NR, p.group - g0);
+  const int part = blockIdx.z;
+
+  const int seq_len = p.seq_lens[seq];
+  const int q_pos = seq_len - 1;
+  int k_lo = 0, k_hi = seq_len;
+  if (p.window > 0) k_lo = max(k_lo, q_pos - p.window + 1);
+  if (p.partition_size > 0) {
+    if (part * p.partition_size >= k_hi) return;  // past the sequence: left untouched (vLLM)
+    k_lo = max(k_lo, part * p.partition_size);
+    k_hi = min(k_hi, (part + 1) * p.partition_size);
+  }
+
+  // ---- the query tile [NR][D + 8] (MT); rows g >= ng are zeros ----
+  const int qp = D + 8;
+  MT* qs = reinterpret_cast<MT*>(smem);
+  const QT* qg = static_cast<const QT*>(p.q) + int64_t(seq) * p.q_s_tok;
+  auto qval = [&](int idx) {
+    const int g = idx / D, d = idx - g * D;
+    return g < ng ? to_float(qg[int64_t(kvh * p.group + g0 + g) * p.q_s_head + d]) : 0.f;
+  };
+  // fp8: the fp16 MMAs see the queries times 2^e, with |q| * 2^e in [2^14, 2^15) (exact; a bf16
+  // query may lie outside fp16's range), and the logits are scaled back by 2^-e.
+  float qmul = 1.f;
+  if constexpr (kFp8) {
+    if (threadIdx.x == 0) sm_amax = 0;
+    __syncthreads();
+    float a = 0.f;
+    for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) a = fmaxf(a, fabsf(qval(idx)));
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (lane == 0) atomicMax(&sm_amax, __float_as_uint(a));
+    __syncthreads();
+    const float amax = __uint_as_float(sm_amax);
+    if (amax > 0.f && amax <= 3.0e38f) {
+      int ex = 0;
+      frexpf(amax, &ex);
+      qmul = ldexpf(1.f, min(max(15 - ex, -120), 120));
+    }
+  }
+  for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) {
+    const int g = idx / D, d = idx - g * D;
+    qs[g * qp + d] = from_float<MT>(qval(idx) * qmul);
+  }
+  const int S = bp.stages;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + bp.q_bytes) + warp * kBulkMaxStages;
+  if (lane == 0) {
+    for (int i = 0; i < S; ++i) mbar_init(bars + i, 1);
+  }
+  mbar_init_fence();
+  __syncthreads();
+
+  // B fragment i of k step ks, column tile nh: head nh * 8 + r at logical k 2q, 2q + 1 (i = 0) and
+  // 2q + 8, 2q + 9 (i = 1); with fp8 those are dims 4q..4q+3 of the step (see the K fragments).
+  auto qfrag = [&](int ks, int nh, int i) -> uint32_t {
+    const MT* row = qs + (nh * 8 + r) * qp + ks * 16;
+    return *reinterpret_cast<const uint32_t*>(row + (kFp8 ? 4 * q + 2 * i : 2 * q + 8 * i));
+  };
+  uint32_t qf[kQRegs ? KD : 1][NH][2];
+  if constexpr (kQRegs) {
+#pragma unroll
+    for (int ks = 0; ks < KD; ++ks) {
+#pragma unroll
+      for (int nh = 0; nh < NH; ++nh) {
+        qf[ks][nh][0] = ks * 16 < D ? qfrag(ks, nh, 0) : 0u;
+        qf[ks][nh][1] = ks * 16 < D ? qfrag(ks, nh, 1) : 0u;
+      }
+    }
+  }
+
+  // Logit constants and this lane's heads: nh * 8 + 2q + i.
+  const float kmul = p.qk_scale * p.k_scale / qmul;
+  const bool capped = p.softcap > 0.f;
+  const float c_in = capped ? kmul / p.softcap : 0.f;
+  const float c_out = capped ? p.softcap * kL2e : kmul * kL2e;
+  const bool has_alibi = p.alibi != nullptr;
+  float slope[NH][2];
+#pragma unroll
+  for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int g = nh * 8 + 2 * q + i;
+      slope[nh][i] = (has_alibi && g < ng) ? p.alibi[kvh * p.group + g0 + g] * kL2e : 0.f;
+    }
+  }
+
+  float m[NH][2], l[NH][2];
+  float o[KD][NH][4];
+#pragma unroll
+  for (int nh = 0; nh < NH; ++nh) {
+    m[nh][0] = m[nh][1] = -INFINITY;
+    l[nh][0] = l[nh][1] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < KD; ++mt) o[mt][nh][0] = o[mt][nh][1] = o[mt][nh][2] = o[mt][nh][3] = 0.f;
+  }
+
+  // ---- this warp's chunks: cl + warp, cl + warp + kWarps, ... < ch ----
+  const int cl = k_lo / kKeys, ch = (k_hi + kKeys - 1) / kKeys;
+  const int n = (k_lo < k_hi && cl + warp < ch) ? (ch - cl - warp + kWarps - 1) / kWarps : 0;
+  auto chunk = [&](int j) { return cl + warp + kWarps * j; };
+  auto valid = [&](int tok) { return tok >= k_lo && tok < k_hi; };
+
+  unsigned char* ring = smem + bp.q_bytes + bp.bar_bytes + warp * bp.warp_bytes;
+  const CT* kc = static_cast<const CT*>(p.k_cache) + int64_t(kvh) * p.kl.s_head;
+  const CT* vc = static_cast<const CT*>(p.v_cache) + int64_t(kvh) * p.vl.s_head;
+  const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
+  auto slot_of = [&](int tok) {
+    return p.bs_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
+  };
+  // Block id of key c * 16 + lane % 16 (lanes l and l + 16 copy its K and V rows); 0 outside the
+  // range (never copied). Bad ids read block 0, never wild memory.
+  auto lookup = [&](int c) {
+    const int tok = c * kKeys + (lane & 15);
+    int b = 0;
+    if (valid(tok)) {
+      const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
+      b = bt[min(bi, p.max_blocks - 1)];
+      b = unsigned(b) < unsigned(p.num_blocks) ? b : 0;
+    }
+    return b;
+  };
+  const uint64_t policy = bp.evict_first ? make_evict_first_policy() : 0;
+  // Stage layout: 16 K rows then 16 V rows, `pitch` bytes apart: lane l's row is row l.
+  auto issue = [&](int c, int stage, int blk) {
+    unsigned char* dst = ring + stage * bp.stage_bytes + lane * pitch;
+    const int key0 = c * kKeys, tok = key0 + (lane & 15);
+    const int lo = max(key0, k_lo), hi = min(key0 + kKeys, k_hi);
+    if (lane == 0) mbar_arrive_expect(bars + stage, uint32_t(hi - lo) * 2u * bp.row_bytes);
+    if (tok >= lo && tok < hi) {
+      const int64_t slot = slot_of(tok);
+      const CT* src = lane < 16 ? kc + int64_t(blk) * p.kl.s_block + slot * p.kl.s_slot
+                                : vc + int64_t(blk) * p.vl.s_block + slot * p.vl.s_slot;
+      if (bp.evict_first) {
+        bulk_copy_g2s_hint(dst, src, bp.row_bytes, bars + stage, policy);
+      } else {
+        bulk_copy_g2s(dst, src, bp.row_bytes, bars + stage);
+      }
+    } else if (lane >= 16) {
+      for (int b = 0; b < bp.row_bytes; b += 16) {
+        *reinterpret_cast<uint4*>(dst + b) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      fence_proxy_async();  // before a later bulk copy rewrites these bytes
+    }
+  };
+
+  auto compute = [&](int c, int stage, uint32_t parity) {
+    const unsigned char* kt = ring + stage * bp.stage_bytes;
+    const unsigned char* vt = kt + 16 * pitch;
+    const int key0 = c * kKeys;
+    mbar_wait(bars + stage, parity);
+
+    // S^T = K Q^T; even and odd k steps accumulate apart (two shorter MMA dependency chains).
+    float sa[NH][4], sb[NH][4];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sa[nh][e] = sb[nh][e] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < KD; ++ks) {
+      if (ks * 16 < D) {
+        uint32_t a[4];
+        if constexpr (kFp8) {  // logical k (2q, 2q+1 | 2q+8, 2q+9) = dims 4q..4q+3 of the step
+          const uint32_t w0 = lds32(kt + r * pitch + ks * 16 + 4 * q);
+          const uint32_t w1 = lds32(kt + (r + 8) * pitch + ks * 16 + 4 * q);
+          a[0] = fp8x2_to_h2<KIND>(w0);
+          a[1] = fp8x2_to_h2<KIND>(w1);
+          a[2] = fp8x2_to_h2<KIND>(w0 >> 16);
+          a[3] = fp8x2_to_h2<KIND>(w1 >> 16);
+        } else {
+          ldmatrix_x4(a, kt + ((lane & 7) + (lane & 8)) * pitch + (ks * 16 + (lane >> 4) * 8) * 2);
+        }
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+          const uint32_t b0 = kQRegs ? qf[kQRegs ? ks : 0][nh][0] : qfrag(ks, nh, 0);
+          const uint32_t b1 = kQRegs ? qf[kQRegs ? ks : 0][nh][1] : qfrag(ks, nh, 1);
+          mma_16816<MT>((ks & 1) ? sb[nh] : sa[nh], a, b0, b1);
+        }
+      }
+    }
+
+    // Logits in the log2 domain, masked: element e of tile nh is key key0 + r + 8 (e >> 1), head
+    // nh * 8 + 2q + (e & 1). Alibi and the range mask are warp-uniform branches.
+    const bool edge = key0 < k_lo || key0 + kKeys > k_hi;
+    float mx[NH][2];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+      mx[nh][0] = mx[nh][1] = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = key0 + r + 8 * (e >> 1);
+        const float s = sa[nh][e] + sb[nh][e];
+        float x = capped ? c_out * tanhf(s * c_in) : s * c_out;
+        if (has_alibi) x += slope[nh][e & 1] * float(tok - q_pos);
+        if (edge && !valid(tok)) x = -INFINITY;
+        sa[nh][e] = x;
+        mx[nh][e & 1] = fmaxf(mx[nh][e & 1], x);
+      }
+    }
+    float alpha[NH][2], ms[NH][2];
+    bool grew = false;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float v = mx[nh][i];
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+        const float mn = fmaxf(m[nh][i], v);
+        ms[nh][i] = mn == -INFINITY ? 0.f : mn;  // nothing unmasked yet: keep zeros, no NaN
+        alpha[nh][i] = mn == m[nh][i] ? 1.f : exp2f(m[nh][i] - ms[nh][i]);
+        grew |= mn != m[nh][i];
+        m[nh][i] = mn;
+      }
+    }
+    uint32_t pb[NH][2];  // P^T as the B fragments (keys 0-7, 8-15) of each column tile
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+      float sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sa[nh][e] = exp2f(sa[nh][e] - ms[nh][e & 1]);
+        sum[e & 1] += sa[nh][e];
+      }
+      l[nh][0] = l[nh][0] * alpha[nh][0] + sum[0];  // lane-partial sums
+      l[nh][1] = l[nh][1] * alpha[nh][1] + sum[1];
+      pb[nh][0] = movmatrix_trans(pack2<MT>(sa[nh][0], sa[nh][1]));
+      pb[nh][1] = movmatrix_trans(pack2<MT>(sa[nh][2], sa[nh][3]));
+    }
+    // Rescale O only when some head's maximum grew: after the first chunks that is rare.
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < KD; ++mt) {
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mt][nh][e] *= alpha[nh][e & 1];
+        }
+      }
+    }
+
+    // O^T += V^T P^T.
+    if constexpr (kFp8) {
+      // Lane (r, q) reads dims 32 m2 + 4r .. + 3 of keys 2q, 2q+1, 2q+8, 2q+9 and regroups the
+      // bytes into key pairs: dims 4r, 4r+1 are rows r, r + 8 of tile 2 m2, dims 4r+2, 4r+3 those
+      // of tile 2 m2 + 1 (out_dim).
+#pragma unroll
+      for (int m2 = 0; m2 < KD / 2; ++m2) {
+        if (m2 * 32 < D) {
+          const unsigned char* col = vt + m2 * 32 + 4 * r;
+          const uint32_t w0 = lds32(col + 2 * q * pitch), w1 = lds32(col + (2 * q + 1) * pitch);
+          const uint32_t w2 = lds32(col + (2 * q + 8) * pitch);
+          const uint32_t w3 = lds32(col + (2 * q + 9) * pitch);
+          const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
+          const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
+          const uint32_t a0[4] = {fp8x2_to_h2<KIND>(t0), fp8x2_to_h2<KIND>(t0 >> 16),
+                                  fp8x2_to_h2<KIND>(t2), fp8x2_to_h2<KIND>(t2 >> 16)};
+          const uint32_t a1[4] = {fp8x2_to_h2<KIND>(t1), fp8x2_to_h2<KIND>(t1 >> 16),
+                                  fp8x2_to_h2<KIND>(t3), fp8x2_to_h2<KIND>(t3 >> 16)};
+#pragma unroll
+          for (int nh = 0; nh < NH; ++nh) {
+            mma_16816<MT>(o[2 * m2][nh], a0, pb[nh][0], pb[nh][1]);
+            mma_16816<MT>(o[2 * m2 + 1][nh], a1, pb[nh][0], pb[nh][1]);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < KD; ++mt) {
+        if (mt * 16 < D) {
+          uint32_t a[4];
+          ldmatrix_x4_trans(
+              a, vt + ((lane & 7) + (lane >> 4) * 8) * pitch + (mt * 16 + (lane & 8)) * 2);
+#pragma unroll
+          for (int nh = 0; nh < NH; ++nh) mma_16816<MT>(o[mt][nh], a, pb[nh][0], pb[nh][1]);
+        }
+      }
+    }
+  };
+
+  // ---- the warp's pipeline: up to S chunks in flight; a stage is refilled once computed ----
+  if (n > 0) {
+    int nblk = lookup(chunk(0));
+    for (int j = 0; j < S && j < n; ++j) {
+      issue(chunk(j), j, nblk);
+      nblk = lookup(chunk(j + 1));
+    }
+    __syncwarp();  // zero-filled rows are visible to the whole warp
+    int stage = 0;
+    uint32_t parity = 0;
+    for (int j = 0; j < n; ++j) {
+      compute(chunk(j), stage, parity);
+      __syncwarp();  // every lane has read the stage before it is refilled
+      if (j + S < n) {
+        issue(chunk(j + S), stage, nblk);
+        nblk = lookup(chunk(j + S + 1));
+      }
+      if (++stage == S) {
+        stage = 0;
+        parity ^= 1u;
+      }
+    }
+  }
+
+  // ---- merge the warps through shared memory (each warp's ring holds its [NR][D] output) ----
+#pragma unroll
+  for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l[nh][i] += __shfl_xor_sync(0xffffffffu, l[nh][i], 4);
+      l[nh][i] += __shfl_xor_sync(0xffffffffu, l[nh][i], 8);
+      l[nh][i] += __shfl_xor_sync(0xffffffffu, l[nh][i], 16);
+    }
+  }
+  float* ow = reinterpret_cast<float*>(ring);
+#pragma unroll
+  for (int mt = 0; mt < KD; ++mt) {
+    if (mt * 16 < D) {
+#pragma unroll
+      for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int head = nh * 8 + 2 * q + (e & 1);
+          ow[head * D + out_dim<kFp8>(mt, r + 8 * (e >> 1))] = o[mt][nh][e];
+        }
+      }
+    }
+  }
+  if (r == 0) {
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        sm_m[warp][nh * 8 + 2 * q + i] = m[nh][i];
+        sm_l[warp][nh * 8 + 2 * q + i] = l[nh][i];
+      }
+    }
+  }
+  __syncthreads();
+
+  const bool split = p.partition_size > 0;
+  const unsigned char* rings = smem + bp.q_bytes + bp.bar_bytes;
+  for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
+    const int g = idx / D, d = idx - g * D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][g]);
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float a = exp2f(sm_m[w][g] - M);
+        L += sm_l[w][g] * a;
+        O += reinterpret_cast<const float*>(rings + w * bp.warp_bytes)[g * D + d] * a;
+      }
+    }
+    const float out = L > 0.f ? O / L * p.v_scale : 0.f;
+    const int h = kvh * p.group + g0 + g;
+    if (split) {
+      const int64_t ml = (int64_t(seq) * p.num_heads + h) * p.max_parts + part;
+      if (p.tmp_f32) {
+        static_cast<float*>(p.tmp_out)[ml * D + d] = out;
+      } else {
+        static_cast<QT*>(p.tmp_out)[ml * D + d] = from_float<QT>(out);
+      }
+      if (d == 0) {
+        p.exp_sums[ml] = L;
+        p.max_logits[ml] = M == -INFINITY ? -INFINITY : M / kL2e;
+      }
+    } else {
+      static_cast<QT*>(p.out)[int64_t(seq) * p.o_s_tok + int64_t(h) * p.o_s_head + d] =
+          from_float<QT>(out);
+    }
+  }
+#else
+  __trap();  // never launched: the host checks the device and the binary first
+#endif
+}
+
+template <typename QT, int KIND, int KD, int NH>
+void launch_nh(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
+  auto k = decode_bulk_kernel<QT, KIND, KD, NH>;
+  check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "decode_bulk (shared memory)");
+  k<<<grid, kThreads, smem, s>>>(bp);
+}
+
+template <typename QT, int KIND, int KD>
+void launch_kd(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
+  if (bp.head_tiles == 1) {
+    launch_nh<QT, KIND, KD, 1>(bp, grid, smem, s);
+  } else {
+    launch_nh<QT, KIND, KD, 2>(bp, grid, smem, s);
+  }
+}
+
+template <typename QT, int KIND>
+void launch_kind(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
+  const int D = bp.a.head_size;
+  if (D <= 64) {
+    launch_kd<QT, KIND, 4>(bp, grid, smem, s);
+  } else if (D <= 128) {
+    launch_kd<QT, KIND, 8>(bp, grid, smem, s);
+  } else {
+    launch_kd<QT, KIND, 16>(bp, grid, smem, s);
+  }
+}
+
+template <typename QT>
+void launch_typed(const BulkDecodeParams& bp, int cache_fp8, dim3 grid, int smem,
+                  cudaStream_t s) {
+  if (cache_fp8 == kE4M3) {
+    launch_kind<QT, kE4M3>(bp, grid, smem, s);
+  } else if (cache_fp8 == kE5M2) {
+    launch_kind<QT, kE5M2>(bp, grid, smem, s);
+  } else {
+    launch_kind<QT, kNoFp8>(bp, grid, smem, s);
+  }
+}
+
+}  // namespace pagedkv::cuda_ops::bulk_decode

@@ -1,0 +1,49 @@
+// Hopper decode (decode_bulk.cuh): host side. Key rows stream into shared memory by bulk copies
+// (one instruction per row, the copy engine does the rest) and the attention runs transposed on
+// the tensor cores — keys are the 16 rows of mma.sync m16n8k16 tiles and the query heads of a KV
+// group its 8 columns — so a GQA group of 4 wastes half a tile instead of three quarters, the
+// output accumulators are half as many registers, and fp8 caches dequantise in registers.
+#pragma once
+
+#include "ops/cuda/attention_params.h"
+
+namespace pagedkv::cuda_ops {
+
+// AttnParams plus what the Hopper decode derives on the host.
+struct BulkDecodeParams {
+  AttnParams a;
+  int gchunks;      // CTAs per KV head: ceil(group / (8 * head_tiles))
+  int head_tiles;   // 8-head column tiles per CTA: 1 (group <= 8) or 2
+  int stages;       // bulk-copy ring depth of each warp (<= kBulkMaxStages)
+  int row_bytes;    // one key's K (or V) row: head_size * element size
+  int pitch;        // bytes between staged rows: row_bytes + 16 (conflict-free fragment loads)
+  int stage_bytes;  // one ring stage: 16 K rows then 16 V rows
+  int warp_bytes;   // a warp's shared memory (its ring; later its fp32 output for the merge)
+  int q_bytes;      // the 16-bit query tile, [8 * head_tiles][head_size + 8]
+  int bar_bytes;    // the warps' mbarriers, one per ring stage
+  int evict_first;  // 1: the copies carry an L2 evict-first policy (PAGEDKV_DECODE_EVICT_FIRST)
+};
+
+constexpr int kBulkMaxStages = 8;
+
+// True when the Hopper decode covers the call: a compute capability 9.x device with the kernel
+// compiled for it, fp16/bf16 queries, head size a multiple of 16 (of 32 for fp8 caches) up to 256,
+// key and value caches in row layouts (NHD, or any layout whose (slot, head) rows are contiguous
+// and 16-byte aligned), not disabled by PAGEDKV_DECODE_BULK=0. PAGEDKV_DECODE_BULK=2 makes an
+// uncovered call an error instead (tests use it to prove the kernel ran).
+// vec16: both caches' rows can be moved as 16-byte vectors (vector_ok(cache, 16)).
+bool decode_bulk_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16);
+
+// Launches on `s`; p.partition_size > 0 selects split mode (v2 partial results).
+void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s);
+
+// Per query dtype (decode_bulk_{f16,bf16}.cu).
+void launch_decode_bulk_f16(const BulkDecodeParams& p, int cache_fp8, dim3 grid, int smem,
+                            cudaStream_t s);
+void launch_decode_bulk_bf16(const BulkDecodeParams& p, int cache_fp8, dim3 grid, int smem,
+                             cudaStream_t s);
+// The SASS architecture the bulk kernels were built for on the current device (e.g. 90); below
+// 90 they are compiled-out stubs.
+int decode_bulk_binary_version();
+
+}  // namespace pagedkv::cuda_ops
