@@ -35,15 +35,16 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   p.new_vec = vector_ok(key, 16) && vector_ok(value, 16);
   const cudaStream_t s = to_cuda(stream);
   if (const int wg_mode = prefill_wgmma_mode(); wg_mode != 0) {
-    if (prefill_wgmma_supported(p, query.dtype(), opts.kv_cache_dtype)) {
+    const char* why = prefill_wgmma_uncovered(p, query.dtype(), opts.kv_cache_dtype);
+    if (why == nullptr) {
       launch_prefill_wgmma(p, query.dtype(), max_query_len, s);
       check_launch("context_attention_fwd");
       return;
     }
     PAGEDKV_CHECK(wg_mode != 2,
-                  "context_attention_fwd: PAGEDKV_PREFILL_WGMMA=2 but the wgmma kernel does not "
-                  "cover this call (needs an sm_90a device, fp16/bf16, unquantised cache, head "
-                  "size 64 or 128, 16-byte key/value rows)");
+                  "context_attention_fwd: PAGEDKV_PREFILL_WGMMA=2 but the wgmma "
+                  "kernel does not cover this call: ",
+                  why);
   }
   if (prefill_mma_supported(p, query.dtype(), opts.kv_cache_dtype)) {
     launch_prefill_mma(p, query.dtype(), max_query_len, s);

@@ -14,8 +14,9 @@
 namespace pagedkv::cuda_ops {
 
 int prefill_wgmma_mode();  // read per call
-// Whether the kernel covers this call on the current device (the mode is not consulted).
-bool prefill_wgmma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache);
+// nullptr when the kernel covers this call on the current device, else why not (the mode is not
+// consulted).
+const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache);
 void launch_prefill_wgmma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s);
 
 namespace prefill_wg {
