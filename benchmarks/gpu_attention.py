@@ -11,10 +11,11 @@ size exceeds the L2 cache, so every call reads from HBM), after warm-up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import pagedkv
 import torch
@@ -174,11 +175,39 @@ def _prefill_inputs(b: int, length: int) -> dict:
             "bt": torch.zeros(b, 1, dtype=torch.int32, device="cuda")}
 
 
-def _time_prefill_ours(x: dict, length: int) -> float:
+def _prefill_calls(x: dict, length: int) -> list[Callable[[], None]]:
     out = torch.empty_like(x["q"])
-    return time_graph([lambda: ops.context_attention_fwd(
+    return [lambda: ops.context_attention_fwd(
         x["q"], x["k"], x["v"], out, "auto", x["kc"], x["kc"], x["bt"], x["qsl"], x["sl"], None,
-        length)] * 3)
+        length)] * 3
+
+
+def _time_prefill_ours(x: dict, length: int) -> float:
+    return time_graph(_prefill_calls(x, length))
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """Sets an environment variable for the block (our ops read their knobs per call, so the
+    setting holds for the calls captured inside)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def _time_prefill_wgmma(x: dict, length: int) -> Optional[float]:
+    """Our prefill on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2: an error, reported as n/a,
+    instead of a silent fallback); None off compute capability 9.x."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        return None
+    with _env("PAGEDKV_PREFILL_WGMMA", "2"):
+        return try_time(lambda: _prefill_calls(x, length))
 
 
 def bench_prefill_ours(b: int, length: int) -> float:
@@ -191,6 +220,7 @@ def bench_prefill(b: int, length: int) -> dict:
     q, k, v = x["q"], x["k"], x["v"]
     res = {"flops": 4 * b * HQ * D * length * (length + 1) / 2}
     res["ours"] = _time_prefill_ours(x, length)
+    res["wgmma"] = _time_prefill_wgmma(x, length)
     qs = q.view(b, length, HQ, D).transpose(1, 2)
     ks = k.view(b, length, HKV, D).transpose(1, 2)
     vs = v.view(b, length, HKV, D).transpose(1, 2)
@@ -268,13 +298,18 @@ def main() -> None:
         "tensor-core"
     print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; {kernel} kernel "
           f"(PAGEDKV_PREFILL_MMA))")
+    pipe = os.environ.get("PAGEDKV_PREFILL_WGMMA_PIPE", "").strip() not in ("", "0")
+    print(f"  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90), "
+          f"{'pipelined' if pipe else 'serial'} consumer loop (PAGEDKV_PREFILL_WGMMA_PIPE)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
-          f"{'TFLOP/s':>8}")
+          f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}")
     for b, length in pre:
         r = bench_prefill(b, length)
+        wg_tf = "n/a" if r["wgmma"] is None else f"{r['flops'] / r['wgmma'] / 1e12:8.1f}"
         print(f"{b:>4}*{length:<5} {fmt(r['ours'])} {fmt(r['cudnn'])} {fmt(r['flash'])} "
               f"{ratio(r['cudnn'], r['ours']):>8} {ratio(r['flash'], r['ours']):>7} "
-              f"{r['flops'] / r['ours'] / 1e12:8.1f}")
+              f"{r['flops'] / r['ours'] / 1e12:8.1f} {fmt(r['wgmma'])} "
+              f"{ratio(r['flash'], r['wgmma']):>7} {wg_tf:>8}")
         torch.cuda.empty_cache()
     if args.prefill_only:
         return

@@ -3,7 +3,9 @@ long, ragged sequences (several 128-row query tiles and 64-key tiles per sequenc
 new tokens), GQA groups that split tokens across tiles, windows ending mid-tile, alibi / soft-cap,
 and strided (padded) query / key / value / output rows that take the 16-byte and the scalar copy
 paths. Outputs are NaN-poisoned (the padding around strided rows too, which must stay untouched)
-and every element is compared with a float64 reference."""
+and every element is compared with a float64 reference. The Hopper wgmma kernel
+(PAGEDKV_PREFILL_WGMMA) runs the same cases where it applies, required so that a silent fallback
+fails."""
 
 from __future__ import annotations
 
@@ -27,8 +29,21 @@ HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
 
 @pytest.fixture(autouse=True)
 def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every call here runs the tensor-core kernel unless a test picks the CUDA-core one."""
+    """Every call here runs the mma.sync tensor-core kernel unless a test picks the CUDA-core one
+    or the Hopper wgmma one."""
     monkeypatch.delenv("PAGEDKV_PREFILL_MMA", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_PIPE", raising=False)
+
+
+def _require_wgmma(monkeypatch: pytest.MonkeyPatch, pipe: str = "0") -> None:
+    """Runs the calls on the wgmma kernel, with PAGEDKV_PREFILL_WGMMA=2 so that a call it does not
+    cover raises instead of silently taking another kernel, and its serial ("0") or pipelined
+    ("1") consumer loop; skips off Hopper (compute 9.x)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wgmma prefill kernel needs a compute capability 9.x GPU")
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "2")
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_PIPE", pipe)
 
 
 def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
@@ -42,13 +57,15 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
     return full[..., :d], full
 
 
-@pytest.mark.parametrize("layout", ["nhd", "vllm"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_size", HEAD_SIZES)
-def test_prefill_mma_long_ragged(head_size, dtype, layout):
+def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int],
+                      kv_pads: list[int] | None = None) -> None:
+    """One random case: 1-3 sequences with or without a cached prefix, random GQA group, block
+    size, options and row padding (query / output from `pads`, new keys / values from `kv_pads`,
+    default the same), against the float64 reference."""
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
-    pad = r.choice([0, 8, 4])  # 4: rows not 16-byte aligned -> the scalar copy paths
+    pad = r.choice(pads)  # 4: rows not 16-byte aligned -> the scalar copy paths
+    kv_pad = pad if kv_pads is None else r.choice(kv_pads)
     hkv, group, bs = r.choice([1, 2]), r.choice([1, 3, 4, 8]), r.choice([16, 32])
     n = r.randint(1, 3)
     ctx = [r.choice([0, r.randint(1, 700)]) for _ in range(n)]
@@ -56,8 +73,8 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
     qsl = [0, *itertools.accumulate(qlen)]
     hq, t = hkv * group, qsl[-1]
     q, _ = _padded((t, hq, head_size), pad, dtype, gen)
-    k, _ = _padded((t, hkv, head_size), pad, dtype, gen)
-    v, _ = _padded((t, hkv, head_size), pad, dtype, gen)
+    k, _ = _padded((t, hkv, head_size), kv_pad, dtype, gen)
+    v, _ = _padded((t, hkv, head_size), kv_pad, dtype, gen)
     out, out_full = _padded((t, hq, head_size), pad, dtype, gen, float("nan"))
     kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout)
     opts = {"alibi": (torch.rand(hq, generator=gen) * 0.1).cuda() if r.random() < 0.3 else None,
@@ -72,18 +89,53 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
                               scale, logits_soft_cap=opts["softcap"])
     torch.cuda.synchronize()
     ref = prefill_ref(q, k, v, kv, qsl, ctx, scale, opts)
-    case = (pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"], opts["alibi"] is None)
+    case = (pad, kv_pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"],
+            opts["alibi"] is None)
     assert rel_err(out, ref) < TOL[dtype], case
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype], case
     if pad:
         assert out_full[..., head_size:].isnan().all(), "wrote outside the output rows"
 
 
-@pytest.mark.parametrize("kernel", ["0", "1"])  # CUDA-core, tensor-core
+@pytest.mark.parametrize("layout", ["nhd", "vllm"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+def test_prefill_mma_long_ragged(head_size, dtype, layout):
+    _long_ragged_case(head_size, dtype, layout, [0, 8, 4])
+
+
+@pytest.mark.parametrize("pipe", ["0", "1"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_prefill_wgmma_long_ragged(head_size, dtype, pipe, monkeypatch):
+    """The same random cases on the wgmma kernel (NHD cache, 16-byte key / value rows: what it
+    covers; query / output rows may take its scalar paths); a few per parametrisation, since each
+    draws new options and shapes."""
+    _require_wgmma(monkeypatch, pipe)
+    for _ in range(4):
+        _long_ragged_case(head_size, dtype, "nhd", [0, 8, 4], kv_pads=[0, 8])
+
+
+def test_prefill_wgmma_fallback(monkeypatch):
+    """A call the wgmma kernel does not cover (head size 96, vLLM value layout) takes the other
+    kernels under PAGEDKV_PREFILL_WGMMA=1 and raises under =2 (on any GPU)."""
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "1")
+    _long_ragged_case(96, torch.float16, "nhd", [0])
+    _long_ragged_case(128, torch.bfloat16, "vllm", [0])
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "2")
+    with pytest.raises(ValueError, match="PAGEDKV_PREFILL_WGMMA=2"):
+        _long_ragged_case(96, torch.float16, "nhd", [0])
+
+
+# CUDA-core, mma.sync, wgmma with the serial / pipelined consumer loop
+@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-pipe"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
-    monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
+    if kernel.startswith("wgmma"):
+        _require_wgmma(monkeypatch, "1" if kernel.endswith("pipe") else "0")
+    else:
+        monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     b, length, hkv, group, d = 2, r.randint(900, 1300), 2, 4, 128

@@ -2,10 +2,12 @@
 // reuse). Query token t of sequence s sits at position ctx_len(s) + (t - query_start_loc[s]) and
 // attends causally to the cached context (from the paged cache) and to the new tokens up to
 // itself (from key/value). fp16/bf16 with an unquantised cache run on the tensor-core kernel
-// (prefill_mma_kernel.cuh); other cases use the CUDA-core kernel with one query token per CTA.
+// (prefill_mma_kernel.cuh), or on Hopper, when PAGEDKV_PREFILL_WGMMA asks for it, the wgmma kernel
+// (prefill_wgmma_kernel.cuh); other cases use the CUDA-core kernel with one query token per CTA.
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/prefill_mma.h"
+#include "ops/cuda/prefill_wgmma.h"
 
 namespace pagedkv::cuda_ops {
 
@@ -32,6 +34,18 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   }
   p.new_vec = vector_ok(key, 16) && vector_ok(value, 16);
   const cudaStream_t s = to_cuda(stream);
+  if (const int wg_mode = prefill_wgmma_mode(); wg_mode != 0) {
+    const char* why = prefill_wgmma_uncovered(p, query.dtype(), opts.kv_cache_dtype);
+    if (why == nullptr) {
+      launch_prefill_wgmma(p, query.dtype(), max_query_len, s);
+      check_launch("context_attention_fwd");
+      return;
+    }
+    PAGEDKV_CHECK(wg_mode != 2,
+                  "context_attention_fwd: PAGEDKV_PREFILL_WGMMA=2 but the wgmma "
+                  "kernel does not cover this call: ",
+                  why);
+  }
   if (prefill_mma_supported(p, query.dtype(), opts.kv_cache_dtype)) {
     launch_prefill_mma(p, query.dtype(), max_query_len, s);
     check_launch("context_attention_fwd");

@@ -28,8 +28,7 @@ bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache
          tensor_core_prefill();
 }
 
-void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s) {
-  if (p.num_seqs == 0 || max_query_len <= 0) return;
+prefill::VecFlags prefill::vec_flags(const AttnParams& p) {
   prefill::VecFlags vf;
   vf.q = rows16(p.q, p.q_s_tok, p.q_s_head);
   vf.out = rows16(p.out, p.o_s_tok, p.o_s_head);
@@ -38,6 +37,12 @@ void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cu
   vf.k_cache = p.kv_vec && p.kl.x % 8 == 0;
   vf.v_cache = p.kv_vec && p.vl.x % 8 == 0;
   vf.fresh = p.new_vec;
+  return vf;
+}
+
+void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s) {
+  if (p.num_seqs == 0 || max_query_len <= 0) return;
+  const prefill::VecFlags vf = prefill::vec_flags(p);
   if (qdtype == DType::kFloat16) {
     prefill::launch_f16(p, vf, max_query_len, s);
   } else {

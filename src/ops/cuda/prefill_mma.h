@@ -17,6 +17,9 @@ struct VecFlags {
   bool q, out, k_cache, v_cache, fresh;
 };
 
+// The flags for this call's operands (prefill_mma.cu).
+VecFlags vec_flags(const AttnParams& p);
+
 // Per query dtype (prefill_mma_f16.cu, prefill_mma_bf16.cu).
 void launch_f16(const AttnParams& p, const VecFlags& vf, int max_query_len, cudaStream_t s);
 void launch_bf16(const AttnParams& p, const VecFlags& vf, int max_query_len, cudaStream_t s);

@@ -1,0 +1,34 @@
+// Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): fp16/bf16 queries with an unquantised
+// cache whose K/V rows (cache and new tokens) allow 16-byte copies, head sizes 64 and 128, every
+// mask / soft-cap / alibi / window option of the mma.sync kernel. Opt-in while it is measured:
+//   PAGEDKV_PREFILL_WGMMA unset or 0: never used;
+//   1: used on compute capability 9.x devices (with sm_90a code) for the calls it covers, the
+//      mma.sync / CUDA-core kernels serve the rest;
+//   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
+// PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh).
+#pragma once
+
+#include "ops/cuda/attention_params.h"
+#include "ops/cuda/prefill_mma.h"
+
+namespace pagedkv::cuda_ops {
+
+int prefill_wgmma_mode();  // read per call
+// nullptr when the kernel covers this call on the current device, else why not (the mode is not
+// consulted).
+const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache);
+void launch_prefill_wgmma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s);
+
+namespace prefill_wg {
+
+// Per query dtype (prefill_wgmma_f16.cu, prefill_wgmma_bf16.cu).
+void launch_f16(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
+                cudaStream_t s);
+void launch_bf16(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
+                 cudaStream_t s);
+// Whether the build carries sm_90a code for this device (a build for plain "90" has none: wgmma
+// needs the architecture-specific target).
+bool has_sm90a_code();
+
+}  // namespace prefill_wg
+}  // namespace pagedkv::cuda_ops

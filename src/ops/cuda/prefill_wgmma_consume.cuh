@@ -1,0 +1,246 @@
+// Consumer warpgroups of the Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): each owns 64
+// query rows and walks every K/V stage the producer hands over. Two loop forms:
+//  - consume: S = Q K^T, softmax, O += P V, each wgmma waited for at once (the other consumer
+//    warpgroup keeps the tensor cores busy meanwhile);
+//  - consume_pipelined (PAGEDKV_PREFILL_WGMMA_PIPE=1): S of tile i + 1 and P_i V_i are in flight
+//    together and the softmax of tile i + 1 runs under P_i V_i (FlashAttention-3's intra-warpgroup
+//    overlap), at the price of holding P_i (BN / 2 registers) across the step.
+#pragma once
+
+#include "ops/cuda/prefill_mma.h"
+#include "ops/cuda/prefill_softmax.cuh"
+#include "ops/cuda/prefill_wgmma_tile.cuh"
+
+namespace pagedkv::cuda_ops::prefill_wg {
+
+#if PAGEDKV_WGMMA_ENABLED
+
+// Issues S = Q K^T for this warpgroup's 64 rows and one K stage (d in k-steps of 16): one
+// committed wgmma group.
+template <typename T, int DP>
+__device__ __forceinline__ void issue_qk(float (&s)[16][4], uint32_t q_addr, uint32_t k_addr) {
+  using C = Tile<DP>;
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) {
+    // k-step kk: 64-column block kk / 4 (BM or BN rows of 128 bytes), 32 bytes per 16 columns.
+    const uint32_t col = (kk % 4) * 32;
+    const uint64_t da = wgmma::desc_sw128(q_addr + (kk / 4) * C::BM * 128 + col, 16, 1024);
+    const uint64_t db = wgmma::desc_sw128(k_addr + (kk / 4) * C::BN * 128 + col, 16, 1024);
+    wgmma::mma_ss_n128<T>(s, da, db, kk > 0);
+  }
+  wgmma::commit();
+}
+
+// P (probabilities in the S accumulators) as 16-bit register A fragments, one per 16 keys.
+template <typename T>
+__device__ __forceinline__ void pack_p(uint32_t (&a)[8][4], const float (&s)[16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+// Issues O += P V with V from one stage read N-major (k-step kk: keys 16kk .. 16kk + 15, i.e. 16
+// rows of 128 bytes): one committed wgmma group.
+template <typename T, int DP>
+__device__ __forceinline__ void issue_pv(float (&o)[DP / 8][4], const uint32_t (&a)[8][4],
+                                         uint32_t v_addr) {
+  using C = Tile<DP>;
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk) {
+    wgmma::mma_rs_tn<T>(o, a[kk], wgmma::desc_sw128(v_addr + kk * 16 * 128, C::BN * 128, 1024));
+  }
+  wgmma::commit();
+}
+
+template <int DP>
+__device__ __forceinline__ void rescale(float (&o)[DP / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < DP / 8; ++j) {
+    o[j][0] *= alpha[0];
+    o[j][1] *= alpha[0];
+    o[j][2] *= alpha[1];
+    o[j][3] *= alpha[1];
+  }
+}
+
+// This warpgroup's rows and the per-tile decisions (warpgroup-uniform).
+struct WgRows {
+  int wr0, q_min, q_max;  // first packed row; positions of its first and last live rows
+  bool any, extras;       // any live row; soft-cap / alibi / odd scale: every tile masked
+
+  __device__ WgRows(const AttnParams& p, const CtaWork& w, int wg) {
+    wr0 = w.r0 + wg * 64;
+    any = wr0 < w.rows;
+    q_min = w.ctx + wr0 / p.group;
+    q_max = w.ctx + (min(wr0 + 64, w.rows) - 1) / p.group;
+    extras = p.softcap > 0.f || p.alibi != nullptr || !(p.qk_scale > 0.f);
+  }
+  // Keys [kt, kt + BN) touch these rows (causally, and inside the window).
+  __device__ bool live(const AttnParams& p, int kt, int bn) const {
+    return any && kt <= q_max && !(p.window > 0 && kt + bn - 1 <= q_min - p.window);
+  }
+  // ... and are visible to all of them, without soft-cap / alibi: no per-element masks.
+  __device__ bool plain(const AttnParams& p, int kt, int bn) const {
+    return !extras && kt + bn - 1 <= q_min && (p.window <= 0 || kt > q_max - p.window);
+  }
+};
+
+// Waits until the producer's copies of one half-stage landed, and makes them visible to wgmma.
+// Every consumer waits, live or not: its "empty" arrival must not let the producer refill a stage
+// whose copies are still landing (their completions would count toward the next phase).
+__device__ __forceinline__ void wait_full(uint64_t* bar, int it, int stages) {
+  wgmma::mbar_wait(bar, (it / stages) & 1);
+  wgmma::fence_proxy_async();
+}
+
+// One arrival per consumer warp on the stage's "empty" barrier (expected count 8).
+__device__ __forceinline__ void release(uint64_t* bar) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) wgmma::mbar_arrive(bar);
+}
+
+// Normalises this thread's O rows, stages them (swizzled) in the warpgroup's own Q rows (no
+// wgmma reads them any more), and writes them out with 16-byte stores where the rows allow it.
+template <typename T, int DP>
+__device__ __forceinline__ void store_o(const AttnParams& p, const CtaWork& w, bool vec_out,
+                                        float (&o)[DP / 8][4], float (&l)[2], unsigned char* sQ,
+                                        int wg) {
+  using C = Tile<DP>;
+  const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = wtid >> 5;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    const int r = wg * 64 + warp * 16 + lane / 4 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < DP / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(sQ + wgmma::sw128(r, j, C::BM) + 4 * (lane & 3)) =
+          pack2<T>(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    }
+  }
+  wgmma::bar_sync(1 + wg, 128);
+  T* out = static_cast<T*>(p.out);
+  for (int idx = wtid; idx < 64 * C::CH; idx += 128) {
+    const int r = wg * 64 + idx / C::CH, c = idx % C::CH, gr = w.r0 + r;
+    if (gr >= w.rows) continue;
+    T* dst = out + int64_t(w.qs + gr / p.group) * p.o_s_tok +
+             int64_t(w.kvh * p.group + gr % p.group) * p.o_s_head + c * 8;
+    const uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128(r, c, C::BM));
+    if (vec_out) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = reinterpret_cast<const T*>(&v)[e];
+    }
+  }
+}
+
+// Consumer warpgroup wg, serial form: per tile S, softmax, P V, each waited for at once.
+template <typename T, int DP>
+__device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, uint32_t sbase,
+                                        uint64_t* bars, int wg, float (&o)[DP / 8][4],
+                                        float (&l)[2]) {
+  using C = Tile<DP>;
+  uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
+  const int warp = (threadIdx.x & 127) >> 5;
+  const WgRows wr(p, w, wg);
+  const uint32_t q_addr = sbase + wg * 64 * 128;
+  float m[2] = {-INFINITY, -INFINITY};
+  for (int it = 0; it < w.n_tiles; ++it) {
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
+    const bool live = wr.live(p, kt, C::BN);
+    wait_full(&full_k[stage], it, C::kStages);
+    float s[1][16][4];
+    uint32_t a[8][4];
+    if (live) {
+      wgmma::fence();
+      issue_qk<T, DP>(s[0], q_addr, sbase + C::kKOff + stage * C::kKVBytes);
+      wgmma::wait<0>();
+      wgmma::fence_operand(s[0]);
+      float alpha[2];
+      prefill::online_softmax<1, C::BN>(s, m, l, alpha, wr.plain(p, kt, C::BN), p, kt,
+                                        wr.wr0 + warp * 16, w.rows, w.ctx, w.kvh);
+      rescale<DP>(o, alpha);
+      pack_p<T>(a, s[0]);
+    }
+    wait_full(&full_v[stage], it, C::kStages);
+    if (live) {
+      wgmma::fence_operand(o);
+      wgmma::fence();
+      issue_pv<T, DP>(o, a, sbase + C::kVOff + stage * C::kKVBytes);
+      wgmma::wait<0>();
+      wgmma::fence_operand(o);
+    }
+    release(&empty[stage]);
+  }
+}
+
+// Consumer warpgroup wg, pipelined form. Step i issues S_i = Q K_i and then P_{i-1} V_{i-1},
+// waits for S_i only, runs the softmax of tile i while P_{i-1} V_{i-1} is in flight, then waits
+// for it, releases stage i - 1, rescales O and packs P_i for the next step.
+template <typename T, int DP>
+__device__ __forceinline__ void consume_pipelined(const AttnParams& p, const CtaWork& w,
+                                                  uint32_t sbase, uint64_t* bars, int wg,
+                                                  float (&o)[DP / 8][4], float (&l)[2]) {
+  using C = Tile<DP>;
+  uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
+  const int warp = (threadIdx.x & 127) >> 5;
+  const WgRows wr(p, w, wg);
+  const uint32_t q_addr = sbase + wg * 64 * 128;
+  float m[2] = {-INFINITY, -INFINITY};
+  uint32_t a[8][4];        // P of the previous tile
+  bool prev_live = false;  // ... and whether it has one
+  for (int it = 0; it <= w.n_tiles; ++it) {
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
+    const int prev = (it + C::kStages - 1) % C::kStages;
+    const bool live = it < w.n_tiles && wr.live(p, kt, C::BN);
+    if (it < w.n_tiles) wait_full(&full_k[stage], it, C::kStages);
+    if (it > 0) wait_full(&full_v[prev], it - 1, C::kStages);
+    const uint32_t k_addr = sbase + C::kKOff + stage * C::kKVBytes;
+    const uint32_t v_addr = sbase + C::kVOff + prev * C::kKVBytes;
+    float s[1][16][4], alpha[2] = {1.f, 1.f};
+    auto softmax = [&]() {
+      wgmma::fence_operand(s[0]);
+      prefill::online_softmax<1, C::BN>(s, m, l, alpha, wr.plain(p, kt, C::BN), p, kt,
+                                        wr.wr0 + warp * 16, w.rows, w.ctx, w.kvh);
+    };
+    // Each branch is a whole fence / issue / wait sequence: ptxas serialises wgmma issued and
+    // waited for under different conditions.
+    if (live && prev_live) {
+      wgmma::fence_operand(o);
+      wgmma::fence();
+      issue_qk<T, DP>(s[0], q_addr, k_addr);
+      issue_pv<T, DP>(o, a, v_addr);
+      wgmma::wait<1>();  // S_i (committed first) done; P_{i-1} V_{i-1} may still run
+      softmax();
+      wgmma::wait<0>();
+      wgmma::fence_operand(o);
+    } else if (live) {
+      wgmma::fence();
+      issue_qk<T, DP>(s[0], q_addr, k_addr);
+      wgmma::wait<0>();
+      softmax();
+    } else if (prev_live) {
+      wgmma::fence_operand(o);
+      wgmma::fence();
+      issue_pv<T, DP>(o, a, v_addr);
+      wgmma::wait<0>();
+      wgmma::fence_operand(o);
+    }
+    if (it > 0) release(&empty[prev]);
+    if (live) {
+      rescale<DP>(o, alpha);
+      pack_p<T>(a, s[0]);
+    }
+    prev_live = live;
+  }
+}
+
+#endif  // PAGEDKV_WGMMA_ENABLED
+
+}  // namespace pagedkv::cuda_ops::prefill_wg

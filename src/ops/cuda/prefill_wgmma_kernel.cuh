@@ -1,0 +1,112 @@
+// Hopper prefill / extend attention kernel (FlashAttention-3 style, sm_90a) over a paged prefix.
+//
+// A CTA owns BM = 128 query rows of one sequence and one KV head (rows pack (token, query head of
+// the group) pairs like the mma.sync kernel, so each K/V tile serves the whole GQA group) and is
+// three warpgroups (prefill_wgmma_tile.cuh):
+//  - warpgroup 2, the producer, streams K and V tiles of BN keys (paged cache + new tokens) into
+//    kStages 128-byte swizzled stages with cp.async; each tile half signals its own "full"
+//    mbarrier through cp.async.mbarrier.arrive, and a stage is reused once both consumers have
+//    arrived on its "empty" mbarrier.
+//  - warpgroups 0 and 1, the consumers, own 64 rows each: S = Q K^T with wgmma (Q and K from
+//    shared memory, both K-major), online softmax on the accumulators (prefill_softmax.cuh, masks
+//    only on tiles that cross the diagonal / window or need soft-cap / alibi), then O += P V
+//    with P packed to 16 bits in registers as the A operand and V read N-major (transpose flag).
+// The consumers are not synchronised with each other, so one's softmax overlaps the other's
+// wgmma; kPipe also overlaps a consumer's own softmax with its P V (prefill_wgmma_consume.cuh).
+// CTAs are ordered so that every sequence's last (longest causal) query tile starts first.
+#pragma once
+
+#include <algorithm>
+
+#include "ops/cuda/prefill_mma.h"
+#include "ops/cuda/prefill_wgmma.h"
+#include "ops/cuda/prefill_wgmma_consume.cuh"
+#include "ops/cuda/prefill_wgmma_tile.cuh"
+
+namespace pagedkv::cuda_ops::prefill_wg {
+
+#if PAGEDKV_WGMMA_ENABLED
+
+// Producer warpgroup: every K/V tile of the CTA, kStages ahead of the slower consumer.
+template <typename T, int DP>
+__device__ __forceinline__ void produce(const AttnParams& p, const CtaWork& w, uint32_t sbase,
+                                        uint64_t* bars) {
+  using C = Tile<DP>;
+  uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
+  const int ptid = threadIdx.x - 256;
+  const int* bt = p.block_tables + int64_t(w.seq) * p.bt_stride;
+  for (int it = 0; it < w.n_tiles; ++it) {
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
+    if (it >= C::kStages) wgmma::mbar_wait(&empty[stage], (it / C::kStages - 1) & 1);
+    load_kv<T, DP>(sbase + C::kKOff + stage * C::kKVBytes, static_cast<const T*>(p.k_cache), p.kl,
+                   static_cast<const T*>(p.k_new), p.knl, p, bt, kt, w.k_hi, w.ctx, w.qs, w.kvh,
+                   ptid);
+    wgmma::mbar_arrive_cp_async(&full_k[stage]);
+    load_kv<T, DP>(sbase + C::kVOff + stage * C::kKVBytes, static_cast<const T*>(p.v_cache), p.vl,
+                   static_cast<const T*>(p.v_new), p.vnl, p, bt, kt, w.k_hi, w.ctx, w.qs, w.kvh,
+                   ptid);
+    wgmma::mbar_arrive_cp_async(&full_v[stage]);
+  }
+  cp_async_wait_all();  // nothing in flight when the thread exits
+}
+
+// Consumer warpgroup wg: loads its Q rows, runs the tile loop (either form), writes its O rows.
+template <typename T, int DP, bool kPipe>
+__device__ __forceinline__ void consumer(const AttnParams& p, const prefill::VecFlags& vf,
+                                         const CtaWork& w, unsigned char* smem, uint64_t* bars,
+                                         int wg) {
+  const uint32_t sbase = smem_addr(smem);
+  load_q<T, DP>(sbase, p, vf.q, w.qs, w.rows, w.r0, w.r0 + wg * 64, w.kvh, threadIdx.x & 127);
+  cp_async_wait_all();
+  wgmma::fence_proxy_async();
+  wgmma::bar_sync(1 + wg, 128);
+
+  float o[DP / 8][4];
+#pragma unroll
+  for (int j = 0; j < DP / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float l[2] = {0.f, 0.f};
+  if constexpr (kPipe) {
+    consume_pipelined<T, DP>(p, w, sbase, bars, wg, o, l);
+  } else {
+    consume<T, DP>(p, w, sbase, bars, wg, o, l);
+  }
+  store_o<T, DP>(p, w, vf.out, o, l, smem, wg);
+}
+
+#endif  // PAGEDKV_WGMMA_ENABLED
+
+template <typename T, int DP, bool kPipe>
+__global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
+    prefill_wgmma_kernel(const AttnParams p, const prefill::VecFlags vf) {
+#if PAGEDKV_WGMMA_ENABLED
+  using C = Tile<DP>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Swizzled atoms must sit on 1024-byte boundaries: align the base by hand (kSmem has the slack).
+  const uint32_t raw = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
+
+  CtaWork w;
+  if (!cta_work<C::BM, C::BN>(p, w)) return;  // CTA-uniform
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < C::kStages; ++i) {
+      wgmma::mbar_init(&bars[i], 128);                 // full_k: producer threads
+      wgmma::mbar_init(&bars[C::kStages + i], 128);    // full_v
+      wgmma::mbar_init(&bars[2 * C::kStages + i], 8);  // empty: consumer warps
+    }
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == C::kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
+    produce<T, DP>(p, w, smem_addr(smem), bars);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+    consumer<T, DP, kPipe>(p, vf, w, smem, bars, wg);
+  }
+#else
+  __trap();  // never launched: the host only picks this kernel on sm_90 with sm_90a code
+#endif
+}
+
+}  // namespace pagedkv::cuda_ops::prefill_wg

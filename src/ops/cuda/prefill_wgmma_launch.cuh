@@ -1,0 +1,54 @@
+// Launch of the wgmma prefill kernel (prefill_wgmma_kernel.cuh) per query dtype and head size.
+#pragma once
+
+#include <algorithm>
+
+#include "ops/cuda/device_props.h"
+#include "ops/cuda/prefill_wgmma_kernel.cuh"
+
+namespace pagedkv::cuda_ops::prefill_wg {
+
+// PAGEDKV_PREFILL_WGMMA_PIPE=1: the pipelined consumer loop (prefill_wgmma_consume.cuh), a
+// comparison knob while both forms are measured; read per call.
+inline bool pipelined() { return env_int("PAGEDKV_PREFILL_WGMMA_PIPE", 0) != 0; }
+
+template <typename T, int DP, bool kPipe>
+void launch_dp(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
+               cudaStream_t s) {
+  using C = Tile<DP>;
+  const int64_t tiles =
+      std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
+  const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
+  PAGEDKV_CHECK(ctas < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
+  auto kernel = prefill_wgmma_kernel<T, DP, kPipe>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
+             "context_attention_fwd");
+  kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(p, vf);
+}
+
+template <typename T>
+void launch_typed(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
+                  cudaStream_t s) {
+  const bool pipe = pipelined();
+  if (p.head_size == 64) {
+    pipe ? launch_dp<T, 64, true>(p, vf, max_query_len, s)
+         : launch_dp<T, 64, false>(p, vf, max_query_len, s);
+  } else {
+    pipe ? launch_dp<T, 128, true>(p, vf, max_query_len, s)
+         : launch_dp<T, 128, false>(p, vf, max_query_len, s);
+  }
+}
+
+// The kernel image the current device would run was compiled for compute capability 9.x (with
+// the default PAGEDKV_CUDA_ARCHS "80;90a": the sm_90a one; an sm_80 image has only the trap).
+template <typename T, int DP>
+bool has_code_for() {
+  cudaFuncAttributes a{};
+  if (cudaFuncGetAttributes(&a, prefill_wgmma_kernel<T, DP, false>) != cudaSuccess) {
+    cudaGetLastError();  // no image for this device: not an error of the caller's
+    return false;
+  }
+  return a.binaryVersion >= 90 && a.binaryVersion < 100;
+}
+
+}  // namespace pagedkv::cuda_ops::prefill_wg

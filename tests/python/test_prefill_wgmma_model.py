@@ -1,0 +1,148 @@
+"""CPU checks of the Hopper wgmma prefill kernel's shared-memory and fragment index math
+(src/ops/cuda/prefill_wgmma_consume.cuh, prefill_wgmma_tile.cuh, wgmma.cuh) under the numpy wgmma
+model (wgmma_model.py): Q, K and V tiles stored with the kernel's swizzled chunk addresses and
+read back through the kernel's descriptors give S = Q K^T for each consumer warpgroup's 64 rows
+and O = P V with P re-packed from the S accumulators; and at tile level, both consumer loops
+(serial, pipelined) order S, softmax, rescale and P V correctly. The functions below mirror the
+kernel's expressions; keep them in step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from wgmma_model import (
+    acc_index,
+    decode,
+    desc_sw128,
+    read_k_major,
+    read_mn_major,
+    regs_to_a,
+    sw128,
+    wgmma,
+)
+
+BM, BN = 128, 128  # Tile<DP>::BM, BN
+
+
+def store_tile(smem: np.ndarray, base: int, mat: np.ndarray) -> None:
+    """load_q / load_kv: row j, 16-byte chunk c of a [rows][dp] tile to base + sw128(j, c, rows)."""
+    rows, dp = mat.shape
+    for j in range(rows):
+        for c in range(dp // 8):
+            addr = base + sw128(j, c, rows)
+            smem[addr // 2:addr // 2 + 8] = mat[j, 8 * c:8 * c + 8]
+
+
+def qk(smem: np.ndarray, q_addr: int, k_addr: int, dp: int) -> np.ndarray:
+    """issue_qk(): S accumulators [128 threads, BN / 8, 4] of one warpgroup."""
+    s = np.full((128, BN // 8, 4), np.nan)
+    for kk in range(dp // 16):
+        col = (kk % 4) * 32
+        da = desc_sw128(q_addr + (kk // 4) * BM * 128 + col, 16, 1024)
+        db = desc_sw128(k_addr + (kk // 4) * BN * 128 + col, 16, 1024)
+        wgmma(s, read_k_major(smem, da, 64), read_k_major(smem, db, BN).T, scale_d=kk > 0)
+    return s
+
+
+def pv(smem: np.ndarray, o: np.ndarray, s: np.ndarray, v_addr: int, dp: int) -> None:
+    """pack_p() + issue_pv(): o += P V, P packed from s per k-step of 16 keys."""
+    for kk in range(BN // 16):
+        regs = np.stack([s[:, 2 * kk, 0:2], s[:, 2 * kk, 2:4], s[:, 2 * kk + 1, 0:2],
+                         s[:, 2 * kk + 1, 2:4]], axis=1)
+        b = read_mn_major(smem, desc_sw128(v_addr + kk * 16 * 128, BN * 128, 1024), dp)
+        wgmma(o, regs_to_a(regs), b)
+
+
+def gather(acc: np.ndarray) -> np.ndarray:
+    """Per-thread accumulators [128, n / 8, 4] -> the 64 x n matrix."""
+    m = np.full((64, acc.shape[1] * 8), np.nan)
+    for tid in range(128):
+        for j in range(acc.shape[1]):
+            for e in range(4):
+                m[acc_index(tid, j, e)] = acc[tid, j, e]
+    return m
+
+
+def test_descriptor_fields_round_trip():
+    for addr, lbo, sbo in [(0x1C400, 16, 1024), (0x2A000, 16384, 1024), (1024, 8192, 1024)]:
+        assert decode(desc_sw128(addr, lbo, sbo)) == (addr, lbo, sbo, 1)
+
+
+def test_sw128_rows_of_an_atom_hit_distinct_banks():
+    """8 rows written or read at the same chunk cover all 32 banks (no conflicts)."""
+    for c in range(16):
+        banks = {(sw128(r, c, BM) // 4 + w) % 32 for r in range(8) for w in range(4)}
+        assert len(banks) == 32
+
+
+@pytest.mark.parametrize("dp", [64, 128])
+@pytest.mark.parametrize("wg", [0, 1])
+def test_qk_and_pv_read_the_stored_tiles(dp, wg):
+    rng = np.random.default_rng()
+    q = rng.integers(-4, 5, (BM, dp)).astype(np.float64)  # small integers: exact products
+    k = rng.integers(-4, 5, (BN, dp)).astype(np.float64)
+    v = rng.integers(-4, 5, (BN, dp)).astype(np.float64)
+    k_off = BM * dp * 2  # Tile::kKOff; a V stage after two K stages, like kVOff + stage 1
+    v_off = k_off + 2 * BN * dp * 2 + BN * dp * 2
+    smem = np.full((v_off + BN * dp * 2) // 2, np.nan)
+    store_tile(smem, 0, q)
+    store_tile(smem, k_off, k)
+    store_tile(smem, v_off, v)
+
+    s = qk(smem, wg * 64 * 128, k_off, dp)
+    rows = slice(wg * 64, wg * 64 + 64)
+    np.testing.assert_array_equal(gather(s), q[rows] @ k.T)
+
+    p = rng.integers(-2, 3, s.shape).astype(np.float64)  # stand-in probabilities
+    o = np.zeros((128, dp // 8, 4))
+    pv(smem, o, p, v_off, dp)
+    np.testing.assert_array_equal(gather(o), gather(p) @ v)
+
+
+def _online_softmax(s: np.ndarray, m: np.ndarray, lsum: np.ndarray) -> np.ndarray:
+    """prefill_softmax.cuh's update for an unmasked tile (natural-log domain here): turns s into
+    P in place, updates the running max m and sum lsum, returns the rescale factor alpha."""
+    mx = np.maximum(m, s.max(axis=1))
+    alpha = np.exp(m - mx)
+    s[:] = np.exp(s - mx[:, None])
+    lsum[:] = lsum * alpha + s.sum(axis=1)
+    m[:] = mx
+    return alpha
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_consumer_loops_match_softmax_attention(pipelined):
+    """consume / consume_pipelined at tile level: the order of S, softmax, rescale and P V
+    (deferred by one step in the pipelined loop), with dead tiles (skipped keys) anywhere."""
+    rng = np.random.default_rng()
+    n_tiles, rows, bn, dp = 6, 8, 4, 5
+    q = rng.normal(size=(rows, dp))
+    k = rng.normal(size=(n_tiles * bn, dp))
+    v = rng.normal(size=(n_tiles * bn, dp))
+    live = rng.random(n_tiles) < 0.7
+    live[rng.integers(n_tiles)] = True
+    o, lsum, m = np.zeros((rows, dp)), np.zeros(rows), np.full(rows, -np.inf)
+    tile = lambda x, i: x[i * bn:(i + 1) * bn]  # noqa: E731
+    if not pipelined:
+        for it in range(n_tiles):
+            if live[it]:
+                s = q @ tile(k, it).T
+                o *= _online_softmax(s, m, lsum)[:, None]
+                o += s @ tile(v, it)
+    else:
+        a, prev_live = None, False
+        for it in range(n_tiles + 1):
+            cur = it < n_tiles and live[it]
+            s = q @ tile(k, it).T if cur else None  # issue_qk
+            if prev_live:
+                o += a @ tile(v, it - 1)  # issue_pv (completes before the rescale below)
+            alpha = _online_softmax(s, m, lsum) if cur else np.ones(rows)
+            if cur:
+                o *= alpha[:, None]
+                a = s  # pack_p
+            prev_live = cur
+    keys = np.concatenate([tile(k, i) for i in range(n_tiles) if live[i]])
+    vals = np.concatenate([tile(v, i) for i in range(n_tiles) if live[i]])
+    w = np.exp(q @ keys.T - (q @ keys.T).max(axis=1, keepdims=True))
+    np.testing.assert_allclose(o / lsum[:, None], (w / w.sum(axis=1, keepdims=True)) @ vals,
+                               rtol=1e-10)
