@@ -17,6 +17,7 @@
 
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/decode_merge.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace pagedkv::cuda_ops {
@@ -386,39 +387,12 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
     }
   }
   __syncthreads();
-  const bool split = p.partition_size > 0;
   for (int idx = threadIdx.x; idx < GC * DW; idx += NW * 32) {
     const int g = idx / DW, d = idx % DW;
     if (g >= ng || d >= D) continue;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w][g]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const float a = exp2f(sm_m[w][g] - M);
-        L += sm_l[w][g] * a;
-        O += sm_acc[w][g][d] * a;
-      }
-    }
-    const float o = L > 0.f ? O / L : 0.f;
-    const int h = kvh * p.group + g0 + g;
-    if (split) {
-      const int64_t ml = (int64_t(seq) * p.num_heads + h) * p.max_parts + part;
-      if (p.tmp_f32) {
-        static_cast<float*>(p.tmp_out)[ml * D + d] = o;
-      } else {
-        static_cast<QT*>(p.tmp_out)[ml * D + d] = from_float<QT>(o);
-      }
-      if (d == 0) {
-        p.exp_sums[ml] = L;
-        p.max_logits[ml] = M == -INFINITY ? -INFINITY : M / kLog2e;
-      }
-    } else {
-      static_cast<QT*>(p.out)[int64_t(item) * p.o_s_tok + int64_t(h) * p.o_s_head + d] =
-          from_float<QT>(o);
-    }
+    merge_store<QT, NW>(
+        p, seq, item, kvh * p.group + g0 + g, part, d, 1.f, [&](int w) { return sm_m[w][g]; },
+        [&](int w) { return sm_l[w][g]; }, [&](int w) { return sm_acc[w][g][d]; });
   }
 }
 

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/decode_merge.cuh"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/mma.cuh"
 
@@ -449,38 +450,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
   }
   __syncthreads();
 
-  const bool split = p.partition_size > 0;
   for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
     const int g = idx / D, d = idx - g * D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][g]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float a = exp2f(sm_m[w][g] - M);
-        L += sm_l[w][g] * a;
-        O += reinterpret_cast<const float*>(smem + mp.q_bytes + w * mp.warp_bytes)[g * D + d] * a;
-      }
-    }
-    const float out = L > 0.f ? O / L * p.v_scale : 0.f;
-    const int h = kvh * p.group + g0 + g;
-    if (split) {
-      const int64_t ml = (int64_t(seq) * p.num_heads + h) * p.max_parts + part;
-      if (p.tmp_f32) {
-        static_cast<float*>(p.tmp_out)[ml * D + d] = out;
-      } else {
-        static_cast<QT*>(p.tmp_out)[ml * D + d] = from_float<QT>(out);
-      }
-      if (d == 0) {
-        p.exp_sums[ml] = L;
-        p.max_logits[ml] = M == -INFINITY ? -INFINITY : M / kL2e;
-      }
-    } else {
-      static_cast<QT*>(p.out)[int64_t(seq) * p.o_s_tok + int64_t(h) * p.o_s_head + d] =
-          from_float<QT>(out);
-    }
+    merge_store<QT, kWarps>(
+        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale,
+        [&](int w) { return sm_m[w][g]; }, [&](int w) { return sm_l[w][g]; },
+        [&](int w) {
+          return reinterpret_cast<const float*>(smem + mp.q_bytes + w * mp.warp_bytes)[g * D + d];
+        });
   }
 }
 
