@@ -46,7 +46,7 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
     mbar_arrive_expect(full, groups * kGroupBytes);
     const void* cmap = is_v ? &wp.v_cache_map : &wp.k_cache_map;
     const void* nmap = is_v ? &wp.v_new_map : &wp.k_new_map;
-#pragma unroll 1
+#pragma unroll  // the block-table loads of all groups can be in flight together
     for (int g = 0; g < C::BN / 16; ++g) {
       const int key0 = kt + 16 * g;
       if (!tma_group(wp, key0, w.ctx)) continue;
