@@ -163,6 +163,13 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
     return res
 
 
+def decode_kernel_name(major: int) -> str:
+    """Which decode kernel the library runs on this benchmark's calls (NHD cache, bf16)."""
+    if major >= 9 and os.environ.get("PAGEDKV_DECODE_BULK", "").strip() != "0":
+        return "Hopper bulk-copy (decode_bulk; PAGEDKV_DECODE_BULK=0 turns it off)"
+    return f"{'tensor-core' if mma_decode_enabled() else 'CUDA-core'} (PAGEDKV_DECODE_MMA)"
+
+
 def _prefill_inputs(b: int, length: int) -> dict:
     n = b * length
     return {"q": torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"),
@@ -274,8 +281,7 @@ def main() -> None:
     sms = props.multi_processor_count
     bw = copy_bandwidth()
     print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
-          f"decode kernel: {'tensor-core' if mma_decode_enabled() else 'CUDA-core'} "
-          f"(PAGEDKV_DECODE_MMA)")
+          f"decode kernel: {decode_kernel_name(props.major)}")
     dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "

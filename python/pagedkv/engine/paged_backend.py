@@ -16,8 +16,10 @@ from typing import List, Optional
 import torch
 
 from pagedkv import ops
+from pagedkv.attention import decode_partition_size
 
-# Keys per partition of paged_attention_v2 (pagedkv.ops' default; seed 001's _PARTITION_SIZE).
+# Keys per partition of paged_attention_v2 on the CPU (pagedkv.ops' default; seed 001's
+# _PARTITION_SIZE). On CUDA the split comes from decode_partition_size.
 _PARTITION_SIZE = 512
 
 
@@ -81,11 +83,12 @@ class PagedAttentionBackend:
         n = meta.num_prefills
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len
-        num_partitions = (max_len + _PARTITION_SIZE - 1) // _PARTITION_SIZE
-        if num_partitions <= 1:
+        partition_size = self._partition_size(q, max_len)
+        if partition_size == 0:
             ops.paged_attention_v1(out, q, key_cache, value_cache, self.num_kv_heads, self.scale,
                                    block_tables, seq_lens, self.block_size, max_len)
             return
+        num_partitions = (max_len + partition_size - 1) // partition_size
         num_seqs = q.shape[0]
         exp_sums = torch.empty(num_seqs, self.num_heads, num_partitions, dtype=torch.float32,
                                device=q.device)
@@ -94,4 +97,15 @@ class PagedAttentionBackend:
                               dtype=torch.float32, device=q.device)
         ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, q, key_cache, value_cache,
                                self.num_kv_heads, self.scale, block_tables, seq_lens,
-                               self.block_size, max_len)
+                               self.block_size, max_len, partition_size=partition_size)
+
+    def _partition_size(self, q: torch.Tensor, max_len: int) -> int:
+        """0 (single pass) or the split-K partition. On CUDA the library's choice: split only a
+        batch that leaves the GPU under-filled; it depends on the batch size and max_len alone,
+        both fixed for a captured CUDA graph (which is captured at the model's maximum length).
+        On the CPU: 512-key partitions past 512 keys."""
+        if q.is_cuda:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            return decode_partition_size(q.shape[0], self.num_heads, self.num_kv_heads, max_len,
+                                         self.block_size, sms)
+        return _PARTITION_SIZE if max_len > _PARTITION_SIZE else 0

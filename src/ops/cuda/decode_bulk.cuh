@@ -112,87 +112,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     k_hi = min(k_hi, (part + 1) * p.partition_size);
   }
 
-  // ---- the query tile [NR][D + 8] (MT); rows g >= ng are zeros ----
-  const int qp = D + 8;
-  MT* qs = reinterpret_cast<MT*>(qbase);
-  const QT* qg = static_cast<const QT*>(p.q) + int64_t(seq) * p.q_s_tok;
-  auto qval = [&](int idx) {
-    const int g = idx / D, d = idx - g * D;
-    return g < ng ? to_float(qg[int64_t(kvh * p.group + g0 + g) * p.q_s_head + d]) : 0.f;
-  };
-  // fp8: the fp16 MMAs see the queries times 2^e, with |q| * 2^e in [2^14, 2^15) (exact; a bf16
-  // query may lie outside fp16's range), and the logits are scaled back by 2^-e.
-  float qmul = 1.f;
-  if constexpr (kFp8) {
-    if (threadIdx.x == 0) sm_amax = 0;
-    __syncthreads();
-    float a = 0.f;
-    for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) a = fmaxf(a, fabsf(qval(idx)));
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if (lane == 0) atomicMax(&sm_amax, __float_as_uint(a));
-    __syncthreads();
-    const float amax = __uint_as_float(sm_amax);
-    if (amax > 0.f && amax <= 3.0e38f) {
-      int ex = 0;
-      frexpf(amax, &ex);
-      qmul = ldexpf(1.f, min(max(15 - ex, -120), 120));
-    }
-  }
-  for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) {
-    const int g = idx / D, d = idx - g * D;
-    qs[g * qp + d] = from_float<MT>(qval(idx) * qmul);
-  }
+  // ---- each warp's ring barriers, then its first copies: they need no query, so the KV
+  //      fetch starts before the query tile is loaded (hides that load's latency) ----
   const int S = bp.stages;
   uint64_t* bars = reinterpret_cast<uint64_t*>(qbase + bp.q_bytes) + warp * kBulkMaxStages;
   if (lane == 0) {
     for (int i = 0; i < S; ++i) mbar_init(bars + i, 1);
   }
   mbar_init_fence();
-  __syncthreads();
-
-  // B fragment i of k step ks, column tile nh: head nh * 8 + r at logical k 2q, 2q + 1 (i = 0) and
-  // 2q + 8, 2q + 9 (i = 1); with fp8 those are dims 4q..4q+3 of the step (see the K fragments).
-  auto qfrag = [&](int ks, int nh, int i) -> uint32_t {
-    const MT* row = qs + (nh * 8 + r) * qp + ks * 16;
-    return *reinterpret_cast<const uint32_t*>(row + (kFp8 ? 4 * q + 2 * i : 2 * q + 8 * i));
-  };
-  uint32_t qf[kQRegs ? KD : 1][NH][2];
-  if constexpr (kQRegs) {
-#pragma unroll
-    for (int ks = 0; ks < KD; ++ks) {
-#pragma unroll
-      for (int nh = 0; nh < NH; ++nh) {
-        qf[ks][nh][0] = ks * 16 < D ? qfrag(ks, nh, 0) : 0u;
-        qf[ks][nh][1] = ks * 16 < D ? qfrag(ks, nh, 1) : 0u;
-      }
-    }
-  }
-
-  // Logit constants and this lane's heads: nh * 8 + 2q + i.
-  const float kmul = p.qk_scale * p.k_scale / qmul;
-  const bool capped = p.softcap > 0.f;
-  const float c_in = capped ? kmul / p.softcap : 0.f;
-  const float c_out = capped ? p.softcap * kL2e : kmul * kL2e;
-  const bool has_alibi = p.alibi != nullptr;
-  float slope[NH][2];
-#pragma unroll
-  for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int g = nh * 8 + 2 * q + i;
-      slope[nh][i] = (has_alibi && g < ng) ? p.alibi[kvh * p.group + g0 + g] * kL2e : 0.f;
-    }
-  }
-
-  float m[NH][2], l[NH][2];
-  float o[KD][NH][4];
-#pragma unroll
-  for (int nh = 0; nh < NH; ++nh) {
-    m[nh][0] = m[nh][1] = -INFINITY;
-    l[nh][0] = l[nh][1] = 0.f;
-#pragma unroll
-    for (int mt = 0; mt < KD; ++mt) o[mt][nh][0] = o[mt][nh][1] = o[mt][nh][2] = o[mt][nh][3] = 0.f;
-  }
+  __syncwarp();  // the warp's barriers are initialised before its lanes copy
 
   // ---- this warp's chunks: cl + warp, cl + warp + kWarps, ... < ch ----
   const int cl = k_lo / kKeys, ch = (k_hi + kKeys - 1) / kKeys;
@@ -264,6 +192,91 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     fence_proxy_async();  // before a later copy rewrites these bytes
     __syncwarp();
   };
+
+  int nblk = 0;
+  if (n > 0) {
+    nblk = lookup(chunk(0));
+    for (int j = 0; j < S && j < n; ++j) {
+      issue(chunk(j), j, nblk);
+      nblk = lookup(chunk(j + 1));
+    }
+  }
+
+  // ---- the query tile [NR][D + 8] (MT); rows g >= ng are zeros ----
+  const int qp = D + 8;
+  MT* qs = reinterpret_cast<MT*>(qbase);
+  const QT* qg = static_cast<const QT*>(p.q) + int64_t(seq) * p.q_s_tok;
+  auto qval = [&](int idx) {
+    const int g = idx / D, d = idx - g * D;
+    return g < ng ? to_float(qg[int64_t(kvh * p.group + g0 + g) * p.q_s_head + d]) : 0.f;
+  };
+  // fp8: the fp16 MMAs see the queries times 2^e, with |q| * 2^e in [2^14, 2^15) (exact; a bf16
+  // query may lie outside fp16's range), and the logits are scaled back by 2^-e.
+  float qmul = 1.f;
+  if constexpr (kFp8) {
+    if (threadIdx.x == 0) sm_amax = 0;
+    __syncthreads();
+    float a = 0.f;
+    for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) a = fmaxf(a, fabsf(qval(idx)));
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (lane == 0) atomicMax(&sm_amax, __float_as_uint(a));
+    __syncthreads();
+    const float amax = __uint_as_float(sm_amax);
+    if (amax > 0.f && amax <= 3.0e38f) {
+      int ex = 0;
+      frexpf(amax, &ex);
+      qmul = ldexpf(1.f, min(max(15 - ex, -120), 120));
+    }
+  }
+  for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) {
+    const int g = idx / D, d = idx - g * D;
+    qs[g * qp + d] = from_float<MT>(qval(idx) * qmul);
+  }
+  __syncthreads();  // the query tile is complete
+
+  // B fragment i of k step ks, column tile nh: head nh * 8 + r at logical k 2q, 2q + 1 (i = 0) and
+  // 2q + 8, 2q + 9 (i = 1); with fp8 those are dims 4q..4q+3 of the step (see the K fragments).
+  auto qfrag = [&](int ks, int nh, int i) -> uint32_t {
+    const MT* row = qs + (nh * 8 + r) * qp + ks * 16;
+    return *reinterpret_cast<const uint32_t*>(row + (kFp8 ? 4 * q + 2 * i : 2 * q + 8 * i));
+  };
+  uint32_t qf[kQRegs ? KD : 1][NH][2];
+  if constexpr (kQRegs) {
+#pragma unroll
+    for (int ks = 0; ks < KD; ++ks) {
+#pragma unroll
+      for (int nh = 0; nh < NH; ++nh) {
+        qf[ks][nh][0] = ks * 16 < D ? qfrag(ks, nh, 0) : 0u;
+        qf[ks][nh][1] = ks * 16 < D ? qfrag(ks, nh, 1) : 0u;
+      }
+    }
+  }
+
+  // Logit constants and this lane's heads: nh * 8 + 2q + i.
+  const float kmul = p.qk_scale * p.k_scale / qmul;
+  const bool capped = p.softcap > 0.f;
+  const float c_in = capped ? kmul / p.softcap : 0.f;
+  const float c_out = capped ? p.softcap * kL2e : kmul * kL2e;
+  const bool has_alibi = p.alibi != nullptr;
+  float slope[NH][2];
+#pragma unroll
+  for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int g = nh * 8 + 2 * q + i;
+      slope[nh][i] = (has_alibi && g < ng) ? p.alibi[kvh * p.group + g0 + g] * kL2e : 0.f;
+    }
+  }
+
+  float m[NH][2], l[NH][2];
+  float o[KD][NH][4];
+#pragma unroll
+  for (int nh = 0; nh < NH; ++nh) {
+    m[nh][0] = m[nh][1] = -INFINITY;
+    l[nh][0] = l[nh][1] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < KD; ++mt) o[mt][nh][0] = o[mt][nh][1] = o[mt][nh][2] = o[mt][nh][3] = 0.f;
+  }
 
   auto compute = [&](int c, int stage, uint32_t parity) {
     unsigned char* kt = ring + stage * bp.stage_bytes;
@@ -401,13 +414,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     }
   };
 
-  // ---- the warp's pipeline: up to S chunks in flight; a stage is refilled once computed ----
+  // ---- the warp's pipeline (its first S chunks are in flight): a stage is refilled once
+  //      computed ----
   if (n > 0) {
-    int nblk = lookup(chunk(0));
-    for (int j = 0; j < S && j < n; ++j) {
-      issue(chunk(j), j, nblk);
-      nblk = lookup(chunk(j + 1));
-    }
     int stage = 0;
     uint32_t parity = 0;
     for (int j = 0; j < n; ++j) {
