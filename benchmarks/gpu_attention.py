@@ -305,8 +305,11 @@ def main() -> None:
     print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; {kernel} kernel "
           f"(PAGEDKV_PREFILL_MMA))")
     pipe = os.environ.get("PAGEDKV_PREFILL_WGMMA_PIPE", "").strip() not in ("", "0")
+    tma = os.environ.get("PAGEDKV_PREFILL_WGMMA_TMA", "").strip() != "0"
     print(f"  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90), "
-          f"{'pipelined' if pipe else 'serial'} consumer loop (PAGEDKV_PREFILL_WGMMA_PIPE)")
+          f"{'pipelined + ping-pong' if pipe else 'serial'} consumer loop "
+          f"(PAGEDKV_PREFILL_WGMMA_PIPE), {'TMA' if tma else 'cp.async'} K/V copies "
+          f"(PAGEDKV_PREFILL_WGMMA_TMA)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
           f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}")
     for b, length in pre:

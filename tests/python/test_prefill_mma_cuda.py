@@ -34,6 +34,7 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGEDKV_PREFILL_MMA", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_PIPE", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TMA", raising=False)
 
 
 def _require_wgmma(monkeypatch: pytest.MonkeyPatch, pipe: str = "0") -> None:
@@ -58,17 +59,19 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
 
 
 def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int],
-                      kv_pads: list[int] | None = None) -> None:
+                      kv_pads: list[int] | None = None, block_size: int | None = None,
+                      ctx_lens: list[int] | None = None) -> None:
     """One random case: 1-3 sequences with or without a cached prefix, random GQA group, block
     size, options and row padding (query / output from `pads`, new keys / values from `kv_pads`,
-    default the same), against the float64 reference."""
+    default the same), against the float64 reference. `block_size` / `ctx_lens` fix the block
+    size / the cached prefixes (one sequence each) instead of drawing them."""
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     pad = r.choice(pads)  # 4: rows not 16-byte aligned -> the scalar copy paths
     kv_pad = pad if kv_pads is None else r.choice(kv_pads)
-    hkv, group, bs = r.choice([1, 2]), r.choice([1, 3, 4, 8]), r.choice([16, 32])
-    n = r.randint(1, 3)
-    ctx = [r.choice([0, r.randint(1, 700)]) for _ in range(n)]
+    hkv, group, bs = r.choice([1, 2]), r.choice([1, 3, 4, 8]), block_size or r.choice([16, 32])
+    n = len(ctx_lens) if ctx_lens else r.randint(1, 3)
+    ctx = ctx_lens or [r.choice([0, r.randint(1, 700)]) for _ in range(n)]
     qlen = [r.randint(1, 600) for _ in range(n)]
     qsl = [0, *itertools.accumulate(qlen)]
     hq, t = hkv * group, qsl[-1]
@@ -114,6 +117,24 @@ def test_prefill_wgmma_long_ragged(head_size, dtype, pipe, monkeypatch):
     _require_wgmma(monkeypatch, pipe)
     for _ in range(4):
         _long_ragged_case(head_size, dtype, "nhd", [0, 8, 4], kv_pads=[0, 8])
+
+
+@pytest.mark.parametrize("tma", ["1", "0"])
+@pytest.mark.parametrize("pipe", ["0", "1"])
+@pytest.mark.parametrize("block_size", [16, 32, 24])
+def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, pipe, tma, monkeypatch):
+    """Every sequence has a cached paged prefix and new tokens, so the producer's 16-key groups
+    come from both TMA maps (cache: block sizes 16 and 32; 24 is not a multiple of 16 and takes
+    cp.async for the cache) and from cp.async where a group holds the context's end (prefixes not
+    multiples of 16); windows start tiles mid-block. PAGEDKV_PREFILL_WGMMA_TMA=0: all cp.async.
+    The cache's unused slots are NaN, so a group read past the context shows."""
+    _require_wgmma(monkeypatch, pipe)
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TMA", tma)
+    for head_size, dtype, ctx in [(128, torch.bfloat16, [37, 300, 16]),
+                                  (64, torch.float16, [129, 5]),
+                                  (128, torch.float16, [700])]:
+        _long_ragged_case(head_size, dtype, "nhd", [0, 8], kv_pads=[0, 8],
+                          block_size=block_size, ctx_lens=ctx)
 
 
 def test_prefill_wgmma_fallback(monkeypatch):

@@ -3,8 +3,10 @@
 model (wgmma_model.py): Q, K and V tiles stored with the kernel's swizzled chunk addresses and
 read back through the kernel's descriptors give S = Q K^T for each consumer warpgroup's 64 rows
 and O = P V with P re-packed from the S accumulators; and at tile level, both consumer loops
-(serial, pipelined) order S, softmax, rescale and P V correctly. The functions below mirror the
-kernel's expressions; keep them in step."""
+(serial, pipelined) order S, softmax, rescale and P V correctly; the producer's TMA boxes and
+cp.async groups (prefill_wgmma_produce.cuh) land where the descriptors read; the pipelined loop's
+turn-taking between the consumer warpgroups neither hangs nor leaves a barrier half-arrived. The
+functions below mirror the kernel's expressions; keep them in step."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from wgmma_model import (
     read_mn_major,
     regs_to_a,
     sw128,
+    tma_store_sw128,
     wgmma,
 )
 
@@ -146,3 +149,114 @@ def test_consumer_loops_match_softmax_attention(pipelined):
     w = np.exp(q @ keys.T - (q @ keys.T).max(axis=1, keepdims=True))
     np.testing.assert_allclose(o / lsum[:, None], (w / w.sum(axis=1, keepdims=True)) @ vals,
                                rtol=1e-10)
+
+
+def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, qs, kvh, cache_tma, new_tma, dp):
+    """prefill_wgmma_produce.cuh load_half(): each 16-key group of tile kt by TMA boxes (cache:
+    4-D map, 16 slots of one block; new tokens: 3-D map, zeros past the tensor's end) or by
+    load_group()'s cp.async (zeros from k_hi on). Returns the bytes thread 0 expects."""
+    block_size, n_tok = cache.shape[1], new.shape[0]
+    expected = 0
+    for g in range(BN // 16):
+        key0 = kt + 16 * g
+        tma = cache_tma if key0 + 16 <= ctx else (key0 >= ctx and new_tma)
+        if tma:
+            expected += 16 * dp * 2
+            for cb in range(dp // 64):
+                cols = slice(cb * 64, cb * 64 + 64)
+                if key0 < ctx:
+                    slot = key0 % block_size
+                    assert slot % 16 == 0 and slot + 16 <= block_size  # the box stays in the block
+                    box = cache[bt[key0 // block_size], slot:slot + 16, kvh, cols]
+                else:
+                    tok = qs + key0 - ctx
+                    box = np.zeros((16, 64))
+                    box[:max(0, min(16, n_tok - tok))] = new[tok:tok + 16, kvh, cols]
+                tma_store_sw128(smem, tile + cb * BN * 128 + g * 16 * 128, box)
+        else:
+            for j in range(16):
+                key = key0 + j
+                row = (cache[bt[key // block_size], key % block_size, kvh] if key < ctx
+                       else new[qs + key - ctx, kvh] if key < k_hi else np.zeros(dp))
+                for c in range(dp // 8):
+                    addr = tile + sw128(16 * g + j, c, BN)
+                    smem[addr // 2:addr // 2 + 8] = row[8 * c:8 * c + 8]
+    return expected
+
+
+@pytest.mark.parametrize("dp", [64, 128])
+@pytest.mark.parametrize("block_size,cache_tma", [(16, True), (32, True), (48, True), (24, False)])
+def test_producer_groups_land_where_wgmma_reads(dp, block_size, cache_tma):
+    """TMA boxes and cp.async groups of a tile that crosses the context's end (at a position not a
+    multiple of 16) together form the K tile the QK descriptors read: cached keys from their
+    blocks, new tokens after them, finite rows past k_hi."""
+    rng = np.random.default_rng()
+    n_blocks, heads, kvh, qs = 12, 2, 1, 5
+    ctx = int(rng.integers(1, 8)) * 16 + int(rng.integers(1, 16))  # not a multiple of 16
+    kt = (ctx // BN) * BN if rng.random() < 0.5 else max(0, ctx - 40) & ~15
+    n_new = int(rng.integers(20, 150))
+    k_hi = ctx + n_new - int(rng.integers(0, 10))
+    cache = rng.integers(-4, 5, (n_blocks, block_size, heads, dp)).astype(np.float64)
+    new = rng.integers(-4, 5, (qs + n_new + 3, heads, dp)).astype(np.float64)
+    bt = rng.permutation(n_blocks)
+    q = rng.integers(-4, 5, (BM, dp)).astype(np.float64)
+    k_off = BM * dp * 2
+    smem = np.full((k_off + BN * dp * 2) // 2, np.nan)
+    store_tile(smem, 0, q)
+    got = _load_half(smem, k_off, cache, new, bt, kt, ctx, k_hi, qs, kvh, cache_tma, True, dp)
+    assert got == sum(16 * dp * 2 for g in range(BN // 16)
+                      if (kt + 16 * g + 16 <= ctx and cache_tma) or kt + 16 * g >= ctx)
+    keys = np.zeros((BN, dp))
+    for j in range(BN):
+        key = kt + j
+        if key < ctx:
+            keys[j] = cache[bt[key // block_size], key % block_size, kvh]
+        elif key < k_hi:
+            keys[j] = new[qs + key - ctx, kvh]
+    s = gather(qk(smem, 0, k_off, dp))
+    live = min(BN, k_hi - kt)
+    assert np.isfinite(s).all()
+    np.testing.assert_array_equal(s[:, :live], q[:64] @ keys[:live].T)
+
+
+def _turn_ops(wg: int, n_tiles: int) -> list[tuple[str, int]]:
+    """consume_pipelined()'s named-barrier operations of warpgroup wg, in program order: bar.sync
+    on its own turn barrier (3 + wg) before each step's issue, bar.arrive on the other's after it;
+    warpgroup 1 hands warpgroup 0 the first turn and skips its last hand-over."""
+    ops = [("arrive", 3)] if wg == 1 else []
+    for it in range(n_tiles + 1):
+        ops.append(("sync", 3 + wg))
+        if wg == 0 or it < n_tiles:
+            ops.append(("arrive", 3 + (wg ^ 1)))
+    return ops
+
+
+@pytest.mark.parametrize("n_tiles", [0, 1, 2, 7])
+def test_consumer_turns_alternate_and_balance(n_tiles):
+    """The ping-pong protocol under random scheduling of the two warpgroups: bar.sync / bar.arrive
+    over 256 threads (each warpgroup counts 128), a barrier completing only with its waiting
+    warpgroup among the 256 (two hand-overs piling up would release nobody and desynchronise
+    the turns), both finish (no hang), no barrier is left half-arrived at exit, and the issues
+    alternate 0, 1, 0, 1, ..."""
+    rng = np.random.default_rng()
+    for _ in range(50):
+        ops = [_turn_ops(0, n_tiles), _turn_ops(1, n_tiles)]
+        pc, waiting = [0, 0], [None, None]
+        count = {3: 0, 4: 0}
+        issues = []
+        while pc[0] < len(ops[0]) or pc[1] < len(ops[1]):
+            ready = [w for w in (0, 1) if pc[w] < len(ops[w]) and waiting[w] is None]
+            assert ready, "both warpgroups blocked: the protocol hangs"
+            w = int(rng.choice(ready))
+            kind, bar = ops[w][pc[w]]
+            pc[w] += 1
+            count[bar] += 128
+            if kind == "sync":
+                waiting[w] = bar
+            if count[bar] == 256:
+                assert bar in waiting, "a barrier completed with nobody waiting on it"
+                count[bar] = 0
+                issues += [v for v in (0, 1) if waiting[v] == bar]  # released: it issues
+                waiting = [None if b == bar else b for b in waiting]
+        assert count == {3: 0, 4: 0} and waiting == [None, None]
+        assert issues == [0, 1] * (n_tiles + 1)

@@ -89,3 +89,15 @@ def regs_to_a(regs: np.ndarray) -> np.ndarray:
                 a[a_index(tid, reg, half)] = regs[tid, reg, half]
     assert not np.isnan(a).any()
     return a
+
+
+def tma_store_sw128(smem: np.ndarray, dst: int, box: np.ndarray) -> None:
+    """A TMA tensor copy with CU_TENSOR_MAP_SWIZZLE_128B of a box of rows x 64 16-bit elements
+    (one 128-byte row per box row) to shared address dst: 16-byte unit u of box row r lands at
+    unit u ^ (r % 8) of row r, the pattern repeating every 8 rows (1024 bytes). The kernel only
+    targets 1024-byte aligned destinations, where this is the documented layout."""
+    assert dst % 1024 == 0 and box.shape[1] == 64
+    for r in range(box.shape[0]):
+        for u in range(8):
+            addr = dst + r * 128 + ((u ^ (r % 8)) << 4)
+            smem[addr // 2:addr // 2 + 8] = box[r, 8 * u:8 * u + 8]

@@ -115,6 +115,26 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* map, int c0, 
 #endif
 }
 
+// The same for a 3-D tensor map at coordinates (c0, c1, c2), innermost first.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2,
+                                            uint64_t* bar, uint64_t policy, bool hint) {
+#if PAGEDKV_SM90
+  if (hint) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+        : "memory");
+  }
+#endif
+}
+
 // Programmatic dependent launch (sm_90): lets the next kernel on the stream, launched with the
 // programmatic-serialization attribute, start once every CTA of this one got here; that kernel's
 // pdl_wait still waits for this one to finish and its writes to be visible, so triggering early

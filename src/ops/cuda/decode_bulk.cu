@@ -4,10 +4,9 @@
 #include <atomic>
 #include <string>
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/device_props.h"
+#include "ops/cuda/tensor_map.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
@@ -40,42 +39,6 @@ int cta_target(int per_cta_min) {
 // Rows of a layout: element (block, slot, head, d) at block * s_block + slot * s_slot +
 // head * s_head + d (NHD, and any layout with contiguous (slot, head) rows).
 bool row_layout(const CacheLayout& l, int D) { return l.s_chunk == 0 && l.x >= D; }
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      f = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// A cache as a 4-D tensor (dims, heads, slots, blocks) whose boxes are 16 slots of one head and
-// one 128-byte slice of the head dimension, landing with the 128-byte swizzle.
-bool encode_cache(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& a,
-                  int esz) {
-  const auto fn = encode_fn();
-  if (fn == nullptr) return false;
-  const cuuint64_t dims[4] = {cuuint64_t(a.head_size), cuuint64_t(a.num_kv_heads),
-                              cuuint64_t(a.block_size), cuuint64_t(a.num_blocks)};
-  const cuuint64_t strides[3] = {cuuint64_t(l.s_head * esz), cuuint64_t(l.s_slot * esz),
-                                 cuuint64_t(l.s_block * esz)};
-  const cuuint32_t box[4] = {cuuint32_t(128 / esz), 1, 16, 1};
-  const cuuint32_t steps[4] = {1, 1, 1, 1};
-  for (const int64_t st : {l.s_head, l.s_slot, l.s_block}) {
-    if (st <= 0 || (st * esz) % 16 != 0 || st * esz >= (int64_t(1) << 40)) return false;
-  }
-  return fn(map, esz == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 4,
-            const_cast<void*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 
 int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
@@ -155,8 +118,8 @@ void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, c
   BulkDecodeParams bp;
   plan(p, cache, true, bp);
   const int esz = bp.row_bytes / p.head_size;
-  if (bp.tma && !(encode_cache(&bp.k_map, p.k_cache, p.kl, p, esz) &&
-                  encode_cache(&bp.v_map, p.v_cache, p.vl, p, esz))) {
+  if (bp.tma && !(encode_cache_map(&bp.k_map, p.k_cache, p.kl, p, esz) &&
+                  encode_cache_map(&bp.v_map, p.v_cache, p.vl, p, esz))) {
     plan(p, cache, false, bp);  // the driver refused the maps: row copies
   }
   const int parts = p.partition_size > 0 ? p.max_parts : 1;

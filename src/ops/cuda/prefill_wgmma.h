@@ -5,8 +5,12 @@
 //   1: used on compute capability 9.x devices (with sm_90a code) for the calls it covers, the
 //      mma.sync / CUDA-core kernels serve the rest;
 //   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
-// PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh).
+// PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh);
+// PAGEDKV_PREFILL_WGMMA_TMA=0 makes the producer copy every tile with cp.async instead of TMA
+// tensor copies (a comparison and diagnosis knob).
 #pragma once
+
+#include <cuda.h>  // CUtensorMap (a plain struct; the driver is reached at run time)
 
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/prefill_mma.h"
@@ -21,11 +25,22 @@ void launch_prefill_wgmma(const AttnParams& p, DType qdtype, int max_query_len, 
 
 namespace prefill_wg {
 
+// The kernel's parameters (a __grid_constant__ argument: the maps must stay in parameter space,
+// 64-byte aligned). Key tiles are copied in groups of 16 keys; a group entirely in the cached
+// context uses the cache maps when cache_tma, one entirely in the new tokens the new-token maps
+// when new_tma; every other group (the one holding the context's end, or all of them when a map
+// is missing) is copied with cp.async by the producer warpgroup's threads.
+struct WgParams {
+  CUtensorMap k_cache_map, v_cache_map;  // cache_tma: (dims, heads, slots, blocks), 16-slot boxes
+  CUtensorMap k_new_map, v_new_map;      // new_tma: (dims, heads, tokens), 16-token boxes
+  AttnParams a;
+  prefill::VecFlags vf;
+  int cache_tma, new_tma;
+};
+
 // Per query dtype (prefill_wgmma_f16.cu, prefill_wgmma_bf16.cu).
-void launch_f16(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
-                cudaStream_t s);
-void launch_bf16(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
-                 cudaStream_t s);
+void launch_f16(const WgParams& wp, int max_query_len, cudaStream_t s);
+void launch_bf16(const WgParams& wp, int max_query_len, cudaStream_t s);
 // Whether the build carries sm_90a code for this device (a build for plain "90" has none: wgmma
 // needs the architecture-specific target).
 bool has_sm90a_code();

@@ -4,9 +4,8 @@
 
 namespace pagedkv::cuda_ops::prefill_wg {
 
-void launch_bf16(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
-                 cudaStream_t s) {
-  launch_typed<__nv_bfloat16>(p, vf, max_query_len, s);
+void launch_bf16(const WgParams& wp, int max_query_len, cudaStream_t s) {
+  launch_typed<__nv_bfloat16>(wp, max_query_len, s);
 }
 
 bool has_sm90a_code() { return has_code_for<__nv_bfloat16, 128>(); }

@@ -4,9 +4,8 @@
 
 namespace pagedkv::cuda_ops::prefill_wg {
 
-void launch_f16(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
-                cudaStream_t s) {
-  launch_typed<__half>(p, vf, max_query_len, s);
+void launch_f16(const WgParams& wp, int max_query_len, cudaStream_t s) {
+  launch_typed<__half>(wp, max_query_len, s);
 }
 
 }  // namespace pagedkv::cuda_ops::prefill_wg

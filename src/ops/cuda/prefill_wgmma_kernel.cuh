@@ -4,15 +4,16 @@
 // the group) pairs like the mma.sync kernel, so each K/V tile serves the whole GQA group) and is
 // three warpgroups (prefill_wgmma_tile.cuh):
 //  - warpgroup 2, the producer, streams K and V tiles of BN keys (paged cache + new tokens) into
-//    kStages 128-byte swizzled stages with cp.async; each tile half signals its own "full"
-//    mbarrier through cp.async.mbarrier.arrive, and a stage is reused once both consumers have
-//    arrived on its "empty" mbarrier.
+//    kStages 128-byte swizzled stages, with TMA tensor copies where the maps serve and cp.async
+//    elsewhere (prefill_wgmma_produce.cuh); each tile half signals its own "full" mbarrier, and
+//    a stage is reused once both consumers have arrived on its "empty" mbarrier.
 //  - warpgroups 0 and 1, the consumers, own 64 rows each: S = Q K^T with wgmma (Q and K from
 //    shared memory, both K-major), online softmax on the accumulators (prefill_softmax.cuh, masks
 //    only on tiles that cross the diagonal / window or need soft-cap / alibi), then O += P V
 //    with P packed to 16 bits in registers as the A operand and V read N-major (transpose flag).
-// The consumers are not synchronised with each other, so one's softmax overlaps the other's
-// wgmma; kPipe also overlaps a consumer's own softmax with its P V (prefill_wgmma_consume.cuh).
+// In the serial form the consumers are not synchronised with each other, so one's softmax overlaps
+// the other's wgmma by chance; kPipe overlaps a consumer's own softmax with its P V and takes
+// turns issuing with the other consumer (prefill_wgmma_consume.cuh).
 // CTAs are ordered so that every sequence's last (longest causal) query tile starts first.
 #pragma once
 
@@ -21,34 +22,12 @@
 #include "ops/cuda/prefill_mma.h"
 #include "ops/cuda/prefill_wgmma.h"
 #include "ops/cuda/prefill_wgmma_consume.cuh"
+#include "ops/cuda/prefill_wgmma_produce.cuh"
 #include "ops/cuda/prefill_wgmma_tile.cuh"
 
 namespace pagedkv::cuda_ops::prefill_wg {
 
 #if PAGEDKV_WGMMA_ENABLED
-
-// Producer warpgroup: every K/V tile of the CTA, kStages ahead of the slower consumer.
-template <typename T, int DP>
-__device__ __forceinline__ void produce(const AttnParams& p, const CtaWork& w, uint32_t sbase,
-                                        uint64_t* bars) {
-  using C = Tile<DP>;
-  uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
-  const int ptid = threadIdx.x - 256;
-  const int* bt = p.block_tables + int64_t(w.seq) * p.bt_stride;
-  for (int it = 0; it < w.n_tiles; ++it) {
-    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
-    if (it >= C::kStages) wgmma::mbar_wait(&empty[stage], (it / C::kStages - 1) & 1);
-    load_kv<T, DP>(sbase + C::kKOff + stage * C::kKVBytes, static_cast<const T*>(p.k_cache), p.kl,
-                   static_cast<const T*>(p.k_new), p.knl, p, bt, kt, w.k_hi, w.ctx, w.qs, w.kvh,
-                   ptid);
-    wgmma::mbar_arrive_cp_async(&full_k[stage]);
-    load_kv<T, DP>(sbase + C::kVOff + stage * C::kKVBytes, static_cast<const T*>(p.v_cache), p.vl,
-                   static_cast<const T*>(p.v_new), p.vnl, p, bt, kt, w.k_hi, w.ctx, w.qs, w.kvh,
-                   ptid);
-    wgmma::mbar_arrive_cp_async(&full_v[stage]);
-  }
-  cp_async_wait_all();  // nothing in flight when the thread exits
-}
 
 // Consumer warpgroup wg: loads its Q rows, runs the tile loop (either form), writes its O rows.
 template <typename T, int DP, bool kPipe>
@@ -77,9 +56,10 @@ __device__ __forceinline__ void consumer(const AttnParams& p, const prefill::Vec
 
 template <typename T, int DP, bool kPipe>
 __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
-    prefill_wgmma_kernel(const AttnParams p, const prefill::VecFlags vf) {
+    prefill_wgmma_kernel(const __grid_constant__ WgParams wp) {
 #if PAGEDKV_WGMMA_ENABLED
   using C = Tile<DP>;
+  const AttnParams& p = wp.a;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled atoms must sit on 1024-byte boundaries: align the base by hand (kSmem has the slack).
   const uint32_t raw = smem_addr(smem_raw);
@@ -90,19 +70,20 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
   if (!cta_work<C::BM, C::BN>(p, w)) return;  // CTA-uniform
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::kStages; ++i) {
-      wgmma::mbar_init(&bars[i], 128);                 // full_k: producer threads
-      wgmma::mbar_init(&bars[C::kStages + i], 128);    // full_v
-      wgmma::mbar_init(&bars[2 * C::kStages + i], 8);  // empty: consumer warps
+      wgmma::mbar_init(&bars[i], kFullArrivals);               // full_k: producer threads
+      wgmma::mbar_init(&bars[C::kStages + i], kFullArrivals);  // full_v
+      wgmma::mbar_init(&bars[2 * C::kStages + i], 8);         // empty: consumer warps
     }
+    mbar_init_fence();  // the barriers visible to the copy engine
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == C::kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    produce<T, DP>(p, w, smem_addr(smem), bars);
+    produce<T, DP>(wp, w, smem, bars);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    consumer<T, DP, kPipe>(p, vf, w, smem, bars, wg);
+    consumer<T, DP, kPipe>(p, wp.vf, w, smem, bars, wg);
   }
 #else
   __trap();  // never launched: the host only picks this kernel on sm_90 with sm_90a code

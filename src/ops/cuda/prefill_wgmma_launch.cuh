@@ -13,9 +13,9 @@ namespace pagedkv::cuda_ops::prefill_wg {
 inline bool pipelined() { return env_int("PAGEDKV_PREFILL_WGMMA_PIPE", 0) != 0; }
 
 template <typename T, int DP, bool kPipe>
-void launch_dp(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
-               cudaStream_t s) {
+void launch_dp(const WgParams& wp, int max_query_len, cudaStream_t s) {
   using C = Tile<DP>;
+  const AttnParams& p = wp.a;
   const int64_t tiles =
       std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
   const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
@@ -23,19 +23,18 @@ void launch_dp(const AttnParams& p, const prefill::VecFlags& vf, int max_query_l
   auto kernel = prefill_wgmma_kernel<T, DP, kPipe>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
              "context_attention_fwd");
-  kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(p, vf);
+  kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(wp);
 }
 
 template <typename T>
-void launch_typed(const AttnParams& p, const prefill::VecFlags& vf, int max_query_len,
-                  cudaStream_t s) {
+void launch_typed(const WgParams& wp, int max_query_len, cudaStream_t s) {
   const bool pipe = pipelined();
-  if (p.head_size == 64) {
-    pipe ? launch_dp<T, 64, true>(p, vf, max_query_len, s)
-         : launch_dp<T, 64, false>(p, vf, max_query_len, s);
+  if (wp.a.head_size == 64) {
+    pipe ? launch_dp<T, 64, true>(wp, max_query_len, s)
+         : launch_dp<T, 64, false>(wp, max_query_len, s);
   } else {
-    pipe ? launch_dp<T, 128, true>(p, vf, max_query_len, s)
-         : launch_dp<T, 128, false>(p, vf, max_query_len, s);
+    pipe ? launch_dp<T, 128, true>(wp, max_query_len, s)
+         : launch_dp<T, 128, false>(wp, max_query_len, s);
   }
 }
 

@@ -12,7 +12,10 @@ namespace pagedkv::cuda_ops::prefill_wg {
 
 // A CTA is 2 consumer warpgroups of 64 query rows each (BM = 128 rows: (token, query head of the
 // group) pairs like the mma.sync kernel) and 1 producer warpgroup that streams K/V tiles of BN
-// keys through kStages shared-memory stages with cp.async, handing them over with mbarriers.
+// keys through kStages shared-memory stages (TMA tensor copies, cp.async where a map cannot
+// serve: prefill_wgmma_produce.cuh), handing them over with mbarriers. Three stages for head
+// size 128: 32 KB of Q + 3 x 64 KB of K/V + barriers + 1 KB of alignment slack = 230,472 bytes,
+// under the 232,448 (227 KB) one CTA may use.
 // Registers are rebalanced with setmaxnreg (the launch gives 168 each): the producer only computes
 // addresses; ptxas keeps the consumer code within 216 and the producer within 72 without spills.
 template <int DP>
@@ -21,11 +24,13 @@ struct Tile {
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
   static constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 128*72 + 256*216 <= 64K
   static constexpr int BM = 64 * kConsumers, BN = 128, CH = DP / 8;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = DP == 128 ? 3 : 4;
   static constexpr int kQBytes = BM * DP * 2, kKVBytes = BN * DP * 2;
   static constexpr int kKOff = kQBytes, kVOff = kKOff + kStages * kKVBytes;
   static constexpr int kBarOff = kVOff + kStages * kKVBytes;      // full_k, full_v, empty per stage
   static constexpr int kSmem = kBarOff + 3 * kStages * 8 + 1024;  // + slack to align the base
+  static_assert(kSmem <= 227 * 1024, "one CTA's shared memory on sm_90");
+  static_assert(kKOff % 1024 == 0 && kKVBytes % 1024 == 0, "TMA swizzle atoms 1024-aligned");
 };
 
 // Where this CTA's work lies: sequence, KV head, first packed row and the key range.
@@ -47,7 +52,9 @@ __device__ __forceinline__ bool cta_work(const AttnParams& p, CtaWork& w) {
   w.r0 = tile * BM;
   w.ctx = p.seq_lens[w.seq] - qlen;
   w.k_hi = w.ctx + (min(w.r0 + BM, w.rows) - 1) / p.group + 1;
-  w.k_lo = p.window > 0 ? max(0, w.ctx + w.r0 / p.group - p.window + 1) : 0;
+  // Tiles start on a multiple of 16 keys so that 16-key copy groups never straddle a cache block
+  // (block sizes are multiples of 16 for the cache maps); keys before the window are masked.
+  w.k_lo = p.window > 0 ? max(0, w.ctx + w.r0 / p.group - p.window + 1) & ~15 : 0;
   w.n_tiles = w.k_hi > w.k_lo ? (w.k_hi - w.k_lo + BN - 1) / BN : 0;
   return true;
 }
@@ -66,20 +73,20 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// Producer warpgroup: keys (or values) [kt, kt + BN) of KV head `kvh` into the swizzled tile at
-// shared address dst: the cached context from the paged cache, the new tokens (positions >= ctx)
-// from `fresh` (token qs + key - ctx), zeros from k_hi on (their P is 0, and 0 * garbage could be
-// NaN). 16 consecutive threads cover one row of 16-byte chunks (coalesced reads, and a swizzled
-// row is 8 distinct banks groups per 8 chunks). Needs 16-byte runs along d (checked on the host).
+// Producer warpgroup, one 16-key group with cp.async: keys [key0, key0 + 16) of KV head `kvh`
+// into rows [row0, row0 + 16) of the swizzled tile at shared address dst: the cached context from
+// the paged cache, the new tokens (positions >= ctx) from `fresh` (token qs + key - ctx), zeros
+// from k_hi on (their P is 0, and 0 * garbage could be NaN). Consecutive threads cover one row's
+// 16-byte chunks (coalesced reads, conflict-free swizzled writes). ptid: 0..127.
 template <typename T, int DP>
-__device__ __forceinline__ void load_kv(uint32_t dst, const T* cache, const CacheLayout& cl,
-                                        const T* fresh, const CacheLayout& fl, const AttnParams& p,
-                                        const int* bt, int kt, int k_hi, int ctx, int qs, int kvh,
-                                        int ptid) {
+__device__ __forceinline__ void load_group(uint32_t dst, const T* cache, const CacheLayout& cl,
+                                           const T* fresh, const CacheLayout& fl,
+                                           const AttnParams& p, const int* bt, int key0, int row0,
+                                           int k_hi, int ctx, int qs, int kvh, int ptid) {
   using C = Tile<DP>;
-#pragma unroll 4
-  for (int idx = ptid; idx < C::BN * C::CH; idx += 128) {
-    const int j = idx / C::CH, c = idx % C::CH, key = kt + j;
+#pragma unroll
+  for (int idx = ptid; idx < 16 * C::CH; idx += 128) {
+    const int j = idx / C::CH, c = idx % C::CH, key = key0 + j;
     const T* src = fresh;
     if (key < ctx) {
       const int bi = p.bs_shift >= 0 ? key >> p.bs_shift : key / p.block_size;
@@ -90,7 +97,7 @@ __device__ __forceinline__ void load_kv(uint32_t dst, const T* cache, const Cach
     } else if (key < k_hi) {
       src = fresh + fl.offset(int64_t(qs) + (key - ctx), 0, kvh, c * 8);
     }
-    cp_async16_zfill(dst + wgmma::sw128(j, c, C::BN), src, key < k_hi ? 16 : 0);
+    cp_async16_zfill(dst + wgmma::sw128(row0 + j, c, C::BN), src, key < k_hi ? 16 : 0);
   }
 }
 

@@ -1,0 +1,107 @@
+// Producer warpgroup of the Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): streams every
+// K/V tile of the CTA into the stages, kStages ahead of the slower consumer.
+//
+// A tile of BN keys is BN / 16 groups of 16 keys. Thread 0 of the warpgroup copies each group
+// that lies entirely in the cached context (one block-table lookup, then one TMA box of 16 slots
+// per 128-byte slice of the head dimension: 2 copies for head size 128) or entirely in the new
+// tokens (one box of 16 token rows per slice; rows past the new tokens' end read as zeros, rows
+// of the next sequence are real data that causality masks) straight into the 128-byte swizzled
+// layout wgmma reads (16-byte unit u of row r at unit u ^ (r % 8); each box lands 2048-byte
+// aligned). The group that holds the context's end (when it is not a multiple of 16), and every
+// group a missing map cannot serve, goes through cp.async by all 128 threads.
+//
+// Each stage half ("full" K, "full" V) completes when thread 0 arrived with the TMA bytes it
+// expects and all 128 threads' cp.async landed (cp.async.mbarrier.arrive.noinc): 129 arrivals.
+#pragma once
+
+#include "ops/cuda/bulk_copy.cuh"
+#include "ops/cuda/prefill_wgmma.h"
+#include "ops/cuda/prefill_wgmma_tile.cuh"
+
+namespace pagedkv::cuda_ops::prefill_wg {
+
+#if PAGEDKV_WGMMA_ENABLED
+
+constexpr int kFullArrivals = 129;
+
+// Whether the group of keys [key0, key0 + 16) goes through a tensor map.
+__device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, int ctx) {
+  return key0 + 16 <= ctx ? wp.cache_tma != 0 : key0 >= ctx && wp.new_tma != 0;
+}
+
+// One half (keys or values) of tile kt into the stage half at `tile` (generic pointer; dst: the
+// same bytes as a shared address).
+template <typename T, int DP>
+__device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigned char* tile,
+                                          uint64_t* full, const int* bt, int kt, const CtaWork& w,
+                                          int ptid) {
+  const uint32_t dst = smem_addr(tile);
+  using C = Tile<DP>;
+  const AttnParams& p = wp.a;
+  constexpr int kGroupBytes = 16 * DP * int(sizeof(T));
+  if (ptid == 0) {
+    int groups = 0;
+#pragma unroll
+    for (int g = 0; g < C::BN / 16; ++g) groups += tma_group(wp, kt + 16 * g, w.ctx);
+    mbar_arrive_expect(full, groups * kGroupBytes);
+    const void* cmap = is_v ? &wp.v_cache_map : &wp.k_cache_map;
+    const void* nmap = is_v ? &wp.v_new_map : &wp.k_new_map;
+#pragma unroll  // the block-table loads of all groups can be in flight together
+    for (int g = 0; g < C::BN / 16; ++g) {
+      const int key0 = kt + 16 * g;
+      if (!tma_group(wp, key0, w.ctx)) continue;
+      unsigned char* gdst = tile + g * 16 * 128;  // rows 16g.. of every 64-column block
+      if (key0 < w.ctx) {
+        const int bi = p.bs_shift >= 0 ? key0 >> p.bs_shift : key0 / p.block_size;
+        const int slot = key0 - bi * p.block_size;  // a multiple of 16: the box stays in the block
+        const int b = bt[min(bi, p.max_blocks - 1)];
+        const int block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
+#pragma unroll
+        for (int cb = 0; cb < DP / 64; ++cb) {
+          tma_load_4d(gdst + cb * C::BN * 128, cmap, cb * 64, w.kvh, slot, block, full, 0, false);
+        }
+      } else {
+        const int tok = w.qs + (key0 - w.ctx);
+#pragma unroll
+        for (int cb = 0; cb < DP / 64; ++cb) {
+          tma_load_3d(gdst + cb * C::BN * 128, nmap, cb * 64, w.kvh, tok, full, 0, false);
+        }
+      }
+    }
+  }
+  const T* cache = static_cast<const T*>(is_v ? p.v_cache : p.k_cache);
+  const T* fresh = static_cast<const T*>(is_v ? p.v_new : p.k_new);
+  const CacheLayout& cl = is_v ? p.vl : p.kl;
+  const CacheLayout& fl = is_v ? p.vnl : p.knl;
+#pragma unroll 1
+  for (int g = 0; g < C::BN / 16; ++g) {
+    const int key0 = kt + 16 * g;
+    if (tma_group(wp, key0, w.ctx)) continue;  // uniform over the warpgroup
+    load_group<T, DP>(dst, cache, cl, fresh, fl, p, bt, key0, 16 * g, w.k_hi, w.ctx, w.qs, w.kvh,
+                      ptid);
+  }
+  wgmma::mbar_arrive_cp_async(full);  // after this thread's cp.async (none: at once)
+}
+
+// Producer warpgroup: every K/V tile of the CTA.
+template <typename T, int DP>
+__device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, unsigned char* smem,
+                                        uint64_t* bars) {
+  using C = Tile<DP>;
+  uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
+  const int ptid = threadIdx.x - 256;
+  const int* bt = wp.a.block_tables + int64_t(w.seq) * wp.a.bt_stride;
+  for (int it = 0; it < w.n_tiles; ++it) {
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
+    if (it >= C::kStages) wgmma::mbar_wait(&empty[stage], (it / C::kStages - 1) & 1);
+    load_half<T, DP>(wp, false, smem + C::kKOff + stage * C::kKVBytes, &full_k[stage], bt, kt, w,
+                     ptid);
+    load_half<T, DP>(wp, true, smem + C::kVOff + stage * C::kKVBytes, &full_v[stage], bt, kt, w,
+                     ptid);
+  }
+  cp_async_wait_all();  // nothing in flight when the thread exits
+}
+
+#endif  // PAGEDKV_WGMMA_ENABLED
+
+}  // namespace pagedkv::cuda_ops::prefill_wg

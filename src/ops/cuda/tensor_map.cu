@@ -1,0 +1,60 @@
+// Host side of TMA tensor maps (tensor_map.h).
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include "ops/cuda/tensor_map.h"
+
+namespace pagedkv::cuda_ops {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+bool tensor_maps_available() { return encode_fn() != nullptr; }
+
+bool encode_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                  const int64_t* strides, const uint32_t* box, int esz) {
+  const auto fn = encode_fn();
+  if (fn == nullptr || rank < 2 || rank > 5 || box[0] * esz != 128) return false;
+  cuuint64_t d[5];
+  cuuint64_t st[4];
+  cuuint32_t b[5], steps[5];
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    b[i] = box[i];
+    steps[i] = 1;
+    if (dims[i] == 0) return false;  // the driver refuses empty dimensions
+  }
+  for (int i = 0; i + 1 < rank; ++i) {
+    if (strides[i] <= 0 || strides[i] % 16 != 0 || strides[i] >= (int64_t(1) << 40)) return false;
+    st[i] = cuuint64_t(strides[i]);
+  }
+  return fn(map, esz == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            cuuint32_t(rank), const_cast<void*>(base), d, st, b, steps,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l,
+                      const AttnParams& a, int esz) {
+  const uint64_t dims[4] = {uint64_t(a.head_size), uint64_t(a.num_kv_heads),
+                            uint64_t(a.block_size), uint64_t(a.num_blocks)};
+  const int64_t strides[3] = {l.s_head * esz, l.s_slot * esz, l.s_block * esz};
+  const uint32_t box[4] = {uint32_t(128 / esz), 1, 16, 1};
+  return encode_sw128(map, base, 4, dims, strides, box, esz);
+}
+
+}  // namespace pagedkv::cuda_ops
