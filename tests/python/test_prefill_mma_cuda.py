@@ -30,9 +30,9 @@ HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
 @pytest.fixture(autouse=True)
 def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every call here runs the mma.sync tensor-core kernel unless a test picks the CUDA-core one
-    or the Hopper wgmma one."""
+    or the Hopper wgmma one (the default on Hopper, so it is switched off here)."""
     monkeypatch.delenv("PAGEDKV_PREFILL_MMA", raising=False)
-    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA", raising=False)
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "0")
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_PIPE", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TMA", raising=False)
 

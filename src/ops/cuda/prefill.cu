@@ -1,9 +1,9 @@
 // context_attention_fwd: prefill / extend attention over a paged prefix (chunked prefill, prefix
 // reuse). Query token t of sequence s sits at position ctx_len(s) + (t - query_start_loc[s]) and
 // attends causally to the cached context (from the paged cache) and to the new tokens up to
-// itself (from key/value). fp16/bf16 with an unquantised cache run on the tensor-core kernel
-// (prefill_mma_kernel.cuh), or on Hopper, when PAGEDKV_PREFILL_WGMMA asks for it, the wgmma kernel
-// (prefill_wgmma_kernel.cuh); other cases use the CUDA-core kernel with one query token per CTA.
+// itself (from key/value). fp16/bf16 with an unquantised cache run on Hopper on the wgmma kernel
+// (prefill_wgmma_kernel.cuh) where it applies, else on the mma.sync tensor-core kernel
+// (prefill_mma_kernel.cuh); other cases use the CUDA-core kernel with one query token per CTA.
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/prefill_mma.h"

@@ -49,7 +49,12 @@ void encode_maps(prefill_wg::WgParams& wp) {
 
 }  // namespace
 
-int prefill_wgmma_mode() { return env_int("PAGEDKV_PREFILL_WGMMA", 0); }
+// On by default since its H100 run (faster than the mma.sync kernel on every benchmark shape:
+// benchmarks/RESULTS.md); PAGEDKV_PREFILL_MMA=0 (the CUDA-core kernel) turns it off too unless
+// PAGEDKV_PREFILL_WGMMA says otherwise.
+int prefill_wgmma_mode() {
+  return env_int("PAGEDKV_PREFILL_WGMMA", env_int("PAGEDKV_PREFILL_MMA", 1) != 0 ? 1 : 0);
+}
 
 const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache) {
   const int dev = current_device();

@@ -1,9 +1,9 @@
 // Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): fp16/bf16 queries with an unquantised
 // cache whose K/V rows (cache and new tokens) allow 16-byte copies, head sizes 64 and 128, every
-// mask / soft-cap / alibi / window option of the mma.sync kernel. Opt-in while it is measured:
-//   PAGEDKV_PREFILL_WGMMA unset or 0: never used;
-//   1: used on compute capability 9.x devices (with sm_90a code) for the calls it covers, the
-//      mma.sync / CUDA-core kernels serve the rest;
+// mask / soft-cap / alibi / window option of the mma.sync kernel. PAGEDKV_PREFILL_WGMMA:
+//   1 (the default, unless PAGEDKV_PREFILL_MMA=0): used on compute capability 9.x devices (with
+//      sm_90a code) for the calls it covers, the mma.sync / CUDA-core kernels serve the rest;
+//   0: never used;
 //   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
 // PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh);
 // PAGEDKV_PREFILL_WGMMA_TMA=0 makes the producer copy every tile with cp.async instead of TMA
