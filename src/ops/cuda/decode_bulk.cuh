@@ -43,15 +43,23 @@ __device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t w) {
   uint32_t h;
   if constexpr (KIND == kE5M2) {
     if constexpr (HI) {
-      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, h;}" : "=r"(h) : "r"(w));
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, h;}"
+          : "=r"(h)
+          : "r"(w));
     } else {
-      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, l;}" : "=r"(h) : "r"(w));
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, l;}"
+          : "=r"(h)
+          : "r"(w));
     }
   } else {
     if constexpr (HI) {
-      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;}" : "=r"(h) : "r"(w));
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;}"
+          : "=r"(h)
+          : "r"(w));
     } else {
-      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(h) : "r"(w));
+      asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;}"
+          : "=r"(h)
+          : "r"(w));
     }
   }
   return h;
@@ -71,7 +79,9 @@ __device__ __forceinline__ int out_dim(int mt, int rr) {
 // Registers per thread are capped so that this many CTAs fit an SM (4 x 128 threads at <= 128
 // registers for head sizes <= 128 and groups <= 8).
 template <int KD, int NH>
-constexpr int kMinCtas = KD * NH <= 8 ? 4 : KD * NH <= 16 ? 2 : 1;
+constexpr int kMinCtas = KD* NH <= 8    ? 4
+                         : KD* NH <= 16 ? 2
+                                        : 1;
 
 // Grid: (num_seqs, num_kv_heads * gchunks, partitions); kThreads threads; dynamic shared memory
 // smem_bytes(bp). KD: 16-wide head-dimension steps provisioned
@@ -475,8 +485,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
     const int g = idx / D, d = idx - g * D;
     merge_store<QT, kWarps>(
-        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale,
-        [&](int w) { return sm_m[w][g]; }, [&](int w) { return sm_l[w][g]; },
+        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale, [&](int w) { return sm_m[w][g]; },
+        [&](int w) { return sm_l[w][g]; },
         [&](int w) { return reinterpret_cast<const float*>(smem + w * bp.warp_bytes)[g * D + d]; });
   }
 #else
@@ -514,8 +524,7 @@ void launch_kind(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s
 }
 
 template <typename QT>
-void launch_typed(const BulkDecodeParams& bp, int cache_fp8, dim3 grid, int smem,
-                  cudaStream_t s) {
+void launch_typed(const BulkDecodeParams& bp, int cache_fp8, dim3 grid, int smem, cudaStream_t s) {
   if (cache_fp8 == kE4M3) {
     launch_kind<QT, kE4M3>(bp, grid, smem, s);
   } else if (cache_fp8 == kE5M2) {

@@ -78,8 +78,7 @@ void launch_kernel(const AttnParams& p, cudaStream_t s) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  const bool pdl =
-      compute_major(current_device()) >= 9 && env_int("PAGEDKV_DECODE_PDL", 1) != 0;
+  const bool pdl = compute_major(current_device()) >= 9 && env_int("PAGEDKV_DECODE_PDL", 1) != 0;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, k, p), "paged_attention_v2 (reduce)");

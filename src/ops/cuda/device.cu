@@ -50,9 +50,7 @@ int current_device() {
   return dev;
 }
 
-int sm_count(int device) {
-  return cached_attribute(g_sms, cudaDevAttrMultiProcessorCount, device);
-}
+int sm_count(int device) { return cached_attribute(g_sms, cudaDevAttrMultiProcessorCount, device); }
 
 int compute_major(int device) {
   return cached_attribute(g_major, cudaDevAttrComputeCapabilityMajor, device);

@@ -48,10 +48,10 @@ bool encode_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* 
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l,
-                      const AttnParams& a, int esz) {
-  const uint64_t dims[4] = {uint64_t(a.head_size), uint64_t(a.num_kv_heads),
-                            uint64_t(a.block_size), uint64_t(a.num_blocks)};
+bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& a,
+                      int esz) {
+  const uint64_t dims[4] = {uint64_t(a.head_size), uint64_t(a.num_kv_heads), uint64_t(a.block_size),
+                            uint64_t(a.num_blocks)};
   const int64_t strides[3] = {l.s_head * esz, l.s_slot * esz, l.s_block * esz};
   const uint32_t box[4] = {uint32_t(128 / esz), 1, 16, 1};
   return encode_sw128(map, base, 4, dims, strides, box, esz);

@@ -23,7 +23,7 @@ bool encode_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* 
 
 // A paged cache (row layout: d contiguous) as a 4-D tensor (dims, heads, slots, blocks) whose
 // boxes are 16 slots of one head and one 128-byte slice of the head dimension.
-bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l,
-                      const AttnParams& a, int esz);
+bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& a,
+                      int esz);
 
 }  // namespace pagedkv::cuda_ops
