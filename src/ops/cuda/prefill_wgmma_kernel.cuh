@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     for (int i = 0; i < C::kStages; ++i) {
       wgmma::mbar_init(&bars[i], kFullArrivals);               // full_k: producer threads
       wgmma::mbar_init(&bars[C::kStages + i], kFullArrivals);  // full_v
-      wgmma::mbar_init(&bars[2 * C::kStages + i], 8);         // empty: consumer warps
+      wgmma::mbar_init(&bars[2 * C::kStages + i], 8);          // empty: consumer warps
     }
     mbar_init_fence();  // the barriers visible to the copy engine
   }
