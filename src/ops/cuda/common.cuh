@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "pagedkv/error.h"
 #include "pagedkv/ops.h"
@@ -66,6 +67,29 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 enum Fp8Kind : int { kNoFp8 = 0, kE4M3 = 1, kE5M2 = 2 };
 inline int fp8_kind(KVCacheDType d) {
   return d == KVCacheDType::kFp8E4M3 ? kE4M3 : d == KVCacheDType::kFp8E5M2 ? kE5M2 : kNoFp8;
+}
+
+// Calls f(kind, kd) with std::integral_constant arguments for a cache's fp8 kind and the 16-wide
+// head-dimension steps a tensor-core kernel provisions for `head_size` (4: <= 64, 8: <= 128,
+// 16: <= 256): the instantiations every tensor-core decode launcher dispatches over.
+template <typename F>
+void dispatch_kind_steps(int cache_fp8, int head_size, F&& f) {
+  auto steps = [&](auto kind) {
+    if (head_size <= 64) {
+      f(kind, std::integral_constant<int, 4>{});
+    } else if (head_size <= 128) {
+      f(kind, std::integral_constant<int, 8>{});
+    } else {
+      f(kind, std::integral_constant<int, 16>{});
+    }
+  };
+  if (cache_fp8 == kE4M3) {
+    steps(std::integral_constant<int, kE4M3>{});
+  } else if (cache_fp8 == kE5M2) {
+    steps(std::integral_constant<int, kE5M2>{});
+  } else {
+    steps(std::integral_constant<int, kNoFp8>{});
+  }
 }
 
 // ---- scalar conversions ---------------------------------------------------------------------

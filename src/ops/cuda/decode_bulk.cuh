@@ -502,36 +502,15 @@ void launch_nh(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) 
   k<<<grid, kThreads, smem, s>>>(bp);
 }
 
-template <typename QT, int KIND, int KD>
-void launch_kd(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
-  if (bp.head_tiles == 1) {
-    launch_nh<QT, KIND, KD, 1>(bp, grid, smem, s);
-  } else {
-    launch_nh<QT, KIND, KD, 2>(bp, grid, smem, s);
-  }
-}
-
-template <typename QT, int KIND>
-void launch_kind(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
-  const int D = bp.a.head_size;
-  if (D <= 64) {
-    launch_kd<QT, KIND, 4>(bp, grid, smem, s);
-  } else if (D <= 128) {
-    launch_kd<QT, KIND, 8>(bp, grid, smem, s);
-  } else {
-    launch_kd<QT, KIND, 16>(bp, grid, smem, s);
-  }
-}
-
 template <typename QT>
 void launch_typed(const BulkDecodeParams& bp, int cache_fp8, dim3 grid, int smem, cudaStream_t s) {
-  if (cache_fp8 == kE4M3) {
-    launch_kind<QT, kE4M3>(bp, grid, smem, s);
-  } else if (cache_fp8 == kE5M2) {
-    launch_kind<QT, kE5M2>(bp, grid, smem, s);
-  } else {
-    launch_kind<QT, kNoFp8>(bp, grid, smem, s);
-  }
+  dispatch_kind_steps(cache_fp8, bp.a.head_size, [&](auto kind, auto kd) {
+    if (bp.head_tiles == 1) {
+      launch_nh<QT, kind.value, kd.value, 1>(bp, grid, smem, s);
+    } else {
+      launch_nh<QT, kind.value, kd.value, 2>(bp, grid, smem, s);
+    }
+  });
 }
 
 }  // namespace pagedkv::cuda_ops::bulk_decode

@@ -469,27 +469,11 @@ void launch_kd(const MmaDecodeParams& mp, dim3 grid, int smem, cudaStream_t s) {
   k<<<grid, kThreads, smem, s>>>(mp);
 }
 
-template <typename QT, int KIND>
-void launch_kind(const MmaDecodeParams& mp, dim3 grid, int smem, cudaStream_t s) {
-  const int D = mp.a.head_size;
-  if (D <= 64) {
-    launch_kd<QT, KIND, 4>(mp, grid, smem, s);
-  } else if (D <= 128) {
-    launch_kd<QT, KIND, 8>(mp, grid, smem, s);
-  } else {
-    launch_kd<QT, KIND, 16>(mp, grid, smem, s);
-  }
-}
-
 template <typename QT>
 void launch_typed(const MmaDecodeParams& mp, int cache_fp8, dim3 grid, int smem, cudaStream_t s) {
-  if (cache_fp8 == kE4M3) {
-    launch_kind<QT, kE4M3>(mp, grid, smem, s);
-  } else if (cache_fp8 == kE5M2) {
-    launch_kind<QT, kE5M2>(mp, grid, smem, s);
-  } else {
-    launch_kind<QT, kNoFp8>(mp, grid, smem, s);
-  }
+  dispatch_kind_steps(cache_fp8, mp.a.head_size, [&](auto kind, auto kd) {
+    launch_kd<QT, kind.value, kd.value>(mp, grid, smem, s);
+  });
 }
 
 }  // namespace pagedkv::cuda_ops::mma_decode
