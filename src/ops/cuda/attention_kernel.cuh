@@ -17,7 +17,7 @@
 
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/decode_merge.cuh"
+#include "ops/cuda/split_k.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace pagedkv::cuda_ops {
@@ -306,13 +306,8 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
     ctx_len = p.seq_lens[seq];
     q_pos = ctx_len - 1;
   }
-  int k_lo = 0, k_hi = q_pos + 1;
-  if (p.window > 0) k_lo = max(k_lo, q_pos - p.window + 1);
-  if (p.partition_size > 0) {
-    if (part * p.partition_size >= k_hi) return;  // past the sequence: left untouched (vLLM)
-    k_lo = max(k_lo, part * p.partition_size);
-    k_hi = min(k_hi, (part + 1) * p.partition_size);
-  }
+  int k_lo, k_hi;
+  if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
 
   // ---- this lane's slice of the GC queries ----
   float q[GC][VEC];

@@ -26,7 +26,7 @@
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/decode_bulk.h"
-#include "ops/cuda/decode_merge.cuh"
+#include "ops/cuda/split_k.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace pagedkv::cuda_ops::bulk_decode {
@@ -113,15 +113,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   const int ng = min(NR, p.group - g0);
   const int part = blockIdx.z;
 
-  const int seq_len = p.seq_lens[seq];
-  const int q_pos = seq_len - 1;
-  int k_lo = 0, k_hi = seq_len;
-  if (p.window > 0) k_lo = max(k_lo, q_pos - p.window + 1);
-  if (p.partition_size > 0) {
-    if (part * p.partition_size >= k_hi) return;  // past the sequence: left untouched (vLLM)
-    k_lo = max(k_lo, part * p.partition_size);
-    k_hi = min(k_hi, (part + 1) * p.partition_size);
-  }
+  const int q_pos = p.seq_lens[seq] - 1;
+  int k_lo, k_hi;
+  if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
 
   // ---- each warp's ring barriers, then its first copies: they need no query, so the KV
   //      fetch starts before the query tile is loaded (hides that load's latency) ----

@@ -19,7 +19,7 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/decode_merge.cuh"
+#include "ops/cuda/split_k.cuh"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/mma.cuh"
 
@@ -99,15 +99,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
   const int ng = min(16, p.group - g0);
   const int part = blockIdx.z;
 
-  const int seq_len = p.seq_lens[seq];
-  const int q_pos = seq_len - 1;
-  int k_lo = 0, k_hi = seq_len;
-  if (p.window > 0) k_lo = max(k_lo, q_pos - p.window + 1);
-  if (p.partition_size > 0) {
-    if (part * p.partition_size >= k_hi) return;  // past the sequence: left untouched (vLLM)
-    k_lo = max(k_lo, part * p.partition_size);
-    k_hi = min(k_hi, (part + 1) * p.partition_size);
-  }
+  const int q_pos = p.seq_lens[seq] - 1;
+  int k_lo, k_hi;
+  if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
 
   // ---- the query tile [16][k_pitch]: rows g < ng are this CTA's heads, the rest zeros ----
   QT* qs = reinterpret_cast<QT*>(smem);

@@ -1,5 +1,6 @@
-// The end of every attention kernel that splits keys over warps: the warps' online-softmax states
-// of one query head merge into one result, written as the final output (single pass) or, in split
+// The split-K contract every attention kernel follows: which keys a CTA covers (key_range: the
+// sliding window, then its partition in split mode), and how the warps' online-softmax states of
+// one query head merge into one result, written as the final output (single pass) or, in split
 // mode, as the partition's partial output with its exp-sum and max logit (vLLM
 // paged_attention_v2's workspace, merged later by decode_reduce.cu).
 #pragma once
@@ -8,6 +9,21 @@
 #include "ops/cuda/common.cuh"
 
 namespace pagedkv::cuda_ops {
+
+// Keys [lo, hi) a CTA attends to for the query at position q_pos: its sliding window and, in
+// split mode, partition `part`. False when that partition starts past the query (the CTA then
+// writes nothing, as vLLM leaves such partitions untouched).
+__device__ __forceinline__ bool key_range(const AttnParams& p, int q_pos, int part, int& lo,
+                                          int& hi) {
+  lo = p.window > 0 ? max(0, q_pos - p.window + 1) : 0;
+  hi = q_pos + 1;
+  if (p.partition_size > 0) {
+    if (part * p.partition_size >= hi) return false;
+    lo = max(lo, part * p.partition_size);
+    hi = min(hi, (part + 1) * p.partition_size);
+  }
+  return true;
+}
 
 // Element d of query head h: warp w's maximum logit m_of(w) (log2 domain), sum l_of(w) and
 // unnormalised output o_of(w) merge into out * scale. seq indexes the split workspace, out_row
