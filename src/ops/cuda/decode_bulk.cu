@@ -75,14 +75,8 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
 
 // The kernels' SASS architecture on `device` (queried once per device).
 int binary_version(int device) {
-  static std::atomic<int> cache[64];
-  if (device < 0 || device >= 64) return decode_bulk_binary_version();
-  int v = cache[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = std::max(1, decode_bulk_binary_version());
-    cache[device].store(v, std::memory_order_relaxed);
-  }
-  return v;
+  static std::atomic<int> cache[kMaxCachedDevices];
+  return cached_per_device(cache, device, [] { return std::max(1, decode_bulk_binary_version()); });
 }
 
 const char* uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {

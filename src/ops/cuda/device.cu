@@ -3,7 +3,6 @@
 // device_props.h.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdlib>
 
 #include "ops/cuda/common.cuh"
@@ -23,24 +22,17 @@ int cuda_device_count_impl() {
 namespace cuda_ops {
 namespace {
 
-constexpr int kMaxDevices = 64;
-
-// attr of `device`, from the cache (0 = not queried yet: every cached attribute is positive).
-int cached_attribute(std::atomic<int> (&cache)[kMaxDevices], cudaDeviceAttr attr, int device) {
-  if (device < 0 || device >= kMaxDevices) {
+// attr of `device` (every cached attribute is positive).
+int cached_attribute(std::atomic<int> (&cache)[kMaxCachedDevices], cudaDeviceAttr attr,
+                     int device) {
+  return cached_per_device(cache, device, [&] {
     int v = 0;
     check_cuda(cudaDeviceGetAttribute(&v, attr, device), "cudaDeviceGetAttribute");
     return v;
-  }
-  int v = cache[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    check_cuda(cudaDeviceGetAttribute(&v, attr, device), "cudaDeviceGetAttribute");
-    cache[device].store(v, std::memory_order_relaxed);
-  }
-  return v;
+  });
 }
 
-std::atomic<int> g_sms[kMaxDevices], g_major[kMaxDevices];
+std::atomic<int> g_sms[kMaxCachedDevices], g_major[kMaxCachedDevices];
 
 }  // namespace
 

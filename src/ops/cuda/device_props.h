@@ -3,7 +3,25 @@
 // environment's tuning knobs.
 #pragma once
 
+#include <atomic>
+
 namespace pagedkv::cuda_ops {
+
+constexpr int kMaxCachedDevices = 64;
+
+// A per-device answer that cannot change while the library is loaded, computed once by
+// query() (which must return a nonzero value; 0 marks "not asked yet"). Devices past the cache
+// are asked every time.
+template <typename Query>
+int cached_per_device(std::atomic<int> (&cache)[kMaxCachedDevices], int device, Query query) {
+  if (device < 0 || device >= kMaxCachedDevices) return query();
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = query();
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
 
 int current_device();
 int sm_count(int device);       // streaming multiprocessors

@@ -13,14 +13,8 @@ namespace {
 // Whether the build carries the kernel's sm_90a code for `device`, checked once per device (the
 // answer cannot change while the library is loaded).
 bool sm90a_code(int device) {
-  static std::atomic<int> known[64];  // 0: not checked yet, 1: yes, 2: no
-  if (device < 0 || device >= 64) return prefill_wg::has_sm90a_code();
-  int v = known[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = prefill_wg::has_sm90a_code() ? 1 : 2;
-    known[device].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
+  static std::atomic<int> known[kMaxCachedDevices];  // 1: yes, 2: no
+  return cached_per_device(known, device, [] { return prefill_wg::has_sm90a_code() ? 1 : 2; }) == 1;
 }
 
 // d contiguous in rows of one (block, slot, head): what a tensor map can address.
