@@ -19,6 +19,12 @@ struct CacheLayout {
   int x = 1;        // elements contiguous along the head dimension
   int x_shift = 0;  // log2(x) when x is a power of two (always so for the vLLM layout)
 
+  // True when each (block, slot, head) row of head_size elements is contiguous (NHD, and any
+  // layout that keeps rows whole): what row copies and tensor maps can address.
+  __host__ __device__ bool whole_rows(int head_size) const {
+    return s_chunk == 0 && x >= head_size;
+  }
+
   // Offset of element d within a (block, slot, head) row, without a division on the hot path:
   // NHD rows are one run (d < x), vLLM runs have a power-of-two length.
   __device__ __forceinline__ int64_t d_offset(int d) const {

@@ -36,10 +36,6 @@ int cta_target(int per_cta_min) {
   return std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, 4);
 }
 
-// Rows of a layout: element (block, slot, head, d) at block * s_block + slot * s_slot +
-// head * s_head + d (NHD, and any layout with contiguous (slot, head) rows).
-bool row_layout(const CacheLayout& l, int D) { return l.s_chunk == 0 && l.x >= D; }
-
 int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 // Fills everything but the tensor maps; returns why the call is not covered, or nullptr. `tma`:
@@ -50,7 +46,7 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
   if (D % 16 != 0 || D > 256 || (fp8 && D % 32 != 0)) {
     return "head_size must be a multiple of 16 (32 with an fp8 cache) up to 256";
   }
-  if (!row_layout(a.kl, D) || !row_layout(a.vl, D)) return "caches must use a row (NHD) layout";
+  if (!a.kl.whole_rows(D) || !a.vl.whole_rows(D)) return "caches must use a row (NHD) layout";
   bp.a = a;
   bp.head_tiles = a.group > 8 ? 2 : 1;
   bp.gchunks = ceil_div(a.group, 8 * bp.head_tiles);

@@ -44,7 +44,7 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
   mp.a = a;
   mp.gchunks = ceil_div(a.group, 16);
   // Keys: NHD rows (one run of D) or vLLM's [d/x][slot][x] with x = one 16-byte run.
-  if (a.kl.s_chunk == 0 && a.kl.x >= D) {
+  if (a.kl.whole_rows(D)) {
     mp.k_run = epr;
   } else if (a.kl.x == epr) {
     mp.k_run = a.kl.s_chunk;
@@ -52,7 +52,7 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
     return false;
   }
   // Values: NHD rows, or vLLM's [d][slot] (runs of epr slots must stay inside one block).
-  if (a.vl.s_chunk == 0 && a.vl.x >= D) {
+  if (a.vl.whole_rows(D)) {
     mp.v_trans = 0;
     mp.v_run = epr;
   } else if (a.vl.x == 1 && a.vl.s_slot == 1 && a.block_size % epr == 0) {

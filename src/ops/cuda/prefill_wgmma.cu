@@ -17,24 +17,21 @@ bool sm90a_code(int device) {
   return cached_per_device(known, device, [] { return prefill_wg::has_sm90a_code() ? 1 : 2; }) == 1;
 }
 
-// d contiguous in rows of one (block, slot, head): what a tensor map can address.
-bool row_layout(const CacheLayout& l, int D) { return l.s_chunk == 0 && l.x >= D; }
-
 // New keys or values ([num_q, num_kv_heads, head_size], addressed as (token, 0, head, d)) as a
 // 3-D tensor (dims, heads, tokens) with boxes of 16 tokens of one head and one 128-byte slice.
 bool encode_new_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& p) {
   const uint64_t dims[3] = {uint64_t(p.head_size), uint64_t(p.num_kv_heads), uint64_t(p.num_q)};
   const int64_t strides[2] = {l.s_head * 2, l.s_block * 2};
   const uint32_t box[3] = {64, 1, 16};
-  return row_layout(l, p.head_size) && encode_sw128(map, base, 3, dims, strides, box, 2);
+  return l.whole_rows(p.head_size) && encode_sw128(map, base, 3, dims, strides, box, 2);
 }
 
 // Fills the maps the call allows (tensor_map.h); a missing map leaves its groups to cp.async.
 void encode_maps(prefill_wg::WgParams& wp) {
   const AttnParams& p = wp.a;
   const bool tma = env_int("PAGEDKV_PREFILL_WGMMA_TMA", 1) != 0;
-  wp.cache_tma = tma && p.block_size % 16 == 0 && row_layout(p.kl, p.head_size) &&
-                 row_layout(p.vl, p.head_size) &&
+  wp.cache_tma = tma && p.block_size % 16 == 0 && p.kl.whole_rows(p.head_size) &&
+                 p.vl.whole_rows(p.head_size) &&
                  encode_cache_map(&wp.k_cache_map, p.k_cache, p.kl, p, 2) &&
                  encode_cache_map(&wp.v_cache_map, p.v_cache, p.vl, p, 2);
   wp.new_tma = tma && encode_new_map(&wp.k_new_map, p.k_new, p.knl, p) &&
