@@ -20,8 +20,15 @@ if [ -n "${PROFILE:-}" ]; then
   for c in "decode 32 8192 auto" "decode 32 8192 fp8" "decode 256 512 auto"; do
     timeout 60 $NCU -k "regex:decode_mma|decode_bulk" python3 ncu_driver.py $c > "$OUT/ncu_${c// /_}.txt" 2>&1
   done
-  timeout 60 $NCU -k regex:prefill_mma python3 ncu_driver.py prefill 1 8192 \
-    > "$OUT/ncu_prefill_1_8192.txt" 2>&1
+  # Prefill: the Hopper (wgmma) kernel with every section, stall reasons per source line included
+  # (--import-source lets `ncu -i prefill.ncu-rep --page source` map them to the .cuh lines).
+  for c in "prefill 1 8192" "prefill 32 512"; do
+    timeout 120 ncu --clock-control none -c 1 --set full --import-source yes \
+      -k regex:prefill_wgmma -o "$OUT/ncu_${c// /_}" -f python3 ncu_driver.py $c > /dev/null 2>&1
+    ncu -i "$OUT/ncu_${c// /_}.ncu-rep" > "$OUT/ncu_${c// /_}.txt" 2>&1
+    ncu -i "$OUT/ncu_${c// /_}.ncu-rep" --page source --csv --print-source sass \
+      2>&1 | gzip > "$OUT/ncu_${c// /_}_sass.csv.gz"
+  done
   cd ..
   tail -n 4 "$OUT"/ncu_*.txt | head -20
 fi
