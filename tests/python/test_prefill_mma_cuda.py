@@ -35,6 +35,7 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "0")
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_PIPE", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TMA", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", raising=False)
 
 
 def _require_wgmma(monkeypatch: pytest.MonkeyPatch, pipe: str = "0") -> None:
@@ -148,13 +149,16 @@ def test_prefill_wgmma_fallback(monkeypatch):
         _long_ragged_case(96, torch.float16, "nhd", [0])
 
 
-# CUDA-core, mma.sync, wgmma with the serial / pipelined consumer loop
-@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-pipe"])
+# CUDA-core, mma.sync, wgmma with the serial / pipelined consumer loop, wgmma with 16-token boxes
+# for tiles of new tokens instead of whole-tile boxes
+@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-pipe", "wgmma-box16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
     if kernel.startswith("wgmma"):
         _require_wgmma(monkeypatch, "1" if kernel.endswith("pipe") else "0")
+        box = "16" if kernel.endswith("16") else "128"
+        monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", box)
     else:
         monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
     r = random.Random()

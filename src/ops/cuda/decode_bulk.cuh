@@ -142,21 +142,23 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   };
   // Block id of key c * 16 + lane % 16 (row copies: lanes l and l + 16 copy its K and V rows), or
   // of the chunk's keys (tensor copies: they share one block); 0 outside the range (a row of
-  // block 0 is copied and ignored). Bad ids read block 0, never wild memory.
+  // block 0 is copied and ignored). The id is loaded a chunk ahead of its copies and checked
+  // only when they are issued (issue: bad ids read block 0, never wild memory): a check here
+  // would wait for the load at once, and ncu showed that wait as the fp8 kernel's top stall.
   auto lookup = [&](int c) {
     const int tok = bp.tma ? max(c * kKeys, k_lo) : c * kKeys + (lane & 15);
     int b = 0;
     if (valid(tok)) {
       const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
       b = bt[min(bi, p.max_blocks - 1)];
-      b = unsigned(b) < unsigned(p.num_blocks) ? b : 0;
     }
     return b;
   };
   const uint64_t policy = bp.evict_first ? make_evict_first_policy() : 0;
   // Every copy lands whole (keys outside the range too: compute zeroes their V rows), so a stage
   // always expects 2 * 16 * row_bytes.
-  auto issue = [&](int c, int stage, int blk) {
+  auto issue = [&](int c, int stage, int looked_up) {
+    const int blk = unsigned(looked_up) < unsigned(p.num_blocks) ? looked_up : 0;
     unsigned char* st = ring + stage * bp.stage_bytes;
     uint64_t* bar = bars + stage;
     if (lane == 0) mbar_arrive_expect(bar, 32u * bp.row_bytes);

@@ -19,11 +19,24 @@ bool sm90a_code(int device) {
 
 // New keys or values ([num_q, num_kv_heads, head_size], addressed as (token, 0, head, d)) as a
 // 3-D tensor (dims, heads, tokens) with boxes of 16 tokens of one head and one 128-byte slice.
-bool encode_new_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& p) {
+bool encode_new_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& p,
+                    int rows) {
   const uint64_t dims[3] = {uint64_t(p.head_size), uint64_t(p.num_kv_heads), uint64_t(p.num_q)};
   const int64_t strides[2] = {l.s_head * 2, l.s_block * 2};
-  const uint32_t box[3] = {64, 1, 16};
+  const uint32_t box[3] = {64, 1, uint32_t(rows)};
   return l.whole_rows(p.head_size) && encode_sw128(map, base, 3, dims, strides, box, 2);
+}
+
+// Queries ([num_q, num_heads, head_size] with strides) as a 3-D tensor (dims, heads, tokens) whose
+// box is one query tile: kTileRows / group tokens x the group's heads x one 128-byte slice, landing
+// as kTileRows rows in (token, head) order.
+bool encode_q_map(CUtensorMap* map, const AttnParams& p) {
+  constexpr int kRows = prefill_wg::kTileRows;
+  if (p.group <= 0 || kRows % p.group != 0 || kRows / p.group > 256) return false;
+  const uint64_t dims[3] = {uint64_t(p.head_size), uint64_t(p.num_heads), uint64_t(p.num_q)};
+  const int64_t strides[2] = {p.q_s_head * 2, p.q_s_tok * 2};
+  const uint32_t box[3] = {64, uint32_t(p.group), uint32_t(kRows / p.group)};
+  return encode_sw128(map, p.q, 3, dims, strides, box, 2);
 }
 
 // Fills the maps the call allows (tensor_map.h); a missing map leaves its groups to cp.async.
@@ -34,8 +47,17 @@ void encode_maps(prefill_wg::WgParams& wp) {
                  p.vl.whole_rows(p.head_size) &&
                  encode_cache_map(&wp.k_cache_map, p.k_cache, p.kl, p, 2) &&
                  encode_cache_map(&wp.v_cache_map, p.v_cache, p.vl, p, 2);
-  wp.new_tma = tma && encode_new_map(&wp.k_new_map, p.k_new, p.knl, p) &&
-               encode_new_map(&wp.v_new_map, p.v_new, p.vnl, p);
+  wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
+  wp.new_tma = tma && encode_new_map(&wp.k_new_map, p.k_new, p.knl, p, 16) &&
+               encode_new_map(&wp.v_new_map, p.v_new, p.vnl, p, 16);
+  // Tiles of new tokens in few large boxes: the TMA unit's cost is per box, and 16-token boxes
+  // (2 KB each) kept the consumers waiting for data in the H100 profile.
+  int rows = env_int("PAGEDKV_PREFILL_WGMMA_TILE_BOX", prefill_wg::kTileKeys);
+  rows = rows >= 32 && prefill_wg::kTileKeys % rows == 0 ? rows : 0;
+  wp.tile_rows = wp.new_tma && rows > 0 && encode_new_map(&wp.k_tile_map, p.k_new, p.knl, p, rows) &&
+                         encode_new_map(&wp.v_tile_map, p.v_new, p.vnl, p, rows)
+                     ? rows
+                     : 0;
 }
 
 }  // namespace

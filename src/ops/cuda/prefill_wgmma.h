@@ -7,7 +7,8 @@
 //   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
 // PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh);
 // PAGEDKV_PREFILL_WGMMA_TMA=0 makes the producer copy every tile with cp.async instead of TMA
-// tensor copies (a comparison and diagnosis knob).
+// tensor copies, PAGEDKV_PREFILL_WGMMA_TILE_BOX=16 copies tiles of new tokens in 16-token boxes
+// like the cache's instead of whole-tile boxes (comparison and diagnosis knobs).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a plain struct; the driver is reached at run time)
@@ -28,15 +29,25 @@ namespace prefill_wg {
 // The kernel's parameters (a __grid_constant__ argument: the maps must stay in parameter space,
 // 64-byte aligned). Key tiles are copied in groups of 16 keys; a group entirely in the cached
 // context uses the cache maps when cache_tma, one entirely in the new tokens the new-token maps
-// when new_tma; every other group (the one holding the context's end, or all of them when a map
+// when new_tma (a tile entirely in the new tokens: tile_rows-token boxes when tile_rows > 0, i.e.
+// 2 copies per tile half for head size 128 instead of 16); every other group (the one holding the context's end, or all of them when a map
 // is missing) is copied with cp.async by the producer warpgroup's threads.
+// The query tile goes through q_map (boxes of BM / group tokens x the group's heads: the rows land
+// in the kernel's packed (token, head) order) when the group size divides BM, else the consumers
+// load it with cp.async.
 struct WgParams {
   CUtensorMap k_cache_map, v_cache_map;  // cache_tma: (dims, heads, slots, blocks), 16-slot boxes
   CUtensorMap k_new_map, v_new_map;      // new_tma: (dims, heads, tokens), 16-token boxes
+  CUtensorMap k_tile_map, v_tile_map;    // tile_rows > 0: the same with tile_rows-token boxes
+  CUtensorMap q_map;                     // q_tma: (dims, heads, tokens), a query tile per box
   AttnParams a;
   prefill::VecFlags vf;
-  int cache_tma, new_tma;
+  int cache_tma, new_tma, q_tma;
+  int tile_rows;  // 0, or boxes of that many new tokens (a divisor of the key tile, >= 32)
 };
+
+constexpr int kTileKeys = 128;  // keys per K/V tile (Tile<DP>::BN)
+constexpr int kTileRows = 128;  // packed (token, head) query rows per CTA (Tile<DP>::BM)
 
 // Per query dtype (prefill_wgmma_f16.cu, prefill_wgmma_bf16.cu).
 void launch_f16(const WgParams& wp, int max_query_len, cudaStream_t s);

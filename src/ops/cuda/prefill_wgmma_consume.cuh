@@ -127,11 +127,15 @@ __device__ __forceinline__ void store_o(const AttnParams& p, const CtaWork& w, b
   }
   wgmma::bar_sync(1 + wg, 128);
   T* out = static_cast<T*>(p.out);
+  // Row gr is (token gr / group, head gr % group): shifts for the usual power-of-two groups (an
+  // integer division is ~20 instructions, and this loop runs 8 times per thread).
+  const int gshift = (p.group & (p.group - 1)) == 0 ? __ffs(p.group) - 1 : -1;
   for (int idx = wtid; idx < 64 * C::CH; idx += 128) {
     const int r = wg * 64 + idx / C::CH, c = idx % C::CH, gr = w.r0 + r;
     if (gr >= w.rows) continue;
-    T* dst = out + int64_t(w.qs + gr / p.group) * p.o_s_tok +
-             int64_t(w.kvh * p.group + gr % p.group) * p.o_s_head + c * 8;
+    const int tok = gshift >= 0 ? gr >> gshift : gr / p.group, h = gr - tok * p.group;
+    T* dst = out + int64_t(w.qs + tok) * p.o_s_tok + int64_t(w.kvh * p.group + h) * p.o_s_head +
+             c * 8;
     const uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128(r, c, C::BM));
     if (vec_out) {
       *reinterpret_cast<uint4*>(dst) = v;

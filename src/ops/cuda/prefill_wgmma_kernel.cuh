@@ -3,7 +3,8 @@
 // A CTA owns BM = 128 query rows of one sequence and one KV head (rows pack (token, query head of
 // the group) pairs like the mma.sync kernel, so each K/V tile serves the whole GQA group) and is
 // three warpgroups (prefill_wgmma_tile.cuh):
-//  - warpgroup 2, the producer, streams K and V tiles of BN keys (paged cache + new tokens) into
+//  - warpgroup 2, the producer, copies the query tile (one TMA box per 128-byte slice where the
+//    group size allows, else the consumers load their rows) and streams K and V tiles of BN keys (paged cache + new tokens) into
 //    kStages 128-byte swizzled stages, with TMA tensor copies where the maps serve and cp.async
 //    elsewhere (prefill_wgmma_produce.cuh); each tile half signals its own "full" mbarrier, and
 //    a stage is reused once both consumers have arrived on its "empty" mbarrier.
@@ -31,14 +32,20 @@ namespace pagedkv::cuda_ops::prefill_wg {
 
 // Consumer warpgroup wg: loads its Q rows, runs the tile loop (either form), writes its O rows.
 template <typename T, int DP, bool kPipe>
-__device__ __forceinline__ void consumer(const AttnParams& p, const prefill::VecFlags& vf,
-                                         const CtaWork& w, unsigned char* smem, uint64_t* bars,
-                                         int wg) {
+__device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, unsigned char* smem,
+                                         uint64_t* bars, int wg) {
+  using C = Tile<DP>;
+  const AttnParams& p = wp.a;
   const uint32_t sbase = smem_addr(smem);
-  load_q<T, DP>(sbase, p, vf.q, w.qs, w.rows, w.r0, w.r0 + wg * 64, w.kvh, threadIdx.x & 127);
-  cp_async_wait_all();
-  wgmma::fence_proxy_async();
-  wgmma::bar_sync(1 + wg, 128);
+  if (wp.q_tma) {  // the producer's tensor copy (rows past the sequence: unused data or zeros)
+    wgmma::mbar_wait(bars + C::kQBar, 0);
+  } else {
+    load_q<T, DP>(sbase, p, wp.vf.q, w.qs, w.rows, w.r0, w.r0 + wg * 64, w.kvh,
+                  threadIdx.x & 127);
+    cp_async_wait_all();
+    wgmma::fence_proxy_async();
+    wgmma::bar_sync(1 + wg, 128);
+  }
 
   float o[DP / 8][4];
 #pragma unroll
@@ -49,7 +56,7 @@ __device__ __forceinline__ void consumer(const AttnParams& p, const prefill::Vec
   } else {
     consume<T, DP>(p, w, sbase, bars, wg, o, l);
   }
-  store_o<T, DP>(p, w, vf.out, o, l, smem, wg);
+  store_o<T, DP>(p, w, wp.vf.out, o, l, smem, wg);
 }
 
 #endif  // PAGEDKV_WGMMA_ENABLED
@@ -74,6 +81,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
       wgmma::mbar_init(&bars[C::kStages + i], kFullArrivals);  // full_v
       wgmma::mbar_init(&bars[2 * C::kStages + i], 8);          // empty: consumer warps
     }
+    wgmma::mbar_init(&bars[C::kQBar], 1);  // the query tile: the producer's expect-tx
     mbar_init_fence();  // the barriers visible to the copy engine
   }
   __syncthreads();
@@ -83,7 +91,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     produce<T, DP>(wp, w, smem, bars);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    consumer<T, DP, kPipe>(p, wp.vf, w, smem, bars, wg);
+    consumer<T, DP, kPipe>(wp, w, smem, bars, wg);
   }
 #else
   __trap();  // never launched: the host only picks this kernel on sm_90 with sm_90a code

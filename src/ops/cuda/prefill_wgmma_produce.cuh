@@ -10,6 +10,9 @@
 // aligned). The group that holds the context's end (when it is not a multiple of 16), and every
 // group a missing map cannot serve, goes through cp.async by all 128 threads.
 //
+// A tile entirely in the new tokens goes in boxes of tile_rows tokens instead (2 copies per half
+// for head size 128 with whole-tile boxes): the TMA unit's cost is per box.
+//
 // Each stage half ("full" K, "full" V) completes when thread 0 arrived with the TMA bytes it
 // expects and all 128 threads' cp.async landed (cp.async.mbarrier.arrive.noinc): 129 arrivals.
 #pragma once
@@ -39,7 +42,18 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
   constexpr int kGroupBytes = 16 * DP * int(sizeof(T));
-  if (ptid == 0) {
+  if (ptid == 0 && wp.tile_rows > 0 && kt >= w.ctx) {  // all new tokens: whole-tile boxes
+    mbar_arrive_expect(full, C::BN * DP * int(sizeof(T)));
+    const void* map = is_v ? &wp.v_tile_map : &wp.k_tile_map;
+    const int tok = w.qs + (kt - w.ctx);
+    for (int r = 0; r < C::BN; r += wp.tile_rows) {
+#pragma unroll
+      for (int cb = 0; cb < DP / 64; ++cb) {
+        tma_load_3d(tile + cb * C::BN * 128 + r * 128, map, cb * 64, w.kvh, tok + r, full, 0,
+                    false);
+      }
+    }
+  } else if (ptid == 0) {
     int groups = 0;
 #pragma unroll
     for (int g = 0; g < C::BN / 16; ++g) groups += tma_group(wp, kt + 16 * g, w.ctx);
@@ -91,6 +105,16 @@ __device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, un
   uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
   const int ptid = threadIdx.x - 256;
   const int* bt = wp.a.block_tables + int64_t(w.seq) * wp.a.bt_stride;
+  if (wp.q_tma && ptid == 0) {  // the query tile first: the consumers start with it
+    uint64_t* q_full = bars + C::kQBar;
+    mbar_arrive_expect(q_full, C::BM * DP * 2);
+    const int group = wp.a.group, tok = w.qs + w.r0 / group;
+#pragma unroll
+    for (int cb = 0; cb < DP / 64; ++cb) {
+      tma_load_3d(smem + cb * C::BM * 128, &wp.q_map, cb * 64, w.kvh * group, tok, q_full, 0,
+                  false);
+    }
+  }
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     if (it >= C::kStages) wgmma::mbar_wait(&empty[stage], (it / C::kStages - 1) & 1);

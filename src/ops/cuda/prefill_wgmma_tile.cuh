@@ -6,6 +6,7 @@
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/prefill_tile.cuh"
+#include "ops/cuda/prefill_wgmma.h"
 #include "ops/cuda/wgmma.cuh"
 
 namespace pagedkv::cuda_ops::prefill_wg {
@@ -14,7 +15,7 @@ namespace pagedkv::cuda_ops::prefill_wg {
 // group) pairs like the mma.sync kernel) and 1 producer warpgroup that streams K/V tiles of BN
 // keys through kStages shared-memory stages (TMA tensor copies, cp.async where a map cannot
 // serve: prefill_wgmma_produce.cuh), handing them over with mbarriers. Three stages for head
-// size 128: 32 KB of Q + 3 x 64 KB of K/V + barriers + 1 KB of alignment slack = 230,472 bytes,
+// size 128: 32 KB of Q + 3 x 64 KB of K/V + barriers + 1 KB of alignment slack = 230,480 bytes,
 // under the 232,448 (227 KB) one CTA may use.
 // Registers are rebalanced with setmaxnreg (the launch gives 168 each): the producer only computes
 // addresses; ptxas keeps the consumer code within 216 and the producer within 72 without spills.
@@ -23,12 +24,14 @@ struct Tile {
   static_assert(DP == 64 || DP == 128, "head sizes 64 and 128");
   static constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1);
   static constexpr int kProducerRegs = 72, kConsumerRegs = 216;  // 128*72 + 256*216 <= 64K
-  static constexpr int BM = 64 * kConsumers, BN = 128, CH = DP / 8;
+  static constexpr int BM = kTileRows, BN = kTileKeys, CH = DP / 8;
+  static_assert(BM == 64 * kConsumers, "a consumer warpgroup per 64 query rows");
   static constexpr int kStages = DP == 128 ? 3 : 4;
   static constexpr int kQBytes = BM * DP * 2, kKVBytes = BN * DP * 2;
   static constexpr int kKOff = kQBytes, kVOff = kKOff + kStages * kKVBytes;
-  static constexpr int kBarOff = kVOff + kStages * kKVBytes;      // full_k, full_v, empty per stage
-  static constexpr int kSmem = kBarOff + 3 * kStages * 8 + 1024;  // + slack to align the base
+  // Barriers: full_k, full_v, empty per stage, then the query tile's.
+  static constexpr int kBarOff = kVOff + kStages * kKVBytes, kQBar = 3 * kStages;
+  static constexpr int kSmem = kBarOff + (kQBar + 1) * 8 + 1024;  // + slack to align the base
   static_assert(kSmem <= 227 * 1024, "one CTA's shared memory on sm_90");
   static_assert(kKOff % 1024 == 0 && kKVBytes % 1024 == 0, "TMA swizzle atoms 1024-aligned");
 };
