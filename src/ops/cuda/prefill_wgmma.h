@@ -43,7 +43,6 @@ struct WgParams {
   AttnParams a;
   prefill::VecFlags vf;
   int cache_tma, new_tma, q_tma;
-  int items;  // work items: query tiles x sequences x KV heads (the grid walks them)
   int tile_rows;  // 0, or boxes of that many new tokens (a divisor of the key tile, >= 32)
 };
 

@@ -1,6 +1,5 @@
 // Consumer warpgroups of the Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): each owns 64
-// query rows of the current work item and walks every K/V stage the producer hands over. Two loop
-// forms:
+// query rows and walks every K/V stage the producer hands over. Two loop forms:
 //  - consume: S = Q K^T, softmax, O += P V, each wgmma waited for at once (the other consumer
 //    warpgroup keeps the tensor cores busy meanwhile);
 //  - consume_pipelined (PAGEDKV_PREFILL_WGMMA_PIPE=1): S of tile i + 1 and P_i V_i are in flight
@@ -106,49 +105,52 @@ __device__ __forceinline__ void release(uint64_t* bar) {
   if ((threadIdx.x & 31) == 0) wgmma::mbar_arrive(bar);
 }
 
-// Normalises this thread's O rows and stores them straight from the accumulators (4-byte column
-// pairs; scalars when the output rows are not 16-byte runs), so no shared memory is involved
-// and the next item's query tile may already be landing in the Q rows.
+// Normalises this thread's O rows, stages them (swizzled) in the warpgroup's own Q rows (no
+// wgmma reads them any more), and writes them out with 16-byte stores where the rows allow it.
 template <typename T, int DP>
 __device__ __forceinline__ void store_o(const AttnParams& p, const CtaWork& w, bool vec_out,
-                                        float (&o)[DP / 8][4], float (&l)[2], int wg) {
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x & 127) >> 5;
-  // Row gr is (token gr / group, head gr % group): shifts for the usual power-of-two groups.
-  const int gshift = (p.group & (p.group - 1)) == 0 ? __ffs(p.group) - 1 : -1;
-  T* out = static_cast<T*>(p.out);
+                                        float (&o)[DP / 8][4], float (&l)[2], unsigned char* sQ,
+                                        int wg) {
+  using C = Tile<DP>;
+  const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = wtid >> 5;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int gr = w.r0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
-    if (gr >= w.rows) continue;
     const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-    const int tok = gshift >= 0 ? gr >> gshift : gr / p.group, head = gr - tok * p.group;
-    T* dst = out + int64_t(w.qs + tok) * p.o_s_tok +
-             int64_t(w.kvh * p.group + head) * p.o_s_head + 2 * (lane & 3);
+    const int r = wg * 64 + warp * 16 + lane / 4 + 8 * h;
 #pragma unroll
     for (int j = 0; j < DP / 8; ++j) {
-      const uint32_t v = pack2<T>(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-      if (vec_out) {
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) = v;
-      } else {
-        dst[8 * j] = reinterpret_cast<const T*>(&v)[0];
-        dst[8 * j + 1] = reinterpret_cast<const T*>(&v)[1];
-      }
+      *reinterpret_cast<uint32_t*>(sQ + wgmma::sw128(r, j, C::BM) + 4 * (lane & 3)) =
+          pack2<T>(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    }
+  }
+  wgmma::bar_sync(1 + wg, 128);
+  T* out = static_cast<T*>(p.out);
+  // Row gr is (token gr / group, head gr % group): shifts for the usual power-of-two groups (an
+  // integer division is ~20 instructions, and this loop runs 8 times per thread).
+  const int gshift = (p.group & (p.group - 1)) == 0 ? __ffs(p.group) - 1 : -1;
+  for (int idx = wtid; idx < 64 * C::CH; idx += 128) {
+    const int r = wg * 64 + idx / C::CH, c = idx % C::CH, gr = w.r0 + r;
+    if (gr >= w.rows) continue;
+    const int tok = gshift >= 0 ? gr >> gshift : gr / p.group, h = gr - tok * p.group;
+    T* dst = out + int64_t(w.qs + tok) * p.o_s_tok + int64_t(w.kvh * p.group + h) * p.o_s_head +
+             c * 8;
+    const uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128(r, c, C::BM));
+    if (vec_out) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = reinterpret_cast<const T*>(&v)[e];
     }
   }
 }
 
 // Consumer warpgroup wg, serial form: per tile S, softmax, P V, each waited for at once.
-// gt: the CTA's K/V tiles before this item (stage and phase); q_empty: the query tile's barrier
-// to release after the item's last S (nullptr when the consumers load their own rows).
 template <typename T, int DP>
 __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, uint32_t sbase,
-                                        uint64_t* bars, int wg, int gt, uint64_t* q_empty,
-                                        float (&o)[DP / 8][4], float (&l)[2]) {
+                                        uint64_t* bars, int wg, float (&o)[DP / 8][4],
+                                        float (&l)[2]) {
   using C = Tile<DP>;
   uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
   const int warp = (threadIdx.x & 127) >> 5;
@@ -156,9 +158,9 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
   const uint32_t q_addr = sbase + wg * 64 * 128;
   float m[2] = {-INFINITY, -INFINITY};
   for (int it = 0; it < w.n_tiles; ++it) {
-    const int g = gt + it, stage = g % C::kStages, kt = w.k_lo + it * C::BN;
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     const bool live = wr.live(p, kt, C::BN);
-    wait_full(&full_k[stage], g, C::kStages);
+    wait_full(&full_k[stage], it, C::kStages);
     float s[1][16][4];
     uint32_t a[8][4];
     if (live) {
@@ -172,8 +174,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
       rescale<DP>(o, alpha);
       pack_p<T>(a, s[0]);
     }
-    if (q_empty != nullptr && it == w.n_tiles - 1) release(q_empty);  // Q is read for good
-    wait_full(&full_v[stage], g, C::kStages);
+    wait_full(&full_v[stage], it, C::kStages);
     if (live) {
       wgmma::fence_operand(o);
       wgmma::fence();
@@ -197,9 +198,8 @@ constexpr int kTurnBar = 3;
 // (live or not) and warpgroup 1 skips its last hand-over: every bar.sync meets one bar.arrive.
 template <typename T, int DP>
 __device__ __forceinline__ void consume_pipelined(const AttnParams& p, const CtaWork& w,
-                                                  uint32_t sbase, uint64_t* bars, int wg, int gt,
-                                                  uint64_t* q_empty, float (&o)[DP / 8][4],
-                                                  float (&l)[2]) {
+                                                  uint32_t sbase, uint64_t* bars, int wg,
+                                                  float (&o)[DP / 8][4], float (&l)[2]) {
   using C = Tile<DP>;
   uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
   const int warp = (threadIdx.x & 127) >> 5;
@@ -214,11 +214,11 @@ __device__ __forceinline__ void consume_pipelined(const AttnParams& p, const Cta
   };
   if (wg == 1) wgmma::bar_arrive(kTurnBar, 256);  // warpgroup 0 issues first
   for (int it = 0; it <= w.n_tiles; ++it) {
-    const int g = gt + it, stage = g % C::kStages, kt = w.k_lo + it * C::BN;
-    const int prev = (g + C::kStages - 1) % C::kStages;
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
+    const int prev = (it + C::kStages - 1) % C::kStages;
     const bool live = it < w.n_tiles && wr.live(p, kt, C::BN);
-    if (it < w.n_tiles) wait_full(&full_k[stage], g, C::kStages);
-    if (it > 0) wait_full(&full_v[prev], g - 1, C::kStages);
+    if (it < w.n_tiles) wait_full(&full_k[stage], it, C::kStages);
+    if (it > 0) wait_full(&full_v[prev], it - 1, C::kStages);
     const uint32_t k_addr = sbase + C::kKOff + stage * C::kKVBytes;
     const uint32_t v_addr = sbase + C::kVOff + prev * C::kKVBytes;
     float s[1][16][4], alpha[2] = {1.f, 1.f};
@@ -266,7 +266,6 @@ __device__ __forceinline__ void consume_pipelined(const AttnParams& p, const Cta
     }
     prev_live = live;
   }
-  if (q_empty != nullptr) release(q_empty);
 }
 
 #endif  // PAGEDKV_WGMMA_ENABLED

@@ -1,25 +1,21 @@
 // Hopper prefill / extend attention kernel (FlashAttention-3 style, sm_90a) over a paged prefix.
 //
-// Work items are query tiles of BM = 128 rows of one sequence and one KV head (rows pack (token,
-// query head of the group) pairs like the mma.sync kernel, so each K/V tile serves the whole GQA
-// group), ordered so that every sequence's last (longest causal) tile comes first. The grid is
-// persistent: one CTA per SM walks items blockIdx.x, + gridDim.x, ..., so the next item's query
-// and first K/V tiles load while the current one finishes (short sequences spent half their
-// time in per-CTA fill and drain). A CTA is three warpgroups (prefill_wgmma_tile.cuh):
-//  - warpgroup 2, the producer, copies each item's query tile (one TMA box per 128-byte slice
-//    where the group size allows, else the consumers load their rows) and streams K and V tiles
-//    of BN keys (paged cache + new tokens) into kStages 128-byte swizzled stages, with TMA tensor
-//    copies where the maps serve and cp.async elsewhere (prefill_wgmma_produce.cuh); each tile
-//    half signals its own "full" mbarrier, a stage is reused once both consumers arrived on its
-//    "empty" mbarrier, the query tile once they arrived on its own.
+// A CTA owns BM = 128 query rows of one sequence and one KV head (rows pack (token, query head of
+// the group) pairs like the mma.sync kernel, so each K/V tile serves the whole GQA group) and is
+// three warpgroups (prefill_wgmma_tile.cuh):
+//  - warpgroup 2, the producer, copies the query tile (one TMA box per 128-byte slice where the
+//    group size allows, else the consumers load their rows) and streams K and V tiles of BN keys (paged cache + new tokens) into
+//    kStages 128-byte swizzled stages, with TMA tensor copies where the maps serve and cp.async
+//    elsewhere (prefill_wgmma_produce.cuh); each tile half signals its own "full" mbarrier, and
+//    a stage is reused once both consumers have arrived on its "empty" mbarrier.
 //  - warpgroups 0 and 1, the consumers, own 64 rows each: S = Q K^T with wgmma (Q and K from
 //    shared memory, both K-major), online softmax on the accumulators (prefill_softmax.cuh, masks
 //    only on tiles that cross the diagonal / window or need soft-cap / alibi), then O += P V
-//    with P packed to 16 bits in registers as the A operand and V read N-major (transpose flag);
-//    O goes straight from the accumulators to global memory.
+//    with P packed to 16 bits in registers as the A operand and V read N-major (transpose flag).
 // In the serial form the consumers are not synchronised with each other, so one's softmax overlaps
 // the other's wgmma by chance; kPipe overlaps a consumer's own softmax with its P V and takes
 // turns issuing with the other consumer (prefill_wgmma_consume.cuh).
+// CTAs are ordered so that every sequence's last (longest causal) query tile starts first.
 #pragma once
 
 #include <algorithm>
@@ -34,42 +30,33 @@ namespace pagedkv::cuda_ops::prefill_wg {
 
 #if PAGEDKV_WGMMA_ENABLED
 
-// Consumer warpgroup wg over the CTA's items: its Q rows (the producer's tensor copy, or its own
-// cp.async), the tile loop (either form), its O rows.
+// Consumer warpgroup wg: loads its Q rows, runs the tile loop (either form), writes its O rows.
 template <typename T, int DP, bool kPipe>
-__device__ __forceinline__ void consumer(const WgParams& wp, int items, unsigned char* smem,
+__device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, unsigned char* smem,
                                          uint64_t* bars, int wg) {
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
   const uint32_t sbase = smem_addr(smem);
-  uint64_t* q_empty = wp.q_tma ? bars + C::kQEmpty : nullptr;
-  int gt = 0, li = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    CtaWork w;
-    if (!cta_work<C::BM, C::BN>(p, item, w)) continue;  // CTA-uniform
-    if (wp.q_tma) {  // rows past the sequence hold unused data or zeros
-      wgmma::mbar_wait(bars + C::kQFull, li & 1);
-    } else {  // this warpgroup's rows: the previous item's wgmma reading them have completed
-      load_q<T, DP>(sbase, p, wp.vf.q, w.qs, w.rows, w.r0, w.r0 + wg * 64, w.kvh,
-                    threadIdx.x & 127);
-      cp_async_wait_all();
-      wgmma::fence_proxy_async();
-      wgmma::bar_sync(1 + wg, 128);
-    }
-    float o[DP / 8][4];
-#pragma unroll
-    for (int j = 0; j < DP / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    float l[2] = {0.f, 0.f};
-    if constexpr (kPipe) {
-      consume_pipelined<T, DP>(p, w, sbase, bars, wg, gt, q_empty, o, l);
-    } else {
-      consume<T, DP>(p, w, sbase, bars, wg, gt, q_empty, o, l);
-    }
-    if (w.n_tiles == 0 && q_empty != nullptr) release(q_empty);
-    store_o<T, DP>(p, w, wp.vf.out, o, l, wg);
-    gt += w.n_tiles;
-    ++li;
+  if (wp.q_tma) {  // the producer's tensor copy (rows past the sequence: unused data or zeros)
+    wgmma::mbar_wait(bars + C::kQBar, 0);
+  } else {
+    load_q<T, DP>(sbase, p, wp.vf.q, w.qs, w.rows, w.r0, w.r0 + wg * 64, w.kvh,
+                  threadIdx.x & 127);
+    cp_async_wait_all();
+    wgmma::fence_proxy_async();
+    wgmma::bar_sync(1 + wg, 128);
   }
+
+  float o[DP / 8][4];
+#pragma unroll
+  for (int j = 0; j < DP / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float l[2] = {0.f, 0.f};
+  if constexpr (kPipe) {
+    consume_pipelined<T, DP>(p, w, sbase, bars, wg, o, l);
+  } else {
+    consume<T, DP>(p, w, sbase, bars, wg, o, l);
+  }
+  store_o<T, DP>(p, w, wp.vf.out, o, l, smem, wg);
 }
 
 #endif  // PAGEDKV_WGMMA_ENABLED
@@ -79,30 +66,32 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ WgParams wp) {
 #if PAGEDKV_WGMMA_ENABLED
   using C = Tile<DP>;
+  const AttnParams& p = wp.a;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Swizzled atoms must sit on 1024-byte boundaries: align the base by hand (kSmem has the slack).
   const uint32_t raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
 
+  CtaWork w;
+  if (!cta_work<C::BM, C::BN>(p, w)) return;  // CTA-uniform
   if (threadIdx.x == 0) {
     for (int i = 0; i < C::kStages; ++i) {
       wgmma::mbar_init(&bars[i], kFullArrivals);               // full_k: producer threads
       wgmma::mbar_init(&bars[C::kStages + i], kFullArrivals);  // full_v
       wgmma::mbar_init(&bars[2 * C::kStages + i], 8);          // empty: consumer warps
     }
-    wgmma::mbar_init(&bars[C::kQFull], 1);  // the query tile: the producer's expect-tx
-    wgmma::mbar_init(&bars[C::kQEmpty], 8);  // ... read for good: consumer warps
+    wgmma::mbar_init(&bars[C::kQBar], 1);  // the query tile: the producer's expect-tx
     mbar_init_fence();  // the barriers visible to the copy engine
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == C::kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    produce<T, DP>(wp, wp.items, smem, bars);
+    produce<T, DP>(wp, w, smem, bars);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    consumer<T, DP, kPipe>(wp, wp.items, smem, bars, wg);
+    consumer<T, DP, kPipe>(wp, w, smem, bars, wg);
   }
 #else
   __trap();  // never launched: the host only picks this kernel on sm_90 with sm_90a code

@@ -18,16 +18,12 @@ void launch_dp(const WgParams& wp, int max_query_len, cudaStream_t s) {
   const AttnParams& p = wp.a;
   const int64_t tiles =
       std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
-  const int64_t items = tiles * p.num_seqs * p.num_kv_heads;
-  PAGEDKV_CHECK(items < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
-  WgParams args = wp;
-  args.items = static_cast<int>(items);
-  // Persistent: one CTA per SM (the shared memory allows no second), each walking the items.
-  const int64_t ctas = std::min<int64_t>(items, sm_count(current_device()));
+  const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
+  PAGEDKV_CHECK(ctas < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
   auto kernel = prefill_wgmma_kernel<T, DP, kPipe>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
              "context_attention_fwd");
-  kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(args);
+  kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(wp);
 }
 
 template <typename T>

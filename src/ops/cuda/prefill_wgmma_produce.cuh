@@ -97,49 +97,31 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
   wgmma::mbar_arrive_cp_async(full);  // after this thread's cp.async (none: at once)
 }
 
-// The query tile of item w into the CTA's Q rows with one tensor copy per 128-byte slice (thread
-// 0), once the consumers released the previous item's (li: the CTA's item count so far).
+// Producer warpgroup: every K/V tile of the CTA.
 template <typename T, int DP>
-__device__ __forceinline__ void load_q_tile(const WgParams& wp, const CtaWork& w,
-                                            unsigned char* smem, uint64_t* bars, int li) {
-  using C = Tile<DP>;
-  if (li > 0) wgmma::mbar_wait(bars + C::kQEmpty, (li - 1) & 1);
-  uint64_t* q_full = bars + C::kQFull;
-  mbar_arrive_expect(q_full, C::BM * DP * 2);
-  const int group = wp.a.group, tok = w.qs + w.r0 / group;
-#pragma unroll
-  for (int cb = 0; cb < DP / 64; ++cb) {
-    tma_load_3d(smem + cb * C::BM * 128, &wp.q_map, cb * 64, w.kvh * group, tok, q_full, 0, false);
-  }
-}
-
-// Producer warpgroup: the query tile and every K/V tile of the CTA's items, in the consumers'
-// order. Stages cycle over all of them (gt: K/V tiles so far), so the next item's first tiles
-// stream in while the consumers finish the current one.
-template <typename T, int DP>
-__device__ __forceinline__ void produce(const WgParams& wp, int items, unsigned char* smem,
+__device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, unsigned char* smem,
                                         uint64_t* bars) {
   using C = Tile<DP>;
   uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
   const int ptid = threadIdx.x - 256;
-  int gt = 0, li = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    CtaWork w;
-    if (!cta_work<C::BM, C::BN>(wp.a, item, w)) continue;  // CTA-uniform
-    const int* bt = wp.a.block_tables + int64_t(w.seq) * wp.a.bt_stride;
-    for (int it = 0; it < w.n_tiles; ++it, ++gt) {
-      const int stage = gt % C::kStages, kt = w.k_lo + it * C::BN;
-      if (gt >= C::kStages) wgmma::mbar_wait(&empty[stage], (gt / C::kStages - 1) & 1);
-      load_half<T, DP>(wp, false, smem + C::kKOff + stage * C::kKVBytes, &full_k[stage], bt, kt, w,
-                       ptid);
-      // The query tile after the item's first K tile: that stage frees before the consumers
-      // release the previous query tile (after their last S of the previous item).
-      if (it == 0 && wp.q_tma && ptid == 0) load_q_tile<T, DP>(wp, w, smem, bars, li);
-      load_half<T, DP>(wp, true, smem + C::kVOff + stage * C::kKVBytes, &full_v[stage], bt, kt, w,
-                       ptid);
+  const int* bt = wp.a.block_tables + int64_t(w.seq) * wp.a.bt_stride;
+  if (wp.q_tma && ptid == 0) {  // the query tile first: the consumers start with it
+    uint64_t* q_full = bars + C::kQBar;
+    mbar_arrive_expect(q_full, C::BM * DP * 2);
+    const int group = wp.a.group, tok = w.qs + w.r0 / group;
+#pragma unroll
+    for (int cb = 0; cb < DP / 64; ++cb) {
+      tma_load_3d(smem + cb * C::BM * 128, &wp.q_map, cb * 64, w.kvh * group, tok, q_full, 0,
+                  false);
     }
-    if (w.n_tiles == 0 && wp.q_tma && ptid == 0) load_q_tile<T, DP>(wp, w, smem, bars, li);
-    ++li;
+  }
+  for (int it = 0; it < w.n_tiles; ++it) {
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
+    if (it >= C::kStages) wgmma::mbar_wait(&empty[stage], (it / C::kStages - 1) & 1);
+    load_half<T, DP>(wp, false, smem + C::kKOff + stage * C::kKVBytes, &full_k[stage], bt, kt, w,
+                     ptid);
+    load_half<T, DP>(wp, true, smem + C::kVOff + stage * C::kKVBytes, &full_v[stage], bt, kt, w,
+                     ptid);
   }
   cp_async_wait_all();  // nothing in flight when the thread exits
 }

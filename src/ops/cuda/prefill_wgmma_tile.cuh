@@ -11,12 +11,11 @@
 
 namespace pagedkv::cuda_ops::prefill_wg {
 
-// A CTA (one per SM, persistent over the work items: prefill_wgmma_kernel.cuh) is 2 consumer
-// warpgroups of 64 query rows each (BM = 128 rows: (token, query head of the
+// A CTA is 2 consumer warpgroups of 64 query rows each (BM = 128 rows: (token, query head of the
 // group) pairs like the mma.sync kernel) and 1 producer warpgroup that streams K/V tiles of BN
 // keys through kStages shared-memory stages (TMA tensor copies, cp.async where a map cannot
 // serve: prefill_wgmma_produce.cuh), handing them over with mbarriers. Three stages for head
-// size 128: 32 KB of Q + 3 x 64 KB of K/V + barriers + 1 KB of alignment slack = 230,488 bytes,
+// size 128: 32 KB of Q + 3 x 64 KB of K/V + barriers + 1 KB of alignment slack = 230,480 bytes,
 // under the 232,448 (227 KB) one CTA may use.
 // Registers are rebalanced with setmaxnreg (the launch gives 168 each): the producer only computes
 // addresses; ptxas keeps the consumer code within 216 and the producer within 72 without spills.
@@ -30,28 +29,24 @@ struct Tile {
   static constexpr int kStages = DP == 128 ? 3 : 4;
   static constexpr int kQBytes = BM * DP * 2, kKVBytes = BN * DP * 2;
   static constexpr int kKOff = kQBytes, kVOff = kKOff + kStages * kKVBytes;
-  // Barriers: full_k, full_v, empty per stage, then the query tile's full and empty.
-  static constexpr int kBarOff = kVOff + kStages * kKVBytes, kQFull = 3 * kStages;
-  static constexpr int kQEmpty = kQFull + 1;
-  static constexpr int kSmem = kBarOff + (kQEmpty + 1) * 8 + 1024;  // + slack to align the base
+  // Barriers: full_k, full_v, empty per stage, then the query tile's.
+  static constexpr int kBarOff = kVOff + kStages * kKVBytes, kQBar = 3 * kStages;
+  static constexpr int kSmem = kBarOff + (kQBar + 1) * 8 + 1024;  // + slack to align the base
   static_assert(kSmem <= 227 * 1024, "one CTA's shared memory on sm_90");
   static_assert(kKOff % 1024 == 0 && kKVBytes % 1024 == 0, "TMA swizzle atoms 1024-aligned");
 };
 
-// Where a work item lies: sequence, KV head, first packed row and the key range.
+// Where this CTA's work lies: sequence, KV head, first packed row and the key range.
 struct CtaWork {
   int seq, kvh, qs, rows, r0, ctx, k_lo, k_hi, n_tiles;
 };
 
-// Work item `item` (0 .. tiles * num_seqs * num_kv_heads - 1, see the launch): false when the
-// sequence has no such query tile. Items are ordered so that every sequence's last (longest
-// causal) query tile comes first.
 template <int BM, int BN>
-__device__ __forceinline__ bool cta_work(const AttnParams& p, int item, CtaWork& w) {
+__device__ __forceinline__ bool cta_work(const AttnParams& p, CtaWork& w) {
   const int pairs = p.num_seqs * p.num_kv_heads;
-  const int rank = item / pairs;
-  w.seq = item % pairs / p.num_kv_heads;
-  w.kvh = item % p.num_kv_heads;
+  const int rank = blockIdx.x / pairs;
+  w.seq = blockIdx.x % pairs / p.num_kv_heads;
+  w.kvh = blockIdx.x % p.num_kv_heads;
   w.qs = min(max(p.query_start_loc[w.seq], 0), p.num_q);               // bad metadata: no wild
   const int qlen = min(p.query_start_loc[w.seq + 1], p.num_q) - w.qs;  // reads or writes
   w.rows = qlen * p.group;
