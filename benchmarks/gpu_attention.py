@@ -217,6 +217,19 @@ def _time_prefill_wgmma(x: dict, length: int) -> Optional[float]:
         return try_time(lambda: _prefill_calls(x, length))
 
 
+def _default_prefill_kernel() -> str:
+    """The prefill kernel the library picks for the benchmark's calls (README, "Kernel
+    selection")."""
+    def env(name: str) -> str:
+        return os.environ.get(name, "").strip()
+
+    mma = env("PAGEDKV_PREFILL_MMA") != "0"
+    wgmma = env("PAGEDKV_PREFILL_WGMMA") or ("1" if mma else "0")
+    if wgmma != "0" and torch.cuda.get_device_capability()[0] == 9:
+        return "Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA)"
+    return "tensor-core mma.sync kernel" if mma else "CUDA-core kernel (PAGEDKV_PREFILL_MMA=0)"
+
+
 def bench_prefill_ours(b: int, length: int) -> float:
     """Seconds per call of our prefill alone."""
     return _time_prefill_ours(_prefill_inputs(b, length), length)
@@ -300,16 +313,17 @@ def main() -> None:
     if args.decode_only:
         return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
-    kernel = "CUDA-core" if os.environ.get("PAGEDKV_PREFILL_MMA", "").strip() == "0" else \
-        "tensor-core"
-    print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; {kernel} kernel "
-          f"(PAGEDKV_PREFILL_MMA))")
+    print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; ours = the library's "
+          f"choice: {_default_prefill_kernel()})")
     pipe = os.environ.get("PAGEDKV_PREFILL_WGMMA_PIPE", "").strip() not in ("", "0")
     tma = os.environ.get("PAGEDKV_PREFILL_WGMMA_TMA", "").strip() != "0"
-    print(f"  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90), "
+    box = os.environ.get("PAGEDKV_PREFILL_WGMMA_TILE_BOX", "").strip() or "128"
+    print(f"  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90; "
+          f"where it is the choice, a second sample of the same kernel), "
           f"{'pipelined + ping-pong' if pipe else 'serial'} consumer loop "
           f"(PAGEDKV_PREFILL_WGMMA_PIPE), {'TMA' if tma else 'cp.async'} K/V copies "
-          f"(PAGEDKV_PREFILL_WGMMA_TMA)")
+          f"(PAGEDKV_PREFILL_WGMMA_TMA) in {box}-token boxes for new tokens "
+          f"(PAGEDKV_PREFILL_WGMMA_TILE_BOX)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
           f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}")
     for b, length in pre:
