@@ -218,8 +218,7 @@ def _time_prefill_wgmma(x: dict, length: int) -> Optional[float]:
 
 
 def _default_prefill_kernel() -> str:
-    """The prefill kernel the library picks for the benchmark's calls (README, "Kernel
-    selection")."""
+    """The prefill kernel the library picks for the benchmark's calls (src/ops/cuda/README.md)."""
     def env(name: str) -> str:
         return os.environ.get(name, "").strip()
 
