@@ -149,18 +149,24 @@ def test_prefill_wgmma_fallback(monkeypatch):
         _long_ragged_case(96, torch.float16, "nhd", [0])
 
 
-# CUDA-core, mma.sync, wgmma with the serial / pipelined consumer loop, wgmma with 16-token boxes
-# for tiles of new tokens instead of whole-tile boxes
-@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-pipe", "wgmma-box16"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
-    """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
+def _use_kernel(monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+    """Picks the prefill kernel: "0" CUDA-core, "1" mma.sync, "wgmma" the Hopper one (required;
+    "-pipe": its pipelined loop, "-box16": 16-token boxes for new tokens)."""
     if kernel.startswith("wgmma"):
         _require_wgmma(monkeypatch, "1" if kernel.endswith("pipe") else "0")
         box = "16" if kernel.endswith("16") else "128"
         monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", box)
     else:
         monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
+
+
+# CUDA-core, mma.sync, wgmma with the serial / pipelined consumer loop, wgmma with 16-token boxes
+# for tiles of new tokens instead of whole-tile boxes
+@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-pipe", "wgmma-box16"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
+    """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
+    _use_kernel(monkeypatch, kernel)
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     b, length, hkv, group, d = 2, r.randint(900, 1300), 2, 4, 128
@@ -179,3 +185,34 @@ def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     ref = prefill_ref(q, k, v, kv, qsl, [0] * b, d ** -0.5, opts)
     assert rel_err(out, ref) < TOL[dtype]
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype]
+
+
+# CUDA-core, mma.sync, wgmma (whole-tile and 16-token boxes)
+@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-box16"])
+def test_prefill_next_sequence_does_not_leak(kernel, monkeypatch):
+    """The second sequence's keys and values are inf; the first sequence's outputs must not see
+    them (its last tiles reach past its end, where causality gives P = 0, but 0 * inf is NaN):
+    the copies of those rows must be zeros, not the next sequence's data."""
+    _use_kernel(monkeypatch, kernel)
+    r = random.Random()
+    gen = torch.Generator().manual_seed(r.randrange(1 << 30))
+    hkv, group, d, dtype = 2, 4, 128, torch.bfloat16
+    lens = [r.randint(130, 400), r.randint(50, 300)]  # the first not a multiple of the tiles
+    n = sum(lens)
+    q = torch.randn(n, hkv * group, d, generator=gen).to(dtype).cuda()
+    k = torch.randn(n, hkv, d, generator=gen).to(dtype).cuda()
+    v = torch.randn(n, hkv, d, generator=gen).to(dtype).cuda()
+    k[lens[0]:] = float("inf")
+    v[lens[0]:] = float("inf")
+    out = torch.full_like(q, float("nan"))
+    kv = make_paged_kv(gen, [0, 0], hkv, d, 16, dtype, "nhd")
+    qsl = [0, lens[0], n]
+    ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
+                              kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
+                              torch.tensor(lens, dtype=torch.int32).cuda(), None, max(lens))
+    torch.cuda.synchronize()
+    opts = {"alibi": None, "softcap": 0.0, "window": 0}
+    first = slice(0, lens[0])
+    ref = prefill_ref(q[first], k[first], v[first], kv, qsl[:2], [0], d ** -0.5, opts)
+    assert out[first].isfinite().all(), lens
+    assert rel_err(out[first], ref) < TOL[dtype], lens

@@ -151,15 +151,31 @@ def test_consumer_loops_match_softmax_attention(pipelined):
                                rtol=1e-10)
 
 
-def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, qs, kvh, cache_tma, new_tma, dp):
-    """prefill_wgmma_produce.cuh load_half(): each 16-key group of tile kt by TMA boxes (cache:
-    4-D map, 16 slots of one block; new tokens: 3-D map, zeros past the tensor's end) or by
-    load_group()'s cp.async (zeros from k_hi on). Returns the bytes thread 0 expects."""
+def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache_tma, new_tma,
+               tile_rows, dp):
+    """prefill_wgmma_produce.cuh load_half(): a tile entirely in the sequence's new tokens by
+    whole-tile boxes (tile_rows tokens each); else each 16-key group by TMA boxes (cache: 4-D map,
+    16 slots of one block; new tokens before the sequence's end kv_end: 3-D map, zeros past the
+    tensor's end) or by load_group()'s cp.async (zeros from k_hi on). Returns the bytes thread 0
+    expects."""
     block_size, n_tok = cache.shape[1], new.shape[0]
+
+    def new_box(tok, rows, cols):  # 3-D map box: rows past the tensor's end read as zeros
+        box = np.zeros((rows, 64))
+        box[:max(0, min(rows, n_tok - tok))] = new[tok:tok + rows, kvh, cols]
+        return box
+
+    if tile_rows and kt >= ctx and kt + BN <= kv_end:
+        for r in range(0, BN, tile_rows):
+            for cb in range(dp // 64):
+                cols = slice(cb * 64, cb * 64 + 64)
+                tma_store_sw128(smem, tile + cb * BN * 128 + r * 128,
+                                new_box(qs + kt + r - ctx, tile_rows, cols))
+        return BN * dp * 2
     expected = 0
     for g in range(BN // 16):
         key0 = kt + 16 * g
-        tma = cache_tma if key0 + 16 <= ctx else (key0 >= ctx and new_tma)
+        tma = cache_tma if key0 + 16 <= ctx else (key0 >= ctx and key0 + 16 <= kv_end and new_tma)
         if tma:
             expected += 16 * dp * 2
             for cb in range(dp // 64):
@@ -169,9 +185,7 @@ def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, qs, kvh, cache_tma, ne
                     assert slot % 16 == 0 and slot + 16 <= block_size  # the box stays in the block
                     box = cache[bt[key0 // block_size], slot:slot + 16, kvh, cols]
                 else:
-                    tok = qs + key0 - ctx
-                    box = np.zeros((16, 64))
-                    box[:max(0, min(16, n_tok - tok))] = new[tok:tok + 16, kvh, cols]
+                    box = new_box(qs + key0 - ctx, 16, cols)
                 tma_store_sw128(smem, tile + cb * BN * 128 + g * 16 * 128, box)
         else:
             for j in range(16):
@@ -184,34 +198,42 @@ def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, qs, kvh, cache_tma, ne
     return expected
 
 
+@pytest.mark.parametrize("tile_rows", [0, 128, 32])
 @pytest.mark.parametrize("dp", [64, 128])
 @pytest.mark.parametrize("block_size,cache_tma", [(16, True), (32, True), (48, True), (24, False)])
-def test_producer_groups_land_where_wgmma_reads(dp, block_size, cache_tma):
-    """TMA boxes and cp.async groups of a tile that crosses the context's end (at a position not a
-    multiple of 16) together form the K tile the QK descriptors read: cached keys from their
-    blocks, new tokens after them, finite rows past k_hi."""
+def test_producer_groups_land_where_wgmma_reads(dp, block_size, cache_tma, tile_rows):
+    """TMA boxes and cp.async groups of a tile (crossing the context's end at a position not a
+    multiple of 16, or all new tokens) together form the K tile the QK descriptors read: cached
+    keys from their blocks, new tokens after them, zeros past k_hi. The next sequence's rows
+    (past kv_end) are inf: no copy may bring them in (0 * inf would be NaN in P V)."""
     rng = np.random.default_rng()
     n_blocks, heads, kvh, qs = 12, 2, 1, 5
     ctx = int(rng.integers(1, 8)) * 16 + int(rng.integers(1, 16))  # not a multiple of 16
-    kt = (ctx // BN) * BN if rng.random() < 0.5 else max(0, ctx - 40) & ~15
-    n_new = int(rng.integers(20, 150))
-    k_hi = ctx + n_new - int(rng.integers(0, 10))
+    n_new = int(rng.integers(20, 300))
+    kv_end = ctx + n_new
+    kt = rng.choice([(ctx // BN) * BN, max(0, ctx - 40) & ~15, (ctx + 15) & ~15,
+                     (kv_end - BN) & ~15 if kv_end - BN >= ctx else ctx & ~15])
+    k_hi = kv_end - int(rng.integers(0, 10))
     cache = rng.integers(-4, 5, (n_blocks, block_size, heads, dp)).astype(np.float64)
-    new = rng.integers(-4, 5, (qs + n_new + 3, heads, dp)).astype(np.float64)
+    new = rng.integers(-4, 5, (qs + n_new + 150, heads, dp)).astype(np.float64)
+    new[qs + n_new:] = np.inf  # the next sequence's tokens
     bt = rng.permutation(n_blocks)
     q = rng.integers(-4, 5, (BM, dp)).astype(np.float64)
     k_off = BM * dp * 2
     smem = np.full((k_off + BN * dp * 2) // 2, np.nan)
     store_tile(smem, 0, q)
-    got = _load_half(smem, k_off, cache, new, bt, kt, ctx, k_hi, qs, kvh, cache_tma, True, dp)
-    assert got == sum(16 * dp * 2 for g in range(BN // 16)
-                      if (kt + 16 * g + 16 <= ctx and cache_tma) or kt + 16 * g >= ctx)
+    got = _load_half(smem, k_off, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache_tma, True,
+                     tile_rows, dp)
+    whole = tile_rows and kt >= ctx and kt + BN <= kv_end
+    assert got == BN * dp * 2 if whole else got == sum(
+        16 * dp * 2 for g in range(BN // 16)
+        if (kt + 16 * g + 16 <= ctx and cache_tma) or ctx <= kt + 16 * g <= kv_end - 16)
     keys = np.zeros((BN, dp))
     for j in range(BN):
         key = kt + j
         if key < ctx:
             keys[j] = cache[bt[key // block_size], key % block_size, kvh]
-        elif key < k_hi:
+        elif key < (kv_end if whole else k_hi):  # whole tiles read past k_hi, within the sequence
             keys[j] = new[qs + key - ctx, kvh]
     s = gather(qk(smem, 0, k_off, dp))
     live = min(BN, k_hi - kt)

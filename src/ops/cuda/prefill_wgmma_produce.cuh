@@ -3,15 +3,16 @@
 //
 // A tile of BN keys is BN / 16 groups of 16 keys. Thread 0 of the warpgroup copies each group
 // that lies entirely in the cached context (one block-table lookup, then one TMA box of 16 slots
-// per 128-byte slice of the head dimension: 2 copies for head size 128) or entirely in the new
-// tokens (one box of 16 token rows per slice; rows past the new tokens' end read as zeros, rows
-// of the next sequence are real data that causality masks) straight into the 128-byte swizzled
+// per 128-byte slice of the head dimension: 2 copies for head size 128) or entirely in the
+// sequence's new tokens (one box of 16 token rows per slice) straight into the 128-byte swizzled
 // layout wgmma reads (16-byte unit u of row r at unit u ^ (r % 8); each box lands 2048-byte
-// aligned). The group that holds the context's end (when it is not a multiple of 16), and every
-// group a missing map cannot serve, goes through cp.async by all 128 threads.
+// aligned). The group that holds the context's end (when it is not a multiple of 16), the groups
+// at and past the sequence's end, and every group a missing map cannot serve, go through
+// cp.async by all 128 threads, which writes zeros past the CTA's last key: a box there would
+// read the next sequence's rows, and causality gives them P = 0, but 0 * inf is NaN.
 //
-// A tile entirely in the new tokens goes in boxes of tile_rows tokens instead (2 copies per half
-// for head size 128 with whole-tile boxes): the TMA unit's cost is per box.
+// A tile entirely in the sequence's new tokens goes in boxes of tile_rows tokens instead (2
+// copies per half for head size 128 with whole-tile boxes): the TMA unit's cost is per box.
 //
 // Each stage half ("full" K, "full" V) completes when thread 0 arrived with the TMA bytes it
 // expects and all 128 threads' cp.async landed (cp.async.mbarrier.arrive.noinc): 129 arrivals.
@@ -28,8 +29,9 @@ namespace pagedkv::cuda_ops::prefill_wg {
 constexpr int kFullArrivals = 129;
 
 // Whether the group of keys [key0, key0 + 16) goes through a tensor map.
-__device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, int ctx) {
-  return key0 + 16 <= ctx ? wp.cache_tma != 0 : key0 >= ctx && wp.new_tma != 0;
+__device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, const CtaWork& w) {
+  return key0 + 16 <= w.ctx ? wp.cache_tma != 0
+                            : key0 >= w.ctx && key0 + 16 <= w.kv_end && wp.new_tma != 0;
 }
 
 // One half (keys or values) of tile kt into the stage half at `tile` (generic pointer; dst: the
@@ -42,7 +44,9 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
   constexpr int kGroupBytes = 16 * DP * int(sizeof(T));
-  if (ptid == 0 && wp.tile_rows > 0 && kt >= w.ctx) {  // all new tokens: whole-tile boxes
+  // All of the tile in the sequence's new tokens: whole-tile boxes (tma_group holds for each
+  // of its groups, so the cp.async loop below skips them all).
+  if (ptid == 0 && wp.tile_rows > 0 && kt >= w.ctx && kt + C::BN <= w.kv_end) {
     mbar_arrive_expect(full, C::BN * DP * int(sizeof(T)));
     const void* map = is_v ? &wp.v_tile_map : &wp.k_tile_map;
     const int tok = w.qs + (kt - w.ctx);
@@ -56,14 +60,14 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
   } else if (ptid == 0) {
     int groups = 0;
 #pragma unroll
-    for (int g = 0; g < C::BN / 16; ++g) groups += tma_group(wp, kt + 16 * g, w.ctx);
+    for (int g = 0; g < C::BN / 16; ++g) groups += tma_group(wp, kt + 16 * g, w);
     mbar_arrive_expect(full, groups * kGroupBytes);
     const void* cmap = is_v ? &wp.v_cache_map : &wp.k_cache_map;
     const void* nmap = is_v ? &wp.v_new_map : &wp.k_new_map;
 #pragma unroll  // the block-table loads of all groups can be in flight together
     for (int g = 0; g < C::BN / 16; ++g) {
       const int key0 = kt + 16 * g;
-      if (!tma_group(wp, key0, w.ctx)) continue;
+      if (!tma_group(wp, key0, w)) continue;
       unsigned char* gdst = tile + g * 16 * 128;  // rows 16g.. of every 64-column block
       if (key0 < w.ctx) {
         const int bi = p.bs_shift >= 0 ? key0 >> p.bs_shift : key0 / p.block_size;
@@ -90,7 +94,7 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
 #pragma unroll 1
   for (int g = 0; g < C::BN / 16; ++g) {
     const int key0 = kt + 16 * g;
-    if (tma_group(wp, key0, w.ctx)) continue;  // uniform over the warpgroup
+    if (tma_group(wp, key0, w)) continue;  // uniform over the warpgroup
     load_group<T, DP>(dst, cache, cl, fresh, fl, p, bt, key0, 16 * g, w.k_hi, w.ctx, w.qs, w.kvh,
                       ptid);
   }

@@ -39,6 +39,7 @@ struct Tile {
 // Where this CTA's work lies: sequence, KV head, first packed row and the key range.
 struct CtaWork {
   int seq, kvh, qs, rows, r0, ctx, k_lo, k_hi, n_tiles;
+  int kv_end;  // keys of the sequence: ctx + its new tokens
 };
 
 template <int BM, int BN>
@@ -54,6 +55,7 @@ __device__ __forceinline__ bool cta_work(const AttnParams& p, CtaWork& w) {
   if (tile < 0) return false;
   w.r0 = tile * BM;
   w.ctx = p.seq_lens[w.seq] - qlen;
+  w.kv_end = w.ctx + qlen;
   w.k_hi = w.ctx + (min(w.r0 + BM, w.rows) - 1) / p.group + 1;
   // Tiles start on a multiple of 16 keys so that 16-key copy groups never straddle a cache block
   // (block sizes are multiples of 16 for the cache maps); keys before the window are masked.
