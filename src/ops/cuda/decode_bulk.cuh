@@ -26,8 +26,8 @@
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/decode_bulk.h"
-#include "ops/cuda/split_k.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/split_k.cuh"
 
 namespace pagedkv::cuda_ops::bulk_decode {
 

@@ -54,7 +54,8 @@ void encode_maps(prefill_wg::WgParams& wp) {
   // (2 KB each) kept the consumers waiting for data in the H100 profile.
   int rows = env_int("PAGEDKV_PREFILL_WGMMA_TILE_BOX", prefill_wg::kTileKeys);
   rows = rows >= 32 && prefill_wg::kTileKeys % rows == 0 ? rows : 0;
-  wp.tile_rows = wp.new_tma && rows > 0 && encode_new_map(&wp.k_tile_map, p.k_new, p.knl, p, rows) &&
+  wp.tile_rows = wp.new_tma && rows > 0 &&
+                         encode_new_map(&wp.k_tile_map, p.k_new, p.knl, p, rows) &&
                          encode_new_map(&wp.v_tile_map, p.v_new, p.vnl, p, rows)
                      ? rows
                      : 0;

@@ -28,13 +28,13 @@ namespace prefill_wg {
 
 // The kernel's parameters (a __grid_constant__ argument: the maps must stay in parameter space,
 // 64-byte aligned). Key tiles are copied in groups of 16 keys; a group entirely in the cached
-// context uses the cache maps when cache_tma, one entirely in the new tokens the new-token maps
-// when new_tma (a tile entirely in the new tokens: tile_rows-token boxes when tile_rows > 0, i.e.
-// 2 copies per tile half for head size 128 instead of 16); every other group (the one holding the context's end, or all of them when a map
-// is missing) is copied with cp.async by the producer warpgroup's threads.
-// The query tile goes through q_map (boxes of BM / group tokens x the group's heads: the rows land
-// in the kernel's packed (token, head) order) when the group size divides BM, else the consumers
-// load it with cp.async.
+// context uses the cache maps when cache_tma, one entirely in the sequence's new tokens the
+// new-token maps when new_tma (a tile entirely in them: tile_rows-token boxes when tile_rows > 0,
+// i.e. 2 copies per tile half for head size 128 instead of 16); every other group (the ones
+// holding the context's or the sequence's end, those past it, or all of them when a map is
+// missing) is copied with cp.async by the producer warpgroup's threads. The query tile goes through
+// q_map (boxes of BM / group tokens x the group's heads: the rows land in the kernel's packed
+// (token, head) order) when the group size divides BM, else the consumers load it with cp.async.
 struct WgParams {
   CUtensorMap k_cache_map, v_cache_map;  // cache_tma: (dims, heads, slots, blocks), 16-slot boxes
   CUtensorMap k_new_map, v_new_map;      // new_tma: (dims, heads, tokens), 16-token boxes

@@ -134,8 +134,8 @@ __device__ __forceinline__ void store_o(const AttnParams& p, const CtaWork& w, b
     const int r = wg * 64 + idx / C::CH, c = idx % C::CH, gr = w.r0 + r;
     if (gr >= w.rows) continue;
     const int tok = gshift >= 0 ? gr >> gshift : gr / p.group, h = gr - tok * p.group;
-    T* dst = out + int64_t(w.qs + tok) * p.o_s_tok + int64_t(w.kvh * p.group + h) * p.o_s_head +
-             c * 8;
+    T* dst =
+        out + int64_t(w.qs + tok) * p.o_s_tok + int64_t(w.kvh * p.group + h) * p.o_s_head + c * 8;
     const uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128(r, c, C::BM));
     if (vec_out) {
       *reinterpret_cast<uint4*>(dst) = v;

@@ -4,10 +4,11 @@
 // the group) pairs like the mma.sync kernel, so each K/V tile serves the whole GQA group) and is
 // three warpgroups (prefill_wgmma_tile.cuh):
 //  - warpgroup 2, the producer, copies the query tile (one TMA box per 128-byte slice where the
-//    group size allows, else the consumers load their rows) and streams K and V tiles of BN keys (paged cache + new tokens) into
-//    kStages 128-byte swizzled stages, with TMA tensor copies where the maps serve and cp.async
-//    elsewhere (prefill_wgmma_produce.cuh); each tile half signals its own "full" mbarrier, and
-//    a stage is reused once both consumers have arrived on its "empty" mbarrier.
+//    group size allows, else the consumers load their rows) and streams K and V tiles of BN keys
+//    (paged cache + new tokens) into kStages 128-byte swizzled stages, with TMA tensor copies where
+//    the maps serve and cp.async elsewhere (prefill_wgmma_produce.cuh); each tile half signals its
+//    own "full" mbarrier, and a stage is reused once both consumers have arrived on its "empty"
+//    mbarrier.
 //  - warpgroups 0 and 1, the consumers, own 64 rows each: S = Q K^T with wgmma (Q and K from
 //    shared memory, both K-major), online softmax on the accumulators (prefill_softmax.cuh, masks
 //    only on tiles that cross the diagonal / window or need soft-cap / alibi), then O += P V
@@ -40,8 +41,7 @@ __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, u
   if (wp.q_tma) {  // the producer's tensor copy (rows past the sequence: unused data or zeros)
     wgmma::mbar_wait(bars + C::kQBar, 0);
   } else {
-    load_q<T, DP>(sbase, p, wp.vf.q, w.qs, w.rows, w.r0, w.r0 + wg * 64, w.kvh,
-                  threadIdx.x & 127);
+    load_q<T, DP>(sbase, p, wp.vf.q, w.qs, w.rows, w.r0, w.r0 + wg * 64, w.kvh, threadIdx.x & 127);
     cp_async_wait_all();
     wgmma::fence_proxy_async();
     wgmma::bar_sync(1 + wg, 128);
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
       wgmma::mbar_init(&bars[2 * C::kStages + i], 8);          // empty: consumer warps
     }
     wgmma::mbar_init(&bars[C::kQBar], 1);  // the query tile: the producer's expect-tx
-    mbar_init_fence();  // the barriers visible to the copy engine
+    mbar_init_fence();                     // the barriers visible to the copy engine
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
