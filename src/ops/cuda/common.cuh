@@ -31,6 +31,15 @@ inline void check_cuda(cudaError_t err, const char* what) {
 // After a launch: catches bad launch configurations without synchronising.
 inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
 
+// Launches `kernel` with `smem` bytes of dynamic shared memory on `s`, first raising the kernel's
+// limit to that (beyond 48 KB a kernel must opt in); `what` names the op in errors.
+template <typename... Params, typename... Args>
+void launch_with_smem(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t s,
+                      const char* what, const Args&... args) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+  kernel<<<grid, block, smem, s>>>(args...);
+}
+
 // Makes `device` current for the scope of an op, so tensors on another GPU than the current one
 // get their kernels launched there (the caller's stream must belong to that device).
 class DeviceGuard {

@@ -492,10 +492,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
 
 template <typename QT, int KIND, int KD, int NH>
 void launch_nh(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
-  auto k = decode_bulk_kernel<QT, KIND, KD, NH>;
-  check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "decode_bulk (shared memory)");
-  k<<<grid, kThreads, smem, s>>>(bp);
+  launch_with_smem(decode_bulk_kernel<QT, KIND, KD, NH>, grid, kThreads, smem, s, "decode_bulk",
+                   bp);
 }
 
 template <typename QT>

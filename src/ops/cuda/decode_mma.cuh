@@ -19,9 +19,9 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/split_k.cuh"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/split_k.cuh"
 
 namespace pagedkv::cuda_ops::mma_decode {
 
@@ -457,10 +457,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
 
 template <typename QT, int KIND, int KD>
 void launch_kd(const MmaDecodeParams& mp, dim3 grid, int smem, cudaStream_t s) {
-  auto k = decode_mma_kernel<QT, KIND, KD>;
-  check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "decode_mma (shared memory)");
-  k<<<grid, kThreads, smem, s>>>(mp);
+  launch_with_smem(decode_mma_kernel<QT, KIND, KD>, grid, kThreads, smem, s, "decode_mma", mp);
 }
 
 template <typename QT>

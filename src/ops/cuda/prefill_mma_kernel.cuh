@@ -213,10 +213,8 @@ void launch_dp(const AttnParams& p, const VecFlags& vf, int max_query_len, cudaS
       std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
   const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
   PAGEDKV_CHECK(ctas < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
-  auto kernel = prefill_mma_kernel<T, DP>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
-             "context_attention_fwd");
-  kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(p, vf);
+  launch_with_smem(prefill_mma_kernel<T, DP>, static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s,
+                   "context_attention_fwd", p, vf);
 }
 
 // One instantiation per query dtype (prefill_mma_{f16,bf16}.cu) so they compile in parallel.

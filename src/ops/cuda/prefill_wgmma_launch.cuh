@@ -20,10 +20,8 @@ void launch_dp(const WgParams& wp, int max_query_len, cudaStream_t s) {
       std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
   const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
   PAGEDKV_CHECK(ctas < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
-  auto kernel = prefill_wgmma_kernel<T, DP, kPipe>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem),
-             "context_attention_fwd");
-  kernel<<<static_cast<unsigned>(ctas), C::kThreads, C::kSmem, s>>>(wp);
+  launch_with_smem(prefill_wgmma_kernel<T, DP, kPipe>, static_cast<unsigned>(ctas), C::kThreads,
+                   C::kSmem, s, "context_attention_fwd", wp);
 }
 
 template <typename T>
