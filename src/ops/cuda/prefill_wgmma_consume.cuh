@@ -69,28 +69,6 @@ __device__ __forceinline__ void rescale(float (&o)[DP / 8][4], const float (&alp
   }
 }
 
-// This warpgroup's rows and the per-tile decisions (warpgroup-uniform).
-struct WgRows {
-  int wr0, q_min, q_max;  // first packed row; positions of its first and last live rows
-  bool any, extras;       // any live row; soft-cap / alibi / odd scale: every tile masked
-
-  __device__ WgRows(const AttnParams& p, const CtaWork& w, int wg) {
-    wr0 = w.r0 + wg * 64;
-    any = wr0 < w.rows;
-    q_min = w.ctx + wr0 / p.group;
-    q_max = w.ctx + (min(wr0 + 64, w.rows) - 1) / p.group;
-    extras = p.softcap > 0.f || p.alibi != nullptr || !(p.qk_scale > 0.f);
-  }
-  // Keys [kt, kt + BN) touch these rows (causally, and inside the window).
-  __device__ bool live(const AttnParams& p, int kt, int bn) const {
-    return any && kt <= q_max && !(p.window > 0 && kt + bn - 1 <= q_min - p.window);
-  }
-  // ... and are visible to all of them, without soft-cap / alibi: no per-element masks.
-  __device__ bool plain(const AttnParams& p, int kt, int bn) const {
-    return !extras && kt + bn - 1 <= q_min && (p.window <= 0 || kt > q_max - p.window);
-  }
-};
-
 // Waits until the producer's copies of one half-stage landed, and makes them visible to wgmma.
 // Every consumer waits, live or not: its "empty" arrival must not let the producer refill a stage
 // whose copies are still landing (their completions would count toward the next phase).
@@ -104,6 +82,51 @@ __device__ __forceinline__ void release(uint64_t* bar) {
   __syncwarp();
   if ((threadIdx.x & 31) == 0) wgmma::mbar_arrive(bar);
 }
+
+// This warpgroup's rows and the per-tile decisions (warpgroup-uniform).
+struct WgRows {
+  int wr0, q_min, q_max;  // first packed row; positions of its first and last live rows
+  int warp_row;           // first packed row of this thread's warp
+  bool any, extras;       // any live row; soft-cap / alibi / odd scale: every tile masked
+
+  __device__ WgRows(const AttnParams& p, const CtaWork& w, int wg) {
+    wr0 = w.r0 + wg * 64;
+    warp_row = wr0 + ((threadIdx.x & 127) >> 5) * 16;
+    any = wr0 < w.rows;
+    q_min = w.ctx + wr0 / p.group;
+    q_max = w.ctx + (min(wr0 + 64, w.rows) - 1) / p.group;
+    extras = p.softcap > 0.f || p.alibi != nullptr || !(p.qk_scale > 0.f);
+  }
+  // Keys [kt, kt + BN) touch these rows (causally, and inside the window).
+  __device__ bool live(const AttnParams& p, int kt, int bn) const {
+    return any && kt <= q_max && !(p.window > 0 && kt + bn - 1 <= q_min - p.window);
+  }
+  // ... and are visible to all of them, without soft-cap / alibi: no per-element masks.
+  __device__ bool plain(const AttnParams& p, int kt, int bn) const {
+    return !extras && kt + bn - 1 <= q_min && (p.window <= 0 || kt > q_max - p.window);
+  }
+  // Online softmax of the S accumulators of keys [kt, kt + BN) on this warp's rows (per-element
+  // masks only where the tile needs them).
+  template <int BN>
+  __device__ void softmax(const AttnParams& p, const CtaWork& w, int kt, float (&s)[1][BN / 8][4],
+                          float (&m)[2], float (&l)[2], float (&alpha)[2]) const {
+    prefill::online_softmax<1, BN>(s, m, l, alpha, plain(p, kt, BN), p, kt, warp_row, w.rows, w.ctx,
+                                   w.kvh);
+  }
+};
+
+// The stage barriers as the consumers use them, by the CTA's tile count `it`: stage it % kStages,
+// phase parity (it / kStages) & 1.
+template <int kStages>
+struct StageBars {
+  uint64_t *full_k, *full_v, *empty;
+
+  __device__ explicit StageBars(uint64_t* bars)
+      : full_k(bars), full_v(bars + kStages), empty(bars + 2 * kStages) {}
+  __device__ void wait_k(int it) const { wait_full(&full_k[it % kStages], it, kStages); }
+  __device__ void wait_v(int it) const { wait_full(&full_v[it % kStages], it, kStages); }
+  __device__ void free(int it) const { release(&empty[it % kStages]); }
+};
 
 // Normalises this thread's O rows, stages them (swizzled) in the warpgroup's own Q rows (no
 // wgmma reads them any more), and writes them out with 16-byte stores where the rows allow it.
@@ -152,15 +175,14 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
                                         uint64_t* bars, int wg, float (&o)[DP / 8][4],
                                         float (&l)[2]) {
   using C = Tile<DP>;
-  uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
-  const int warp = (threadIdx.x & 127) >> 5;
+  const StageBars<C::kStages> sb(bars);
   const WgRows wr(p, w, wg);
   const uint32_t q_addr = sbase + wg * 64 * 128;
   float m[2] = {-INFINITY, -INFINITY};
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     const bool live = wr.live(p, kt, C::BN);
-    wait_full(&full_k[stage], it, C::kStages);
+    sb.wait_k(it);
     float s[1][16][4];
     uint32_t a[8][4];
     if (live) {
@@ -169,12 +191,11 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
       wgmma::wait<0>();
       wgmma::fence_operand(s[0]);
       float alpha[2];
-      prefill::online_softmax<1, C::BN>(s, m, l, alpha, wr.plain(p, kt, C::BN), p, kt,
-                                        wr.wr0 + warp * 16, w.rows, w.ctx, w.kvh);
+      wr.softmax<C::BN>(p, w, kt, s, m, l, alpha);
       rescale<DP>(o, alpha);
       pack_p<T>(a, s[0]);
     }
-    wait_full(&full_v[stage], it, C::kStages);
+    sb.wait_v(it);
     if (live) {
       wgmma::fence_operand(o);
       wgmma::fence();
@@ -182,7 +203,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
       wgmma::wait<0>();
       wgmma::fence_operand(o);
     }
-    release(&empty[stage]);
+    sb.free(it);
   }
 }
 
@@ -201,8 +222,7 @@ __device__ __forceinline__ void consume_pipelined(const AttnParams& p, const Cta
                                                   uint32_t sbase, uint64_t* bars, int wg,
                                                   float (&o)[DP / 8][4], float (&l)[2]) {
   using C = Tile<DP>;
-  uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
-  const int warp = (threadIdx.x & 127) >> 5;
+  const StageBars<C::kStages> sb(bars);
   const WgRows wr(p, w, wg);
   const uint32_t q_addr = sbase + wg * 64 * 128;
   float m[2] = {-INFINITY, -INFINITY};
@@ -217,15 +237,14 @@ __device__ __forceinline__ void consume_pipelined(const AttnParams& p, const Cta
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     const int prev = (it + C::kStages - 1) % C::kStages;
     const bool live = it < w.n_tiles && wr.live(p, kt, C::BN);
-    if (it < w.n_tiles) wait_full(&full_k[stage], it, C::kStages);
-    if (it > 0) wait_full(&full_v[prev], it - 1, C::kStages);
+    if (it < w.n_tiles) sb.wait_k(it);
+    if (it > 0) sb.wait_v(it - 1);
     const uint32_t k_addr = sbase + C::kKOff + stage * C::kKVBytes;
     const uint32_t v_addr = sbase + C::kVOff + prev * C::kKVBytes;
     float s[1][16][4], alpha[2] = {1.f, 1.f};
     auto softmax = [&]() {
       wgmma::fence_operand(s[0]);
-      prefill::online_softmax<1, C::BN>(s, m, l, alpha, wr.plain(p, kt, C::BN), p, kt,
-                                        wr.wr0 + warp * 16, w.rows, w.ctx, w.kvh);
+      wr.softmax<C::BN>(p, w, kt, s, m, l, alpha);
     };
     // Each branch is a whole fence / issue / wait sequence: ptxas serialises wgmma issued and
     // waited for under different conditions.
@@ -259,7 +278,7 @@ __device__ __forceinline__ void consume_pipelined(const AttnParams& p, const Cta
       my_turn();
       pass_turn(it);
     }
-    if (it > 0) release(&empty[prev]);
+    if (it > 0) sb.free(it - 1);
     if (live) {
       rescale<DP>(o, alpha);
       pack_p<T>(a, s[0]);
