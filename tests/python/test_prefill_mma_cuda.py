@@ -36,6 +36,7 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_PIPE", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TMA", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_PAIR_CHUNK", raising=False)
 
 
 def _require_wgmma(monkeypatch: pytest.MonkeyPatch, pipe: str = "0") -> None:
@@ -216,3 +217,17 @@ def test_prefill_next_sequence_does_not_leak(kernel, monkeypatch):
     ref = prefill_ref(q[first], k[first], v[first], kv, qsl[:2], [0], d ** -0.5, opts)
     assert out[first].isfinite().all(), lens
     assert rel_err(out[first], ref) < TOL[dtype], lens
+
+
+# CTA orders: one (sequence, KV head) pair at a time (the default), three, every pair at once
+@pytest.mark.parametrize("chunk", ["1", "3", "0"])
+@pytest.mark.parametrize("kernel", ["1", "wgmma"])
+def test_prefill_tile_orders(kernel, chunk, monkeypatch):
+    """Every query tile is served exactly once whatever the order the CTAs take them in: five
+    ragged sequences (some with a cached prefix) x KV heads, so chunks of pairs end mid-sequence,
+    the last chunk is short and short sequences leave CTAs without a tile."""
+    _use_kernel(monkeypatch, kernel)
+    monkeypatch.setenv("PAGEDKV_PREFILL_PAIR_CHUNK", chunk)
+    for _ in range(2):
+        _long_ragged_case(128, torch.bfloat16, "nhd", [0], block_size=16,
+                          ctx_lens=[0, 300, 0, 17, 0])

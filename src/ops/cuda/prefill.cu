@@ -7,6 +7,7 @@
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/prefill_mma.h"
+#include "ops/cuda/prefill_order.cuh"
 #include "ops/cuda/prefill_wgmma.h"
 
 namespace pagedkv::cuda_ops {
@@ -33,6 +34,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
     l->x_shift = pow2_shift(l->x);
   }
   p.new_vec = vector_ok(key, 16) && vector_ok(value, 16);
+  p.pair_chunk = prefill::pair_chunk(p);
   const cudaStream_t s = to_cuda(stream);
   if (const int wg_mode = prefill_wgmma_mode(); wg_mode != 0) {
     const char* why = prefill_wgmma_uncovered(p, query.dtype(), opts.kv_cache_dtype);

@@ -7,13 +7,14 @@
 // need soft-cap / alibi, updates an online softmax in registers (exp2 with the scale folded into
 // one FMA, prefill_softmax.cuh) and accumulates O += P V with P taken straight from the S
 // accumulators. K and V tiles are separate cp.async groups, double-buffered: S of tile i starts as
-// soon as K_i lands, while V_i and both halves of tile i + 1 are in flight. CTAs are ordered so
-// that every sequence's last (longest causal) query tile starts first.
+// soon as K_i lands, while V_i and both halves of tile i + 1 are in flight. CTAs take the query
+// tiles of a few (sequence, KV head) pairs at a time, longest first (prefill_order.cuh).
 #pragma once
 
 #include <algorithm>
 
 #include "ops/cuda/prefill_mma.h"
+#include "ops/cuda/prefill_order.cuh"
 #include "ops/cuda/prefill_softmax.cuh"
 #include "ops/cuda/prefill_tile.cuh"
 
@@ -30,9 +31,9 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
   T* sV = sK + 2 * BN * LD;            // [2][BN][LD]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int pairs = p.num_seqs * p.num_kv_heads;
-  const int rank = blockIdx.x / pairs, seq = blockIdx.x % pairs / p.num_kv_heads;
-  const int kvh = blockIdx.x % p.num_kv_heads, G = p.group;
+  const prefill::TileSlot slot = tile_slot(p);
+  const int rank = slot.rank, seq = slot.pair / p.num_kv_heads;
+  const int kvh = slot.pair % p.num_kv_heads, G = p.group;
   const int qs = min(max(p.query_start_loc[seq], 0), p.num_q);     // bad metadata: no wild
   const int qlen = min(p.query_start_loc[seq + 1], p.num_q) - qs;  // reads or writes
   const int rows = qlen * G;

@@ -16,7 +16,8 @@
 // In the serial form the consumers are not synchronised with each other, so one's softmax overlaps
 // the other's wgmma by chance; kPipe overlaps a consumer's own softmax with its P V and takes
 // turns issuing with the other consumer (prefill_wgmma_consume.cuh).
-// CTAs are ordered so that every sequence's last (longest causal) query tile starts first.
+// CTAs take the query tiles of a few (sequence, KV head) pairs at a time, longest first, so that
+// the ones running together share their K/V through L2 (prefill_order.cuh).
 #pragma once
 
 #include <algorithm>

@@ -5,6 +5,7 @@
 
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/prefill_order.cuh"
 #include "ops/cuda/prefill_tile.cuh"
 #include "ops/cuda/prefill_wgmma.h"
 #include "ops/cuda/wgmma.cuh"
@@ -44,10 +45,10 @@ struct CtaWork {
 
 template <int BM, int BN>
 __device__ __forceinline__ bool cta_work(const AttnParams& p, CtaWork& w) {
-  const int pairs = p.num_seqs * p.num_kv_heads;
-  const int rank = blockIdx.x / pairs;
-  w.seq = blockIdx.x % pairs / p.num_kv_heads;
-  w.kvh = blockIdx.x % p.num_kv_heads;
+  const prefill::TileSlot slot = prefill::tile_slot(p);
+  const int rank = slot.rank;
+  w.seq = slot.pair / p.num_kv_heads;
+  w.kvh = slot.pair % p.num_kv_heads;
   w.qs = min(max(p.query_start_loc[w.seq], 0), p.num_q);               // bad metadata: no wild
   const int qlen = min(p.query_start_loc[w.seq + 1], p.num_q) - w.qs;  // reads or writes
   w.rows = qlen * p.group;
