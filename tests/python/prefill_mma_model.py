@@ -1,12 +1,12 @@
 """A warp-tile-level Python model of the BM-128 tensor-core prefill kernel
 (src/ops/cuda/prefill_mma_kernel.cuh), for checking its control flow without a GPU: the CTA order
-(each sequence's last query tile first), the query-tile / key-range arithmetic (k_lo, k_hi under
-causal masks and sliding windows), the zero fill past k_hi and in the head-size padding, the
-per-warp decisions (skip a key tile, plain tile without masks) and the online softmax in the log2
-domain with the scale folded into the exponent. The tensor-core steps are float32 matrix
-products of whole warp tiles and P is rounded to bf16 as the kernel packs it. The paged-cache
-addressing is not modelled (the H100 tests cover it): keys are given per sequence as context +
-new tokens.
+(prefill_order.cuh: a few (sequence, KV head) pairs at a time, each one's last query tile
+first), the query-tile / key-range arithmetic (k_lo, k_hi under causal masks and sliding
+windows), the zero fill past k_hi and in the head-size padding, the per-warp decisions (skip a
+key tile; plain, position-masked or general tiles) and the online softmax in the log2 domain with
+the scale folded into the exponent. The tensor-core steps are float32 matrix products of whole
+warp tiles and P is rounded to bf16 as the kernel packs it. The paged-cache addressing is not
+modelled (the H100 tests cover it): keys are given per sequence as context + new tokens.
 At lane level (warp_tile), the kernel's ldmatrix addresses, mma operand order, P re-packing and
 output staging run under PTX's ldmatrix / mma.m16n8k16 fragment semantics. Mirrors the kernel's
 names and index expressions; keep them in step."""
@@ -58,8 +58,20 @@ def bf16(x: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32)
 
 
-def run(pb: Problem, max_query_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's output (NaN where unwritten) and how often each (token, head) was written."""
+def tile_slot(cta: int, pairs: int, ranks: int, pair_chunk: int) -> tuple[int, int]:
+    """prefill_order.cuh: the (sequence, KV head) pair and rank (0 = last tile) of CTA `cta`."""
+    per_chunk = pair_chunk * ranks
+    chunk = cta // per_chunk
+    first = chunk * pair_chunk
+    in_chunk = min(pair_chunk, pairs - first)
+    off = cta - chunk * per_chunk
+    return first + off % in_chunk, off // in_chunk
+
+
+def run(pb: Problem, max_query_len: int,
+        pair_chunk: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's output (NaN where unwritten) and how often each (token, head) was written,
+    with CTAs taking `pair_chunk` (sequence, KV head) pairs at a time (prefill_order.cuh)."""
     num_q, _, d = pb.q.shape
     dp = padded_head(d)
     mt_, bm, bn = tile_shape(dp)
@@ -70,7 +82,8 @@ def run(pb: Problem, max_query_len: int) -> tuple[np.ndarray, np.ndarray]:
     pairs = nseq * hkv
     extras = pb.softcap > 0 or pb.alibi is not None or not pb.scale > 0
     for bid in range(tiles * pairs):  # blockIdx.x
-        rank, seq, kvh = bid // pairs, bid % pairs // hkv, bid % hkv
+        pair, rank = tile_slot(bid, pairs, tiles, min(pair_chunk, pairs))
+        seq, kvh = pair // hkv, pair % hkv
         qs = min(max(pb.qsl[seq], 0), num_q)
         qlen = min(pb.qsl[seq + 1], num_q) - qs
         rows = qlen * g
@@ -120,13 +133,20 @@ def _warp(pb, out, written, sq, load_rows, warp, mt_, bn, r0, rows, ctx, kvh, qs
             continue
         k, v = load_rows(pb.keys, kt), load_rows(pb.values, kt)
         s = sq[warp * nrow:(warp + 1) * nrow] @ k.T
-        if plain:  # prefill_softmax.cuh
+        q_pos = ctx + gr // g
+        key = kt + np.arange(bn)
+        masked = key[None, :] > q_pos[:, None]
+        if pb.window > 0:
+            masked |= key[None, :] <= q_pos[:, None] - pb.window
+        if plain:  # prefill_softmax.cuh: TileKind::kPlain
             mul = np.float32(pb.scale * L2E)
             mx = np.maximum(m, s.max(1) * mul)
-        else:
+        elif not extras:  # kPositions: raw scores, -inf outside each row's range
+            mul = np.float32(pb.scale * L2E)
+            s = np.where(masked, -np.inf, s).astype(np.float32)
+            mx = np.maximum(m, s.max(1) * mul)
+        else:  # kGeneral
             mul = np.float32(1.0)
-            q_pos = ctx + gr // g
-            key = kt + np.arange(bn)
             slope = np.zeros(nrow, np.float32)
             if pb.alibi is not None:
                 ok = gr < rows
@@ -135,9 +155,6 @@ def _warp(pb, out, written, sq, load_rows, warp, mt_, bn, r0, rows, ctx, kvh, qs
             if pb.softcap > 0:
                 x = pb.softcap * np.tanh(x / pb.softcap)
             x = (x + slope[:, None] * (key[None, :] - q_pos[:, None])) * L2E
-            masked = key[None, :] > q_pos[:, None]
-            if pb.window > 0:
-                masked |= key[None, :] <= q_pos[:, None] - pb.window
             s = np.where(masked, -np.inf, x).astype(np.float32)
             mx = np.maximum(m, s.max(1))
         ms = np.where(mx == -np.inf, 0, mx).astype(np.float32)

@@ -100,8 +100,10 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
     // Warp-uniform: does the tile touch this warp's rows, and does it need per-element masks?
     const bool live =
         warp_live && kt <= w_qmax && !(p.window > 0 && kt + BN - 1 <= w_qmin - p.window);
-    const bool plain =
-        !extras && kt + BN - 1 <= w_qmin && (p.window <= 0 || kt > w_qmax - p.window);
+    const TileKind kind = extras ? TileKind::kGeneral
+                          : kt + BN - 1 <= w_qmin && (p.window <= 0 || kt > w_qmax - p.window)
+                              ? TileKind::kPlain
+                              : TileKind::kPositions;
     float s[MT][BN / 8][4];
     if (live) {
       const T* tk = sK + stage * BN * LD;
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
       }
 
       float alpha[NR];
-      online_softmax<MT, BN>(s, m, l, alpha, plain, p, kt, wr0, rows, ctx, kvh);
+      online_softmax<MT, BN>(s, m, l, alpha, kind, p, kt, wr0, rows, ctx, kvh);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -101,16 +101,17 @@ struct WgRows {
   __device__ bool live(const AttnParams& p, int kt, int bn) const {
     return any && kt <= q_max && !(p.window > 0 && kt + bn - 1 <= q_min - p.window);
   }
-  // ... and are visible to all of them, without soft-cap / alibi: no per-element masks.
-  __device__ bool plain(const AttnParams& p, int kt, int bn) const {
-    return !extras && kt + bn - 1 <= q_min && (p.window <= 0 || kt > q_max - p.window);
+  // ... and how much per-element work their scores need (prefill_softmax.cuh).
+  __device__ prefill::TileKind kind(const AttnParams& p, int kt, int bn) const {
+    if (extras) return prefill::TileKind::kGeneral;
+    const bool all_visible = kt + bn - 1 <= q_min && (p.window <= 0 || kt > q_max - p.window);
+    return all_visible ? prefill::TileKind::kPlain : prefill::TileKind::kPositions;
   }
-  // Online softmax of the S accumulators of keys [kt, kt + BN) on this warp's rows (per-element
-  // masks only where the tile needs them).
+  // Online softmax of the S accumulators of keys [kt, kt + BN) on this warp's rows.
   template <int BN>
   __device__ void softmax(const AttnParams& p, const CtaWork& w, int kt, float (&s)[1][BN / 8][4],
                           float (&m)[2], float (&l)[2], float (&alpha)[2]) const {
-    prefill::online_softmax<1, BN>(s, m, l, alpha, plain(p, kt, BN), p, kt, warp_row, w.rows, w.ctx,
+    prefill::online_softmax<1, BN>(s, m, l, alpha, kind(p, kt, BN), p, kt, warp_row, w.rows, w.ctx,
                                    w.kvh);
   }
 };
