@@ -135,6 +135,34 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, 
 #endif
 }
 
+// Copies one box from shared memory (laid out as the map's swizzle says) to a 3-D tensor map at
+// coordinates (c0, c1, c2), innermost first, as a bulk async-group of this thread (bulk_commit,
+// bulk_wait_read). Rows outside the tensor are not written.
+__device__ __forceinline__ void tma_store_3d(const void* src, const void* map, int c0, int c1,
+                                             int c2) {
+#if PAGEDKV_SM90
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          map),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ void bulk_commit() {
+#if PAGEDKV_SM90
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until this thread's committed bulk stores have read their shared memory (the shared
+// memory may then be reused or the CTA exit; the global writes complete by the kernel's end).
+__device__ __forceinline__ void bulk_wait_read() {
+#if PAGEDKV_SM90
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+
 // Programmatic dependent launch (sm_90): lets the next kernel on the stream, launched with the
 // programmatic-serialization attribute, start once every CTA of this one got here; that kernel's
 // pdl_wait still waits for this one to finish and its writes to be visible, so triggering early

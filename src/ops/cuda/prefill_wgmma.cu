@@ -39,6 +39,16 @@ bool encode_q_map(CUtensorMap* map, const AttnParams& p) {
   return encode_sw128(map, p.q, 3, dims, strides, box, 2);
 }
 
+// The output, like the queries, with boxes of half a query tile (a consumer warpgroup's rows).
+bool encode_o_map(CUtensorMap* map, const AttnParams& p) {
+  constexpr int kRows = prefill_wg::kTileRows / 2;
+  if (p.group <= 0 || kRows % p.group != 0 || kRows / p.group > 256) return false;
+  const uint64_t dims[3] = {uint64_t(p.head_size), uint64_t(p.num_heads), uint64_t(p.num_q)};
+  const int64_t strides[2] = {p.o_s_head * 2, p.o_s_tok * 2};
+  const uint32_t box[3] = {64, uint32_t(p.group), uint32_t(kRows / p.group)};
+  return encode_sw128(map, p.out, 3, dims, strides, box, 2);
+}
+
 // Fills the maps the call allows (tensor_map.h); a missing map leaves its groups to cp.async.
 void encode_maps(prefill_wg::WgParams& wp) {
   const AttnParams& p = wp.a;
@@ -48,6 +58,7 @@ void encode_maps(prefill_wg::WgParams& wp) {
                  encode_cache_map(&wp.k_cache_map, p.k_cache, p.kl, p, 2) &&
                  encode_cache_map(&wp.v_cache_map, p.v_cache, p.vl, p, 2);
   wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
+  wp.o_tma = tma && wp.vf.out && encode_o_map(&wp.o_map, p);
   wp.new_tma = tma && encode_new_map(&wp.k_new_map, p.k_new, p.knl, p, 16) &&
                encode_new_map(&wp.v_new_map, p.v_new, p.vnl, p, 16);
   // Tiles of new tokens in few large boxes: the TMA unit's cost is per box, and 16-token boxes

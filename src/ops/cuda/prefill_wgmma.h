@@ -7,8 +7,9 @@
 //   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
 // PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh);
 // PAGEDKV_PREFILL_WGMMA_TMA=0 makes the producer copy every tile with cp.async instead of TMA
-// tensor copies, PAGEDKV_PREFILL_WGMMA_TILE_BOX=16 copies tiles of new tokens in 16-token boxes
-// like the cache's instead of whole-tile boxes (comparison and diagnosis knobs).
+// tensor copies (and the consumers store their output rows themselves),
+// PAGEDKV_PREFILL_WGMMA_TILE_BOX=16 copies tiles of new tokens in 16-token boxes like the cache's
+// instead of whole-tile boxes (comparison and diagnosis knobs).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a plain struct; the driver is reached at run time)
@@ -34,15 +35,18 @@ namespace prefill_wg {
 // holding the context's or the sequence's end, those past it, or all of them when a map is
 // missing) is copied with cp.async by the producer warpgroup's threads. The query tile goes through
 // q_map (boxes of BM / group tokens x the group's heads: the rows land in the kernel's packed
-// (token, head) order) when the group size divides BM, else the consumers load it with cp.async.
+// (token, head) order) when the group size divides BM, else the consumers load it with cp.async;
+// a consumer warpgroup's 64 output rows go out through o_map when they all lie in the sequence and
+// the group size divides 64, else by its threads' stores.
 struct WgParams {
   CUtensorMap k_cache_map, v_cache_map;  // cache_tma: (dims, heads, slots, blocks), 16-slot boxes
   CUtensorMap k_new_map, v_new_map;      // new_tma: (dims, heads, tokens), 16-token boxes
   CUtensorMap k_tile_map, v_tile_map;    // tile_rows > 0: the same with tile_rows-token boxes
   CUtensorMap q_map;                     // q_tma: (dims, heads, tokens), a query tile per box
+  CUtensorMap o_map;                     // o_tma: the output, half a query tile per box
   AttnParams a;
   prefill::VecFlags vf;
-  int cache_tma, new_tma, q_tma;
+  int cache_tma, new_tma, q_tma, o_tma;
   int tile_rows;  // 0, or boxes of that many new tokens (a divisor of the key tile, >= 32)
 };
 

@@ -9,6 +9,7 @@
 //    "ping-pong"), so one's softmax runs while the tensor cores work through the other's GEMMs.
 #pragma once
 
+#include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/prefill_mma.h"
 #include "ops/cuda/prefill_softmax.cuh"
 #include "ops/cuda/prefill_wgmma_tile.cuh"
@@ -129,13 +130,15 @@ struct StageBars {
   __device__ void free(int it) const { release(&empty[it % kStages]); }
 };
 
-// Normalises this thread's O rows, stages them (swizzled) in the warpgroup's own Q rows (no
-// wgmma reads them any more), and writes them out with 16-byte stores where the rows allow it.
+// Normalises this thread's O rows and stages them (swizzled) in the warpgroup's own Q rows (no
+// wgmma reads them any more). A warpgroup whose 64 rows all lie in the sequence then writes them
+// with one TMA box per 128-byte slice (o_map), else its threads write the live rows with 16-byte
+// stores where the rows allow it: per-CTA work is what short sequences pay for.
 template <typename T, int DP>
-__device__ __forceinline__ void store_o(const AttnParams& p, const CtaWork& w, bool vec_out,
-                                        float (&o)[DP / 8][4], float (&l)[2], unsigned char* sQ,
-                                        int wg) {
+__device__ __forceinline__ void store_o(const WgParams& wp, const CtaWork& w, float (&o)[DP / 8][4],
+                                        float (&l)[2], unsigned char* sQ, int wg) {
   using C = Tile<DP>;
+  const AttnParams& p = wp.a;
   const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, warp = wtid >> 5;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -149,6 +152,22 @@ __device__ __forceinline__ void store_o(const AttnParams& p, const CtaWork& w, b
           pack2<T>(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
     }
   }
+  const int wr0 = w.r0 + wg * 64;
+  if (wp.o_tma && wr0 + 64 <= w.rows) {
+    wgmma::fence_proxy_async();  // the generic writes above, visible to the copy engine
+    wgmma::bar_sync(1 + wg, 128);
+    if (wtid == 0) {
+      const int tok = w.qs + wr0 / p.group;  // the group divides 64 (o_tma)
+#pragma unroll
+      for (int cb = 0; cb < DP / 64; ++cb) {
+        tma_store_3d(sQ + cb * C::BM * 128 + wg * 64 * 128, &wp.o_map, cb * 64, w.kvh * p.group,
+                     tok);
+      }
+      bulk_commit();
+      bulk_wait_read();  // the shared memory stays valid until the copies have read it
+    }
+    return;
+  }
   wgmma::bar_sync(1 + wg, 128);
   T* out = static_cast<T*>(p.out);
   // Row gr is (token gr / group, head gr % group): shifts for the usual power-of-two groups (an
@@ -161,7 +180,7 @@ __device__ __forceinline__ void store_o(const AttnParams& p, const CtaWork& w, b
     T* dst =
         out + int64_t(w.qs + tok) * p.o_s_tok + int64_t(w.kvh * p.group + h) * p.o_s_head + c * 8;
     const uint4 v = *reinterpret_cast<const uint4*>(sQ + wgmma::sw128(r, c, C::BM));
-    if (vec_out) {
+    if (wp.vf.out) {
       *reinterpret_cast<uint4*>(dst) = v;
     } else {
 #pragma unroll

@@ -57,7 +57,7 @@ __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, u
   } else {
     consume<T, DP>(p, w, sbase, bars, wg, o, l);
   }
-  store_o<T, DP>(p, w, wp.vf.out, o, l, smem, wg);
+  store_o<T, DP>(wp, w, o, l, smem, wg);
 }
 
 #endif  // PAGEDKV_WGMMA_ENABLED
