@@ -6,7 +6,7 @@ same data measured in the same run. Each variant uses the split-K partition the 
 pick for its kernel. --layouts: the default kernel with blocks in random and in sequential order;
 --partitions: the default kernel at fixed split-K partition sizes.
 
-    python benchmarks/decode_variants.py [--quick] [--layouts | --partitions]
+    python benchmarks/decode_variants.py [--quick] [--layouts | --partitions [--every-shape]]
 """
 
 from __future__ import annotations
@@ -50,15 +50,16 @@ def _set_env(env: dict) -> None:
     os.environ.update(env)
 
 
-def partitions() -> None:
+def partitions(every_shape: bool = False) -> None:
     """The default kernel at fixed split-K partition sizes (0 = single pass) on the small-batch
-    shapes, bf16 and fp8, next to the size the library picks: data for decode_partition_size."""
+    shapes (every shape with `every_shape`), bf16 and fp8, next to the size the library picks:
+    data for decode_partition_size."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     sizes = [0, 128, 256, 512, 1024, 2048, 4096]
     print(f"{torch.cuda.get_device_name()}: us per call; * = the library's choice")
     print(f"{'B*L':>10} {'kv':>5} " + " ".join(f"{p:>8}" for p in sizes))
     choose = ga.decode_partition
-    for b, length in [s for s in ga.DECODE_SHAPES if s[0] <= 16]:
+    for b, length in [s for s in ga.DECODE_SHAPES if every_shape or s[0] <= 16]:
         for kv in ("auto", "fp8"):
             picked = choose(b, length, sms, kv)
             cells = []
@@ -71,6 +72,7 @@ def partitions() -> None:
                 cells.append(f"{t * 1e6:7.1f}{'*' if ps == picked else ' '}")
             ga.decode_partition = choose
             print(f"{b:>4}*{length:<5} {kv:>5} " + " ".join(cells), flush=True)
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -80,9 +82,11 @@ def main() -> None:
                     help="compare cache storage orders (default kernel) instead of kernels")
     ap.add_argument("--partitions", action="store_true",
                     help="time the default kernel at fixed split-K partition sizes instead")
+    ap.add_argument("--every-shape", action="store_true",
+                    help="with --partitions: every shape, not only batches up to 16")
     args = ap.parse_args()
     if args.partitions:
-        partitions()
+        partitions(args.every_shape)
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = ga.copy_bandwidth()
