@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Optional
 import pagedkv
 import torch
 import torch.nn.functional as F
-from pagedkv.attention import decode_partition_size, mma_decode_enabled
+from pagedkv.attention import decode_partition_size, hopper_decode_runs, mma_decode_enabled
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HQ, HKV, D, BS = 32, 8, 128, 16
@@ -74,8 +74,11 @@ def copy_bandwidth() -> float:
 
 
 def decode_partition(num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto") -> int:
-    """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA)."""
-    return decode_partition_size(num_seqs, HQ, HKV, max_len, BS, sms, kv_cache_dtype=kv_dtype)
+    """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA) for this
+    benchmark's bf16 queries over an NHD cache."""
+    hopper = hopper_decode_runs(torch.empty(1, HQ, D, dtype=DTYPE, device="cuda"), nhd_cache=True)
+    return decode_partition_size(num_seqs, HQ, HKV, max_len, BS, sms, kv_cache_dtype=kv_dtype,
+                                 hopper=hopper)
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):

@@ -14,6 +14,7 @@ import os
 from typing import Any, List, Optional, Tuple
 
 from pagedkv import _tensor, ops
+from pagedkv._C import build_info
 
 _PARTITION_SIZE = ops.PARTITION_SIZE
 # The tensor-core CUDA decode (src/ops/cuda/decode_mma.cuh) is the default; PAGEDKV_DECODE_MMA=0
@@ -36,29 +37,73 @@ def mma_decode_enabled() -> bool:
 def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_seq_len: int,
                           block_size: int, num_sms: int,
                           tensor_cores: Optional[bool] = None,
-                          kv_cache_dtype: str = "auto") -> int:
+                          kv_cache_dtype: str = "auto", hopper: bool = False) -> int:
     """Split-K partition size for CUDA decode; 0 = single pass (paged_attention_v1).
 
     Every CUDA kernel runs one CTA per (sequence, KV head, query-head chunk, partition). When
-    the unsplit grid fills less than half of `slots` resident CTAs, the context is cut into
-    slots // CTAs partitions (whole waves: no half-empty tail wave). The tensor-core kernels
-    (up to 16 query heads per CTA) are sized for one wave of 2 CTAs per SM, 4 with an fp8 cache
-    (the Hopper kernel fits 4 then, and its fp8 path needs the warps: benchmarks/RESULTS.md,
-    decode_variants.py --partitions); the CUDA-core kernel (8 query heads per CTA) is
-    issue-bound and wants ~8 CTAs per SM. Partitions are multiples of 16 keys and of
-    block_size, at least 128 keys."""
+    the unsplit grid leaves the GPU under-filled, the context is cut into slots // CTAs
+    partitions (whole waves: no half-empty tail wave), for `per_sm` CTAs per SM:
+    - the Hopper kernel (``hopper``, see hopper_decode_runs) streams bf16 / fp16 at full
+      bandwidth from one CTA per SM, so it splits only to reach that; with an fp8 cache it is
+      latency-bound and wants many short partitions: 4 CTAs per SM and at most 512 keys each,
+      also where the grid is full (within 3 % of the best fixed size on every benchmark shape,
+      up to 19 % faster than 4096-key halves at 32 x 8192: benchmarks/RESULTS.md,
+      decode_variants.py --partitions --every-shape);
+    - the tensor-core kernel (up to 16 query heads per CTA): 2 CTAs per SM, 4 with fp8;
+    - the CUDA-core kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM.
+    Partitions are multiples of 16 keys and of block_size, at least 128 keys."""
     if tensor_cores is None:
         tensor_cores = mma_decode_enabled()
     fp8 = kv_cache_dtype.startswith("fp8")
     heads_per_cta, per_sm = ((16, 4 if fp8 else 2) if tensor_cores else (8, 8))
+    if hopper:
+        heads_per_cta, per_sm = 16, 4 if fp8 else 1
     group = max(1, num_heads // max(1, num_kv_heads))
     ctas = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_cta))
     parts = per_sm * num_sms // ctas
-    if parts < 2 or max_seq_len <= 0:
+    if max_seq_len <= 0:
         return 0
     unit = block_size * 16 // math.gcd(block_size, 16)
-    size = max(math.ceil(max_seq_len / parts / unit) * unit, math.ceil(128 / unit) * unit)
+    size = 0
+    if parts >= 2:
+        size = max(math.ceil(max_seq_len / parts / unit) * unit, math.ceil(128 / unit) * unit)
+    if hopper and fp8:
+        cap = math.ceil(512 / unit) * unit
+        size = cap if size == 0 or size > cap else size
     return 0 if size >= max_seq_len else size
+
+
+def hopper_decode_runs(query: Any, nhd_cache: bool) -> bool:
+    """Whether CUDA decode of ``query`` takes the Hopper kernel (src/ops/cuda/decode_bulk.cuh):
+    fp16 / bf16 queries on a compute capability 9.x GPU, a build with sm_90a code, an NHD
+    (row-layout) cache and PAGEDKV_DECODE_BULK not 0. It mirrors the C++ side's choice only to
+    size the split (decode_partition_size): a wrong guess costs speed, never correctness."""
+    if not nhd_cache or not _tensor.is_cuda(query):
+        return False
+    if _tensor.dtype_name(query) not in ("float16", "bfloat16"):
+        return False
+    value = os.environ.get("PAGEDKV_DECODE_BULK", "").strip()
+    try:
+        if value and int(value) == 0:
+            return False
+    except ValueError:
+        return False  # what the C++ side's atoi reads: 0
+    device = int(query.__dlpack_device__()[1])
+    return (_compute_major(_tensor.framework(query), device) == 9
+            and "90a" in build_info()["cuda_archs"])
+
+
+@functools.cache
+def _compute_major(framework: str, device: int) -> int:
+    if framework == "torch":
+        import torch
+
+        return int(torch.cuda.get_device_capability(device)[0])
+    if framework == "cupy":
+        import cupy
+
+        return int(cupy.cuda.Device(device).compute_capability) // 10
+    return 0
 
 
 @functools.cache
@@ -141,9 +186,10 @@ class PagedAttention:
         block_size = int(key_cache.shape[3] if len(key_cache.shape) == 5 else key_cache.shape[1])
         num_seqs, num_heads, head_size = (int(s) for s in query.shape)
         if _tensor.is_cuda(query):
+            hopper = hopper_decode_runs(query, nhd_cache=len(key_cache.shape) == 4)
             partition_size = decode_partition_size(num_seqs, num_heads, num_kv_heads,
                                                    max_seq_len, block_size, _num_sms(query),
-                                                   kv_cache_dtype=kv_cache_dtype)
+                                                   kv_cache_dtype=kv_cache_dtype, hopper=hopper)
             use_v1 = partition_size == 0
         else:
             partition_size = _PARTITION_SIZE

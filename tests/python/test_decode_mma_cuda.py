@@ -17,7 +17,11 @@ torch = need("torch")
 
 import test_cuda_graph  # noqa: E402
 from cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
-from pagedkv.attention import PagedAttention, decode_partition_size  # noqa: E402
+from pagedkv.attention import (  # noqa: E402
+    PagedAttention,
+    decode_partition_size,
+    hopper_decode_runs,
+)
 from test_ops_cuda import decode_ref, run_decode  # noqa: E402
 
 MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]
@@ -86,12 +90,38 @@ def test_partition_heuristic():
     # The CUDA-core kernel wants ~8 CTAs per SM.
     assert decode_partition_size(1, 32, 8, 32768, 16, 132, tensor_cores=False) == 256
     assert decode_partition_size(32, 32, 8, 8192, 16, 132, tensor_cores=False) == 2048
-    for _ in range(200):
+
+    # The Hopper kernel, at the best fixed sizes of the H100 sweep (decode_variants.py
+    # --partitions --every-shape, benchmarks/RESULTS.md) or within 3 % of them: bf16 splits only
+    # to one CTA per SM, fp8 into partitions of at most 512 keys, even with a full grid.
+    def hopper(*args, kv="auto"):
+        return decode_partition_size(*args, kv_cache_dtype=kv, hopper=True)
+
+    assert hopper(1, 32, 8, 4096, 16, 132) == 256
+    assert hopper(1, 32, 8, 32768, 16, 132) == 2048
+    assert hopper(16, 32, 8, 4096, 16, 132) == 0
+    assert hopper(32, 32, 8, 8192, 16, 132) == 0
+    assert hopper(1, 32, 8, 4096, 16, 132, kv="fp8") == 128
+    assert hopper(1, 32, 8, 32768, 16, 132, kv="fp8_e5m2") == 512
+    assert hopper(16, 32, 8, 4096, 16, 132, kv="fp8") == 512
+    assert hopper(64, 32, 8, 2048, 16, 132, kv="fp8") == 512
+    assert hopper(32, 32, 8, 8192, 16, 132, kv="fp8") == 512
+    assert hopper(256, 32, 8, 512, 16, 132, kv="fp8") == 0  # one partition would be the whole
+    for _ in range(300):
         bs = random.choice([8, 16, 32, 48])
         n = random.randint(1, 100000)
         ps = decode_partition_size(random.randint(1, 64), 32, random.choice([1, 8, 32]), n, bs,
-                                   random.choice([108, 132]), random.choice([True, False]))
+                                   random.choice([108, 132]), random.choice([True, False]),
+                                   random.choice(["auto", "fp8"]), random.choice([True, False]))
         assert ps == 0 or (ps % bs == 0 and ps % 16 == 0 and 128 <= ps < n)
+
+
+def test_hopper_decode_guess_needs_a_cuda_nhd_call():
+    q = torch.zeros(1, 8, 64, dtype=torch.bfloat16)
+    assert not hopper_decode_runs(q, nhd_cache=True)  # a CPU tensor
+    if torch.cuda.is_available():
+        assert not hopper_decode_runs(q.cuda(), nhd_cache=False)  # vLLM's 5-D cache layout
+        assert not hopper_decode_runs(q.float().cuda(), nhd_cache=True)  # fp32 queries
 
 
 @pytest.mark.cuda

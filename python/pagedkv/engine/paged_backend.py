@@ -16,7 +16,7 @@ from typing import List, Optional
 import torch
 
 from pagedkv import ops
-from pagedkv.attention import decode_partition_size
+from pagedkv.attention import decode_partition_size, hopper_decode_runs
 
 # Keys per partition of paged_attention_v2 on the CPU (pagedkv.ops' default; seed 001's
 # _PARTITION_SIZE). On CUDA the split comes from decode_partition_size.
@@ -107,5 +107,6 @@ class PagedAttentionBackend:
         if q.is_cuda:
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count
             return decode_partition_size(q.shape[0], self.num_heads, self.num_kv_heads, max_len,
-                                         self.block_size, sms)
+                                         self.block_size, sms,
+                                         hopper=hopper_decode_runs(q, nhd_cache=True))
         return _PARTITION_SIZE if max_len > _PARTITION_SIZE else 0
