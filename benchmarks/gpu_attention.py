@@ -317,15 +317,14 @@ def main() -> None:
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
     print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; ours = the library's "
           f"choice: {_default_prefill_kernel()})")
-    pipe = os.environ.get("PAGEDKV_PREFILL_WGMMA_PIPE", "").strip() not in ("", "0")
     tma = os.environ.get("PAGEDKV_PREFILL_WGMMA_TMA", "").strip() != "0"
     box = os.environ.get("PAGEDKV_PREFILL_WGMMA_TILE_BOX", "").strip() or "128"
+    chunk = os.environ.get("PAGEDKV_PREFILL_PAIR_CHUNK", "").strip() or "1"
     print(f"  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90; "
           f"where it is the choice, a second sample of the same kernel), "
-          f"{'pipelined + ping-pong' if pipe else 'serial'} consumer loop "
-          f"(PAGEDKV_PREFILL_WGMMA_PIPE), {'TMA' if tma else 'cp.async'} K/V copies "
-          f"(PAGEDKV_PREFILL_WGMMA_TMA) in {box}-token boxes for new tokens "
-          f"(PAGEDKV_PREFILL_WGMMA_TILE_BOX)")
+          f"{'TMA' if tma else 'cp.async'} copies (PAGEDKV_PREFILL_WGMMA_TMA) in {box}-token "
+          f"boxes for new tokens (PAGEDKV_PREFILL_WGMMA_TILE_BOX), query tiles of {chunk} "
+          f"(sequence, KV head) pair(s) at a time (PAGEDKV_PREFILL_PAIR_CHUNK, 0 = all)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
           f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}")
     for b, length in pre:

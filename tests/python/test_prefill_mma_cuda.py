@@ -33,20 +33,17 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     or the Hopper wgmma one (the default on Hopper, so it is switched off here)."""
     monkeypatch.delenv("PAGEDKV_PREFILL_MMA", raising=False)
     monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "0")
-    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_PIPE", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TMA", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_PAIR_CHUNK", raising=False)
 
 
-def _require_wgmma(monkeypatch: pytest.MonkeyPatch, pipe: str = "0") -> None:
+def _require_wgmma(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs the calls on the wgmma kernel, with PAGEDKV_PREFILL_WGMMA=2 so that a call it does not
-    cover raises instead of silently taking another kernel, and its serial ("0") or pipelined
-    ("1") consumer loop; skips off Hopper (compute 9.x)."""
+    cover raises instead of silently taking another kernel; skips off Hopper (compute 9.x)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wgmma prefill kernel needs a compute capability 9.x GPU")
     monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "2")
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_PIPE", pipe)
 
 
 def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
@@ -109,28 +106,26 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
     _long_ragged_case(head_size, dtype, layout, [0, 8, 4])
 
 
-@pytest.mark.parametrize("pipe", ["0", "1"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_long_ragged(head_size, dtype, pipe, monkeypatch):
+def test_prefill_wgmma_long_ragged(head_size, dtype, monkeypatch):
     """The same random cases on the wgmma kernel (NHD cache, 16-byte key / value rows: what it
     covers; query / output rows may take its scalar paths); a few per parametrisation, since each
     draws new options and shapes."""
-    _require_wgmma(monkeypatch, pipe)
-    for _ in range(4):
+    _require_wgmma(monkeypatch)
+    for _ in range(8):
         _long_ragged_case(head_size, dtype, "nhd", [0, 8, 4], kv_pads=[0, 8])
 
 
 @pytest.mark.parametrize("tma", ["1", "0"])
-@pytest.mark.parametrize("pipe", ["0", "1"])
 @pytest.mark.parametrize("block_size", [16, 32, 24])
-def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, pipe, tma, monkeypatch):
+def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, tma, monkeypatch):
     """Every sequence has a cached paged prefix and new tokens, so the producer's 16-key groups
     come from both TMA maps (cache: block sizes 16 and 32; 24 is not a multiple of 16 and takes
     cp.async for the cache) and from cp.async where a group holds the context's end (prefixes not
     multiples of 16); windows start tiles mid-block. PAGEDKV_PREFILL_WGMMA_TMA=0: all cp.async.
     The cache's unused slots are NaN, so a group read past the context shows."""
-    _require_wgmma(monkeypatch, pipe)
+    _require_wgmma(monkeypatch)
     monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TMA", tma)
     for head_size, dtype, ctx in [(128, torch.bfloat16, [37, 300, 16]),
                                   (64, torch.float16, [129, 5]),
@@ -152,18 +147,18 @@ def test_prefill_wgmma_fallback(monkeypatch):
 
 def _use_kernel(monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
     """Picks the prefill kernel: "0" CUDA-core, "1" mma.sync, "wgmma" the Hopper one (required;
-    "-pipe": its pipelined loop, "-box16": 16-token boxes for new tokens)."""
+    "-box16": 16-token boxes for new tokens)."""
     if kernel.startswith("wgmma"):
-        _require_wgmma(monkeypatch, "1" if kernel.endswith("pipe") else "0")
+        _require_wgmma(monkeypatch)
         box = "16" if kernel.endswith("16") else "128"
         monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", box)
     else:
         monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
 
 
-# CUDA-core, mma.sync, wgmma with the serial / pipelined consumer loop, wgmma with 16-token boxes
+# CUDA-core, mma.sync, wgmma, wgmma with 16-token boxes
 # for tiles of new tokens instead of whole-tile boxes
-@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-pipe", "wgmma-box16"])
+@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-box16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""

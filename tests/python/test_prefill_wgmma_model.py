@@ -2,11 +2,10 @@
 (src/ops/cuda/prefill_wgmma_consume.cuh, prefill_wgmma_tile.cuh, wgmma.cuh) under the numpy wgmma
 model (wgmma_model.py): Q, K and V tiles stored with the kernel's swizzled chunk addresses and
 read back through the kernel's descriptors give S = Q K^T for each consumer warpgroup's 64 rows
-and O = P V with P re-packed from the S accumulators; and at tile level, both consumer loops
-(serial, pipelined) order S, softmax, rescale and P V correctly; the producer's TMA boxes and
-cp.async groups (prefill_wgmma_produce.cuh) land where the descriptors read; the pipelined loop's
-turn-taking between the consumer warpgroups neither hangs nor leaves a barrier half-arrived. The
-functions below mirror the kernel's expressions; keep them in step."""
+and O = P V with P re-packed from the S accumulators; and at tile level, the consumer loop orders
+S, softmax, rescale and P V correctly; the producer's TMA boxes and cp.async groups
+(prefill_wgmma_produce.cuh) land where the descriptors read. The functions below mirror the
+kernel's expressions; keep them in step."""
 
 from __future__ import annotations
 
@@ -113,10 +112,9 @@ def _online_softmax(s: np.ndarray, m: np.ndarray, lsum: np.ndarray) -> np.ndarra
     return alpha
 
 
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_consumer_loops_match_softmax_attention(pipelined):
-    """consume / consume_pipelined at tile level: the order of S, softmax, rescale and P V
-    (deferred by one step in the pipelined loop), with dead tiles (skipped keys) anywhere."""
+def test_consumer_loop_matches_softmax_attention():
+    """consume() at tile level: the order of S, softmax, rescale and P V, with dead tiles
+    (skipped keys) anywhere."""
     rng = np.random.default_rng()
     n_tiles, rows, bn, dp = 6, 8, 4, 5
     q = rng.normal(size=(rows, dp))
@@ -126,24 +124,11 @@ def test_consumer_loops_match_softmax_attention(pipelined):
     live[rng.integers(n_tiles)] = True
     o, lsum, m = np.zeros((rows, dp)), np.zeros(rows), np.full(rows, -np.inf)
     tile = lambda x, i: x[i * bn:(i + 1) * bn]  # noqa: E731
-    if not pipelined:
-        for it in range(n_tiles):
-            if live[it]:
-                s = q @ tile(k, it).T
-                o *= _online_softmax(s, m, lsum)[:, None]
-                o += s @ tile(v, it)
-    else:
-        a, prev_live = None, False
-        for it in range(n_tiles + 1):
-            cur = it < n_tiles and live[it]
-            s = q @ tile(k, it).T if cur else None  # issue_qk
-            if prev_live:
-                o += a @ tile(v, it - 1)  # issue_pv (completes before the rescale below)
-            alpha = _online_softmax(s, m, lsum) if cur else np.ones(rows)
-            if cur:
-                o *= alpha[:, None]
-                a = s  # pack_p
-            prev_live = cur
+    for it in range(n_tiles):
+        if live[it]:
+            s = q @ tile(k, it).T
+            o *= _online_softmax(s, m, lsum)[:, None]
+            o += s @ tile(v, it)
     keys = np.concatenate([tile(k, i) for i in range(n_tiles) if live[i]])
     vals = np.concatenate([tile(v, i) for i in range(n_tiles) if live[i]])
     w = np.exp(q @ keys.T - (q @ keys.T).max(axis=1, keepdims=True))
@@ -239,46 +224,3 @@ def test_producer_groups_land_where_wgmma_reads(dp, block_size, cache_tma, tile_
     live = min(BN, k_hi - kt)
     assert np.isfinite(s).all()
     np.testing.assert_array_equal(s[:, :live], q[:64] @ keys[:live].T)
-
-
-def _turn_ops(wg: int, n_tiles: int) -> list[tuple[str, int]]:
-    """consume_pipelined()'s named-barrier operations of warpgroup wg, in program order: bar.sync
-    on its own turn barrier (3 + wg) before each step's issue, bar.arrive on the other's after it;
-    warpgroup 1 hands warpgroup 0 the first turn and skips its last hand-over."""
-    ops = [("arrive", 3)] if wg == 1 else []
-    for it in range(n_tiles + 1):
-        ops.append(("sync", 3 + wg))
-        if wg == 0 or it < n_tiles:
-            ops.append(("arrive", 3 + (wg ^ 1)))
-    return ops
-
-
-@pytest.mark.parametrize("n_tiles", [0, 1, 2, 7])
-def test_consumer_turns_alternate_and_balance(n_tiles):
-    """The ping-pong protocol under random scheduling of the two warpgroups: bar.sync / bar.arrive
-    over 256 threads (each warpgroup counts 128), a barrier completing only with its waiting
-    warpgroup among the 256 (two hand-overs piling up would release nobody and desynchronise
-    the turns), both finish (no hang), no barrier is left half-arrived at exit, and the issues
-    alternate 0, 1, 0, 1, ..."""
-    rng = np.random.default_rng()
-    for _ in range(50):
-        ops = [_turn_ops(0, n_tiles), _turn_ops(1, n_tiles)]
-        pc, waiting = [0, 0], [None, None]
-        count = {3: 0, 4: 0}
-        issues = []
-        while pc[0] < len(ops[0]) or pc[1] < len(ops[1]):
-            ready = [w for w in (0, 1) if pc[w] < len(ops[w]) and waiting[w] is None]
-            assert ready, "both warpgroups blocked: the protocol hangs"
-            w = int(rng.choice(ready))
-            kind, bar = ops[w][pc[w]]
-            pc[w] += 1
-            count[bar] += 128
-            if kind == "sync":
-                waiting[w] = bar
-            if count[bar] == 256:
-                assert bar in waiting, "a barrier completed with nobody waiting on it"
-                count[bar] = 0
-                issues += [v for v in (0, 1) if waiting[v] == bar]  # released: it issues
-                waiting = [None if b == bar else b for b in waiting]
-        assert count == {3: 0, 4: 0} and waiting == [None, None]
-        assert issues == [0, 1] * (n_tiles + 1)

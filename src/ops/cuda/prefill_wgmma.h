@@ -5,7 +5,6 @@
 //      sm_90a code) for the calls it covers, the mma.sync / CUDA-core kernels serve the rest;
 //   0: never used;
 //   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
-// PAGEDKV_PREFILL_WGMMA_PIPE=1 picks the pipelined consumer loop (prefill_wgmma_consume.cuh);
 // PAGEDKV_PREFILL_WGMMA_TMA=0 makes the producer copy every tile with cp.async instead of TMA
 // tensor copies (and the consumers store their output rows themselves),
 // PAGEDKV_PREFILL_WGMMA_TILE_BOX=16 copies tiles of new tokens in 16-token boxes like the cache's

@@ -1,12 +1,9 @@
 // Consumer warpgroups of the Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): each owns 64
-// query rows and walks every K/V stage the producer hands over. Two loop forms:
-//  - consume: S = Q K^T, softmax, O += P V, each wgmma waited for at once (the other consumer
-//    warpgroup keeps the tensor cores busy meanwhile);
-//  - consume_pipelined (PAGEDKV_PREFILL_WGMMA_PIPE=1): S of tile i + 1 and P_i V_i are in flight
-//    together and the softmax of tile i + 1 runs under P_i V_i (FlashAttention-3's intra-warpgroup
-//    overlap), at the price of holding P_i (BN / 2 registers) across the step; and the two
-//    consumers take turns issuing their step's wgmma (named barriers, FlashAttention-3's
-//    "ping-pong"), so one's softmax runs while the tensor cores work through the other's GEMMs.
+// query rows and walks every K/V stage the producer hands over: S = Q K^T, softmax, O += P V, each
+// wgmma waited for at once (the other consumer warpgroup keeps the tensor cores busy meanwhile,
+// by chance rather than by schedule). A pipelined form (S of tile i + 1 in flight with P_i V_i,
+// FlashAttention-3's intra-warpgroup overlap, plus turn-taking between the warpgroups) measured
+// 10-12 % slower on every benchmark shape and was removed; benchmarks/RESULTS.md has the runs.
 #pragma once
 
 #include "ops/cuda/bulk_copy.cuh"
@@ -189,7 +186,7 @@ __device__ __forceinline__ void store_o(const WgParams& wp, const CtaWork& w, fl
   }
 }
 
-// Consumer warpgroup wg, serial form: per tile S, softmax, P V, each waited for at once.
+// Consumer warpgroup wg: per tile S, softmax, P V, each waited for at once.
 template <typename T, int DP>
 __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, uint32_t sbase,
                                         uint64_t* bars, int wg, float (&o)[DP / 8][4],
@@ -224,86 +221,6 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
       wgmma::fence_operand(o);
     }
     sb.free(it);
-  }
-}
-
-// Named barriers of the consumers' turns (ids 1 and 2 are the warpgroups' own syncs): warpgroup wg
-// issues when barrier kTurnBar + wg completes, i.e. after the other one issued its step.
-constexpr int kTurnBar = 3;
-
-// Consumer warpgroup wg, pipelined form. Step i issues S_i = Q K_i and then P_{i-1} V_{i-1},
-// waits for S_i only, runs the softmax of tile i while P_{i-1} V_{i-1} is in flight, then waits
-// for it, releases stage i - 1, rescales O and packs P_i for the next step. The issue of each
-// step waits for the other warpgroup's issue of its previous step (warpgroup 0 goes first), so
-// the tensor cores alternate between the warpgroups' GEMMs. Both run the same n_tiles + 1 steps
-// (live or not) and warpgroup 1 skips its last hand-over: every bar.sync meets one bar.arrive.
-template <typename T, int DP>
-__device__ __forceinline__ void consume_pipelined(const AttnParams& p, const CtaWork& w,
-                                                  uint32_t sbase, uint64_t* bars, int wg,
-                                                  float (&o)[DP / 8][4], float (&l)[2]) {
-  using C = Tile<DP>;
-  const StageBars<C::kStages> sb(bars);
-  const WgRows wr(p, w, wg);
-  const uint32_t q_addr = sbase + wg * 64 * 128;
-  float m[2] = {-INFINITY, -INFINITY};
-  uint32_t a[8][4];        // P of the previous tile
-  bool prev_live = false;  // ... and whether it has one
-  auto my_turn = [&]() { wgmma::bar_sync(kTurnBar + wg, 256); };
-  auto pass_turn = [&](int it) {
-    if (wg == 0 || it < w.n_tiles) wgmma::bar_arrive(kTurnBar + (wg ^ 1), 256);
-  };
-  if (wg == 1) wgmma::bar_arrive(kTurnBar, 256);  // warpgroup 0 issues first
-  for (int it = 0; it <= w.n_tiles; ++it) {
-    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
-    const int prev = (it + C::kStages - 1) % C::kStages;
-    const bool live = it < w.n_tiles && wr.live(p, kt, C::BN);
-    if (it < w.n_tiles) sb.wait_k(it);
-    if (it > 0) sb.wait_v(it - 1);
-    const uint32_t k_addr = sbase + C::kKOff + stage * C::kKVBytes;
-    const uint32_t v_addr = sbase + C::kVOff + prev * C::kKVBytes;
-    float s[1][16][4], alpha[2] = {1.f, 1.f};
-    auto softmax = [&]() {
-      wgmma::fence_operand(s[0]);
-      wr.softmax<C::BN>(p, w, kt, s, m, l, alpha);
-    };
-    // Each branch is a whole fence / issue / wait sequence: ptxas serialises wgmma issued and
-    // waited for under different conditions.
-    if (live && prev_live) {
-      wgmma::fence_operand(o);
-      my_turn();
-      wgmma::fence();
-      issue_qk<T, DP>(s[0], q_addr, k_addr);
-      issue_pv<T, DP>(o, a, v_addr);
-      pass_turn(it);
-      wgmma::wait<1>();  // S_i (committed first) done; P_{i-1} V_{i-1} may still run
-      softmax();
-      wgmma::wait<0>();
-      wgmma::fence_operand(o);
-    } else if (live) {
-      my_turn();
-      wgmma::fence();
-      issue_qk<T, DP>(s[0], q_addr, k_addr);
-      pass_turn(it);
-      wgmma::wait<0>();
-      softmax();
-    } else if (prev_live) {
-      wgmma::fence_operand(o);
-      my_turn();
-      wgmma::fence();
-      issue_pv<T, DP>(o, a, v_addr);
-      pass_turn(it);
-      wgmma::wait<0>();
-      wgmma::fence_operand(o);
-    } else {
-      my_turn();
-      pass_turn(it);
-    }
-    if (it > 0) sb.free(it - 1);
-    if (live) {
-      rescale<DP>(o, alpha);
-      pack_p<T>(a, s[0]);
-    }
-    prev_live = live;
   }
 }
 

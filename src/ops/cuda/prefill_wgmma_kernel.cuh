@@ -13,9 +13,8 @@
 //    shared memory, both K-major), online softmax on the accumulators (prefill_softmax.cuh, masks
 //    only on tiles that cross the diagonal / window or need soft-cap / alibi), then O += P V
 //    with P packed to 16 bits in registers as the A operand and V read N-major (transpose flag).
-// In the serial form the consumers are not synchronised with each other, so one's softmax overlaps
-// the other's wgmma by chance; kPipe overlaps a consumer's own softmax with its P V and takes
-// turns issuing with the other consumer (prefill_wgmma_consume.cuh).
+// The consumers are not synchronised with each other, so one's softmax overlaps the other's wgmma
+// by chance (prefill_wgmma_consume.cuh).
 // CTAs take the query tiles of a few (sequence, KV head) pairs at a time, longest first, so that
 // the ones running together share their K/V through L2 (prefill_order.cuh).
 #pragma once
@@ -32,8 +31,8 @@ namespace pagedkv::cuda_ops::prefill_wg {
 
 #if PAGEDKV_WGMMA_ENABLED
 
-// Consumer warpgroup wg: loads its Q rows, runs the tile loop (either form), writes its O rows.
-template <typename T, int DP, bool kPipe>
+// Consumer warpgroup wg: loads its Q rows, runs the tile loop, writes its O rows.
+template <typename T, int DP>
 __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, unsigned char* smem,
                                          uint64_t* bars, int wg) {
   using C = Tile<DP>;
@@ -52,17 +51,13 @@ __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, u
 #pragma unroll
   for (int j = 0; j < DP / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float l[2] = {0.f, 0.f};
-  if constexpr (kPipe) {
-    consume_pipelined<T, DP>(p, w, sbase, bars, wg, o, l);
-  } else {
-    consume<T, DP>(p, w, sbase, bars, wg, o, l);
-  }
+  consume<T, DP>(p, w, sbase, bars, wg, o, l);
   store_o<T, DP>(wp, w, o, l, smem, wg);
 }
 
 #endif  // PAGEDKV_WGMMA_ENABLED
 
-template <typename T, int DP, bool kPipe>
+template <typename T, int DP>
 __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ WgParams wp) {
 #if PAGEDKV_WGMMA_ENABLED
@@ -92,7 +87,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     produce<T, DP>(wp, w, smem, bars);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    consumer<T, DP, kPipe>(wp, w, smem, bars, wg);
+    consumer<T, DP>(wp, w, smem, bars, wg);
   }
 #else
   __trap();  // never launched: the host only picks this kernel on sm_90 with sm_90a code

@@ -8,11 +8,7 @@
 
 namespace pagedkv::cuda_ops::prefill_wg {
 
-// PAGEDKV_PREFILL_WGMMA_PIPE=1: the pipelined consumer loop (prefill_wgmma_consume.cuh), a
-// comparison knob while both forms are measured; read per call.
-inline bool pipelined() { return env_int("PAGEDKV_PREFILL_WGMMA_PIPE", 0) != 0; }
-
-template <typename T, int DP, bool kPipe>
+template <typename T, int DP>
 void launch_dp(const WgParams& wp, int max_query_len, cudaStream_t s) {
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
@@ -20,19 +16,16 @@ void launch_dp(const WgParams& wp, int max_query_len, cudaStream_t s) {
       std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
   const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
   PAGEDKV_CHECK(ctas < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
-  launch_with_smem(prefill_wgmma_kernel<T, DP, kPipe>, static_cast<unsigned>(ctas), C::kThreads,
-                   C::kSmem, s, "context_attention_fwd", wp);
+  launch_with_smem(prefill_wgmma_kernel<T, DP>, static_cast<unsigned>(ctas), C::kThreads, C::kSmem,
+                   s, "context_attention_fwd", wp);
 }
 
 template <typename T>
 void launch_typed(const WgParams& wp, int max_query_len, cudaStream_t s) {
-  const bool pipe = pipelined();
   if (wp.a.head_size == 64) {
-    pipe ? launch_dp<T, 64, true>(wp, max_query_len, s)
-         : launch_dp<T, 64, false>(wp, max_query_len, s);
+    launch_dp<T, 64>(wp, max_query_len, s);
   } else {
-    pipe ? launch_dp<T, 128, true>(wp, max_query_len, s)
-         : launch_dp<T, 128, false>(wp, max_query_len, s);
+    launch_dp<T, 128>(wp, max_query_len, s);
   }
 }
 
@@ -41,7 +34,7 @@ void launch_typed(const WgParams& wp, int max_query_len, cudaStream_t s) {
 template <typename T, int DP>
 bool has_code_for() {
   cudaFuncAttributes a{};
-  if (cudaFuncGetAttributes(&a, prefill_wgmma_kernel<T, DP, false>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&a, prefill_wgmma_kernel<T, DP>) != cudaSuccess) {
     cudaGetLastError();  // no image for this device: not an error of the caller's
     return false;
   }
