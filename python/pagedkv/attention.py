@@ -89,8 +89,12 @@ def hopper_decode_runs(query: Any, nhd_cache: bool) -> bool:
     except ValueError:
         return False  # what the C++ side's atoi reads: 0
     device = int(query.__dlpack_device__()[1])
-    return (_compute_major(_tensor.framework(query), device) == 9
-            and "90a" in build_info()["cuda_archs"])
+    return _compute_major(_tensor.framework(query), device) == 9 and _built_for_sm90a()
+
+
+@functools.cache
+def _built_for_sm90a() -> bool:
+    return "90a" in build_info()["cuda_archs"]  # the build cannot change while loaded
 
 
 @functools.cache
