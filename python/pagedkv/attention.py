@@ -55,9 +55,12 @@ def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_
     if tensor_cores is None:
         tensor_cores = mma_decode_enabled()
     fp8 = kv_cache_dtype.startswith("fp8")
-    heads_per_cta, per_sm = ((16, 4 if fp8 else 2) if tensor_cores else (8, 8))
     if hopper:
         heads_per_cta, per_sm = 16, 4 if fp8 else 1
+    elif tensor_cores:
+        heads_per_cta, per_sm = 16, 4 if fp8 else 2
+    else:
+        heads_per_cta, per_sm = 8, 8
     group = max(1, num_heads // max(1, num_kv_heads))
     ctas = max(1, num_seqs * num_kv_heads * math.ceil(group / heads_per_cta))
     parts = per_sm * num_sms // ctas
