@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "ops/cuda/device_props.h"
 #include "ops/cuda/prefill_wgmma_kernel.cuh"
 
 namespace pagedkv::cuda_ops::prefill_wg {
