@@ -1,12 +1,15 @@
 """Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8, D=128,
 block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel (decode_bulk) with
-its own occupancy choice, fixed at 2 and 3 CTAs per SM, with row copies instead of tensor-map
-copies and without its L2 evict-first policy, bf16 and fp8 caches, each against cuDNN SDPA on the
+its own occupancy choice, with rings sized for 1 to 4 CTAs per SM, with row copies instead of
+tensor-map copies, without its L2 evict-first policy and with one KV head's sequences launched
+next to each other (seqs-first, the order before a sequence's KV heads went first), bf16 and fp8
+caches, each against cuDNN SDPA on the
 same data measured in the same run. Each variant uses the split-K partition the library would
 pick for its kernel. --layouts: the default kernel with blocks in random and in sequential order;
 --partitions: the default kernel at fixed split-K partition sizes.
 
-    python benchmarks/decode_variants.py [--quick] [--layouts | --partitions [--every-shape]]
+    python benchmarks/decode_variants.py [--quick] [--variants a,b] [--layouts |
+                                         --partitions [--every-shape]]
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ KERNELS = [("mma-auto", {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"})
            ("bulk-2/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "2"}),
            ("bulk-3/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "3"}),
            ("bulk-rows", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_TMA": "0"}),
-           ("bulk-no-evict", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_EVICT_FIRST": "0"})]
+           ("bulk-no-evict", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_EVICT_FIRST": "0"}),
+           ("bulk-1/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "1"}),
+           ("bulk-4/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "4"}),
+           ("seqs-first", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_HEADS_FIRST": "0"})]
 KNOBS = ("PAGEDKV_DECODE_BULK", "PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB",
-         "PAGEDKV_DECODE_CTAS_PER_SM", "PAGEDKV_DECODE_EVICT_FIRST", "PAGEDKV_DECODE_TMA")
+         "PAGEDKV_DECODE_CTAS_PER_SM", "PAGEDKV_DECODE_EVICT_FIRST", "PAGEDKV_DECODE_TMA",
+         "PAGEDKV_DECODE_HEADS_FIRST")
 
 
 _make_cache = ga.make_cache  # the benchmark's own cache (NHD, randomly permuted blocks)
@@ -84,6 +91,9 @@ def main() -> None:
                     help="time the default kernel at fixed split-K partition sizes instead")
     ap.add_argument("--every-shape", action="store_true",
                     help="with --partitions: every shape, not only batches up to 16")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated kernel variants to run (default: all of "
+                         + ", ".join(n for n, _ in KERNELS) + ")")
     args = ap.parse_args()
     if args.partitions:
         partitions(args.every_shape)
@@ -92,8 +102,12 @@ def main() -> None:
     bw = ga.copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, {sms} SMs, copy BW {bw / 1e12:.2f} TB/s")
     print("per variant: bf16 us, x = cuDNN time / ours, KV bytes read / time / copy BW; fp8 us")
+    wanted = [v for v in args.variants.split(",") if v]
+    unknown = set(wanted) - {n for n, _ in KERNELS}
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}")
     variants = ([(n, {}, maker) for n, maker in LAYOUTS] if args.layouts
-                else [(n, env, _make_cache) for n, env in KERNELS])
+                else [(n, env, _make_cache) for n, env in KERNELS if not wanted or n in wanted])
     head = " ".join(f"{n + ' bf16':>22} {'fp8':>7}" for n, _, _ in variants)
     print(f"{'B*L':>10} {'cuDNN':>8} {head}")
     shapes = ga.DECODE_SHAPES[:2] if args.quick else ga.DECODE_SHAPES

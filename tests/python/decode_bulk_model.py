@@ -2,22 +2,23 @@
 (src/ops/cuda/decode_bulk.cuh, `compute` and the output store), for checking its fragment index
 expressions without a GPU: S^T = K Q^T with keys as rows, the per-head online softmax on the
 accumulator fragments, the movmatrix transposes of P^T, O^T += V^T P^T, the fp8 path's permuted
-head dimension (32-bit reads of fp8 rows, byte regrouping), out_dim and both staged-tile forms
-(`at`: 128-byte-swizzled tensor-copy boxes, padded rows). Mirrors the kernel line by line; keep
+head dimension (ldmatrix of fp8 byte pairs, byte regrouping), out_dim, the per-lane ldmatrix
+addresses (`ld_at`) and both staged-tile forms (`at`: 128-byte-swizzled tensor-copy boxes, padded
+rows). Mirrors the kernel line by line; keep
 them in step. fp8 values are modelled as the numbers they convert to (the
 conversion is exact)."""
 
 from __future__ import annotations
 
 import numpy as np
-from ptx_fragments import byte_perm, ldmatrix_x4, mma_16816, movmatrix_trans
+from ptx_fragments import byte_perm, ldmatrix_x4, ldmatrix_x4_b8, mma_16816, movmatrix_trans
 
 KEYS, L2E = 16, 1.4426950408889634
 
 
 def out_dim(fp8: bool, mt: int, rr: int) -> int:
     if fp8:
-        return 32 * (mt >> 1) + 4 * (rr & 7) + 2 * (mt & 1) + (rr >> 3)
+        return 16 * mt + 2 * (rr & 7) + (rr >> 3)
     return 16 * mt + rr
 
 
@@ -31,6 +32,25 @@ def tile_form(row_bytes: int, tma: bool) -> dict:
 def at(form: dict, j: int, u: int) -> int:
     """The kernel's `at`: byte offset of (row j, 16-byte unit u) of a staged tile."""
     return (u >> 3) * form["box"] + j * form["row_stride"] + (((u & 7) ^ (j & form["swz"])) << 4)
+
+
+def ld_lane(form: dict, row: int, hi: int) -> tuple:
+    """The kernel's LdLane: (base, x) of the row a lane supplies to an ldmatrix."""
+    return row * form["row_stride"], (hi ^ (row & form["swz"])) << 4
+
+
+def ld_lane_k(form: dict, lane: int) -> tuple:  # K tiles and fp8 V tiles (`lk`)
+    return ld_lane(form, (lane & 7) + (lane & 8), lane >> 4)
+
+
+def ld_lane_v(form: dict, lane: int) -> tuple:  # 16-bit V tiles (`lv`)
+    return ld_lane(form, (lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1)
+
+
+def ld_at(form: dict, lane_consts: tuple, u: int) -> int:
+    """The kernel's ld_at: byte offset of the lane's ldmatrix row for even unit u."""
+    base, x = lane_consts
+    return base + (u >> 3) * form["box"] + (((u & 7) << 4) ^ x)
 
 
 def stage(rows: np.ndarray, esz: int, tma: bool) -> np.ndarray:
@@ -48,13 +68,13 @@ def stage(rows: np.ndarray, esz: int, tma: bool) -> np.ndarray:
 def _k_fragment(kf: np.ndarray, form: dict, ks: int, fp8: bool) -> np.ndarray:
     """A fragment [lane, 4, 2] of K rows (keys) x the k step's 16 dims."""
     if not fp8:
-        return ldmatrix_x4(kf, lambda lane: at(form, (lane & 7) + (lane & 8),
-                                               2 * ks + (lane >> 4)) // 2)
+        return ldmatrix_x4(kf, lambda lane: ld_at(form, ld_lane_k(form, lane), 2 * ks) // 2)
+    # One ldmatrix of units (ks & ~1, + 1) serves two k steps; step ks takes matrices 2t, 2t + 1.
+    w = ldmatrix_x4_b8(kf, lambda lane: ld_at(form, ld_lane_k(form, lane), ks & ~1))
+    t = ks & 1
     a = np.zeros((32, 4, 2))
     for lane in range(32):
-        r, q = lane >> 2, lane & 3
-        w0 = kf[at(form, r, ks) + 4 * q:][:4]
-        w1 = kf[at(form, r + 8, ks) + 4 * q:][:4]
+        w0, w1 = w[lane, 2 * t], w[lane, 2 * t + 1]
         a[lane] = [w0[0:2], w1[0:2], w0[2:4], w1[2:4]]
     return a
 
@@ -72,20 +92,17 @@ def _q_fragment(qt: np.ndarray, ks: int, nh: int, fp8: bool) -> tuple:
 def _v_fragments(vf: np.ndarray, form: dict, D: int, fp8: bool) -> list:
     """A fragments [lane, 4, 2] of V^T (dims x keys), one per 16-dim tile (logical rows)."""
     if not fp8:
-        return [ldmatrix_x4(vf, lambda lane, mt=mt: at(form, (lane & 7) + (lane >> 4) * 8,
-                                                        2 * mt + ((lane >> 3) & 1)) // 2,
+        return [ldmatrix_x4(vf, lambda lane, mt=mt: ld_at(form, ld_lane_v(form, lane), 2 * mt) // 2,
                             trans=True) for mt in range(D // 16)]
     frags = [np.zeros((32, 4, 2)) for _ in range(D // 16)]
-    for m2 in range(D // 32):
-        for lane in range(32):
-            r, q = lane >> 2, lane & 3
-            u, ob = 2 * m2 + (r >> 2), 4 * (r & 3)
-            w = [list(vf[at(form, k, u) + ob:][:4])
-                 for k in (2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9)]
-            t0, t1 = byte_perm(w[0], w[1], 0x5140), byte_perm(w[0], w[1], 0x7362)
-            t2, t3 = byte_perm(w[2], w[3], 0x5140), byte_perm(w[2], w[3], 0x7362)
-            frags[2 * m2][lane] = [t0[0:2], t0[2:4], t2[0:2], t2[2:4]]
-            frags[2 * m2 + 1][lane] = [t1[0:2], t1[2:4], t3[0:2], t3[2:4]]
+    for mt in range(0, D // 16, 2):  # one transposed ldmatrix: units mt, mt + 1
+        w = ldmatrix_x4_b8(vf, lambda lane, mt=mt: ld_at(form, ld_lane_k(form, lane), mt),
+                           trans=True)
+        for t in range(2):
+            for lane in range(32):
+                lo = byte_perm(w[lane, 2 * t], [0] * 4, 0x3120)  # key_pairs
+                hi = byte_perm(w[lane, 2 * t + 1], [0] * 4, 0x3120)
+                frags[mt + t][lane] = [lo[0:2], lo[2:4], hi[0:2], hi[2:4]]
     return frags
 
 

@@ -24,6 +24,21 @@ def ldmatrix_x4(smem: np.ndarray, row_start: Callable[[int], int],
     return regs
 
 
+def ldmatrix_x4_b8(smem: np.ndarray, row_start: Callable[[int], int],
+                   trans: bool = False) -> np.ndarray:
+    """ldmatrix_x4 on a flat array of bytes (one element per byte, e.g. fp8 values): every b16
+    element is two neighbouring bytes, kept together by .trans. Returns regs[lane, matrix, 4],
+    the 4 bytes of each register, lowest first."""
+    regs = np.zeros((32, 4, 4))
+    for i in range(4):
+        m = np.array([smem[row_start(8 * i + r):row_start(8 * i + r) + 16]
+                      for r in range(8)]).reshape(8, 8, 2)
+        m = m.transpose(1, 0, 2) if trans else m
+        for lane in range(32):
+            regs[lane, i] = m[lane // 4, 2 * (lane % 4):2 * (lane % 4) + 2].reshape(4)
+    return regs
+
+
 def mma_16816(c: np.ndarray, a: np.ndarray, b0: np.ndarray, b1: np.ndarray) -> None:
     """mma.sync.aligned.m16n8k16.row.col: c[lane, 4] += A (16 x 16) B (16 x 8), operands in the
     PTX fragment layouts (a[lane, 4, 2]: rows g / g + 8, k pairs q / q + 8; b: k pairs q / q + 8

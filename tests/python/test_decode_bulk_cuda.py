@@ -30,13 +30,21 @@ def _hopper_decode(monkeypatch):
     monkeypatch.setenv("PAGEDKV_DECODE_BULK", "2")
 
 
-@pytest.mark.parametrize("copies", ["tensor", "rows"])
+# (copy form, environment): tensor copies where they apply (rows of a multiple of 128 bytes, block
+# sizes of a multiple of 16; other cases take row copies anyway), also with the grid's sequences
+# first and with the deepest rings (sized for one CTA per SM); row copies throughout.
+VARIANTS = {"tensor": {"PAGEDKV_DECODE_TMA": "1"},
+            "tensor-seqs-first": {"PAGEDKV_DECODE_TMA": "1", "PAGEDKV_DECODE_HEADS_FIRST": "0"},
+            "tensor-deep-rings": {"PAGEDKV_DECODE_TMA": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "1"},
+            "rows": {"PAGEDKV_DECODE_TMA": "0"}}
+
+
+@pytest.mark.parametrize("copies", list(VARIANTS))
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_bulk_random(dtype, kv_dtype, copies, monkeypatch):
-    """Tensor copies where they apply (rows of a multiple of 128 bytes, block sizes of a multiple
-    of 16; other cases take row copies anyway), or row copies throughout (PAGEDKV_DECODE_TMA=0)."""
-    monkeypatch.setenv("PAGEDKV_DECODE_TMA", "1" if copies == "tensor" else "0")
+    for name, value in VARIANTS[copies].items():
+        monkeypatch.setenv(name, value)
     seed = random.randrange(1 << 30)
     r, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     sizes = mma_tests.MMA_HEAD_SIZES if kv_dtype == "auto" else FP8_HEAD_SIZES

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from decode_bulk_model import KEYS, out_dim, warp_attention
+from decode_bulk_model import (
+    KEYS,
+    at,
+    ld_at,
+    ld_lane_k,
+    ld_lane_v,
+    out_dim,
+    tile_form,
+    warp_attention,
+)
 
 
 @pytest.mark.parametrize("tma", [False, True])
@@ -42,7 +51,20 @@ def test_warp_attention_matches_softmax(D, head_tiles, fp8, tma):
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_out_dim_is_a_permutation_of_each_32_dims(fp8):
+def test_out_dim_is_a_permutation_of_each_tile(fp8):
     dims = sorted(out_dim(fp8, mt, rr) for mt in range(8) for rr in range(16))
     assert dims == list(range(128))
-    assert all(out_dim(fp8, mt, rr) // 32 == mt // 2 for mt in range(8) for rr in range(16))
+    assert all(out_dim(fp8, mt, rr) // 16 == mt for mt in range(8) for rr in range(16))
+
+
+@pytest.mark.parametrize("row_bytes,tma", [(64, False), (256, False), (128, True), (512, True)])
+def test_ld_at_is_at_of_the_lanes_row(row_bytes, tma):
+    """The kernel's hoisted ldmatrix addresses (ld_at, per-lane base and xor) equal `at` of the
+    row and unit each lane supplies, for every even unit of the row."""
+    form = tile_form(row_bytes, tma)
+    for lane in range(32):
+        for u in range(0, row_bytes // 16, 2):
+            assert ld_at(form, ld_lane_k(form, lane), u) == \
+                at(form, (lane & 7) + (lane & 8), u + (lane >> 4))
+            assert ld_at(form, ld_lane_v(form, lane), u) == \
+                at(form, (lane & 7) + (lane >> 4) * 8, u + ((lane >> 3) & 1))

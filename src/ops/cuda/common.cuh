@@ -103,6 +103,14 @@ void dispatch_kind_steps(int cache_fp8, int head_size, F&& f) {
 
 // ---- scalar conversions ---------------------------------------------------------------------
 
+// 2^x as one SFU instruction: exp2f wraps it in a denormal-range fix-up, which a softmax weight
+// does not need (below 2^-126 of the row's maximum it flushes to 0). Inputs are <= 0 or -inf.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -12,9 +12,14 @@
 //    group of 4 (whose 16-row tiles would be three quarters padding);
 //  - fp8 caches stay fp8 in shared memory and convert in registers (fp8x2 -> f16x2 is one
 //    instruction) straight into fragments, so the MMAs run in fp16 with the queries scaled by a
-//    power of two into fp16's range. Lanes read whole 32-bit words: the head dimension of S is
+//    power of two into fp16's range. The fp8 tiles are read with the same ldmatrix instructions
+//    as 16-bit ones (pairs of fp8 bytes as one b16 element), so the head dimension of S is
 //    permuted within each k step (a dot product does not care) and the rows of O^T are permuted
-//    and mapped back on the final store;
+//    and mapped back on the final store (out_dim);
+//  - the head size is a template parameter (every supported size that is a multiple of 16): no
+//    step is guarded by a run-time bound, so the chunk loop is straight-line code whose shared-
+//    memory addresses are per-lane constants plus immediates (ncu: a run-time bound made the
+//    address arithmetic 60 % of the fp8 kernel's instructions);
 //  - the warps' states merge through shared memory; split mode writes normalised partials with
 //    their max logit and exp-sum (vLLM paged_attention_v2).
 // Keys outside [k_lo, k_hi) are not copied: their V rows are zeroed (0 * a stale NaN is NaN) and
@@ -65,16 +70,16 @@ __device__ __forceinline__ uint32_t fp8x2_to_h2(uint32_t w) {
   return h;
 }
 
-__device__ __forceinline__ uint32_t lds32(const unsigned char* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-// Head-dimension index of row rr (0..15) of O^T tile mt: fp8 lanes read 4 consecutive bytes of a
-// V row, which serve rows (r, r + 8) of two neighbouring tiles.
+// Head-dimension index of row rr (0..15) of O^T tile mt: a transposed ldmatrix of fp8 V gives a
+// lane two neighbouring dims (2 r, 2 r + 1) of its keys, which become rows r and r + 8.
 template <bool FP8>
 __device__ __forceinline__ int out_dim(int mt, int rr) {
-  return FP8 ? 32 * (mt >> 1) + 4 * (rr & 7) + 2 * (mt & 1) + (rr >> 3) : 16 * mt + rr;
+  return FP8 ? 16 * mt + 2 * (rr & 7) + (rr >> 3) : 16 * mt + rr;
 }
+
+// The bytes (k 2q . d 2r, k 2q . d 2r+1, k 2q+1 . d 2r, k 2q+1 . d 2r+1) that a transposed ldmatrix
+// gives a lane, regrouped into the key pairs of dim 2r (low half) and of dim 2r + 1 (high half).
+__device__ __forceinline__ uint32_t key_pairs(uint32_t w) { return __byte_perm(w, 0u, 0x3120); }
 
 // Registers per thread are capped so that this many CTAs fit an SM (4 x 128 threads at <= 128
 // registers for head sizes <= 128 and groups <= 8).
@@ -83,13 +88,15 @@ constexpr int kMinCtas = KD* NH <= 8    ? 4
                          : KD* NH <= 16 ? 2
                                         : 1;
 
-// Grid: (num_seqs, num_kv_heads * gchunks, partitions); kThreads threads; dynamic shared memory
-// smem_bytes(bp). KD: 16-wide head-dimension steps provisioned
-// (head_size <= 16 KD); NH: 8-head column tiles.
-template <typename QT, int KIND, int KD, int NH>
-__global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
+// Grid: (num_seqs, num_kv_heads * gchunks, partitions), x and y swapped with heads_first; kThreads
+// threads; dynamic shared memory smem_bytes(bp). HD: the head size (p.head_size, a multiple of
+// 16); NH: 8-head column tiles.
+template <typename QT, int KIND, int HD, int NH>
+__global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
     decode_bulk_kernel(const __grid_constant__ BulkDecodeParams bp) {
 #if PAGEDKV_SM90
+  constexpr int KD = HD / 16, D = HD;  // 16-wide head-dimension steps
+  static_assert(HD % 16 == 0 && (KIND == kNoFp8 || HD % 32 == 0));
   constexpr bool kFp8 = KIND != kNoFp8;
   using CT = std::conditional_t<kFp8, uint8_t, QT>;  // cache element
   using MT = std::conditional_t<kFp8, __half, QT>;   // MMA operand
@@ -102,14 +109,15 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned char* qbase = smem + kWarps * bp.warp_bytes;
   __shared__ float sm_m[kWarps][NR], sm_l[kWarps][NR];
-  __shared__ unsigned sm_amax;
+  __shared__ float sm_wmax[kWarps];  // fp8: each warp's largest |query|
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane >> 2, q = lane & 3;  // fragment row / column pair of this lane
-  const int D = p.head_size, rs = bp.row_stride, swz = bp.swz;
-  const int seq = blockIdx.x;
-  const int kvh = blockIdx.y / bp.gchunks;
-  const int g0 = (blockIdx.y % bp.gchunks) * NR;
+  const int rs = bp.row_stride, swz = bp.swz;
+  const int seq = bp.heads_first ? blockIdx.y : blockIdx.x;
+  const int hc = bp.heads_first ? blockIdx.x : blockIdx.y;  // KV head x head chunk
+  const int kvh = hc / bp.gchunks;
+  const int g0 = (hc % bp.gchunks) * NR;
   const int ng = min(NR, p.group - g0);
   const int part = blockIdx.z;
 
@@ -187,6 +195,20 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   auto at = [&](unsigned char* tile, int j, int u) -> unsigned char* {
     return tile + (u >> 3) * bp.box_bytes + j * rs + (((u & 7) ^ (j & swz)) << 4);
   };
+  // The row a lane supplies to an ldmatrix.x4: row `row` of unit U + hi for an even unit U (a
+  // constant once unrolled). at(tile, row, U + hi) is then the per-lane base plus
+  // (U / 8) box_bytes + ((U % 8) * 16 ^ x), which is all the chunk loop computes per ldmatrix.
+  struct LdLane {
+    int base, x;
+  };
+  auto ld_lane = [&](int row, int hi) { return LdLane{row * rs, (hi ^ (row & swz)) << 4}; };
+  // Matrices (rows 0-7, U), (rows 8-15, U), (rows 0-7, U + 1), (rows 8-15, U + 1): K tiles, and
+  // fp8 V; 16-bit V tiles take (rows 0-7, U), (0-7, U + 1), (8-15, U), (8-15, U + 1).
+  const LdLane lk = ld_lane((lane & 7) + (lane & 8), lane >> 4);
+  const LdLane lv = ld_lane((lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
+  auto ld_at = [&](unsigned char* tile, const LdLane& l, int u) -> unsigned char* {
+    return tile + l.base + (u >> 3) * bp.box_bytes + (((u & 7) << 4) ^ l.x);
+  };
   // Zeroes the V rows of keys outside the range in an edge chunk (0 * a stale NaN would be NaN).
   auto clear_edge = [&](unsigned char* vt, int key0) {
     const int j = lane & 15, half = bp.row_bytes / 2;
@@ -200,44 +222,53 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     __syncwarp();
   };
 
-  int nblk = 0;
-  if (n > 0) {
-    nblk = lookup(chunk(0));
-    for (int j = 0; j < S && j < n; ++j) {
-      issue(chunk(j), j, nblk);
-      nblk = lookup(chunk(j + 1));
-    }
+  // The first S block ids load together (unrolled: they stay in registers), so the first copies
+  // wait for one load latency, not S in a row.
+  int first[kBulkMaxStages];
+#pragma unroll
+  for (int j = 0; j < kBulkMaxStages; ++j) first[j] = j < S && j < n ? lookup(chunk(j)) : 0;
+#pragma unroll
+  for (int j = 0; j < kBulkMaxStages; ++j) {
+    if (j < S && j < n) issue(chunk(j), j, first[j]);
   }
+  int nblk = S < n ? lookup(chunk(S)) : 0;
 
   // ---- the query tile [NR][D + 8] (MT); rows g >= ng are zeros ----
   const int qp = D + 8;
   MT* qs = reinterpret_cast<MT*>(qbase);
   const QT* qg = static_cast<const QT*>(p.q) + int64_t(seq) * p.q_s_tok;
-  auto qval = [&](int idx) {
-    const int g = idx / D, d = idx - g * D;
-    return g < ng ? to_float(qg[int64_t(kvh * p.group + g0 + g) * p.q_s_head + d]) : 0.f;
-  };
+  // Element idx = threadIdx.x + k * kThreads of the tile, all loaded at once (one load latency).
+  constexpr int kQPer = NR * D / kThreads;
+  static_assert(NR * D % kThreads == 0);
+  float qv[kQPer];
+#pragma unroll
+  for (int k = 0; k < kQPer; ++k) {
+    const int idx = threadIdx.x + k * kThreads, g = idx / D, d = idx - g * D;
+    qv[k] = g < ng ? to_float(qg[int64_t(kvh * p.group + g0 + g) * p.q_s_head + d]) : 0.f;
+  }
   // fp8: the fp16 MMAs see the queries times 2^e, with |q| * 2^e in [2^14, 2^15) (exact; a bf16
   // query may lie outside fp16's range), and the logits are scaled back by 2^-e.
   float qmul = 1.f;
   if constexpr (kFp8) {
-    if (threadIdx.x == 0) sm_amax = 0;
-    __syncthreads();
     float a = 0.f;
-    for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) a = fmaxf(a, fabsf(qval(idx)));
+#pragma unroll
+    for (int k = 0; k < kQPer; ++k) a = fmaxf(a, fabsf(qv[k]));
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if (lane == 0) atomicMax(&sm_amax, __float_as_uint(a));
+    if (lane == 0) sm_wmax[warp] = a;
     __syncthreads();
-    const float amax = __uint_as_float(sm_amax);
+    float amax = sm_wmax[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, sm_wmax[w]);
     if (amax > 0.f && amax <= 3.0e38f) {
       int ex = 0;
       frexpf(amax, &ex);
       qmul = ldexpf(1.f, min(max(15 - ex, -120), 120));
     }
   }
-  for (int idx = threadIdx.x; idx < NR * D; idx += kThreads) {
-    const int g = idx / D, d = idx - g * D;
-    qs[g * qp + d] = from_float<MT>(qval(idx) * qmul);
+#pragma unroll
+  for (int k = 0; k < kQPer; ++k) {
+    const int idx = threadIdx.x + k * kThreads, g = idx / D, d = idx - g * D;
+    qs[g * qp + d] = from_float<MT>(qv[k] * qmul);
   }
   __syncthreads();  // the query tile is complete
 
@@ -253,8 +284,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
     for (int ks = 0; ks < KD; ++ks) {
 #pragma unroll
       for (int nh = 0; nh < NH; ++nh) {
-        qf[ks][nh][0] = ks * 16 < D ? qfrag(ks, nh, 0) : 0u;
-        qf[ks][nh][1] = ks * 16 < D ? qfrag(ks, nh, 1) : 0u;
+        qf[ks][nh][0] = qfrag(ks, nh, 0);
+        qf[ks][nh][1] = qfrag(ks, nh, 1);
       }
     }
   }
@@ -300,26 +331,35 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sa[nh][e] = sb[nh][e] = 0.f;
     }
+    auto s_step = [&](int ks, const uint32_t(&a)[4]) {
 #pragma unroll
-    for (int ks = 0; ks < KD; ++ks) {
-      if (ks * 16 < D) {
+      for (int nh = 0; nh < NH; ++nh) {
+        const uint32_t b0 = kQRegs ? qf[kQRegs ? ks : 0][nh][0] : qfrag(ks, nh, 0);
+        const uint32_t b1 = kQRegs ? qf[kQRegs ? ks : 0][nh][1] : qfrag(ks, nh, 1);
+        mma_16816<MT>((ks & 1) ? sb[nh] : sa[nh], a, b0, b1);
+      }
+    };
+    if constexpr (kFp8) {
+      // One ldmatrix serves two k steps: lane (r, q) gets bytes 4q..4q+3 of keys r and r + 8 in
+      // units ks and ks + 1, i.e. logical k (2q, 2q+1 | 2q+8, 2q+9) of each step (qfrag).
+#pragma unroll
+      for (int ks = 0; ks < KD; ks += 2) {
+        uint32_t w[4];
+        ldmatrix_x4(w, ld_at(kt, lk, ks));
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const uint32_t a[4] = {
+              fp8x2_to_h2<KIND, false>(w[2 * t]), fp8x2_to_h2<KIND, false>(w[2 * t + 1]),
+              fp8x2_to_h2<KIND, true>(w[2 * t]), fp8x2_to_h2<KIND, true>(w[2 * t + 1])};
+          s_step(ks + t, a);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < KD; ++ks) {
         uint32_t a[4];
-        if constexpr (kFp8) {  // logical k (2q, 2q+1 | 2q+8, 2q+9) = dims 4q..4q+3 of the step
-          const uint32_t w0 = lds32(at(kt, r, ks) + 4 * q);
-          const uint32_t w1 = lds32(at(kt, r + 8, ks) + 4 * q);
-          a[0] = fp8x2_to_h2<KIND, false>(w0);
-          a[1] = fp8x2_to_h2<KIND, false>(w1);
-          a[2] = fp8x2_to_h2<KIND, true>(w0);
-          a[3] = fp8x2_to_h2<KIND, true>(w1);
-        } else {
-          ldmatrix_x4(a, at(kt, (lane & 7) + (lane & 8), 2 * ks + (lane >> 4)));
-        }
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-          const uint32_t b0 = kQRegs ? qf[kQRegs ? ks : 0][nh][0] : qfrag(ks, nh, 0);
-          const uint32_t b1 = kQRegs ? qf[kQRegs ? ks : 0][nh][1] : qfrag(ks, nh, 1);
-          mma_16816<MT>((ks & 1) ? sb[nh] : sa[nh], a, b0, b1);
-        }
+        ldmatrix_x4(a, ld_at(kt, lk, 2 * ks));
+        s_step(ks, a);
       }
     }
 
@@ -352,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
         const float mn = fmaxf(m[nh][i], v);
         ms[nh][i] = mn == -INFINITY ? 0.f : mn;  // nothing unmasked yet: keep zeros, no NaN
-        alpha[nh][i] = mn == m[nh][i] ? 1.f : exp2f(m[nh][i] - ms[nh][i]);
+        alpha[nh][i] = mn == m[nh][i] ? 1.f : fast_exp2(m[nh][i] - ms[nh][i]);
         grew |= mn != m[nh][i];
         m[nh][i] = mn;
       }
@@ -363,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
       float sum[2] = {0.f, 0.f};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sa[nh][e] = exp2f(sa[nh][e] - ms[nh][e & 1]);
+        sa[nh][e] = fast_exp2(sa[nh][e] - ms[nh][e & 1]);
         sum[e & 1] += sa[nh][e];
       }
       l[nh][0] = l[nh][0] * alpha[nh][0] + sum[0];  // lane-partial sums
@@ -385,38 +425,29 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
 
     // O^T += V^T P^T.
     if constexpr (kFp8) {
-      // Lane (r, q) reads dims 32 m2 + 4r .. + 3 of keys 2q, 2q+1, 2q+8, 2q+9 and regroups the
-      // bytes into key pairs: dims 4r, 4r+1 are rows r, r + 8 of tile 2 m2, dims 4r+2, 4r+3 those
-      // of tile 2 m2 + 1 (out_dim).
+      // One transposed ldmatrix serves two tiles (units mt, mt + 1): lane (r, q) gets dims 2r,
+      // 2r + 1 of keys 2q, 2q+1 (and 2q+8, 2q+9), regrouped into key pairs: rows r, r + 8 of the
+      // tile (out_dim).
 #pragma unroll
-      for (int m2 = 0; m2 < KD / 2; ++m2) {
-        if (m2 * 32 < D) {
-          const int u = 2 * m2 + (r >> 2), ob = 4 * (r & 3);
-          const uint32_t w0 = lds32(at(vt, 2 * q, u) + ob), w1 = lds32(at(vt, 2 * q + 1, u) + ob);
-          const uint32_t w2 = lds32(at(vt, 2 * q + 8, u) + ob);
-          const uint32_t w3 = lds32(at(vt, 2 * q + 9, u) + ob);
-          const uint32_t t0 = __byte_perm(w0, w1, 0x5140), t1 = __byte_perm(w0, w1, 0x7362);
-          const uint32_t t2 = __byte_perm(w2, w3, 0x5140), t3 = __byte_perm(w2, w3, 0x7362);
-          const uint32_t a0[4] = {fp8x2_to_h2<KIND, false>(t0), fp8x2_to_h2<KIND, true>(t0),
-                                  fp8x2_to_h2<KIND, false>(t2), fp8x2_to_h2<KIND, true>(t2)};
-          const uint32_t a1[4] = {fp8x2_to_h2<KIND, false>(t1), fp8x2_to_h2<KIND, true>(t1),
-                                  fp8x2_to_h2<KIND, false>(t3), fp8x2_to_h2<KIND, true>(t3)};
+      for (int mt = 0; mt < KD; mt += 2) {
+        uint32_t w[4];
+        ldmatrix_x4_trans(w, ld_at(vt, lk, mt));
 #pragma unroll
-          for (int nh = 0; nh < NH; ++nh) {
-            mma_16816<MT>(o[2 * m2][nh], a0, pb[nh][0], pb[nh][1]);
-            mma_16816<MT>(o[2 * m2 + 1][nh], a1, pb[nh][0], pb[nh][1]);
-          }
+        for (int t = 0; t < 2; ++t) {
+          const uint32_t lo = key_pairs(w[2 * t]), hi = key_pairs(w[2 * t + 1]);
+          const uint32_t a[4] = {fp8x2_to_h2<KIND, false>(lo), fp8x2_to_h2<KIND, true>(lo),
+                                 fp8x2_to_h2<KIND, false>(hi), fp8x2_to_h2<KIND, true>(hi)};
+#pragma unroll
+          for (int nh = 0; nh < NH; ++nh) mma_16816<MT>(o[mt + t][nh], a, pb[nh][0], pb[nh][1]);
         }
       }
     } else {
 #pragma unroll
       for (int mt = 0; mt < KD; ++mt) {
-        if (mt * 16 < D) {
-          uint32_t a[4];
-          ldmatrix_x4_trans(a, at(vt, (lane & 7) + (lane >> 4) * 8, 2 * mt + ((lane >> 3) & 1)));
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, ld_at(vt, lv, 2 * mt));
 #pragma unroll
-          for (int nh = 0; nh < NH; ++nh) mma_16816<MT>(o[mt][nh], a, pb[nh][0], pb[nh][1]);
-        }
+        for (int nh = 0; nh < NH; ++nh) mma_16816<MT>(o[mt][nh], a, pb[nh][0], pb[nh][1]);
       }
     }
   };
@@ -455,14 +486,12 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
   float* ow = reinterpret_cast<float*>(ring);
 #pragma unroll
   for (int mt = 0; mt < KD; ++mt) {
-    if (mt * 16 < D) {
 #pragma unroll
-      for (int nh = 0; nh < NH; ++nh) {
+    for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int head = nh * 8 + 2 * q + (e & 1);
-          ow[head * D + out_dim<kFp8>(mt, r + 8 * (e >> 1))] = o[mt][nh][e];
-        }
+      for (int e = 0; e < 4; ++e) {
+        const int head = nh * 8 + 2 * q + (e & 1);
+        ow[head * D + out_dim<kFp8>(mt, r + 8 * (e >> 1))] = o[mt][nh][e];
       }
     }
   }
@@ -490,21 +519,47 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD, NH>)
 #endif
 }
 
-template <typename QT, int KIND, int KD, int NH>
+template <typename QT, int KIND, int HD, int NH>
 void launch_nh(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
-  launch_with_smem(decode_bulk_kernel<QT, KIND, KD, NH>, grid, kThreads, smem, s, "decode_bulk",
+  launch_with_smem(decode_bulk_kernel<QT, KIND, HD, NH>, grid, kThreads, smem, s, "decode_bulk",
                    bp);
+}
+
+// f(kind, head_size) over the supported head sizes the kernel takes (plan(): multiples of 16, of
+// 32 with an fp8 cache), as std::integral_constant arguments.
+template <int KIND, typename F>
+void dispatch_head_size(int head_size, F&& f) {
+  auto one = [&](auto hd) {
+    if constexpr (KIND == kNoFp8 || hd.value % 32 == 0) {
+      if (head_size == hd.value) f(std::integral_constant<int, KIND>{}, hd);
+    }
+  };
+  one(std::integral_constant<int, 32>{});
+  one(std::integral_constant<int, 64>{});
+  one(std::integral_constant<int, 80>{});
+  one(std::integral_constant<int, 96>{});
+  one(std::integral_constant<int, 112>{});
+  one(std::integral_constant<int, 128>{});
+  one(std::integral_constant<int, 192>{});
+  one(std::integral_constant<int, 256>{});
 }
 
 template <typename QT>
 void launch_typed(const BulkDecodeParams& bp, int cache_fp8, dim3 grid, int smem, cudaStream_t s) {
-  dispatch_kind_steps(cache_fp8, bp.a.head_size, [&](auto kind, auto kd) {
+  auto launch = [&](auto kind, auto hd) {
     if (bp.head_tiles == 1) {
-      launch_nh<QT, kind.value, kd.value, 1>(bp, grid, smem, s);
+      launch_nh<QT, kind.value, hd.value, 1>(bp, grid, smem, s);
     } else {
-      launch_nh<QT, kind.value, kd.value, 2>(bp, grid, smem, s);
+      launch_nh<QT, kind.value, hd.value, 2>(bp, grid, smem, s);
     }
-  });
+  };
+  if (cache_fp8 == kE4M3) {
+    dispatch_head_size<kE4M3>(bp.a.head_size, launch);
+  } else if (cache_fp8 == kE5M2) {
+    dispatch_head_size<kE5M2>(bp.a.head_size, launch);
+  } else {
+    dispatch_head_size<kNoFp8>(bp.a.head_size, launch);
+  }
 }
 
 }  // namespace pagedkv::cuda_ops::bulk_decode

@@ -23,13 +23,6 @@ struct Tile {
   static constexpr int kSmem = (BM + 4 * BN) * LD * 2;  // Q + 2 stages of K and V
 };
 
-// 2^x on the SFU (inputs are <= 0 or -inf; -inf gives 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Elements d0..d0+7 of row (block, slot, head) into shared memory: one cp.async when the run is
 // 16-byte aligned and contiguous, else eight scalar reads (vLLM's value layout strides along d).
 template <typename T>
