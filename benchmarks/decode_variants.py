@@ -1,11 +1,11 @@
 """Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8, D=128,
-block 16): the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel (decode_bulk) with
-its own occupancy choice, with rings sized for 1 to 4 CTAs per SM, with row copies instead of
-tensor-map copies, without its L2 evict-first policy and with one KV head's sequences launched
-next to each other (seqs-first, the order before a sequence's KV heads went first), bf16 and fp8
-caches, each against cuDNN SDPA on the
-same data measured in the same run. Each variant uses the split-K partition the library would
-pick for its kernel. --layouts: the default kernel with blocks in random and in sequential order;
+block 16), bf16 and fp8 caches, each against cuDNN SDPA on the same data measured in the same run:
+the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel (decode_bulk) with its own
+occupancy choice and with these changed (KERNELS): rings sized for 1 to 4 CTAs per SM, row copies
+instead of tensor-map copies, no L2 evict-first policy, one KV head's sequences launched next to
+each other (seqs-first: the order before a sequence's KV heads went first), no programmatic
+dependent launches (no-pdl). Each variant uses the split-K partition the library would pick for
+its kernel. --layouts: the default kernel with blocks in random and in sequential order;
 --partitions: the default kernel at fixed split-K partition sizes.
 
     python benchmarks/decode_variants.py [--quick] [--variants a,b] [--layouts |
@@ -32,10 +32,11 @@ KERNELS = [("mma-auto", {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"})
            ("bulk-no-evict", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_EVICT_FIRST": "0"}),
            ("bulk-1/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "1"}),
            ("bulk-4/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "4"}),
-           ("seqs-first", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_HEADS_FIRST": "0"})]
+           ("seqs-first", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_HEADS_FIRST": "0"}),
+           ("no-pdl", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_PDL": "0"})]
 KNOBS = ("PAGEDKV_DECODE_BULK", "PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB",
          "PAGEDKV_DECODE_CTAS_PER_SM", "PAGEDKV_DECODE_EVICT_FIRST", "PAGEDKV_DECODE_TMA",
-         "PAGEDKV_DECODE_HEADS_FIRST")
+         "PAGEDKV_DECODE_HEADS_FIRST", "PAGEDKV_DECODE_PDL")
 
 
 _make_cache = ga.make_cache  # the benchmark's own cache (NHD, randomly permuted blocks)

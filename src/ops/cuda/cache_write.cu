@@ -4,6 +4,7 @@
 // One thread moves one run of 8 elements of one (token, head) for both keys and values: 16-byte
 // loads and stores where the layout and alignment allow (NHD and vLLM keys), element stores for
 // the vLLM value layout (its head dimension strides by block_size).
+#include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/cache_layout.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -91,6 +92,7 @@ __device__ __forceinline__ void store_run(CT* cache, const CacheLayout& l, int64
 
 template <typename T, typename CT>
 __global__ void cache_write_kernel(CacheWriteParams p) {
+  pdl_trigger();  // a decode launched as its programmatic dependent may start (it waits for this)
   const int runs = p.head_size / kRun;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= p.num_tokens * p.num_heads * runs) return;

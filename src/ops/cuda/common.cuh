@@ -40,6 +40,29 @@ void launch_with_smem(void (*kernel)(Params...), dim3 grid, dim3 block, int smem
   kernel<<<grid, block, smem, s>>>(args...);
 }
 
+// launch_with_smem, as a programmatic dependent of the stream's previous kernel when `pdl`
+// (compute 9.x; cudaLaunchAttributeProgrammaticStreamSerialization): its CTAs may be launched
+// once that kernel triggers (pdl_trigger) or its CTAs exit, so the launch latency overlaps that
+// kernel's tail; the kernel must pdl_wait() before it reads anything an earlier kernel wrote.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t s,
+                      bool pdl, const char* what, const Args&... args) {
+  // Always raised, as launch_with_smem does: the 48 KB default bounds static + dynamic shared
+  // memory, so a dynamic size just under 48 KB can need it too.
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, args...), what);
+}
+
 // Makes `device` current for the scope of an op, so tensors on another GPU than the current one
 // get their kernels launched there (the caller's stream must belong to that device).
 class DeviceGuard {

@@ -31,6 +31,7 @@
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/decode_bulk.h"
+#include "ops/cuda/device_props.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/split_k.cuh"
 
@@ -121,13 +122,39 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
   const int ng = min(NR, p.group - g0);
   const int part = blockIdx.z;
 
+  // Launched as a programmatic dependent (decode_pdl): the previous kernel's writes (the query,
+  // the cache, the block tables) are visible only after this.
+  pdl_wait();
+  const int S = bp.stages;
+  const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
+  auto block_of = [&](int tok) {  // the table entry of key tok, clamped into the table's row
+    const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
+    return bt[min(bi, p.max_blocks - 1)];
+  };
+  // Block id of key c * 16 + lane % 16 (row copies: lanes l and l + 16 copy its K and V rows), or
+  // of the chunk's keys (tensor copies: they share one block) for a range starting at lo.
+  auto key_of = [&](int c, int lo) {
+    return bp.tma ? max(c * kKeys, lo) : c * kKeys + (lane & 15);
+  };
+  // Without a sliding window a partition's first key does not depend on the sequence's length,
+  // so the block ids of the warp's first S chunks load together with seq_lens: one load latency
+  // before the first copies instead of two. Ids of keys past the end are loaded too; their rows
+  // are copied (the issue clamps ids into the cache) and masked like any key out of range.
+  int first[kBulkMaxStages];
+  const bool early = p.window <= 0;
+  if (early) {
+    const int lo = p.partition_size > 0 ? blockIdx.z * p.partition_size : 0;
+#pragma unroll
+    for (int j = 0; j < kBulkMaxStages; ++j) {
+      first[j] = j < S ? block_of(key_of(lo / kKeys + warp + kWarps * j, lo)) : 0;
+    }
+  }
   const int q_pos = p.seq_lens[seq] - 1;
   int k_lo, k_hi;
   if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
 
   // ---- each warp's ring barriers, then its first copies: they need no query, so the KV
   //      fetch starts before the query tile is loaded (hides that load's latency) ----
-  const int S = bp.stages;
   uint64_t* bars = reinterpret_cast<uint64_t*>(qbase + bp.q_bytes) + warp * kBulkMaxStages;
   if (lane == 0) {
     for (int i = 0; i < S; ++i) mbar_init(bars + i, 1);
@@ -144,23 +171,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
   unsigned char* ring = smem + warp * bp.warp_bytes;
   const CT* kc = static_cast<const CT*>(p.k_cache) + int64_t(kvh) * p.kl.s_head;
   const CT* vc = static_cast<const CT*>(p.v_cache) + int64_t(kvh) * p.vl.s_head;
-  const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
   auto slot_of = [&](int tok) {
     return p.bs_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
   };
-  // Block id of key c * 16 + lane % 16 (row copies: lanes l and l + 16 copy its K and V rows), or
-  // of the chunk's keys (tensor copies: they share one block); 0 outside the range (a row of
-  // block 0 is copied and ignored). The id is loaded a chunk ahead of its copies and checked
-  // only when they are issued (issue: bad ids read block 0, never wild memory): a check here
-  // would wait for the load at once, and ncu showed that wait as the fp8 kernel's top stall.
+  // Block id of chunk c's key (key_of); 0 outside the range (a row of block 0 is copied and
+  // ignored). The id is loaded a chunk ahead of its copies and checked only when they are issued
+  // (issue: bad ids read block 0, never wild memory): a check here would wait for the load at
+  // once, and ncu showed that wait as the fp8 kernel's top stall.
   auto lookup = [&](int c) {
-    const int tok = bp.tma ? max(c * kKeys, k_lo) : c * kKeys + (lane & 15);
-    int b = 0;
-    if (valid(tok)) {
-      const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
-      b = bt[min(bi, p.max_blocks - 1)];
-    }
-    return b;
+    const int tok = key_of(c, k_lo);
+    return valid(tok) ? block_of(tok) : 0;
   };
   const uint64_t policy = bp.evict_first ? make_evict_first_policy() : 0;
   // Every copy lands whole (keys outside the range too: compute zeroes their V rows), so a stage
@@ -224,9 +244,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
 
   // The first S block ids load together (unrolled: they stay in registers), so the first copies
   // wait for one load latency, not S in a row.
-  int first[kBulkMaxStages];
+  if (!early) {
 #pragma unroll
-  for (int j = 0; j < kBulkMaxStages; ++j) first[j] = j < S && j < n ? lookup(chunk(j)) : 0;
+    for (int j = 0; j < kBulkMaxStages; ++j) first[j] = j < S && j < n ? lookup(chunk(j)) : 0;
+  }
 #pragma unroll
   for (int j = 0; j < kBulkMaxStages; ++j) {
     if (j < S && j < n) issue(chunk(j), j, first[j]);
@@ -471,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
     }
   }
 
-  pdl_trigger();  // split mode: the reduction kernel may launch while CTAs finish
+  pdl_trigger();  // the next kernel (split mode: the reduction) may launch while CTAs finish
 
   // ---- merge the warps through shared memory (each warp's ring holds its [NR][D] output) ----
 #pragma unroll
@@ -521,8 +542,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
 
 template <typename QT, int KIND, int HD, int NH>
 void launch_nh(const BulkDecodeParams& bp, dim3 grid, int smem, cudaStream_t s) {
-  launch_with_smem(decode_bulk_kernel<QT, KIND, HD, NH>, grid, kThreads, smem, s, "decode_bulk",
-                   bp);
+  launch_dependent(decode_bulk_kernel<QT, KIND, HD, NH>, grid, kThreads, smem, s, decode_pdl(),
+                   "decode_bulk", bp);
 }
 
 // f(kind, head_size) over the supported head sizes the kernel takes (plan(): multiples of 16, of

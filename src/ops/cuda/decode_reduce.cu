@@ -1,7 +1,8 @@
 // Merges paged_attention_v2's per-partition results with an fp32 log-sum-exp: one CTA per
 // (query head, sequence); the partition weights live in shared memory. On compute 9.x it is
-// launched as a programmatic dependent of the partition kernel (PAGEDKV_DECODE_PDL=0 turns that
-// off), so its launch overlaps that kernel's last CTAs instead of following its completion.
+// launched as a programmatic dependent of the partition kernel (decode_pdl()), so its launch
+// overlaps that kernel's last CTAs instead of following its completion, and it lets the next
+// kernel launch the same way.
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/decode_reduce.h"
@@ -37,7 +38,8 @@ __global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const AttnParam
   const int n =
       seq_len <= 0 ? 0 : min(p.max_parts, (seq_len + p.partition_size - 1) / p.partition_size);
   const int64_t row = (int64_t(seq) * p.num_heads + h) * p.max_parts;
-  pdl_wait();  // the partitions' results are complete and visible
+  pdl_trigger();  // the next decode may launch now: it waits for this grid before reading
+  pdl_wait();     // the partitions' results are complete and visible
 
   float mx = -INFINITY;
   for (int i = threadIdx.x; i < n; i += kThreads) mx = fmaxf(mx, p.max_logits[row + i]);
@@ -64,24 +66,9 @@ __global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const AttnParam
 
 template <typename QT, typename TT>
 void launch_kernel(const AttnParams& p, cudaStream_t s) {
-  auto k = decode_reduce_kernel<QT, TT>;
-  const size_t smem = sizeof(float) * p.max_parts;
-  if (smem > 48 * 1024) {
-    check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-               "decode_reduce");
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(p.num_heads, p.num_q);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  const bool pdl = compute_major(current_device()) >= 9 && env_int("PAGEDKV_DECODE_PDL", 1) != 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&cfg, k, p), "paged_attention_v2 (reduce)");
+  launch_dependent(decode_reduce_kernel<QT, TT>, dim3(p.num_heads, p.num_q), dim3(kThreads),
+                   int(sizeof(float) * p.max_parts), s, decode_pdl(), "paged_attention_v2 (reduce)",
+                   p);
 }
 
 template <typename QT>

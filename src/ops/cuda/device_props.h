@@ -27,6 +27,10 @@ int current_device();
 int sm_count(int device);       // streaming multiprocessors
 int compute_major(int device);  // 9 on Hopper
 
+// Whether the decode kernels launch as programmatic dependents of the stream's previous kernel
+// (launch_dependent): compute 9.x and PAGEDKV_DECODE_PDL not 0.
+bool decode_pdl();
+
 // An integer knob from the environment, read per call (a getenv is nothing next to a launch);
 // `fallback` when unset or empty.
 int env_int(const char* name, int fallback);
