@@ -131,8 +131,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
     const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
     return bt[min(bi, p.max_blocks - 1)];
   };
-  // Block id of key c * 16 + lane % 16 (row copies: lanes l and l + 16 copy its K and V rows), or
-  // of the chunk's keys (tensor copies: they share one block) for a range starting at lo.
+  // The key whose block a lane's copies of chunk c read: key c * 16 + lane % 16 (row copies:
+  // lanes l and l + 16 copy its K and V rows), or the chunk's first key at or after lo (tensor
+  // copies: the chunk's keys share one block).
   auto key_of = [&](int c, int lo) {
     return bp.tma ? max(c * kKeys, lo) : c * kKeys + (lane & 15);
   };
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
   int first[kBulkMaxStages];
   const bool early = p.window <= 0;
   if (early) {
-    const int lo = p.partition_size > 0 ? blockIdx.z * p.partition_size : 0;
+    const int lo = p.partition_size > 0 ? part * p.partition_size : 0;
 #pragma unroll
     for (int j = 0; j < kBulkMaxStages; ++j) {
       first[j] = j < S ? block_of(key_of(lo / kKeys + warp + kWarps * j, lo)) : 0;
