@@ -41,25 +41,40 @@ __global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const AttnParam
   pdl_trigger();  // the next decode may launch now: it waits for this grid before reading
   pdl_wait();     // the partitions' results are complete and visible
 
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += kThreads) mx = fmaxf(mx, p.max_logits[row + i]);
+  // A thread's first partition (the only one up to kThreads partitions): its max logit and sum
+  // load in one round, before the maximum is known.
+  const int i0 = threadIdx.x;
+  const float ml0 = i0 < n ? p.max_logits[row + i0] : -INFINITY;
+  const float es0 = i0 < n ? p.exp_sums[row + i0] : 0.f;
+  float mx = ml0;
+  for (int i = i0 + kThreads; i < n; i += kThreads) mx = fmaxf(mx, p.max_logits[row + i]);
   mx = block_reduce<true>(mx, scratch);
+  auto weight = [&](float ml, float es) { return ml == -INFINITY ? 0.f : es * __expf(ml - mx); };
   float sum = 0.f;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float ml = p.max_logits[row + i];
-    const float w = ml == -INFINITY ? 0.f : p.exp_sums[row + i] * __expf(ml - mx);
-    weights[i] = w;
-    sum += w;
+  if (i0 < n) sum = weights[i0] = weight(ml0, es0);
+  for (int i = i0 + kThreads; i < n; i += kThreads) {
+    weights[i] = weight(p.max_logits[row + i], p.exp_sums[row + i]);
+    sum += weights[i];
   }
   sum = block_reduce<false>(sum, scratch);  // its barrier also publishes `weights`
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
   const TT* tmp = static_cast<const TT*>(p.tmp_out) + row * D;
   QT* out = static_cast<QT*>(p.out) + int64_t(seq) * p.o_s_tok + int64_t(h) * p.o_s_head;
+  // Every partition before n was written (a fully masked one as zeros: split_k.cuh), so its
+  // partial output is read unconditionally, kUnroll at a time: independent loads, one latency
+  // per group instead of one per partition.
+  constexpr int kUnroll = 8;
   for (int d = threadIdx.x; d < D; d += kThreads) {
     float o = 0.f;
-    for (int i = 0; i < n; ++i) {
-      if (weights[i] != 0.f) o += weights[i] * to_float(tmp[int64_t(i) * D + d]);
+    int i = 0;
+    for (; i + kUnroll <= n; i += kUnroll) {
+      float t[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) t[u] = to_float(tmp[int64_t(i + u) * D + d]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) o += weights[i + u] * t[u];
     }
+    for (; i < n; ++i) o += weights[i] * to_float(tmp[int64_t(i) * D + d]);
     out[d] = from_float<QT>(o * inv);
   }
 }
