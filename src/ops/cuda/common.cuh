@@ -32,23 +32,15 @@ inline void check_cuda(cudaError_t err, const char* what) {
 inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
 
 // Launches `kernel` with `smem` bytes of dynamic shared memory on `s`, first raising the kernel's
-// limit to that (beyond 48 KB a kernel must opt in); `what` names the op in errors.
-template <typename... Params, typename... Args>
-void launch_with_smem(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t s,
-                      const char* what, const Args&... args) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
-  kernel<<<grid, block, smem, s>>>(args...);
-}
-
-// launch_with_smem, as a programmatic dependent of the stream's previous kernel when `pdl`
-// (compute 9.x; cudaLaunchAttributeProgrammaticStreamSerialization): its CTAs may be launched
-// once that kernel triggers (pdl_trigger) or its CTAs exit, so the launch latency overlaps that
-// kernel's tail; the kernel must pdl_wait() before it reads anything an earlier kernel wrote.
+// limit to that (always: the 48 KB default bounds static + dynamic shared memory, so a dynamic
+// size just under 48 KB can need it too); `what` names the op in errors. With `pdl` (compute
+// 9.x; cudaLaunchAttributeProgrammaticStreamSerialization) it launches as a programmatic
+// dependent of the stream's previous kernel: its CTAs may start once that kernel triggers
+// (pdl_trigger) or its CTAs exit, so the launch latency overlaps that kernel's tail; the kernel
+// must then pdl_wait() before it reads anything an earlier kernel wrote.
 template <typename... Params, typename... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t s,
                       bool pdl, const char* what, const Args&... args) {
-  // Always raised, as launch_with_smem does: the 48 KB default bounds static + dynamic shared
-  // memory, so a dynamic size just under 48 KB can need it too.
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), what);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -61,6 +53,13 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, args...), what);
+}
+
+// launch_dependent without the programmatic dependency: an ordinary launch.
+template <typename... Params, typename... Args>
+void launch_with_smem(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t s,
+                      const char* what, const Args&... args) {
+  launch_dependent(kernel, grid, block, smem, s, false, what, args...);
 }
 
 // Makes `device` current for the scope of an op, so tensors on another GPU than the current one
