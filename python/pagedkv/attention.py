@@ -43,20 +43,20 @@ def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_
     Every CUDA kernel runs one CTA per (sequence, KV head, query-head chunk, partition). When
     the unsplit grid leaves the GPU under-filled, the context is cut into slots // CTAs
     partitions (whole waves: no half-empty tail wave), for `per_sm` CTAs per SM:
-    - the Hopper kernel (``hopper``, see hopper_decode_runs) streams the cache at full
-      bandwidth from one CTA per SM, so it splits only to reach that; with an fp8 cache it also
-      cuts long contexts into partitions of at most 1024 keys, where the grid is full too (more,
-      shorter-lived CTAs hide its longer per-chunk latency). Within 2 % of the best fixed size
-      on every benchmark shape (benchmarks/RESULTS.md, decode_variants.py --partitions
-      --every-shape);
+    - the Hopper kernel (``hopper``, see hopper_decode_runs) streams a 16-bit cache at full
+      bandwidth from one CTA per SM, so it splits only to reach that; an fp8 cache, half the
+      bytes per key for the same math, wants every CTA slot filled (4 per SM) and partitions
+      of at least 256 keys. Within 2 % of the best fixed size on every benchmark shape
+      (benchmarks/RESULTS.md, decode_variants.py --partitions --every-shape);
     - the tensor-core kernel (up to 16 query heads per CTA): 2 CTAs per SM, 4 with fp8;
     - the CUDA-core kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM.
-    Partitions are multiples of 16 keys and of block_size, at least 128 keys."""
+    Partitions are multiples of 16 keys and of block_size, at least 128 keys (256 for the Hopper
+    kernel with an fp8 cache)."""
     if tensor_cores is None:
         tensor_cores = mma_decode_enabled()
     fp8 = kv_cache_dtype.startswith("fp8")
     if hopper:
-        heads_per_cta, per_sm = 16, 1
+        heads_per_cta, per_sm = 16, 4 if fp8 else 1
     elif tensor_cores:
         heads_per_cta, per_sm = 16, 4 if fp8 else 2
     else:
@@ -68,11 +68,9 @@ def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_
         return 0
     unit = block_size * 16 // math.gcd(block_size, 16)
     size = 0
+    least = 256 if hopper and fp8 else 128
     if parts >= 2:
-        size = max(math.ceil(max_seq_len / parts / unit) * unit, math.ceil(128 / unit) * unit)
-    if hopper and fp8:
-        cap = math.ceil(1024 / unit) * unit
-        size = cap if size == 0 or size > cap else size
+        size = max(math.ceil(max_seq_len / parts / unit) * unit, math.ceil(least / unit) * unit)
     return 0 if size >= max_seq_len else size
 
 

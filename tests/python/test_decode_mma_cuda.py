@@ -92,8 +92,8 @@ def test_partition_heuristic():
     assert decode_partition_size(32, 32, 8, 8192, 16, 132, tensor_cores=False) == 2048
 
     # The Hopper kernel, at the best fixed sizes of the H100 sweep (decode_variants.py
-    # --partitions --every-shape, benchmarks/RESULTS.md) or within 2 % of them: both split only
-    # to one CTA per SM, fp8 also into partitions of at most 1024 keys, even with a full grid.
+    # --partitions --every-shape, benchmarks/RESULTS.md) or within 2 % of them: 16-bit caches
+    # split only to one CTA per SM, fp8 ones to every CTA slot (4 per SM) in >= 256-key parts.
     def hopper(*args, kv="auto"):
         return decode_partition_size(*args, kv_cache_dtype=kv, hopper=True)
 
@@ -102,11 +102,12 @@ def test_partition_heuristic():
     assert hopper(16, 32, 8, 4096, 16, 132) == 0
     assert hopper(32, 32, 8, 8192, 16, 132) == 0
     assert hopper(1, 32, 8, 4096, 16, 132, kv="fp8") == 256
-    assert hopper(1, 32, 8, 32768, 16, 132, kv="fp8_e5m2") == 1024
+    assert hopper(1, 32, 8, 32768, 16, 132, kv="fp8_e5m2") == 512
     assert hopper(16, 32, 8, 4096, 16, 132, kv="fp8") == 1024
-    assert hopper(64, 32, 8, 2048, 16, 132, kv="fp8") == 1024
-    assert hopper(32, 32, 8, 8192, 16, 132, kv="fp8") == 1024
-    assert hopper(256, 32, 8, 512, 16, 132, kv="fp8") == 0  # one partition would be the whole
+    assert hopper(64, 32, 8, 2048, 16, 132, kv="fp8") == 0  # 512 CTAs: the slots are full
+    assert hopper(32, 32, 8, 8192, 16, 132, kv="fp8") == 4096
+    assert hopper(256, 32, 8, 512, 16, 132, kv="fp8") == 0
+    assert hopper(2, 32, 8, 4096, 16, 132, kv="fp8") == 256  # at least 256 keys
     for _ in range(300):
         bs = random.choice([8, 16, 32, 48])
         n = random.randint(1, 100000)

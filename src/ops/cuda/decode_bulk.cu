@@ -33,10 +33,10 @@ int smem_bytes(const BulkDecodeParams& bp) {
 // Resident CTAs per SM the rings are sized for: as many as fit with two stages per warp, at most
 // 4 (16 warps; registers cap there). On an H100 that beat fewer, deeper rings on every benchmark
 // shape (decode_variants.py: 3 vs 2 per SM for bf16, 4 vs 3 for fp8), wave tails included.
-int cta_target(int per_cta_min) {
+int cta_target(int per_cta_min, int most) {
   const int knob = env_int("PAGEDKV_DECODE_CTAS_PER_SM", 0);
   if (knob > 0) return std::clamp(knob, 1, 8);
-  return std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, 4);
+  return std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, most);
 }
 
 int round_up(int v, int to) { return (v + to - 1) / to * to; }
@@ -65,7 +65,9 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
   bp.q_bytes = round_up(8 * bp.head_tiles * (D + 8) * 2, 16);
   const int fixed = 1024 + bp.q_bytes + kWarps * kBulkMaxStages * 8;  // + alignment slack
   const int per_cta_min = fixed + kWarps * 2 * bp.stage_bytes;
-  const int budget = kSmemPerSm / cta_target(per_cta_min) - 2048;  // reserved + static
+  // Early-release kernels run no more CTAs per SM than their registers are capped for.
+  const int most = bulk_early_release(D, bp.head_tiles) ? bulk_min_ctas(fp8, D, bp.head_tiles) : 4;
+  const int budget = kSmemPerSm / cta_target(per_cta_min, most) - 2048;  // reserved + static
   bp.stages = std::clamp((budget - fixed) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
   bp.warp_bytes = round_up(std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * D * 4), 1024);
   bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 1) != 0;

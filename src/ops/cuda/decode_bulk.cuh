@@ -20,6 +20,9 @@
 //    step is guarded by a run-time bound, so the chunk loop is straight-line code whose shared-
 //    memory addresses are per-lane constants plus immediates (ncu: a run-time bound made the
 //    address arithmetic 60 % of the fp8 kernel's instructions);
+//  - where the registers allow (head sizes up to 128, one column tile), a warp reads a chunk's
+//    whole K and V tiles into fragments first and refills the stage before the math (early
+//    release): a stage then waits for its copy only, not for the copy and the math;
 //  - the warps' states merge through shared memory; split mode writes normalised partials with
 //    their max logit and exp-sum (vLLM paged_attention_v2).
 // Keys outside [k_lo, k_hi) are not copied: their V rows are zeroed (0 * a stale NaN is NaN) and
@@ -82,23 +85,17 @@ __device__ __forceinline__ int out_dim(int mt, int rr) {
 // gives a lane, regrouped into the key pairs of dim 2r (low half) and of dim 2r + 1 (high half).
 __device__ __forceinline__ uint32_t key_pairs(uint32_t w) { return __byte_perm(w, 0u, 0x3120); }
 
-// Registers per thread are capped so that this many CTAs fit an SM (4 x 128 threads at <= 128
-// registers for head sizes <= 128 and groups <= 8).
-template <int KD, int NH>
-constexpr int kMinCtas = KD* NH <= 8    ? 4
-                         : KD* NH <= 16 ? 2
-                                        : 1;
-
 // Grid: (num_seqs, num_kv_heads * gchunks, partitions), x and y swapped with heads_first; kThreads
 // threads; dynamic shared memory smem_bytes(bp). HD: the head size (p.head_size, a multiple of
 // 16); NH: 8-head column tiles.
 template <typename QT, int KIND, int HD, int NH>
-__global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
+__global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH))
     decode_bulk_kernel(const __grid_constant__ BulkDecodeParams bp) {
 #if PAGEDKV_SM90
   constexpr int KD = HD / 16, D = HD;  // 16-wide head-dimension steps
   static_assert(HD % 16 == 0 && (KIND == kNoFp8 || HD % 32 == 0));
   constexpr bool kFp8 = KIND != kNoFp8;
+  constexpr bool kEarly = bulk_early_release(HD, NH);
   using CT = std::conditional_t<kFp8, uint8_t, QT>;  // cache element
   using MT = std::conditional_t<kFp8, __half, QT>;   // MMA operand
   constexpr int NR = 8 * NH;                         // query heads (S^T columns) per CTA
@@ -338,13 +335,53 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
     for (int mt = 0; mt < KD; ++mt) o[mt][nh][0] = o[mt][nh][1] = o[mt][nh][2] = o[mt][nh][3] = 0.f;
   }
 
-  auto compute = [&](int c, int stage, uint32_t parity) {
+  // ldmatrix.x4 per K (or V) tile: one per k step, or per two with fp8 (byte pairs as b16).
+  constexpr int NK = kFp8 ? KD / 2 : KD;
+  auto load_k = [&](unsigned char* kt, int i, uint32_t(&w)[4]) {
+    ldmatrix_x4(w, ld_at(kt, lk, 2 * i));
+  };
+  auto load_v = [&](unsigned char* vt, int i, uint32_t(&w)[4]) {
+    if constexpr (kFp8) {
+      ldmatrix_x4_trans(w, ld_at(vt, lk, 2 * i));
+    } else {
+      ldmatrix_x4_trans(w, ld_at(vt, lv, 2 * i));
+    }
+  };
+  auto compute = [&](int c, int stage, uint32_t parity, auto&& release) {
     unsigned char* kt = ring + stage * bp.stage_bytes;
     unsigned char* vt = kt + bp.v_off;
     const int key0 = c * kKeys;
     const bool edge = key0 < k_lo || key0 + kKeys > k_hi;
     mbar_wait(bars + stage, parity);
     if (edge) clear_edge(vt, key0);
+    // Early release (bulk_early_release): every fragment of the chunk to registers, then the
+    // stage is refilled while the math runs. Otherwise the math reads the stage as it goes and
+    // the caller refills it afterwards.
+    [[maybe_unused]] uint32_t kfr[kEarly ? NK : 1][4], vfr[kEarly ? NK : 1][4];
+    if constexpr (kEarly) {
+#pragma unroll
+      for (int i = 0; i < NK; ++i) load_k(kt, i, kfr[i]);
+#pragma unroll
+      for (int i = 0; i < NK; ++i) load_v(vt, i, vfr[i]);
+      __syncwarp();  // every lane has read the stage
+      release();
+    }
+    auto k_frag = [&](int i, uint32_t(&w)[4]) {  // the i-th ldmatrix.x4 of the K tile
+      if constexpr (kEarly) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = kfr[i][e];
+      } else {
+        load_k(kt, i, w);
+      }
+    };
+    auto v_frag = [&](int i, uint32_t(&w)[4]) {  // the i-th (transposed) one of the V tile
+      if constexpr (kEarly) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = vfr[i][e];
+      } else {
+        load_v(vt, i, w);
+      }
+    };
 
     // S^T = K Q^T; even and odd k steps accumulate apart (two shorter MMA dependency chains).
     float sa[NH][4], sb[NH][4];
@@ -367,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
 #pragma unroll
       for (int ks = 0; ks < KD; ks += 2) {
         uint32_t w[4];
-        ldmatrix_x4(w, ld_at(kt, lk, ks));
+        k_frag(ks / 2, w);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
           const uint32_t a[4] = {
@@ -380,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
 #pragma unroll
       for (int ks = 0; ks < KD; ++ks) {
         uint32_t a[4];
-        ldmatrix_x4(a, ld_at(kt, lk, 2 * ks));
+        k_frag(ks, a);
         s_step(ks, a);
       }
     }
@@ -453,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
 #pragma unroll
       for (int mt = 0; mt < KD; mt += 2) {
         uint32_t w[4];
-        ldmatrix_x4_trans(w, ld_at(vt, lk, mt));
+        v_frag(mt / 2, w);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
           const uint32_t lo = key_pairs(w[2 * t]), hi = key_pairs(w[2 * t + 1]);
@@ -467,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
 #pragma unroll
       for (int mt = 0; mt < KD; ++mt) {
         uint32_t a[4];
-        ldmatrix_x4_trans(a, ld_at(vt, lv, 2 * mt));
+        v_frag(mt, a);
 #pragma unroll
         for (int nh = 0; nh < NH; ++nh) mma_16816<MT>(o[mt][nh], a, pb[nh][0], pb[nh][1]);
       }
@@ -480,11 +517,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<HD / 16, NH>)
     int stage = 0;
     uint32_t parity = 0;
     for (int j = 0; j < n; ++j) {
-      compute(chunk(j), stage, parity);
-      __syncwarp();  // every lane has read the stage before it is refilled
-      if (j + S < n) {
-        issue(chunk(j + S), stage, nblk);
-        nblk = lookup(chunk(j + S + 1));
+      auto refill = [&] {  // the stage's next chunk, and the block id of the one after
+        if (j + S < n) {
+          issue(chunk(j + S), stage, nblk);
+          nblk = lookup(chunk(j + S + 1));
+        }
+      };
+      compute(chunk(j), stage, parity, refill);
+      if constexpr (!kEarly) {
+        __syncwarp();  // every lane has read the stage before it is refilled
+        refill();
       }
       if (++stage == S) {
         stage = 0;
