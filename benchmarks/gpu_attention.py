@@ -3,6 +3,9 @@ and the card's copy bandwidth. One run prints one table.
 
     python benchmarks/gpu_attention.py [--quick]
 
+Decode, causal prefill, extend (new tokens over a cached prefix: chunked prefill, prefix reuse)
+and reshape_and_cache.
+
 bf16, Hq=32, Hkv=8, D=128, block 16, NHD cache with randomly permuted blocks. Times are medians
 of CUDA-graph replays (each replay runs the op over several rotating buffer sets whose total
 size exceeds the L2 cache, so every call reads from HBM), after warm-up.
@@ -22,12 +25,15 @@ import torch
 import torch.nn.functional as F
 from pagedkv.attention import decode_partition_size, hopper_decode_runs, mma_decode_enabled
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 HQ, HKV, D, BS = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 ROTATE_BYTES = 256 << 20  # buffers cycled per replay: > 50 MB of L2
 DECODE_SHAPES = [(1, 4096), (1, 32768), (16, 4096), (64, 2048), (256, 512), (32, 8192)]
 PREFILL_SHAPES = [(1, 8192), (8, 2048), (32, 512)]
+# Extend (chunked prefill / prefix reuse): (sequences, cached prefix tokens, new tokens).
+EXTEND_SHAPES = [(1, 7168, 1024), (8, 1536, 512), (32, 384, 128)]
 
 
 ops = pagedkv.ops
@@ -260,6 +266,51 @@ def bench_prefill(b: int, length: int) -> dict:
     return res
 
 
+def bench_extend(b: int, prefix: int, new: int) -> dict:
+    """Our prefill of `new` tokens per sequence over a paged cached prefix of `prefix` tokens
+    (context_attention_fwd) against SDPA on the same data laid out contiguously with a lower-
+    right causal mask (query i sees keys 0 .. prefix + i), query heads expanded for the peers."""
+    kc, vc, bt = make_cache(b, prefix)
+    n = b * new
+    q = torch.randn(n, HQ, D, dtype=DTYPE, device="cuda")
+    k = torch.randn(n, HKV, D, dtype=DTYPE, device="cuda")
+    v = torch.randn(n, HKV, D, dtype=DTYPE, device="cuda")
+    qsl = torch.arange(0, n + 1, new, dtype=torch.int32, device="cuda")
+    sl = torch.full((b,), prefix + new, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def ours() -> None:
+        ops.context_attention_fwd(q, k, v, out, "auto", kc, vc, bt, qsl, sl, None, new)
+
+    res = {"flops": 4 * b * HQ * D * (new * prefix + new * (new + 1) / 2),
+           "ours": time_graph([ours] * 3)}
+
+    def contiguous(cache, fresh):  # [b, HQ, prefix + new, D]
+        old = cache[bt.long()].reshape(b, -1, HKV, D)[:, :prefix]
+        full = torch.cat([old, fresh.view(b, new, HKV, D)], 1).transpose(1, 2)
+        return full.repeat_interleave(HQ // HKV, dim=1).contiguous()
+
+    ks, vs = contiguous(kc, k), contiguous(vc, v)
+    qs = q.view(b, new, HQ, D).transpose(1, 2)
+    mask = causal_lower_right(new, prefix + new)
+
+    def sdpa(backend):
+        def make():
+            def f():
+                with sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+            return [f] * 3
+        return make
+
+    res["cudnn"] = try_time(sdpa(SDPBackend.CUDNN_ATTENTION))
+    res["flash"] = try_time(sdpa(SDPBackend.FLASH_ATTENTION))
+    ours()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        ref = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+    res["err"] = float((out.view(b, new, HQ, D).transpose(1, 2) - ref).abs().max())
+    return res
+
+
 def bench_cache_write(num_tokens: int) -> dict:
     nb = math.ceil(num_tokens / BS) * 2
     kc = torch.empty(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
@@ -336,6 +387,17 @@ def main() -> None:
               f"{ratio(r['cudnn'], r['ours']):>8} {ratio(r['flash'], r['ours']):>7} "
               f"{r['flops'] / r['ours'] / 1e12:8.1f} {fmt(r['wgmma'])} "
               f"{ratio(r['flash'], r['wgmma']):>7} {wg_tf:>8}")
+        torch.cuda.empty_cache()
+    print("\nExtend over a cached prefix in randomly permuted 16-token blocks (us; peers: SDPA "
+          "on contiguous data, lower-right causal mask, query heads expanded; max |ours - FA2|)")
+    print(f"{'B*prefix+new':>15} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} "
+          f"{'vs FA2':>7} {'TFLOP/s':>8} {'max err':>8}")
+    for b, prefix, new in EXTEND_SHAPES[:1] if args.quick else EXTEND_SHAPES:
+        r = bench_extend(b, prefix, new)
+        print(f"{b:>4}*{prefix:>5}+{new:<4} {fmt(r['ours'])} {fmt(r['cudnn'])} "
+              f"{fmt(r['flash'])} {ratio(r['cudnn'], r['ours']):>8} "
+              f"{ratio(r['flash'], r['ours']):>7} {r['flops'] / r['ours'] / 1e12:8.1f} "
+              f"{r['err']:8.4f}")
         torch.cuda.empty_cache()
     if args.prefill_only:
         return
