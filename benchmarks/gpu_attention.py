@@ -23,7 +23,6 @@ from typing import Callable, Iterator, Optional
 import pagedkv
 import torch
 import torch.nn.functional as F
-from pagedkv.attention import decode_partition_size, hopper_decode_runs, mma_decode_enabled
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
@@ -79,12 +78,19 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() * a.element_size() / t
 
 
+def _probe(num_seqs: int, kv_dtype: str = "auto") -> tuple:
+    """A query and a one-block NHD cache of this benchmark's dtypes and head counts: what the
+    library's kernel and split-K choices depend on (they read shapes, never values)."""
+    q = torch.empty(num_seqs, HQ, D, dtype=DTYPE, device="cuda")
+    cdt = DTYPE if kv_dtype == "auto" else torch.uint8
+    return q, torch.empty(1, BS, HKV, D, dtype=cdt, device="cuda")
+
+
 def decode_partition(num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto") -> int:
     """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA) for this
     benchmark's bf16 queries over an NHD cache."""
-    hopper = hopper_decode_runs(torch.empty(1, HQ, D, dtype=DTYPE, device="cuda"), nhd_cache=True)
-    return decode_partition_size(num_seqs, HQ, HKV, max_len, BS, sms, kv_cache_dtype=kv_dtype,
-                                 hopper=hopper)
+    q, cache = _probe(num_seqs, kv_dtype)
+    return ops.decode_partition_size(q, cache, cache, HKV, max_len, kv_dtype)
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
@@ -172,11 +178,12 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
     return res
 
 
-def decode_kernel_name(major: int) -> str:
+def decode_kernel_name() -> str:
     """Which decode kernel the library runs on this benchmark's calls (NHD cache, bf16)."""
-    if major >= 9 and os.environ.get("PAGEDKV_DECODE_BULK", "").strip() != "0":
-        return "Hopper bulk-copy (decode_bulk; PAGEDKV_DECODE_BULK=0 turns it off)"
-    return f"{'tensor-core' if mma_decode_enabled() else 'CUDA-core'} (PAGEDKV_DECODE_MMA)"
+    q, cache = _probe(1)
+    return {"hopper": "Hopper bulk-copy (decode_bulk; PAGEDKV_DECODE_BULK=0 turns it off)",
+            "tensor_core": "tensor-core (decode_mma; PAGEDKV_DECODE_MMA=0 turns it off)",
+            "cuda_core": "CUDA-core"}[ops.decode_kernel(q, cache, cache, HKV)]
 
 
 def _prefill_inputs(b: int, length: int) -> dict:
@@ -347,7 +354,7 @@ def main() -> None:
     sms = props.multi_processor_count
     bw = copy_bandwidth()
     print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
-          f"decode kernel: {decode_kernel_name(props.major)}")
+          f"decode kernel: {decode_kernel_name()}")
     dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "

@@ -92,6 +92,40 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const AttentionOptions& opts, int partition_size = kPartitionSize,
                         Stream stream = nullptr);
 
+// The decode kernels paged_attention_v1 / v2 run: the CPU one, and on a GPU the first that
+// covers the call of the Hopper kernel (sm_90; fp16 / bf16 queries, head sizes that are
+// multiples of 16, NHD caches), the tensor-core kernel (fp16 / bf16 queries) and the CUDA-core
+// kernel (everything else); PAGEDKV_DECODE_BULK / PAGEDKV_DECODE_MMA switch them
+// (src/ops/cuda/README.md).
+enum class DecodeKernel : uint8_t { kCpu, kHopper, kTensorCore, kCudaCore };
+
+// The kernel paged_attention_v1 / v2 run for this query and these caches on their device.
+//   query: [num_seqs, num_heads, head_size]; caches as for paged_attention_v1
+DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                           const TensorView& value_cache, int num_kv_heads,
+                           KVCacheDType kv_cache_dtype);
+
+// The split-K choice: the partition (keys) for paged_attention_v2, or 0 where the single pass
+// (paged_attention_v1) is better. On a GPU every kernel runs one CTA per (sequence, KV head,
+// query-head chunk, partition), and a grid that leaves the GPU under-filled is cut into
+// slots / CTAs partitions (multiples of 16 keys and of block_size, at least 128 keys):
+//  - the Hopper kernel streams a 16-bit cache at full bandwidth from one CTA per SM, so it
+//    splits only to reach that; an fp8 cache (half the bytes per key for the same math) wants
+//    every CTA slot filled (4 per SM), in partitions of at least 256 keys;
+//  - the tensor-core kernel (up to 16 query heads per CTA): 2 CTAs per SM, 4 with fp8;
+//  - the CUDA-core kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM.
+// Each within 2 % of the best fixed size on the H100 benchmark shapes (benchmarks/RESULTS.md).
+// On the CPU, vLLM's rule: kPartitionSize-key partitions (rounded up to whole blocks) when the
+// context spans several and the batch is small (num_seqs * num_heads <= 512), or past 8192 keys.
+int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int num_kv_heads,
+                          int max_seq_len, int block_size, int num_sms,
+                          KVCacheDType kv_cache_dtype);
+
+// The same for a call: decode_kernel's kernel and the query's GPU (its multiprocessors).
+int decode_partition_size(const TensorView& query, const TensorView& key_cache,
+                          const TensorView& value_cache, int num_kv_heads, int max_seq_len,
+                          KVCacheDType kv_cache_dtype);
+
 // Prefill / extend attention (chunked prefill, prefix reuse): the query tokens of each sequence
 // attend causally to the sequence's cached context (from the paged cache) and to themselves.
 //   query, out: [num_tokens, num_heads, head_size]

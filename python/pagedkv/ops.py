@@ -22,6 +22,8 @@ __all__ = [
     "reshape_and_cache_flash",
     "paged_attention_v1",
     "paged_attention_v2",
+    "decode_kernel",
+    "decode_partition_size",
     "context_attention_fwd",
     "copy_blocks",
     "swap_blocks",
@@ -144,6 +146,25 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
                               _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
                               float(logits_soft_cap), _window(sliding_window),
                               int(partition_size), _stream(stream, query))
+
+
+def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
+                  kv_cache_dtype: str = "auto") -> str:
+    """The kernel paged_attention_v1 / v2 run for this query and these caches on their device:
+    ``"cpu"``, or on a GPU ``"hopper"`` (sm_90, NHD caches), ``"tensor_core"`` or
+    ``"cuda_core"`` (the first that covers the call; src/ops/cuda/README.md)."""
+    _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
+    return _C.ops_decode_kernel(query, key_cache, value_cache, int(num_kv_heads), kv_cache_dtype)
+
+
+def decode_partition_size(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
+                          max_seq_len: int, kv_cache_dtype: str = "auto") -> int:
+    """The split-K partition (keys) for paged_attention_v2 on this call's kernel and device, or 0
+    where the single pass (paged_attention_v1) is better. It depends on the shapes, dtypes and
+    device alone (not on array values), so a captured CUDA graph keeps its choice valid."""
+    _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
+    return _C.ops_decode_partition_size(query, key_cache, value_cache, int(num_kv_heads),
+                                        int(max_seq_len), kv_cache_dtype)
 
 
 def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k_cache: Any,

@@ -3,6 +3,7 @@
 #include "pagedkv/ops.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 #include "ops/cpu/cpu_ops.h"
@@ -83,25 +84,36 @@ void check_cache_write(const TensorView& key, const TensorView& value, const Ten
   }
 }
 
+// The query and the caches of a decode call (what the kernel choice depends on); returns the
+// cache geometry.
+CacheGeometry check_decode_query(const TensorView& query, const TensorView& key_cache,
+                                 const TensorView& value_cache, int num_kv_heads,
+                                 KVCacheDType kv_dtype) {
+  detail::check_float(query, "query");
+  check_rows(query, "query", -1, -1, -1);
+  const int64_t H = query.size(1), D = query.size(2);
+  detail::check_head_size(D, "query");
+  PAGEDKV_CHECK(num_kv_heads > 0 && H % num_kv_heads == 0, "num_kv_heads = ", num_kv_heads,
+                " must be positive and divide the number of query heads (", H, ")");
+  const CacheGeometry g =
+      detail::check_kv_caches(key_cache, value_cache, kv_dtype, query.dtype(), nullptr);
+  PAGEDKV_CHECK(g.num_kv_heads == num_kv_heads, "key_cache has ", g.num_kv_heads,
+                " KV heads but num_kv_heads = ", num_kv_heads);
+  PAGEDKV_CHECK(g.head_size == D, "key_cache has head size ", g.head_size, " but query has ", D);
+  return g;
+}
+
 // Shared checks of the decode ops; returns the cache geometry.
 CacheGeometry check_decode(const TensorView& out, const TensorView& query,
                            const TensorView& key_cache, const TensorView& value_cache,
                            int num_kv_heads, const TensorView& block_tables,
                            const TensorView& seq_lens, int max_seq_len,
                            const AttentionOptions& opts) {
-  detail::check_float(query, "query");
-  check_rows(query, "query", -1, -1, -1);
+  const CacheGeometry g =
+      check_decode_query(query, key_cache, value_cache, num_kv_heads, opts.kv_cache_dtype);
   const int64_t S = query.size(0), H = query.size(1), D = query.size(2);
   check_rows(out, "out", S, H, D);
   check_dtype(out, "out", {query.dtype()});
-  detail::check_head_size(D, "query");
-  PAGEDKV_CHECK(num_kv_heads > 0 && H % num_kv_heads == 0, "num_kv_heads = ", num_kv_heads,
-                " must be positive and divide the number of query heads (", H, ")");
-  const CacheGeometry g =
-      detail::check_kv_caches(key_cache, value_cache, opts.kv_cache_dtype, query.dtype(), nullptr);
-  PAGEDKV_CHECK(g.num_kv_heads == num_kv_heads, "key_cache has ", g.num_kv_heads,
-                " KV heads but num_kv_heads = ", num_kv_heads);
-  PAGEDKV_CHECK(g.head_size == D, "key_cache has head size ", g.head_size, " but query has ", D);
   check_dtype(block_tables, "block_tables", {DType::kInt32});
   check_shape(block_tables, "block_tables", {S, -1});
   check_dtype(seq_lens, "seq_lens", {DType::kInt32});
@@ -210,6 +222,71 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                    (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
                     block_tables, seq_lens, max_seq_len, opts, partition_size, stream));
   (void)stream;
+}
+
+DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                           const TensorView& value_cache, int num_kv_heads,
+                           KVCacheDType kv_cache_dtype) {
+  detail::check_devices(
+      {{&query, "query"}, {&key_cache, "key_cache"}, {&value_cache, "value_cache"}});
+  check_decode_query(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
+  if (!query.device().is_cuda()) return DecodeKernel::kCpu;
+#ifdef PAGEDKV_WITH_CUDA
+  return cuda_ops::decode_kernel(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
+#else
+  throw ValueError(::pagedkv::detail::concat("decode_kernel: the arrays are on ",
+                                             query.device().str(),
+                                             " but pagedkv was built without CUDA"));
+#endif
+}
+
+int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int num_kv_heads,
+                          int max_seq_len, int block_size, int num_sms,
+                          KVCacheDType kv_cache_dtype) {
+  PAGEDKV_CHECK(num_seqs >= 0 && num_heads > 0 && num_kv_heads > 0 && num_sms >= 0,
+                "num_seqs, num_heads, num_kv_heads and num_sms must be >= 0 (heads > 0), got ",
+                num_seqs, ", ", num_heads, ", ", num_kv_heads, ", ", num_sms);
+  PAGEDKV_CHECK(block_size > 0, "block_size must be positive, got ", block_size);
+  if (max_seq_len <= 0) return 0;
+  if (kernel == DecodeKernel::kCpu) {  // vLLM's rule, in whole blocks
+    const int parts = (max_seq_len + kPartitionSize - 1) / kPartitionSize;
+    const bool v1 = max_seq_len <= 8192 && (parts == 1 || int64_t(num_seqs) * num_heads > 512);
+    const int64_t size = (kPartitionSize + block_size - 1) / block_size * int64_t(block_size);
+    return v1 || size >= max_seq_len ? 0 : static_cast<int>(size);
+  }
+  const bool fp8 = kv_cache_dtype != KVCacheDType::kAuto;
+  const bool hopper = kernel == DecodeKernel::kHopper;
+  const int heads_per_cta = kernel == DecodeKernel::kCudaCore ? 8 : 16;
+  const int per_sm = hopper                                ? (fp8 ? 4 : 1)
+                     : kernel == DecodeKernel::kTensorCore ? (fp8 ? 4 : 2)
+                                                           : 8;
+  const int group = std::max(1, num_heads / num_kv_heads);
+  const int64_t ctas = std::max<int64_t>(
+      1, int64_t(num_seqs) * num_kv_heads * ((group + heads_per_cta - 1) / heads_per_cta));
+  const int64_t parts = int64_t(per_sm) * num_sms / ctas;
+  if (parts < 2) return 0;
+  // Partitions are whole 16-key chunks and whole blocks.
+  const int64_t unit = int64_t(block_size) * 16 / std::gcd(block_size, 16);
+  const int64_t least = hopper && fp8 ? 256 : 128;
+  const int64_t size = std::max((max_seq_len + parts * unit - 1) / (parts * unit) * unit,
+                                (least + unit - 1) / unit * unit);
+  return size >= max_seq_len ? 0 : static_cast<int>(size);
+}
+
+int decode_partition_size(const TensorView& query, const TensorView& key_cache,
+                          const TensorView& value_cache, int num_kv_heads, int max_seq_len,
+                          KVCacheDType kv_cache_dtype) {
+  const DecodeKernel kernel =
+      decode_kernel(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
+  const int block_size =
+      static_cast<int>(key_cache.ndim() == 5 ? key_cache.size(3) : key_cache.size(1));
+  int sms = 0;
+#ifdef PAGEDKV_WITH_CUDA
+  if (kernel != DecodeKernel::kCpu) sms = cuda_ops::num_sms(query);
+#endif
+  return decode_partition_size(kernel, static_cast<int>(query.size(0)),
+                               static_cast<int>(query.size(1)), num_kv_heads, max_seq_len,
+                               block_size, sms, kv_cache_dtype);
 }
 
 void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,

@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/parallel.h"
@@ -41,6 +42,27 @@ std::vector<TensorView> to_views(const std::vector<Array>& arrays, const char* n
   for (size_t i = 0; i < arrays.size(); ++i)
     views.push_back(to_view(arrays[i], std::string(name) + "[" + std::to_string(i) + "]"));
   return views;
+}
+
+// Decode kernels by their Python names.
+constexpr std::pair<ops::DecodeKernel, const char*> kDecodeKernels[] = {
+    {ops::DecodeKernel::kCpu, "cpu"},
+    {ops::DecodeKernel::kHopper, "hopper"},
+    {ops::DecodeKernel::kTensorCore, "tensor_core"},
+    {ops::DecodeKernel::kCudaCore, "cuda_core"}};
+
+const char* kernel_name(ops::DecodeKernel k) {
+  for (const auto& [kernel, name] : kDecodeKernels) {
+    if (kernel == k) return name;
+  }
+  return "cpu";
+}
+
+ops::DecodeKernel parse_kernel(const std::string& s) {
+  for (const auto& [kernel, name] : kDecodeKernels) {
+    if (s == name) return kernel;
+  }
+  throw ValueError("kernel must be 'cpu', 'hopper', 'tensor_core' or 'cuda_core', got '" + s + "'");
 }
 
 }  // namespace
@@ -169,6 +191,44 @@ void bind_ops(nb::module_& m) {
       },
       "src"_a, "dst"_a.noconvert(), "block_mapping"_a, "stream"_a = 0,
       "Copies blocks from src to dst (host <-> device or host <-> host).");
+
+  m.def(
+      "ops_decode_kernel",
+      [](Array query, Array key_cache, Array value_cache, int num_kv_heads,
+         const std::string& kv_cache_dtype) -> std::string {
+        return kernel_name(ops::decode_kernel(to_view(query, "query"),
+                                              to_view(key_cache, "key_cache"),
+                                              to_view(value_cache, "value_cache"), num_kv_heads,
+                                              parse_kv_cache_dtype(kv_cache_dtype)));
+      },
+      "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "kv_cache_dtype"_a,
+      "The decode kernel paged_attention_v1 / v2 run for this call: 'cpu', 'hopper', "
+      "'tensor_core' or 'cuda_core'.");
+
+  m.def(
+      "ops_decode_partition_size",
+      [](Array query, Array key_cache, Array value_cache, int num_kv_heads, int max_seq_len,
+         const std::string& kv_cache_dtype) {
+        return ops::decode_partition_size(to_view(query, "query"), to_view(key_cache, "key_cache"),
+                                          to_view(value_cache, "value_cache"), num_kv_heads,
+                                          max_seq_len, parse_kv_cache_dtype(kv_cache_dtype));
+      },
+      "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "max_seq_len"_a,
+      "kv_cache_dtype"_a,
+      "The split-K partition for paged_attention_v2 on this call's kernel and device, or 0 "
+      "for the single pass (paged_attention_v1).");
+
+  m.def(
+      "ops_decode_partition_rule",
+      [](const std::string& kernel, int num_seqs, int num_heads, int num_kv_heads, int max_seq_len,
+         int block_size, int num_sms, const std::string& kv_cache_dtype) {
+        return ops::decode_partition_size(parse_kernel(kernel), num_seqs, num_heads, num_kv_heads,
+                                          max_seq_len, block_size, num_sms,
+                                          parse_kv_cache_dtype(kv_cache_dtype));
+      },
+      "kernel"_a, "num_seqs"_a, "num_heads"_a, "num_kv_heads"_a, "max_seq_len"_a, "block_size"_a,
+      "num_sms"_a, "kv_cache_dtype"_a,
+      "ops_decode_partition_size's rule for a given kernel and GPU size.");
 
   m.def("ops_num_threads", &cpu_ops::num_threads,
         "Threads used by the CPU kernels (PAGEDKV_NUM_THREADS, else the usable CPUs).");

@@ -62,6 +62,27 @@ TEST(Fp8Conversion, RoundTripsEveryCodeAndSaturates) {
             -57344.0f);
 }
 
+// The split-K choice a C++ application gets: the kernel of the call, then the rule for it.
+TEST(DecodeSplit, KernelAndRule) {
+  std::vector<float> q(4 * 8 * 64), cache(6 * 16 * 2 * 64);
+  const TensorView qv(q.data(), DType::kFloat32, {4, 8, 64});
+  const TensorView cv(cache.data(), DType::kFloat32, {6, 16, 2, 64});
+  EXPECT_EQ(ops::decode_kernel(qv, cv, cv, 2, KVCacheDType::kAuto), ops::DecodeKernel::kCpu);
+  EXPECT_EQ(ops::decode_partition_size(qv, cv, cv, 2, 4096, KVCacheDType::kAuto), kPartitionSize);
+  EXPECT_EQ(ops::decode_partition_size(qv, cv, cv, 2, 512, KVCacheDType::kAuto), 0);
+  EXPECT_THROW(ops::decode_kernel(qv, cv, cv, 3, KVCacheDType::kAuto), ValueError);
+  using K = ops::DecodeKernel;
+  constexpr auto kAuto = KVCacheDType::kAuto, kFp8 = KVCacheDType::kFp8E4M3;
+  // H100 (132 SMs), 32 query / 8 KV heads, 16-token blocks.
+  EXPECT_EQ(ops::decode_partition_size(K::kHopper, 1, 32, 8, 32768, 16, 132, kAuto), 2048);
+  EXPECT_EQ(ops::decode_partition_size(K::kHopper, 16, 32, 8, 4096, 16, 132, kAuto), 0);
+  EXPECT_EQ(ops::decode_partition_size(K::kHopper, 16, 32, 8, 4096, 16, 132, kFp8), 1024);
+  EXPECT_EQ(ops::decode_partition_size(K::kTensorCore, 1, 32, 8, 32768, 16, 132, kAuto), 1008);
+  EXPECT_EQ(ops::decode_partition_size(K::kCudaCore, 32, 32, 8, 8192, 16, 132, kAuto), 2048);
+  EXPECT_EQ(ops::decode_partition_size(K::kHopper, 1, 32, 8, 100, 16, 132, kAuto), 0);
+  EXPECT_THROW(ops::decode_partition_size(K::kHopper, 1, 32, 8, 4096, 0, 132, kAuto), ValueError);
+}
+
 TEST(PagedAttentionV1, MatchesDirectSoftmax) {
   constexpr int kBlocks = 3, kBs = 8, kD = 32, kLen = 11;
   std::vector<float> kc(kBlocks * kBs * kD), vc(kc.size()), q(kD), out(kD, -1.0f);

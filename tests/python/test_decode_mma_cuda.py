@@ -17,11 +17,9 @@ torch = need("torch")
 
 import test_cuda_graph  # noqa: E402
 from cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
-from pagedkv.attention import (  # noqa: E402
-    PagedAttention,
-    decode_partition_size,
-    hopper_decode_runs,
-)
+from pagedkv import ops  # noqa: E402
+from pagedkv._C import build_info  # noqa: E402
+from pagedkv.attention import PagedAttention, decode_partition_size  # noqa: E402
 from test_ops_cuda import decode_ref, run_decode  # noqa: E402
 
 MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]
@@ -73,9 +71,13 @@ def test_decode_mma_random(dtype, layout, kv_dtype):
 
 
 def test_partition_heuristic():
+    """The library's split-K rule (C++ ops::decode_partition_size) per kernel."""
+    def rule(kernel, *args, kv="auto"):
+        return decode_partition_size(*args, kernel=kernel, kv_cache_dtype=kv)
+
     # Tensor cores: small batches split to fill one wave (2 CTAs per SM); large ones don't.
-    def tc(*args):
-        return decode_partition_size(*args, tensor_cores=True)
+    def tc(*args, kv="auto"):
+        return rule("tensor_core", *args, kv=kv)
 
     assert tc(1, 32, 8, 32768, 16, 132) == 1008
     assert tc(1, 32, 8, 4096, 16, 132) == 128
@@ -83,19 +85,19 @@ def test_partition_heuristic():
     assert tc(32, 32, 8, 8192, 16, 132) == 0
     assert tc(256, 32, 8, 512, 16, 132) == 0
     assert tc(1, 32, 8, 100, 16, 132) == 0  # shorter than one partition
-    # fp8 caches: sized for 4 CTAs per SM (the Hopper kernel's fp8 rows fit 4).
-    assert decode_partition_size(16, 32, 8, 4096, 16, 132, True, "fp8") == 1024
-    assert decode_partition_size(1, 32, 8, 32768, 16, 132, True, "fp8_e5m2") == 512
-    assert decode_partition_size(32, 32, 8, 8192, 16, 132, True, "fp8") == 4096
+    # fp8 caches: sized for 4 CTAs per SM.
+    assert tc(16, 32, 8, 4096, 16, 132, kv="fp8") == 1024
+    assert tc(1, 32, 8, 32768, 16, 132, kv="fp8_e5m2") == 512
+    assert tc(32, 32, 8, 8192, 16, 132, kv="fp8") == 4096
     # The CUDA-core kernel wants ~8 CTAs per SM.
-    assert decode_partition_size(1, 32, 8, 32768, 16, 132, tensor_cores=False) == 256
-    assert decode_partition_size(32, 32, 8, 8192, 16, 132, tensor_cores=False) == 2048
+    assert rule("cuda_core", 1, 32, 8, 32768, 16, 132) == 256
+    assert rule("cuda_core", 32, 32, 8, 8192, 16, 132) == 2048
 
     # The Hopper kernel, at the best fixed sizes of the H100 sweep (decode_variants.py
     # --partitions --every-shape, benchmarks/RESULTS.md) or within 2 % of them: 16-bit caches
     # split only to one CTA per SM, fp8 ones to every CTA slot (4 per SM) in >= 256-key parts.
     def hopper(*args, kv="auto"):
-        return decode_partition_size(*args, kv_cache_dtype=kv, hopper=True)
+        return rule("hopper", *args, kv=kv)
 
     assert hopper(1, 32, 8, 4096, 16, 132) == 256
     assert hopper(1, 32, 8, 32768, 16, 132) == 2048
@@ -108,21 +110,67 @@ def test_partition_heuristic():
     assert hopper(32, 32, 8, 8192, 16, 132, kv="fp8") == 4096
     assert hopper(256, 32, 8, 512, 16, 132, kv="fp8") == 0
     assert hopper(2, 32, 8, 4096, 16, 132, kv="fp8") == 256  # at least 256 keys
+
+    # The CPU: vLLM's rule (512-key partitions past one partition for small batches, always
+    # past 8192 keys), rounded up to whole blocks.
+    assert rule("cpu", 1, 32, 8, 4096, 16, 0) == 512
+    assert rule("cpu", 64, 32, 8, 4096, 16, 0) == 0  # 2048 (sequence, head) pairs
+    assert rule("cpu", 64, 32, 8, 16384, 16, 0) == 512
+    assert rule("cpu", 1, 32, 8, 512, 16, 0) == 0
+    assert rule("cpu", 1, 32, 8, 4096, 48, 0) == 528
     for _ in range(300):
         bs = random.choice([8, 16, 32, 48])
         n = random.randint(1, 100000)
-        ps = decode_partition_size(random.randint(1, 64), 32, random.choice([1, 8, 32]), n, bs,
-                                   random.choice([108, 132]), random.choice([True, False]),
-                                   random.choice(["auto", "fp8"]), random.choice([True, False]))
-        assert ps == 0 or (ps % bs == 0 and ps % 16 == 0 and 128 <= ps < n)
+        kernel = random.choice(["hopper", "tensor_core", "cuda_core", "cpu"])
+        ps = rule(kernel, random.randint(1, 64), 32, random.choice([1, 8, 32]), n, bs,
+                  random.choice([108, 132]), kv=random.choice(["auto", "fp8"]))
+        assert ps == 0 or (ps % bs == 0 and ps % 16 == 0 and 128 <= ps < n), (kernel, bs, n, ps)
+    with pytest.raises(ValueError, match="kernel"):
+        rule("bulk", 1, 32, 8, 4096, 16, 132)
+    with pytest.raises(ValueError, match="block_size"):
+        rule("hopper", 1, 32, 8, 4096, 0, 132)
 
 
-def test_hopper_decode_guess_needs_a_cuda_nhd_call():
-    q = torch.zeros(1, 8, 64, dtype=torch.bfloat16)
-    assert not hopper_decode_runs(q, nhd_cache=True)  # a CPU tensor
-    if torch.cuda.is_available():
-        assert not hopper_decode_runs(q.cuda(), nhd_cache=False)  # vLLM's 5-D cache layout
-        assert not hopper_decode_runs(q.float().cuda(), nhd_cache=True)  # fp32 queries
+def test_decode_kernel_choice():
+    """ops.decode_kernel reports the kernel the decode ops run (the C++ side decides; the
+    split-K choice of a call follows it), and bad calls raise naming the argument."""
+    q = torch.zeros(2, 8, 64, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)  # NHD
+    assert ops.decode_kernel(q, cache, cache, 2) == "cpu"
+    assert ops.decode_partition_size(q, cache, cache, 2, 4096) == 512  # vLLM's CPU rule
+    assert ops.decode_partition_size(q, cache, cache, 2, 300) == 0
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        ops.decode_kernel(q, cache, cache, 3)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        ops.decode_kernel(q, cache, cache, 2, "int4")
+    small = torch.zeros(4, 16, 2, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head size"):
+        ops.decode_kernel(q, small, small, 2)
+
+
+@pytest.mark.cuda
+def test_decode_kernel_choice_on_cuda(monkeypatch):
+    monkeypatch.delenv("PAGEDKV_DECODE_BULK")  # the defaults (this file's fixture sets both)
+    monkeypatch.delenv("PAGEDKV_DECODE_MMA")
+    q = torch.zeros(2, 8, 128, dtype=torch.bfloat16, device="cuda")
+    nhd = torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16, device="cuda")
+    vllm_k = torch.zeros(4, 2, 16, 16, 8, dtype=torch.bfloat16, device="cuda")
+    vllm_v = torch.zeros(4, 2, 128, 16, dtype=torch.bfloat16, device="cuda")
+    hopper = torch.cuda.get_device_capability()[0] == 9 and "90a" in build_info()["cuda_archs"]
+    assert ops.decode_kernel(q, nhd, nhd, 2) == ("hopper" if hopper else "tensor_core")
+    assert ops.decode_kernel(q, vllm_k, vllm_v, 2) == "tensor_core"  # no Hopper kernel there
+    assert ops.decode_kernel(q.float(), nhd.float(), nhd.float(), 2) == "cuda_core"
+    monkeypatch.setenv("PAGEDKV_DECODE_BULK", "0")
+    assert ops.decode_kernel(q, nhd, nhd, 2) == "tensor_core"
+    monkeypatch.setenv("PAGEDKV_DECODE_MMA", "0")
+    assert ops.decode_kernel(q, nhd, nhd, 2) == "cuda_core"
+    monkeypatch.delenv("PAGEDKV_DECODE_BULK")
+    monkeypatch.delenv("PAGEDKV_DECODE_MMA")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in (1, 2, 64):
+        kernel = ops.decode_kernel(q[:1].repeat(n, 1, 1), nhd, nhd, 2)
+        want = decode_partition_size(n, 8, 2, 32768, 16, sms, kernel=kernel)
+        assert ops.decode_partition_size(q[:1].repeat(n, 1, 1), nhd, nhd, 2, 32768) == want
 
 
 @pytest.mark.cuda
@@ -135,7 +183,8 @@ def test_forward_decode_split_on_cuda(layout):
     q = torch.randn(2, hkv * group, d, generator=gen).to(torch.bfloat16).cuda()
     kv = make_paged_kv(gen, seq_lens, hkv, d, bs, torch.bfloat16, layout)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert decode_partition_size(2, hkv * group, hkv, max(seq_lens), bs, sms, True) > 0
+    kernel = ops.decode_kernel(q, kv.key_cache, kv.value_cache, hkv)
+    assert decode_partition_size(2, hkv * group, hkv, max(seq_lens), bs, sms, kernel=kernel) > 0
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
     out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables, sl,
                                         max(seq_lens), "auto", hkv, d ** -0.5, None, 1.0, 1.0)

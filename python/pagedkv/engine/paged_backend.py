@@ -16,10 +16,9 @@ from typing import List, Optional
 import torch
 
 from pagedkv import ops
-from pagedkv.attention import decode_partition_size, hopper_decode_runs
 
 # Keys per partition of paged_attention_v2 on the CPU (pagedkv.ops' default; seed 001's
-# _PARTITION_SIZE). On CUDA the split comes from decode_partition_size.
+# _PARTITION_SIZE). On CUDA the split comes from ops.decode_partition_size.
 _PARTITION_SIZE = 512
 
 
@@ -83,7 +82,7 @@ class PagedAttentionBackend:
         n = meta.num_prefills
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len
-        partition_size = self._partition_size(q, max_len)
+        partition_size = self._partition_size(q, key_cache, value_cache, max_len)
         if partition_size == 0:
             ops.paged_attention_v1(out, q, key_cache, value_cache, self.num_kv_heads, self.scale,
                                    block_tables, seq_lens, self.block_size, max_len)
@@ -99,14 +98,13 @@ class PagedAttentionBackend:
                                self.num_kv_heads, self.scale, block_tables, seq_lens,
                                self.block_size, max_len, partition_size=partition_size)
 
-    def _partition_size(self, q: torch.Tensor, max_len: int) -> int:
-        """0 (single pass) or the split-K partition. On CUDA the library's choice: split only a
-        batch that leaves the GPU under-filled; it depends on the batch size and max_len alone,
-        both fixed for a captured CUDA graph (which is captured at the model's maximum length).
-        On the CPU: 512-key partitions past 512 keys."""
+    def _partition_size(self, q: torch.Tensor, key_cache: torch.Tensor,
+                        value_cache: torch.Tensor, max_len: int) -> int:
+        """0 (single pass) or the split-K partition. On CUDA the library's choice
+        (ops.decode_partition_size: split only a batch that leaves the GPU under-filled, for the
+        kernel that runs); it depends on shapes alone, fixed for a captured CUDA graph (which is
+        captured at the model's maximum length). On the CPU: 512-key partitions past 512 keys
+        (the CPU kernels parallelise over partitions)."""
         if q.is_cuda:
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            return decode_partition_size(q.shape[0], self.num_heads, self.num_kv_heads, max_len,
-                                         self.block_size, sms,
-                                         hopper=hopper_decode_runs(q, nhd_cache=True))
+            return ops.decode_partition_size(q, key_cache, value_cache, self.num_kv_heads, max_len)
         return _PARTITION_SIZE if max_len > _PARTITION_SIZE else 0

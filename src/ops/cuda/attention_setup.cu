@@ -6,28 +6,19 @@
 
 namespace pagedkv::cuda_ops {
 
-AttnParams make_attn_params(const TensorView& out, const TensorView& query,
-                            const TensorView& key_cache, const TensorView& value_cache,
-                            int num_kv_heads, const TensorView& block_tables,
-                            const TensorView& seq_lens, const AttentionOptions& opts) {
+AttnParams make_attn_shape(const TensorView& query, const TensorView& key_cache,
+                           const TensorView& value_cache, int num_kv_heads,
+                           const AttentionOptions& opts) {
   const bool vllm = key_cache.ndim() == 5;
   AttnParams p{};
   p.q = query.data();
   p.q_s_tok = query.stride(0);
   p.q_s_head = query.stride(1);
-  p.out = out.data();
-  p.o_s_tok = out.stride(0);
-  p.o_s_head = out.stride(1);
   p.k_cache = key_cache.data();
   p.v_cache = value_cache.data();
   p.kl = make_layout(key_cache, vllm, false);
   p.vl = make_layout(value_cache, vllm, true);
-  p.block_tables = block_tables.data_as<const int>();
-  p.bt_stride = block_tables.stride(0);
-  p.max_blocks = static_cast<int>(std::max<int64_t>(1, block_tables.size(1)));
   p.num_blocks = static_cast<int>(key_cache.size(0));
-  p.seq_lens = seq_lens.data_as<const int>();
-  p.num_seqs = static_cast<int>(seq_lens.size(0));
   p.num_q = static_cast<int>(query.size(0));
   p.num_heads = static_cast<int>(query.size(1));
   p.num_kv_heads = num_kv_heads;
@@ -45,6 +36,22 @@ AttnParams make_attn_params(const TensorView& out, const TensorView& query,
   p.window = opts.sliding_window > 0 ? opts.sliding_window : 0;
   const int run_bytes = std::min<int>(16, 8 * static_cast<int>(key_cache.element_size()));
   p.kv_vec = vector_ok(key_cache, run_bytes) && vector_ok(value_cache, run_bytes);
+  return p;
+}
+
+AttnParams make_attn_params(const TensorView& out, const TensorView& query,
+                            const TensorView& key_cache, const TensorView& value_cache,
+                            int num_kv_heads, const TensorView& block_tables,
+                            const TensorView& seq_lens, const AttentionOptions& opts) {
+  AttnParams p = make_attn_shape(query, key_cache, value_cache, num_kv_heads, opts);
+  p.out = out.data();
+  p.o_s_tok = out.stride(0);
+  p.o_s_head = out.stride(1);
+  p.block_tables = block_tables.data_as<const int>();
+  p.bt_stride = block_tables.stride(0);
+  p.max_blocks = static_cast<int>(std::max<int64_t>(1, block_tables.size(1)));
+  p.seq_lens = seq_lens.data_as<const int>();
+  p.num_seqs = static_cast<int>(seq_lens.size(0));
   return p;
 }
 

@@ -5,6 +5,12 @@
 
 namespace pagedkv::cuda_ops {
 
+// The fields that depend on the query and the caches alone (what a kernel's coverage depends
+// on): no output, block tables or sequence lengths.
+AttnParams make_attn_shape(const TensorView& query, const TensorView& key_cache,
+                           const TensorView& value_cache, int num_kv_heads,
+                           const AttentionOptions& opts);
+
 // Fields common to decode and prefill: queries/outputs, cache, block tables, options.
 AttnParams make_attn_params(const TensorView& out, const TensorView& query,
                             const TensorView& key_cache, const TensorView& value_cache,

@@ -10,28 +10,50 @@
 #include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/decode_reduce.h"
+#include "ops/cuda/device_props.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
 
+// The first kernel that covers the call (the one place that decides; ops::decode_kernel asks
+// it too, so the split-K choice follows the kernel that runs).
+ops::DecodeKernel pick_kernel(const AttnParams& p, DType qdtype, KVCacheDType cache,
+                              const TensorView& key_cache, const TensorView& value_cache) {
+  const bool vec16 = vector_ok(key_cache, 16) && vector_ok(value_cache, 16);
+  if (decode_bulk_supported(p, qdtype, cache, vec16)) return ops::DecodeKernel::kHopper;
+  if (decode_mma_supported(p, qdtype, cache, vec16)) return ops::DecodeKernel::kTensorCore;
+  return ops::DecodeKernel::kCudaCore;
+}
+
 void launch_decode(const AttnParams& p, const TensorView& query, const TensorView& key_cache,
                    const TensorView& value_cache, const AttentionOptions& opts, cudaStream_t s,
                    const char* op) {
-  const bool vec16 = vector_ok(key_cache, 16) && vector_ok(value_cache, 16);
-  if (p.num_q > 0 && decode_bulk_supported(p, query.dtype(), opts.kv_cache_dtype, vec16)) {
-    launch_decode_bulk(p, query.dtype(), opts.kv_cache_dtype, s);
-    check_launch(op);
-    return;
+  if (p.num_q == 0) return;
+  const KVCacheDType cache = opts.kv_cache_dtype;
+  switch (pick_kernel(p, query.dtype(), cache, key_cache, value_cache)) {
+    case ops::DecodeKernel::kHopper: launch_decode_bulk(p, query.dtype(), cache, s); break;
+    case ops::DecodeKernel::kTensorCore: launch_decode_mma(p, query.dtype(), cache, s); break;
+    default: launch_attention(p, query.dtype(), cache, s, op); return;  // checks its launch
   }
-  if (p.num_q > 0 && decode_mma_supported(p, query.dtype(), opts.kv_cache_dtype, vec16)) {
-    launch_decode_mma(p, query.dtype(), opts.kv_cache_dtype, s);
-    check_launch(op);
-    return;
-  }
-  launch_attention(p, query.dtype(), opts.kv_cache_dtype, s, op);
+  check_launch(op);
 }
 
 }  // namespace
+
+ops::DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                                const TensorView& value_cache, int num_kv_heads,
+                                KVCacheDType kv_cache_dtype) {
+  DeviceGuard guard(query.device());
+  AttentionOptions opts;
+  opts.kv_cache_dtype = kv_cache_dtype;
+  const AttnParams p = make_attn_shape(query, key_cache, value_cache, num_kv_heads, opts);
+  return pick_kernel(p, query.dtype(), kv_cache_dtype, key_cache, value_cache);
+}
+
+int num_sms(const TensorView& on) {
+  DeviceGuard guard(on.device());
+  return sm_count(current_device());
+}
 
 void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, int num_kv_heads,
