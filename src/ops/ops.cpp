@@ -224,12 +224,15 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   (void)stream;
 }
 
-DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+namespace {
+
+// Validates a decode call's query and caches, then asks the backend which kernel runs it.
+DecodeKernel choose_decode(const TensorView& query, const TensorView& key_cache,
                            const TensorView& value_cache, int num_kv_heads,
-                           KVCacheDType kv_cache_dtype) {
+                           KVCacheDType kv_cache_dtype, CacheGeometry& g) {
   detail::check_devices(
       {{&query, "query"}, {&key_cache, "key_cache"}, {&value_cache, "value_cache"}});
-  check_decode_query(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
+  g = check_decode_query(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
   if (!query.device().is_cuda()) return DecodeKernel::kCpu;
 #ifdef PAGEDKV_WITH_CUDA
   return cuda_ops::decode_kernel(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
@@ -238,6 +241,15 @@ DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
                                              query.device().str(),
                                              " but pagedkv was built without CUDA"));
 #endif
+}
+
+}  // namespace
+
+DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                           const TensorView& value_cache, int num_kv_heads,
+                           KVCacheDType kv_cache_dtype) {
+  CacheGeometry g;
+  return choose_decode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, g);
 }
 
 int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int num_kv_heads,
@@ -276,17 +288,16 @@ int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int 
 int decode_partition_size(const TensorView& query, const TensorView& key_cache,
                           const TensorView& value_cache, int num_kv_heads, int max_seq_len,
                           KVCacheDType kv_cache_dtype) {
+  CacheGeometry g;
   const DecodeKernel kernel =
-      decode_kernel(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
-  const int block_size =
-      static_cast<int>(key_cache.ndim() == 5 ? key_cache.size(3) : key_cache.size(1));
+      choose_decode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, g);
   int sms = 0;
 #ifdef PAGEDKV_WITH_CUDA
   if (kernel != DecodeKernel::kCpu) sms = cuda_ops::num_sms(query);
 #endif
   return decode_partition_size(kernel, static_cast<int>(query.size(0)),
                                static_cast<int>(query.size(1)), num_kv_heads, max_seq_len,
-                               block_size, sms, kv_cache_dtype);
+                               static_cast<int>(g.block_size), sms, kv_cache_dtype);
 }
 
 void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
