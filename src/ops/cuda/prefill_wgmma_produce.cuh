@@ -1,8 +1,8 @@
 // Producer warpgroup of the Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): streams every
 // K/V tile of the CTA into the stages, kStages ahead of the slower consumer.
 //
-// A tile of BN keys is BN / 16 groups of 16 keys. Thread 0 of the warpgroup copies each group
-// that lies entirely in the cached context (one block-table lookup, then one TMA box of 16 slots
+// A tile of BN keys is BN / 16 groups of 16 keys. Thread g of the warpgroup copies group g when
+// it lies entirely in the cached context (one block-table lookup, then one TMA box of 16 slots
 // per 128-byte slice of the head dimension: 2 copies for head size 128) or entirely in the
 // sequence's new tokens (one box of 16 token rows per slice) straight into the 128-byte swizzled
 // layout wgmma reads (16-byte unit u of row r at unit u ^ (r % 8); each box lands 2048-byte
@@ -14,8 +14,9 @@
 // A tile entirely in the sequence's new tokens goes in boxes of tile_rows tokens instead (2
 // copies per half for head size 128 with whole-tile boxes): the TMA unit's cost is per box.
 //
-// Each stage half ("full" K, "full" V) completes when thread 0 arrived with the TMA bytes it
-// expects and all 128 threads' cp.async landed (cp.async.mbarrier.arrive.noinc): 129 arrivals.
+// Each stage half ("full" K, "full" V) completes when thread 0 arrived with the TMA bytes of
+// all the half's boxes and all 128 threads' cp.async landed (cp.async.mbarrier.arrive.noinc):
+// 129 arrivals.
 #pragma once
 
 #include "ops/cuda/bulk_copy.cuh"
@@ -46,7 +47,8 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
   constexpr int kGroupBytes = 16 * DP * int(sizeof(T));
   // All of the tile in the sequence's new tokens: whole-tile boxes (tma_group holds for each
   // of its groups, so the cp.async loop below skips them all).
-  if (ptid == 0 && wp.tile_rows > 0 && kt >= w.ctx && kt + C::BN <= w.kv_end) {
+  const bool whole = wp.tile_rows > 0 && kt >= w.ctx && kt + C::BN <= w.kv_end;
+  if (whole && ptid == 0) {
     mbar_arrive_expect(full, C::BN * DP * int(sizeof(T)));
     const void* map = is_v ? &wp.v_tile_map : &wp.k_tile_map;
     const int tok = w.qs + (kt - w.ctx);
@@ -57,17 +59,21 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
                     false);
       }
     }
-  } else if (ptid == 0) {
-    int groups = 0;
+  } else if (!whole && ptid < C::BN / 16) {
+    // Lane g issues group g's boxes (lane 0 also announces the bytes of all of them; a copy
+    // completing before that is fine: the phase also waits for lane 0's arrival). One thread
+    // issuing every group's boxes after its block-table load was the slow part of a tile over
+    // a cached prefix.
+    if (ptid == 0) {
+      int groups = 0;
 #pragma unroll
-    for (int g = 0; g < C::BN / 16; ++g) groups += tma_group(wp, kt + 16 * g, w);
-    mbar_arrive_expect(full, groups * kGroupBytes);
-    const void* cmap = is_v ? &wp.v_cache_map : &wp.k_cache_map;
-    const void* nmap = is_v ? &wp.v_new_map : &wp.k_new_map;
-#pragma unroll  // the block-table loads of all groups can be in flight together
-    for (int g = 0; g < C::BN / 16; ++g) {
-      const int key0 = kt + 16 * g;
-      if (!tma_group(wp, key0, w)) continue;
+      for (int g = 0; g < C::BN / 16; ++g) groups += tma_group(wp, kt + 16 * g, w);
+      mbar_arrive_expect(full, groups * kGroupBytes);
+    }
+    const int g = ptid, key0 = kt + 16 * g;
+    if (tma_group(wp, key0, w)) {
+      const void* cmap = is_v ? &wp.v_cache_map : &wp.k_cache_map;
+      const void* nmap = is_v ? &wp.v_new_map : &wp.k_new_map;
       unsigned char* gdst = tile + g * 16 * 128;  // rows 16g.. of every 64-column block
       if (key0 < w.ctx) {
         const int bi = p.bs_shift >= 0 ? key0 >> p.bs_shift : key0 / p.block_size;
