@@ -1,22 +1,23 @@
 // Producer warpgroup of the Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): streams every
 // K/V tile of the CTA into the stages, kStages ahead of the slower consumer.
 //
-// A tile of BN keys is BN / 16 groups of 16 keys. Thread g of the warpgroup copies group g when
-// it lies entirely in the cached context (one block-table lookup, then one TMA box of 16 slots
-// per 128-byte slice of the head dimension: 2 copies for head size 128) or entirely in the
-// sequence's new tokens (one box of 16 token rows per slice) straight into the 128-byte swizzled
-// layout wgmma reads (16-byte unit u of row r at unit u ^ (r % 8); each box lands 2048-byte
-// aligned). The group that holds the context's end (when it is not a multiple of 16), the groups
-// at and past the sequence's end, and every group a missing map cannot serve, go through
-// cp.async by all 128 threads, which writes zeros past the CTA's last key: a box there would
-// read the next sequence's rows, and causality gives them P = 0, but 0 * inf is NaN.
+// A tile of BN keys is BN / 16 groups of 16 keys. A lane of the warpgroup's first warp (K) or
+// second warp (V) per group and slice copies a group that lies entirely in the cached context (one
+// block-table lookup, then one TMA box of 16 slots per 128-byte slice of the head dimension: 2
+// copies for head size 128) or entirely in the sequence's new tokens (one box of 16 token rows per
+// slice) straight into the 128-byte swizzled layout wgmma reads (16-byte unit u of row r at unit u
+// ^ (r % 8); each box lands 2048-byte aligned). The group that holds the context's end (when it is
+// not a multiple of 16), the groups at and past the sequence's end, and every group a missing map
+// cannot serve, go through cp.async by all 128 threads, which writes zeros past the CTA's last key:
+// a box there would read the next sequence's rows, and causality gives them P = 0, but 0 * inf is
+// NaN.
 //
 // A tile entirely in the sequence's new tokens goes in boxes of tile_rows tokens instead (2
 // copies per half for head size 128 with whole-tile boxes): the TMA unit's cost is per box.
 //
-// Each stage half ("full" K, "full" V) completes when thread 0 arrived with the TMA bytes of
-// all the half's boxes and all 128 threads' cp.async landed (cp.async.mbarrier.arrive.noinc):
-// 129 arrivals.
+// Each stage half ("full" K, "full" V) completes when thread 0 (K) or 32 (V) arrived with the
+// TMA bytes of all the half's boxes and all 128 threads' cp.async landed
+// (cp.async.mbarrier.arrive.noinc): 129 arrivals.
 #pragma once
 
 #include "ops/cuda/bulk_copy.cuh"
@@ -48,7 +49,11 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
   // All of the tile in the sequence's new tokens: whole-tile boxes (tma_group holds for each
   // of its groups, so the cp.async loop below skips them all).
   const bool whole = wp.tile_rows > 0 && kt >= w.ctx && kt + C::BN <= w.kv_end;
-  if (whole && ptid == 0) {
+  // The producer's first warp issues the K boxes, its second the V boxes: two instruction
+  // streams. lt: this thread's lane in that warp.
+  const int lt = ptid - (is_v ? 32 : 0);
+  constexpr int kSlices = DP / 64;  // 128-byte slices of a row: boxes per 16-key group
+  if (whole && lt == 0) {
     mbar_arrive_expect(full, C::BN * DP * int(sizeof(T)));
     const void* map = is_v ? &wp.v_tile_map : &wp.k_tile_map;
     const int tok = w.qs + (kt - w.ctx);
@@ -59,18 +64,18 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
                     false);
       }
     }
-  } else if (!whole && ptid < C::BN / 16) {
-    // Lane g issues group g's boxes (lane 0 also announces the bytes of all of them; a copy
-    // completing before that is fine: the phase also waits for lane 0's arrival). One thread
-    // issuing every group's boxes after its block-table load was the slow part of a tile over
-    // a cached prefix.
-    if (ptid == 0) {
+  } else if (!whole && lt >= 0 && lt < C::BN / 16 * kSlices) {
+    // Lane g * kSlices + cb issues slice cb of group g (lane 0 also announces the bytes of all
+    // of them; a copy completing before that is fine: the phase also waits for lane 0's
+    // arrival). One thread issuing every group's boxes after its block-table load was the slow
+    // part of a tile over a cached prefix.
+    if (lt == 0) {
       int groups = 0;
 #pragma unroll
       for (int g = 0; g < C::BN / 16; ++g) groups += tma_group(wp, kt + 16 * g, w);
       mbar_arrive_expect(full, groups * kGroupBytes);
     }
-    const int g = ptid, key0 = kt + 16 * g;
+    const int g = lt / kSlices, cb = lt % kSlices, key0 = kt + 16 * g;
     if (tma_group(wp, key0, w)) {
       const void* cmap = is_v ? &wp.v_cache_map : &wp.k_cache_map;
       const void* nmap = is_v ? &wp.v_new_map : &wp.k_new_map;
@@ -80,16 +85,10 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
         const int slot = key0 - bi * p.block_size;  // a multiple of 16: the box stays in the block
         const int b = bt[min(bi, p.max_blocks - 1)];
         const int block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
-#pragma unroll
-        for (int cb = 0; cb < DP / 64; ++cb) {
-          tma_load_4d(gdst + cb * C::BN * 128, cmap, cb * 64, w.kvh, slot, block, full, 0, false);
-        }
+        tma_load_4d(gdst + cb * C::BN * 128, cmap, cb * 64, w.kvh, slot, block, full, 0, false);
       } else {
         const int tok = w.qs + (key0 - w.ctx);
-#pragma unroll
-        for (int cb = 0; cb < DP / 64; ++cb) {
-          tma_load_3d(gdst + cb * C::BN * 128, nmap, cb * 64, w.kvh, tok, full, 0, false);
-        }
+        tma_load_3d(gdst + cb * C::BN * 128, nmap, cb * 64, w.kvh, tok, full, 0, false);
       }
     }
   }
