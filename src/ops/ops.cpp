@@ -291,6 +291,7 @@ int decode_partition_size(const TensorView& query, const TensorView& key_cache,
   CacheGeometry g;
   const DecodeKernel kernel =
       choose_decode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, g);
+  PAGEDKV_CHECK(max_seq_len >= 0, "max_seq_len must be >= 0, got ", max_seq_len);
   int sms = 0;
 #ifdef PAGEDKV_WITH_CUDA
   if (kernel != DecodeKernel::kCpu) sms = cuda_ops::num_sms(query);

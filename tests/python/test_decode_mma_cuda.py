@@ -143,6 +143,8 @@ def test_decode_kernel_choice():
         ops.decode_kernel(q, cache, cache, 3)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         ops.decode_kernel(q, cache, cache, 2, "int4")
+    with pytest.raises(ValueError, match="max_seq_len"):
+        ops.decode_partition_size(q, cache, cache, 2, -1)
     small = torch.zeros(4, 16, 2, 32, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head size"):
         ops.decode_kernel(q, small, small, 2)
