@@ -118,11 +118,12 @@ def test_prefill_wgmma_long_ragged(head_size, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("tma", ["1", "0"])
-@pytest.mark.parametrize("block_size", [16, 32, 24])
+@pytest.mark.parametrize("block_size", [16, 32, 24, 64, 128])
 def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, tma, monkeypatch):
     """Every sequence has a cached paged prefix and new tokens, so the producer's 16-key groups
-    come from both TMA maps (cache: block sizes 16 and 32; 24 is not a multiple of 16 and takes
-    cp.async for the cache) and from cp.async where a group holds the context's end (prefixes not
+    come from both TMA maps (cache: 16-slot boxes, and whole-block boxes for blocks of 32, 64 and
+    128 that lie whole in a tile and in the context; 24 is not a multiple of 16 and takes cp.async
+    for the cache) and from cp.async where a group holds the context's end (prefixes not
     multiples of 16); windows start tiles mid-block. PAGEDKV_PREFILL_WGMMA_TMA=0: all cp.async.
     The cache's unused slots are NaN, so a group read past the context shows."""
     _require_wgmma(monkeypatch)

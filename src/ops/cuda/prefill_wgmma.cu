@@ -61,6 +61,15 @@ void encode_maps(prefill_wg::WgParams& wp) {
   wp.o_tma = tma && wp.vf.out && encode_o_map(&wp.o_map, p);
   wp.new_tma = tma && encode_new_map(&wp.k_new_map, p.k_new, p.knl, p, 16) &&
                encode_new_map(&wp.v_new_map, p.v_new, p.vnl, p, 16);
+  // Cached blocks of more than 16 slots in one box each (PAGEDKV_PREFILL_WGMMA_BLOCK_BOX=0: 16-slot
+  // boxes), where a block divides the key tile.
+  const int bs = p.block_size;
+  wp.block_rows = wp.cache_tma && bs > 16 && prefill_wg::kTileKeys % bs == 0 &&
+                          env_int("PAGEDKV_PREFILL_WGMMA_BLOCK_BOX", 1) != 0 &&
+                          encode_cache_map(&wp.k_block_map, p.k_cache, p.kl, p, 2, bs) &&
+                          encode_cache_map(&wp.v_block_map, p.v_cache, p.vl, p, 2, bs)
+                      ? bs
+                      : 0;
   // Tiles of new tokens in few large boxes: the TMA unit's cost is per box, and 16-token boxes
   // (2 KB each) kept the consumers waiting for data in the H100 profile.
   int rows = env_int("PAGEDKV_PREFILL_WGMMA_TILE_BOX", prefill_wg::kTileKeys);

@@ -41,12 +41,15 @@ struct WgParams {
   CUtensorMap k_cache_map, v_cache_map;  // cache_tma: (dims, heads, slots, blocks), 16-slot boxes
   CUtensorMap k_new_map, v_new_map;      // new_tma: (dims, heads, tokens), 16-token boxes
   CUtensorMap k_tile_map, v_tile_map;    // tile_rows > 0: the same with tile_rows-token boxes
+  CUtensorMap k_block_map, v_block_map;  // block_rows > 0: the cache maps, whole-block boxes
   CUtensorMap q_map;                     // q_tma: (dims, heads, tokens), a query tile per box
   CUtensorMap o_map;                     // o_tma: the output, half a query tile per box
   AttnParams a;
   prefill::VecFlags vf;
   int cache_tma, new_tma, q_tma, o_tma;
-  int tile_rows;  // 0, or boxes of that many new tokens (a divisor of the key tile, >= 32)
+  int tile_rows;   // 0, or boxes of that many new tokens (a divisor of the key tile, >= 32)
+  int block_rows;  // 0, or the block size (32, 64, 128): a cached block that lies whole in a
+                   // key tile and in the context goes in one box per slice
 };
 
 constexpr int kTileKeys = 128;  // keys per K/V tile (Tile<DP>::BN)

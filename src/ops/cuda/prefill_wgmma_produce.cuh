@@ -13,7 +13,9 @@
 // NaN.
 //
 // A tile entirely in the sequence's new tokens goes in boxes of tile_rows tokens instead (2
-// copies per half for head size 128 with whole-tile boxes): the TMA unit's cost is per box.
+// copies per half for head size 128 with whole-tile boxes), and a cached block of 32, 64 or 128
+// slots that lies whole in the tile and in the context in one box per slice (block_rows): the
+// TMA's cost is per box.
 //
 // Each stage half ("full" K, "full" V) completes when thread 0 (K) or 32 (V) arrived with the
 // TMA bytes of all the half's boxes and all 128 threads' cp.async landed
@@ -85,7 +87,17 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
         const int slot = key0 - bi * p.block_size;  // a multiple of 16: the box stays in the block
         const int b = bt[min(bi, p.max_blocks - 1)];
         const int block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
-        tma_load_4d(gdst + cb * C::BN * 128, cmap, cb * 64, w.kvh, slot, block, full, 0, false);
+        // A block that lies whole in this tile and in the context: its first group's lane copies
+        // all of it in one box (the bytes are those of its groups, announced above).
+        const int start = key0 - slot;
+        if (wp.block_rows > 0 && start >= kt && start + wp.block_rows <= min(w.ctx, kt + C::BN)) {
+          if (slot == 0) {
+            tma_load_4d(gdst + cb * C::BN * 128, is_v ? &wp.v_block_map : &wp.k_block_map, cb * 64,
+                        w.kvh, 0, block, full, 0, false);
+          }
+        } else {
+          tma_load_4d(gdst + cb * C::BN * 128, cmap, cb * 64, w.kvh, slot, block, full, 0, false);
+        }
       } else {
         const int tok = w.qs + (key0 - w.ctx);
         tma_load_3d(gdst + cb * C::BN * 128, nmap, cb * 64, w.kvh, tok, full, 0, false);

@@ -49,11 +49,11 @@ bool encode_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* 
 }
 
 bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& a,
-                      int esz) {
+                      int esz, int rows) {
   const uint64_t dims[4] = {uint64_t(a.head_size), uint64_t(a.num_kv_heads), uint64_t(a.block_size),
                             uint64_t(a.num_blocks)};
   const int64_t strides[3] = {l.s_head * esz, l.s_slot * esz, l.s_block * esz};
-  const uint32_t box[4] = {uint32_t(128 / esz), 1, 16, 1};
+  const uint32_t box[4] = {uint32_t(128 / esz), 1, uint32_t(rows), 1};
   return encode_sw128(map, base, 4, dims, strides, box, esz);
 }
 

@@ -22,8 +22,9 @@ bool encode_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* 
                   const int64_t* strides, const uint32_t* box, int esz);
 
 // A paged cache (row layout: d contiguous) as a 4-D tensor (dims, heads, slots, blocks) whose
-// boxes are 16 slots of one head and one 128-byte slice of the head dimension.
+// boxes are `rows` slots (16, or a whole block) of one head and one 128-byte slice of the head
+// dimension.
 bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& a,
-                      int esz);
+                      int esz, int rows = 16);
 
 }  // namespace pagedkv::cuda_ops
