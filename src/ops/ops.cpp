@@ -10,6 +10,7 @@
 #include "ops/validate.h"
 #ifdef PAGEDKV_WITH_CUDA
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_props.h"
 #endif
 
 namespace pagedkv {
@@ -294,7 +295,7 @@ int decode_partition_size(const TensorView& query, const TensorView& key_cache,
   PAGEDKV_CHECK(max_seq_len >= 0, "max_seq_len must be >= 0, got ", max_seq_len);
   int sms = 0;
 #ifdef PAGEDKV_WITH_CUDA
-  if (kernel != DecodeKernel::kCpu) sms = cuda_ops::num_sms(query);
+  if (kernel != DecodeKernel::kCpu) sms = cuda_ops::sm_count(query.device().id);
 #endif
   return decode_partition_size(kernel, static_cast<int>(query.size(0)),
                                static_cast<int>(query.size(1)), num_kv_heads, max_seq_len,

@@ -35,9 +35,6 @@ ops::DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_c
                                 const TensorView& value_cache, int num_kv_heads,
                                 KVCacheDType kv_cache_dtype);
 
-// Streaming multiprocessors of the GPU holding `on`.
-int num_sms(const TensorView& on);
-
 void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
                            const TensorView& value, const TensorView& key_cache,
                            const TensorView& value_cache, const TensorView& block_tables,

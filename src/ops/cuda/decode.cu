@@ -10,7 +10,6 @@
 #include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/decode_reduce.h"
-#include "ops/cuda/device_props.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
@@ -48,11 +47,6 @@ ops::DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_c
   opts.kv_cache_dtype = kv_cache_dtype;
   const AttnParams p = make_attn_shape(query, key_cache, value_cache, num_kv_heads, opts);
   return pick_kernel(p, query.dtype(), kv_cache_dtype, key_cache, value_cache);
-}
-
-int num_sms(const TensorView& on) {
-  DeviceGuard guard(on.device());
-  return sm_count(current_device());
 }
 
 void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
