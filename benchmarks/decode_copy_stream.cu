@@ -15,7 +15,8 @@
 // (1: each sequence's blocks in order), hint (1: L2 evict-first), and the kernel's other work:
 // lookahead (block id loaded a chunk ahead), prologue (a sequence-length load before the first
 // copies, query loads and two CTA barriers after them), pdl (programmatic dependent launch),
-// epilogue (each warp's 4 KB to shared memory, a barrier, a merge and a global store), delay
+// epilogue (1: each warp's 4 KB to shared memory, a barrier, a merge and a global store; 2: the
+// same without the store; 3: the store alone; 5: the barrier alone), delay
 // (cycles of spinning per chunk after its stage is refilled: the "math"; jitter=1 draws it from
 // [0, 2 * delay]).
 #include <cuda.h>
@@ -161,7 +162,11 @@ __global__ void __launch_bounds__(32 * kMaxWarps) copy_stream(const __grid_const
     }
   }
   if (p.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (p.epilogue) {  // each warp's fp32 state through shared memory, merged, stored
+  if (p.epilogue == 5) __syncthreads();
+  if (p.epilogue == 3) {
+    for (int i = threadIdx.x; i < 512; i += blockDim.x) p.out[blockIdx.x * 512 + i] = float(i);
+  }
+  if (p.epilogue == 1 || p.epilogue == 2) {  // each warp's fp32 state through shared memory
     float* mine = reinterpret_cast<float*>(ring);
     for (int i = lane; i < 1024; i += 32) mine[i] = q_tile[i % (8 * 136)] + i;
     __syncthreads();
@@ -170,7 +175,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) copy_stream(const __grid_const
       for (int w = 0; w < W; ++w) {
         o += reinterpret_cast<const float*>(smem + w * p.stages * p.stage_bytes)[i];
       }
-      p.out[blockIdx.x * 512 + i] = o;
+      if (p.epilogue == 1 || o == 12345.f) p.out[blockIdx.x * 512 + i] = o;
     }
   }
 }
