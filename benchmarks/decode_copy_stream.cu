@@ -1,10 +1,11 @@
 // The Hopper decode's copy pattern alone (src/ops/cuda/decode_bulk.cuh without the attention): each
 // warp of a CTA streams its 16-key chunks of one KV head's K and V rows through a ring of
 // mbarrier stages, one TMA box (16 slots x 128 bytes, 128-byte swizzle) per 128-byte slice, from a
-// paged cache of randomly permuted blocks. It measures what that pattern can stream on this GPU,
-// and what each piece of a real kernel's work costs it, without the library:
+// paged cache of randomly permuted blocks, with the kernel's own copy and barrier instructions
+// (ops/cuda/bulk_copy.cuh). It measures what that pattern can stream on this GPU, and what each
+// piece of a real kernel's work costs it, without the rest of the library:
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/copy_stream benchmarks/decode_copy_stream.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/copy_stream benchmarks/decode_copy_stream.cu
 //   /tmp/copy_stream row=128 seqs=64 len=2048 stages=3 ctas=4        # fp8-sized rows, 64*2048
 //   bash benchmarks/decode_copy_stream.sh                             # the RESULTS.md tables
 //
@@ -33,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/bulk_copy.cuh"
+
 #define CHECK(x)                                                                          \
   do {                                                                                    \
     const cudaError_t e = (x);                                                            \
@@ -43,6 +46,8 @@
   } while (0)
 
 namespace {
+
+using namespace pagedkv::cuda_ops;
 
 constexpr int kHeads = 8, kBlock = 16, kMaxWarps = 8, kMaxStages = 16;
 
@@ -56,42 +61,22 @@ struct Params {
   int lookahead, prologue, pdl, epilogue, delay, jitter;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, "
-        "q; }"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
 __global__ void __launch_bounds__(32 * kMaxWarps) copy_stream(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   __shared__ __align__(8) uint64_t bars[kMaxWarps][kMaxStages];
   __shared__ float q_tile[8 * 136];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = p.warps;
   // Grid order as the decode's (heads fastest): head, partition, sequence.
   const int head = blockIdx.x % kHeads, part = blockIdx.x / kHeads % p.parts;
   const int seq = blockIdx.x / kHeads / p.parts;
-  if (p.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (p.pdl) pdl_wait();
   if (lane == 0) {
-    for (int i = 0; i < p.stages; ++i) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[warp][i])));
-    }
+    for (int i = 0; i < p.stages; ++i) mbar_init(&bars[warp][i], 1);
   }
-  asm volatile("fence.mbarrier_init.release.cluster;\n fence.proxy.async.shared::cta;" ::
-                   : "memory");
+  mbar_init_fence();
   __syncwarp();
-  uint64_t policy = 0;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  const uint64_t policy = make_evict_first_policy();
 
   const int* table = p.tables + seq * p.blocks_per_seq;
   const int blocks = p.keys / kBlock;  // blocks per stage
@@ -104,22 +89,13 @@ __global__ void __launch_bounds__(32 * kMaxWarps) copy_stream(const __grid_const
   auto issue = [&](int j, int stage) {
     unsigned char* dst = ring + stage * p.stage_bytes;
     uint64_t* bar = &bars[warp][stage];
-    if (lane == 0) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                   "r"(uint32_t(p.stage_bytes))
-                   : "memory");
-    }
+    if (lane == 0) mbar_arrive_expect(bar, uint32_t(p.stage_bytes));
     if (lane < blocks * per_block) {
       const int b = lane / per_block, r = lane % per_block, is_v = r >= slices;
       const int slice = is_v ? r - slices : r;
       const int blk = p.lookahead && blocks == 1 ? next : block_of(j, b);
-      unsigned char* box = dst + (2 * b + is_v) * kBlock * p.row + slice * 2048;
-      asm volatile(
-          "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-          ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(smem_u32(box)),
-          "l"(is_v ? &p.v_map : &p.k_map), "r"(slice * 128), "r"(head), "r"(0), "r"(blk),
-          "r"(smem_u32(bar)), "l"(policy)
-          : "memory");
+      tma_load_4d(dst + (2 * b + is_v) * kBlock * p.row + slice * 2048, is_v ? &p.v_map : &p.k_map,
+                  slice * 128, head, 0, blk, bar, policy, true);
     }
   };
   auto look = [&](int j) { next = p.lookahead && j < n ? block_of(j, 0) : 0; };
@@ -143,7 +119,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) copy_stream(const __grid_const
   int stage = 0;
   uint32_t parity = 0;
   for (int j = 0; j < n; ++j) {
-    wait_parity(&bars[warp][stage], parity);
+    mbar_wait(&bars[warp][stage], parity);
     __syncwarp();  // every lane is past the wait before the stage is refilled
     if (j + p.stages < n) {
       issue(j + p.stages, stage);
@@ -161,7 +137,7 @@ __global__ void __launch_bounds__(32 * kMaxWarps) copy_stream(const __grid_const
       parity ^= 1u;
     }
   }
-  if (p.pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (p.pdl) pdl_trigger();
   if (p.epilogue == 5) __syncthreads();
   if (p.epilogue == 3) {
     for (int i = threadIdx.x; i < 512; i += blockDim.x) p.out[blockIdx.x * 512 + i] = float(i);
