@@ -2,10 +2,11 @@
 // warp of a CTA streams its 16-key chunks of one KV head's K and V rows through a ring of
 // mbarrier stages, one TMA box (16 slots x 128 bytes, 128-byte swizzle) per 128-byte slice, from a
 // paged cache of randomly permuted blocks, with the kernel's own copy and barrier instructions
-// (ops/cuda/bulk_copy.cuh). It measures what that pattern can stream on this GPU, and what each
-// piece of a real kernel's work costs it, without the rest of the library:
+// (ops/cuda/bulk_copy.cuh, tensor_map.cu). It measures what that pattern can stream on this GPU,
+// and what each piece of a real kernel's work costs it, without the rest of the library:
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -o /tmp/copy_stream benchmarks/decode_copy_stream.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -Iinclude -o /tmp/copy_stream \
+//     benchmarks/decode_copy_stream.cu src/ops/cuda/tensor_map.cu
 //   /tmp/copy_stream row=128 seqs=64 len=2048 stages=3 ctas=4        # fp8-sized rows, 64*2048
 //   bash benchmarks/decode_copy_stream.sh                             # the RESULTS.md tables
 //
@@ -21,7 +22,6 @@
 // (cycles of spinning per chunk after its stage is refilled: the "math"; jitter=1 draws it from
 // [0, 2 * delay]).
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "ops/cuda/bulk_copy.cuh"
+#include "ops/cuda/tensor_map.h"
 
 #define CHECK(x)                                                                          \
   do {                                                                                    \
@@ -156,26 +157,21 @@ __global__ void __launch_bounds__(32 * kMaxWarps) copy_stream(const __grid_const
   }
 }
 
-// A [blocks, slots, heads, row] byte cache (NHD), or [blocks, heads, slots, row] (hnd) addressed
-// through the same (row, head, slot, block) coordinates.
+// A [blocks, slots, heads, row] byte cache (NHD), or [blocks, heads, slots, row] (hnd), as the
+// decode's tensor map (tensor_map.cu) sees it: rows of `row` bytes, 16-slot boxes.
 CUtensorMap cache_map(const void* base, int row, int blocks, bool hnd) {
-  static const auto encode = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                           &q));
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  cuuint64_t dims[4] = {cuuint64_t(row), kHeads, kBlock, cuuint64_t(blocks)};
-  cuuint64_t strides[3] = {cuuint64_t(hnd ? kBlock * row : row),
-                           cuuint64_t(hnd ? row : kHeads * row), cuuint64_t(kBlock) * kHeads * row};
-  cuuint32_t box[4] = {128, 1, kBlock, 1}, steps[4] = {1, 1, 1, 1};
+  CacheLayout l;
+  l.s_block = int64_t(kBlock) * kHeads * row;
+  l.s_head = hnd ? kBlock * row : row;
+  l.s_slot = hnd ? row : kHeads * row;
+  AttnParams a{};
+  a.head_size = row;
+  a.num_kv_heads = kHeads;
+  a.block_size = kBlock;
+  a.num_blocks = blocks;
   CUtensorMap map;
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(base), dims, strides, box,
-             steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-    std::printf("cuTensorMapEncodeTiled failed\n");
+  if (!encode_cache_map(&map, base, l, a, 1)) {
+    std::printf("cuTensorMapEncodeTiled refused the cache map\n");
     std::exit(1);
   }
   return map;

@@ -5,7 +5,9 @@
 #   bash benchmarks/decode_copy_stream.sh        (needs nvcc and an sm_90 GPU)
 set -euo pipefail
 BIN=${BIN:-/tmp/decode_copy_stream}
-nvcc -O3 -std=c++17 -arch=sm_90a -I"$(dirname "$0")/../src" -o "$BIN" "$(dirname "$0")/decode_copy_stream.cu"
+ROOT="$(dirname "$0")/.."
+nvcc -O3 -std=c++17 -arch=sm_90a -I"$ROOT/src" -I"$ROOT/include" -o "$BIN" \
+  "$ROOT/benchmarks/decode_copy_stream.cu" "$ROOT/src/ops/cuda/tensor_map.cu"
 BF16="row=256 stages=2 ctas=3"
 FP8="row=128 stages=3 ctas=4"
 echo "== the pattern alone, as the decode runs each shape (bf16, then fp8)"
