@@ -106,13 +106,16 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
     _long_ragged_case(head_size, dtype, layout, [0, 8, 4])
 
 
+@pytest.mark.parametrize("turns", ["1", "0", "2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_long_ragged(head_size, dtype, monkeypatch):
+def test_prefill_wgmma_long_ragged(head_size, dtype, turns, monkeypatch):
     """The same random cases on the wgmma kernel (NHD cache, 16-byte key / value rows: what it
     covers; query / output rows may take its scalar paths); a few per parametrisation, since each
-    draws new options and shapes."""
+    draws new options and shapes. PAGEDKV_PREFILL_WGMMA_TURNS: the consumers' turn-taking in CTAs
+    without a cached prefix (1, the default), never (0), everywhere (2)."""
     _require_wgmma(monkeypatch)
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TURNS", turns)
     for _ in range(8):
         _long_ragged_case(head_size, dtype, "nhd", [0, 8, 4], kv_pads=[0, 8])
 

@@ -1,5 +1,6 @@
 // Host side of the Hopper wgmma prefill: the opt-in switch, which calls the kernel covers, and the
 // per-dtype launch (kernels instantiated in prefill_wgmma_{f16,bf16}.cu).
+#include <algorithm>
 #include <atomic>
 
 #include "ops/cuda/common.cuh"
@@ -59,6 +60,10 @@ void encode_maps(prefill_wg::WgParams& wp) {
                  encode_cache_map(&wp.v_cache_map, p.v_cache, p.vl, p, 2);
   wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
   wp.o_tma = tma && wp.vf.out && encode_o_map(&wp.o_map, p);
+  // Turn-taking consumers (prefill_wgmma_consume.cuh) in CTAs without a cached prefix: on an H100
+  // 4 % faster at 32x512, 1 % at 8x2048, level at 1x8192; over a long prefix 1-1.5 % slower
+  // (benchmarks/RESULTS.md), hence not there.
+  wp.turns = std::clamp(env_int("PAGEDKV_PREFILL_WGMMA_TURNS", 1), 0, 2);
   wp.new_tma = tma && encode_new_map(&wp.k_new_map, p.k_new, p.knl, p, 16) &&
                encode_new_map(&wp.v_new_map, p.v_new, p.vnl, p, 16);
   // Cached blocks of more than 16 slots in one box each (PAGEDKV_PREFILL_WGMMA_BLOCK_BOX=0: 16-slot

@@ -50,6 +50,8 @@ struct WgParams {
   int tile_rows;   // 0, or boxes of that many new tokens (a divisor of the key tile, >= 32)
   int block_rows;  // 0, or the block size (32, 64, 128): a cached block that lies whole in a
                    // key tile and in the context goes in one box per slice
+  int turns;       // the consumers take turns issuing S = Q K^T: 0 never, 1 in CTAs without a
+                   // cached prefix, 2 always (PAGEDKV_PREFILL_WGMMA_TURNS; prefill_wgmma.cu)
 };
 
 constexpr int kTileKeys = 128;  // keys per K/V tile (Tile<DP>::BN)

@@ -1,9 +1,10 @@
 // Consumer warpgroups of the Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): each owns 64
 // query rows and walks every K/V stage the producer hands over: S = Q K^T, softmax, O += P V, each
-// wgmma waited for at once (the other consumer warpgroup keeps the tensor cores busy meanwhile,
-// by chance rather than by schedule). A pipelined form (S of tile i + 1 in flight with P_i V_i,
-// FlashAttention-3's intra-warpgroup overlap, plus turn-taking between the warpgroups) measured
-// 10-12 % slower on every benchmark shape and was removed; benchmarks/RESULTS.md has the runs.
+// wgmma waited for at once, while the other consumer warpgroup keeps the tensor cores busy (in
+// CTAs without a cached prefix by schedule: the two take turns issuing S, Turns below). A
+// pipelined form (S of tile i + 1 in flight with P_i V_i, FlashAttention-3's intra-warpgroup
+// overlap, plus the turns) measured 10-12 % slower on every benchmark shape and was removed;
+// benchmarks/RESULTS.md has the runs.
 #pragma once
 
 #include "ops/cuda/bulk_copy.cuh"
@@ -186,31 +187,63 @@ __device__ __forceinline__ void store_o(const WgParams& wp, const CtaWork& w, fl
   }
 }
 
+// Turn-taking of the two consumers (FlashAttention-3's ping-pong): consumer wg issues its
+// S = Q K^T only in its turn (named barrier 3 + wg) and hands the turn over at once, so the
+// tensor cores take the two S products one after the other and one consumer's softmax runs
+// under the other's GEMMs instead of both softmaxes at the same time. Every consumer passes every
+// turn, live tile or not; consumer 1 hands consumer 0 the first turn, and consumer 0 takes the
+// hand-over left after the last tile, so no barrier is left half-arrived.
+struct Turns {
+  bool on;
+  int wg;
+  __device__ void begin() const {
+    if (on && wg == 1) bar_arrive(3, 256);
+  }
+  __device__ void wait() const {
+    if (on) wgmma::bar_sync(3 + wg, 256);
+  }
+  __device__ void pass() const {
+    if (on) bar_arrive(4 - wg, 256);
+  }
+  __device__ void end() const {
+    if (on && wg == 0) wgmma::bar_sync(3, 256);
+  }
+  static __device__ void bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  }
+};
+
 // Consumer warpgroup wg: per tile S, softmax, P V, each waited for at once.
 template <typename T, int DP>
 __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, uint32_t sbase,
                                         uint64_t* bars, int wg, float (&o)[DP / 8][4],
-                                        float (&l)[2]) {
+                                        float (&l)[2], bool turns) {
   using C = Tile<DP>;
   const StageBars<C::kStages> sb(bars);
   const WgRows wr(p, w, wg);
+  const Turns turn{turns, wg};
   const uint32_t q_addr = sbase + wg * 64 * 128;
   float m[2] = {-INFINITY, -INFINITY};
+  turn.begin();
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     const bool live = wr.live(p, kt, C::BN);
     sb.wait_k(it);
     float s[1][16][4];
     uint32_t a[8][4];
-    if (live) {
+    turn.wait();
+    if (live) {  // one block from issue to wait: ptxas serialises wgmma it cannot pair (C7520)
       wgmma::fence();
       issue_qk<T, DP>(s[0], q_addr, sbase + C::kKOff + stage * C::kKVBytes);
+      turn.pass();
       wgmma::wait<0>();
       wgmma::fence_operand(s[0]);
       float alpha[2];
       wr.softmax<C::BN>(p, w, kt, s, m, l, alpha);
       rescale<DP>(o, alpha);
       pack_p<T>(a, s[0]);
+    } else {
+      turn.pass();
     }
     sb.wait_v(it);
     if (live) {
@@ -222,6 +255,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
     }
     sb.free(it);
   }
+  turn.end();
 }
 
 #endif  // PAGEDKV_WGMMA_ENABLED

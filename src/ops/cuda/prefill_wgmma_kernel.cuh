@@ -13,8 +13,9 @@
 //    shared memory, both K-major), online softmax on the accumulators (prefill_softmax.cuh, masks
 //    only on tiles that cross the diagonal / window or need soft-cap / alibi), then O += P V
 //    with P packed to 16 bits in registers as the A operand and V read N-major (transpose flag).
-// The consumers are not synchronised with each other, so one's softmax overlaps the other's wgmma
-// by chance (prefill_wgmma_consume.cuh).
+// In CTAs without a cached prefix the consumers take turns issuing S = Q K^T, so one's softmax
+// runs under the other's wgmma (FlashAttention-3's ping-pong); elsewhere they overlap by chance
+// (prefill_wgmma_consume.cuh).
 // CTAs take the query tiles of a few (sequence, KV head) pairs at a time, longest first, so that
 // the ones running together share their K/V through L2 (prefill_order.cuh).
 #pragma once
@@ -51,7 +52,7 @@ __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, u
 #pragma unroll
   for (int j = 0; j < DP / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float l[2] = {0.f, 0.f};
-  consume<T, DP>(p, w, sbase, bars, wg, o, l);
+  consume<T, DP>(p, w, sbase, bars, wg, o, l, wp.turns == 2 || (wp.turns == 1 && w.ctx == 0));
   store_o<T, DP>(wp, w, o, l, smem, wg);
 }
 
