@@ -69,7 +69,8 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
   const int most = bulk_early_release(D, bp.head_tiles) ? bulk_min_ctas(fp8, D, bp.head_tiles) : 4;
   const int budget = kSmemPerSm / cta_target(per_cta_min, most) - 2048;  // reserved + static
   bp.stages = std::clamp((budget - fixed) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
-  bp.warp_bytes = round_up(std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * D * 4), 1024);
+  bp.warp_bytes = round_up(
+      std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * bulk_out_pitch(D) * 4), 1024);
   bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 1) != 0;
   bp.heads_first = a.num_q <= 65535 && env_int("PAGEDKV_DECODE_HEADS_FIRST", 1) != 0;
   if (smem_bytes(bp) > kCtaMax) return "the rings do not fit shared memory";

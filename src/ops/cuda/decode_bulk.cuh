@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     decode_bulk_kernel(const __grid_constant__ BulkDecodeParams bp) {
 #if PAGEDKV_SM90
   constexpr int KD = HD / 16, D = HD;  // 16-wide head-dimension steps
+  constexpr int kOutPitch = bulk_out_pitch(HD);
   static_assert(HD % 16 == 0 && (KIND == kNoFp8 || HD % 32 == 0));
   constexpr bool kFp8 = KIND != kNoFp8;
   constexpr bool kEarly = bulk_early_release(HD, NH);
@@ -537,7 +538,9 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
 
   pdl_trigger();  // the next kernel (split mode: the reduction) may launch while CTAs finish
 
-  // ---- merge the warps through shared memory (each warp's ring holds its [NR][D] output) ----
+  // ---- merge the warps through shared memory (each warp's ring holds its [NR][D] output, rows
+  //      kOutPitch floats apart: the lanes of one store, heads 2q and 2q + 1 for q = 0..3, then
+  //      hit different banks instead of one) ----
 #pragma unroll
   for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
@@ -555,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int head = nh * 8 + 2 * q + (e & 1);
-        ow[head * D + out_dim<kFp8>(mt, r + 8 * (e >> 1))] = o[mt][nh][e];
+        ow[head * kOutPitch + out_dim<kFp8>(mt, r + 8 * (e >> 1))] = o[mt][nh][e];
       }
     }
   }
@@ -571,12 +574,32 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   }
   __syncthreads();
 
-  for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
-    const int g = idx / D, d = idx - g * D;
-    merge_store<QT, kWarps>(
-        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale, [&](int w) { return sm_m[w][g]; },
-        [&](int w) { return sm_l[w][g]; },
-        [&](int w) { return reinterpret_cast<const float*>(smem + w * bp.warp_bytes)[g * D + d]; });
+  // Each head's warp weights once (one thread per head), not per output element: the element
+  // loop is then four shared-memory vector loads and FMAs per 4 dimensions, and one store.
+  __shared__ float sm_a[kWarps][NR], sm_lsum[NR], sm_mmax[NR];
+  if (threadIdx.x < ng) {
+    const int g = threadIdx.x;
+    WarpMerge<kWarps> wm([&](int w) { return sm_m[w][g]; }, [&](int w) { return sm_l[w][g]; });
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sm_a[w][g] = wm.weight(w, p.v_scale);
+    sm_lsum[g] = wm.L;
+    sm_mmax[g] = wm.M;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < ng * (D / 4); idx += kThreads) {
+    const int g = idx / (D / 4), d = 4 * (idx - g * (D / 4));
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float a = sm_a[w][g];
+      const float4 x = *reinterpret_cast<const float4*>(
+          reinterpret_cast<const float*>(smem + w * bp.warp_bytes) + g * kOutPitch + d);
+      v.x += a * x.x;
+      v.y += a * x.y;
+      v.z += a * x.z;
+      v.w += a * x.w;
+    }
+    store_merged4<QT>(p, seq, seq, kvh * p.group + g0 + g, part, d, v, sm_lsum[g], sm_mmax[g]);
   }
 #else
   __trap();  // never launched: the host checks the device and the binary first

@@ -49,6 +49,11 @@ constexpr bool bulk_early_release(int head_size, int head_tiles) {
   return head_size * head_tiles <= 128;
 }
 
+// Floats between the rows of a warp's [8 * head_tiles][head_size] fp32 output in its ring at the
+// final merge: padded by 4 so that the rows of heads 2q (q = 0..3), written by one store, fall in
+// different shared-memory banks, and rows stay 16-byte aligned for the merge's vector loads.
+constexpr int bulk_out_pitch(int head_size) { return head_size + 4; }
+
 // CTAs of 128 threads per SM that the kernel's registers are capped for (__launch_bounds__): 4 at
 // 128 registers up to head size 128 with one column tile, except 16-bit caches of head size 112
 // and 128, whose early-release fragments need 150-165 registers: 3 (the rings are sized for no
