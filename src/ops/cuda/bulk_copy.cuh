@@ -178,6 +178,14 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Starts fetching a tensor map (a __grid_constant__ kernel parameter) into the descriptor cache,
+// so the first copy through it does not wait for that fetch.
+__device__ __forceinline__ void prefetch_tensormap(const void* map) {
+#if PAGEDKV_SM90
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+#endif
+}
+
 // Orders this thread's earlier generic writes to shared memory before later bulk copies into the
 // same bytes (they go through the async proxy).
 __device__ __forceinline__ void fence_proxy_async() {

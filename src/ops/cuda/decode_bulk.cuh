@@ -120,10 +120,22 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   const int ng = min(NR, p.group - g0);
   const int part = blockIdx.z;
 
+  const int S = bp.stages;
+  // What reads nothing an earlier kernel writes runs before the programmatic wait, under that
+  // kernel's tail: each warp's ring barriers, and the tensor maps' descriptor fetch.
+  uint64_t* bars = reinterpret_cast<uint64_t*>(qbase + bp.q_bytes) + warp * kBulkMaxStages;
+  if (lane == 0) {
+    for (int i = 0; i < S; ++i) mbar_init(bars + i, 1);
+  }
+  mbar_init_fence();
+  __syncwarp();  // the warp's barriers are initialised before its lanes copy
+  if (bp.tma && threadIdx.x == 0) {
+    prefetch_tensormap(&bp.k_map);
+    prefetch_tensormap(&bp.v_map);
+  }
   // Launched as a programmatic dependent (decode_pdl): the previous kernel's writes (the query,
   // the cache, the block tables) are visible only after this.
   pdl_wait();
-  const int S = bp.stages;
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
   auto block_of = [&](int tok) {  // the table entry of key tok, clamped into the table's row
     const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
@@ -152,15 +164,8 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   int k_lo, k_hi;
   if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
 
-  // ---- each warp's ring barriers, then its first copies: they need no query, so the KV
-  //      fetch starts before the query tile is loaded (hides that load's latency) ----
-  uint64_t* bars = reinterpret_cast<uint64_t*>(qbase + bp.q_bytes) + warp * kBulkMaxStages;
-  if (lane == 0) {
-    for (int i = 0; i < S; ++i) mbar_init(bars + i, 1);
-  }
-  mbar_init_fence();
-  __syncwarp();  // the warp's barriers are initialised before its lanes copy
-
+  // ---- each warp's first copies: they need no query, so the KV fetch starts before the query
+  //      tile is loaded (hides that load's latency) ----
   // ---- this warp's chunks: cl + warp, cl + warp + kWarps, ... < ch ----
   const int cl = k_lo / kKeys, ch = (k_hi + kKeys - 1) / kKeys;
   const int n = (k_lo < k_hi && cl + warp < ch) ? (ch - cl - warp + kWarps - 1) / kWarps : 0;
