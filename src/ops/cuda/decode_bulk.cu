@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ops/cuda/decode_bulk.h"
+#include "ops/cuda/decode_timeline.h"
 #include "ops/cuda/device_props.h"
 #include "ops/cuda/tensor_map.h"
 
@@ -125,11 +126,14 @@ void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, c
   const dim3 grid = bp.heads_first ? dim3(heads, p.num_q, parts) : dim3(p.num_q, heads, parts);
   const int smem = smem_bytes(bp);
   const int fp8 = fp8_kind(cache);
+  const uint64_t ctas = uint64_t(grid.x) * grid.y * grid.z;
+  bp.timeline = decode_timeline_buffer(ctas, s);
   if (qdtype == DType::kFloat16) {
     launch_decode_bulk_f16(bp, fp8, grid, smem, s);
   } else {
     launch_decode_bulk_bf16(bp, fp8, grid, smem, s);
   }
+  decode_timeline_dump(bp.timeline, ctas, s);
 }
 
 }  // namespace pagedkv::cuda_ops

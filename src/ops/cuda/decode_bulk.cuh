@@ -34,6 +34,7 @@
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/decode_bulk.h"
+#include "ops/cuda/decode_timeline.h"
 #include "ops/cuda/device_props.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/split_k.cuh"
@@ -119,6 +120,8 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   const int g0 = (hc % bp.gchunks) * NR;
   const int ng = min(NR, p.group - g0);
   const int part = blockIdx.z;
+  Timeline tl;  // profiling builds only (decode_timeline.h)
+  tl.stamp(kEntry);
 
   const int S = bp.stages;
   // What reads nothing an earlier kernel writes runs before the programmatic wait, under that
@@ -136,6 +139,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   // Launched as a programmatic dependent (decode_pdl): the previous kernel's writes (the query,
   // the cache, the block tables) are visible only after this.
   pdl_wait();
+  tl.stamp(kAfterWait);
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
   auto block_of = [&](int tok) {  // the table entry of key tok, clamped into the table's row
     const int bi = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
@@ -359,6 +363,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     const int key0 = c * kKeys;
     const bool edge = key0 < k_lo || key0 + kKeys > k_hi;
     mbar_wait(bars + stage, parity);
+    if (c == cl) tl.stamp(kFirstData);  // thread 0: warp 0's first chunk
     if (edge) clear_edge(vt, key0);
     // Early release (bulk_early_release): every fragment of the chunk to registers, then the
     // stage is refilled while the math runs. Otherwise the math reads the stage as it goes and
@@ -541,6 +546,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     }
   }
 
+  tl.stamp(kLoopDone);
   pdl_trigger();  // the next kernel (split mode: the reduction) may launch while CTAs finish
 
   // ---- merge the warps through shared memory (each warp's ring holds its [NR][D] output, rows
@@ -606,6 +612,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     }
     store_merged4<QT>(p, seq, seq, kvh * p.group + g0 + g, part, d, v, sm_lsum[g], sm_mmax[g]);
   }
+  tl.write(bp.timeline);
 #else
   __trap();  // never launched: the host checks the device and the binary first
 #endif

@@ -1,0 +1,143 @@
+"""Per-CTA timeline of the Hopper decode on gpu_attention.py's data: when each CTA started, got
+past the programmatic wait, received warp 0's first stage, finished warp 0's loop and ended
+(the GPU's global timer), as percentiles over the CTAs of one eager call. It shows what a
+kernel's duration is made of: the latency to the first data, the spread of the CTAs' ends in
+a wave, the epilogue (benchmarks/RESULTS.md, "Where a decode call's time goes").
+
+Needs a profiling build (the stamps compile to nothing otherwise):
+    pip install --no-build-isolation . -Ccmake.define.PAGEDKV_DECODE_TIMELINE=ON
+    python benchmarks/decode_timeline.py 16x4096 1x32768 64x2048:fp8 [--cupti]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections import defaultdict
+
+import gpu_attention as ga
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pagedkv import ops
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+STAMPS = ["entry", "after wait", "first data", "loop done", "CTA done"]
+WORDS = len(STAMPS) + 1  # the stamps, then the SM id
+
+
+def _call(x: dict, length: int, kv: str) -> None:
+    q, sl, ps = x["q"], x["sl"], x["ps"]
+    out = torch.empty_like(q)
+    kc, vc, bt = x["caches"][0]
+    args = (q, kc, vc, ga.HKV, ga.D ** -0.5, bt, sl, ga.BS, length, None, kv, 1.0, 1.0)
+    if ps:
+        ops.paged_attention_v2(out, x["es"], x["ml"], x["tmp"], *args, partition_size=ps)
+    else:
+        ops.paged_attention_v1(out, *args)
+
+
+def _records(path: str) -> list[np.ndarray]:
+    raw, recs, off = np.fromfile(path, dtype=np.uint64), [], 0
+    while off < len(raw):
+        n = int(raw[off])
+        recs.append(raw[off + 1: off + 1 + WORDS * n].reshape(n, WORDS).astype(np.int64))
+        off += 1 + WORDS * n
+    return recs
+
+
+def _row(name: str, values: np.ndarray) -> str:
+    cells = " ".join(f"{v / 1e3:8.2f}" for v in np.percentile(values, [0, 10, 50, 90, 100]))
+    return f"  {name:<24}{cells}"
+
+
+def kernel_durations(x: dict, b: int, length: int, kv: str) -> None:
+    """Each kernel's own duration (CUPTI, through torch.profiler; eager calls, medians of 5),
+    ours and, for a bf16 cache, cuDNN's on the same data laid out contiguously: what the
+    graph-replay harness measures minus its per-replay overhead."""
+    kc, vc, bt = x["caches"][0]
+    qs = x["q"].view(b, ga.HQ, 1, ga.D)
+    calls = [lambda: _call(x, length, kv)]
+    if kv == "auto":
+        k = kc[bt.long()].reshape(b, -1, ga.HKV, ga.D)[:, :length].transpose(1, 2).contiguous()
+        v = vc[bt.long()].reshape(b, -1, ga.HKV, ga.D)[:, :length].transpose(1, 2).contiguous()
+
+        def cudnn() -> None:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+        calls.append(cudnn)
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            for c in calls:
+                c()
+                torch.cuda.synchronize()
+    times = defaultdict(list)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times[e.name[:70]].append(e.device_time)
+    for name, ts in times.items():
+        print(f"  kernel {sorted(ts)[len(ts) // 2]:8.1f} us  {name}")
+
+
+def report(b: int, length: int, kv: str, calls: int, cupti: bool) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = ga._decode_inputs(b, length, sms, kv)
+    graph_us = ga._time_ours(x, length, kv) * 1e6
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "timeline.bin")
+        os.environ["PAGEDKV_DECODE_TIMELINE_FILE"] = path
+        try:
+            for _ in range(calls):
+                _call(x, length, kv)
+        finally:
+            del os.environ["PAGEDKV_DECODE_TIMELINE_FILE"]
+        if not os.path.exists(path):
+            raise SystemExit("no timeline written: build with "
+                             "-Ccmake.define.PAGEDKV_DECODE_TIMELINE=ON (Hopper decode only)")
+        recs = _records(path)
+    r = recs[-1]
+    r = r[r[:, 0] > 0]  # CTAs that returned early (partitions past the end) left zeros
+    t0 = r[:, 0].min()
+    spans = ", ".join(f"{(c[:, 4].max() - c[c[:, 0] > 0, 0].min()) / 1e3:.1f}" for c in recs)
+    print(f"\n{b}*{length} {kv}: split {x['ps']}, {len(r)} CTAs; span of each call {spans} us; "
+          f"graph-replay harness {graph_us:.1f} us")
+    print(f"  {'(us)':<24}{'min':>8} {'p10':>8} {'p50':>8} {'p90':>8} {'max':>8}")
+    print(_row("start", r[:, 0] - t0))
+    print(_row("programmatic wait", r[:, 1] - r[:, 0]))
+    print(_row("first data", r[:, 2] - r[:, 1]))
+    print(_row("warp 0 streaming", r[:, 3] - r[:, 2]))
+    print(_row("warp 0 loop done", r[:, 3] - t0))
+    print(_row("epilogue + other warps", r[:, 4] - r[:, 3]))
+    print(_row("CTA done", r[:, 4] - t0))
+    per_sm = np.bincount(r[:, 5], minlength=sms)
+    print(f"  CTAs per SM over the call: {per_sm.min()}..{per_sm.max()}")
+    if cupti:
+        kernel_durations(x, b, length, kv)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shapes", nargs="*", default=["16x4096", "1x4096", "64x2048:fp8"],
+                    help="BxL[:fp8] decode shapes (batch x context), bf16 cache unless :fp8")
+    ap.add_argument("--calls", type=int, default=3,
+                    help="eager calls per shape (the last one is summarised; all give spans)")
+    ap.add_argument("--cupti", action="store_true",
+                    help="also each kernel's own duration (torch.profiler), ours and cuDNN's")
+    args = ap.parse_args()
+    t = torch.zeros(1, device="cuda")
+    tiny = ga.time_graph([lambda: t.add_(1)]) * 1e6
+    print(f"graph-replay harness, one tiny kernel: {tiny:.1f} us (its per-replay overhead)")
+    for shape in args.shapes:
+        dims, _, kv = shape.partition(":")
+        b, length = (int(v) for v in dims.split("x"))
+        report(b, length, kv or "auto", args.calls, args.cupti)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
