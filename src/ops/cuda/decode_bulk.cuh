@@ -168,8 +168,6 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   int k_lo, k_hi;
   if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
 
-  // ---- each warp's first copies: they need no query, so the KV fetch starts before the query
-  //      tile is loaded (hides that load's latency) ----
   // ---- this warp's chunks: cl + warp, cl + warp + kWarps, ... < ch ----
   const int cl = k_lo / kKeys, ch = (k_hi + kKeys - 1) / kKeys;
   const int n = (k_lo < k_hi && cl + warp < ch) ? (ch - cl - warp + kWarps - 1) / kWarps : 0;
@@ -250,8 +248,9 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     __syncwarp();
   };
 
-  // The first S block ids load together (unrolled: they stay in registers), so the first copies
-  // wait for one load latency, not S in a row.
+  // ---- each warp's first copies: they need no query, so the KV fetch starts before the query
+  //      tile is loaded (hides that load's latency). The first S block ids load together
+  //      (unrolled: they stay in registers), so the copies wait for one load latency, not S ----
   if (!early) {
 #pragma unroll
     for (int j = 0; j < kBulkMaxStages; ++j) first[j] = j < S && j < n ? lookup(chunk(j)) : 0;
