@@ -197,19 +197,16 @@ struct Turns {
   bool on;
   int wg;
   __device__ void begin() const {
-    if (on && wg == 1) bar_arrive(3, 256);
+    if (on && wg == 1) wgmma::bar_arrive(3, 256);
   }
   __device__ void wait() const {
     if (on) wgmma::bar_sync(3 + wg, 256);
   }
   __device__ void pass() const {
-    if (on) bar_arrive(4 - wg, 256);
+    if (on) wgmma::bar_arrive(4 - wg, 256);
   }
   __device__ void end() const {
     if (on && wg == 0) wgmma::bar_sync(3, 256);
-  }
-  static __device__ void bar_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
   }
 };
 
