@@ -15,27 +15,16 @@ import argparse
 import os
 import tempfile
 from collections import defaultdict
+from typing import Callable
 
 import gpu_attention as ga
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pagedkv import ops
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 STAMPS = ["entry", "after wait", "first data", "loop done", "CTA done"]
 WORDS = len(STAMPS) + 1  # the stamps, then the SM id
-
-
-def _call(x: dict, length: int, kv: str) -> None:
-    q, sl, ps = x["q"], x["sl"], x["ps"]
-    out = torch.empty_like(q)
-    kc, vc, bt = x["caches"][0]
-    args = (q, kc, vc, ga.HKV, ga.D ** -0.5, bt, sl, ga.BS, length, None, kv, 1.0, 1.0)
-    if ps:
-        ops.paged_attention_v2(out, x["es"], x["ml"], x["tmp"], *args, partition_size=ps)
-    else:
-        ops.paged_attention_v1(out, *args)
 
 
 def _records(path: str) -> list[np.ndarray]:
@@ -52,16 +41,14 @@ def _row(name: str, values: np.ndarray) -> str:
     return f"  {name:<24}{cells}"
 
 
-def kernel_durations(x: dict, b: int, length: int, kv: str) -> None:
+def kernel_durations(x: dict, b: int, length: int, kv: str, ours: Callable[[], None]) -> None:
     """Each kernel's own duration (CUPTI, through torch.profiler; eager calls, medians of 5),
     ours and, for a bf16 cache, cuDNN's on the same data laid out contiguously: what the
     graph-replay harness measures minus its per-replay overhead."""
-    kc, vc, bt = x["caches"][0]
     qs = x["q"].view(b, ga.HQ, 1, ga.D)
-    calls = [lambda: _call(x, length, kv)]
+    calls = [ours]
     if kv == "auto":
-        k = kc[bt.long()].reshape(b, -1, ga.HKV, ga.D)[:, :length].transpose(1, 2).contiguous()
-        v = vc[bt.long()].reshape(b, -1, ga.HKV, ga.D)[:, :length].transpose(1, 2).contiguous()
+        k, v = ga.contiguous_kv(*x["caches"][0], b, length)
 
         def cudnn() -> None:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -87,12 +74,13 @@ def report(b: int, length: int, kv: str, calls: int, cupti: bool) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = ga._decode_inputs(b, length, sms, kv)
     graph_us = ga._time_ours(x, length, kv) * 1e6
+    ours = ga.decode_calls(x, length, kv)[0]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "timeline.bin")
         os.environ["PAGEDKV_DECODE_TIMELINE_FILE"] = path
         try:
             for _ in range(calls):
-                _call(x, length, kv)
+                ours()
         finally:
             del os.environ["PAGEDKV_DECODE_TIMELINE_FILE"]
         if not os.path.exists(path):
@@ -116,7 +104,7 @@ def report(b: int, length: int, kv: str, calls: int, cupti: bool) -> None:
     per_sm = np.bincount(r[:, 5], minlength=sms)
     print(f"  CTAs per SM over the call: {per_sm.min()}..{per_sm.max()}")
     if cupti:
-        kernel_durations(x, b, length, kv)
+        kernel_durations(x, b, length, kv, ours)
 
 
 def main() -> None:

@@ -119,7 +119,8 @@ def _decode_inputs(b: int, length: int, sms: int, kv_dtype: str) -> dict:
             "tmp": torch.empty(b, HQ, parts, D, device="cuda"), "bytes": kv_bytes}
 
 
-def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
+def decode_calls(x: dict, length: int, kv_dtype: str) -> list[Callable[[], None]]:
+    """Our decode on _decode_inputs' data, one call per cache set (v2 where it splits)."""
     q, sl, ps = x["q"], x["sl"], x["ps"]
     out = torch.empty_like(q)
 
@@ -130,7 +131,18 @@ def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
                                                   partition_size=ps)
         return lambda: ops.paged_attention_v1(out, *args)
 
-    return time_graph([ours(*c) for c in x["caches"]])
+    return [ours(*c) for c in x["caches"]]
+
+
+def contiguous_kv(kc, vc, bt, b: int, length: int) -> tuple:
+    """A paged cache's keys and values laid out contiguously, [b, hkv, length, d]."""
+    k = kc[bt.long()].reshape(b, -1, HKV, D)[:, :length].transpose(1, 2).contiguous()
+    v = vc[bt.long()].reshape(b, -1, HKV, D)[:, :length].transpose(1, 2).contiguous()
+    return k, v
+
+
+def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
+    return time_graph(decode_calls(x, length, kv_dtype))
 
 
 def bench_decode_ours(b: int, length: int, sms: int, kv_dtype: str = "auto") -> float:
@@ -145,11 +157,7 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
     if kv_dtype != "auto":
         return res
     qs = q.view(b, HQ, 1, D)
-    contig = []
-    for kc, vc, bt in caches:  # the same data laid out contiguously [b, hkv, L, d]
-        k = kc[bt.long()].reshape(b, -1, HKV, D)[:, :length].transpose(1, 2).contiguous()
-        v = vc[bt.long()].reshape(b, -1, HKV, D)[:, :length].transpose(1, 2).contiguous()
-        contig.append((k, v))
+    contig = [contiguous_kv(kc, vc, bt, b, length) for kc, vc, bt in caches]
 
     def sdpa(backend):
         def make():
