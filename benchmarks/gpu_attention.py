@@ -8,7 +8,8 @@ and reshape_and_cache.
 
 bf16, Hq=32, Hkv=8, D=128, block 16, NHD cache with randomly permuted blocks. Times are medians
 of CUDA-graph replays (each replay runs the op over several rotating buffer sets whose total
-size exceeds the L2 cache, so every call reads from HBM), after warm-up.
+size exceeds the L2 cache, so every call reads from HBM), after warm-up; each replay is queued
+behind a GPU-side spin, so the host's graph submission is not timed (--host-latency times it).
 """
 
 from __future__ import annotations
@@ -38,8 +39,16 @@ EXTEND_SHAPES = [(1, 7168, 1024), (8, 1536, 512), (32, 384, 128)]
 ops = pagedkv.ops
 
 
+# GPU cycles (~100 us on an H100) spun before each timed replay, so that the host has queued the
+# start event, the replay and the end event before the GPU reaches them: the time between the
+# events is then the GPU's, not the host's graph submission (10-20 us per replay otherwise,
+# measured with one tiny kernel; RESULTS.md). Zero: the queue is empty at the start event.
+QUEUE_AHEAD_CYCLES = 200_000
+
+
 def time_graph(calls: list[Callable[[], None]], reps: int = 15) -> float:
-    """Median seconds per call: the calls are captured once in a CUDA graph and replayed."""
+    """Median seconds per call: the calls are captured once in a CUDA graph and replayed, each
+    replay queued behind a GPU-side spin (QUEUE_AHEAD_CYCLES)."""
     for c in calls:  # warm-up (also triggers lazy init outside the capture)
         c()
     torch.cuda.synchronize()
@@ -53,6 +62,8 @@ def time_graph(calls: list[Callable[[], None]], reps: int = 15) -> float:
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if QUEUE_AHEAD_CYCLES:
+            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
         a.record()
         g.replay()
         b.record()
@@ -357,12 +368,19 @@ def main() -> None:
                     help="only the decode table (skip prefill and reshape_and_cache)")
     ap.add_argument("--prefill-only", action="store_true",
                     help="only the prefill table (skip decode and reshape_and_cache)")
+    ap.add_argument("--host-latency", action="store_true",
+                    help="time each replay from an idle GPU, including the host's graph "
+                         "submission (the harness of the tables before 2026-11-24 04:30 UTC)")
     args = ap.parse_args()
+    if args.host_latency:
+        global QUEUE_AHEAD_CYCLES
+        QUEUE_AHEAD_CYCLES = 0
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     bw = copy_bandwidth()
     print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
-          f"decode kernel: {decode_kernel_name()}")
+          f"decode kernel: {decode_kernel_name()}; replays "
+          f"{'from an idle GPU' if args.host_latency else 'queued ahead'}")
     dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "
