@@ -41,6 +41,36 @@ def _row(name: str, values: np.ndarray) -> str:
     return f"  {name:<24}{cells}"
 
 
+def _sm_means(r: np.ndarray, sms: int, col: np.ndarray) -> np.ndarray:
+    """Mean of `col` over each SM's CTAs (NaN for SMs without one)."""
+    n = np.bincount(r[:, 5], minlength=sms)
+    with np.errstate(invalid="ignore"):
+        return np.bincount(r[:, 5], weights=col, minlength=sms) / n
+
+
+def by_sm(recs: list[np.ndarray], sms: int) -> None:
+    """Whether the slow CTAs are the SMs' doing: warp 0's streaming time by how many CTAs its SM
+    ran, and how well the SMs' mean streaming times of one call predict the next call's (a
+    correlation near 1: some SMs are slower every time; near 0: the tail is random)."""
+    r = recs[-1]
+    r = r[r[:, 0] > 0]
+    stream = (r[:, 3] - r[:, 2]) / 1e3
+    count = np.bincount(r[:, 5], minlength=sms)[r[:, 5]]
+    cells = ", ".join(f"{c} CTAs/SM: {stream[count == c].mean():.1f} us ({(count == c).sum()})"
+                      for c in np.unique(count))
+    print(f"  warp 0 streaming by the SM's CTA count: {cells}")
+    means = []
+    for c in recs[-3:]:
+        c = c[c[:, 0] > 0]
+        means.append(_sm_means(c, sms, (c[:, 3] - c[:, 2]) / 1e3))
+    for a, b in zip(means, means[1:]):
+        ok = ~(np.isnan(a) | np.isnan(b))
+        corr = np.corrcoef(a[ok], b[ok])[0, 1]
+        print(f"  SM mean streaming, call to call: correlation {corr:.2f}"
+              f", spread of SM means p10/p90 {np.percentile(b[ok], 10):.1f}/"
+              f"{np.percentile(b[ok], 90):.1f} us")
+
+
 def kernel_durations(x: dict, b: int, length: int, kv: str, ours: Callable[[], None]) -> None:
     """Each kernel's own duration (CUPTI, through torch.profiler; eager calls, medians of 5),
     ours and, for a bf16 cache, cuDNN's on the same data laid out contiguously: what the
@@ -103,6 +133,7 @@ def report(b: int, length: int, kv: str, calls: int, cupti: bool) -> None:
     print(_row("CTA done", r[:, 4] - t0))
     per_sm = np.bincount(r[:, 5], minlength=sms)
     print(f"  CTAs per SM over the call: {per_sm.min()}..{per_sm.max()}")
+    by_sm(recs, sms)
     if cupti:
         kernel_durations(x, b, length, kv, ours)
 
