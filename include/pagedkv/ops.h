@@ -111,7 +111,8 @@ DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
 // slots / CTAs partitions (multiples of 16 keys and of block_size, at least 128 keys):
 //  - the Hopper kernel streams a 16-bit cache at full bandwidth from one CTA per SM, so it
 //    splits only to reach that; an fp8 cache (half the bytes per key for the same math) wants
-//    every CTA slot filled (4 per SM), in partitions of at least 256 keys;
+//    every CTA slot filled (4 per SM), in partitions of at least 256 keys, where that at least
+//    triples the CTAs (two partitions lose to the unsplit grid);
 //  - the tensor-core kernel (up to 16 query heads per CTA): 2 CTAs per SM, 4 with fp8;
 //  - the CUDA-core kernel (8 query heads per CTA) is issue-bound and wants ~8 CTAs per SM.
 // Each within 2 % of the best fixed size on the H100 benchmark shapes (benchmarks/RESULTS.md).

@@ -95,7 +95,8 @@ def test_partition_heuristic():
 
     # The Hopper kernel, at the best fixed sizes of the H100 sweep (decode_variants.py
     # --partitions --every-shape, benchmarks/RESULTS.md) or within 2 % of them: 16-bit caches
-    # split only to one CTA per SM, fp8 ones to every CTA slot (4 per SM) in >= 256-key parts.
+    # split only to one CTA per SM, fp8 ones to every CTA slot (4 per SM) in >= 256-key parts
+    # where that at least triples the CTAs.
     def hopper(*args, kv="auto"):
         return rule("hopper", *args, kv=kv)
 
@@ -107,7 +108,8 @@ def test_partition_heuristic():
     assert hopper(1, 32, 8, 32768, 16, 132, kv="fp8_e5m2") == 512
     assert hopper(16, 32, 8, 4096, 16, 132, kv="fp8") == 1024
     assert hopper(64, 32, 8, 2048, 16, 132, kv="fp8") == 0  # 512 CTAs: the slots are full
-    assert hopper(32, 32, 8, 8192, 16, 132, kv="fp8") == 4096
+    assert hopper(32, 32, 8, 8192, 16, 132, kv="fp8") == 0  # 256 CTAs: two parts lose
+    assert hopper(8, 32, 8, 8192, 16, 132, kv="fp8") == 1024  # 64 CTAs: eight parts
     assert hopper(256, 32, 8, 512, 16, 132, kv="fp8") == 0
     assert hopper(2, 32, 8, 4096, 16, 132, kv="fp8") == 256  # at least 256 keys
 
