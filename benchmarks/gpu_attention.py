@@ -370,7 +370,7 @@ def main() -> None:
                     help="only the prefill table (skip decode and reshape_and_cache)")
     ap.add_argument("--host-latency", action="store_true",
                     help="time each replay from an idle GPU, including the host's graph "
-                         "submission (the harness of the tables before 2026-11-24 04:30 UTC)")
+                         "submission (the harness of the tables before commit 1e250f7)")
     args = ap.parse_args()
     if args.host_latency:
         global QUEUE_AHEAD_CYCLES
