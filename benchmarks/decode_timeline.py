@@ -15,7 +15,7 @@ import argparse
 import os
 import tempfile
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, Optional
 
 import gpu_attention as ga
 import numpy as np
@@ -48,10 +48,11 @@ def _sm_means(r: np.ndarray, sms: int, col: np.ndarray) -> np.ndarray:
         return np.bincount(r[:, 5], weights=col, minlength=sms) / n
 
 
-def by_sm(recs: list[np.ndarray], sms: int) -> None:
+def by_sm(recs: list[np.ndarray], sms: int, groups: Optional[np.ndarray] = None) -> None:
     """Whether the slow CTAs are the SMs' doing: warp 0's streaming time by how many CTAs its SM
     ran, and how well the SMs' mean streaming times of one call predict the next call's (a
-    correlation near 1: some SMs are slower every time; near 0: the tail is random)."""
+    correlation near 1: some SMs are slower every time; near 0: the tail is random). With
+    `groups` (each SM's GPC, from sm_groups.cu), the SM means averaged per GPC."""
     r = recs[-1]
     r = r[r[:, 0] > 0]
     stream = (r[:, 3] - r[:, 2]) / 1e3
@@ -69,6 +70,13 @@ def by_sm(recs: list[np.ndarray], sms: int) -> None:
         print(f"  SM mean streaming, call to call: correlation {corr:.2f}"
               f", spread of SM means p10/p90 {np.percentile(b[ok], 10):.1f}/"
               f"{np.percentile(b[ok], 90):.1f} us")
+    if groups is not None:
+        last = means[-1]
+        cells = []
+        for g in np.unique(groups):
+            m = last[(groups == g) & ~np.isnan(last)]
+            cells.append(f"{(groups == g).sum()} SMs {m.mean():.1f}" if len(m) else "-")
+        print(f"  SM mean streaming per GPC (us): {'; '.join(cells)}")
 
 
 def kernel_durations(x: dict, b: int, length: int, kv: str, ours: Callable[[], None]) -> None:
@@ -100,7 +108,8 @@ def kernel_durations(x: dict, b: int, length: int, kv: str, ours: Callable[[], N
         print(f"  kernel {sorted(ts)[len(ts) // 2]:8.1f} us  {name}")
 
 
-def report(b: int, length: int, kv: str, calls: int, cupti: bool) -> None:
+def report(b: int, length: int, kv: str, calls: int, cupti: bool,
+           groups: Optional[np.ndarray] = None) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = ga._decode_inputs(b, length, sms, kv)
     graph_us = ga._time_ours(x, length, kv) * 1e6
@@ -133,7 +142,7 @@ def report(b: int, length: int, kv: str, calls: int, cupti: bool) -> None:
     print(_row("CTA done", r[:, 4] - t0))
     per_sm = np.bincount(r[:, 5], minlength=sms)
     print(f"  CTAs per SM over the call: {per_sm.min()}..{per_sm.max()}")
-    by_sm(recs, sms)
+    by_sm(recs, sms, groups)
     if cupti:
         kernel_durations(x, b, length, kv, ours)
 
@@ -147,14 +156,20 @@ def main() -> None:
                     help="eager calls per shape (the last one is summarised; all give spans)")
     ap.add_argument("--cupti", action="store_true",
                     help="also each kernel's own duration (torch.profiler), ours and cuDNN's")
+    ap.add_argument("--sm-groups", metavar="FILE",
+                    help="'sm group' lines (sm_groups.cu's output): SM means per GPC too")
     args = ap.parse_args()
+    groups = None
+    if args.sm_groups:
+        pairs = np.loadtxt(args.sm_groups, dtype=np.int64, ndmin=2)
+        groups = pairs[np.argsort(pairs[:, 0]), 1]
     t = torch.zeros(1, device="cuda")
     tiny = ga.time_graph([lambda: t.add_(1)]) * 1e6
     print(f"graph-replay harness, one tiny kernel: {tiny:.1f} us (its per-replay overhead)")
     for shape in args.shapes:
         dims, _, kv = shape.partition(":")
         b, length = (int(v) for v in dims.split("x"))
-        report(b, length, kv or "auto", args.calls, args.cupti)
+        report(b, length, kv or "auto", args.calls, args.cupti, groups)
         torch.cuda.empty_cache()
 
 
