@@ -52,7 +52,7 @@ def by_sm(recs: list[np.ndarray], sms: int, groups: Optional[np.ndarray] = None)
     """Whether the slow CTAs are the SMs' doing: warp 0's streaming time by how many CTAs its SM
     ran, and how well the SMs' mean streaming times of one call predict the next call's (a
     correlation near 1: some SMs are slower every time; near 0: the tail is random). With
-    `groups` (each SM's GPC, from sm_groups.cu), the SM means averaged per GPC."""
+    `groups` (each SM's GPC, from sm_groups.cu), the SM means averaged per group."""
     r = recs[-1]
     r = r[r[:, 0] > 0]
     stream = (r[:, 3] - r[:, 2]) / 1e3
@@ -76,7 +76,7 @@ def by_sm(recs: list[np.ndarray], sms: int, groups: Optional[np.ndarray] = None)
         for g in np.unique(groups):
             m = last[(groups == g) & ~np.isnan(last)]
             cells.append(f"{(groups == g).sum()} SMs {m.mean():.1f}" if len(m) else "-")
-        print(f"  SM mean streaming per GPC (us): {'; '.join(cells)}")
+        print(f"  SM mean streaming per group (us): {'; '.join(cells)}")
 
 
 def kernel_durations(x: dict, b: int, length: int, kv: str, ours: Callable[[], None]) -> None:
@@ -157,7 +157,7 @@ def main() -> None:
     ap.add_argument("--cupti", action="store_true",
                     help="also each kernel's own duration (torch.profiler), ours and cuDNN's")
     ap.add_argument("--sm-groups", metavar="FILE",
-                    help="'sm group' lines (sm_groups.cu's output): SM means per GPC too")
+                    help="'sm group' lines (sm_groups.cu's output): SM means per group too")
     args = ap.parse_args()
     groups = None
     if args.sm_groups:

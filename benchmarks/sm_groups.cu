@@ -1,10 +1,10 @@
-// Which SMs share a GPC: a thread-block cluster is always placed within one GPC, so launching
-// many clusters and joining the SMs that ran CTAs of the same cluster recovers the groups. Prints
-// "sm group" lines (group = the smallest SM id of the group), then each group's size (stderr).
-// The cluster size is the first argument (default 8: clusters of 2 stay within one TPC, a pair of
-// SMs, on an H100, so they find TPCs, not GPCs). Used with
-// decode_timeline.py --sm-groups to ask whether an SM's decode speed follows its GPC
-// (benchmarks/RESULTS.md, "The late CTAs are the SMs' doing").
+// Which SMs share a GPC (or a TPC): a thread-block cluster is always placed within one GPC, so
+// launching many clusters and joining the SMs that ran CTAs of the same cluster recovers the
+// groups. Prints "sm group" lines (group = the smallest SM id of the group), then each group's
+// size (stderr). The cluster size is the first argument: 8 (the default) finds GPCs; 2 finds
+// TPCs on an H100, whose pairs of SMs always host a cluster of 2 together. With
+// decode_timeline.py --sm-groups, the decode's streaming time per group (benchmarks/RESULTS.md,
+// "The late CTAs are the SMs' doing").
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/sm_groups benchmarks/sm_groups.cu
 //   /tmp/sm_groups [cluster size] > sm_groups.txt
 #include <cuda_runtime.h>
@@ -64,8 +64,7 @@ int main(int argc, char** argv) {
   cfg.numAttrs = 1;
   for (int launch = 0; launch < 200; ++launch) {
     check(cudaLaunchKernelEx(&cfg, record_sm, dev, 20000LL), "launch");
-    check(cudaMemcpy(sm_of.data(), dev, ctas * sizeof(unsigned), cudaMemcpyDeviceToHost),
-          "copy");
+    check(cudaMemcpy(sm_of.data(), dev, ctas * sizeof(unsigned), cudaMemcpyDeviceToHost), "copy");
     for (int c = 0; c < ctas; c += cluster) {
       for (int k = 1; k < cluster; ++k) {
         parent[find(parent, int(sm_of[c]))] = find(parent, int(sm_of[c + k]));
