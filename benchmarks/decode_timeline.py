@@ -52,7 +52,7 @@ def by_sm(recs: list[np.ndarray], sms: int, groups: Optional[np.ndarray] = None)
     """Whether the slow CTAs are the SMs' doing: warp 0's streaming time by how many CTAs its SM
     ran, and how well the SMs' mean streaming times of one call predict the next call's (a
     correlation near 1: some SMs are slower every time; near 0: the tail is random). With
-    `groups` (each SM's GPC, from sm_groups.cu), the SM means averaged per group."""
+    `groups` (each SM's GPC or TPC, from sm_groups.cu), the SM means averaged per group."""
     r = recs[-1]
     r = r[r[:, 0] > 0]
     stream = (r[:, 3] - r[:, 2]) / 1e3
