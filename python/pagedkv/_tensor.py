@@ -107,6 +107,22 @@ def _numpy_empty(shape: tuple, dtype: str) -> Any:
     return np.empty(shape, dtype=_np_dtype(dtype))
 
 
+def stream_handle(stream: Any, x: Any) -> int:
+    """The CUDA stream handle to launch on for array ``x``: ``stream`` given as an int handle, a
+    ``torch.cuda.Stream`` or a cupy stream, or the caller's current stream (None). The kernels
+    check that the stream belongs to ``x``'s GPU."""
+    if stream is None:
+        return current_stream(x)
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int):
+            return handle
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    raise TypeError("stream: expected a CUDA stream handle (int), a torch.cuda.Stream or a cupy "
+                    f"stream, got {type(stream).__name__}")
+
+
 def current_stream(x: Any) -> int:
     """The CUDA stream handle the caller is working on for array ``x`` (0 for CPU arrays).
 

@@ -66,7 +66,7 @@ class PagedAttention:
     @staticmethod
     def write_to_paged_cache(key: Any, value: Any, key_cache: Any, value_cache: Any,
                              slot_mapping: Any, kv_cache_dtype: str, k_scale: Any, v_scale: Any,
-                             *, stream: Optional[int] = None) -> None:
+                             *, stream: Any = None) -> None:
         _tensor.check_array(slot_mapping, "slot_mapping")
         ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping.reshape(-1),
                               kv_cache_dtype, k_scale, v_scale, stream=stream)
@@ -79,7 +79,7 @@ class PagedAttention:
                        blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
                        blocksparse_head_sliding_step: int = 0, *,
                        logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
-                       stream: Optional[int] = None) -> Any:
+                       stream: Any = None) -> Any:
         """Decode attention; returns the output [num_seqs, num_heads, head_size] like query.
         The split-K partition is the library's (ops.decode_partition_size): on CUDA, split only
         when the batch leaves the GPU under-filled, for the kernel that runs; on the CPU,
@@ -127,7 +127,7 @@ class PagedAttention:
                        seq_lens_tensor: Any, max_query_len: int, alibi_slopes: Optional[Any],
                        sliding_window: Optional[int], k_scale: Any, v_scale: Any, *,
                        scale: Optional[float] = None, logits_soft_cap: float = 0.0,
-                       stream: Optional[int] = None) -> Any:
+                       stream: Any = None) -> Any:
         """Prefill / extend attention: the new tokens (query/key/value [num_tokens, heads,
         head_size]) attend causally to their sequence's cached context and to themselves.
         Returns the output like query. scale defaults to 1/sqrt(head_size)."""
@@ -143,13 +143,13 @@ class PagedAttention:
 
     @staticmethod
     def swap_blocks(src_kv_cache: Any, dst_kv_cache: Any, src_to_dst: Any, *,
-                    stream: Optional[int] = None) -> None:
+                    stream: Any = None) -> None:
         ops.swap_blocks(src_kv_cache[0], dst_kv_cache[0], src_to_dst, stream=stream)
         ops.swap_blocks(src_kv_cache[1], dst_kv_cache[1], src_to_dst, stream=stream)
 
     @staticmethod
     def copy_blocks(kv_caches: List[Any], src_to_dists: Any, *,
-                    stream: Optional[int] = None) -> None:
+                    stream: Any = None) -> None:
         key_caches = [kv_cache[0] for kv_cache in kv_caches]
         value_caches = [kv_cache[1] for kv_cache in kv_caches]
         ops.copy_blocks(key_caches, value_caches, src_to_dists, stream=stream)

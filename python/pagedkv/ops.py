@@ -3,7 +3,8 @@
 Every array argument may be a numpy array, a torch tensor (CPU or CUDA), a cupy array or any
 ``__dlpack__`` object; caches and outputs are written in place (never copied). The work runs on
 the device of the arrays: the C++ CPU kernels for host arrays, the CUDA kernels for GPU arrays
-(on ``stream``, by default the caller's current torch / cupy stream).
+(on ``stream``: an int handle, a ``torch.cuda.Stream`` or a cupy stream of the arrays' GPU; by
+default the caller's current torch / cupy stream).
 
 ``k_scale`` / ``v_scale`` may be Python floats or 1-element arrays; they are read on the host,
 so a CUDA tensor scale costs one device synchronisation per call (pass floats in hot loops).
@@ -15,7 +16,7 @@ import math
 from typing import Any, Optional, Sequence
 
 from pagedkv import _C
-from pagedkv._tensor import check_array, current_stream, is_cuda
+from pagedkv._tensor import check_array, is_cuda, stream_handle
 
 __all__ = [
     "reshape_and_cache",
@@ -49,8 +50,8 @@ def _scalar(x: Any, name: str) -> float:
     raise TypeError(f"{name} must be a float or a 1-element array, got {type(x).__name__}")
 
 
-def _stream(stream: Optional[int], x: Any) -> int:
-    return current_stream(x) if stream is None else int(stream)
+def _stream(stream: Any, x: Any) -> int:
+    return stream_handle(stream, x)
 
 
 def _window(sliding_window: Optional[int]) -> int:
@@ -64,7 +65,7 @@ def _arrays(**arrays: Any) -> None:
 
 def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
                       kv_cache_dtype: str = "auto", k_scale: Any = 1.0, v_scale: Any = 1.0,
-                      *, stream: Optional[int] = None) -> None:
+                      *, stream: Any = None) -> None:
     """Writes key/value [num_tokens, num_kv_heads, head_size] into vLLM-layout caches
     (key [num_blocks, num_kv_heads, head_size/x, block_size, x], value [num_blocks,
     num_kv_heads, head_size, block_size]) at ``slot_mapping`` (int64; negative = skip)."""
@@ -77,7 +78,7 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
 
 def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: Any,
                             slot_mapping: Any, kv_cache_dtype: str = "auto", k_scale: Any = 1.0,
-                            v_scale: Any = 1.0, *, stream: Optional[int] = None) -> None:
+                            v_scale: Any = 1.0, *, stream: Any = None) -> None:
     """Same as :func:`reshape_and_cache` for NHD caches [num_blocks, block_size, num_kv_heads,
     head_size]."""
     _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
@@ -107,7 +108,7 @@ def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
                        blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
                        blocksparse_head_sliding_step: int = 0, *,
                        logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
-                       stream: Optional[int] = None) -> None:
+                       stream: Any = None) -> None:
     """Decode attention (one query token per sequence), written into ``out``
     [num_seqs, num_heads, head_size]. Blocksparse attention is not supported."""
     _arrays(out=out, query=query, key_cache=key_cache, value_cache=value_cache,
@@ -130,7 +131,7 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
                        blocksparse_block_size: int = 64, blocksparse_head_sliding_step: int = 0,
                        *, logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
                        partition_size: int = PARTITION_SIZE,
-                       stream: Optional[int] = None) -> None:
+                       stream: Any = None) -> None:
     """Partitioned decode attention. exp_sums / max_logits [num_seqs, num_heads, partitions]
     float32 receive each partition's sum of exp(logit - max) and max logit, tmp_out
     [num_seqs, num_heads, partitions, head_size] (float32, or the query dtype) its normalised
@@ -173,7 +174,7 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
                           v_scale: Any = 1.0, alibi_slopes: Optional[Any] = None,
                           sliding_window: Optional[int] = None, sm_scale: Optional[float] = None,
                           skip_decode: bool = False, *, logits_soft_cap: float = 0.0,
-                          stream: Optional[int] = None) -> None:
+                          stream: Any = None) -> None:
     """Prefill / extend attention with a paged prefix (vLLM's prefix_prefill signature).
 
     q, o: [num_tokens, num_heads, head_size]; k, v: the new tokens [num_tokens, num_kv_heads,
@@ -196,7 +197,7 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
 
 
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
-                stream: Optional[int] = None) -> None:
+                stream: Any = None) -> None:
     """Copies blocks block_mapping[i, 0] -> block_mapping[i, 1] ([n, 2] int64) in every
     layer's key and value cache."""
     for name, caches in (("key_caches", key_caches), ("value_caches", value_caches)):
@@ -210,7 +211,7 @@ def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_ma
                        _stream(stream, first))
 
 
-def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Optional[int] = None) -> None:
+def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Any = None) -> None:
     """Copies blocks block_mapping[i, 0] of ``src`` to block_mapping[i, 1] of ``dst``
     (block_mapping: [n, 2] int64 on the CPU); src/dst may be on different devices."""
     _arrays(src=src, dst=dst, block_mapping=block_mapping)

@@ -355,3 +355,48 @@ def test_malformed_calls_raise_or_stay_safe():
     s.synchronize()
     ref = decode_ref(q, kv, [40, 70], 0.125, {"alibi": None, "softcap": 0.0, "window": 0})
     assert rel_err(out, ref) < TOL[torch.float16]
+
+
+def test_stream_arguments():
+    """``stream=`` takes a torch.cuda.Stream or an int handle: the op runs on that stream (its
+    result is complete once that stream is synchronised) and matches the reference."""
+    r, gen = _rng()
+    kv = make_paged_kv(gen, [33, 90], 2, 64, 16, torch.float16, "nhd")
+    q = torch.randn(2, 4, 64, generator=gen).half().cuda()
+    sl = torch.tensor([33, 90], dtype=torch.int32, device="cuda")
+    ref = decode_ref(q, kv, [33, 90], 0.125, {"alibi": None, "softcap": 0.0, "window": 0})
+    side = torch.cuda.Stream()
+    for stream in (side, side.cuda_stream):
+        out = torch.full_like(q, float("nan"))
+        side.wait_stream(torch.cuda.current_stream())
+        ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables,
+                               sl, 16, 90, stream=stream)
+        side.synchronize()
+        assert rel_err(out, ref) < TOL[torch.float16]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="needs 2 GPUs (a stream of one GPU with arrays on another)")
+def test_stream_of_another_gpu_raises():
+    """A stream that belongs to another GPU than the arrays raises a ValueError naming
+    ``stream`` (every CUDA op), and the arrays' own GPU keeps working."""
+    r, gen = _rng()
+    kv = make_paged_kv(gen, [40, 70], 2, 64, 16, torch.float16, "nhd")
+    q = torch.randn(2, 4, 64, generator=gen).half().cuda(0)
+    out = torch.empty_like(q)
+    sl = torch.tensor([40, 70], dtype=torch.int32, device="cuda:0")
+    other = torch.cuda.Stream(device=1)
+    with pytest.raises(ValueError, match="stream"):
+        ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables,
+                               sl, 16, 70, stream=other)
+    with pytest.raises(ValueError, match="stream"):
+        ops.reshape_and_cache_flash(q[:, :2], q[:, :2], kv.key_cache, kv.value_cache,
+                                    torch.zeros(2, dtype=torch.int64, device="cuda:0"), "auto",
+                                    1.0, 1.0, stream=other)
+    with pytest.raises(ValueError, match="stream"):
+        ops.copy_blocks([kv.key_cache], [kv.value_cache],
+                        torch.tensor([[0, 1]], dtype=torch.int64, device="cuda:0"), stream=other)
+    ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables, sl,
+                           16, 70)
+    ref = decode_ref(q, kv, [40, 70], 0.125, {"alibi": None, "softcap": 0.0, "window": 0})
+    assert rel_err(out, ref) < TOL[torch.float16]

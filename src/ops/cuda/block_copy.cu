@@ -59,7 +59,7 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
   const int64_t pairs = block_mapping.size(0);
   if (key_caches.empty() || pairs == 0) return;
   DeviceGuard guard(key_caches[0].device());
-  const cudaStream_t s = to_cuda(stream);
+  const cudaStream_t s = op_stream(stream, key_caches[0].device());
   const int layers = static_cast<int>(key_caches.size());
   if (!block_mapping.device().is_cuda()) {
     // A host mapping: one device-to-device copy per block (no kernel needs the ids on the GPU).
@@ -127,7 +127,7 @@ void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView&
   const int64_t* m = block_mapping.data_as<const int64_t>();
   const char* sb = static_cast<const char*>(src.data());
   char* db = static_cast<char*>(dst.data());
-  const cudaStream_t s = to_cuda(stream);
+  const cudaStream_t s = op_stream(stream, gpu);
   for (int64_t i = 0; i < pairs; ++i) {
     const int64_t a = m[i * block_mapping.stride(0)];
     const int64_t b = m[i * block_mapping.stride(0) + block_mapping.stride(1)];

@@ -157,7 +157,7 @@ void cache_write(const TensorView& key, const TensorView& value, const TensorVie
   const int run_bytes = kRun * static_cast<int>(key_cache.element_size());
   const int dst_align = run_bytes > 16 ? 16 : run_bytes;
   p.dst_vec = vector_ok(key_cache, dst_align) && vector_ok(value_cache, dst_align);
-  const cudaStream_t s = to_cuda(stream);
+  const cudaStream_t s = op_stream(stream, key.device());
   switch (key.dtype()) {
     case DType::kFloat32: launch_typed<float>(p, s); break;
     case DType::kFloat16: launch_typed<__half>(p, s); break;

@@ -85,6 +85,24 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
+// The caller's stream for an op whose arrays are on `device`, called under the op's DeviceGuard
+// (the default streams, 0 and per-thread, then resolve to that device). A stream of another GPU
+// raises a ValueError naming `stream`: a launch on it would fail with "invalid resource handle",
+// and an asynchronous copy would run unordered with the caller's work on the arrays' GPU. A
+// capturing stream is not asked (cudaStreamGetDevice is not permitted during a capture, which
+// the same op's eager warm-up call has normally checked).
+inline cudaStream_t op_stream(Stream stream, const Device& device) {
+  const cudaStream_t s = to_cuda(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(s, &capture), "stream");
+  if (capture != cudaStreamCaptureStatusNone) return s;
+  int owner = -1;
+  check_cuda(cudaStreamGetDevice(s, &owner), "stream");
+  PAGEDKV_CHECK(owner == device.id, "stream: belongs to cuda:", owner,
+                " but the arrays are on cuda:", device.id);
+  return s;
+}
+
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 inline bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 inline int log2_int(int64_t v) {

@@ -56,7 +56,8 @@ void paged_attention_v1(const TensorView& out, const TensorView& query, const Te
   DeviceGuard guard(query.device());
   AttnParams p = make_attn_params(out, query, key_cache, value_cache, num_kv_heads, block_tables,
                                   seq_lens, opts);
-  launch_decode(p, query, key_cache, value_cache, opts, to_cuda(stream), "paged_attention_v1");
+  launch_decode(p, query, key_cache, value_cache, opts, op_stream(stream, query.device()),
+                "paged_attention_v1");
 }
 
 void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
@@ -79,7 +80,7 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   p.tmp_out = tmp_out.data();
   p.tmp_f32 = tmp_out.dtype() == DType::kFloat32;
   PAGEDKV_CHECK(p.max_parts <= 32768, "exp_sums: at most 32768 partitions on CUDA");
-  const cudaStream_t s = to_cuda(stream);
+  const cudaStream_t s = op_stream(stream, query.device());
   launch_decode(p, query, key_cache, value_cache, opts, s, "paged_attention_v2");
   launch_decode_reduce(p, query.dtype(), s);
 }

@@ -35,7 +35,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   }
   p.new_vec = vector_ok(key, 16) && vector_ok(value, 16);
   p.pair_chunk = prefill::pair_chunk(p);
-  const cudaStream_t s = to_cuda(stream);
+  const cudaStream_t s = op_stream(stream, query.device());
   if (const int wg_mode = prefill_wgmma_mode(); wg_mode != 0) {
     const char* why = prefill_wgmma_uncovered(p, query.dtype(), opts.kv_cache_dtype);
     if (why == nullptr) {
