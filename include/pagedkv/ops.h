@@ -10,7 +10,9 @@
 // the vLLM layout needs head_size % x == 0 (fp8 with head size 120 needs the NHD layout).
 // sliding_window <= 0 means off; logit = soft_cap * tanh(scale q.k / soft_cap) (cap > 0), then
 // + alibi_slope * (key_pos - query_pos).
-// CUDA work is enqueued on `stream` and never synchronises or allocates, so it is CUDA-graph safe.
+// CUDA work is enqueued on `stream` and never synchronises or allocates, so it is CUDA-graph safe;
+// `stream` must belong to the arrays' GPU (nullptr: that GPU's legacy default stream), or the
+// call raises ValueError.
 //
 // KV-cache layouts, told apart by the key cache's rank:
 //   vLLM (rank 5): key_cache   [num_blocks, num_kv_heads, head_size / x, block_size, x]
