@@ -32,8 +32,9 @@ _STALL_WAIT_S = 0.001  # pause after a step that produced no output
 
 # The engine knobs a server passes through (vLLM's names); LLMEngine may accept more.
 ENGINE_ARGS = ("model", "tokenizer", "dtype", "device", "block_size", "gpu_memory_utilization",
-               "kv_cache_space", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-               "enable_prefix_caching", "enable_chunked_prefill", "seed")
+               "kv_cache_space", "kv_cache_dtype", "max_model_len", "max_num_seqs",
+               "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
+               "seed")
 
 
 def _engine_arg_names() -> set:

@@ -8,6 +8,10 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
+# vLLM's --kv-cache-dtype choices. "auto": the cache holds the model dtype; the fp8 kinds store
+# one byte per element (uint8 arrays of the same shape), "fp8" meaning e4m3 as in vLLM.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
 
 @dataclass
 class EngineConfig:
@@ -18,6 +22,7 @@ class EngineConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     kv_cache_space: Optional[float] = None  # GiB of KV cache on CPU (default 4)
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES (vLLM's CacheConfig.cache_dtype)
     swap_space: float = 4.0  # GiB of host memory for swapped-out blocks (preemption_mode="swap")
     num_cpu_blocks: Optional[int] = None  # overrides swap_space
     num_gpu_blocks_override: Optional[int] = None  # fixes the device KV-cache size (tests)
@@ -52,6 +57,9 @@ class EngineConfig:
                              f"{self.gpu_memory_utilization}")
         if self.kv_cache_space is not None and self.kv_cache_space <= 0:
             raise ValueError(f"kv_cache_space must be > 0 GiB, got {self.kv_cache_space}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
@@ -63,6 +71,15 @@ class EngineConfig:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")
+
+    @property
+    def cache_dtype(self) -> str:
+        """vLLM's CacheConfig.cache_dtype: the kv_cache_dtype string the ops take."""
+        return self.kv_cache_dtype
+
+    def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The element type of the KV-cache arrays: fp8 caches are bytes (the ops' contract)."""
+        return model_dtype if self.kv_cache_dtype == "auto" else torch.uint8
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

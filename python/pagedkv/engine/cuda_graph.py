@@ -41,6 +41,7 @@ class CudaGraphRunner:
         self.kv_caches = runner.kv_caches
         self.num_heads, self.num_kv_heads = runner.mc.num_attention_heads, runner.num_kv_heads
         self.head_dim, self.block_size = runner.head_dim, runner.block_size
+        self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
         self.batch_sizes = capture_sizes(max_num_seqs)
         self.max_len = min(runner.max_model_len, runner.cfg.max_seq_len_to_capture)
         max_bs, dev = self.batch_sizes[-1], runner.device
@@ -65,7 +66,7 @@ class CudaGraphRunner:
 
     def _backend(self, bs: int) -> PagedAttentionBackend:
         backend = PagedAttentionBackend(self.kv_caches, self.num_heads, self.num_kv_heads,
-                                        self.head_dim, self.block_size)
+                                        self.head_dim, self.block_size, self.kv_cache_dtype)
         backend.set_metadata(AttentionMetadata(
             num_prefills=0, num_prefill_tokens=0, num_decode_tokens=bs,
             slot_mapping=self.slot_mapping[:bs], seq_lens=self.seq_lens[:bs],

@@ -30,6 +30,9 @@ class ModelRunner:
                  max_num_batched_tokens: int) -> None:
         self.cfg, self.model, self.mc = cfg, model, model_config
         self.device, self.dtype = device, dtype
+        # The ops' kv_cache_dtype string and the cache arrays' element type (uint8 for fp8).
+        self.kv_cache_dtype = cfg.kv_cache_dtype
+        self.cache_dtype = cfg.kv_cache_torch_dtype(dtype)
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.block_size = cfg.block_size
@@ -42,8 +45,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ KV cache sizing
     def block_bytes(self) -> int:
-        """Bytes of one block across all layers, keys and values."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        """Bytes of one block across all layers, keys and values (1 per element for fp8)."""
+        elem = torch.empty((), dtype=self.cache_dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def determine_num_blocks(self) -> tuple[int, int]:
@@ -93,11 +96,11 @@ class ModelRunner:
             seqs.append(min(tokens, self.max_model_len))
             tokens -= seqs[-1]
         n = sum(seqs)
+        # The profile runs the kernels the engine will run (fp8 ones for an fp8 cache).
         dummy = [torch.zeros(2, 1, self.block_size, self.num_kv_heads, self.head_dim,
-                             dtype=self.dtype, device=self.device)
+                             dtype=self.cache_dtype, device=self.device)
                  for _ in range(self.num_layers)]
-        backend = PagedAttentionBackend(dummy, self.mc.num_attention_heads, self.num_kv_heads,
-                                        self.head_dim, self.block_size)
+        backend = self._make_backend(dummy)
         qsl = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
         backend.set_metadata(AttentionMetadata(
             num_prefills=len(seqs), num_prefill_tokens=n, num_decode_tokens=0,
@@ -118,19 +121,29 @@ class ModelRunner:
         # Zeroed on the GPU so padded CUDA-graph rows read finite values; left lazy on the CPU
         # so an unused reservation costs no RAM.
         alloc = torch.zeros if self.device.type == "cuda" else torch.empty
-        self.kv_caches = [alloc(shape, dtype=self.dtype, device=self.device)
+        # (A zero byte is +0.0 in both fp8 formats.) Swap space holds the same bytes.
+        self.kv_caches = [alloc(shape, dtype=self.cache_dtype, device=self.device)
                           for _ in range(self.num_layers)]
         if num_cpu_blocks:
             host_shape = (2, num_cpu_blocks) + shape[2:]
             pin = self.device.type == "cuda"
-            self.cpu_caches = [torch.empty(host_shape, dtype=self.dtype, pin_memory=pin)
+            self.cpu_caches = [torch.empty(host_shape, dtype=self.cache_dtype, pin_memory=pin)
                                for _ in range(self.num_layers)]
-        self.backend = PagedAttentionBackend(self.kv_caches, self.mc.num_attention_heads,
-                                             self.num_kv_heads, self.head_dim, self.block_size)
+        self.backend = self._make_backend(self.kv_caches)
         kind = "GPU" if self.device.type == "cuda" else "CPU"
-        logger.info("# %s blocks: %d, # CPU swap blocks: %d (block_size %d, %.2f GiB KV cache)",
-                    kind, num_blocks, num_cpu_blocks, self.block_size,
-                    num_blocks * self.block_bytes() / _GiB)
+        logger.info("# %s blocks: %d, # CPU swap blocks: %d (block_size %d, %.2f GiB KV cache, "
+                    "kv_cache_dtype %s)", kind, num_blocks, num_cpu_blocks, self.block_size,
+                    num_blocks * self.block_bytes() / _GiB, self._cache_dtype_name())
+
+    def _make_backend(self, kv_caches: List[torch.Tensor]) -> PagedAttentionBackend:
+        return PagedAttentionBackend(kv_caches, self.mc.num_attention_heads, self.num_kv_heads,
+                                     self.head_dim, self.block_size, self.kv_cache_dtype)
+
+    def _cache_dtype_name(self) -> str:
+        """'fp8_e4m3' for 'fp8' (vLLM's alias); 'auto' shown as the model dtype it resolves to."""
+        if self.kv_cache_dtype == "auto":
+            return f"auto ({str(self.dtype).removeprefix('torch.')})"
+        return "fp8_e4m3" if self.kv_cache_dtype == "fp8" else self.kv_cache_dtype
 
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         if self.device.type != "cuda" or self.cfg.enforce_eager:

@@ -1,6 +1,7 @@
 """The attention backend the models run on: pagedkv ops over a paged NHD KV cache.
 
-Per layer and step: write the new keys/values into the cache (reshape_and_cache_flash), then
+Per layer and step: write the new keys/values into the cache (reshape_and_cache_flash; in the
+model dtype, or as fp8 bytes with kv_cache_dtype "fp8" / "fp8_e4m3" / "fp8_e5m2"), then
 attend — prefill / extend tokens (which come first in the batch) with context_attention_fwd,
 which reads the cached context from the pages and the new tokens from k/v; decode tokens (one
 per sequence, after the prefills) with paged_attention_v1/v2. The step's metadata is set once
@@ -41,9 +42,13 @@ class PagedAttentionBackend:
     """AttentionBackend (see pagedkv.models.attention_backend) over per-layer paged caches."""
 
     def __init__(self, kv_caches: List[torch.Tensor], num_heads: int, num_kv_heads: int,
-                 head_dim: int, block_size: int) -> None:
-        # kv_caches[layer]: [2, num_blocks, block_size, num_kv_heads, head_dim] (k, v), NHD.
+                 head_dim: int, block_size: int, kv_cache_dtype: str = "auto") -> None:
+        # kv_caches[layer]: [2, num_blocks, block_size, num_kv_heads, head_dim] (k, v), NHD;
+        # the model dtype with kv_cache_dtype "auto", uint8 (fp8 bytes) otherwise.
         self.kv_caches = kv_caches
+        self.kv_cache_dtype = kv_cache_dtype
+        # Checkpoints here carry no KV scales and we do not calibrate: 1.0, as vLLM defaults.
+        self.k_scale = self.v_scale = 1.0
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim, self.block_size = head_dim, block_size
         self.scale = 1.0 / math.sqrt(head_dim)
@@ -58,8 +63,8 @@ class PagedAttentionBackend:
         assert meta is not None, "set_metadata() must be called before the forward"
         key_cache, value_cache = self.kv_caches[layer_idx][0], self.kv_caches[layer_idx][1]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        ops.reshape_and_cache_flash(k, v, key_cache, value_cache, meta.slot_mapping, "auto",
-                                    1.0, 1.0)
+        ops.reshape_and_cache_flash(k, v, key_cache, value_cache, meta.slot_mapping,
+                                    self.kv_cache_dtype, self.k_scale, self.v_scale)
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
         if meta.num_prefills:
@@ -73,9 +78,9 @@ class PagedAttentionBackend:
                  value_cache: torch.Tensor) -> None:
         n = meta.num_prefills
         ops.context_attention_fwd(
-            q, k, v, out, "auto", key_cache, value_cache, meta.block_tables[:n],
+            q, k, v, out, self.kv_cache_dtype, key_cache, value_cache, meta.block_tables[:n],
             meta.query_start_loc[:n + 1], meta.seq_lens[:n], None, meta.max_query_len,
-            sm_scale=self.scale)
+            k_scale=self.k_scale, v_scale=self.v_scale, sm_scale=self.scale)
 
     def _decode(self, meta: AttentionMetadata, out: torch.Tensor, q: torch.Tensor,
                 key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
@@ -85,7 +90,8 @@ class PagedAttentionBackend:
         partition_size = self._partition_size(q, key_cache, value_cache, max_len)
         if partition_size == 0:
             ops.paged_attention_v1(out, q, key_cache, value_cache, self.num_kv_heads, self.scale,
-                                   block_tables, seq_lens, self.block_size, max_len)
+                                   block_tables, seq_lens, self.block_size, max_len, None,
+                                   self.kv_cache_dtype, self.k_scale, self.v_scale)
             return
         num_partitions = (max_len + partition_size - 1) // partition_size
         num_seqs = q.shape[0]
@@ -96,7 +102,8 @@ class PagedAttentionBackend:
                               dtype=torch.float32, device=q.device)
         ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, q, key_cache, value_cache,
                                self.num_kv_heads, self.scale, block_tables, seq_lens,
-                               self.block_size, max_len, partition_size=partition_size)
+                               self.block_size, max_len, None, self.kv_cache_dtype,
+                               self.k_scale, self.v_scale, partition_size=partition_size)
 
     def _partition_size(self, q: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, max_len: int) -> int:
@@ -106,5 +113,6 @@ class PagedAttentionBackend:
         captured at the model's maximum length). On the CPU: 512-key partitions past 512 keys
         (the CPU kernels parallelise over partitions)."""
         if q.is_cuda:
-            return ops.decode_partition_size(q, key_cache, value_cache, self.num_kv_heads, max_len)
+            return ops.decode_partition_size(q, key_cache, value_cache, self.num_kv_heads, max_len,
+                                             self.kv_cache_dtype)
         return _PARTITION_SIZE if max_len > _PARTITION_SIZE else 0

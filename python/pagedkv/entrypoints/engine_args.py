@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
+# vLLM's --kv-cache-dtype choices (pagedkv.engine.config.KV_CACHE_DTYPES; spelled out here so
+# building the parser does not import torch).
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPE_HELP = ("KV-cache element type: 'auto' (the model dtype), or fp8 at 1 byte per "
+                       "element, which doubles the cached tokens of a 16-bit model: 'fp8' = "
+                       "'fp8_e4m3' (3-bit mantissa) or 'fp8_e5m2' (wider range, 2-bit mantissa); "
+                       "scales 1.0, no calibration")
+
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
@@ -23,6 +31,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="fraction of GPU memory for weights, activations and KV cache")
     g.add_argument("--kv-cache-space", type=float, default=None,
                    help="GiB of KV cache on the CPU (default 4)")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default="auto",
+                   help=KV_CACHE_DTYPE_HELP + " (default: auto)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens per step (default 2048 on CPU, 8192 on GPU)")
@@ -41,7 +51,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
     keys = ["tokenizer", "device", "dtype", "max_model_len", "block_size",
-            "gpu_memory_utilization", "kv_cache_space", "max_num_seqs", "max_num_batched_tokens",
+            "gpu_memory_utilization", "kv_cache_space", "kv_cache_dtype", "max_num_seqs",
+            "max_num_batched_tokens",
             "enable_prefix_caching", "enable_chunked_prefill", "preemption_mode", "swap_space",
             "enforce_eager", "seed"]
     kw = {k: getattr(args, k) for k in keys}

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any, Dict
 
+from pagedkv.entrypoints.engine_args import KV_CACHE_DTYPE_CHOICES, KV_CACHE_DTYPE_HELP
+
 NAME = "serve"
 HELP = "Start the OpenAI-compatible API server (like `vllm serve`)."
 
@@ -24,7 +26,8 @@ DEFAULTS: Dict[str, Any] = {
     "model": None, "host": "0.0.0.0", "port": 8000, "api_key": None,
     "served_model_name": None, "max_model_len": None, "chat_template": None,
     "device": "auto", "dtype": "auto", "block_size": 16, "gpu_memory_utilization": 0.9,
-    "kv_cache_space": None, "max_num_seqs": 256, "max_num_batched_tokens": None,
+    "kv_cache_space": None, "kv_cache_dtype": "auto", "max_num_seqs": 256,
+    "max_num_batched_tokens": None,
     "enable_prefix_caching": True, "enable_chunked_prefill": True, "seed": 0,
     "uvicorn_log_level": "info", "disable_log_requests": False,
 }
@@ -56,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="fraction of GPU memory the engine may use, KV cache included (default: 0.9)")
     a("--kv-cache-space", type=float, default=s,
       help="KV-cache size in GiB; overrides --gpu-memory-utilization (default: engine's choice)")
+    a("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default=s,
+      help=KV_CACHE_DTYPE_HELP + " (default: auto)")
     a("--max-num-seqs", type=int, default=s,
       help="most sequences in one batch (default: 256)")
     a("--max-num-batched-tokens", type=int, default=s,
