@@ -42,6 +42,9 @@ def parse_args() -> argparse.Namespace:
                     help="pagedkv's share of GPU memory (HF runs in the same process)")
     ap.add_argument("--max-num-seqs", type=int, default=256, help="pagedkv max_num_seqs")
     ap.add_argument("--kv-cache-space", type=float, default=1.0, help="pagedkv CPU KV GiB")
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                    help="pagedkv KV-cache element type (HF keeps its own dense cache)")
     ap.add_argument("--enforce-eager", action="store_true", help="pagedkv without CUDA graphs")
     ap.add_argument("--skip-hf", action="store_true", help="skip HF generate")
     ap.add_argument("--skip-hf-cb", action="store_true", help="skip HF continuous batching")
@@ -95,7 +98,8 @@ def make_llm(args: argparse.Namespace) -> Any:
     from pagedkv import LLM
 
     return LLM(args.model, device=args.device, dtype=args.dtype,
-               kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
+               kv_cache_space=args.kv_cache_space, kv_cache_dtype=args.kv_cache_dtype,
+               max_num_seqs=args.max_num_seqs,
                gpu_memory_utilization=args.gpu_memory_utilization,
                enforce_eager=args.enforce_eager,
                max_model_len=args.input_len + args.output_len + 16,
@@ -114,8 +118,10 @@ def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]]
     sync(args.device)
     elapsed = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    graphs = "eager" if args.enforce_eager or args.device == "cpu" else "CUDA graphs"
-    return {"system": f"pagedkv LLM.generate ({graphs})", "elapsed_s": elapsed,
+    mode = "eager" if args.enforce_eager or args.device == "cpu" else "CUDA graphs"
+    if args.kv_cache_dtype != "auto":
+        mode += f", {args.kv_cache_dtype} KV"
+    return {"system": f"pagedkv LLM.generate ({mode})", "elapsed_s": elapsed,
             "tokens": tokens}
 
 

@@ -40,6 +40,23 @@ def test_generate_prints_greedy_completion(greedy_reference, capsys):
     assert all(r["num_tokens"] == 4 and r["finish_reason"] == "length" for r in rows)
 
 
+def test_generate_with_an_fp8_kv_cache(greedy_reference, capsys, monkeypatch):
+    from pagedkv.engine.config import EngineConfig
+
+    built = []
+    real = EngineConfig.from_kwargs.__func__
+
+    def recording(cls, *args, **kwargs):
+        built.append(real(cls, *args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(EngineConfig, "from_kwargs", classmethod(recording))
+    argv = ["generate", "The capital of France is", "--max-tokens", "4", "--kv-cache-dtype", "fp8"]
+    assert cli.main([*argv, *ENGINE]) == 0
+    assert [c.cache_dtype for c in built] == ["fp8"]
+    assert capsys.readouterr().out.startswith("The capital of France is")
+
+
 def test_chat_streams_and_exits(greedy_reference, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+2?\n/exit\n"))
     assert cli.main(["chat", "--temperature", "0", "--max-tokens", "16", *ENGINE]) == 0

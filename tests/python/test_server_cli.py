@@ -66,3 +66,16 @@ def test_every_flag_has_help() -> None:
     for action in parser._actions:
         assert action.help, f"{action.dest} has no help text"
     assert {a.dest for a in parser._actions} >= set(serve.DEFAULTS)
+
+
+def test_kv_cache_dtype_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+
+    assert parse([]).kv_cache_dtype == "auto"
+    with pytest.raises(SystemExit):
+        parse(["--kv-cache-dtype", "int4"])
+    given: dict = {}
+    # Stands in for the engine (no model load): records what run_server's builder passes on.
+    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
+    AsyncLLMEngine.from_engine_args(parse(["--kv-cache-dtype", "fp8_e5m2", "--port", "1"]))
+    assert given["kv_cache_dtype"] == "fp8_e5m2" and "port" not in given
