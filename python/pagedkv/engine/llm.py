@@ -3,6 +3,9 @@
     llm = LLM()                                  # the embedded SmolLM2-135M-Instruct
     outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0))
     outs = llm.chat([{"role": "user", "content": "Hi"}])
+    llm = LLM(kv_cache_dtype="fp8")              # fp8 (e4m3) KV cache: 1 byte per element
+
+Engine arguments (vLLM's names) are listed in pagedkv.engine.config.EngineConfig.
 """
 
 from __future__ import annotations
