@@ -212,9 +212,13 @@ def test_prefill(head_size, dtype, layout):
         assert rel_err(out, cpu.double()) < 2 * TOL[dtype]  # the CPU op agrees
 
 
+@pytest.mark.parametrize("kernel", ["tensor_core", "cuda_core"])
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_fp8(kv_dtype, dtype):
+def test_prefill_fp8(kv_dtype, dtype, kernel, monkeypatch):
+    """fp8 caches on the default prefill path (the tensor-core kernel dequantises the context into
+    its tiles) and on the CUDA-core kernel (PAGEDKV_PREFILL_MMA=0)."""
+    monkeypatch.setenv("PAGEDKV_PREFILL_MMA", "1" if kernel == "tensor_core" else "0")
     r, gen = _rng()
     for layout in LAYOUTS:
         head_size = r.choice([64, 128, 256])

@@ -59,11 +59,12 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
 
 def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int],
                       kv_pads: list[int] | None = None, block_size: int | None = None,
-                      ctx_lens: list[int] | None = None) -> None:
+                      ctx_lens: list[int] | None = None, kv_dtype: str = "auto") -> None:
     """One random case: 1-3 sequences with or without a cached prefix, random GQA group, block
     size, options and row padding (query / output from `pads`, new keys / values from `kv_pads`,
     default the same), against the float64 reference. `block_size` / `ctx_lens` fix the block
-    size / the cached prefixes (one sequence each) instead of drawing them."""
+    size / the cached prefixes (one sequence each) instead of drawing them; an fp8 `kv_dtype`
+    quantises the cache with random scales (the reference reads the dequantised values)."""
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     pad = r.choice(pads)  # 4: rows not 16-byte aligned -> the scalar copy paths
@@ -78,20 +79,21 @@ def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: lis
     k, _ = _padded((t, hkv, head_size), kv_pad, dtype, gen)
     v, _ = _padded((t, hkv, head_size), kv_pad, dtype, gen)
     out, out_full = _padded((t, hq, head_size), pad, dtype, gen, float("nan"))
-    kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout)
+    ks, vs = (1.0, 1.0) if kv_dtype == "auto" else (r.uniform(0.2, 2.0), r.uniform(0.2, 2.0))
+    kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout, kv_dtype, ks, vs)
     opts = {"alibi": (torch.rand(hq, generator=gen) * 0.1).cuda() if r.random() < 0.3 else None,
             "softcap": r.choice([0.0, 0.0, 20.0]),
             "window": r.choice([0, 0, r.randint(1, 100), r.randint(100, 900)])}
     scale = head_size ** -0.5
-    ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
+    ops.context_attention_fwd(q, k, v, out, kv_dtype, kv.key_cache, kv.value_cache,
                               kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
                               torch.tensor([c + x for c, x in zip(ctx, qlen)],
                                            dtype=torch.int32).cuda(),
-                              None, max(qlen), 1.0, 1.0, opts["alibi"], opts["window"] or None,
+                              None, max(qlen), ks, vs, opts["alibi"], opts["window"] or None,
                               scale, logits_soft_cap=opts["softcap"])
     torch.cuda.synchronize()
     ref = prefill_ref(q, k, v, kv, qsl, ctx, scale, opts)
-    case = (pad, kv_pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"],
+    case = (kv_dtype, pad, kv_pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"],
             opts["alibi"] is None)
     assert rel_err(out, ref) < TOL[dtype], case
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype], case
@@ -104,6 +106,23 @@ def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: lis
 @pytest.mark.parametrize("head_size", HEAD_SIZES)
 def test_prefill_mma_long_ragged(head_size, dtype, layout):
     _long_ragged_case(head_size, dtype, layout, [0, 8, 4])
+
+
+# (head size, layout): fp8 in vLLM's key layout takes 16-element chunks, so 120 is NHD only.
+FP8_CASES = [(64, "nhd"), (64, "vllm"), (120, "nhd"), (128, "nhd"), (128, "vllm"), (256, "nhd"),
+             (256, "vllm")]
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize(("head_size", "layout"), FP8_CASES)
+def test_prefill_mma_fp8_cache(head_size, layout, kv_dtype):
+    """An fp8 cache: every sequence's cached context is dequantised into the kernel's K/V tiles
+    (8-byte loads from NHD rows and vLLM key chunks, byte loads from vLLM's value layout), the new
+    tokens come unquantised from k / v."""
+    r = random.Random()
+    ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
+    _long_ragged_case(head_size, torch.bfloat16, layout, [0, 0, 4], ctx_lens=ctx,
+                      kv_dtype=kv_dtype)
 
 
 @pytest.mark.parametrize("turns", ["1", "0", "2"])

@@ -49,7 +49,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
                   why);
   }
   if (prefill_mma_supported(p, query.dtype(), opts.kv_cache_dtype)) {
-    launch_prefill_mma(p, query.dtype(), max_query_len, s);
+    launch_prefill_mma(p, query.dtype(), opts.kv_cache_dtype, max_query_len, s);
     check_launch("context_attention_fwd");
     return;
   }

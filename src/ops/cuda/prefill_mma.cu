@@ -22,10 +22,9 @@ bool rows16(const void* base, int64_t s0, int64_t s1) {
 
 }  // namespace
 
-bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache) {
-  return (qdtype == DType::kFloat16 || qdtype == DType::kBFloat16) &&
-         cache == KVCacheDType::kAuto && p.head_size % 8 == 0 && p.head_size <= 256 &&
-         tensor_core_prefill();
+bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType /*cache: any*/) {
+  return (qdtype == DType::kFloat16 || qdtype == DType::kBFloat16) && p.head_size % 8 == 0 &&
+         p.head_size <= 256 && tensor_core_prefill();
 }
 
 prefill::VecFlags prefill::vec_flags(const AttnParams& p) {
@@ -33,16 +32,19 @@ prefill::VecFlags prefill::vec_flags(const AttnParams& p) {
   vf.q = rows16(p.q, p.q_s_tok, p.q_s_head);
   vf.out = rows16(p.out, p.o_s_tok, p.o_s_head);
   // Caches: 16-byte aligned runs of >= 8 elements along d (NHD rows, vLLM key chunks; vLLM values
-  // stride along d and take the scalar path).
+  // stride along d and take the scalar path). An fp8 cache's 8 elements are one 8-byte load.
   vf.k_cache = p.kv_vec && p.kl.x % 8 == 0;
   vf.v_cache = p.kv_vec && p.vl.x % 8 == 0;
   vf.fresh = p.new_vec;
+  vf.cache_fp8 = kNoFp8;  // set by the launch from the call's cache dtype
   return vf;
 }
 
-void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s) {
+void launch_prefill_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, int max_query_len,
+                        cudaStream_t s) {
   if (p.num_seqs == 0 || max_query_len <= 0) return;
-  const prefill::VecFlags vf = prefill::vec_flags(p);
+  prefill::VecFlags vf = prefill::vec_flags(p);
+  vf.cache_fp8 = fp8_kind(cache);
   if (qdtype == DType::kFloat16) {
     prefill::launch_f16(p, vf, max_query_len, s);
   } else {

@@ -1,5 +1,6 @@
-// Tensor-core prefill kernel (prefill_mma_kernel.cuh): fp16/bf16 queries with an unquantised cache,
-// all head sizes that are multiples of 8 up to 256.
+// Tensor-core prefill kernel (prefill_mma_kernel.cuh): fp16/bf16 queries, a cache in the query
+// dtype or in fp8 (dequantised into the shared-memory tiles), all head sizes that are multiples of
+// 8 up to 256.
 #pragma once
 
 #include "ops/cuda/attention_params.h"
@@ -8,13 +9,17 @@ namespace pagedkv::cuda_ops {
 
 // False also when PAGEDKV_PREFILL_MMA=0 (every prefill on the CUDA-core kernel).
 bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache);
-void launch_prefill_mma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s);
+void launch_prefill_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, int max_query_len,
+                        cudaStream_t s);
 
 namespace prefill {
 
-// Which operands can be moved with 16-byte copies (decided on the host, uniform per launch).
+// Which operands can be moved with 16-byte copies (decided on the host, uniform per launch), and
+// the cache's fp8 kind (kNoFp8: the cache holds the query dtype). A run-time flag, not a template
+// parameter: only the cached context's loads differ, so fp8 caches add no instantiations.
 struct VecFlags {
   bool q, out, k_cache, v_cache, fresh;
+  int cache_fp8;
 };
 
 // The flags for this call's operands (prefill_mma.cu).

@@ -45,12 +45,12 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
   const int k_lo = p.window > 0 ? max(0, ctx + r0 / G - p.window + 1) : 0;
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
   auto load_k = [&](int kt, int stage) {
-    load_rows<T, DP>(sK + stage * BN * LD, static_cast<const T*>(p.k_cache), p.kl, vf.k_cache,
+    load_rows<T, DP>(sK + stage * BN * LD, p.k_cache, p.kl, vf.k_cache, vf.cache_fp8, p.k_scale,
                      static_cast<const T*>(p.k_new), p.knl, vf.fresh, p, bt, kt, k_hi, ctx, qs,
                      kvh);
   };
   auto load_v = [&](int kt, int stage) {
-    load_rows<T, DP>(sV + stage * BN * LD, static_cast<const T*>(p.v_cache), p.vl, vf.v_cache,
+    load_rows<T, DP>(sV + stage * BN * LD, p.v_cache, p.vl, vf.v_cache, vf.cache_fp8, p.v_scale,
                      static_cast<const T*>(p.v_new), p.vnl, vf.fresh, p, bt, kt, k_hi, ctx, qs,
                      kvh);
   };

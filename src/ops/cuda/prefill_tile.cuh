@@ -36,15 +36,38 @@ __device__ __forceinline__ void copy8(T* dst, const T* base, const CacheLayout& 
   }
 }
 
+// Elements d0..d0+7 of row (block, slot, head) of an fp8 cache (`kind`), dequantised (x scale)
+// into T in shared memory: one 8-byte load when `vec` (8-byte aligned runs), else eight byte
+// loads. A synchronous load, unlike copy8's cp.async: the bytes must pass through registers.
+template <typename T>
+__device__ __forceinline__ void dequant8(T* dst, const uint8_t* base, const CacheLayout& l,
+                                         bool vec, int64_t block, int slot, int head, int d0,
+                                         int kind, float scale) {
+  uint8_t b[8];
+  if (vec) {
+    *reinterpret_cast<uint2*>(b) =
+        *reinterpret_cast<const uint2*>(base + l.offset(block, slot, head, d0));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) b[i] = base[l.offset(block, slot, head, d0 + i)];
+  }
+  float f[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = fp8_to_float(b[i], kind) * scale;
+  store8(dst, f);
+}
+
 // Keys (or values) [kt, kt + BN) of KV head `kvh` into dst [BN][LD]: the cached context from the
-// paged cache, the new tokens (positions >= ctx) from `fresh` (token qs + key - ctx), zeros from
-// k_hi on (their P is 0, and 0 * garbage could be NaN). Head-size padding columns stay as zeroed in
-// the prologue. Issues cp.async without committing.
+// paged cache (T, or fp8 bytes dequantised with `scale` when cache_fp8 != kNoFp8), the new tokens
+// (positions >= ctx) from `fresh` (token qs + key - ctx), zeros from k_hi on (their P is 0, and
+// 0 * garbage could be NaN). Head-size padding columns stay as zeroed in the prologue. Issues
+// cp.async without committing.
 template <typename T, int DP>
-__device__ __forceinline__ void load_rows(T* dst, const T* cache, const CacheLayout& cl,
-                                          bool cache_vec, const T* fresh, const CacheLayout& fl,
-                                          bool fresh_vec, const AttnParams& p, const int* bt,
-                                          int kt, int k_hi, int ctx, int qs, int kvh) {
+__device__ __forceinline__ void load_rows(T* dst, const void* cache, const CacheLayout& cl,
+                                          bool cache_vec, int cache_fp8, float scale,
+                                          const T* fresh, const CacheLayout& fl, bool fresh_vec,
+                                          const AttnParams& p, const int* bt, int kt, int k_hi,
+                                          int ctx, int qs, int kvh) {
   using C = Tile<DP>;
 #pragma unroll
   for (int idx = threadIdx.x; idx < C::BN * C::CH; idx += C::kThreads) {
@@ -58,7 +81,12 @@ __device__ __forceinline__ void load_rows(T* dst, const T* cache, const CacheLay
       const int slot = key - bi * p.block_size;
       const int b = bt[min(bi, p.max_blocks - 1)];
       const int64_t block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
-      copy8(d, cache, cl, cache_vec, block, slot, kvh, c * 8);
+      if (cache_fp8 != kNoFp8) {
+        dequant8(d, static_cast<const uint8_t*>(cache), cl, cache_vec, block, slot, kvh, c * 8,
+                 cache_fp8, scale);
+      } else {
+        copy8(d, static_cast<const T*>(cache), cl, cache_vec, block, slot, kvh, c * 8);
+      }
     } else {
       copy8(d, fresh, fl, fresh_vec, int64_t(qs) + (key - ctx), 0, kvh, c * 8);
     }
