@@ -106,12 +106,14 @@ def make_llm(args: argparse.Namespace) -> Any:
                skip_tokenizer_init=args.random_llama_1b is not None)
 
 
-def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]]
-                  ) -> Dict[str, Any]:
+def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]],
+                  warmup: List[List[int]]) -> Dict[str, Any]:
+    """`warmup`: prompts of the same length but other tokens, so that the timed run finds none of
+    its prompts in the prefix cache (HF has no prefix cache to warm)."""
     from pagedkv import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
+    llm.generate(warmup, params, use_tqdm=False)
     sync(args.device)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -266,9 +268,9 @@ def main() -> None:
         args.model = random_llama_1b(args.random_llama_1b)
     dtype = torch_dtype(args.dtype, args.device)
     llm = make_llm(args)
-    prompts = make_prompts(args.num_prompts, args.input_len,
-                           llm.llm_engine.model_config.vocab_size)
-    results = [bench_pagedkv(args, llm, prompts)]
+    vocab = llm.llm_engine.model_config.vocab_size
+    prompts = make_prompts(args.num_prompts, args.input_len, vocab)
+    results = [bench_pagedkv(args, llm, prompts, make_prompts(2, args.input_len, vocab, seed=1))]
     hf = None
     if not (args.skip_hf and args.skip_hf_cb and not args.check):
         hf = load_hf(args.model, dtype, args.device)
