@@ -13,6 +13,7 @@ import weakref
 import numpy as np
 import pytest
 from deps import need
+from engine_checks import assert_no_leak
 
 torch = need("torch")
 
@@ -48,12 +49,6 @@ def _tokens(outs) -> list:
     return [c.token_ids for o in outs for c in o.outputs]
 
 
-def _no_leak(llm: LLM) -> None:
-    eng = llm.llm_engine
-    assert not eng.has_unfinished_requests()
-    assert eng.scheduler.num_free_blocks == eng.num_gpu_blocks
-
-
 def test_cuda_graphs_match_eager_and_cpu(model_dir):
     prompts = _prompts(11)
     # Different lengths: the running batch shrinks through several padded graph sizes.
@@ -71,7 +66,7 @@ def test_cuda_graphs_match_eager_and_cpu(model_dir):
     agree = np.mean([x == y for ta, tc in zip(_tokens(a), _tokens(c)) for x, y in zip(ta, tc)])
     assert agree > 0.95, agree  # fp32 GPU vs CPU kernels: only near-ties may flip
     for llm in (graphs, eager, cpu):
-        _no_leak(llm)
+        assert_no_leak(llm)
 
 
 def test_cuda_logprobs_close_to_cpu(model_dir):
@@ -100,7 +95,7 @@ def test_cuda_preemption_and_fork_do_not_change_results(model_dir, mode):
     forked = tiny.generate(prompts[0], SamplingParams(n=3, temperature=0, max_tokens=40,
                                                       ignore_eos=True), use_tqdm=False)[0]
     assert [c.token_ids for c in forked.outputs] == [ref[0].outputs[0].token_ids] * 3
-    _no_leak(tiny)
+    assert_no_leak(tiny)
 
 
 def test_cuda_seeded_sampling_is_batch_independent(model_dir):
@@ -111,7 +106,7 @@ def test_cuda_seeded_sampling_is_batch_independent(model_dir):
     others = [SamplingParams(temperature=1.0, max_tokens=12)] * 4
     batch = llm.generate(prompts[1:] + [prompts[0]], others + [p], use_tqdm=False)
     assert batch[-1].outputs[0].token_ids == alone
-    _no_leak(llm)
+    assert_no_leak(llm)
 
 
 def test_cuda_graph_capture_survives_a_collection_of_a_dropped_engine(model_dir, monkeypatch,
@@ -206,7 +201,7 @@ def test_cuda_fp8_kv_cache_close_to_bf16_cache(model_dir, kv_cache_dtype):
     assert runner.graphs.num_replays > 0
     _check_close_to_auto(g, a, FP8_TOL[kv_cache_dtype])
     for llm in (auto, fp8):
-        _no_leak(llm)
+        assert_no_leak(llm)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
@@ -226,4 +221,4 @@ def test_cuda_fp8_kv_cache_matches_cpu(model_dir, kv_cache_dtype):
     # such elements and is still ~15x below the fp8-vs-bf16 deviation it must not hide.
     _check_close_to_auto(g, c, 5e-3)
     for llm in (gpu, cpu):
-        _no_leak(llm)
+        assert_no_leak(llm)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 from deps import need
+from engine_checks import assert_no_leak
 
 torch = need("torch")
 need("transformers")
@@ -42,12 +43,6 @@ def _make(kv_cache_dtype: str = "auto", **kw) -> LLM:
     kw.setdefault("max_model_len", 256)
     kw.setdefault("max_num_batched_tokens", 8)  # chunked prefill: see the module docstring
     return LLM(device="cpu", kv_cache_dtype=kv_cache_dtype, **kw)
-
-
-def assert_no_leak(llm: LLM) -> None:
-    eng = llm.llm_engine
-    assert not eng.has_unfinished_requests()
-    assert eng.scheduler.num_free_blocks == eng.num_gpu_blocks, "KV blocks leaked"
 
 
 def _run(llm: LLM) -> list:

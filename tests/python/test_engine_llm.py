@@ -11,6 +11,7 @@ import os
 
 import pytest
 from deps import need
+from engine_checks import assert_no_leak
 
 torch = need("torch")
 transformers = need("transformers")
@@ -38,13 +39,6 @@ def _make(**kw) -> LLM:
     kw.setdefault("kv_cache_space", 0.25)
     kw.setdefault("max_model_len", 1024)
     return LLM(device="cpu", **kw)
-
-
-def assert_no_leak(llm: LLM) -> None:
-    eng = llm.llm_engine
-    assert not eng.has_unfinished_requests()
-    assert eng.scheduler.num_free_blocks == eng.num_gpu_blocks, "KV blocks leaked"
-    assert eng.scheduler.kv_cache_usage == 0.0
 
 
 @pytest.fixture(scope="module")
