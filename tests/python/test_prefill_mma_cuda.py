@@ -36,6 +36,7 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TMA", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_PAIR_CHUNK", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_FP8", raising=False)
 
 
 def _require_wgmma(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,6 +156,22 @@ def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, tma, monkeypatch
                                   (128, torch.float16, [700])]:
         _long_ragged_case(head_size, dtype, "nhd", [0, 8], kv_pads=[0, 8],
                           block_size=block_size, ctx_lens=ctx)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, monkeypatch):
+    """The wgmma kernel with an fp8 cache (its own instantiation, opt-in through
+    PAGEDKV_PREFILL_WGMMA_FP8=1), required (a fallback fails): with no cache maps the producer's
+    threads load every cached group's bytes and store them dequantised (the group holding the
+    context's end too), next to new-token groups from TMA boxes and cp.async."""
+    _require_wgmma(monkeypatch)
+    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_FP8", "1")
+    r = random.Random()
+    for bs in (16, 32):
+        ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
+        _long_ragged_case(head_size, r.choice([torch.float16, torch.bfloat16]), "nhd", [0, 8],
+                          kv_pads=[0, 8], block_size=bs, ctx_lens=ctx, kv_dtype=kv_dtype)
 
 
 def test_prefill_wgmma_fallback(monkeypatch):

@@ -39,7 +39,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   if (const int wg_mode = prefill_wgmma_mode(); wg_mode != 0) {
     const char* why = prefill_wgmma_uncovered(p, query.dtype(), opts.kv_cache_dtype);
     if (why == nullptr) {
-      launch_prefill_wgmma(p, query.dtype(), max_query_len, s);
+      launch_prefill_wgmma(p, query.dtype(), opts.kv_cache_dtype, max_query_len, s);
       check_launch("context_attention_fwd");
       return;
     }

@@ -54,8 +54,9 @@ bool encode_o_map(CUtensorMap* map, const AttnParams& p) {
 void encode_maps(prefill_wg::WgParams& wp) {
   const AttnParams& p = wp.a;
   const bool tma = env_int("PAGEDKV_PREFILL_WGMMA_TMA", 1) != 0;
-  wp.cache_tma = tma && p.block_size % 16 == 0 && p.kl.whole_rows(p.head_size) &&
-                 p.vl.whole_rows(p.head_size) &&
+  // fp8 caches: no maps, the bytes pass through the producer's registers to be dequantised.
+  wp.cache_tma = tma && wp.vf.cache_fp8 == kNoFp8 && p.block_size % 16 == 0 &&
+                 p.kl.whole_rows(p.head_size) && p.vl.whole_rows(p.head_size) &&
                  encode_cache_map(&wp.k_cache_map, p.k_cache, p.kl, p, 2) &&
                  encode_cache_map(&wp.v_cache_map, p.v_cache, p.vl, p, 2);
   wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
@@ -102,9 +103,14 @@ const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDT
   if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) {
     return "queries must be float16 or bfloat16";
   }
-  if (cache != KVCacheDType::kAuto) return "the cache must hold the query dtype (no fp8)";
+  // fp8 caches: a separate instantiation (its run-time twin slowed the 16-bit kernel by 5-10 %,
+  // benchmarks/RESULTS.md), opt-in until measured on an H100.
+  if (cache != KVCacheDType::kAuto && env_int("PAGEDKV_PREFILL_WGMMA_FP8", 0) == 0) {
+    return "fp8 caches need PAGEDKV_PREFILL_WGMMA_FP8=1 (not yet measured on a GPU)";
+  }
   if (p.head_size != 64 && p.head_size != 128) return "head size must be 64 or 128";
-  // The producer copies whole 16-byte runs of keys and values (cache and new tokens).
+  // The producer copies whole 16-byte runs of keys and values (cache and new tokens; 8-byte runs
+  // of an fp8 cache, kv_vec's unit for one-byte elements).
   const prefill::VecFlags vf = prefill::vec_flags(p);
   if (!vf.k_cache || !vf.v_cache || !vf.fresh) {
     return "key / value rows (cache and new tokens) must be 16-byte runs (NHD cache layout)";
@@ -112,11 +118,13 @@ const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDT
   return nullptr;
 }
 
-void launch_prefill_wgmma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s) {
+void launch_prefill_wgmma(const AttnParams& p, DType qdtype, KVCacheDType cache, int max_query_len,
+                          cudaStream_t s) {
   if (p.num_seqs == 0 || max_query_len <= 0) return;
   prefill_wg::WgParams wp{};
   wp.a = p;
   wp.vf = prefill::vec_flags(p);
+  wp.vf.cache_fp8 = fp8_kind(cache);
   encode_maps(wp);
   if (qdtype == DType::kFloat16) {
     prefill_wg::launch_f16(wp, max_query_len, s);

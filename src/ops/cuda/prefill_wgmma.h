@@ -1,6 +1,8 @@
-// Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): fp16/bf16 queries with an unquantised
-// cache whose K/V rows (cache and new tokens) allow 16-byte copies, head sizes 64 and 128, every
-// mask / soft-cap / alibi / window option of the mma.sync kernel. PAGEDKV_PREFILL_WGMMA:
+// Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): fp16/bf16 queries with a cache in the
+// query dtype or, with PAGEDKV_PREFILL_WGMMA_FP8=1 (written, not yet run on a GPU), in fp8 (the
+// producer dequantises the cached context into the tiles), whose K/V rows (cache and new tokens)
+// allow 16-byte (fp8: 8-byte) loads, head sizes 64 and 128, every mask / soft-cap / alibi /
+// window option of the mma.sync kernel. PAGEDKV_PREFILL_WGMMA:
 //   1 (the default, unless PAGEDKV_PREFILL_MMA=0): used on compute capability 9.x devices (with
 //      sm_90a code) for the calls it covers, the mma.sync / CUDA-core kernels serve the rest;
 //   0: never used;
@@ -22,7 +24,8 @@ int prefill_wgmma_mode();  // read per call
 // nullptr when the kernel covers this call on the current device, else why not (the mode is not
 // consulted).
 const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache);
-void launch_prefill_wgmma(const AttnParams& p, DType qdtype, int max_query_len, cudaStream_t s);
+void launch_prefill_wgmma(const AttnParams& p, DType qdtype, KVCacheDType cache, int max_query_len,
+                          cudaStream_t s);
 
 namespace prefill_wg {
 
@@ -32,7 +35,9 @@ namespace prefill_wg {
 // new-token maps when new_tma (a tile entirely in them: tile_rows-token boxes when tile_rows > 0,
 // i.e. 2 copies per tile half for head size 128 instead of 16); every other group (the ones
 // holding the context's or the sequence's end, those past it, or all of them when a map is
-// missing) is copied with cp.async by the producer warpgroup's threads. The query tile goes through
+// missing) is copied with cp.async by the producer warpgroup's threads; with an fp8 cache
+// (vf.cache_fp8) there are no cache maps, and those threads load the context's bytes and store
+// them dequantised. The query tile goes through
 // q_map (boxes of BM / group tokens x the group's heads: the rows land in the kernel's packed
 // (token, head) order) when the group size divides BM, else the consumers load it with cp.async;
 // a consumer warpgroup's 64 output rows go out through o_map when they all lie in the sequence and

@@ -58,7 +58,8 @@ __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, u
 
 #endif  // PAGEDKV_WGMMA_ENABLED
 
-template <typename T, int DP>
+// kFp8: an fp8 cache (only the producer differs: prefill_wgmma_produce.cuh).
+template <typename T, int DP, bool kFp8>
 __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ WgParams wp) {
 #if PAGEDKV_WGMMA_ENABLED
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == C::kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs));
-    produce<T, DP>(wp, w, smem, bars);
+    produce<T, DP, kFp8>(wp, w, smem, bars);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
     consumer<T, DP>(wp, w, smem, bars, wg);

@@ -7,7 +7,7 @@
 
 namespace pagedkv::cuda_ops::prefill_wg {
 
-template <typename T, int DP>
+template <typename T, int DP, bool kFp8>
 void launch_dp(const WgParams& wp, int max_query_len, cudaStream_t s) {
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
@@ -15,16 +15,25 @@ void launch_dp(const WgParams& wp, int max_query_len, cudaStream_t s) {
       std::max<int64_t>(1, (int64_t(max_query_len) * p.group + C::BM - 1) / C::BM);
   const int64_t ctas = tiles * p.num_seqs * p.num_kv_heads;
   PAGEDKV_CHECK(ctas < (int64_t{1} << 31), "context_attention_fwd: too many query tiles");
-  launch_with_smem(prefill_wgmma_kernel<T, DP>, static_cast<unsigned>(ctas), C::kThreads, C::kSmem,
-                   s, "context_attention_fwd", wp);
+  launch_with_smem(prefill_wgmma_kernel<T, DP, kFp8>, static_cast<unsigned>(ctas), C::kThreads,
+                   C::kSmem, s, "context_attention_fwd", wp);
+}
+
+template <typename T, bool kFp8>
+void launch_cache(const WgParams& wp, int max_query_len, cudaStream_t s) {
+  if (wp.a.head_size == 64) {
+    launch_dp<T, 64, kFp8>(wp, max_query_len, s);
+  } else {
+    launch_dp<T, 128, kFp8>(wp, max_query_len, s);
+  }
 }
 
 template <typename T>
 void launch_typed(const WgParams& wp, int max_query_len, cudaStream_t s) {
-  if (wp.a.head_size == 64) {
-    launch_dp<T, 64>(wp, max_query_len, s);
+  if (wp.vf.cache_fp8 != kNoFp8) {
+    launch_cache<T, true>(wp, max_query_len, s);
   } else {
-    launch_dp<T, 128>(wp, max_query_len, s);
+    launch_cache<T, false>(wp, max_query_len, s);
   }
 }
 
@@ -33,7 +42,7 @@ void launch_typed(const WgParams& wp, int max_query_len, cudaStream_t s) {
 template <typename T, int DP>
 bool has_code_for() {
   cudaFuncAttributes a{};
-  if (cudaFuncGetAttributes(&a, prefill_wgmma_kernel<T, DP>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&a, prefill_wgmma_kernel<T, DP, false>) != cudaSuccess) {
     cudaGetLastError();  // no image for this device: not an error of the caller's
     return false;
   }

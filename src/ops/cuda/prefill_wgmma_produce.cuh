@@ -17,9 +17,14 @@
 // slots that lies whole in the tile and in the context in one box per slice (block_rows): the
 // TMA's cost is per box.
 //
+// An fp8 cache has no maps (a box would land bytes, not the query dtype wgmma reads): the
+// threads load the cached groups' bytes, dequantise them with the k / v scale and store them into
+// the same swizzled layout (load_groups_fp8); new-token groups go as above.
+//
 // Each stage half ("full" K, "full" V) completes when thread 0 (K) or 32 (V) arrived with the
 // TMA bytes of all the half's boxes and all 128 threads' cp.async landed
-// (cp.async.mbarrier.arrive.noinc): 129 arrivals.
+// (cp.async.mbarrier.arrive.noinc; with an fp8 cache, which adds plain stores, each thread waits
+// for its cp.async and arrives with a release): 129 arrivals.
 #pragma once
 
 #include "ops/cuda/bulk_copy.cuh"
@@ -38,9 +43,75 @@ __device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, const Ct
                             : key0 >= w.ctx && key0 + 16 <= w.kv_end && wp.new_tma != 0;
 }
 
-// One half (keys or values) of tile kt into the stage half at `tile` (generic pointer; dst: the
-// same bytes as a shared address).
+// The groups of tile kt that no map serves, with an fp8 cache (which has no maps): every cached
+// chunk's 8 bytes are loaded first, for all groups at once (one load latency per tile half, not one
+// per group), then dequantised with `scale` and stored into the swizzled layout; new-token chunks
+// and the zeros past k_hi go by cp.async as in load_group.
 template <typename T, int DP>
+__device__ __forceinline__ void load_groups_fp8(uint32_t dst, const uint8_t* cache,
+                                                const CacheLayout& cl, float scale, const T* fresh,
+                                                const CacheLayout& fl, const WgParams& wp,
+                                                const int* bt, int kt, const CtaWork& w, int ptid) {
+  using C = Tile<DP>;
+  const AttnParams& p = wp.a;
+  // Chunks per thread and group; groups per batch of loads, so that a batch's bytes fit the
+  // producer's 72 registers (kProducerRegs) without spilling.
+  constexpr int kPer = 16 * C::CH / 128, kBatch = 8 / kPer;
+  static_assert(16 * C::CH % 128 == 0 && C::BN / 16 % kBatch == 0);
+#pragma unroll 1
+  for (int g0 = 0; g0 < C::BN / 16; g0 += kBatch) {
+    uint2 raw[kBatch][kPer];
+#pragma unroll
+    for (int g = 0; g < kBatch; ++g) {
+      const bool mapped = tma_group(wp, kt + 16 * (g0 + g), w);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int idx = ptid + 128 * i, j = idx / C::CH, c = idx % C::CH;
+        const int key = kt + 16 * (g0 + g) + j;
+        raw[g][i] = make_uint2(0u, 0u);
+        if (!mapped && key < w.ctx) {
+          const int bi = p.bs_shift >= 0 ? key >> p.bs_shift : key / p.block_size;
+          const int slot = key - bi * p.block_size;
+          const int b = bt[min(bi, p.max_blocks - 1)];
+          const int64_t block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
+          raw[g][i] = *reinterpret_cast<const uint2*>(cache + cl.offset(block, slot, w.kvh, c * 8));
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kBatch; ++g) {
+      if (tma_group(wp, kt + 16 * (g0 + g), w)) continue;  // uniform over the warpgroup
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int idx = ptid + 128 * i, j = idx / C::CH, c = idx % C::CH;
+        const int key = kt + 16 * (g0 + g) + j;
+        const uint32_t at = dst + wgmma::sw128(16 * (g0 + g) + j, c, C::BN);
+        if (key < w.ctx) {
+          const uint8_t* b8 = reinterpret_cast<const uint8_t*>(&raw[g][i]);
+          alignas(16) T v[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            v[e] = from_float<T>(fp8_to_float(b8[e], wp.vf.cache_fp8) * scale);
+          }
+          const uint32_t* u = reinterpret_cast<const uint32_t*>(v);
+          asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(at), "r"(u[0]), "r"(u[1]),
+                       "r"(u[2]), "r"(u[3])
+                       : "memory");
+        } else {
+          const bool live = key < w.k_hi;
+          const T* src =
+              live ? fresh + fl.offset(int64_t(w.qs) + (key - w.ctx), 0, w.kvh, c * 8) : fresh;
+          cp_async16_zfill(at, src, live ? 16 : 0);
+        }
+      }
+    }
+  }
+}
+
+// One half (keys or values) of tile kt into the stage half at `tile` (generic pointer; dst: the
+// same bytes as a shared address). kFp8: the cache holds fp8 bytes (vf.cache_fp8), a separate
+// instantiation so that the 16-bit kernels' code stays as it is.
+template <typename T, int DP, bool kFp8>
 __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigned char* tile,
                                           uint64_t* full, const int* bt, int kt, const CtaWork& w,
                                           int ptid) {
@@ -104,22 +175,33 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
       }
     }
   }
-  const T* cache = static_cast<const T*>(is_v ? p.v_cache : p.k_cache);
-  const T* fresh = static_cast<const T*>(is_v ? p.v_new : p.k_new);
-  const CacheLayout& cl = is_v ? p.vl : p.kl;
-  const CacheLayout& fl = is_v ? p.vnl : p.knl;
+  if constexpr (kFp8) {
+    const T* fresh = static_cast<const T*>(is_v ? p.v_new : p.k_new);
+    load_groups_fp8<T, DP>(dst, static_cast<const uint8_t*>(is_v ? p.v_cache : p.k_cache),
+                           is_v ? p.vl : p.kl, is_v ? p.v_scale : p.k_scale, fresh,
+                           is_v ? p.vnl : p.knl, wp, bt, kt, w, ptid);
+    // Plain stores too: wait for this thread's cp.async, then arrive with release semantics
+    // (the consumers' wait acquires; their proxy fence hands the bytes to wgmma).
+    cp_async_wait_all();
+    wgmma::mbar_arrive(full);
+  } else {
+    const T* cache = static_cast<const T*>(is_v ? p.v_cache : p.k_cache);
+    const T* fresh = static_cast<const T*>(is_v ? p.v_new : p.k_new);
+    const CacheLayout& cl = is_v ? p.vl : p.kl;
+    const CacheLayout& fl = is_v ? p.vnl : p.knl;
 #pragma unroll 1
-  for (int g = 0; g < C::BN / 16; ++g) {
-    const int key0 = kt + 16 * g;
-    if (tma_group(wp, key0, w)) continue;  // uniform over the warpgroup
-    load_group<T, DP>(dst, cache, cl, fresh, fl, p, bt, key0, 16 * g, w.k_hi, w.ctx, w.qs, w.kvh,
-                      ptid);
+    for (int g = 0; g < C::BN / 16; ++g) {
+      const int key0 = kt + 16 * g;
+      if (tma_group(wp, key0, w)) continue;  // uniform over the warpgroup
+      load_group<T, DP>(dst, cache, cl, fresh, fl, p, bt, key0, 16 * g, w.k_hi, w.ctx, w.qs, w.kvh,
+                        ptid);
+    }
+    wgmma::mbar_arrive_cp_async(full);  // after this thread's cp.async (none: at once)
   }
-  wgmma::mbar_arrive_cp_async(full);  // after this thread's cp.async (none: at once)
 }
 
 // Producer warpgroup: every K/V tile of the CTA.
-template <typename T, int DP>
+template <typename T, int DP, bool kFp8>
 __device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, unsigned char* smem,
                                         uint64_t* bars) {
   using C = Tile<DP>;
@@ -139,10 +221,10 @@ __device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, un
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     if (it >= C::kStages) wgmma::mbar_wait(&empty[stage], (it / C::kStages - 1) & 1);
-    load_half<T, DP>(wp, false, smem + C::kKOff + stage * C::kKVBytes, &full_k[stage], bt, kt, w,
-                     ptid);
-    load_half<T, DP>(wp, true, smem + C::kVOff + stage * C::kKVBytes, &full_v[stage], bt, kt, w,
-                     ptid);
+    load_half<T, DP, kFp8>(wp, false, smem + C::kKOff + stage * C::kKVBytes, &full_k[stage], bt, kt,
+                           w, ptid);
+    load_half<T, DP, kFp8>(wp, true, smem + C::kVOff + stage * C::kKVBytes, &full_v[stage], bt, kt,
+                           w, ptid);
   }
   cp_async_wait_all();  // nothing in flight when the thread exits
 }
