@@ -50,10 +50,6 @@ def _scalar(x: Any, name: str) -> float:
     raise TypeError(f"{name} must be a float or a 1-element array, got {type(x).__name__}")
 
 
-def _stream(stream: Any, x: Any) -> int:
-    return stream_handle(stream, x)
-
-
 def _window(sliding_window: Optional[int]) -> int:
     return -1 if sliding_window is None or sliding_window <= 0 else int(sliding_window)
 
@@ -73,7 +69,7 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
             slot_mapping=slot_mapping)
     _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"), False,
-                             _stream(stream, key))
+                             stream_handle(stream, key))
 
 
 def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: Any,
@@ -85,7 +81,7 @@ def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: A
             slot_mapping=slot_mapping)
     _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"), True,
-                             _stream(stream, key))
+                             stream_handle(stream, key))
 
 
 def _block_size(key_cache: Any, block_size: Optional[int]) -> None:
@@ -119,7 +115,7 @@ def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
                               block_tables, seq_lens, int(max_seq_len), alibi_slopes,
                               kv_cache_dtype, _scalar(k_scale, "k_scale"),
                               _scalar(v_scale, "v_scale"), float(logits_soft_cap),
-                              _window(sliding_window), _stream(stream, query))
+                              _window(sliding_window), stream_handle(stream, query))
 
 
 def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, query: Any,
@@ -146,7 +142,7 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
                               int(max_seq_len), alibi_slopes, kv_cache_dtype,
                               _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
                               float(logits_soft_cap), _window(sliding_window),
-                              int(partition_size), _stream(stream, query))
+                              int(partition_size), stream_handle(stream, query))
 
 
 def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
@@ -193,7 +189,7 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
                                  int(max_input_len), scale, alibi_slopes, kv_cache_dtype,
                                  _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
                                  float(logits_soft_cap), _window(sliding_window),
-                                 _stream(stream, q))
+                                 stream_handle(stream, q))
 
 
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
@@ -208,7 +204,7 @@ def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_ma
     check_array(block_mapping, "block_mapping")
     first = key_caches[0] if key_caches else block_mapping
     _C.ops_copy_blocks(list(key_caches), list(value_caches), block_mapping,
-                       _stream(stream, first))
+                       stream_handle(stream, first))
 
 
 def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Any = None) -> None:
@@ -216,7 +212,7 @@ def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Any = None) -
     (block_mapping: [n, 2] int64 on the CPU); src/dst may be on different devices."""
     _arrays(src=src, dst=dst, block_mapping=block_mapping)
     gpu = dst if is_cuda(dst) else src
-    _C.ops_swap_blocks(src, dst, block_mapping, _stream(stream, gpu))
+    _C.ops_swap_blocks(src, dst, block_mapping, stream_handle(stream, gpu))
 
 
 def _no_blocksparse(vert_stride: Optional[int]) -> None:
