@@ -48,7 +48,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
                   "kernel does not cover this call: ",
                   why);
   }
-  if (prefill_mma_supported(p, query.dtype(), opts.kv_cache_dtype)) {
+  if (prefill_mma_supported(p, query.dtype())) {
     launch_prefill_mma(p, query.dtype(), opts.kv_cache_dtype, max_query_len, s);
     check_launch("context_attention_fwd");
     return;

@@ -22,7 +22,7 @@ bool rows16(const void* base, int64_t s0, int64_t s1) {
 
 }  // namespace
 
-bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType /*cache: any*/) {
+bool prefill_mma_supported(const AttnParams& p, DType qdtype) {
   return (qdtype == DType::kFloat16 || qdtype == DType::kBFloat16) && p.head_size % 8 == 0 &&
          p.head_size <= 256 && tensor_core_prefill();
 }

@@ -7,8 +7,9 @@
 
 namespace pagedkv::cuda_ops {
 
-// False also when PAGEDKV_PREFILL_MMA=0 (every prefill on the CUDA-core kernel).
-bool prefill_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache);
+// Any cache dtype (the query dtype or fp8). False also when PAGEDKV_PREFILL_MMA=0 (every prefill
+// on the CUDA-core kernel).
+bool prefill_mma_supported(const AttnParams& p, DType qdtype);
 void launch_prefill_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, int max_query_len,
                         cudaStream_t s);
 
