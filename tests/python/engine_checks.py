@@ -1,8 +1,18 @@
-"""Checks shared by the engine tests."""
+"""Prompts and checks shared by the engine tests."""
 
 from __future__ import annotations
 
 from typing import Any
+
+# Prompts for the embedded SmolLM2 (code, prose, list, instruction, explanation).
+SMOLLM2_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea, there lived",
+    "List three primary colors:",
+    "Write a short poem about the ocean.",
+    "Explain what a CPU cache is:",
+]
 
 
 def assert_no_leak(llm: Any) -> None:

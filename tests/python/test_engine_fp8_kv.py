@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from deps import need
-from engine_checks import assert_no_leak
+from engine_checks import SMOLLM2_PROMPTS, assert_no_leak
 
 torch = need("torch")
 need("transformers")
@@ -25,14 +25,7 @@ from pagedkv.entrypoints.engine_args import add_engine_arguments, engine_kwargs 
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "Once upon a time, in a small village by the sea, there lived",
-    "List three primary colors:",
-    "Write a short poem about the ocean.",
-    "Explain what a CPU cache is:",
-]
+PROMPTS = SMOLLM2_PROMPTS
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
 TORCH_FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
              "fp8_e5m2": torch.float8_e5m2}

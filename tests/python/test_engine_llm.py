@@ -11,7 +11,7 @@ import os
 
 import pytest
 from deps import need
-from engine_checks import assert_no_leak
+from engine_checks import SMOLLM2_PROMPTS, assert_no_leak
 
 torch = need("torch")
 transformers = need("transformers")
@@ -22,16 +22,8 @@ from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "Once upon a time, in a small village by the sea, there lived",
-    "List three primary colors:",
-]
-HF_PROMPTS = PROMPTS + [
-    "Write a short poem about the ocean.",
-    "Explain what a CPU cache is:",
-]
+PROMPTS = SMOLLM2_PROMPTS[:4]
+HF_PROMPTS = SMOLLM2_PROMPTS
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
 
