@@ -109,7 +109,7 @@ def test_cli_flag_reaches_the_engine_kwargs():
 
 def test_fp8_cache_is_bytes_with_four_times_the_blocks(auto_llm, fp8_llm, auto_out, fp8_out):
     auto_eng, fp8_eng = auto_llm.llm_engine, fp8_llm.llm_engine
-    assert fp8_eng.config.cache_dtype == "fp8"
+    assert fp8_eng.config.kv_cache_dtype == "fp8"
     for cache in fp8_eng.runner.kv_caches:
         assert cache.dtype == torch.uint8
         assert cache.shape[1] == fp8_eng.num_gpu_blocks

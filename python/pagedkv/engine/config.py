@@ -72,11 +72,6 @@ class EngineConfig:
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")
 
-    @property
-    def cache_dtype(self) -> str:
-        """vLLM's CacheConfig.cache_dtype: the kv_cache_dtype string the ops take."""
-        return self.kv_cache_dtype
-
     def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The element type of the KV-cache arrays: fp8 caches are bytes (the ops' contract)."""
         return model_dtype if self.kv_cache_dtype == "auto" else torch.uint8
