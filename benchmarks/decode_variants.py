@@ -9,7 +9,8 @@ its kernel. --layouts: the default kernel with blocks in random and in sequentia
 --partitions: the default kernel at fixed split-K partition sizes.
 
     python benchmarks/decode_variants.py [--quick] [--variants a,b] [--layouts |
-                                         --partitions [--every-shape]]
+                                         --partitions [--every-shape] [--sizes 0,672,...]
+                                         [--shapes 1x32768,...]]
 """
 
 from __future__ import annotations
@@ -58,16 +59,19 @@ def _set_env(env: dict) -> None:
     os.environ.update(env)
 
 
-def partitions(every_shape: bool = False) -> None:
+def partitions(every_shape: bool = False, sizes: list[int] | None = None,
+               shapes: list[tuple[int, int]] | None = None) -> None:
     """The default kernel at fixed split-K partition sizes (0 = single pass) on the small-batch
-    shapes (every shape with `every_shape`), bf16 and fp8, next to the size the library picks:
-    data for decode_partition_size."""
+    shapes (every shape with `every_shape`, or `shapes`), bf16 and fp8, next to the size the
+    library picks: data for decode_partition_size."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    sizes = [0, 128, 256, 512, 1024, 2048, 4096]
+    sizes = sizes or [0, 128, 256, 512, 1024, 2048, 4096]
     print(f"{torch.cuda.get_device_name()}: us per call; * = the library's choice")
     print(f"{'B*L':>10} {'kv':>5} " + " ".join(f"{p:>8}" for p in sizes))
     choose = ga.decode_partition
-    for b, length in [s for s in ga.DECODE_SHAPES if every_shape or s[0] <= 16]:
+    if shapes is None:
+        shapes = [s for s in ga.DECODE_SHAPES if every_shape or s[0] <= 16]
+    for b, length in shapes:
         for kv in ("auto", "fp8"):
             picked = choose(b, length, sms, kv)
             cells = []
@@ -92,12 +96,20 @@ def main() -> None:
                     help="time the default kernel at fixed split-K partition sizes instead")
     ap.add_argument("--every-shape", action="store_true",
                     help="with --partitions: every shape, not only batches up to 16")
+    ap.add_argument("--sizes", default="",
+                    help="with --partitions: comma-separated partition sizes in keys (default: "
+                         "0,128,256,512,1024,2048,4096; 0 = single pass)")
+    ap.add_argument("--shapes", default="",
+                    help="with --partitions: comma-separated BxL shapes (default: the benchmark's)")
     ap.add_argument("--variants", default="",
                     help="comma-separated kernel variants to run (default: all of "
                          + ", ".join(n for n, _ in KERNELS) + ")")
     args = ap.parse_args()
     if args.partitions:
-        partitions(args.every_shape)
+        sizes = [int(v) for v in args.sizes.split(",") if v]
+        pairs = [v.split("x") for v in args.shapes.split(",") if v]
+        shapes = [(int(b), int(length)) for b, length in pairs]
+        partitions(args.every_shape, sizes or None, shapes or None)
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = ga.copy_bandwidth()
