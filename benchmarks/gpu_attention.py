@@ -310,6 +310,12 @@ def bench_extend(b: int, prefix: int, new: int) -> dict:
 
     res = {"flops": 4 * b * HQ * D * (new * prefix + new * (new + 1) / 2),
            "ours": time_graph([ours] * 3)}
+    kc8, vc8, bt8 = make_cache(b, prefix, "fp8")  # the same call over an fp8 (e4m3) prefix
+
+    def ours_fp8() -> None:
+        ops.context_attention_fwd(q, k, v, out, "fp8", kc8, vc8, bt8, qsl, sl, None, new)
+
+    res["fp8"] = time_graph([ours_fp8] * 3)
 
     def contiguous(cache, fresh):  # [b, HQ, prefix + new, D]
         old = cache[bt.long()].reshape(b, -1, HKV, D)[:, :prefix]
@@ -423,14 +429,15 @@ def main() -> None:
         torch.cuda.empty_cache()
     print("\nExtend over a cached prefix in randomly permuted 16-token blocks (us; peers: SDPA "
           "on contiguous data, lower-right causal mask, query heads expanded; max |ours - FA2|)")
+    print("  fp8 = ours over an fp8 (e4m3) prefix, gain = ours / fp8")
     print(f"{'B*prefix+new':>15} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} "
-          f"{'vs FA2':>7} {'TFLOP/s':>8} {'max err':>8}")
+          f"{'vs FA2':>7} {'TFLOP/s':>8} {'max err':>8} {'fp8':>9} {'gain':>6}")
     for b, prefix, new in EXTEND_SHAPES[:1] if args.quick else EXTEND_SHAPES:
         r = bench_extend(b, prefix, new)
         print(f"{b:>4}*{prefix:>5}+{new:<4} {fmt(r['ours'])} {fmt(r['cudnn'])} "
               f"{fmt(r['flash'])} {ratio(r['cudnn'], r['ours']):>8} "
               f"{ratio(r['flash'], r['ours']):>7} {r['flops'] / r['ours'] / 1e12:8.1f} "
-              f"{r['err']:8.4f}")
+              f"{r['err']:8.4f} {fmt(r['fp8'])} {ratio(r['ours'], r['fp8']):>6}")
         torch.cuda.empty_cache()
     if args.prefill_only:
         return
