@@ -158,15 +158,17 @@ def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, tma, monkeypatch
                           block_size=block_size, ctx_lens=ctx)
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["maps", "no-maps"])
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, monkeypatch):
-    """The wgmma kernel with an fp8 cache (its own instantiation, opt-in through
-    PAGEDKV_PREFILL_WGMMA_FP8=1), required (a fallback fails): with no cache maps the producer's
-    threads load every cached group's bytes and store them dequantised (the group holding the
-    context's end too), next to new-token groups from TMA boxes and cp.async."""
+def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, tma, monkeypatch):
+    """The wgmma kernel with an fp8 cache (its own instantiation), required (a fallback fails).
+    With maps, whole cached groups land as raw bytes and are dequantised in place a tile later,
+    the group holding the context's end passes through the producer's registers; without
+    (PAGEDKV_PREFILL_WGMMA_TMA=0) every cached group does, and new tokens go by cp.async."""
     _require_wgmma(monkeypatch)
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_FP8", "1")
+    if not tma:
+        monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TMA", "0")
     r = random.Random()
     for bs in (16, 32):
         ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]

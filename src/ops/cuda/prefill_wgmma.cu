@@ -54,11 +54,15 @@ bool encode_o_map(CUtensorMap* map, const AttnParams& p) {
 void encode_maps(prefill_wg::WgParams& wp) {
   const AttnParams& p = wp.a;
   const bool tma = env_int("PAGEDKV_PREFILL_WGMMA_TMA", 1) != 0;
-  // fp8 caches: no maps, the bytes pass through the producer's registers to be dequantised.
-  wp.cache_tma = tma && wp.vf.cache_fp8 == kNoFp8 && p.block_size % 16 == 0 &&
-                 p.kl.whole_rows(p.head_size) && p.vl.whole_rows(p.head_size) &&
-                 encode_cache_map(&wp.k_cache_map, p.k_cache, p.kl, p, 2) &&
+  const bool rows16 =
+      tma && p.block_size % 16 == 0 && p.kl.whole_rows(p.head_size) && p.vl.whole_rows(p.head_size);
+  // An fp8 cache's boxes land raw bytes, not the query dtype wgmma reads: the cache maps then
+  // hold the rows unswizzled, and the producer dequantises them in place (raw_tma).
+  const bool fp8 = wp.vf.cache_fp8 != kNoFp8;
+  wp.cache_tma = rows16 && !fp8 && encode_cache_map(&wp.k_cache_map, p.k_cache, p.kl, p, 2) &&
                  encode_cache_map(&wp.v_cache_map, p.v_cache, p.vl, p, 2);
+  wp.raw_tma = rows16 && fp8 && encode_cache_rows(&wp.k_cache_map, p.k_cache, p.kl, p) &&
+               encode_cache_rows(&wp.v_cache_map, p.v_cache, p.vl, p);
   wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
   wp.o_tma = tma && wp.vf.out && encode_o_map(&wp.o_map, p);
   // Turn-taking consumers (prefill_wgmma_consume.cuh) in CTAs without a cached prefix: on an H100
@@ -104,9 +108,9 @@ const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDT
     return "queries must be float16 or bfloat16";
   }
   // fp8 caches: a separate instantiation (its run-time twin slowed the 16-bit kernel by 5-10 %,
-  // benchmarks/RESULTS.md), opt-in until measured on an H100.
-  if (cache != KVCacheDType::kAuto && env_int("PAGEDKV_PREFILL_WGMMA_FP8", 0) == 0) {
-    return "fp8 caches need PAGEDKV_PREFILL_WGMMA_FP8=1 (not yet measured on a GPU)";
+  // benchmarks/RESULTS.md); PAGEDKV_PREFILL_WGMMA_FP8=0 leaves them to the mma.sync kernel.
+  if (cache != KVCacheDType::kAuto && env_int("PAGEDKV_PREFILL_WGMMA_FP8", 1) == 0) {
+    return "fp8 caches are switched off by PAGEDKV_PREFILL_WGMMA_FP8=0";
   }
   if (p.head_size != 64 && p.head_size != 128) return "head size must be 64 or 128";
   // The producer copies whole 16-byte runs of keys and values (cache and new tokens; 8-byte runs

@@ -1,6 +1,6 @@
 // Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): fp16/bf16 queries with a cache in the
-// query dtype or, with PAGEDKV_PREFILL_WGMMA_FP8=1 (written, not yet run on a GPU), in fp8 (the
-// producer dequantises the cached context into the tiles), whose K/V rows (cache and new tokens)
+// query dtype or in fp8 (the producer dequantises the cached context into the tiles; off with
+// PAGEDKV_PREFILL_WGMMA_FP8=0), whose K/V rows (cache and new tokens)
 // allow 16-byte (fp8: 8-byte) loads, head sizes 64 and 128, every mask / soft-cap / alibi /
 // window option of the mma.sync kernel. PAGEDKV_PREFILL_WGMMA:
 //   1 (the default, unless PAGEDKV_PREFILL_MMA=0): used on compute capability 9.x devices (with
@@ -57,6 +57,8 @@ struct WgParams {
                    // key tile and in the context goes in one box per slice
   int turns;       // the consumers take turns issuing S = Q K^T: 0 never, 1 in CTAs without a
                    // cached prefix, 2 always (PAGEDKV_PREFILL_WGMMA_TURNS; prefill_wgmma.cu)
+  int raw_tma;     // fp8 cache: k/v_cache_map copy 16-slot boxes of its bytes unswizzled into the
+                   // stage, which the producer dequantises in place (prefill_wgmma_produce.cuh)
 };
 
 constexpr int kTileKeys = 128;  // keys per K/V tile (Tile<DP>::BN)

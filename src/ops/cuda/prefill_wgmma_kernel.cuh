@@ -80,7 +80,10 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
       wgmma::mbar_init(&bars[2 * C::kStages + i], 8);          // empty: consumer warps
     }
     wgmma::mbar_init(&bars[C::kQBar], 1);  // the query tile: the producer's expect-tx
-    mbar_init_fence();                     // the barriers visible to the copy engine
+    if constexpr (kFp8) {
+      for (int i = 0; i < 2 * C::kStages; ++i) wgmma::mbar_init(&bars[C::kRawBar + i], 1);
+    }
+    mbar_init_fence();  // the barriers visible to the copy engine
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;

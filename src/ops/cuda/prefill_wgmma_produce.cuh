@@ -17,9 +17,12 @@
 // slots that lies whole in the tile and in the context in one box per slice (block_rows): the
 // TMA's cost is per box.
 //
-// An fp8 cache has no maps (a box would land bytes, not the query dtype wgmma reads): the
-// threads load the cached groups' bytes, dequantise them with the k / v scale and store them into
-// the same swizzled layout (load_groups_fp8); new-token groups go as above.
+// An fp8 cache's boxes land bytes, not the query dtype wgmma reads. With maps (raw_tma) a lane
+// per group copies the 16 rows unswizzled into the group's own place in the stage, on a "raw"
+// mbarrier of the stage half, and one tile later, once they landed, the 128 threads dequantise
+// them in place (dequant_raw): the copies of the next tile are in flight meanwhile. The group
+// that holds the context's end, and every cached group without maps, pass through the threads'
+// registers (load_groups_fp8); new-token groups go as above.
 //
 // Each stage half ("full" K, "full" V) completes when thread 0 (K) or 32 (V) arrived with the
 // TMA bytes of all the half's boxes and all 128 threads' cp.async landed
@@ -36,6 +39,8 @@ namespace pagedkv::cuda_ops::prefill_wg {
 #if PAGEDKV_WGMMA_ENABLED
 
 constexpr int kFullArrivals = 129;
+// Named barrier of the producer warpgroup (1-4 are the consumers': prefill_wgmma_consume.cuh).
+constexpr int kProducerBar = 5;
 
 // Whether the group of keys [key0, key0 + 16) goes through a tensor map.
 __device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, const CtaWork& w) {
@@ -43,10 +48,24 @@ __device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, const Ct
                             : key0 >= w.ctx && key0 + 16 <= w.kv_end && wp.new_tma != 0;
 }
 
-// The groups of tile kt that no map serves, with an fp8 cache (which has no maps): every cached
-// chunk's 8 bytes are loaded first, for all groups at once (one load latency per tile half, not one
-// per group), then dequantised with `scale` and stored into the swizzled layout; new-token chunks
-// and the zeros past k_hi go by cp.async as in load_group.
+// fp8 cache with maps: whether the group of keys [key0, key0 + 16) lies whole in the cached
+// context, so that its bytes come as one raw box (issue_raw, dequant_raw).
+__device__ __forceinline__ bool raw_group(const WgParams& wp, int key0, const CtaWork& w) {
+  return wp.raw_tma != 0 && key0 + 16 <= w.ctx;
+}
+
+// Where group g's raw bytes land in its tile half: inside the group's own dequantised rows (2 KB
+// per 64-column block), where only the group itself will write: its second block for head size
+// 128, the second half of its block for 64.
+template <int DP>
+__device__ __forceinline__ int raw_offset(int g) {
+  return (DP == 128 ? Tile<DP>::BN * 128 : 1024) + g * 2048;
+}
+
+// The groups of tile kt that no map serves, with an fp8 cache: every cached chunk's 8 bytes are
+// loaded first, for all groups at once (one load latency per tile half, not one per group), then
+// dequantised with `scale` and stored into the swizzled layout; new-token chunks and the zeros
+// past k_hi go by cp.async as in load_group.
 template <typename T, int DP>
 __device__ __forceinline__ void load_groups_fp8(uint32_t dst, const uint8_t* cache,
                                                 const CacheLayout& cl, float scale, const T* fresh,
@@ -55,15 +74,16 @@ __device__ __forceinline__ void load_groups_fp8(uint32_t dst, const uint8_t* cac
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
   // Chunks per thread and group; groups per batch of loads, so that a batch's bytes fit the
-  // producer's 72 registers (kProducerRegs) without spilling.
-  constexpr int kPer = 16 * C::CH / 128, kBatch = 8 / kPer;
+  // producer's 72 registers (kProducerRegs) without spilling next to the tile in flight.
+  constexpr int kPer = 16 * C::CH / 128, kBatch = 4 / kPer;
   static_assert(16 * C::CH % 128 == 0 && C::BN / 16 % kBatch == 0);
 #pragma unroll 1
   for (int g0 = 0; g0 < C::BN / 16; g0 += kBatch) {
     uint2 raw[kBatch][kPer];
 #pragma unroll
     for (int g = 0; g < kBatch; ++g) {
-      const bool mapped = tma_group(wp, kt + 16 * (g0 + g), w);
+      const int gk = kt + 16 * (g0 + g);
+      const bool mapped = tma_group(wp, gk, w) || raw_group(wp, gk, w);
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int idx = ptid + 128 * i, j = idx / C::CH, c = idx % C::CH;
@@ -80,7 +100,8 @@ __device__ __forceinline__ void load_groups_fp8(uint32_t dst, const uint8_t* cac
     }
 #pragma unroll
     for (int g = 0; g < kBatch; ++g) {
-      if (tma_group(wp, kt + 16 * (g0 + g), w)) continue;  // uniform over the warpgroup
+      const int gk = kt + 16 * (g0 + g);
+      if (tma_group(wp, gk, w) || raw_group(wp, gk, w)) continue;  // uniform over the warpgroup
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         const int idx = ptid + 128 * i, j = idx / C::CH, c = idx % C::CH;
@@ -108,14 +129,13 @@ __device__ __forceinline__ void load_groups_fp8(uint32_t dst, const uint8_t* cac
   }
 }
 
-// One half (keys or values) of tile kt into the stage half at `tile` (generic pointer; dst: the
-// same bytes as a shared address). kFp8: the cache holds fp8 bytes (vf.cache_fp8), a separate
-// instantiation so that the 16-bit kernels' code stays as it is.
-template <typename T, int DP, bool kFp8>
-__device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigned char* tile,
-                                          uint64_t* full, const int* bt, int kt, const CtaWork& w,
-                                          int ptid) {
-  const uint32_t dst = smem_addr(tile);
+// The TMA boxes of one half (keys or values) of tile kt into the stage half at `tile`: whole-tile
+// boxes of new tokens, or per group one box per 128-byte slice (cached groups through the cache
+// maps of a 16-bit cache, new-token groups through the new-token maps).
+template <typename T, int DP>
+__device__ __forceinline__ void issue_boxes(const WgParams& wp, bool is_v, unsigned char* tile,
+                                            uint64_t* full, const int* bt, int kt, const CtaWork& w,
+                                            int ptid) {
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
   constexpr int kGroupBytes = 16 * DP * int(sizeof(T));
@@ -175,37 +195,159 @@ __device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigne
       }
     }
   }
-  if constexpr (kFp8) {
-    const T* fresh = static_cast<const T*>(is_v ? p.v_new : p.k_new);
-    load_groups_fp8<T, DP>(dst, static_cast<const uint8_t*>(is_v ? p.v_cache : p.k_cache),
-                           is_v ? p.vl : p.kl, is_v ? p.v_scale : p.k_scale, fresh,
-                           is_v ? p.vnl : p.knl, wp, bt, kt, w, ptid);
-    // Plain stores too: wait for this thread's cp.async, then arrive with release semantics
-    // (the consumers' wait acquires; their proxy fence hands the bytes to wgmma).
-    cp_async_wait_all();
-    wgmma::mbar_arrive(full);
-  } else {
-    const T* cache = static_cast<const T*>(is_v ? p.v_cache : p.k_cache);
-    const T* fresh = static_cast<const T*>(is_v ? p.v_new : p.k_new);
-    const CacheLayout& cl = is_v ? p.vl : p.kl;
-    const CacheLayout& fl = is_v ? p.vnl : p.knl;
+}
+
+// One half of tile kt with a 16-bit cache: its boxes, then cp.async for the groups no map serves.
+template <typename T, int DP>
+__device__ __forceinline__ void load_half(const WgParams& wp, bool is_v, unsigned char* tile,
+                                          uint64_t* full, const int* bt, int kt, const CtaWork& w,
+                                          int ptid) {
+  using C = Tile<DP>;
+  const AttnParams& p = wp.a;
+  const uint32_t dst = smem_addr(tile);
+  issue_boxes<T, DP>(wp, is_v, tile, full, bt, kt, w, ptid);
+  const T* cache = static_cast<const T*>(is_v ? p.v_cache : p.k_cache);
+  const T* fresh = static_cast<const T*>(is_v ? p.v_new : p.k_new);
+  const CacheLayout& cl = is_v ? p.vl : p.kl;
+  const CacheLayout& fl = is_v ? p.vnl : p.knl;
 #pragma unroll 1
-    for (int g = 0; g < C::BN / 16; ++g) {
-      const int key0 = kt + 16 * g;
-      if (tma_group(wp, key0, w)) continue;  // uniform over the warpgroup
-      load_group<T, DP>(dst, cache, cl, fresh, fl, p, bt, key0, 16 * g, w.k_hi, w.ctx, w.qs, w.kvh,
-                        ptid);
+  for (int g = 0; g < C::BN / 16; ++g) {
+    const int key0 = kt + 16 * g;
+    if (tma_group(wp, key0, w)) continue;  // uniform over the warpgroup
+    load_group<T, DP>(dst, cache, cl, fresh, fl, p, bt, key0, 16 * g, w.k_hi, w.ctx, w.qs, w.kvh,
+                      ptid);
+  }
+  wgmma::mbar_arrive_cp_async(full);  // after this thread's cp.async (none: at once)
+}
+
+// fp8 cache with maps: the raw boxes of one half of tile kt, one lane per group of the first
+// (K) or second (V) producer warp, on the stage half's "raw" mbarrier (whose phase completes
+// with no bytes when the tile has no raw group).
+template <int DP>
+__device__ __forceinline__ void issue_raw(const WgParams& wp, bool is_v, unsigned char* tile,
+                                          uint64_t* raw, const int* bt, int kt, const CtaWork& w,
+                                          int ptid) {
+  using C = Tile<DP>;
+  const AttnParams& p = wp.a;
+  const int lt = ptid - (is_v ? 32 : 0);
+  if (lt < 0 || lt >= C::BN / 16) return;
+  if (lt == 0) {
+    int groups = 0;
+#pragma unroll
+    for (int g = 0; g < C::BN / 16; ++g) groups += raw_group(wp, kt + 16 * g, w);
+    mbar_arrive_expect(raw, groups * 16 * DP);
+  }
+  const int key0 = kt + 16 * lt;
+  if (!raw_group(wp, key0, w)) return;
+  const int bi = p.bs_shift >= 0 ? key0 >> p.bs_shift : key0 / p.block_size;
+  const int slot = key0 - bi * p.block_size;  // a multiple of 16: the box stays in the block
+  const int b = bt[min(bi, p.max_blocks - 1)];
+  const int block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
+  tma_load_4d(tile + raw_offset<DP>(lt), is_v ? &wp.v_cache_map : &wp.k_cache_map, 0, w.kvh, slot,
+              block, raw, 0, false);
+}
+
+// 16 fp8 values of `kind` times `scale` as 16 T in two 16-byte vectors.
+template <typename T>
+__device__ __forceinline__ void dequant16(const uint4& raw, int kind, float scale,
+                                          uint4 (&out)[2]) {
+  float f[16];
+  if (kind == kE5M2) {
+    unpack16_fp8<kE5M2>(raw, f);
+  } else {
+    unpack16_fp8<kE4M3>(raw, f);
+  }
+  T* h = reinterpret_cast<T*>(out);
+#pragma unroll
+  for (int e = 0; e < 16; ++e) h[e] = from_float<T>(f[e] * scale);
+}
+
+// The raw groups of one half of tile kt (landed: the caller waited for the raw mbarrier),
+// dequantised in place by the 128 producer threads into the swizzled layout: in batches of 4
+// 16-byte units per thread, each batch read whole before any of it is overwritten (a producer
+// barrier), and a batch only writes over its own groups' bytes.
+template <typename T, int DP>
+__device__ __forceinline__ void dequant_raw(const WgParams& wp, unsigned char* tile, float scale,
+                                            int kt, const CtaWork& w, int ptid) {
+  using C = Tile<DP>;
+  constexpr int kUnits = DP / 16, kGroupUnits = 16 * kUnits, kBatch = 2;
+  constexpr int kGroupsPerBatch = 128 * kBatch / kGroupUnits;
+  static_assert(C::BN / 16 % kGroupsPerBatch == 0);
+  const uint32_t base = smem_addr(tile);
+#pragma unroll 1
+  for (int g0 = 0; g0 < C::BN / 16; g0 += kGroupsPerBatch) {
+    uint4 raw[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int idx = ptid + 128 * i, g = g0 + idx / kGroupUnits;
+      const int r = idx % kGroupUnits / kUnits, u = idx % kUnits;
+      if (raw_group(wp, kt + 16 * g, w)) {
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(raw[i].x), "=r"(raw[i].y), "=r"(raw[i].z), "=r"(raw[i].w)
+                     : "r"(base + raw_offset<DP>(g) + r * DP + u * 16)
+                     : "memory");
+      }
     }
-    wgmma::mbar_arrive_cp_async(full);  // after this thread's cp.async (none: at once)
+    wgmma::bar_sync(kProducerBar, 128);  // the batch's bytes read before they are overwritten
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int idx = ptid + 128 * i, g = g0 + idx / kGroupUnits;
+      const int r = idx % kGroupUnits / kUnits, u = idx % kUnits;
+      if (!raw_group(wp, kt + 16 * g, w)) continue;
+      uint4 v[2];
+      dequant16<T>(raw[i], wp.vf.cache_fp8, scale, v);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                         base + wgmma::sw128(16 * g + r, 2 * u + h, C::BN)),
+                     "r"(v[h].x), "r"(v[h].y), "r"(v[h].z), "r"(v[h].w)
+                     : "memory");
+      }
+    }
   }
 }
 
-// Producer warpgroup: every K/V tile of the CTA.
+// fp8 cache: the boxes of one half of tile kt (new tokens; with maps, the raw cached groups).
+template <typename T, int DP>
+__device__ __forceinline__ void issue_half_fp8(const WgParams& wp, bool is_v, unsigned char* tile,
+                                               uint64_t* full, uint64_t* raw, const int* bt, int kt,
+                                               const CtaWork& w, int ptid) {
+  issue_boxes<T, DP>(wp, is_v, tile, full, bt, kt, w, ptid);
+  if (wp.raw_tma) issue_raw<DP>(wp, is_v, tile, raw, bt, kt, w, ptid);
+}
+
+// fp8 cache: completes one half of tile kt, issued earlier: the groups through registers and
+// cp.async, the raw groups dequantised once landed (raw phase `parity`), then this thread's
+// arrival on `full`.
+template <typename T, int DP>
+__device__ __forceinline__ void finish_half_fp8(const WgParams& wp, bool is_v, unsigned char* tile,
+                                                uint64_t* full, uint64_t* raw, uint32_t parity,
+                                                const int* bt, int kt, const CtaWork& w, int ptid) {
+  const AttnParams& p = wp.a;
+  const float scale = is_v ? p.v_scale : p.k_scale;
+  load_groups_fp8<T, DP>(smem_addr(tile), static_cast<const uint8_t*>(is_v ? p.v_cache : p.k_cache),
+                         is_v ? p.vl : p.kl, scale, static_cast<const T*>(is_v ? p.v_new : p.k_new),
+                         is_v ? p.vnl : p.knl, wp, bt, kt, w, ptid);
+  if (wp.raw_tma) {
+    wgmma::mbar_wait(raw, parity);
+    dequant_raw<T, DP>(wp, tile, scale, kt, w, ptid);
+  }
+  // Plain stores too: wait for this thread's cp.async, order the stores before later tensor
+  // copies into this stage, then arrive with release semantics (the consumers' wait acquires;
+  // their proxy fence hands the bytes to wgmma).
+  cp_async_wait_all();
+  wgmma::fence_proxy_async();
+  wgmma::mbar_arrive(full);
+}
+
+// Producer warpgroup: every K/V tile of the CTA. With an fp8 cache a tile's boxes are issued
+// before the previous tile is finished (finish_half_fp8 waits for its raw bytes).
 template <typename T, int DP, bool kFp8>
 __device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, unsigned char* smem,
                                         uint64_t* bars) {
   using C = Tile<DP>;
   uint64_t *full_k = bars, *full_v = bars + C::kStages, *empty = bars + 2 * C::kStages;
+  uint64_t *raw_k = bars + C::kRawBar, *raw_v = raw_k + C::kStages;
   const int ptid = threadIdx.x - 256;
   const int* bt = wp.a.block_tables + int64_t(w.seq) * wp.a.bt_stride;
   if (wp.q_tma && ptid == 0) {  // the query tile first: the consumers start with it
@@ -218,13 +360,35 @@ __device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, un
                   false);
     }
   }
+  auto k_tile = [&](int stage) { return smem + C::kKOff + stage * C::kKVBytes; };
+  auto v_tile = [&](int stage) { return smem + C::kVOff + stage * C::kKVBytes; };
+  // fp8: completes tile `it` (stage it % kStages, its (it / kStages)-th use of the stage).
+  auto finish = [&](int it) {
+    const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
+    const uint32_t parity = (it / C::kStages) & 1;
+    finish_half_fp8<T, DP>(wp, false, k_tile(stage), &full_k[stage], &raw_k[stage], parity, bt, kt,
+                           w, ptid);
+    finish_half_fp8<T, DP>(wp, true, v_tile(stage), &full_v[stage], &raw_v[stage], parity, bt, kt,
+                           w, ptid);
+  };
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     if (it >= C::kStages) wgmma::mbar_wait(&empty[stage], (it / C::kStages - 1) & 1);
-    load_half<T, DP, kFp8>(wp, false, smem + C::kKOff + stage * C::kKVBytes, &full_k[stage], bt, kt,
-                           w, ptid);
-    load_half<T, DP, kFp8>(wp, true, smem + C::kVOff + stage * C::kKVBytes, &full_v[stage], bt, kt,
-                           w, ptid);
+    if constexpr (kFp8) {
+      issue_half_fp8<T, DP>(wp, false, k_tile(stage), &full_k[stage], &raw_k[stage], bt, kt, w,
+                            ptid);
+      issue_half_fp8<T, DP>(wp, true, v_tile(stage), &full_v[stage], &raw_v[stage], bt, kt, w,
+                            ptid);
+      if (it > 0) finish(it - 1);
+    } else {
+      load_half<T, DP>(wp, false, smem + C::kKOff + stage * C::kKVBytes, &full_k[stage], bt, kt, w,
+                       ptid);
+      load_half<T, DP>(wp, true, smem + C::kVOff + stage * C::kKVBytes, &full_v[stage], bt, kt, w,
+                       ptid);
+    }
+  }
+  if constexpr (kFp8) {
+    if (w.n_tiles > 0) finish(w.n_tiles - 1);
   }
   cp_async_wait_all();  // nothing in flight when the thread exits
 }

@@ -16,7 +16,7 @@ namespace pagedkv::cuda_ops::prefill_wg {
 // group) pairs like the mma.sync kernel) and 1 producer warpgroup that streams K/V tiles of BN
 // keys through kStages shared-memory stages (TMA tensor copies, cp.async where a map cannot
 // serve: prefill_wgmma_produce.cuh), handing them over with mbarriers. Three stages for head
-// size 128: 32 KB of Q + 3 x 64 KB of K/V + barriers + 1 KB of alignment slack = 230,480 bytes,
+// size 128: 32 KB of Q + 3 x 64 KB of K/V + barriers + 1 KB of alignment slack = 230,528 bytes,
 // under the 232,448 (227 KB) one CTA may use.
 // Registers are rebalanced with setmaxnreg (the launch gives 168 each): the producer only computes
 // addresses; ptxas keeps the consumer code within 216 and the producer within 72 without spills.
@@ -30,9 +30,11 @@ struct Tile {
   static constexpr int kStages = DP == 128 ? 3 : 4;
   static constexpr int kQBytes = BM * DP * 2, kKVBytes = BN * DP * 2;
   static constexpr int kKOff = kQBytes, kVOff = kKOff + kStages * kKVBytes;
-  // Barriers: full_k, full_v, empty per stage, then the query tile's.
+  // Barriers: full_k, full_v, empty per stage, the query tile's, then raw_k, raw_v per stage (an
+  // fp8 cache's bytes landed: prefill_wgmma_produce.cuh).
   static constexpr int kBarOff = kVOff + kStages * kKVBytes, kQBar = 3 * kStages;
-  static constexpr int kSmem = kBarOff + (kQBar + 1) * 8 + 1024;  // + slack to align the base
+  static constexpr int kRawBar = kQBar + 1;
+  static constexpr int kSmem = kBarOff + (kRawBar + 2 * kStages) * 8 + 1024;  // + alignment slack
   static_assert(kSmem <= 227 * 1024, "one CTA's shared memory on sm_90");
   static_assert(kKOff % 1024 == 0 && kKVBytes % 1024 == 0, "TMA swizzle atoms 1024-aligned");
 };

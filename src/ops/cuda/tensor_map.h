@@ -27,4 +27,9 @@ bool encode_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* 
 bool encode_cache_map(CUtensorMap* map, const void* base, const CacheLayout& l, const AttnParams& a,
                       int esz, int rows = 16);
 
+// An fp8 (one-byte) paged cache in boxes of 16 slots of one head, whole rows of head_size bytes
+// (a multiple of 16, at most 256), landing unswizzled: row r of a box at r * head_size bytes.
+bool encode_cache_rows(CUtensorMap* map, const void* base, const CacheLayout& l,
+                       const AttnParams& a);
+
 }  // namespace pagedkv::cuda_ops
