@@ -60,12 +60,14 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
 
 def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int],
                       kv_pads: list[int] | None = None, block_size: int | None = None,
-                      ctx_lens: list[int] | None = None, kv_dtype: str = "auto") -> None:
+                      ctx_lens: list[int] | None = None, kv_dtype: str = "auto",
+                      kv_scales: tuple[float, float] | None = None) -> None:
     """One random case: 1-3 sequences with or without a cached prefix, random GQA group, block
     size, options and row padding (query / output from `pads`, new keys / values from `kv_pads`,
     default the same), against the float64 reference. `block_size` / `ctx_lens` fix the block
     size / the cached prefixes (one sequence each) instead of drawing them; an fp8 `kv_dtype`
-    quantises the cache with random scales (the reference reads the dequantised values)."""
+    quantises the cache with random scales, or `kv_scales` (the reference reads the dequantised
+    values)."""
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     pad = r.choice(pads)  # 4: rows not 16-byte aligned -> the scalar copy paths
@@ -81,6 +83,7 @@ def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: lis
     v, _ = _padded((t, hkv, head_size), kv_pad, dtype, gen)
     out, out_full = _padded((t, hq, head_size), pad, dtype, gen, float("nan"))
     ks, vs = (1.0, 1.0) if kv_dtype == "auto" else (r.uniform(0.2, 2.0), r.uniform(0.2, 2.0))
+    ks, vs = kv_scales or (ks, vs)
     kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout, kv_dtype, ks, vs)
     opts = {"alibi": (torch.rand(hq, generator=gen) * 0.1).cuda() if r.random() < 0.3 else None,
             "softcap": r.choice([0.0, 0.0, 20.0]),
@@ -174,6 +177,20 @@ def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, tma, monkeypatch):
         ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
         _long_ragged_case(head_size, r.choice([torch.float16, torch.bfloat16]), "nhd", [0, 8],
                           kv_pads=[0, 8], block_size=bs, ctx_lens=ctx, kv_dtype=kv_dtype)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_prefill_wgmma_fp8_subnormals(head_size, kv_dtype, monkeypatch):
+    """Scales so large that most cached bytes are fp8 subnormals (|x| / scale below 2^-6 for
+    e4m3, 2^-14 for e5m2): the wgmma producer's in-place dequantisation, which reads the bytes
+    as 16-bit subnormals, must keep them (the reference reads them exactly)."""
+    _require_wgmma(monkeypatch)
+    big = 2.0 ** 9 if kv_dtype == "fp8" else 2.0 ** 14
+    for bs in (16, 32):
+        _long_ragged_case(head_size, random.choice([torch.float16, torch.bfloat16]), "nhd", [0],
+                          block_size=bs, ctx_lens=[random.randint(200, 700)], kv_dtype=kv_dtype,
+                          kv_scales=(big, big / 2))
 
 
 def test_prefill_wgmma_fallback(monkeypatch):

@@ -2,6 +2,7 @@
 // per-dtype launch (kernels instantiated in prefill_wgmma_{f16,bf16}.cu).
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/device_props.h"
@@ -50,8 +51,18 @@ bool encode_o_map(CUtensorMap* map, const AttnParams& p) {
   return encode_sw128(map, p.out, 3, dims, strides, box, 2);
 }
 
+// Whether the k / v scales of an fp8 cache are normal numbers of the query dtype (fp16 when
+// `half`), as the producer's in-place dequantisation multiplies by them in that dtype
+// (Fp8Dequant); other scales leave the cached groups to the fp32 path through registers.
+bool scales_fit(const AttnParams& p, bool half) {
+  const float lo = half ? 6.2e-5f : 1.2e-38f, hi = half ? 65504.f : 3.3e38f;
+  auto fits = [&](float v) { return std::fabs(v) >= lo && std::fabs(v) <= hi; };
+  return fits(p.k_scale) && fits(p.v_scale);
+}
+
 // Fills the maps the call allows (tensor_map.h); a missing map leaves its groups to cp.async.
-void encode_maps(prefill_wg::WgParams& wp) {
+// half: fp16 queries (else bf16).
+void encode_maps(prefill_wg::WgParams& wp, bool half) {
   const AttnParams& p = wp.a;
   const bool tma = env_int("PAGEDKV_PREFILL_WGMMA_TMA", 1) != 0;
   const bool rows16 =
@@ -61,7 +72,8 @@ void encode_maps(prefill_wg::WgParams& wp) {
   const bool fp8 = wp.vf.cache_fp8 != kNoFp8;
   wp.cache_tma = rows16 && !fp8 && encode_cache_map(&wp.k_cache_map, p.k_cache, p.kl, p, 2) &&
                  encode_cache_map(&wp.v_cache_map, p.v_cache, p.vl, p, 2);
-  wp.raw_tma = rows16 && fp8 && encode_cache_rows(&wp.k_cache_map, p.k_cache, p.kl, p) &&
+  wp.raw_tma = rows16 && fp8 && scales_fit(p, half) &&
+               encode_cache_rows(&wp.k_cache_map, p.k_cache, p.kl, p) &&
                encode_cache_rows(&wp.v_cache_map, p.v_cache, p.vl, p);
   wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
   wp.o_tma = tma && wp.vf.out && encode_o_map(&wp.o_map, p);
@@ -129,7 +141,7 @@ void launch_prefill_wgmma(const AttnParams& p, DType qdtype, KVCacheDType cache,
   wp.a = p;
   wp.vf = prefill::vec_flags(p);
   wp.vf.cache_fp8 = fp8_kind(cache);
-  encode_maps(wp);
+  encode_maps(wp, qdtype == DType::kFloat16);
   if (qdtype == DType::kFloat16) {
     prefill_wg::launch_f16(wp, max_query_len, s);
   } else {
