@@ -40,6 +40,16 @@ namespace pagedkv::cuda_ops::prefill_wg {
 
 constexpr int kFullArrivals = 129;
 
+// The cache block holding key `key` of the CTA's sequence (block-table row bt) and its slot
+// there; an id outside the cache reads block 0, never wild memory.
+__device__ __forceinline__ int cached_block(const AttnParams& p, const int* bt, int key,
+                                            int& slot) {
+  const int bi = p.bs_shift >= 0 ? key >> p.bs_shift : key / p.block_size;
+  slot = key - bi * p.block_size;
+  const int b = bt[min(bi, p.max_blocks - 1)];
+  return unsigned(b) < unsigned(p.num_blocks) ? b : 0;
+}
+
 // Whether the group of keys [key0, key0 + 16) goes through a tensor map.
 __device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, const CtaWork& w) {
   return key0 + 16 <= w.ctx ? wp.cache_tma != 0
@@ -88,10 +98,8 @@ __device__ __forceinline__ void load_groups_fp8(uint32_t dst, const uint8_t* cac
         const int key = kt + 16 * (g0 + g) + j;
         raw[g][i] = make_uint2(0u, 0u);
         if (!mapped && key < w.ctx) {
-          const int bi = p.bs_shift >= 0 ? key >> p.bs_shift : key / p.block_size;
-          const int slot = key - bi * p.block_size;
-          const int b = bt[min(bi, p.max_blocks - 1)];
-          const int64_t block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
+          int slot;
+          const int64_t block = cached_block(p, bt, key, slot);
           raw[g][i] = *reinterpret_cast<const uint2*>(cache + cl.offset(block, slot, w.kvh, c * 8));
         }
       }
@@ -172,10 +180,8 @@ __device__ __forceinline__ void issue_boxes(const WgParams& wp, bool is_v, unsig
       const void* nmap = is_v ? &wp.v_new_map : &wp.k_new_map;
       unsigned char* gdst = tile + g * 16 * 128;  // rows 16g.. of every 64-column block
       if (key0 < w.ctx) {
-        const int bi = p.bs_shift >= 0 ? key0 >> p.bs_shift : key0 / p.block_size;
-        const int slot = key0 - bi * p.block_size;  // a multiple of 16: the box stays in the block
-        const int b = bt[min(bi, p.max_blocks - 1)];
-        const int block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
+        int slot;  // a multiple of 16: the box stays in the block
+        const int block = cached_block(p, bt, key0, slot);
         // A block that lies whole in this tile and in the context: its first group's lane copies
         // all of it in one box (the bytes are those of its groups, announced above).
         const int start = key0 - slot;
@@ -237,20 +243,19 @@ __device__ __forceinline__ void issue_raw(const WgParams& wp, bool is_v, unsigne
   }
   const int key0 = kt + 16 * lt;
   if (!raw_group(wp, key0, w)) return;
-  const int bi = p.bs_shift >= 0 ? key0 >> p.bs_shift : key0 / p.block_size;
-  const int slot = key0 - bi * p.block_size;  // a multiple of 16: the box stays in the block
-  const int b = bt[min(bi, p.max_blocks - 1)];
-  const int block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
+  int slot;  // a multiple of 16: the box stays in the block
+  const int block = cached_block(p, bt, key0, slot);
   tma_load_4d(tile + raw_offset<DP>(lt), is_v ? &wp.v_cache_map : &wp.k_cache_map, 0, w.kvh, slot,
               block, raw, 0, false);
 }
 
-// fp8 -> T (fp16 / bf16) without conversion instructions, which run at a quarter of the FMA rate
-// on sm_90 and bounded the in-place dequantisation (H100; four per pair of values). A byte
-// s.e.m moved into a 16-bit lane as s, zeros, e.m (right-aligned under T's exponent field)
-// reads as the fp8 value times 2^-(bias of T - bias of fp8), subnormals included (fp16 / bf16
-// arithmetic keeps subnormals), so one multiply by 2^(that difference) makes it exact and a
-// second, split into two T (hi + lo, for an fp32-accurate product), applies the scale.
+// fp8 -> T (fp16 / bf16) without conversion instructions (quarter rate on sm_90; the fp32 path
+// took four per pair of values, and the extend over an fp8 prefix ran 6 % slower with it on the
+// H100). A byte s.e.m moved into a 16-bit lane as s, zeros, e.m (right-aligned under T's exponent
+// field) reads as the fp8 value times 2^-(bias of T - bias of fp8), subnormals included (fp16 /
+// bf16 arithmetic keeps subnormals), so one multiply by 2^(that difference) makes it exact and a
+// second, split into two T (hi + lo, for an fp32-accurate product), applies the scale. The fp8
+// NaN / infinity encodings come out as large finite values.
 template <typename T>
 struct Fp8Dequant {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
