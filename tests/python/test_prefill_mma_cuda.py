@@ -174,9 +174,11 @@ def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, tma, monkeypatch):
         monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TMA", "0")
     r = random.Random()
     for bs in (16, 32):
+        # Scales of 1 and 0.5 (exact in fp16 / bf16: the one-multiply path) and random ones.
         ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
         _long_ragged_case(head_size, r.choice([torch.float16, torch.bfloat16]), "nhd", [0, 8],
-                          kv_pads=[0, 8], block_size=bs, ctx_lens=ctx, kv_dtype=kv_dtype)
+                          kv_pads=[0, 8], block_size=bs, ctx_lens=ctx, kv_dtype=kv_dtype,
+                          kv_scales=(1.0, 0.5) if bs == 16 else None)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])

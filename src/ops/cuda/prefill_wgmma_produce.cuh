@@ -259,8 +259,9 @@ __device__ __forceinline__ void issue_raw(const WgParams& wp, bool is_v, unsigne
 template <typename T>
 struct Fp8Dequant {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  T2 pow2, hi, lo;
-  int shift;  // right shift of the byte's exponent and mantissa bits from the lane's top byte
+  T2 pow2, hi, lo, factor;
+  int shift;   // right shift of the byte's exponent and mantissa bits from the lane's top byte
+  bool exact;  // pow2 * scale is a T (scale 1, the engine's): one multiply by `factor` does all
 
   __device__ __forceinline__ Fp8Dequant(int kind, float scale) {
     constexpr bool kHalf = std::is_same_v<T, __half>;
@@ -272,13 +273,23 @@ struct Fp8Dequant {
     hi = T2{h, h};
     const T l = from_float<T>(scale - to_float(h));
     lo = T2{l, l};
+    const T f = from_float<T>(p * scale);
+    factor = T2{f, f};
+    exact = to_float(f) == p * scale && isfinite(p * scale);
   }
-  // Bytes 2i, 2i + 1 of `w` (i = 0, 1) as a pair of T times the scale.
+  // Bytes 2i, 2i + 1 of `w` (i = 0, 1) as a pair of T times the scale; kExact: when `exact`.
+  template <bool kExact>
   __device__ __forceinline__ uint32_t pair(uint32_t w, int i) const {
     const uint32_t x = __byte_perm(w, 0u, i == 0 ? 0x1404 : 0x3424);  // bytes to the lanes' tops
     const uint32_t y = ((x & 0x7f007f00u) >> shift) | (x & 0x80008000u);
-    const T2 v = __hmul2(*reinterpret_cast<const T2*>(&y), pow2);  // exact: a power of two
-    const T2 r = __hfma2(v, hi, __hmul2(v, lo));
+    const T2 u = *reinterpret_cast<const T2*>(&y);
+    T2 r;
+    if constexpr (kExact) {
+      r = __hmul2(u, factor);
+    } else {
+      const T2 v = __hmul2(u, pow2);  // exact: a power of two
+      r = __hfma2(v, hi, __hmul2(v, lo));
+    }
     return *reinterpret_cast<const uint32_t*>(&r);
   }
 };
@@ -309,18 +320,28 @@ __device__ __forceinline__ void dequant_raw(const WgParams& wp, unsigned char* t
                    : "memory");
     }
     __syncwarp();  // the group's bytes read before they are overwritten
+    auto write = [&](auto exact) {
 #pragma unroll
-    for (int i = 0; i < kLaneUnits; ++i) {
-      const int idx = lane + 32 * i, r = idx / kUnits, u = idx % kUnits;
-      const uint32_t b[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+      for (int i = 0; i < kLaneUnits; ++i) {
+        const int idx = lane + 32 * i, r = idx / kUnits, u = idx % kUnits;
+        const uint32_t b[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // bytes 8h .. 8h + 7: 16-byte unit 2u + h of the row
-        asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(
-                         base + wgmma::sw128(16 * g + r, 2 * u + h, C::BN)),
-                     "r"(dq.pair(b[2 * h], 0)), "r"(dq.pair(b[2 * h], 1)),
-                     "r"(dq.pair(b[2 * h + 1], 0)), "r"(dq.pair(b[2 * h + 1], 1))
-                     : "memory");
+        for (int h = 0; h < 2; ++h) {  // bytes 8h .. 8h + 7: 16-byte unit 2u + h of the row
+          constexpr bool kExact = decltype(exact)::value;
+          asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                           base + wgmma::sw128(16 * g + r, 2 * u + h, C::BN)),
+                       "r"(dq.template pair<kExact>(b[2 * h], 0)),
+                       "r"(dq.template pair<kExact>(b[2 * h], 1)),
+                       "r"(dq.template pair<kExact>(b[2 * h + 1], 0)),
+                       "r"(dq.template pair<kExact>(b[2 * h + 1], 1))
+                       : "memory");
+        }
       }
+    };
+    if (dq.exact) {
+      write(std::true_type{});
+    } else {
+      write(std::false_type{});
     }
   }
 }
