@@ -146,7 +146,7 @@ __device__ __forceinline__ void issue_boxes(const WgParams& wp, bool is_v, unsig
   const AttnParams& p = wp.a;
   constexpr int kGroupBytes = 16 * DP * int(sizeof(T));
   // All of the tile in the sequence's new tokens: whole-tile boxes (tma_group holds for each
-  // of its groups, so the cp.async loop below skips them all).
+  // of its groups, so none is left to the threads).
   const bool whole = wp.tile_rows > 0 && kt >= w.ctx && kt + C::BN <= w.kv_end;
   // The producer's first warp issues the K boxes, its second the V boxes: two instruction
   // streams. lt: this thread's lane in that warp.
