@@ -213,17 +213,6 @@ __device__ __forceinline__ void unpack8(const uint4& r, const __nv_bfloat16*, fl
     f[2 * i + 1] = v.y;
   }
 }
-// 16 fp8 values held in a uint4 -> 16 floats.
-template <int KIND>
-__device__ __forceinline__ void unpack16_fp8(const uint4& r, float* f) {
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(&r);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float2 v = fp8x2_to_float2<KIND>(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
 
 // Stores 8 floats as T at p (16-byte aligned for 16-bit T, 32 bytes for float).
 template <typename T>
