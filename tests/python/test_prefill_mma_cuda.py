@@ -37,6 +37,7 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_PAIR_CHUNK", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_FP8", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_MMA_FP8_STAGED", raising=False)
 
 
 def _require_wgmma(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,16 +114,33 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
 
 
 # (head size, layout): fp8 in vLLM's key layout takes 16-element chunks, so 120 is NHD only.
-FP8_CASES = [(64, "nhd"), (64, "vllm"), (120, "nhd"), (128, "nhd"), (128, "vllm"), (256, "nhd"),
+# Every head size in NHD: the widening pass takes rows 32 / (head size / 8) at a time per warp
+# (4 for 64, 3 for 80, 2 for 96 and 112, 1 for 192 and 256).
+FP8_CASES = [(32, "nhd"), (64, "nhd"), (64, "vllm"), (80, "nhd"), (96, "nhd"), (112, "nhd"),
+             (120, "nhd"), (128, "nhd"), (128, "vllm"), (192, "nhd"), (256, "nhd"),
              (256, "vllm")]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize(("head_size", "layout"), FP8_CASES)
-def test_prefill_mma_fp8_cache(head_size, layout, kv_dtype):
-    """An fp8 cache: every sequence's cached context is dequantised into the kernel's K/V tiles
-    (8-byte loads from NHD rows and vLLM key chunks, byte loads from vLLM's value layout), the new
-    tokens come unquantised from k / v."""
+def test_prefill_mma_fp8_cache(head_size, layout, kv_dtype, dtype):
+    """An fp8 cache: every sequence's cached context lands as fp8 bytes (cp.async of 8-byte runs:
+    NHD rows, vLLM key chunks) and is widened in shared memory, or is loaded byte by byte into
+    registers (vLLM's value layout); the new tokens come unquantised from k / v, so tiles that
+    hold the context's end mix widened, fresh and zero rows."""
+    r = random.Random()
+    ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
+    _long_ragged_case(head_size, dtype, layout, [0, 0, 4], ctx_lens=ctx, kv_dtype=kv_dtype)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
+@pytest.mark.parametrize(("head_size", "layout"), [(64, "vllm"), (120, "nhd"), (128, "nhd"),
+                                                   (256, "nhd")])
+def test_prefill_mma_fp8_cache_registers(head_size, layout, kv_dtype, monkeypatch):
+    """PAGEDKV_PREFILL_MMA_FP8_STAGED=0: every cached row dequantised through registers when its
+    load is issued (the comparison path of benchmarks/prefill_fp8_prefix.py)."""
+    monkeypatch.setenv("PAGEDKV_PREFILL_MMA_FP8_STAGED", "0")
     r = random.Random()
     ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
     _long_ragged_case(head_size, torch.bfloat16, layout, [0, 0, 4], ctx_lens=ctx,

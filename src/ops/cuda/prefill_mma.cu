@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/device_props.h"
 #include "ops/cuda/prefill_mma.h"
 
 namespace pagedkv::cuda_ops {
@@ -37,6 +38,7 @@ prefill::VecFlags prefill::vec_flags(const AttnParams& p) {
   vf.v_cache = p.kv_vec && p.vl.x % 8 == 0;
   vf.fresh = p.new_vec;
   vf.cache_fp8 = kNoFp8;  // set by the launch from the call's cache dtype
+  vf.fp8_staged = false;
   return vf;
 }
 
@@ -45,6 +47,7 @@ void launch_prefill_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, i
   if (p.num_seqs == 0 || max_query_len <= 0) return;
   prefill::VecFlags vf = prefill::vec_flags(p);
   vf.cache_fp8 = fp8_kind(cache);
+  vf.fp8_staged = vf.cache_fp8 != kNoFp8 && env_int("PAGEDKV_PREFILL_MMA_FP8_STAGED", 1) != 0;
   if (qdtype == DType::kFloat16) {
     prefill::launch_f16(p, vf, max_query_len, s);
   } else {

@@ -21,6 +21,11 @@ namespace prefill {
 struct VecFlags {
   bool q, out, k_cache, v_cache, fresh;
   int cache_fp8;
+  // fp8 caches with 8-byte runs (k_cache / v_cache): the cached rows' bytes land by cp.async and
+  // are widened in shared memory once landed (prefill_tile.cuh, widen_rows), instead of passing
+  // through registers at issue time (a load the issuing warp waits for). Off with
+  // PAGEDKV_PREFILL_MMA_FP8_STAGED=0 (a comparison knob).
+  bool fp8_staged;
 };
 
 // The flags for this call's operands (prefill_mma.cu).

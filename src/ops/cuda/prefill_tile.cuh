@@ -57,14 +57,26 @@ __device__ __forceinline__ void dequant8(T* dst, const uint8_t* base, const Cach
   store8(dst, f);
 }
 
+// Staged fp8 rows: the head_size bytes of row j of a tile sit at byte kRawOff of the row's own
+// LD * 2 bytes (16-byte aligned, past the first DP + 16), so widening a row in place writes over
+// only its own bytes: a warp that owns whole rows reads them all, then writes (widen_rows).
+template <int DP>
+constexpr int kRawOff = DP + 16;
+
+template <typename T, int DP>
+__device__ __forceinline__ uint8_t* raw_row(T* tile, int j) {
+  return reinterpret_cast<uint8_t*>(tile + j * Tile<DP>::LD) + kRawOff<DP>;
+}
+
 // Keys (or values) [kt, kt + BN) of KV head `kvh` into dst [BN][LD]: the cached context from the
-// paged cache (T, or fp8 bytes dequantised with `scale` when cache_fp8 != kNoFp8), the new tokens
-// (positions >= ctx) from `fresh` (token qs + key - ctx), zeros from k_hi on (their P is 0, and
-// 0 * garbage could be NaN). Head-size padding columns stay as zeroed in the prologue. Issues
+// paged cache (T; or fp8 bytes, staged raw by cp.async for widen_rows when `staged`, else
+// dequantised with `scale` through registers), the new tokens (positions >= ctx) from `fresh`
+// (token qs + key - ctx), zeros from k_hi on (their P is 0, and 0 * garbage could be NaN).
+// Head-size padding columns stay as zeroed in the prologue (widen_rows rewrites them). Issues
 // cp.async without committing.
 template <typename T, int DP>
 __device__ __forceinline__ void load_rows(T* dst, const void* cache, const CacheLayout& cl,
-                                          bool cache_vec, int cache_fp8, float scale,
+                                          bool cache_vec, int cache_fp8, bool staged, float scale,
                                           const T* fresh, const CacheLayout& fl, bool fresh_vec,
                                           const AttnParams& p, const int* bt, int kt, int k_hi,
                                           int ctx, int qs, int kvh) {
@@ -81,7 +93,10 @@ __device__ __forceinline__ void load_rows(T* dst, const void* cache, const Cache
       const int slot = key - bi * p.block_size;
       const int b = bt[min(bi, p.max_blocks - 1)];
       const int64_t block = unsigned(b) < unsigned(p.num_blocks) ? b : 0;  // no wild reads
-      if (cache_fp8 != kNoFp8) {
+      if (staged) {
+        cp_async8(raw_row<T, DP>(dst, j) + c * 8,
+                  static_cast<const uint8_t*>(cache) + cl.offset(block, slot, kvh, c * 8));
+      } else if (cache_fp8 != kNoFp8) {
         dequant8(d, static_cast<const uint8_t*>(cache), cl, cache_vec, block, slot, kvh, c * 8,
                  cache_fp8, scale);
       } else {
@@ -90,6 +105,51 @@ __device__ __forceinline__ void load_rows(T* dst, const void* cache, const Cache
     } else {
       copy8(d, fresh, fl, fresh_vec, int64_t(qs) + (key - ctx), 0, kvh, c * 8);
     }
+  }
+}
+
+// Widens the staged fp8 rows [0, n_rows) of a landed K or V tile (load_rows with `staged`) into
+// T x scale, in place, and zeroes their head-size padding. Each warp owns BN / 4 whole rows and
+// takes them 32 / U at a time (U 8-byte units per row, one per lane): the lanes read their units,
+// then write, so no write lands on bytes another lane has yet to read, and a lane holds one unit
+// (the kernel's accumulators leave no registers for more). The caller syncs the CTA around it.
+template <typename T, int DP, int KIND>
+__device__ __forceinline__ void widen_rows_kind(T* tile, int n_rows, int head_size, float scale) {
+  using C = Tile<DP>;
+  constexpr int RW = C::BN / C::kWarps, U = DP / 8, RP = 32 / U;  // rows per warp, per pass
+  const int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * RW;
+  const int r_end = min(r0 + RW, n_rows), u = lane % U;
+  for (int j0 = r0; j0 < r_end; j0 += RP) {
+    const int j = j0 + lane / U;
+    const bool row = lane < RP * U && j < r_end, data = row && u * 8 < head_size;
+    uint2 raw = make_uint2(0u, 0u);
+    if (data) raw = *reinterpret_cast<const uint2*>(raw_row<T, DP>(tile, j) + u * 8);
+    __syncwarp();
+    if (!row) continue;
+    T* d = tile + j * C::LD + u * 8;
+    if (!data) {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const uint32_t w[2] = {raw.x, raw.y};
+    float f[8];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = fp8x2_to_float2<KIND>(static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1))));
+      f[2 * e] = x.x * scale;
+      f[2 * e + 1] = x.y * scale;
+    }
+    store8(d, f);
+  }
+}
+
+template <typename T, int DP>
+__device__ __forceinline__ void widen_rows(T* tile, int n_rows, int head_size, int kind,
+                                           float scale) {
+  if (kind == kE5M2) {
+    widen_rows_kind<T, DP, kE5M2>(tile, n_rows, head_size, scale);
+  } else {
+    widen_rows_kind<T, DP, kE4M3>(tile, n_rows, head_size, scale);
   }
 }
 
