@@ -1,7 +1,8 @@
 """Extend (new tokens over a cached paged prefix) with a bf16 prefix and with an fp8 (e4m3)
 prefix, per prefill kernel and head size: how much of the 16-bit speed an fp8 cache keeps.
 
-    python benchmarks/prefill_fp8_prefix.py [--head-sizes 64,96,128,256] [--quick]
+    python benchmarks/prefill_fp8_prefix.py [--head-sizes 64,96,128,256] [--kernels default]
+                                            [--quick]
 
 bf16 queries, Hq=32, Hkv=8, block 16, NHD cache in randomly permuted blocks, the shapes of
 gpu_attention.py's extend table. Kernels: "default" (the library's choice: the Hopper wgmma
@@ -65,6 +66,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head-sizes", default="64,96,128,256",
                     help="comma-separated head sizes (default: 64,96,128,256)")
+    ap.add_argument("--kernels", default="default,mma.sync",
+                    help="comma-separated kernels to run: default, mma.sync (default: both)")
     ap.add_argument("--quick", action="store_true", help="the first extend shape only")
     args = ap.parse_args()
     sizes = [int(x) for x in args.head_sizes.split(",")]
@@ -72,7 +75,7 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}; us per call; a vs b = b's time / a's time")
     print(f"{'kernel':>9} {'D':>4} {'B*prefix+new':>15} {'bf16':>9} {'staged':>9} {'regs':>9} "
           f"{'staged vs bf16':>14} {'regs vs bf16':>12} {'staged vs regs':>14}")
-    for kname, env in KERNELS:
+    for kname, env in [k for k in KERNELS if k[0] in args.kernels.split(",")]:
         for d in sizes:
             for b, prefix, new in shapes:
                 r = bench(b, prefix, new, d, env)

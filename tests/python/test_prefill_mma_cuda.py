@@ -38,6 +38,8 @@ def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGEDKV_PREFILL_PAIR_CHUNK", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_FP8", raising=False)
     monkeypatch.delenv("PAGEDKV_PREFILL_MMA_FP8_STAGED", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS", raising=False)
+    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TURNS", raising=False)
 
 
 def _require_wgmma(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,17 +181,29 @@ def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, tma, monkeypatch
                           block_size=block_size, ctx_lens=ctx)
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["maps", "no-maps"])
+# fp8 paths of the wgmma kernel: (name, environment).
+WGMMA_FP8_PATHS = {"maps": {},
+                   "maps-producer": {"PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "0"},
+                   "maps-consumers-v": {"PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "1"},
+                   "maps-consumers-kv": {"PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "2"},
+                   "maps-turns": {"PAGEDKV_PREFILL_WGMMA_TURNS": "2"},
+                   "no-maps": {"PAGEDKV_PREFILL_WGMMA_TMA": "0"}}
+
+
+@pytest.mark.parametrize("path", list(WGMMA_FP8_PATHS))
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, tma, monkeypatch):
+def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, path, monkeypatch):
     """The wgmma kernel with an fp8 cache (its own instantiation), required (a fallback fails).
-    With maps, whole cached groups land as raw bytes and are dequantised in place a tile later,
-    the group holding the context's end passes through the producer's registers; without
+    With maps, whole cached groups land as raw bytes and are dequantised in place by the
+    producer a tile later or by the consumers under the wgmma before the one that reads them
+    (PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS: 0 the producer, 1 the consumers V, 2 K and V; "turns":
+    the consumers also take turns issuing S, so their named barriers interleave); the group
+    holding the context's end passes through the producer's registers; without maps
     (PAGEDKV_PREFILL_WGMMA_TMA=0) every cached group does, and new tokens go by cp.async."""
     _require_wgmma(monkeypatch)
-    if not tma:
-        monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TMA", "0")
+    for name, value in WGMMA_FP8_PATHS[path].items():
+        monkeypatch.setenv(name, value)
     r = random.Random()
     for bs in (16, 32):
         # Scales of 1 and 0.5 (exact in fp16 / bf16: the one-multiply path) and random ones.

@@ -75,6 +75,13 @@ void encode_maps(prefill_wg::WgParams& wp, bool half) {
   wp.raw_tma = rows16 && fp8 && scales_fit(p, half) &&
                encode_cache_rows(&wp.k_cache_map, p.k_cache, p.kl, p) &&
                encode_cache_rows(&wp.v_cache_map, p.v_cache, p.vl, p);
+  // Who dequantises the raw groups. H100, extend over a long fp8 prefix: for head size 64 the
+  // consumers both halves (1.01-1.23x the producer alone, 0.96-1.08x V only), for 128 V only
+  // (1.05-1.16x the producer alone; K too 5-9 % slower). benchmarks/RESULTS.md, "fp8 tiles
+  // dequantised by the consumers".
+  const int consumers = p.head_size == 64 ? 2 : 1;
+  wp.consumer_dequant =
+      wp.raw_tma ? std::clamp(env_int("PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS", consumers), 0, 2) : 0;
   wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
   wp.o_tma = tma && wp.vf.out && encode_o_map(&wp.o_map, p);
   // Turn-taking consumers (prefill_wgmma_consume.cuh) in CTAs without a cached prefix: on an H100

@@ -58,7 +58,10 @@ struct WgParams {
   int turns;       // the consumers take turns issuing S = Q K^T: 0 never, 1 in CTAs without a
                    // cached prefix, 2 always (PAGEDKV_PREFILL_WGMMA_TURNS; prefill_wgmma.cu)
   int raw_tma;     // fp8 cache: k/v_cache_map copy 16-slot boxes of its bytes unswizzled into the
-                   // stage, which the producer dequantises in place (prefill_wgmma_produce.cuh)
+                   // stage, which are dequantised in place (prefill_wgmma_fp8.cuh)
+  int consumer_dequant;  // raw_tma: who dequantises the raw groups: 0 the producer, 1 the
+                         // consumers V and the producer K, 2 the consumers both
+                         // (PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS; prefill_wgmma.cu)
 };
 
 constexpr int kTileKeys = 128;  // keys per K/V tile (Tile<DP>::BN)

@@ -10,6 +10,7 @@
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/prefill_mma.h"
 #include "ops/cuda/prefill_softmax.cuh"
+#include "ops/cuda/prefill_wgmma_fp8.cuh"
 #include "ops/cuda/prefill_wgmma_tile.cuh"
 
 namespace pagedkv::cuda_ops::prefill_wg {
@@ -210,22 +211,43 @@ struct Turns {
   }
 };
 
-// Consumer warpgroup wg: per tile S, softmax, P V, each waited for at once.
-template <typename T, int DP>
-__device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, uint32_t sbase,
+// Consumer warpgroup wg: per tile S, softmax, P V, each waited for at once. kFp8: an fp8 cache,
+// whose tiles' raw groups the consumers may dequantise under their wgmma (consumer_dequant).
+template <typename T, int DP, bool kFp8>
+__device__ __forceinline__ void consume(const WgParams& wp, const CtaWork& w, uint32_t sbase,
                                         uint64_t* bars, int wg, float (&o)[DP / 8][4],
                                         float (&l)[2], bool turns) {
   using C = Tile<DP>;
+  const AttnParams& p = wp.a;
   const StageBars<C::kStages> sb(bars);
   const WgRows wr(p, w, wg);
   const Turns turn{turns, wg};
   const uint32_t q_addr = sbase + wg * 64 * 128;
   float m[2] = {-INFINITY, -INFINITY};
   turn.begin();
+  // fp8 (consumer_dequant): the raw groups of K or V tile j, dequantised by the consumers while
+  // the wgmma before them runs: P V of tile j - 1 (S = Q K^T of the first tile for its V, nothing
+  // for its K). Each returns whether tile j has raw groups (its ready barrier then guards it).
+  auto dequant = [&](bool is_v, int j) {
+    if constexpr (kFp8) {
+      if (wp.consumer_dequant < (is_v ? 1 : 2)) return false;
+      const int st = j % C::kStages;
+      return consumer_dequant_group<T, DP>(
+          wp, w, sbase + (is_v ? C::kVOff : C::kKOff) + st * C::kKVBytes,
+          bars + C::kRawBar + (is_v ? C::kStages : 0) + st, (j / C::kStages) & 1,
+          w.k_lo + j * C::BN, is_v ? p.v_scale : p.k_scale);
+    }
+    return false;
+  };
+  // fp8: whether tile it's K / V groups are being dequantised by the consumers.
+  [[maybe_unused]] bool k_raw = w.n_tiles > 0 && dequant(false, 0), v_raw = false;
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     const bool live = wr.live(p, kt, C::BN);
     sb.wait_k(it);
+    if constexpr (kFp8) {
+      if (k_raw) wgmma::bar_sync(kKReadyBar, 256);  // every consumer's K group written
+    }
     float s[1][16][4];
     uint32_t a[8][4];
     turn.wait();
@@ -233,6 +255,7 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
       wgmma::fence();
       issue_qk<T, DP>(s[0], q_addr, sbase + C::kKOff + stage * C::kKVBytes);
       turn.pass();
+      if (it == 0) v_raw = dequant(true, 0);
       wgmma::wait<0>();
       wgmma::fence_operand(s[0]);
       float alpha[2];
@@ -241,14 +264,28 @@ __device__ __forceinline__ void consume(const AttnParams& p, const CtaWork& w, u
       pack_p<T>(a, s[0]);
     } else {
       turn.pass();
+      if (it == 0) v_raw = dequant(true, 0);
     }
     sb.wait_v(it);
+    if constexpr (kFp8) {
+      if (v_raw) wgmma::bar_sync(kVReadyBar, 256);  // every consumer's V group written
+    }
+    // fp8: the next tile's groups, K first (S needs it first).
+    auto dequant_next = [&] {
+      if (it + 1 < w.n_tiles) {
+        k_raw = dequant(false, it + 1);
+        v_raw = dequant(true, it + 1);
+      }
+    };
     if (live) {
       wgmma::fence_operand(o);
       wgmma::fence();
       issue_pv<T, DP>(o, a, sbase + C::kVOff + stage * C::kKVBytes);
+      dequant_next();
       wgmma::wait<0>();
       wgmma::fence_operand(o);
+    } else {
+      dequant_next();
     }
     sb.free(it);
   }

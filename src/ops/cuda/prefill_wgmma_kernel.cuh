@@ -33,7 +33,7 @@ namespace pagedkv::cuda_ops::prefill_wg {
 #if PAGEDKV_WGMMA_ENABLED
 
 // Consumer warpgroup wg: loads its Q rows, runs the tile loop, writes its O rows.
-template <typename T, int DP>
+template <typename T, int DP, bool kFp8>
 __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, unsigned char* smem,
                                          uint64_t* bars, int wg) {
   using C = Tile<DP>;
@@ -52,13 +52,14 @@ __device__ __forceinline__ void consumer(const WgParams& wp, const CtaWork& w, u
 #pragma unroll
   for (int j = 0; j < DP / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float l[2] = {0.f, 0.f};
-  consume<T, DP>(p, w, sbase, bars, wg, o, l, wp.turns == 2 || (wp.turns == 1 && w.ctx == 0));
+  consume<T, DP, kFp8>(wp, w, sbase, bars, wg, o, l,
+                       wp.turns == 2 || (wp.turns == 1 && w.ctx == 0));
   store_o<T, DP>(wp, w, o, l, smem, wg);
 }
 
 #endif  // PAGEDKV_WGMMA_ENABLED
 
-// kFp8: an fp8 cache (only the producer differs: prefill_wgmma_produce.cuh).
+// kFp8: an fp8 cache (the producer and the consumers dequantise it: prefill_wgmma_fp8.cuh).
 template <typename T, int DP, bool kFp8>
 __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ WgParams wp) {
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 1)
     produce<T, DP, kFp8>(wp, w, smem, bars);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    consumer<T, DP>(wp, w, smem, bars, wg);
+    consumer<T, DP, kFp8>(wp, w, smem, bars, wg);
   }
 #else
   __trap();  // never launched: the host only picks this kernel on sm_90 with sm_90a code

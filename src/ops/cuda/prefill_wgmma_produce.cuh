@@ -20,7 +20,8 @@
 // An fp8 cache's boxes land bytes, not the query dtype wgmma reads. With maps (raw_tma) a lane
 // per group copies the 16 rows unswizzled into the group's own place in the stage, on a "raw"
 // mbarrier of the stage half, and one tile later, once they landed, the producer warps
-// dequantise them in place (dequant_raw): the copies of the next tile are in flight meanwhile. The
+// or the consumers (WgParams::consumer_dequant) dequantise them in place (prefill_wgmma_fp8.cuh):
+// the copies of the next tile are in flight meanwhile. The
 // group that holds the context's end, and every cached group without maps, pass through the
 // threads' registers (load_groups_fp8); new-token groups go as above.
 //
@@ -32,6 +33,7 @@
 
 #include "ops/cuda/bulk_copy.cuh"
 #include "ops/cuda/prefill_wgmma.h"
+#include "ops/cuda/prefill_wgmma_fp8.cuh"
 #include "ops/cuda/prefill_wgmma_tile.cuh"
 
 namespace pagedkv::cuda_ops::prefill_wg {
@@ -54,20 +56,6 @@ __device__ __forceinline__ int cached_block(const AttnParams& p, const int* bt, 
 __device__ __forceinline__ bool tma_group(const WgParams& wp, int key0, const CtaWork& w) {
   return key0 + 16 <= w.ctx ? wp.cache_tma != 0
                             : key0 >= w.ctx && key0 + 16 <= w.kv_end && wp.new_tma != 0;
-}
-
-// fp8 cache with maps: whether the group of keys [key0, key0 + 16) lies whole in the cached
-// context, so that its bytes come as one raw box (issue_raw, dequant_raw).
-__device__ __forceinline__ bool raw_group(const WgParams& wp, int key0, const CtaWork& w) {
-  return wp.raw_tma != 0 && key0 + 16 <= w.ctx;
-}
-
-// Where group g's raw bytes land in its tile half: inside the group's own dequantised rows (2 KB
-// per 64-column block), where only the group itself will write: its second block for head size
-// 128, the second half of its block for 64.
-template <int DP>
-__device__ __forceinline__ int raw_offset(int g) {
-  return (DP == 128 ? Tile<DP>::BN * 128 : 1024) + g * 2048;
 }
 
 // The groups of tile kt that no map serves, with an fp8 cache: every cached chunk's 8 bytes are
@@ -249,103 +237,6 @@ __device__ __forceinline__ void issue_raw(const WgParams& wp, bool is_v, unsigne
               block, raw, 0, false);
 }
 
-// fp8 -> T (fp16 / bf16) without conversion instructions (quarter rate on sm_90; the fp32 path
-// took four per pair of values, and the extend over an fp8 prefix ran 6 % slower with it on the
-// H100). A byte s.e.m moved into a 16-bit lane as s, zeros, e.m (right-aligned under T's exponent
-// field) reads as the fp8 value times 2^-(bias of T - bias of fp8), subnormals included (fp16 /
-// bf16 arithmetic keeps subnormals), so one multiply by 2^(that difference) makes it exact and a
-// second, split into two T (hi + lo, for an fp32-accurate product), applies the scale. The fp8
-// NaN / infinity encodings come out as large finite values.
-template <typename T>
-struct Fp8Dequant {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  T2 pow2, hi, lo, factor;
-  int shift;   // right shift of the byte's exponent and mantissa bits from the lane's top byte
-  bool exact;  // pow2 * scale is a T (scale 1, the engine's): one multiply by `factor` does all
-
-  __device__ __forceinline__ Fp8Dequant(int kind, float scale) {
-    constexpr bool kHalf = std::is_same_v<T, __half>;
-    const int bias = kind == kE5M2 ? 15 : 7, exp_bits = kind == kE5M2 ? 5 : 4;
-    shift = (kHalf ? 5 : 8) - exp_bits;
-    const float p = exp2f(float((kHalf ? 15 : 127) - bias));
-    const T h = from_float<T>(scale);
-    pow2 = T2{from_float<T>(p), from_float<T>(p)};
-    hi = T2{h, h};
-    const T l = from_float<T>(scale - to_float(h));
-    lo = T2{l, l};
-    const T f = from_float<T>(p * scale);
-    factor = T2{f, f};
-    exact = to_float(f) == p * scale && isfinite(p * scale);
-  }
-  // Bytes 2i, 2i + 1 of `w` (i = 0, 1) as a pair of T times the scale; kExact: when `exact`.
-  template <bool kExact>
-  __device__ __forceinline__ uint32_t pair(uint32_t w, int i) const {
-    const uint32_t x = __byte_perm(w, 0u, i == 0 ? 0x1404 : 0x3424);  // bytes to the lanes' tops
-    const uint32_t y = ((x & 0x7f007f00u) >> shift) | (x & 0x80008000u);
-    const T2 u = *reinterpret_cast<const T2*>(&y);
-    T2 r;
-    if constexpr (kExact) {
-      r = __hmul2(u, factor);
-    } else {
-      const T2 v = __hmul2(u, pow2);  // exact: a power of two
-      r = __hfma2(v, hi, __hmul2(v, lo));
-    }
-    return *reinterpret_cast<const uint32_t*>(&r);
-  }
-};
-
-// The raw groups of one half of tile kt (landed: the caller waited for the raw mbarrier),
-// dequantised in place into the swizzled layout, a group per producer warp at a time: a group's
-// raw bytes lie inside its own rows (raw_offset), so the warp reads all of them, syncs, and
-// writes them out, and the four warps never wait for each other. (On the H100 as fast as batches
-// spread over the warpgroup behind producer barriers, 555 against 551 us, without their spills.)
-template <typename T, int DP>
-__device__ __forceinline__ void dequant_raw(const WgParams& wp, unsigned char* tile, float scale,
-                                            int kt, const CtaWork& w, int ptid) {
-  using C = Tile<DP>;
-  constexpr int kUnits = DP / 16, kLaneUnits = 16 * kUnits / 32;  // 16-byte units per lane
-  const uint32_t base = smem_addr(tile);
-  const Fp8Dequant<T> dq(wp.vf.cache_fp8, scale);
-  const int lane = ptid & 31;
-#pragma unroll 1
-  for (int g = ptid / 32; g < C::BN / 16; g += 4) {
-    if (!raw_group(wp, kt + 16 * g, w)) continue;  // uniform over the warp
-    uint4 raw[kLaneUnits];
-#pragma unroll
-    for (int i = 0; i < kLaneUnits; ++i) {
-      const int idx = lane + 32 * i, r = idx / kUnits, u = idx % kUnits;
-      asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(raw[i].x), "=r"(raw[i].y), "=r"(raw[i].z), "=r"(raw[i].w)
-                   : "r"(base + raw_offset<DP>(g) + r * DP + u * 16)
-                   : "memory");
-    }
-    __syncwarp();  // the group's bytes read before they are overwritten
-    auto write = [&](auto exact) {
-#pragma unroll
-      for (int i = 0; i < kLaneUnits; ++i) {
-        const int idx = lane + 32 * i, r = idx / kUnits, u = idx % kUnits;
-        const uint32_t b[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // bytes 8h .. 8h + 7: 16-byte unit 2u + h of the row
-          constexpr bool kExact = decltype(exact)::value;
-          asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(
-                           base + wgmma::sw128(16 * g + r, 2 * u + h, C::BN)),
-                       "r"(dq.template pair<kExact>(b[2 * h], 0)),
-                       "r"(dq.template pair<kExact>(b[2 * h], 1)),
-                       "r"(dq.template pair<kExact>(b[2 * h + 1], 0)),
-                       "r"(dq.template pair<kExact>(b[2 * h + 1], 1))
-                       : "memory");
-        }
-      }
-    };
-    if (dq.exact) {
-      write(std::true_type{});
-    } else {
-      write(std::false_type{});
-    }
-  }
-}
-
 // fp8 cache: the boxes of one half of tile kt (new tokens; with maps, the raw cached groups).
 template <typename T, int DP>
 __device__ __forceinline__ void issue_half_fp8(const WgParams& wp, bool is_v, unsigned char* tile,
@@ -356,12 +247,13 @@ __device__ __forceinline__ void issue_half_fp8(const WgParams& wp, bool is_v, un
 }
 
 // fp8 cache: completes one half of tile kt, issued earlier: the groups through registers and
-// cp.async, the raw groups dequantised once landed (raw phase `parity`), then this thread's
-// arrival on `full`.
+// cp.async, the raw groups dequantised once landed (raw phase `parity`) unless the consumers do
+// it (`dequant` false), then this thread's arrival on `full`.
 template <typename T, int DP>
-__device__ __forceinline__ void finish_half_fp8(const WgParams& wp, bool is_v, unsigned char* tile,
-                                                uint64_t* full, uint64_t* raw, uint32_t parity,
-                                                const int* bt, int kt, const CtaWork& w, int ptid) {
+__device__ __forceinline__ void finish_half_fp8(const WgParams& wp, bool is_v, bool dequant,
+                                                unsigned char* tile, uint64_t* full, uint64_t* raw,
+                                                uint32_t parity, const int* bt, int kt,
+                                                const CtaWork& w, int ptid) {
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
   const float scale = is_v ? p.v_scale : p.k_scale;
@@ -378,7 +270,7 @@ __device__ __forceinline__ void finish_half_fp8(const WgParams& wp, bool is_v, u
         is_v ? p.vl : p.kl, scale, static_cast<const T*>(is_v ? p.v_new : p.k_new),
         is_v ? p.vnl : p.knl, wp, bt, kt, w, ptid);
   }
-  if (wp.raw_tma) {
+  if (wp.raw_tma && dequant) {
     wgmma::mbar_wait(raw, parity);
     dequant_raw<T, DP>(wp, tile, scale, kt, w, ptid);
   }
@@ -416,10 +308,10 @@ __device__ __forceinline__ void produce(const WgParams& wp, const CtaWork& w, un
   auto finish = [&](int it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
     const uint32_t parity = (it / C::kStages) & 1;
-    finish_half_fp8<T, DP>(wp, false, k_tile(stage), &full_k[stage], &raw_k[stage], parity, bt, kt,
-                           w, ptid);
-    finish_half_fp8<T, DP>(wp, true, v_tile(stage), &full_v[stage], &raw_v[stage], parity, bt, kt,
-                           w, ptid);
+    finish_half_fp8<T, DP>(wp, false, wp.consumer_dequant < 2, k_tile(stage), &full_k[stage],
+                           &raw_k[stage], parity, bt, kt, w, ptid);
+    finish_half_fp8<T, DP>(wp, true, wp.consumer_dequant < 1, v_tile(stage), &full_v[stage],
+                           &raw_v[stage], parity, bt, kt, w, ptid);
   };
   for (int it = 0; it < w.n_tiles; ++it) {
     const int stage = it % C::kStages, kt = w.k_lo + it * C::BN;
