@@ -15,7 +15,7 @@ import torch
 
 from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_state import RequestState, SeqState
-from pagedkv.engine.sampler import SamplingRow
+from pagedkv.engine.sampler import SamplerOutput, SamplingRow
 
 Entry = Tuple[RequestState, SeqState]
 
@@ -39,7 +39,8 @@ class StepSampling:
         if all(req.argmax_row(seq) for req, seq in self.entries):
             return self._argmax(hidden, sample_idx)
         rows: List[SamplingRow] = []
-        row_hidden: List[int] = []
+        row_src: List[int] = []  # sampling row -> its row of logits (n samples share one)
+        logit_rows: List[int] = []  # distinct hidden rows to compute logits for
         owners: List[Tuple[int, SeqState]] = []
         for i, (req, seq) in enumerate(self.entries):
             idx = int(sample_idx[i])
@@ -47,21 +48,40 @@ class StepSampling:
                 continue
             group = ([seq] if req.forked or len(req.seqs) == 1 or seq.token_ids
                      else req.seqs)
+            logit_rows.append(idx)
             for s in group:
                 rows.append(self._row(req, s))
-                row_hidden.append(idx)
+                row_src.append(len(logit_rows) - 1)
                 owners.append((i, s))
         prompt_rows, prompt_next, prompt_owner = self._prompt_logprob_rows()
-        all_rows = torch.tensor(row_hidden + prompt_rows, dtype=torch.long,
+        all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long,
                                 device=hidden.device)
         logits = self.engine.runner.model.compute_logits(hidden.index_select(0, all_rows))
         sampled = np.full(n, -1, dtype=np.int64)
         if rows:
-            out = self.engine.sampler(logits[:len(rows)], rows)
-            self._assign(out, owners, sampled)
+            self._assign(self._sample(logits, rows, row_src), owners, sampled)
         if prompt_rows:
-            self._prompt_logprobs(logits[len(rows):], prompt_next, prompt_owner)
+            self._prompt_logprobs(logits[len(logit_rows):], prompt_next, prompt_owner)
         return sampled
+
+    def _sample(self, logits: torch.Tensor, rows: List[SamplingRow],
+                row_src: List[int]) -> SamplerOutput:
+        """Samples every row from its logits row. The sampler holds several [rows, vocab] fp32
+        tensors, so the n samples of a prompt (n may be 100000) go in chunks of at most
+        max_num_seqs rows: memory stays bounded by the batch limit, as in a decode step. A
+        seeded sample draws from its own generator, so chunking does not change its tokens."""
+        chunk = self.engine.config.max_num_seqs
+        if row_src[-1] == len(rows) - 1 and len(rows) <= chunk:
+            return self.engine.sampler(logits[:len(rows)], rows)  # no fan-out: one batch
+        src = torch.tensor(row_src, dtype=torch.long, device=logits.device)
+        merged = SamplerOutput([], [], [])
+        for a in range(0, len(rows), chunk):
+            out = self.engine.sampler(logits.index_select(0, src[a:a + chunk]),
+                                      rows[a:a + chunk])
+            merged.token_ids += out.token_ids
+            merged.sampled_logprobs += out.sampled_logprobs
+            merged.logprobs += out.logprobs
+        return merged
 
     def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> np.ndarray:
         """Every row is a plain argmax (the common greedy batch): no per-row Python objects,
@@ -81,7 +101,8 @@ class StepSampling:
         sampled[rows] = logits.argmax(dim=-1).cpu().numpy()
         return sampled
 
-    def _assign(self, out: Any, owners: List[Tuple[int, SeqState]], sampled: np.ndarray) -> None:
+    def _assign(self, out: SamplerOutput, owners: List[Tuple[int, SeqState]],
+                sampled: np.ndarray) -> None:
         by_entry: Dict[int, List[Tuple[SeqState, int]]] = {}
         for j, (i, s) in enumerate(owners):
             by_entry.setdefault(i, []).append((s, out.token_ids[j]))
