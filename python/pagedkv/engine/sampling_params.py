@@ -1,16 +1,34 @@
 """SamplingParams: how to pick tokens for one request, with vLLM's names and defaults.
 
-Validation happens at construction; a bad value raises ``ValueError`` naming the field, so that
-the server can turn it into an HTTP 400 without knowing the rules.
+Validation happens at construction; a value of the wrong type raises ``TypeError`` and a bad
+value ``ValueError``, both naming the field, so that the server can turn them into an HTTP 400
+without knowing the rules.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import List, Optional, Union
+from typing import Any, List, Optional, Union
 
 # Below this temperature sampling is greedy (vLLM uses the same threshold).
 _GREEDY_EPS = 1e-5
+
+# Field types, checked before the value rules (numpy scalars pass and become Python numbers).
+_INT_FIELDS = ("n", "top_k", "min_tokens")
+_OPTIONAL_INT_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs")
+_FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+                 "top_p", "min_p")
+_BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens",
+                "spaces_between_special_tokens", "include_stop_str_in_output")
+
+
+def _type_error(name: str, want: str, value: Any) -> TypeError:
+    return TypeError(f"{name} must be {want}, got {type(value).__name__} {value!r}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 @dataclass
@@ -41,13 +59,16 @@ class SamplingParams:
     output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
+        if self.top_k is None:
+            self.top_k = 0
+        self._check_types()
         if self.best_of is None:
             self.best_of = self.n
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop) if self.stop is not None else []
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
-        if self.top_k is None or self.top_k == -1:
+        if self.top_k == -1:
             self.top_k = 0  # vLLM spells "off" as -1 (older) or 0 (newer); keep one spelling
         self._verify()
         if self.temperature < _GREEDY_EPS:
@@ -61,6 +82,34 @@ class SamplingParams:
     @property
     def all_stop_token_ids(self) -> List[int]:
         return list(self.stop_token_ids or [])
+
+    def _check_types(self) -> None:
+        for name in _INT_FIELDS + _OPTIONAL_INT_FIELDS:
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL_INT_FIELDS:
+                continue
+            if not _is_int(v):
+                want = "an integer or None" if name in _OPTIONAL_INT_FIELDS else "an integer"
+                raise _type_error(name, want, v)
+            setattr(self, name, int(v))
+        for name in _FLOAT_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool):
+                raise _type_error(name, "a number", v)
+            setattr(self, name, float(v))
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise _type_error(name, "True or False", getattr(self, name))
+        stop = self.stop
+        if stop is not None and not isinstance(stop, str) and not (
+                isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop)):
+            raise _type_error("stop", "a string or a list of strings", stop)
+        ids = self.stop_token_ids
+        if ids is not None and not (isinstance(ids, (list, tuple))
+                                    and all(_is_int(t) for t in ids)):
+            raise _type_error("stop_token_ids", "a list of integer token ids", ids)
+        if not isinstance(self.output_kind, str):
+            raise _type_error("output_kind", "a string", self.output_kind)
 
     def _verify(self) -> None:
         def bad(name: str, msg: str) -> ValueError:
