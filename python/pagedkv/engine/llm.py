@@ -15,6 +15,12 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from pagedkv.engine.llm_engine import LLMEngine
+from pagedkv.engine.llm_inputs import (
+    check_priority,
+    normalise_conversations,
+    normalise_prompts,
+    per_prompt_params,
+)
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.sampling_params import SamplingParams
 
@@ -59,15 +65,14 @@ class LLM:
         A prompt is a string, a list of token ids, or {"prompt": str} / {"prompt_token_ids":
         [...]}; ``prompts`` may be one prompt or a list. ``sampling_params`` is one for all or a
         list with one per prompt."""
-        items = _normalise_prompts(prompts, prompt_token_ids)
+        items = normalise_prompts(prompts, prompt_token_ids)
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
         params = []
-        for p in _per_prompt(sampling_params, len(items)):
+        for p in per_prompt_params(sampling_params, len(items)):
             if id(p) not in finals:
                 finals[id(p)] = _final_only(p)
             params.append(finals[id(p)])
-        if priority is not None and len(priority) != len(items):
-            raise ValueError("priority must have one entry per prompt")
+        check_priority(priority, len(items))
         ids: List[str] = []
         try:
             for i, (item, p) in enumerate(zip(items, params)):
@@ -86,13 +91,16 @@ class LLM:
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
              use_tqdm: bool = True, chat_template: Optional[str] = None,
              add_generation_prompt: bool = True, **template_kwargs: Any) -> List[RequestOutput]:
-        """Formats each conversation with the model's chat template, then generates."""
-        batched = bool(messages) and isinstance(messages[0], (list, tuple))
-        convs = list(messages) if batched else [messages]
+        """Formats each conversation with the model's chat template, then generates.
+        ``messages`` is one conversation, a list of {"role": str, "content": str} dicts, or a
+        list of such conversations."""
+        convs = normalise_conversations(messages)
         tok = self.llm_engine.tokenizer
+        if tok is None:
+            raise ValueError("chat needs a tokenizer (the engine has skip_tokenizer_init=True)")
         prompts: List[PromptType] = []
         for conv in convs:
-            text = tok.apply_chat_template(list(conv), chat_template=chat_template,
+            text = tok.apply_chat_template(conv, chat_template=chat_template,
                                            add_generation_prompt=add_generation_prompt,
                                            **template_kwargs)
             # The template wrote any BOS itself: do not let encode() add another.
@@ -120,42 +128,6 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [results[i] for i in ids]
-
-
-def _normalise_prompts(prompts: Any, prompt_token_ids: Optional[List[List[int]]]
-                       ) -> List[Dict[str, Any]]:
-    if prompt_token_ids is not None:  # vLLM's older keyword
-        return [{"prompt_token_ids": list(t)} for t in prompt_token_ids]
-    if prompts is None:
-        raise ValueError("prompts must be given")
-    single = (isinstance(prompts, (str, dict))
-              or (isinstance(prompts, (list, tuple)) and prompts
-                  and isinstance(prompts[0], int)))
-    items = [prompts] if single else list(prompts)
-    out = []
-    for p in items:
-        if isinstance(p, str):
-            out.append({"prompt": p})
-        elif isinstance(p, dict):
-            if "prompt" not in p and "prompt_token_ids" not in p:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-            out.append(dict(p))
-        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
-            out.append({"prompt_token_ids": list(p)})
-        else:
-            raise TypeError(f"prompts: expected str, list of token ids or dict, got {type(p)}")
-    return out
-
-
-def _per_prompt(params: Any, n: int) -> List[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * n
-    if isinstance(params, SamplingParams):
-        return [params] * n
-    params = list(params)
-    if len(params) != n:
-        raise ValueError(f"sampling_params: got {len(params)} for {n} prompts")
-    return params
 
 
 def _final_only(p: SamplingParams) -> SamplingParams:

@@ -1,0 +1,123 @@
+"""Checks and normalises what LLM.generate / LLM.chat receive (prompts, messages, params).
+
+A wrong type raises TypeError and a wrong value ValueError, each naming the argument, before
+any request reaches the engine (vLLM's LLM behaves the same way).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Dict, List, Optional
+
+from pagedkv.engine.sampling_params import SamplingParams
+
+_PROMPT_FORMS = ("a string, a list of token ids, a dict with 'prompt' (str) or "
+                 "'prompt_token_ids' (list of int)")
+
+
+def _describe(v: Any) -> str:
+    text = repr(v)
+    return f"{type(v).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _is_token_ids(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in v)
+
+
+def _prompt_item(p: Any, name: str) -> Dict[str, Any]:
+    if isinstance(p, str):
+        return {"prompt": p}
+    if isinstance(p, dict):
+        if "prompt" not in p and "prompt_token_ids" not in p:
+            raise ValueError(f"{name}: a prompt dict needs 'prompt' or 'prompt_token_ids', got "
+                             f"keys {sorted(map(str, p))}")
+        if "prompt" in p and not isinstance(p["prompt"], str):
+            raise TypeError(f"{name}['prompt'] must be a string, got {_describe(p['prompt'])}")
+        ids = p.get("prompt_token_ids")
+        if ids is not None and not _is_token_ids(ids):
+            raise TypeError(f"{name}['prompt_token_ids'] must be a list of integer token ids, "
+                            f"got {_describe(ids)}")
+        return dict(p)
+    if _is_token_ids(p):
+        return {"prompt_token_ids": [int(t) for t in p]}
+    raise TypeError(f"{name} must be {_PROMPT_FORMS}, got {_describe(p)}")
+
+
+def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any]]:
+    """One dict per prompt, with "prompt" and / or "prompt_token_ids"."""
+    if prompt_token_ids is not None:  # vLLM's older keyword
+        if not isinstance(prompt_token_ids, (list, tuple)) or _is_token_ids(prompt_token_ids):
+            raise TypeError("prompt_token_ids must be a list of token-id lists, got "
+                            f"{_describe(prompt_token_ids)}")
+        for i, t in enumerate(prompt_token_ids):
+            if not _is_token_ids(t):
+                raise TypeError(f"prompt_token_ids[{i}] must be a list of integer token ids, "
+                                f"got {_describe(t)}")
+        return [{"prompt_token_ids": [int(x) for x in t]} for t in prompt_token_ids]
+    if prompts is None:
+        raise ValueError("prompts must be given")
+    if isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0):
+        return [_prompt_item(prompts, "prompts")]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be {_PROMPT_FORMS}, or a list of these; got "
+                        f"{_describe(prompts)}")
+    return [_prompt_item(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+
+
+def per_prompt_params(params: Any, n: int) -> List[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if not isinstance(params, (list, tuple)):
+        raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
+                        f"{_describe(params)}")
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {_describe(p)}")
+    if len(params) != n:
+        raise ValueError(f"sampling_params: got {len(params)} for {n} prompts")
+    return list(params)
+
+
+def check_priority(priority: Optional[Any], n: int) -> None:
+    if priority is None:
+        return
+    if not isinstance(priority, (list, tuple)) or not _is_token_ids(priority):
+        raise TypeError(f"priority must be a list of integers, got {_describe(priority)}")
+    if len(priority) != n:
+        raise ValueError("priority must have one entry per prompt")
+
+
+def _check_message(m: Any, name: str) -> None:
+    if not isinstance(m, dict):
+        raise TypeError(f"{name} must be a dict with 'role' and 'content', got {_describe(m)}")
+    for key in ("role", "content"):
+        if key not in m:
+            raise ValueError(f"{name} has no '{key}' (a message is {{'role': str, "
+                             f"'content': str}}), got keys {sorted(map(str, m))}")
+        if not isinstance(m[key], str):
+            raise TypeError(f"{name}['{key}'] must be a string, got {_describe(m[key])}")
+
+
+def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
+    """messages: one conversation (a list of {'role', 'content'} dicts) or a list of them."""
+    form = ("a list of {'role': str, 'content': str} dicts (one conversation) or a list of "
+            "such lists")
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(f"messages must be {form}, got {_describe(messages)}")
+    if not messages:
+        raise ValueError("messages must not be empty")
+    if isinstance(messages[0], (list, tuple)):
+        convs = list(messages)
+        for i, conv in enumerate(convs):
+            if not isinstance(conv, (list, tuple)) or not conv:
+                raise TypeError(f"messages[{i}] must be a non-empty list of message dicts "
+                                f"(a conversation), got {_describe(conv)}")
+            for j, m in enumerate(conv):
+                _check_message(m, f"messages[{i}][{j}]")
+        return [list(c) for c in convs]
+    for j, m in enumerate(messages):
+        _check_message(m, f"messages[{j}]")
+    return [list(messages)]
