@@ -23,6 +23,7 @@ from pagedkv.engine.llm_inputs import (
 )
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.sampling_params import SamplingParams
+from pagedkv.models.progress import progress_bar
 
 logger = logging.getLogger("pagedkv")
 
@@ -140,13 +141,7 @@ def _final_only(p: SamplingParams) -> SamplingParams:
 
 
 def _progress(total: int, use_tqdm: bool) -> Any:
-    if not use_tqdm:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+    return progress_bar(total=total, desc="Processed prompts") if use_tqdm else None
 
 
 def _bar_postfix(bar: Any, out: RequestOutput) -> None:

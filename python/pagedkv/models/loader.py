@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from pagedkv.models.config import ModelConfig
+from pagedkv.models.progress import progress_bar
 from pagedkv.models.registry import ModelSource, model_class, resolve_model
 
 DTypeLike = Union[torch.dtype, str, None]
@@ -79,16 +80,10 @@ def checkpoint_weights(source: ModelSource, config: ModelConfig
 
 def _progress(weights: Iterator[tuple[str, torch.Tensor]], total: Optional[int], desc: str
               ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A progress bar over the tensors (on stderr; PAGEDKV_NO_PROGRESS=1 or no tqdm: none):
+    """A progress bar over the tensors (see pagedkv.models.progress for when it shows):
     dequantizing or reading a large checkpoint takes long enough to look hung without one."""
-    if os.environ.get("PAGEDKV_NO_PROGRESS"):
-        return weights
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return weights
-    return iter(tqdm(weights, total=total, desc=desc, unit=" tensors", dynamic_ncols=True,
-                     leave=False))
+    bar = progress_bar(weights, total=total, desc=desc, unit=" tensors", transient=True)
+    return weights if bar is None else iter(bar)
 
 
 def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
