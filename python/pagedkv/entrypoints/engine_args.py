@@ -209,13 +209,14 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int = 12
     a = g.add_argument
     a("--max-tokens", type=t.int_at_least(1), default=max_tokens,
       help="tokens to generate at most")
-    a("--temperature", type=t.float_in(0.0), default=temperature, help="0 = greedy")
+    a("--temperature", type=t.float_in(0.0), default=temperature,
+      help="sampling temperature; 0 = greedy")
     a("--top-p", type=t.float_in(0.0, 1.0, lo_open=True), default=1.0,
-      help="nucleus sampling mass")
+      help="nucleus sampling: keep the most likely tokens up to this probability mass")
     a("--top-k", type=t.int_at_least(-1), default=0,
       help="keep the k most likely tokens (0 or -1 = off)")
     a("--min-p", type=t.float_in(0.0, 1.0), default=0.0,
-      help="drop tokens below min_p * max prob")
+      help="drop tokens less likely than this fraction of the most likely one")
     a("--repetition-penalty", type=t.float_in(0.0, lo_open=True), default=1.0,
       help="> 1 discourages repeating prompt or output tokens")
     a("--sampling-seed", type=int, default=None,

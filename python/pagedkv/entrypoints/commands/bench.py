@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=positive, default=128,
                         help="prompt tokens per request")
     parser.add_argument("--output-len", type=positive, default=128,
-                        help="generated tokens per request (EOS ignored)")
+                        help="generated tokens per request; EOS is ignored")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_engine_arguments(parser)
 
