@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 def random_id(prefix: str) -> str:
@@ -32,7 +32,7 @@ class _SamplingFields(_Request):
     """Sampling knobs shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
-    n: int = 1
+    n: int = 1  # null means 1, as in OpenAI's API
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_k: Optional[int] = None
@@ -49,6 +49,11 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     priority: int = 0
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_one(cls, value: Any) -> Any:
+        return 1 if value is None else value
 
 
 class CompletionRequest(_SamplingFields):
