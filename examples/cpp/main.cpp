@@ -26,7 +26,8 @@ void run_scheduler() {
     const pagedkv::StepPlan& plan = sched.schedule();
     std::printf("step %d: %d prefills, %d prefill tokens, %d decode tokens, seq_lens", step,
                 plan.num_prefills, plan.num_prefill_tokens, plan.num_decode_tokens);
-    for (int32_t len : plan.seq_lens) std::printf(" %d", len);
+    // The plan's arrays are preallocated for the batch limits: entries past num_seqs are unused.
+    for (int i = 0; i < plan.num_seqs; ++i) std::printf(" %d", plan.seq_lens[i]);
     std::printf("\n");
     sched.update(plan, std::vector<int64_t>(plan.num_seqs, 7));
   }

@@ -38,6 +38,10 @@ struct StepPlan {
   int32_t max_decode_seq_len = 0;   // 0 when there is no decode
   int32_t max_blocks_per_seq = 0;   // row width of block_tables
 
+  // The arrays are allocated once for the batch limits (max_num_batched_tokens, max_num_seqs)
+  // and reused by every step, so a step allocates nothing: only their first num_tokens /
+  // num_seqs (+ 1) entries belong to this step, the rest are stale. The bracketed shapes below
+  // are those valid prefixes.
   std::vector<int32_t> input_ids;        // [num_tokens] token ids, prefill chunks first
   std::vector<int64_t> positions;        // [num_tokens] position of each fed token
   std::vector<int64_t> slot_mapping;     // [num_tokens] block_id * block_size + offset

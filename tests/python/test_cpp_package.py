@@ -27,8 +27,10 @@ def test_example_app_builds_against_installed_package(tmp_path: Path) -> None:
     exe = build / "pagedkv_example"
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     assert f"pagedkv {pagedkv.__version__}" in out
-    # Seed 000's trace, scheduled by the installed library.
-    assert "step 1: 2 prefills, 512 prefill tokens, 0 decode tokens, seq_lens 484 28" in out
-    assert "step 2: 1 prefills, 456 prefill tokens, 1 decode tokens, seq_lens 484 485" in out
-    assert "step 3: 0 prefills, 0 prefill tokens, 2 decode tokens, seq_lens 486 485" in out
+    # Seed 000's trace, scheduled by the installed library (whole lines: only the plan's
+    # num_seqs entries are printed, not the arrays' unused tail).
+    lines = out.splitlines()
+    assert "step 1: 2 prefills, 512 prefill tokens, 0 decode tokens, seq_lens 484 28" in lines
+    assert "step 2: 1 prefills, 456 prefill tokens, 1 decode tokens, seq_lens 484 485" in lines
+    assert "step 3: 0 prefills, 0 prefill tokens, 2 decode tokens, seq_lens 486 485" in lines
     assert "decode attention over 5 cached tokens" in out
