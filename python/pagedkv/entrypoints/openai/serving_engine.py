@@ -25,6 +25,7 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_pen
                     "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "min_tokens", "skip_special_tokens")
 
+
 @dataclass
 class ServerState:
     """Everything a handler needs, built once per app."""
