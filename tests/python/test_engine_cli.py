@@ -83,3 +83,22 @@ def test_every_flag_has_help():
         for a in action._actions:
             if a.dest != "help":
                 assert a.help, f"{action.prog} {a.option_strings or a.dest} has no help"
+
+
+def test_engine_setup_errors_name_the_flag(greedy_reference, capsys):
+    """Values only the loaded model can judge are still reported as flag errors (exit code 2,
+    no traceback)."""
+    cases = [(["generate", "Hi", *ENGINE, "--max-model-len", "100000"],
+              "argument --max-model-len: max_model_len=100000 is larger than"),
+             (["generate", "Hi", *ENGINE, "--tokenizer", "/nonexistent/tok"],
+              "argument --tokenizer: "),
+             (["generate", "Hi " * 40, *ENGINE, "--max-model-len", "16"],
+              "argument --max-model-len: prompt is"),
+             (["bench", "--input-len", "500", "--output-len", "20", *ENGINE],
+              "argument --output-len: --input-len + --output-len = 520 exceeds max_model_len=512")]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "Traceback" not in err, err
+        assert message in err.strip().splitlines()[-1], err

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+from pagedkv.entrypoints.arg_types import CLIError
 from pagedkv.entrypoints.cli import build_parser
 from pagedkv.entrypoints.commands import serve
 
@@ -46,7 +47,7 @@ def test_api_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_config_key_is_reported(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("prot: 8000\n")
-    with pytest.raises(SystemExit, match="unknown key 'prot'"):
+    with pytest.raises(CLIError, match="argument --config: .*unknown key 'prot'"):
         parse(["--config", str(cfg)])
 
 
@@ -56,7 +57,7 @@ def test_chat_template_file_or_inline(tmp_path: Path) -> None:
     path.write_text(template)
     assert parse(["--chat-template", str(path)]).chat_template == template
     assert parse(["--chat-template", template]).chat_template == template
-    with pytest.raises(SystemExit, match="neither a file nor a Jinja template"):
+    with pytest.raises(CLIError, match="--chat-template: .*neither a file nor a Jinja template"):
         parse(["--chat-template", str(tmp_path / "missing.jinja")])
 
 
@@ -79,3 +80,29 @@ def test_kv_cache_dtype_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
     AsyncLLMEngine.from_engine_args(parse(["--kv-cache-dtype", "fp8_e5m2", "--port", "1"]))
     assert given["kv_cache_dtype"] == "fp8_e5m2" and "port" not in given
+
+
+def test_serve_has_the_engine_flags_of_generate() -> None:
+    opts = parse(["--tokenizer", "tok", "--preemption-mode", "swap", "--swap-space", "1.5",
+                  "--enforce-eager"])
+    assert (opts.tokenizer, opts.preemption_mode, opts.swap_space) == ("tok", "swap", 1.5)
+    assert opts.enforce_eager is True
+    opts = parse([])
+    assert (opts.tokenizer, opts.preemption_mode, opts.swap_space) == (None, "recompute", 4.0)
+    assert opts.enforce_eager is False
+
+
+@pytest.mark.xfail(strict=True, reason="AsyncLLMEngine.from_engine_args keeps only the names "
+                   "in engine/async_llm_engine.py ENGINE_ARGS, which lacks preemption_mode, "
+                   "swap_space and enforce_eager (engine code, not the CLI's): remove this "
+                   "marker once they are added there")
+def test_serve_engine_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+
+    given: dict = {}
+    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
+    AsyncLLMEngine.from_engine_args(parse(["--tokenizer", "tok", "--preemption-mode", "swap",
+                                           "--swap-space", "1.5", "--enforce-eager"]))
+    assert given["tokenizer"] == "tok"
+    assert (given.get("preemption_mode"), given.get("swap_space")) == ("swap", 1.5)
+    assert given.get("enforce_eager") is True

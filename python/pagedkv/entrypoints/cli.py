@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Optional, Sequence
 
 from pagedkv.entrypoints import commands
+from pagedkv.entrypoints.arg_types import CLIError, HelpFormatter
 
 
 def _command_modules() -> list[ModuleType]:
@@ -32,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _command_modules():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=HelpFormatter)
         mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        p.set_defaults(_run=mod.run, _parser=p)
     return parser
 
 
@@ -44,7 +45,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except CLIError as e:
+        # A bad flag value found after parsing (or while the engine was set up): reported as
+        # argparse reports one, usage + "error: argument --flag: ...", exit code 2.
+        args._parser.error(str(e))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,17 @@
-"""Engine flags shared by the CLI commands (generate, chat, bench, serve), with vLLM's names."""
+"""Engine and sampling flags shared by the CLI commands (generate, chat, bench, serve; simulate
+takes the scheduler's), with vLLM's names. Each flag is defined once, in ``ENGINE_FLAGS``."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from pagedkv.entrypoints import arg_types as t
+from pagedkv.entrypoints.arg_types import CLIError
 
 # vLLM's --kv-cache-dtype choices (pagedkv.engine.config.KV_CACHE_DTYPES; spelled out here so
 # building the parser does not import torch).
@@ -14,73 +22,219 @@ KV_CACHE_DTYPE_HELP = ("KV-cache element type: 'auto' (the model dtype), or fp8 
                        "scales 1.0, no calibration")
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True)
+class Flag:
+    """One flag: ``kind`` is "value" (takes a value), "toggle" (--x / --no-x) or "switch"
+    (store_true). ``shown`` is how the help states the default where ``str(default)`` would
+    not say it well (None, True, or 'auto' meaning something)."""
+
+    dest: str
+    default: Any
+    help: str
+    type: Optional[Callable[[str], Any]] = None
+    kind: str = "value"
+    shown: Optional[str] = None
+    metavar: Optional[str] = None
+
+    @property
+    def option(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    @property
+    def full_help(self) -> str:
+        if self.kind == "switch":
+            return self.help
+        return f"{self.help} (default: {self.shown if self.shown is not None else self.default})"
+
+
+ENGINE_FLAGS = (
+    Flag("model", None, "model: 'smollm2', a Hugging Face checkpoint directory or a .gguf file",
+         shown="smollm2, the packaged SmolLM2-135M-Instruct"),
+    Flag("tokenizer", None, "tokenizer path", shown="the model's"),
+    Flag("device", "auto", "'auto' (a CUDA GPU if usable, else the CPU), 'cpu', 'cuda' or "
+         "'cuda:N'", type=t.device),
+    Flag("dtype", "auto", "weights and activations type: 'auto' is float32 on the CPU and on "
+         "a GPU the checkpoint's 16-bit type, else bfloat16", type=t.dtype,
+         metavar="{" + ",".join(t.DTYPE_CHOICES) + "}"),
+    Flag("max_model_len", None, "longest prompt + output in tokens", type=t.int_at_least(2),
+         shown="the model's context length"),
+    Flag("block_size", 16, "tokens per KV-cache block", type=t.power_of_two(256)),
+    Flag("gpu_memory_utilization", 0.9, "fraction of GPU memory for weights, activations and "
+         "KV cache; the KV cache gets what the rest leaves (ignored on the CPU)",
+         type=t.float_in(0.0, 1.0, lo_open=True)),
+    Flag("kv_cache_space", None, "GiB of KV cache when running on the CPU; ignored on a GPU, "
+         "where --gpu-memory-utilization sizes the cache", type=t.float_in(0.0, lo_open=True),
+         shown="4 GiB"),
+    Flag("kv_cache_dtype", "auto", KV_CACHE_DTYPE_HELP, type=t.choice_of(KV_CACHE_DTYPE_CHOICES),
+         metavar="{" + ",".join(KV_CACHE_DTYPE_CHOICES) + "}"),
+    Flag("max_num_seqs", 256, "most sequences in one engine step", type=t.int_at_least(1)),
+    Flag("max_num_batched_tokens", None, "token budget of one engine step",
+         type=t.int_at_least(1), shown="2048 on the CPU, 8192 on a GPU; at least --max-model-len "
+         "without chunked prefill"),
+    Flag("enable_prefix_caching", True, "reuse the KV blocks of shared prompt prefixes",
+         kind="toggle", shown="on"),
+    Flag("enable_chunked_prefill", True, "split long prefills across steps, batched with "
+         "decodes", kind="toggle", shown="on"),
+    Flag("preemption_mode", "recompute", "what happens to a sequence preempted when KV blocks "
+         "run out: its KV is recomputed later, or swapped to host memory",
+         type=t.choice_of(("recompute", "swap")), metavar="{recompute,swap}"),
+    Flag("swap_space", 4.0, "GiB of host memory for swapped-out blocks (used by "
+         "--preemption-mode swap)", type=t.float_in(0.0)),
+    Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
+    Flag("seed", 0, "seed of the engine's random draws", type=int),
+)
+ENGINE_FLAG = {f.dest: f for f in ENGINE_FLAGS}
+ENGINE_DEFAULTS: Dict[str, Any] = {f.dest: f.default for f in ENGINE_FLAGS}
+
+# Spellings that earlier versions accepted: still parsed, hidden from --help, and warned about.
+DEPRECATED_ALIASES = {"--no-prefix-caching": "--no-enable-prefix-caching",
+                      "--no-chunked-prefill": "--no-enable-chunked-prefill"}
+
+
+class _Toggle(argparse.BooleanOptionalAction):
+    """--x / --no-x. Python < 3.11 appends its own "(default: True)"; ours states it once."""
+
+    def __init__(self, *args: Any, help: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(*args, help=help, **kwargs)
+        self.help = help
+
+
+class _DeprecatedOff(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        print(f"warning: {option} is deprecated; use {DEPRECATED_ALIASES[option]}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, False)
+
+
+def add_flag(group: Any, flag: Flag, suppress: bool = False, **override: Any) -> None:
+    """Adds ``flag``; ``suppress`` leaves it out of the namespace unless given (``serve`` layers
+    a config file under the command line), and the help still states the real default."""
+    if override:
+        flag = dataclasses.replace(flag, **override)
+    default = argparse.SUPPRESS if suppress else flag.default
+    if flag.kind == "toggle":
+        group.add_argument(flag.option, action=_Toggle, default=default, help=flag.full_help)
+        for old, new in DEPRECATED_ALIASES.items():
+            if new == "--no-" + flag.option[2:]:
+                group.add_argument(old, dest=flag.dest, action=_DeprecatedOff)
+    elif flag.kind == "switch":
+        group.add_argument(flag.option, action="store_true", default=default,
+                           help=flag.full_help)
+    else:
+        group.add_argument(flag.option, type=flag.type, default=default, metavar=flag.metavar,
+                           help=flag.full_help)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, suppress: bool = False) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None,
-                   help="model: 'smollm2' (the packaged default), a Hugging Face checkpoint "
-                        "directory or a .gguf file")
-    g.add_argument("--tokenizer", default=None, help="tokenizer path (default: the model's)")
-    g.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
-    g.add_argument("--dtype", default="auto",
-                   help="'auto' (fp32 on CPU; the checkpoint's half type or bf16 on GPU), "
-                        "'float32', 'float16' or 'bfloat16'")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + output in tokens (default: the model's context)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights, activations and KV cache")
-    g.add_argument("--kv-cache-space", type=float, default=None,
-                   help="GiB of KV cache on the CPU (default 4)")
-    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default="auto",
-                   help=KV_CACHE_DTYPE_HELP + " (default: auto)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step (default 2048 on CPU, 8192 on GPU)")
-    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                   action="store_false", help="disable automatic prefix caching")
-    g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill",
-                   action="store_false", help="disable chunked prefill")
-    g.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
-                   help="what happens to a sequence preempted when KV blocks run out")
-    g.add_argument("--swap-space", type=float, default=4.0,
-                   help="GiB of host memory for swapped-out blocks (--preemption-mode swap)")
-    g.add_argument("--enforce-eager", action="store_true",
-                   help="do not capture CUDA graphs for decode steps")
-    g.add_argument("--seed", type=int, default=0, help="seed of the engine's random draws")
+    for flag in ENGINE_FLAGS:
+        add_flag(g, flag, suppress)
 
 
 def engine_kwargs(args: argparse.Namespace) -> Dict[str, Any]:
-    keys = ["tokenizer", "device", "dtype", "max_model_len", "block_size",
-            "gpu_memory_utilization", "kv_cache_space", "kv_cache_dtype", "max_num_seqs",
-            "max_num_batched_tokens",
-            "enable_prefix_caching", "enable_chunked_prefill", "preemption_mode", "swap_space",
-            "enforce_eager", "seed"]
-    kw = {k: getattr(args, k) for k in keys}
-    kw["model"] = args.model
-    return kw
+    return {f.dest: getattr(args, f.dest) for f in ENGINE_FLAGS}
+
+
+def check_engine_args(opts: Any) -> None:
+    """Checks that need more than one flag, or the machine; run before loading the model."""
+    if opts.preemption_mode == "swap" and not opts.swap_space > 0:
+        raise CLIError("--swap-space", "must be > 0 GiB with --preemption-mode swap, got "
+                                       f"{opts.swap_space!r}")
+    if str(opts.device).startswith("cuda"):
+        import torch
+
+        import pagedkv
+
+        if not (torch.cuda.is_available() and pagedkv.cuda_available()):
+            raise CLIError("--device", f"{opts.device!r}: no usable CUDA GPU here (pagedkv "
+                                       f"built with CUDA: {pagedkv.build_info()['with_cuda']}, "
+                                       f"torch sees one: {torch.cuda.is_available()})")
+        index = int(opts.device.split(":")[1]) if ":" in opts.device else 0
+        if index >= torch.cuda.device_count():
+            raise CLIError("--device", f"{opts.device!r}: this machine has "
+                                       f"{torch.cuda.device_count()} CUDA device(s)")
+
+
+_MAPPED = (ValueError, TypeError, FileNotFoundError)
+
+
+def engine_error(err: BaseException, opts: Any = None) -> Optional[CLIError]:
+    """An error raised while building the engine, as a CLIError naming the flag it is about
+    (the engine's messages name the field: ``max_model_len=... is larger than ...``); None for
+    an error that is not about a flag value. Where the message names several fields, or quotes
+    a path, the flag the user set (``opts``) is the one named."""
+    text = str(err).strip("'\"")
+    mapped = isinstance(err, _MAPPED)
+    # A RuntimeError counts only where it names a field (torch's own say "device" too).
+    named = [w for w in re.findall(r"[a-z_]+", text)
+             if w in ENGINE_FLAG and (mapped or "_" in w)]
+    if opts is not None:
+        given = [d for d in ENGINE_FLAG if getattr(opts, d, None) != ENGINE_DEFAULTS[d]]
+        quoted = [d for d in given if isinstance(getattr(opts, d), str)
+                  and repr(getattr(opts, d)) in text]
+        named = quoted + [d for d in named if d in given] + named
+    if named:
+        return CLIError(ENGINE_FLAG[named[0]].option, text)
+    return CLIError(None, text) if mapped else None
+
+
+def build_llm(args: argparse.Namespace) -> Any:
+    """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors."""
+    from pagedkv.engine.llm import LLM
+
+    check_engine_args(args)
+    try:
+        return LLM(**engine_kwargs(args))
+    except (*_MAPPED, RuntimeError) as e:
+        mapped = engine_error(e, args)
+        if mapped is None:
+            raise
+        raise mapped from e
+
+
+# SamplingParams field -> flag (SamplingParams' messages name the field).
+SAMPLING_FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature",
+                  "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p",
+                  "repetition_penalty": "--repetition-penalty", "seed": "--sampling-seed",
+                  "stop": "--stop", "n": "-n"}
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int = 128,
                            temperature: float = 0.7) -> None:
     g = parser.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=max_tokens, help="tokens to generate at most")
-    g.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob")
-    g.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="> 1 discourages repeating prompt or output tokens")
-    g.add_argument("--sampling-seed", type=int, default=None,
-                   help="seed of this request's sampling (reproducible output)")
-    g.add_argument("--stop", action="append", default=None,
-                   help="stop string (repeat the flag for several)")
+    a = g.add_argument
+    a("--max-tokens", type=t.int_at_least(1), default=max_tokens,
+      help="tokens to generate at most")
+    a("--temperature", type=t.float_in(0.0), default=temperature,
+      help="sampling temperature; 0 = greedy")
+    a("--top-p", type=t.float_in(0.0, 1.0, lo_open=True), default=1.0,
+      help="nucleus sampling: keep the most likely tokens up to this probability mass")
+    a("--top-k", type=t.int_at_least(-1), default=0,
+      help="keep the k most likely tokens (0 or -1 = off)")
+    a("--min-p", type=t.float_in(0.0, 1.0), default=0.0,
+      help="drop tokens less likely than this fraction of the most likely one")
+    a("--repetition-penalty", type=t.float_in(0.0, lo_open=True), default=1.0,
+      help="> 1 discourages repeating prompt or output tokens")
+    a("--sampling-seed", type=int, default=None,
+      help="seed of this request's sampling, for reproducible output (default: random)")
+    a("--stop", action="append", default=None,
+      help="stop string; repeat the flag for several (default: none)")
 
 
 def sampling_params(args: argparse.Namespace, **overrides: Any) -> Any:
+    """SamplingParams from the flags; a value it rejects is reported as a flag error."""
     from pagedkv.engine.sampling_params import SamplingParams
 
     kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
               top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
               seed=args.sampling_seed, stop=args.stop)
     kw.update(overrides)
-    return SamplingParams(**kw)
+    try:
+        return SamplingParams(**kw)
+    except ValueError as e:
+        name = str(e).split()[0]
+        raise CLIError(SAMPLING_FLAGS.get(name), str(e)) from e

@@ -6,17 +6,20 @@ import argparse
 import json
 import time
 
-from pagedkv.entrypoints.engine_args import add_engine_arguments, engine_kwargs
+from pagedkv.entrypoints.arg_types import CLIError, int_at_least
+from pagedkv.entrypoints.engine_args import add_engine_arguments, build_llm
 
 NAME = "bench"
 HELP = "Measure offline throughput: N random prompts of fixed input/output lengths."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-prompts", type=int, default=64, help="number of requests")
-    parser.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
-    parser.add_argument("--output-len", type=int, default=128,
-                        help="generated tokens per request (EOS ignored)")
+    positive = int_at_least(1)
+    parser.add_argument("--num-prompts", type=positive, default=64, help="number of requests")
+    parser.add_argument("--input-len", type=positive, default=128,
+                        help="prompt tokens per request")
+    parser.add_argument("--output-len", type=positive, default=128,
+                        help="generated tokens per request; EOS is ignored")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_engine_arguments(parser)
 
@@ -24,11 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from pagedkv.engine.llm import LLM
     from pagedkv.engine.sampling_params import SamplingParams
 
-    llm = LLM(**engine_kwargs(args))
-    vocab = llm.llm_engine.model_config.vocab_size
+    llm = build_llm(args)
+    vocab, limit = llm.llm_engine.model_config.vocab_size, llm.llm_engine.model_config.max_model_len
+    if args.input_len + args.output_len > limit:
+        raise CLIError("--output-len", f"--input-len + --output-len = "
+                       f"{args.input_len + args.output_len} exceeds max_model_len={limit}")
     rng = np.random.default_rng(args.seed)
     # Random ids (not text) give exact lengths; starting at 100 skips the special tokens that
     # most vocabularies put first.

@@ -8,7 +8,7 @@ import sys
 from pagedkv.entrypoints.engine_args import (
     add_engine_arguments,
     add_sampling_arguments,
-    engine_kwargs,
+    build_llm,
     sampling_params,
 )
 
@@ -17,17 +17,16 @@ HELP = "Chat interactively with a model; replies stream as they are generated (/
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--system", default=None, help="system prompt for the conversation")
+    parser.add_argument("--system", default=None,
+                        help="system prompt for the conversation (default: none)")
     add_sampling_arguments(parser, max_tokens=512)
     add_engine_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pagedkv.engine.llm import LLM
-
-    llm = LLM(**engine_kwargs(args))
-    engine, tok = llm.llm_engine, llm.get_tokenizer()
     params = sampling_params(args)
+    llm = build_llm(args)
+    engine, tok = llm.llm_engine, llm.get_tokenizer()
     history = [{"role": "system", "content": args.system}] if args.system else []
     print("pagedkv chat: type a message; /reset clears the conversation, /exit quits.",
           file=sys.stderr)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from pagedkv.entrypoints.arg_types import int_at_least
 from pagedkv.entrypoints.engine_args import (
     add_engine_arguments,
     add_sampling_arguments,
-    engine_kwargs,
+    build_llm,
+    engine_error,
     sampling_params,
 )
 
@@ -20,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompt text (several prompts run batched)")
     parser.add_argument("--chat", action="store_true",
                         help="wrap each prompt as a user message in the model's chat template")
-    parser.add_argument("-n", type=int, default=1, help="completions per prompt")
+    parser.add_argument("-n", type=int_at_least(1), default=1, help="completions per prompt")
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     # Greedy by default: the same command prints the same text every time.
     add_sampling_arguments(parser, max_tokens=64, temperature=0.0)
@@ -28,15 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pagedkv.engine.llm import LLM
-
     params = sampling_params(args, n=args.n)
-    llm = LLM(**engine_kwargs(args))
-    if args.chat:
-        convs = [[{"role": "user", "content": p}] for p in args.prompts]
-        outs = llm.chat(convs, params, use_tqdm=False)
-    else:
-        outs = llm.generate(args.prompts, params, use_tqdm=False)
+    llm = build_llm(args)
+    try:
+        if args.chat:
+            convs = [[{"role": "user", "content": p}] for p in args.prompts]
+            outs = llm.chat(convs, params, use_tqdm=False)
+        else:
+            outs = llm.generate(args.prompts, params, use_tqdm=False)
+    except ValueError as e:  # e.g. a prompt longer than --max-model-len
+        raise engine_error(e, args) from e  # type: ignore[misc]
     for prompt, out in zip(args.prompts, outs):
         for c in out.outputs:
             if args.json:

@@ -14,22 +14,22 @@ import os
 import sys
 from typing import Any, Dict
 
-from pagedkv.entrypoints.engine_args import KV_CACHE_DTYPE_CHOICES, KV_CACHE_DTYPE_HELP
+from pagedkv.entrypoints import arg_types as t
+from pagedkv.entrypoints.arg_types import CLIError
+from pagedkv.entrypoints.engine_args import ENGINE_DEFAULTS, add_engine_arguments
 
 NAME = "serve"
 HELP = "Start the OpenAI-compatible API server (like `vllm serve`)."
 
 API_KEY_ENV = "PAGEDKV_API_KEY"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
-# dest -> default. The only place defaults live; help strings quote them.
+# dest -> default. The only place the server's own defaults live; help strings quote them. The
+# engine flags' defaults come from their shared definitions (engine_args.ENGINE_FLAGS).
 DEFAULTS: Dict[str, Any] = {
-    "model": None, "host": "0.0.0.0", "port": 8000, "api_key": None,
-    "served_model_name": None, "max_model_len": None, "chat_template": None,
-    "device": "auto", "dtype": "auto", "block_size": 16, "gpu_memory_utilization": 0.9,
-    "kv_cache_space": None, "kv_cache_dtype": "auto", "max_num_seqs": 256,
-    "max_num_batched_tokens": None,
-    "enable_prefix_caching": True, "enable_chunked_prefill": True, "seed": 0,
-    "uvicorn_log_level": "info", "disable_log_requests": False,
+    "host": "0.0.0.0", "port": 8000, "api_key": None, "served_model_name": None,
+    "chat_template": None, "uvicorn_log_level": "info", "disable_log_requests": False,
+    **ENGINE_DEFAULTS,
 }
 
 
@@ -37,59 +37,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = argparse.SUPPRESS
     a = parser.add_argument
     a("model", nargs="?", default=s, metavar="MODEL",
-      help="model to serve: a GGUF file, a Hugging Face folder, or 'smollm2' "
-           "(default: the bundled SmolLM2-135M-Instruct)")
-    a("--model", dest="model", default=s, help="same as the positional MODEL")
-    a("--config", default=None, help="YAML file of flag values (keys as the flag names)")
-    a("--host", default=s, help="address to bind (default: 0.0.0.0, all interfaces)")
-    a("--port", type=int, default=s, help="TCP port (default: 8000)")
-    a("--api-key", default=s,
-      help=f"require 'Authorization: Bearer <key>' on /v1 routes (default: ${API_KEY_ENV})")
-    a("--served-model-name", nargs="+", default=s,
-      help="name(s) clients use in the 'model' field; the first is reported "
-           "(default: the MODEL argument or the model's own name)")
-    a("--max-model-len", type=int, default=s,
-      help="context length: prompt + completion tokens (default: the model's)")
-    a("--chat-template", default=s,
-      help="Jinja chat template, as a file path or inline (default: the model's)")
-    a("--device", default=s, help="'cpu', 'cuda', 'cuda:N' or 'auto' (default: auto)")
-    a("--dtype", default=s, help="'auto', 'float32', 'float16' or 'bfloat16' (default: auto)")
-    a("--block-size", type=int, default=s, help="tokens per KV-cache block (default: 16)")
-    a("--gpu-memory-utilization", type=float, default=s,
-      help="fraction of GPU memory the engine may use, KV cache included (default: 0.9)")
-    a("--kv-cache-space", type=float, default=s,
-      help="KV-cache size in GiB; overrides --gpu-memory-utilization (default: engine's choice)")
-    a("--kv-cache-dtype", choices=KV_CACHE_DTYPE_CHOICES, default=s,
-      help=KV_CACHE_DTYPE_HELP + " (default: auto)")
-    a("--max-num-seqs", type=int, default=s,
-      help="most sequences in one batch (default: 256)")
-    a("--max-num-batched-tokens", type=int, default=s,
-      help="token budget of one engine step (default: engine's choice)")
-    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=s,
-      help="reuse KV blocks of shared prompt prefixes (default: on)")
-    a("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=s,
-      help="split long prefills across steps, batched with decodes (default: on)")
-    a("--seed", type=int, default=s, help="random seed of the engine (default: 0)")
-    a("--uvicorn-log-level", default=s,
-      choices=["critical", "error", "warning", "info", "debug", "trace"],
-      help="uvicorn's log level (default: info)")
-    a("--disable-log-requests", action="store_true", default=s,
-      help="do not log a line per request (default: log them)")
+      help="model to serve, the same as --model: a GGUF file, a Hugging Face folder, or "
+           "'smollm2' (default: the bundled SmolLM2-135M-Instruct)")
+    a("--config", default=None,
+      help="YAML file of flag values, keys as the flag names (e.g. 'port: 8000'); flags "
+           "given on the command line win (default: none)")
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default=s, help="address to bind (default: 0.0.0.0, all interfaces)")
+    g.add_argument("--port", type=t.port, default=s, help="TCP port (default: 8000)")
+    g.add_argument("--api-key", default=s,
+                   help="require 'Authorization: Bearer <key>' on /v1 routes "
+                        f"(default: ${API_KEY_ENV}, else none)")
+    g.add_argument("--served-model-name", nargs="+", default=s,
+                   help="name(s) clients use in the 'model' field; the first is reported "
+                        "(default: the MODEL argument or the model's own name)")
+    g.add_argument("--chat-template", default=s,
+                   help="Jinja chat template, as a file path or inline (default: the model's)")
+    g.add_argument("--uvicorn-log-level", default=s, type=t.choice_of(LOG_LEVELS),
+                   metavar="{" + ",".join(LOG_LEVELS) + "}", help="uvicorn's log level "
+                   "(default: info)")
+    g.add_argument("--disable-log-requests", action="store_true", default=s,
+                   help="do not log a line per request")
+    add_engine_arguments(parser, suppress=True)
+
+
+def _config_value(action: argparse.Action, value: Any) -> Any:
+    """A config-file value checked (and converted) as the flag's command-line text would be."""
+    if action.nargs == 0:  # --x / --no-x and switches take true / false
+        if not isinstance(value, bool):
+            raise ValueError(f"must be true or false, got {value!r}")
+        return value
+    if value is None and DEFAULTS.get(action.dest, 0) is None:
+        return None
+    if action.nargs == "+":
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(isinstance(v, str) for v in items):
+            raise ValueError(f"must be a string or a list of strings, got {value!r}")
+        return items
+    if isinstance(value, (bool, list, dict)) or value is None:
+        raise ValueError(f"must be a single value, got {value!r}")
+    if action.type is None:
+        return str(value)
+    try:
+        return action.type(str(value))
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(str(e)) from None
+    except ValueError:
+        raise ValueError(f"must be {getattr(action.type, '__name__', 'valid')}, "
+                         f"got {value!r}") from None
 
 
 def load_config(path: str) -> Dict[str, Any]:
     import yaml
 
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise CLIError("--config", f"cannot read {path!r}: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise CLIError("--config", f"{path!r} is not valid YAML: {' '.join(str(e).split())}") from e
     if not isinstance(data, dict):
-        raise SystemExit(f"--config {path}: expected a mapping of flag names to values")
+        raise CLIError("--config", f"{path}: expected a mapping of flag names to values")
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    actions = {a.dest: a for a in parser._actions
+               if a.option_strings and a.help is not argparse.SUPPRESS}
     result = {}
     for key, value in data.items():
         dest = str(key).replace("-", "_")
         if dest not in DEFAULTS:
-            raise SystemExit(f"--config {path}: unknown key {key!r}")
-        result[dest] = value
+            raise CLIError("--config", f"{path}: unknown key {key!r}")
+        try:
+            result[dest] = _config_value(actions[dest], value)
+        except ValueError as e:
+            raise CLIError("--config", f"{path}: key {key!r}: {e}") from e
     return result
 
 
@@ -116,7 +138,7 @@ def load_chat_template(value: Any) -> Any:
             return f.read()
     if "{{" in value or "{%" in value:
         return value.encode().decode("unicode_escape") if "\\n" in value else value
-    raise SystemExit(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+    raise CLIError("--chat-template", f"{value!r} is neither a file nor a Jinja template")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,6 +148,16 @@ def run(args: argparse.Namespace) -> int:
                         datefmt="%m-%d %H:%M:%S")
     if opts.disable_log_requests:
         logging.getLogger("pagedkv.server").setLevel(logging.WARNING)
+    from pagedkv.entrypoints.engine_args import check_engine_args, engine_error
     from pagedkv.entrypoints.openai.api_server import run_server
 
-    return run_server(opts)
+    check_engine_args(opts)
+    try:
+        return run_server(opts)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
+        # Raised while the engine is built from the flags (the server itself reports request
+        # errors to its clients): named as a flag error where the message names a field.
+        mapped = engine_error(e, opts)
+        if mapped is None or mapped.flag is None:
+            raise
+        raise mapped from e

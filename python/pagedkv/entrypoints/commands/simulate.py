@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+
+from pagedkv.entrypoints.arg_types import CLIError, float_in, int_at_least
+from pagedkv.entrypoints.engine_args import ENGINE_FLAG, add_flag
 
 NAME = "simulate"
 HELP = ("Replay a JSONL trace (arrival_time, prompt_len, output_len[, prefix_group]) through "
@@ -12,48 +16,55 @@ HELP = ("Replay a JSONL trace (arrival_time, prompt_len, output_len[, prefix_gro
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="JSONL file, one request per line")
-    parser.add_argument("--num-blocks", type=int, default=2048, help="device KV-cache blocks")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="sequences per step")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                        help="token budget per step")
-    parser.add_argument("--no-chunked-prefill", action="store_true",
-                        help="disable chunked prefill (prompts must fit one step)")
-    parser.add_argument("--no-prefix-caching", action="store_true",
-                        help="disable automatic prefix caching")
-    parser.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
-                        help="what happens to a preempted sequence's blocks")
-    parser.add_argument("--num-cpu-blocks", type=int, default=0,
-                        help="host swap pool size (needed by --preemption-mode swap)")
-    parser.add_argument("--policy", choices=["fcfs", "priority"], default="fcfs",
-                        help="queue order")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="longest prompt + output (default: the cache capacity)")
-    parser.add_argument("--step-time-ms", type=float, default=5.0,
-                        help="simulated fixed cost of one step")
-    parser.add_argument("--per-token-us", type=float, default=20.0,
-                        help="simulated cost per scheduled token")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the fake token ids")
-    parser.add_argument("--print-every", type=int, default=0,
-                        help="print one line every N steps (0: summary only)")
-    parser.add_argument("--json", default=None, help="write summary + per-step stats here")
-    parser.add_argument("--plot", default=None, help="write a PNG of KV usage and batch size")
+    a = parser.add_argument
+    a("trace", help="JSONL file, one request per line")
+    a("--num-blocks", type=int_at_least(1), default=2048, help="device KV-cache blocks")
+    sched = parser.add_argument_group("scheduler (the engine's flags)")
+    add_flag(sched, ENGINE_FLAG["block_size"], type=int_at_least(1))
+    add_flag(sched, ENGINE_FLAG["max_num_seqs"])
+    add_flag(sched, ENGINE_FLAG["max_num_batched_tokens"], default=2048, shown=None)
+    add_flag(sched, ENGINE_FLAG["enable_chunked_prefill"])
+    add_flag(sched, ENGINE_FLAG["enable_prefix_caching"])
+    add_flag(sched, ENGINE_FLAG["preemption_mode"])
+    add_flag(sched, ENGINE_FLAG["max_model_len"], shown="the cache capacity")
+    a("--num-cpu-blocks", type=int_at_least(0), default=0,
+      help="host swap pool size in blocks (needed by --preemption-mode swap)")
+    a("--policy", choices=["fcfs", "priority"], default="fcfs", help="queue order")
+    a("--step-time-ms", type=float_in(0.0), default=5.0, help="simulated fixed cost of one step")
+    a("--per-token-us", type=float_in(0.0), default=20.0,
+      help="simulated cost per scheduled token")
+    a("--seed", type=int, default=0, help="seed of the fake token ids")
+    a("--print-every", type=int_at_least(0), default=0,
+      help="print one line every N steps (0: summary only)")
+    a("--json", default=None,
+      help="write summary + per-step stats to this file (default: none)")
+    a("--plot", default=None,
+      help="write a PNG of KV usage and batch size to this file (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pagedkv import SchedulerConfig
     from pagedkv.simulator import load_trace, plot, simulate
 
-    config = SchedulerConfig(
-        args.num_blocks, args.block_size, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching, num_cpu_blocks=args.num_cpu_blocks,
-        preemption_mode=args.preemption_mode, policy=args.policy,
-        max_model_len=args.max_model_len)
-    res = simulate(load_trace(args.trace), config, step_time_ms=args.step_time_ms,
-                   per_token_us=args.per_token_us, seed=args.seed)
+    try:
+        config = SchedulerConfig(
+            args.num_blocks, args.block_size, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_chunked_prefill=args.enable_chunked_prefill,
+            enable_prefix_caching=args.enable_prefix_caching,
+            num_cpu_blocks=args.num_cpu_blocks, preemption_mode=args.preemption_mode,
+            policy=args.policy, max_model_len=args.max_model_len)
+    except (ValueError, TypeError) as e:
+        raise _flag_error(e, args) from e
+    try:
+        trace = load_trace(args.trace)
+    except (OSError, ValueError) as e:
+        raise CLIError("trace", str(e)) from e
+    try:
+        res = simulate(trace, config, step_time_ms=args.step_time_ms,
+                       per_token_us=args.per_token_us, seed=args.seed)
+    except ValueError as e:  # a request of the trace that this configuration cannot hold
+        raise _flag_error(e, args) from e
     if args.print_every > 0:
         print(f"{'step':>6} {'time_s':>8} {'seqs':>5} {'pre':>4} {'tokens':>6} {'budget':>6} "
               f"{'kv':>6} {'wait':>5} {'swap':>5} {'preempt':>7}")
@@ -71,3 +82,9 @@ def run(args: argparse.Namespace) -> int:
         plot(res, args.plot)
         print(f"{'plot':>22}: {args.plot}")
     return 0
+
+
+def _flag_error(err: Exception, args: argparse.Namespace) -> CLIError:
+    """The scheduler's checks name the field (``num_cpu_blocks must be > 0 ...``)."""
+    words = [w for w in re.findall(r"[a-z_]+", str(err)) if w in vars(args)]
+    return CLIError("--" + words[0].replace("_", "-") if words else None, str(err))
