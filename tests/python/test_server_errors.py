@@ -4,6 +4,8 @@ subprocess; no generation beyond a few tokens)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from deps import need
 
@@ -43,6 +45,10 @@ COMMON = [
     ({"min_tokens": -1}, "min_tokens"),
     ({"min_tokens": 10, "max_tokens": 5}, "min_tokens"),
     ({"seed": "abc"}, "seed"),
+    ({"seed": 2**70}, "seed"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": float("nan")}, "top_p"),
     ({"n": 0}, "n"),
     ({"n": -1}, "n"),
     ({"n": "many"}, "n"),
@@ -78,7 +84,9 @@ CHAT_ONLY = [
 
 
 def post(server: RemoteServer, route: str, body: dict) -> httpx.Response:
-    return httpx.post(server.url + route, json={"model": MODEL, **body}, timeout=60)
+    # json.dumps, not httpx's json=: the body may hold NaN / Infinity, as clients can send.
+    return httpx.post(server.url + route, content=json.dumps({"model": MODEL, **body}),
+                      headers={"Content-Type": "application/json"}, timeout=60)
 
 
 def check_400(r: httpx.Response, param: str) -> dict:

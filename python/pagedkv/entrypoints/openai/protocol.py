@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
 
 
 def random_id(prefix: str) -> str:
@@ -33,14 +33,17 @@ class _SamplingFields(_Request):
 
     model: Optional[str] = None
     n: int = 1  # null means 1, as in OpenAI's API
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
+    # Finite floats only: NaN / Infinity (Python's json reads them) pass range checks such as
+    # "> 0" and would poison the logits.
+    temperature: Optional[FiniteFloat] = None
+    top_p: Optional[FiniteFloat] = None
     top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    seed: Optional[int] = None
+    min_p: Optional[FiniteFloat] = None
+    presence_penalty: Optional[FiniteFloat] = None
+    frequency_penalty: Optional[FiniteFloat] = None
+    repetition_penalty: Optional[FiniteFloat] = None
+    # A torch generator's seed is a signed 64-bit integer (vLLM bounds it the same way).
+    seed: Optional[int] = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: Optional[Union[str, List[str]]] = None
     stop_token_ids: Optional[List[int]] = None
     ignore_eos: bool = False
