@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import httpx
+from pagedkv.entrypoints.engine_args import ENGINE_FLAGS
 
 WORDS = [
     "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at",
@@ -230,12 +231,21 @@ def offline(args: argparse.Namespace, prompts: List[str]) -> float:
     return result[0]
 
 
+# Boolean engine flags that have a --no- form (toggles); the others are plain switches.
+TOGGLES = {f.dest: f.kind == "toggle" for f in ENGINE_FLAGS}
+
+
 def launch(args: argparse.Namespace) -> subprocess.Popen:
     kw = json.loads(args.engine_kwargs)
     cmd = [sys.executable, "-m", "pagedkv", "serve", "--host", "127.0.0.1", "--port",
            str(args.port), "--uvicorn-log-level", "warning", "--disable-log-requests"]
     for k, v in kw.items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
+        flag = k.replace("_", "-")
+        if isinstance(v, bool):  # on/off flags, never "--x False": --x, --no-x for a toggle
+            if v or TOGGLES.get(k, False):
+                cmd.append(f"--{flag}" if v else f"--no-{flag}")
+        else:
+            cmd += [f"--{flag}", str(v)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     args.url = f"http://127.0.0.1:{args.port}"
     deadline = time.monotonic() + 300

@@ -60,6 +60,19 @@ class RemoteServer:
                 values[m.group(1)] = values.get(m.group(1), 0.0) + float(m.group(2))
         return values
 
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of ``name``'s samples whose labels include ``labels`` (0 if none)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)$", line)
+            if not m or m.group(1) != name:
+                continue
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += float(m.group(3))
+        return total
+
     def wait_idle(self, timeout: float = 30.0) -> Dict[str, float]:
         """Polls /metrics until no request runs or waits and no KV block is in use."""
         deadline = time.monotonic() + timeout

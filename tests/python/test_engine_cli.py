@@ -70,6 +70,16 @@ def test_chat_streams_and_exits(greedy_reference, capsys, monkeypatch):
     assert ref.outputs[0].text.strip() in out
 
 
+def test_chat_reports_a_too_long_message_and_goes_on(greedy_reference, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("word " * 40 + "\nHi\n/exit\n"))
+    argv = ["chat", "--temperature", "0", "--max-tokens", "2", *ENGINE, "--max-model-len", "32"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "error: prompt is" in captured.err and "max_model_len=32" in captured.err
+    assert captured.err.count("error:") == 1  # the next message ("Hi") fits and is answered
+    assert captured.out.replace(">", "").strip()
+
+
 def test_bench_reports_throughput(greedy_reference, capsys):
     args = ["bench", "--num-prompts", "3", "--input-len", "8", "--output-len", "4", "--json"]
     assert cli.main(args + ENGINE) == 0

@@ -49,7 +49,12 @@ def run(args: argparse.Namespace) -> int:
         ids = tok.encode(prompt, add_special_tokens=False)
         rid = f"chat-{turn}"
         turn += 1
-        engine.add_request(rid, prompt, params, prompt_token_ids=ids)
+        try:
+            engine.add_request(rid, prompt, params, prompt_token_ids=ids)
+        except ValueError as e:  # the conversation outgrew --max-model-len: say so, go on
+            print(f"error: {e} (/reset starts a new conversation)", file=sys.stderr)
+            history.pop()
+            continue
         reply = _stream(engine, rid)
         history.append({"role": "assistant", "content": reply})
 

@@ -3,6 +3,8 @@
 Routes: /v1/models, /v1/completions, /v1/chat/completions (OpenAI), /tokenize, /detokenize,
 /health, /version, /metrics (vLLM's extras). With an API key, every /v1 route needs
 ``Authorization: Bearer <key>``; the operational routes stay open for probes and scrapers.
+``$PAGEDKV_MAX_N_SEQUENCES`` (default 16384, as vLLM's ``$VLLM_MAX_N_SEQUENCES``) caps the
+choices one prompt may ask for (``n``); see limits.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 import pagedkv
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
+from pagedkv.entrypoints.openai.limits import max_n_sequences
 from pagedkv.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from pagedkv.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -83,7 +86,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         engine=engine, served_model_names=names, model_aliases=aliases,
         max_model_len=int(engine.model_config.max_model_len),
         chat_template=getattr(args, "chat_template", None),
-        metrics=ServerMetrics(engine, names[0]))
+        metrics=ServerMetrics(engine, names[0]), max_n_sequences=max_n_sequences(args))
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)

@@ -9,7 +9,8 @@ and become 400 here as OpenAI and vLLM answer.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+import re
+from typing import Any, Dict, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -54,6 +55,19 @@ def bad_request(message: str, param: Optional[str] = None) -> APIError:
     return APIError(400, message, param=param)
 
 
+# The identifier a validation message starts with: "top_p must be in (0, 1], got 1.5".
+_LEADING_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\b")
+
+
+def field_named_in(message: str, fields: Dict[str, str]) -> Optional[str]:
+    """The request field a validation message is about: the message's leading identifier (the
+    argument SamplingParams / the engine names first) mapped by ``fields`` to the request field
+    it came from; None when it names none of them. Only the whole leading word counts, so
+    "top_p must be ..." is about top_p although it contains "n" and "p"."""
+    m = _LEADING_NAME.match(message)
+    return fields.get(m.group(1)) if m else None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]]:
     errors = exc.errors()
     if not errors:
@@ -61,13 +75,33 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('msg', '')}", None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    param = ".".join(_field_path([e.get("loc", ()) for e in errors])) or None
     msgs = []
     for e in errors[:5]:
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body")
         msgs.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
     return "; ".join(msgs), param
+
+
+def _field_path(locs: Sequence[Sequence[Any]]) -> list[str]:
+    """The request field pydantic's errors are about: the path the first error's location
+    shares with the others', without "body" or union-member tags ("str", "list[int]"). A value
+    that fits no member of a union (prompt: null) fails once per member, all under the field."""
+    first = [str(p) for p in locs[0] if p != "body"]
+    common = len(first)
+    for loc in locs[1:]:
+        other = [str(p) for p in loc if p != "body"]
+        same = 0
+        while same < min(common, len(other)) and first[same] == other[same]:
+            same += 1
+        common = same
+    path = first[:common] if common else first[:1]
+    return [p for p in path if not _UNION_TAG.match(p)]
+
+
+# How pydantic names a union member in an error location.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-.*|"
+                        r"[a-z_]+\[.*\])$")
 
 
 def install_error_handlers(app: FastAPI) -> None:

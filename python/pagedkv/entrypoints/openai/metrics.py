@@ -4,6 +4,12 @@ Gauges and counters are read from the engine's stats snapshot at scrape time (a 
 collector, so values never drift from the engine's own counters); latency histograms are
 observed by the request handlers. Each app has its own CollectorRegistry so several servers
 (or tests) in one process do not collide.
+
+Everything observed here is per HTTP request, as in vLLM: a request with ``n`` choices (or a
+batch of prompts) is one observation of each latency histogram and, if it finished, one
+``request_success`` count. Its ``finished_reason`` label is that of the response's first choice
+(index 0); a request with any choice unfinished (the client went away, the engine failed) is
+not a success and is not counted.
 """
 
 from __future__ import annotations
@@ -73,18 +79,19 @@ class ServerMetrics:
         self.e2e = Histogram("pagedkv:e2e_request_latency_seconds",
                              "Time from request arrival to its last token.", labels,
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.success = Counter("pagedkv:request_success", "Finished requests by reason.",
+        self.success = Counter("pagedkv:request_success",
+                               "Finished requests, by the finish reason of their first choice.",
                                labels + ["finished_reason"], registry=self.registry)
 
     def observe_request(self, ttft: float, tpot: Optional[float], e2e: float,
                         finish_reasons: Sequence[Optional[str]]) -> None:
+        """One HTTP request; ``finish_reasons`` of its choices by index (None: unfinished)."""
         self.ttft.labels(self.model_name).observe(ttft)
         if tpot is not None:
             self.tpot.labels(self.model_name).observe(tpot)
         self.e2e.labels(self.model_name).observe(e2e)
-        for reason in finish_reasons:
-            if reason is not None:  # None: aborted (client gone), not a success
-                self.success.labels(self.model_name, reason).inc()
+        if finish_reasons and all(r is not None for r in finish_reasons):
+            self.success.labels(self.model_name, finish_reasons[0]).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
 
 
 def random_id(prefix: str) -> str:
@@ -32,15 +32,18 @@ class _SamplingFields(_Request):
     """Sampling knobs shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
-    n: int = 1
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
+    n: int = 1  # null means 1, as in OpenAI's API
+    # Finite floats only: NaN / Infinity (Python's json reads them) pass range checks such as
+    # "> 0" and would poison the logits.
+    temperature: Optional[FiniteFloat] = None
+    top_p: Optional[FiniteFloat] = None
     top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    seed: Optional[int] = None
+    min_p: Optional[FiniteFloat] = None
+    presence_penalty: Optional[FiniteFloat] = None
+    frequency_penalty: Optional[FiniteFloat] = None
+    repetition_penalty: Optional[FiniteFloat] = None
+    # A torch generator's seed is a signed 64-bit integer (vLLM bounds it the same way).
+    seed: Optional[int] = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: Optional[Union[str, List[str]]] = None
     stop_token_ids: Optional[List[int]] = None
     ignore_eos: bool = False
@@ -49,6 +52,11 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     priority: int = 0
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_one(cls, value: Any) -> Any:
+        return 1 if value is None else value
 
 
 class CompletionRequest(_SamplingFields):

@@ -63,6 +63,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
+        self.check_n(req.n)
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
             raise bad_request(f"top_logprobs must be in [0, 20], got {req.top_logprobs}",
                               param="top_logprobs")
@@ -70,13 +71,21 @@ class OpenAIServingChat(OpenAIServing):
         # The template already wrote any BOS / special tokens.
         ids = self.encode(prompt, add_special_tokens=False)
         self.check_ids(ids, "messages")
-        requested = req.max_completion_tokens or req.max_tokens
+        # max_completion_tokens replaces the deprecated max_tokens; 0 is a value, not "unset".
+        length_field = "max_completion_tokens"
+        requested = req.max_completion_tokens
+        if requested is None:
+            length_field, requested = "max_tokens", req.max_tokens
+        max_tokens = self.max_tokens_for(len(ids), requested, length_field, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, self.max_tokens_for(len(ids), requested), logprobs)
+        params = self.sampling_params(req, max_tokens, logprobs,
+                                      fields={"logprobs": "top_logprobs",
+                                              "max_tokens": length_field})
         request_id = random_id("chatcmpl")
         self.log_request(request_id, [len(ids)], params, req.stream)
         timer = RequestTimer(self.state.metrics, request_id)
-        streams = await self.start_all(request_id, [(ids, prompt, params)], req.priority)
+        streams = await self.start_all(request_id, [(ids, prompt, params)], req.priority,
+                                       prompt_param="messages")
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, streams, timer),
                                      media_type="text/event-stream")
@@ -117,7 +126,7 @@ class OpenAIServingChat(OpenAIServing):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
         latest: List[Any] = [None]
-        reasons: List[Optional[str]] = []
+        reasons: List[Optional[str]] = [None] * req.n  # by choice index
         bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous)
         return self.sse(request_id, bodies, streams, timer, latest, reasons,
                         base if include_usage else None)
@@ -137,7 +146,7 @@ class OpenAIServingChat(OpenAIServing):
                       "logprobs": logprobs.model_dump() if logprobs else None,
                       "finish_reason": d.finish_reason}
             if d.finish_reason is not None:
-                reasons.append(d.finish_reason)
+                reasons[d.index] = d.finish_reason
             body = dict(base, choices=[choice])
             if continuous:
                 body["usage"] = self.usage(latest).model_dump()

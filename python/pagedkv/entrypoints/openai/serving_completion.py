@@ -28,6 +28,7 @@ Prompt = Tuple[List[int], Optional[str]]  # token ids, text (None when given as 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
+        self.check_n(req.n)
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -37,8 +38,10 @@ class OpenAIServingCompletion(OpenAIServing):
                               param="logprobs")
         prompts = self._prompts(req.prompt)
         prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
+        # echo's prompt logprobs come from the client's logprobs field.
+        fields = {"prompt_logprobs": "logprobs"}
         jobs = [(ids, text, self.sampling_params(req, self.max_tokens_for(len(ids), req.max_tokens),
-                                                 req.logprobs, prompt_lp))
+                                                 req.logprobs, prompt_lp, fields))
                 for ids, text in prompts]
         request_id = random_id("cmpl")
         self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], req.stream)
@@ -108,7 +111,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
-        reasons: List[Optional[str]] = []
+        reasons: List[Optional[str]] = [None] * (len(prompts) * req.n)  # by choice index
         latest: List[Any] = [None] * len(streams)
         bodies = self._chunks(req, base, prompts, streams, timer, latest, reasons, continuous)
         return self.sse(request_id, bodies, streams, timer, latest, reasons,
@@ -136,7 +139,7 @@ class OpenAIServingCompletion(OpenAIServing):
                       "finish_reason": d.finish_reason}
             if d.finish_reason is not None:
                 choice["stop_reason"] = d.stop_reason
-                reasons.append(d.finish_reason)
+                reasons[d.index] = d.finish_reason
             body = dict(base, choices=[choice])
             if continuous:
                 body["usage"] = self.usage(latest).model_dump()

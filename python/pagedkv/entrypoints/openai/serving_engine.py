@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Sequence, TypeVar
 
 from fastapi import Request
 
-from pagedkv.entrypoints.openai.errors import APIError, bad_request
+from pagedkv.entrypoints.openai.errors import APIError, bad_request, field_named_in
+from pagedkv.entrypoints.openai.limits import DEFAULT_MAX_N_SEQUENCES, MAX_N_ENV
 from pagedkv.entrypoints.openai.metrics import ServerMetrics
 from pagedkv.entrypoints.openai.protocol import DONE, UsageInfo, chunk
 
@@ -34,6 +36,7 @@ class ServerState:
     max_model_len: int
     chat_template: Optional[str]
     metrics: ServerMetrics
+    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     started: float = field(default_factory=time.time)
 
     @property
@@ -75,23 +78,37 @@ class OpenAIServing:
         if bad:
             raise bad_request(f"token id {bad[0]} is out of range [0, {vocab})", param=param)
 
-    def max_tokens_for(self, prompt_len: int, requested: Optional[int]) -> int:
-        """vLLM's rule: prompt + completion must fit the context; no max_tokens = the rest."""
+    def check_n(self, n: int) -> None:
+        """`n` is an int (pydantic checked that) in [1, the server's limit]."""
+        if n < 1:
+            raise bad_request(f"n must be at least 1, got {n}", param="n")
+        limit = self.state.max_n_sequences
+        if n > limit:
+            raise bad_request(f"n must be at most {limit}, got {n}. To increase this limit, "
+                              f"set the {MAX_N_ENV} environment variable.", param="n")
+
+    def max_tokens_for(self, prompt_len: int, requested: Optional[int],
+                       param: str = "max_tokens", prompt_param: str = "prompt") -> int:
+        """vLLM's rule: prompt + completion must fit the context; no max_tokens = the rest.
+        ``param`` / ``prompt_param``: the request fields errors name."""
         limit = self.state.max_model_len
         if requested is not None and requested < 1:
-            raise bad_request(f"max_tokens must be at least 1, got {requested}",
-                              param="max_tokens")
+            raise bad_request(f"{param} must be at least 1, got {requested}", param=param)
         if prompt_len >= limit or (requested is not None and prompt_len + requested > limit):
             asked = prompt_len + (requested or 0)
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested {asked} tokens ({prompt_len} in the prompt, {requested or 0} in "
                 "the completion). Please reduce the length of the prompt or completion.",
-                param="max_tokens" if prompt_len < limit else "prompt")
+                param=param if prompt_len < limit else prompt_param)
         return requested if requested is not None else limit - prompt_len
 
     def sampling_params(self, req: Any, max_tokens: int, logprobs: Optional[int],
-                        prompt_logprobs: Optional[int] = None) -> Any:
+                        prompt_logprobs: Optional[int] = None,
+                        fields: Optional[Dict[str, str]] = None) -> Any:
+        """SamplingParams of one prompt. ``fields`` maps a SamplingParams argument to the
+        request field it came from where the two differ (chat: logprobs <- top_logprobs), so
+        that a rejected value's 400 names the field the client sent."""
         from pagedkv.engine.sampling_params import SamplingParams
 
         kwargs: Dict[str, Any] = {"max_tokens": max_tokens}
@@ -105,30 +122,35 @@ class OpenAIServing:
             kwargs["logprobs"] = logprobs
         if prompt_logprobs is not None:
             kwargs["prompt_logprobs"] = prompt_logprobs
-        if req.n < 1:
-            raise bad_request(f"n must be at least 1, got {req.n}", param="n")
+        self.check_n(req.n)
+        names = {name: name for name in kwargs}
+        names.update(fields or {})
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as exc:
-            raise bad_request(str(exc), param=_param_named_in(str(exc))) from exc
+            raise bad_request(str(exc), param=field_named_in(str(exc), names)) from exc
 
     # ---------------------------------------------------------------- running requests
 
     async def start(self, request_id: str, ids: List[int], prompt: Optional[str], params: Any,
-                    priority: int = 0) -> Any:
+                    priority: int = 0, prompt_param: str = "prompt") -> Any:
         try:
             return await self.engine.add_request(request_id, prompt, params,
                                                  prompt_token_ids=ids, priority=priority)
         except ValueError as exc:
-            raise bad_request(str(exc), param=_param_named_in(str(exc))) from exc
+            # The engine's own checks are about the prompt (length, token ids) or parameters.
+            names = {"prompt": prompt_param, "prompt_token_ids": prompt_param,
+                     "max_tokens": "max_tokens", **{f: f for f in _SAMPLING_FIELDS}}
+            raise bad_request(str(exc), param=field_named_in(str(exc), names)) from exc
 
-    async def start_all(self, base_id: str, prompts: List[tuple], priority: int = 0) -> List[Any]:
+    async def start_all(self, base_id: str, prompts: List[tuple], priority: int = 0,
+                        prompt_param: str = "prompt") -> List[Any]:
         """Adds every (ids, text, params) prompt; on any rejection aborts those already added."""
         streams: List[Any] = []
         try:
             for i, (ids, text, params) in enumerate(prompts):
                 rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-                streams.append(await self.start(rid, ids, text, params, priority))
+                streams.append(await self.start(rid, ids, text, params, priority, prompt_param))
         except BaseException:
             for s in streams:
                 s.close()
@@ -207,7 +229,7 @@ class OpenAIServing:
         finally:
             for s in streams:
                 s.close()
-            timer.done(self.usage(latest).completion_tokens, reasons or [None])
+            timer.done(self.usage(latest).completion_tokens, reasons)
 
     def usage(self, outputs: Sequence[Any]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids or ()) for o in outputs if o is not None)
@@ -254,16 +276,12 @@ class RequestTimer:
         ttft = (self.first or end) - self.start
         tpot = (end - (self.first or end)) / (num_tokens - 1) if num_tokens > 1 else None
         self.metrics.observe_request(ttft, tpot, end - self.start, finish_reasons)
+        # Reasons with their counts, so that a request with many choices logs one short line.
+        counts = Counter(str(r) for r in finish_reasons)
         logger.info("finished %s: completion_tokens=%d finish=%s ttft=%.3fs e2e=%.3fs",
-                    self.request_id, num_tokens, ",".join(str(r) for r in finish_reasons),
+                    self.request_id, num_tokens, ",".join(f"{r}x{k}" if k > 1 else r
+                                                          for r, k in counts.items()),
                     ttft, end - self.start)
-
-
-def _param_named_in(message: str) -> Optional[str]:
-    for name in _SAMPLING_FIELDS + ("max_tokens", "logprobs", "prompt_logprobs", "prompt"):
-        if name in message:
-            return name
-    return None
 
 
 async def cancel_on_disconnect(raw: Request, work: Awaitable[T]) -> Optional[T]:
