@@ -128,3 +128,21 @@ def test_chat_rejects_bad_messages(llm, messages, exc, msg):
     with pytest.raises(exc, match=msg):
         llm.chat(messages, SamplingParams(max_tokens=1), use_tqdm=False)
     assert_no_leak(llm)
+
+
+def test_chat_accepts_openai_text_parts(llm):
+    plain = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": "Hello there\nfriend"}]
+    parts = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "Hello there"},
+                                          {"type": "text", "text": "friend"}]}]
+    p = SamplingParams(temperature=0, max_tokens=2)
+    a, b = llm.chat([plain, parts], p, use_tqdm=False)
+    assert a.prompt == b.prompt and "Hello there\nfriend" in a.prompt
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    assert isinstance(parts[1]["content"], list)  # the caller's messages are left alone
+    with pytest.raises(ValueError, match=r"^messages\[0\]\['content'\]\[1\]: only text parts"):
+        llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                               {"type": "image_url", "image_url": "x"}]}], p,
+                 use_tqdm=False)
+    assert_no_leak(llm)

@@ -90,19 +90,39 @@ def check_priority(priority: Optional[Any], n: int) -> None:
         raise ValueError("priority must have one entry per prompt")
 
 
-def _check_message(m: Any, name: str) -> None:
+def _message(m: Any, name: str) -> Dict[str, Any]:
+    """A copy of the message with its content as one string: a list of text parts
+    ({"type": "text", "text": str}, OpenAI's form) is joined with newlines, as the server does."""
     if not isinstance(m, dict):
         raise TypeError(f"{name} must be a dict with 'role' and 'content', got {_describe(m)}")
     for key in ("role", "content"):
         if key not in m:
             raise ValueError(f"{name} has no '{key}' (a message is {{'role': str, "
                              f"'content': str}}), got keys {sorted(map(str, m))}")
-        if not isinstance(m[key], str):
-            raise TypeError(f"{name}['{key}'] must be a string, got {_describe(m[key])}")
+    if not isinstance(m["role"], str):
+        raise TypeError(f"{name}['role'] must be a string, got {_describe(m['role'])}")
+    content = m["content"]
+    if isinstance(content, (list, tuple)):
+        texts = []
+        for k, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise ValueError(f"{name}['content'][{k}]: only text parts "
+                                 f"{{'type': 'text', 'text': str}} are supported, got "
+                                 f"{_describe(part)}")
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    elif content is None:
+        content = ""  # e.g. an assistant turn that only made tool calls
+    elif not isinstance(content, str):
+        raise TypeError(f"{name}['content'] must be a string or a list of text parts, got "
+                        f"{_describe(content)}")
+    return {**m, "content": content}
 
 
 def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
-    """messages: one conversation (a list of {'role', 'content'} dicts) or a list of them."""
+    """messages: one conversation (a list of {'role', 'content'} dicts) or a list of them.
+    Returns copies; the caller's dicts are not changed."""
     form = ("a list of {'role': str, 'content': str} dicts (one conversation) or a list of "
             "such lists")
     if not isinstance(messages, (list, tuple)):
@@ -115,9 +135,6 @@ def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
             if not isinstance(conv, (list, tuple)) or not conv:
                 raise TypeError(f"messages[{i}] must be a non-empty list of message dicts "
                                 f"(a conversation), got {_describe(conv)}")
-            for j, m in enumerate(conv):
-                _check_message(m, f"messages[{i}][{j}]")
-        return [list(c) for c in convs]
-    for j, m in enumerate(messages):
-        _check_message(m, f"messages[{j}]")
-    return [list(messages)]
+        return [[_message(m, f"messages[{i}][{j}]") for j, m in enumerate(conv)]
+                for i, conv in enumerate(convs)]
+    return [[_message(m, f"messages[{j}]") for j, m in enumerate(messages)]]
