@@ -105,6 +105,14 @@ def test_generate_rejects_bad_other_arguments(llm):
                         SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     assert len({tuple(o.outputs[0].token_ids) for o in outs}) == 1
     assert len(llm.generate(ids, p, use_tqdm=False)) == 1
+    # Other iterables and arrays, as lists: a generator of prompts, numpy token ids, range.
+    np = need("numpy")
+    more = llm.generate((q for q in ["Hello", np.array(ids), {"prompt_token_ids": range(3)}]),
+                        (q for q in [SamplingParams(temperature=0, max_tokens=3)] * 3),
+                        use_tqdm=False)
+    assert more[1].outputs[0].token_ids == outs[0].outputs[0].token_ids
+    assert more[1].prompt_token_ids == ids and more[2].prompt_token_ids == [0, 1, 2]
+    assert llm.generate(np.array([ids, ids]), p, use_tqdm=False)[1].prompt_token_ids == ids
     assert llm.generate([], p, use_tqdm=False) == []
     assert_no_leak(llm)
 

@@ -7,6 +7,7 @@ any request reaches the engine (vLLM's LLM behaves the same way).
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable
 from typing import Any, Dict, List, Optional
 
 from pagedkv.engine.sampling_params import SamplingParams
@@ -20,12 +21,23 @@ def _describe(v: Any) -> str:
     return f"{type(v).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
+def _listed(v: Any) -> Any:
+    """Arrays (numpy, torch) and other non-text iterables (range, generators) as lists, so the
+    checks below see plain Python values; anything else unchanged."""
+    if isinstance(v, (str, bytes, dict, list, tuple)):
+        return v
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return list(v) if isinstance(v, Iterable) else v
+
+
 def _is_token_ids(v: Any) -> bool:
     return isinstance(v, (list, tuple)) and all(
         isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in v)
 
 
 def _prompt_item(p: Any, name: str) -> Dict[str, Any]:
+    p = _listed(p)
     if isinstance(p, str):
         return {"prompt": p}
     if isinstance(p, dict):
@@ -34,11 +46,13 @@ def _prompt_item(p: Any, name: str) -> Dict[str, Any]:
                              f"keys {sorted(map(str, p))}")
         if "prompt" in p and not isinstance(p["prompt"], str):
             raise TypeError(f"{name}['prompt'] must be a string, got {_describe(p['prompt'])}")
-        ids = p.get("prompt_token_ids")
-        if ids is not None and not _is_token_ids(ids):
-            raise TypeError(f"{name}['prompt_token_ids'] must be a list of integer token ids, "
-                            f"got {_describe(ids)}")
-        return dict(p)
+        out = dict(p)
+        if out.get("prompt_token_ids") is not None:
+            ids = out["prompt_token_ids"] = _listed(out["prompt_token_ids"])
+            if not _is_token_ids(ids):
+                raise TypeError(f"{name}['prompt_token_ids'] must be a list of integer token "
+                                f"ids, got {_describe(ids)}")
+        return out
     if _is_token_ids(p):
         return {"prompt_token_ids": [int(t) for t in p]}
     raise TypeError(f"{name} must be {_PROMPT_FORMS}, got {_describe(p)}")
@@ -47,9 +61,11 @@ def _prompt_item(p: Any, name: str) -> Dict[str, Any]:
 def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any]]:
     """One dict per prompt, with "prompt" and / or "prompt_token_ids"."""
     if prompt_token_ids is not None:  # vLLM's older keyword
+        prompt_token_ids = _listed(prompt_token_ids)
         if not isinstance(prompt_token_ids, (list, tuple)) or _is_token_ids(prompt_token_ids):
             raise TypeError("prompt_token_ids must be a list of token-id lists, got "
                             f"{_describe(prompt_token_ids)}")
+        prompt_token_ids = [_listed(t) for t in prompt_token_ids]
         for i, t in enumerate(prompt_token_ids):
             if not _is_token_ids(t):
                 raise TypeError(f"prompt_token_ids[{i}] must be a list of integer token ids, "
@@ -57,6 +73,7 @@ def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any
         return [{"prompt_token_ids": [int(x) for x in t]} for t in prompt_token_ids]
     if prompts is None:
         raise ValueError("prompts must be given")
+    prompts = _listed(prompts)
     if isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0):
         return [_prompt_item(prompts, "prompts")]
     if not isinstance(prompts, (list, tuple)):
@@ -70,6 +87,7 @@ def per_prompt_params(params: Any, n: int) -> List[SamplingParams]:
         return [SamplingParams()] * n
     if isinstance(params, SamplingParams):
         return [params] * n
+    params = _listed(params)
     if not isinstance(params, (list, tuple)):
         raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
                         f"{_describe(params)}")
