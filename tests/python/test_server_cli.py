@@ -92,10 +92,6 @@ def test_serve_has_the_engine_flags_of_generate() -> None:
     assert opts.enforce_eager is False
 
 
-@pytest.mark.xfail(strict=True, reason="AsyncLLMEngine.from_engine_args keeps only the names "
-                   "in engine/async_llm_engine.py ENGINE_ARGS, which lacks preemption_mode, "
-                   "swap_space and enforce_eager (engine code, not the CLI's): remove this "
-                   "marker once they are added there")
 def test_serve_engine_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
 

@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy
+import dataclasses
 import inspect
 import logging
 import queue
@@ -31,19 +32,18 @@ _STALL_WAIT_S = 0.001  # pause after a step that produced no output
 
 
 # The engine knobs a server passes through (vLLM's names); LLMEngine may accept more.
-ENGINE_ARGS = ("model", "tokenizer", "dtype", "device", "block_size", "gpu_memory_utilization",
-               "kv_cache_space", "kv_cache_dtype", "max_model_len", "max_num_seqs",
-               "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
-               "seed")
-
-
 def _engine_arg_names() -> set:
+    """What LLMEngine takes: its named parameters, and, since it forwards **kwargs to its
+    config, every EngineConfig field (derived, so a new knob reaches the engine from the CLI
+    without a list to keep in step) but served_model_name: the server reports its names itself,
+    and the CLI's is a list of them."""
+    from pagedkv.engine.config import EngineConfig
     from pagedkv.engine.llm_engine import LLMEngine
 
     params = inspect.signature(LLMEngine.__init__).parameters
     names = {n for n, p in params.items() if p.kind is not p.VAR_KEYWORD} - {"self"}
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        names |= set(ENGINE_ARGS)  # **kwargs: forwarded to its config
+        names |= {f.name for f in dataclasses.fields(EngineConfig)} - {"served_model_name"}
     return names
 
 
