@@ -102,3 +102,23 @@ def test_serve_engine_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) ->
     assert given["tokenizer"] == "tok"
     assert (given.get("preemption_mode"), given.get("swap_space")) == ("swap", 1.5)
     assert given.get("enforce_eager") is True
+
+
+@pytest.mark.parametrize(("env", "level"), [("WARNING", "WARNING"), ("debug", "DEBUG"),
+                                            ("loud", "INFO"), (None, "INFO")])
+def test_logging_level_from_environment(env, level, monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve logs at PAGEDKV_LOGGING_LEVEL (vLLM: VLLM_LOGGING_LEVEL); an unknown name or none:
+    INFO. The server itself is not started."""
+    import logging
+
+    from pagedkv.entrypoints.openai import api_server
+
+    if env is None:
+        monkeypatch.delenv("PAGEDKV_LOGGING_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("PAGEDKV_LOGGING_LEVEL", env)
+    seen: dict = {}
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(api_server, "run_server", lambda opts: 0)
+    assert serve.run(parse(["--device", "cpu"])) == 0
+    assert seen["level"] == level

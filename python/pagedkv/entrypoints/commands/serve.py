@@ -143,7 +143,11 @@ def load_chat_template(value: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     opts = resolve(args)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    # PAGEDKV_LOGGING_LEVEL sets the level, as VLLM_LOGGING_LEVEL does for vLLM (and as LLM does).
+    level = os.environ.get("PAGEDKV_LOGGING_LEVEL", "INFO").upper()
+    if not isinstance(logging.getLevelName(level), int):  # an unknown name: the default
+        level = "INFO"
+    logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(levelname)s %(asctime)s %(name)s: %(message)s",
                         datefmt="%m-%d %H:%M:%S")
     if opts.disable_log_requests:
