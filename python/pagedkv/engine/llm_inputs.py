@@ -31,9 +31,21 @@ def _listed(v: Any) -> Any:
     return list(v) if isinstance(v, Iterable) else v
 
 
+def _token_ids(v: Any) -> Optional[List[int]]:
+    """``v`` as a list of Python ints if it is a list or tuple of integers (not bools), else
+    None. Plain ints are checked by exact type first: an ABC check per token (numbers.Integral)
+    cost LLM.generate 0.2 s of host time for 256 prompts of 1024 token ids on an H100 host."""
+    if not isinstance(v, (list, tuple)):
+        return None
+    if all(type(t) is int for t in v):
+        return list(v)
+    if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in v):
+        return [int(t) for t in v]  # numpy / torch integers
+    return None
+
+
 def _is_token_ids(v: Any) -> bool:
-    return isinstance(v, (list, tuple)) and all(
-        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in v)
+    return _token_ids(v) is not None
 
 
 def _prompt_item(p: Any, name: str) -> Dict[str, Any]:
@@ -48,13 +60,15 @@ def _prompt_item(p: Any, name: str) -> Dict[str, Any]:
             raise TypeError(f"{name}['prompt'] must be a string, got {_describe(p['prompt'])}")
         out = dict(p)
         if out.get("prompt_token_ids") is not None:
-            ids = out["prompt_token_ids"] = _listed(out["prompt_token_ids"])
-            if not _is_token_ids(ids):
+            ids = _token_ids(_listed(out["prompt_token_ids"]))
+            if ids is None:
                 raise TypeError(f"{name}['prompt_token_ids'] must be a list of integer token "
-                                f"ids, got {_describe(ids)}")
+                                f"ids, got {_describe(out['prompt_token_ids'])}")
+            out["prompt_token_ids"] = ids
         return out
-    if _is_token_ids(p):
-        return {"prompt_token_ids": [int(t) for t in p]}
+    ids = _token_ids(p)
+    if ids is not None:
+        return {"prompt_token_ids": ids}
     raise TypeError(f"{name} must be {_PROMPT_FORMS}, got {_describe(p)}")
 
 
@@ -65,12 +79,14 @@ def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any
         if not isinstance(prompt_token_ids, (list, tuple)) or _is_token_ids(prompt_token_ids):
             raise TypeError("prompt_token_ids must be a list of token-id lists, got "
                             f"{_describe(prompt_token_ids)}")
-        prompt_token_ids = [_listed(t) for t in prompt_token_ids]
+        items = []
         for i, t in enumerate(prompt_token_ids):
-            if not _is_token_ids(t):
+            ids = _token_ids(_listed(t))
+            if ids is None:
                 raise TypeError(f"prompt_token_ids[{i}] must be a list of integer token ids, "
                                 f"got {_describe(t)}")
-        return [{"prompt_token_ids": [int(x) for x in t]} for t in prompt_token_ids]
+            items.append({"prompt_token_ids": ids})
+        return items
     if prompts is None:
         raise ValueError("prompts must be given")
     prompts = _listed(prompts)
