@@ -50,19 +50,21 @@ def dequantize(x: torch.Tensor, kv_dtype: str, scale: float) -> torch.Tensor:
 
 @dataclass
 class PagedKV:
-    key_cache: torch.Tensor  # on the GPU, in `layout`
+    key_cache: torch.Tensor  # on the GPU (or make_paged_kv's device), in `layout`
     value_cache: torch.Tensor
     k_logical: torch.Tensor  # float64 NHD, dequantised, on the CPU
     v_logical: torch.Tensor
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, GPU
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, with the caches
     block_size: int
 
 
 def make_paged_kv(gen: torch.Generator, seq_lens: list[int], num_kv_heads: int, head_size: int,
                   block_size: int, dtype: torch.dtype, layout: str, kv_dtype: str = "auto",
-                  k_scale: float = 1.0, v_scale: float = 1.0, extra_blocks: int = 3) -> PagedKV:
+                  k_scale: float = 1.0, v_scale: float = 1.0, extra_blocks: int = 3,
+                  device: str = "cuda") -> PagedKV:
     """A cache holding each sequence's tokens in randomly permuted blocks (unused blocks and
-    slots are filled with garbage: large values and NaN, which the kernels must never read)."""
+    slots are filled with garbage: large values and NaN, which the kernels must never read), its
+    caches and block tables on `device`."""
     need = [max(1, math.ceil(n / block_size)) for n in seq_lens]
     nb = sum(need) + extra_blocks
     shape = (nb, block_size, num_kv_heads, head_size)
@@ -90,8 +92,8 @@ def make_paged_kv(gen: torch.Generator, seq_lens: list[int], num_kv_heads: int, 
         nan = 0x7F if kv_dtype != "fp8_e5m2" else 0x7E
         for t in (kq, vq):
             t[~used] = nan
-    return PagedKV(to_layout(kq, layout, False).cuda(), to_layout(vq, layout, True).cuda(),
-                   k_ref, v_ref, tables.cuda(), block_size)
+    return PagedKV(to_layout(kq, layout, False).to(device), to_layout(vq, layout, True).to(device),
+                   k_ref, v_ref, tables.to(device), block_size)
 
 
 def gather(kv: PagedKV, seq: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +126,8 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torc
         mask |= rel <= -window
     logits = logits.masked_fill(mask[None], float("-inf"))
     p = torch.softmax(logits, dim=-1)
-    p = torch.nan_to_num(p, nan=0.0)  # fully masked rows -> 0
+    # Fully masked rows -> 0; a NaN elsewhere (a NaN or infinite cached value) stays NaN.
+    p = p.masked_fill(mask.all(-1)[None, :, None], 0.0)
     return torch.einsum("hqk,khd->qhd", p, v)
 
 

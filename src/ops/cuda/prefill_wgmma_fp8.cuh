@@ -34,18 +34,24 @@ __device__ __forceinline__ int raw_offset(int g) {
 // H100). A byte s.e.m moved into a 16-bit lane as s, zeros, e.m (right-aligned under T's exponent
 // field) reads as the fp8 value times 2^-(bias of T - bias of fp8), subnormals included (fp16 /
 // bf16 arithmetic keeps subnormals), so one multiply by 2^(that difference) makes it exact and a
-// second, split into two T (hi + lo, for an fp32-accurate product), applies the scale. The fp8
-// NaN / infinity encodings come out as large finite values.
+// second, split into two T (hi + lo, for an fp32-accurate product), applies the scale.
+// The fp8 NaN / infinity encodings (e4m3 s.1111.111; e5m2 s.11111.mm) would come out as large
+// finite values that way, so a round of bytes is first tested for them (special(): three integer
+// operations per 4 bytes) and, where a warp finds any, converted by the instruction instead
+// (e5m2 into fp16 needs neither: its bytes are the top bytes of the fp16 encodings).
 template <typename T>
 struct Fp8Dequant {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   T2 pow2, hi, lo, factor;
   int shift;   // right shift of the byte's exponent and mantissa bits from the lane's top byte
   bool exact;  // pow2 * scale is a T (scale 1, the engine's): one multiply by `factor` does all
+  bool check;  // the format has encodings the shift-and-multiply would turn finite
+  bool e5m2;
 
   __device__ __forceinline__ Fp8Dequant(int kind, float scale) {
     constexpr bool kHalf = std::is_same_v<T, __half>;
-    const int bias = kind == kE5M2 ? 15 : 7, exp_bits = kind == kE5M2 ? 5 : 4;
+    e5m2 = kind == kE5M2;
+    const int bias = e5m2 ? 15 : 7, exp_bits = e5m2 ? 5 : 4;
     shift = (kHalf ? 5 : 8) - exp_bits;
     const float p = exp2f(float((kHalf ? 15 : 127) - bias));
     const T h = from_float<T>(scale);
@@ -56,14 +62,39 @@ struct Fp8Dequant {
     const T f = from_float<T>(p * scale);
     factor = T2{f, f};
     exact = to_float(f) == p * scale && isfinite(p * scale);
+    check = !(e5m2 && kHalf);
+  }
+  // The special encodings per byte: e4m3 e.m = 1111111 (NaN); e5m2 e = 11111 (infinity for
+  // m = 0, else NaN). (b & mask) + add has its top bit set iff b is one of them (no carry leaves
+  // the byte: the sum is at most 0x80). Selected here, not held: the producer's registers are
+  // few.
+  __device__ __forceinline__ uint32_t sp_mask() const { return e5m2 ? 0x7c7c7c7cu : 0x7f7f7f7fu; }
+  __device__ __forceinline__ uint32_t sp_add() const { return e5m2 ? 0x04040404u : 0x01010101u; }
+  // Whether any byte of `w` is a NaN / infinity encoding (nonzero if so).
+  __device__ __forceinline__ uint32_t special(uint32_t w) const {
+    return ((w & sp_mask()) + sp_add()) & 0x80808080u;
   }
   // Bytes 2i, 2i + 1 of `w` (i = 0, 1) as a pair of T times the scale; kExact: when `exact`.
-  template <bool kExact>
+  // kHardware: by the conversion instruction instead, which keeps NaN / infinity (rare rounds
+  // only: the special encodings arrive only if a model wrote NaN or, e5m2, infinity).
+  template <bool kExact, bool kHardware = false>
   __device__ __forceinline__ uint32_t pair(uint32_t w, int i) const {
+    T2 r;
+    if constexpr (kHardware) {
+      const uint16_t two = uint16_t(i == 0 ? w : w >> 16);
+      const __half2 h(__nv_cvt_fp8x2_to_halfraw2(two, e5m2 ? __NV_E5M2 : __NV_E4M3));  // exact
+      if constexpr (std::is_same_v<T, __half>) {
+        r = __hfma2(h, hi, __hmul2(h, lo));
+      } else {
+        const float2 f = __half22float2(h);
+        const float sc = to_float(hi.x) + to_float(lo.x);
+        r = __floats2bfloat162_rn(f.x * sc, f.y * sc);
+      }
+      return *reinterpret_cast<const uint32_t*>(&r);
+    }
     const uint32_t x = __byte_perm(w, 0u, i == 0 ? 0x1404 : 0x3424);  // bytes to the lanes' tops
     const uint32_t y = ((x & 0x7f007f00u) >> shift) | (x & 0x80008000u);
     const T2 u = *reinterpret_cast<const T2*>(&y);
-    T2 r;
     if constexpr (kExact) {
       r = __hmul2(u, factor);
     } else {
@@ -98,28 +129,42 @@ __device__ __forceinline__ void dequant_group(uint32_t base, int g, const Fp8Deq
                    : "memory");
     }
     __syncwarp();  // the round's bytes read before they are overwritten
-    auto write = [&](auto exact) {
+    uint32_t sp = 0;
+    if (dq.check) {
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        sp |= dq.special(raw[i].x) | dq.special(raw[i].y) | dq.special(raw[i].z) |
+              dq.special(raw[i].w);
+      }
+    }
+    auto write = [&](auto exact, auto hardware) {
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) {
         const int idx = lane + 32 * (i0 + i), r = idx / kUnits, u = idx % kUnits;
         const uint32_t b[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // bytes 8h .. 8h + 7: 16-byte unit 2u + h of the row
-          constexpr bool kExact = decltype(exact)::value;
+          constexpr bool kExact = decltype(exact)::value, kHw = decltype(hardware)::value;
           asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(
                            base + wgmma::sw128(16 * g + r, 2 * u + h, C::BN)),
-                       "r"(dq.template pair<kExact>(b[2 * h], 0)),
-                       "r"(dq.template pair<kExact>(b[2 * h], 1)),
-                       "r"(dq.template pair<kExact>(b[2 * h + 1], 0)),
-                       "r"(dq.template pair<kExact>(b[2 * h + 1], 1))
+                       "r"(dq.template pair<kExact, kHw>(b[2 * h], 0)),
+                       "r"(dq.template pair<kExact, kHw>(b[2 * h], 1)),
+                       "r"(dq.template pair<kExact, kHw>(b[2 * h + 1], 0)),
+                       "r"(dq.template pair<kExact, kHw>(b[2 * h + 1], 1))
                        : "memory");
         }
       }
     };
-    if (dq.exact) {
-      write(std::true_type{});
+    // Warp-uniform branches: NaN / infinity bytes are rare (a cache holds them only if a model
+    // wrote NaN or, e5m2, infinity), so the round almost always takes one of the first two.
+    if (!__any_sync(0xffffffffu, sp != 0)) {
+      if (dq.exact) {
+        write(std::true_type{}, std::false_type{});
+      } else {
+        write(std::false_type{}, std::false_type{});
+      }
     } else {
-      write(std::false_type{});
+      write(std::false_type{}, std::true_type{});
     }
   }
 }
