@@ -38,7 +38,7 @@ __device__ __forceinline__ int raw_offset(int g) {
 // The fp8 NaN / infinity encodings (e4m3 s.1111.111; e5m2 s.11111.mm) would come out as large
 // finite values that way, so a round of bytes is first tested for them (special(): three integer
 // operations per 4 bytes) and, where a warp finds any, converted by the instruction instead
-// (e5m2 into fp16 needs neither: its bytes are the top bytes of the fp16 encodings).
+// (e5m2 into fp16 needs neither: see `check`).
 template <typename T>
 struct Fp8Dequant {
   using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
@@ -48,13 +48,24 @@ struct Fp8Dequant {
   bool check;  // the format has encodings the shift-and-multiply would turn finite
   bool e5m2;
 
+  static __device__ __forceinline__ T to_zero(float v) {
+    if constexpr (std::is_same_v<T, __half>) {
+      return __float2half_rz(v);
+    } else {
+      return __float2bfloat16_rz(v);
+    }
+  }
+
   __device__ __forceinline__ Fp8Dequant(int kind, float scale) {
     constexpr bool kHalf = std::is_same_v<T, __half>;
     e5m2 = kind == kE5M2;
     const int bias = e5m2 ? 15 : 7, exp_bits = e5m2 ? 5 : 4;
     shift = (kHalf ? 5 : 8) - exp_bits;
     const float p = exp2f(float((kHalf ? 15 : 127) - bias));
-    const T h = from_float<T>(scale);
+    // Toward zero, so that lo = scale - hi has hi's sign and infinity * hi + infinity * lo is
+    // infinity, not NaN. (lo = 0 would make it NaN, but where infinities pass through here, e5m2
+    // into fp16, p is 1, so lo = 0 means an exact scale, which takes the one-multiply path.)
+    const T h = to_zero(scale);
     pow2 = T2{from_float<T>(p), from_float<T>(p)};
     hi = T2{h, h};
     const T l = from_float<T>(scale - to_float(h));
@@ -62,6 +73,8 @@ struct Fp8Dequant {
     const T f = from_float<T>(p * scale);
     factor = T2{f, f};
     exact = to_float(f) == p * scale && isfinite(p * scale);
+    // e5m2 into fp16 needs no check: its bytes are the top bytes of the fp16 encodings, and the
+    // hi + lo products keep infinity because hi is rounded toward zero (lo has its sign).
     check = !(e5m2 && kHalf);
   }
   // The special encodings per byte: e4m3 e.m = 1111111 (NaN); e5m2 e = 11111 (infinity for

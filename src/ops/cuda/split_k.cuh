@@ -43,9 +43,10 @@ struct WarpMerge {
       L += l_of(w) * a[w];
     }
   }
-  // The factor on warp w's unnormalised output in the result (normalised, times scale).
+  // The factor on warp w's unnormalised output in the result (normalised, times scale): 0 for a
+  // fully masked head (L = 0), NaN where a NaN logit made L NaN (a NaN / infinite cached key).
   __device__ __forceinline__ float weight(int w, float scale) const {
-    return L > 0.f ? a[w] * scale / L : 0.f;
+    return L == 0.f ? 0.f : a[w] * scale / L;
   }
 };
 
@@ -112,7 +113,7 @@ __device__ __forceinline__ void merge_store(const AttnParams& p, int seq, int ou
 #pragma unroll
   for (int w = 0; w < NW; ++w) O += o_of(w) * wm.a[w];
   const MergedStore<QT> st(p, seq, out_row, h, part);
-  st.one(d, wm.L > 0.f ? O / wm.L * scale : 0.f);
+  st.one(d, wm.L == 0.f ? 0.f : O / wm.L * scale);  // NaN stays NaN (weight())
   if (d == 0) st.stats(wm.L, wm.M);
 }
 
