@@ -147,6 +147,38 @@ def test_snapshot_copies_only_the_samples_that_changed() -> None:
     assert all(s == kept for s, kept in seen)
 
 
+def test_engine_outputs_rebuild_only_the_samples_that_changed() -> None:
+    import copy
+
+    from pagedkv.engine.outputs import RequestMetrics
+    from pagedkv.engine.request_state import RequestState, SeqState
+
+    n, steps = 5, 8
+    req = RequestState("r", "p", [1, 2], SamplingParams(n=n, max_tokens=steps), RequestMetrics(0),
+                       steps, [2])
+    req.seqs = [SeqState(index=i) for i in range(n)]
+    prev, seen = None, []
+    for t in range(1, steps + 1):
+        changed = 0
+        for s in req.seqs:  # sample i finishes at step 2 + i
+            if s.finish_reason is None:
+                s.token_ids.append(t)
+                s.text += f" {t}"
+                changed += 1
+                if t >= 2 + s.index:
+                    s.finish_reason = "length"
+        out = req.to_output()
+        seen.append((out, copy.deepcopy(out)))
+        assert [c.token_ids for c in out.outputs] == [s.token_ids for s in req.seqs]
+        if prev is not None:  # a sample that did not change is the previous output's object
+            fresh = sum(c is not p for c, p in zip(out.outputs, prev.outputs))
+            assert fresh == changed, (t, fresh, changed)
+        prev = out
+    assert out.finished
+    # No sample handed out was changed afterwards (the metrics object is shared, as before).
+    assert all(o.outputs == kept.outputs for o, kept in seen)
+
+
 def test_streamed_n_samples_equal_the_final_output(engine: AsyncLLMEngine) -> None:
     # Samples that finish early stop changing while the others go on (with this seed two of
     # the four stop on "," at their second token, the others run to max_tokens).
