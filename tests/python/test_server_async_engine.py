@@ -173,6 +173,8 @@ def test_engine_outputs_rebuild_only_the_samples_that_changed() -> None:
         if prev is not None:  # a sample that did not change is the previous output's object
             fresh = sum(c is not p for c, p in zip(out.outputs, prev.outputs))
             assert fresh == changed, (t, fresh, changed)
+            assert out.prompt_token_ids is prev.prompt_token_ids  # the prompt: copied once
+        assert out.prompt_token_ids == [1, 2] and out.prompt_token_ids is not req.prompt_token_ids
         prev = out
     assert out.finished
     # No sample handed out was changed afterwards (the metrics object is shared, as before).

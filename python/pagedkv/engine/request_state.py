@@ -70,6 +70,8 @@ class RequestState:
     # The CompletionOutput last built for each sample (by SeqState.index): reused while the
     # sample does not change, so a streamed step costs the samples that advanced, not all n.
     _shown: Dict[int, CompletionOutput] = field(default_factory=dict, init=False, repr=False)
+    # The outputs' copy of the prompt ids: made once, not at every streamed step.
+    _prompt_shown: Optional[List[int]] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         p = self.params
@@ -172,9 +174,11 @@ class RequestState:
                 for i, s in enumerate(seqs)]
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.time()
+        if self._prompt_shown is None:
+            self._prompt_shown = list(self.prompt_token_ids)
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt,
-            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_token_ids=self._prompt_shown,
             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None
             else None,
             outputs=outs, finished=finished, metrics=self.metrics,
