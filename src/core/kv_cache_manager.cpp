@@ -53,8 +53,10 @@ int32_t KvCacheManager::match_prefix(Request& req) {
   if (!prefix_caching_ || !req.blocks.empty()) return 0;
   int32_t max_blocks = (req.num_tokens() - 1) / block_size_;
   if (max_blocks <= 0) return 0;
-  int32_t n = allocator_.match_prefix(req.tokens.data(), req.tokens.size(), req.params.cache_salt,
-                                      max_blocks, &req.blocks, &req.block_hashes);
+  // Contiguous tokens: a copy only for a request that already generated some (a resumed one).
+  const int32_t* tokens = req.tokens.range(0, req.tokens.size(), &token_scratch_);
+  int32_t n = allocator_.match_prefix(tokens, req.tokens.size(), req.params.cache_salt, max_blocks,
+                                      &req.blocks, &req.block_hashes);
   req.num_computed = n * block_size_;
   req.touch_blocks();
   return req.num_computed;
@@ -68,9 +70,9 @@ void KvCacheManager::cache_full_blocks(Request& req) {
     size_t j = req.block_hashes.size();
     const BlockHash& parent = j == 0 ? kRootHash : req.block_hashes[j - 1];
     BlockHash h;
+    const int32_t* tokens = req.tokens.range(j * block_size_, block_size_, &token_scratch_);
     // Cannot fail for a block this request holds; on a failure the block just stays uncached.
-    allocator_.try_cache_full_block(req.blocks[j], parent, req.tokens.data() + j * block_size_,
-                                    req.params.cache_salt, &h);
+    allocator_.try_cache_full_block(req.blocks[j], parent, tokens, req.params.cache_salt, &h);
     req.block_hashes.push_back(h);
   }
 }

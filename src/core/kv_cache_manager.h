@@ -50,6 +50,7 @@ class KvCacheManager {
   int32_t block_size_;
   bool prefix_caching_;
   std::vector<BlockId> scratch_;
+  std::vector<int32_t> token_scratch_;  // tokens straddling a prompt's end, made contiguous
 };
 
 }  // namespace pagedkv

@@ -8,6 +8,7 @@
 
 #include "pagedkv/block_allocator.h"
 #include "pagedkv/scheduler.h"
+#include "token_seq.h"
 
 namespace pagedkv {
 
@@ -21,7 +22,7 @@ struct Request {
   RequestParams params;
   RequestState state = RequestState::kFree;
 
-  std::vector<int32_t> tokens;  // prompt + generated
+  TokenSeq tokens;  // prompt (shared with forked children) + generated
   int32_t num_prompt_tokens = 0;
   int32_t num_computed = 0;    // tokens whose KV is in the cache
   int32_t prefill_target = 0;  // in its prefill phase while num_computed < prefill_target

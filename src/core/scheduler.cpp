@@ -116,7 +116,7 @@ int32_t Scheduler::add_request(const std::string& request_id, const int32_t* pro
   Request* r = s.new_request(request_id);
   r->params = params;
   r->priority = s.config.policy == SchedulingPolicy::kPriority ? params.priority : 0;
-  r->tokens.assign(prompt, prompt + prompt_len);
+  r->tokens.assign(prompt, prompt_len);
   r->num_prompt_tokens = static_cast<int32_t>(prompt_len);
   r->prefill_target = r->num_prompt_tokens;
   r->state = RequestState::kWaiting;
@@ -215,7 +215,7 @@ bool Scheduler::fork(const std::string& parent_id, const std::string& child_id,
   child->params = parent->params;
   child->priority = parent->priority;
   child->num_prompt_tokens = parent->num_prompt_tokens;
-  child->tokens.assign(parent->tokens.begin(), parent->tokens.begin() + parent->num_prompt_tokens);
+  child->tokens.share_prompt(parent->tokens);  // not a copy: the prompt is read-only
   if (s.append_token(*child, first_token)) {
     s.release(child);
     return true;
@@ -254,7 +254,7 @@ bool Scheduler::has_request(const std::string& id) const { return impl_->find(id
 std::vector<int32_t> Scheduler::get_token_ids(const std::string& id) const {
   const Request* r = impl_->find(id);
   PAGEDKV_CHECK(r != nullptr, "request_id: unknown request '", id, "'");
-  return r->tokens;
+  return r->tokens.to_vector();
 }
 int32_t Scheduler::get_num_generated(const std::string& id) const {
   const Request* r = impl_->find(id);

@@ -64,11 +64,11 @@ void StepPlanBuilder::add_entry(const ScheduledEntry& e, int32_t row) {
   const int32_t seq_len = ctx + e.num_tokens;
   const int32_t start = p.num_tokens;
 
-  const int32_t* tokens = req.tokens.data();
+  req.tokens.copy_to(static_cast<size_t>(ctx), static_cast<size_t>(e.num_tokens),
+                     &p.input_ids[static_cast<size_t>(start)]);
   const BlockId* blocks = req.blocks.data();
   for (int32_t t = 0; t < e.num_tokens; ++t) {
     const int32_t pos = ctx + t;
-    p.input_ids[start + t] = tokens[pos];
     p.positions[start + t] = pos;
     p.slot_mapping[start + t] =
         static_cast<int64_t>(blocks[pos / block_size_]) * block_size_ + pos % block_size_;

@@ -154,3 +154,27 @@ def test_chat_accepts_openai_text_parts(llm):
                                                {"type": "image_url", "image_url": "x"}]}], p,
                  use_tqdm=False)
     assert_no_leak(llm)
+
+
+def test_out_of_vocab_stop_token_ids_are_rejected(llm):
+    # vLLM rejects them too (SamplingParams._validate_stop_token_ids, vllm#54196): such an id
+    # can never be sampled, and the min_tokens ban indexes the logits with it.
+    vocab = llm.llm_engine.model_config.vocab_size
+    for bad in ([vocab], [5, vocab + 100], [10**9]):
+        p = SamplingParams(max_tokens=2, min_tokens=1, stop_token_ids=bad)
+        msg = rf"^stop_token_ids must be in \[0, {vocab}\).*{bad[-1]}"
+        with pytest.raises(ValueError, match=msg):
+            llm.generate("Hello", p, use_tqdm=False)
+        with pytest.raises(ValueError, match=r"^stop_token_ids"):
+            llm.chat([{"role": "user", "content": "hi"}], p, use_tqdm=False)
+        assert_no_leak(llm)
+    # Negative and non-integer ids are SamplingParams' own errors.
+    with pytest.raises(ValueError, match=r"^stop_token_ids"):
+        SamplingParams(stop_token_ids=[-1])
+    with pytest.raises(TypeError, match=r"^stop_token_ids"):
+        SamplingParams(stop_token_ids=[1.5])
+    # The last id of the vocabulary is a valid stop id.
+    out = llm.generate("Hello", SamplingParams(max_tokens=2, stop_token_ids=[vocab - 1]),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) >= 1
+    assert_no_leak(llm)

@@ -105,6 +105,111 @@ def test_bad_requests_raise_value_error(engine: AsyncLLMEngine) -> None:
     wait_idle(engine)
 
 
+def _engine_outputs(n: int, steps: int):
+    """Cumulative outputs of one n-sample request the way an engine that mutates its output in
+    place would hand them out (the worst case for the snapshot): one RequestOutput object whose
+    samples grow, a sample i finishing at step 2 + i."""
+    from pagedkv.engine.outputs import CompletionOutput, Logprob, RequestOutput
+
+    outs = [CompletionOutput(i, "", [], 0.0, []) for i in range(n)]
+    out = RequestOutput("r", "p", [1, 2], None, outs, False)
+    for t in range(1, steps + 1):
+        changed = 0
+        for c in outs:
+            if c.finish_reason is None:
+                c.token_ids.append(t)
+                c.text += f" {t}"
+                c.logprobs.append({t: Logprob(-0.5)})
+                c.cumulative_logprob -= 0.5
+                changed += 1
+                if t >= 2 + c.index:
+                    c.finish_reason, c.stop_reason = "stop", t
+        out.finished = t == steps
+        yield out, changed
+
+
+def test_snapshot_copies_only_the_samples_that_changed() -> None:
+    import copy
+
+    from pagedkv.engine.async_llm_engine import _snapshot
+
+    n, steps = 6, 10
+    prev, seen = None, []
+    for out, changed in _engine_outputs(n, steps):
+        snap = _snapshot(out, prev)
+        assert snap == copy.deepcopy(out)  # what the engine holds at this step, exactly
+        seen.append((snap, copy.deepcopy(snap)))
+        if prev is not None:  # a sample that did not advance is the previous snapshot's copy
+            fresh = sum(c is not p for c, p in zip(snap.outputs, prev.outputs))
+            assert fresh == changed, (fresh, changed)
+        prev = snap
+    # No later step changed an output already handed to the reader.
+    assert all(s == kept for s, kept in seen)
+
+
+def test_engine_outputs_rebuild_only_the_samples_that_changed() -> None:
+    import copy
+
+    from pagedkv.engine.outputs import RequestMetrics
+    from pagedkv.engine.request_state import RequestState, SeqState
+
+    n, steps = 5, 8
+    req = RequestState("r", "p", [1, 2], SamplingParams(n=n, max_tokens=steps), RequestMetrics(0),
+                       steps, [2])
+    req.seqs = [SeqState(index=i) for i in range(n)]
+    prev, seen = None, []
+    for t in range(1, steps + 1):
+        changed = 0
+        for s in req.seqs:  # sample i finishes at step 2 + i
+            if s.finish_reason is None:
+                s.token_ids.append(t)
+                s.text += f" {t}"
+                changed += 1
+                if t >= 2 + s.index:
+                    s.finish_reason = "length"
+        out = req.to_output()
+        seen.append((out, copy.deepcopy(out)))
+        assert [c.token_ids for c in out.outputs] == [s.token_ids for s in req.seqs]
+        if prev is not None:  # a sample that did not change is the previous output's object
+            fresh = sum(c is not p for c, p in zip(out.outputs, prev.outputs))
+            assert fresh == changed, (t, fresh, changed)
+            assert out.prompt_token_ids is prev.prompt_token_ids  # the prompt: copied once
+        assert out.prompt_token_ids == [1, 2] and out.prompt_token_ids is not req.prompt_token_ids
+        prev = out
+    assert out.finished
+    # No sample handed out was changed afterwards (the metrics object is shared, as before).
+    assert all(o.outputs == kept.outputs for o, kept in seen)
+
+
+def test_streamed_n_samples_equal_the_final_output(engine: AsyncLLMEngine) -> None:
+    # Samples that finish early stop changing while the others go on (with this seed two of
+    # the four stop on "," at their second token, the others run to max_tokens).
+    params = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=12, stop_token_ids=[30])
+
+    async def run() -> list:
+        return [out async for out in engine.generate(PROMPT, params, "gen-n")]
+
+    outs = asyncio.run(run())
+    final = outs[-1]
+    assert final.finished and len(final.outputs) == 4
+    for c in final.outputs:
+        for out in outs:  # every streamed state is a prefix of the final one
+            s = out.outputs[c.index]
+            assert c.token_ids[:len(s.token_ids)] == s.token_ids and c.text.startswith(s.text)
+    # The same seed without streaming (one final output) agrees.
+    direct = asyncio.run(_final(engine, params.clone(), "gen-n-final"))
+    assert [c.token_ids for c in direct.outputs] == [c.token_ids for c in final.outputs]
+    assert [c.text for c in direct.outputs] == [c.text for c in final.outputs]
+    wait_idle(engine)
+
+
+async def _final(engine: AsyncLLMEngine, params: SamplingParams, rid: str):
+    params.output_kind = "final_only"
+    outs = [out async for out in engine.generate(PROMPT, params, rid)]
+    assert len(outs) == 1
+    return outs[0]
+
+
 def test_zz_engine_death_fails_requests_and_health(engine: AsyncLLMEngine) -> None:
     from fastapi.testclient import TestClient
     from pagedkv.entrypoints.openai.api_server import build_app

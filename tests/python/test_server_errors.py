@@ -42,6 +42,7 @@ COMMON = [
     ({"stop": [""]}, "stop"),
     ({"stop": ["ok", ""]}, "stop"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stop_token_ids": [2, 10**9]}, "stop_token_ids"),  # out of the vocabulary (vLLM: 400)
     ({"min_tokens": -1}, "min_tokens"),
     ({"min_tokens": 10, "max_tokens": 5}, "min_tokens"),
     ({"seed": "abc"}, "seed"),

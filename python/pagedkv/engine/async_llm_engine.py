@@ -67,6 +67,7 @@ class RequestStream:
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
         self._closed = False
+        self.last: Any = None  # the newest snapshot put (engine thread only)
 
     def put(self, item: Any) -> None:  # engine thread
         # RuntimeError: the caller's loop is closed, nobody is listening any more.
@@ -101,18 +102,33 @@ class RequestStream:
         self._engine._release(self.request_id, abort=not self.finished)
 
 
-def _snapshot(out: Any) -> Any:
-    """A copy of a RequestOutput that later engine steps cannot mutate under the reader."""
+def _snapshot(out: Any, prev: Any = None) -> Any:
+    """A copy of a RequestOutput that later engine steps cannot mutate under the reader.
+
+    ``prev`` is the previous snapshot of the same request. Outputs are cumulative, so a sample
+    whose token count, text and finish are those of its copy in ``prev`` has not changed: that
+    copy is shared instead of copying the sample again. A step then costs copies of the samples
+    that advanced only, not of all n (samples that finished early stop costing anything).
+    Snapshots are read-only for their readers."""
     try:
         snap = copy.copy(out)
-        snap.outputs = [copy.copy(c) for c in out.outputs]
-        for c in snap.outputs:
-            c.token_ids = list(c.token_ids)
-            if getattr(c, "logprobs", None) is not None:
-                c.logprobs = list(c.logprobs)
+        before = prev.outputs if prev is not None else ()
+        snap.outputs = [_copy_sample(c, before[i] if i < len(before) else None)
+                        for i, c in enumerate(out.outputs)]
         return snap
     except (AttributeError, TypeError):  # frozen / slotted outputs are safe to share as is
         return out
+
+
+def _copy_sample(c: Any, prev: Any) -> Any:
+    if (prev is not None and prev.index == c.index and len(prev.token_ids) == len(c.token_ids)
+            and prev.finish_reason == c.finish_reason and prev.text == c.text):
+        return prev
+    c = copy.copy(c)
+    c.token_ids = list(c.token_ids)
+    if getattr(c, "logprobs", None) is not None:
+        c.logprobs = list(c.logprobs)
+    return c
 
 
 class AsyncLLMEngine:
@@ -315,7 +331,8 @@ class AsyncLLMEngine:
             with self._lock:
                 stream = self._streams.get(out.request_id)
             if stream is not None:
-                stream.put(_snapshot(out))
+                stream.last = _snapshot(out, stream.last)
+                stream.put(stream.last)
 
     def _die(self, exc: BaseException) -> None:
         with self._lock:

@@ -52,6 +52,13 @@ class ModelRunner:
     def determine_num_blocks(self) -> tuple[int, int]:
         """(device blocks, host swap blocks) from the memory budget, as vLLM sizes them."""
         per_block = self.block_bytes()
+        if self.device.type == "cuda" and self.cfg.kv_cache_space is not None:
+            # Said out loud: a user who sized the cache with it would otherwise not know.
+            logger.warning("kv_cache_space (--kv-cache-space %g GiB) only sizes the KV cache on "
+                           "the CPU and is ignored on %s: there gpu_memory_utilization "
+                           "(--gpu-memory-utilization, now %g) sizes it",
+                           self.cfg.kv_cache_space, self.device,
+                           self.cfg.gpu_memory_utilization)
         if self.cfg.num_gpu_blocks_override is not None:
             num_blocks = self.cfg.num_gpu_blocks_override
         elif self.device.type == "cuda":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 
@@ -67,6 +67,11 @@ class RequestState:
     plain_greedy: bool = field(init=False)
     # Some token is banned before min_tokens (EOS / stop ids, see banned_tokens).
     bannable: bool = field(init=False)
+    # The CompletionOutput last built for each sample (by SeqState.index): reused while the
+    # sample does not change, so a streamed step costs the samples that advanced, not all n.
+    _shown: Dict[int, CompletionOutput] = field(default_factory=dict, init=False, repr=False)
+    # The outputs' copy of the prompt ids: made once, not at every streamed step.
+    _prompt_shown: Optional[List[int]] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         p = self.params
@@ -143,24 +148,37 @@ class RequestState:
         hold = stop_holdback(seq.text, p.stop)  # type: ignore[arg-type]
         return seq.text[:len(seq.text) - hold] if hold else seq.text
 
+    def _completion(self, s: SeqState, index: int, want_logprob: bool) -> CompletionOutput:
+        """The sample as a CompletionOutput of its own (lists copied: the engine goes on
+        appending to the sample's), or the one built last time if the sample has not changed
+        since (outputs are cumulative: same token count, finish and text mean the same)."""
+        text = self._visible_text(s)
+        last = self._shown.get(s.index)
+        if (last is not None and last.index == index and len(last.token_ids) == len(s.token_ids)
+                and last.finish_reason == s.finish_reason and last.text == text):
+            return last
+        c = self._shown[s.index] = CompletionOutput(
+            index=index, text=text, token_ids=list(s.token_ids),
+            cumulative_logprob=s.cumulative_logprob if want_logprob else None,
+            logprobs=list(s.logprobs) if s.logprobs is not None else None,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+        return c
+
     def to_output(self) -> RequestOutput:
         finished = self.finished
         seqs = self.seqs
         want_logprob = self.params.logprobs is not None or self.params.best_of > self.params.n
         if finished and self.params.best_of > self.params.n:
             seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[:self.params.n]
-        outs = [CompletionOutput(
-            index=i if len(seqs) < len(self.seqs) else s.index,
-            text=self._visible_text(s), token_ids=list(s.token_ids),
-            cumulative_logprob=s.cumulative_logprob if want_logprob else None,
-            logprobs=list(s.logprobs) if s.logprobs is not None else None,
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
-            for i, s in enumerate(seqs)]
+        outs = [self._completion(s, i if len(seqs) < len(self.seqs) else s.index, want_logprob)
+                for i, s in enumerate(seqs)]
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.time()
+        if self._prompt_shown is None:
+            self._prompt_shown = list(self.prompt_token_ids)
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt,
-            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_token_ids=self._prompt_shown,
             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None
             else None,
             outputs=outs, finished=finished, metrics=self.metrics,
