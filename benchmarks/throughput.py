@@ -41,7 +41,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                     help="pagedkv's share of GPU memory (HF runs in the same process)")
     ap.add_argument("--max-num-seqs", type=int, default=256, help="pagedkv max_num_seqs")
-    ap.add_argument("--kv-cache-space", type=float, default=1.0, help="pagedkv CPU KV GiB")
+    ap.add_argument("--kv-cache-space", type=float, default=1.0,
+                    help="pagedkv KV cache GiB on the CPU (not passed on a GPU, where "
+                         "--gpu-memory-utilization sizes it)")
     ap.add_argument("--kv-cache-dtype", default="auto",
                     choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
                     help="pagedkv KV-cache element type (HF keeps its own dense cache)")
@@ -98,7 +100,8 @@ def make_llm(args: argparse.Namespace) -> Any:
     from pagedkv import LLM
 
     return LLM(args.model, device=args.device, dtype=args.dtype,
-               kv_cache_space=args.kv_cache_space, kv_cache_dtype=args.kv_cache_dtype,
+               kv_cache_space=args.kv_cache_space if args.device == "cpu" else None,
+               kv_cache_dtype=args.kv_cache_dtype,
                max_num_seqs=args.max_num_seqs,
                gpu_memory_utilization=args.gpu_memory_utilization,
                enforce_eager=args.enforce_eager,
