@@ -8,6 +8,12 @@ default the caller's current torch / cupy stream).
 
 ``k_scale`` / ``v_scale`` may be Python floats or 1-element arrays; they are read on the host,
 so a CUDA tensor scale costs one device synchronisation per call (pass floats in hot loops).
+
+Arrays an op only reads may be read-only (numpy ``setflags(write=False)``, ``np.broadcast_to``,
+a read-only memmap); what it writes (``out``, the caches of the cache writes, ``dst``, ...) must
+be writable, else a ValueError names it. Integer arguments take ints, integer scalars or
+integral floats that fit in int32. Empty batches (0 sequences / tokens / mapping rows) are
+no-ops. Errors name the argument.
 """
 
 from __future__ import annotations
