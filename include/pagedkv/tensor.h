@@ -81,9 +81,13 @@ class TensorView {
   size_t element_size() const { return dtype_size(dtype_); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
   bool defined() const { return ndim_ >= 0 && (data_ != nullptr || numel() == 0); }
+  // Row-major contiguous. An array with no elements is contiguous whatever its strides (numpy
+  // and torch give size-0 arrays arbitrary strides, e.g. all 0).
   bool is_contiguous() const;
-  // True when the last dimension is contiguous (stride 1 or size 1).
-  bool is_last_dim_contiguous() const { return ndim_ == 0 || size(-1) == 1 || stride(-1) == 1; }
+  // True when the last dimension is contiguous (stride 1 or size 1), or there are no elements.
+  bool is_last_dim_contiguous() const {
+    return ndim_ == 0 || size(-1) == 1 || stride(-1) == 1 || numel() == 0;
+  }
   std::string shape_str() const;
 
  private:

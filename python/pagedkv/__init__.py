@@ -9,9 +9,19 @@ server. Only numpy is needed to import it; the engine needs torch, and is import
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv._C import __version__, build_info, cuda_available, cuda_device_count
+
+if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run)
+    from pagedkv import ops
+    from pagedkv._C import BlockAllocator, Scheduler, SchedulerConfig, StepPlan
+    from pagedkv.attention import PagedAttention
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+    from pagedkv.engine.llm import LLM
+    from pagedkv.engine.llm_engine import LLMEngine
+    from pagedkv.engine.outputs import CompletionOutput, RequestOutput
+    from pagedkv.engine.sampling_params import SamplingParams
 
 __all__ = [
     "__version__",
@@ -58,6 +68,11 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The lazy exports too (dir() and tab completion), before their first use.
+    return sorted(set(globals()) | set(__all__))
 
 
 def cmake_dir() -> str:

@@ -24,15 +24,29 @@ def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_
     "cuda_core"; see ops.decode_kernel) on a GPU of ``num_sms`` multiprocessors: the
     partition for paged_attention_v2, or 0 for the single pass. A call's own choice is
     ops.decode_partition_size(query, key_cache, value_cache, ...)."""
-    return _C.ops_decode_partition_rule(kernel, int(num_seqs), int(num_heads), int(num_kv_heads),
-                                        int(max_seq_len), int(block_size), int(num_sms),
-                                        kv_cache_dtype)
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a str, got {type(kernel).__name__}")
+    return _C.ops_decode_partition_rule(kernel, ops._int(num_seqs, "num_seqs"),
+                                        ops._int(num_heads, "num_heads"),
+                                        ops._int(num_kv_heads, "num_kv_heads"),
+                                        ops._int(max_seq_len, "max_seq_len"),
+                                        ops._int(block_size, "block_size"),
+                                        ops._int(num_sms, "num_sms"),
+                                        ops._str(kv_cache_dtype, "kv_cache_dtype"))
 
 
 def _element_size(x: Any) -> int:
     if hasattr(x, "element_size"):  # torch
         return int(x.element_size())
     return int(x.dtype.itemsize)  # numpy, cupy
+
+
+def _check_rank(x: Any, name: str, ranks: Tuple[int, ...], layout: str) -> None:
+    """ValueError naming the argument when ``x`` (an array) has none of ``ranks``: the methods
+    read shapes before the ops validate them."""
+    if len(x.shape) not in ranks:
+        raise ValueError(f"{name} must have rank {' or '.join(map(str, ranks))} ({layout}), got "
+                         f"shape {tuple(int(s) for s in x.shape)}")
 
 
 def _view(x: Any, shape: Tuple[int, ...]) -> Any:
@@ -87,6 +101,12 @@ class PagedAttention:
         the batch is small, or max_seq_len > 8192."""
         _tensor.check_array(query, "query")
         _tensor.check_array(key_cache, "key_cache")
+        _check_rank(query, "query", (3,), "[num_seqs, num_heads, head_size]")
+        _check_rank(key_cache, "key_cache", (5, 4),
+                    "vLLM [num_blocks, num_kv_heads, head_size/x, block_size, x] or NHD "
+                    "[num_blocks, block_size, num_kv_heads, head_size]")
+        max_seq_len = ops._int(max_seq_len, "max_seq_len")
+        num_kv_heads = ops._int(num_kv_heads, "num_kv_heads")
         output = _tensor.empty(query.shape, _tensor.dtype_name(query), like=query)
         block_size = int(key_cache.shape[3] if len(key_cache.shape) == 5 else key_cache.shape[1])
         num_seqs, num_heads, head_size = (int(s) for s in query.shape)
@@ -132,8 +152,10 @@ class PagedAttention:
         head_size]) attend causally to their sequence's cached context and to themselves.
         Returns the output like query. scale defaults to 1/sqrt(head_size)."""
         _tensor.check_array(query, "query")
+        _check_rank(query, "query", (3,), "[num_tokens, num_heads, head_size]")
         output = _tensor.empty(query.shape, _tensor.dtype_name(query), like=query)
-        sm_scale = 1.0 / math.sqrt(int(query.shape[-1])) if scale is None else float(scale)
+        sm_scale = (1.0 / math.sqrt(max(1, int(query.shape[-1]))) if scale is None
+                    else ops._scalar(scale, "scale"))
         ops.context_attention_fwd(query, key, value, output, kv_cache_dtype, key_cache,
                                   value_cache, block_tables, query_start_loc, seq_lens_tensor,
                                   None, max_query_len, k_scale, v_scale, alibi_slopes,

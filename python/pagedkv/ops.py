@@ -8,11 +8,19 @@ default the caller's current torch / cupy stream).
 
 ``k_scale`` / ``v_scale`` may be Python floats or 1-element arrays; they are read on the host,
 so a CUDA tensor scale costs one device synchronisation per call (pass floats in hot loops).
+
+Arrays an op only reads may be read-only (numpy ``setflags(write=False)``, ``np.broadcast_to``,
+a read-only memmap); what it writes (``out``, the caches of the cache writes, ``dst``, ...) must
+be writable, else a ValueError names it. Integer arguments take ints, integer scalars or
+integral floats that fit in int32. Empty batches (0 sequences / tokens / mapping rows) are
+no-ops. Errors name the argument.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Any, Optional, Sequence
 
 from pagedkv import _C
@@ -50,13 +58,53 @@ def _scalar(x: Any, name: str) -> float:
     raise TypeError(f"{name} must be a float or a 1-element array, got {type(x).__name__}")
 
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _int(x: Any, name: str) -> int:
+    """``x`` as an int for a C++ ``int`` parameter: an int, a numpy / torch integer scalar or an
+    integral float. A TypeError naming the argument for anything else (a float like 2.7 is not
+    truncated), a ValueError when it does not fit in int32 (instead of nanobind's dump of the
+    whole signature)."""
+    try:
+        value = operator.index(x)
+    except TypeError:
+        if not isinstance(x, numbers.Real) or not math.isfinite(float(x)) or \
+                not float(x).is_integer():
+            shown = repr(x) if isinstance(x, numbers.Real) else type(x).__name__
+            raise TypeError(f"{name} must be an integer, got {shown}") from None
+        value = int(float(x))
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise ValueError(f"{name} = {value} is out of range: it must fit in a 32-bit int "
+                         f"[{_INT32_MIN}, {_INT32_MAX}]")
+    return value
+
+
+def _str(x: Any, name: str) -> str:
+    if not isinstance(x, str):
+        raise TypeError(f"{name} must be a str, got {type(x).__name__}")
+    return x
+
+
 def _window(sliding_window: Optional[int]) -> int:
-    return -1 if sliding_window is None or sliding_window <= 0 else int(sliding_window)
+    if sliding_window is None:
+        return -1
+    window = _int(sliding_window, "sliding_window")
+    return -1 if window <= 0 else window
 
 
 def _arrays(**arrays: Any) -> None:
+    """Each argument is an array (None allowed for alibi_slopes) of a dtype the ops can read."""
     for name, a in arrays.items():
+        if a is None and name == "alibi_slopes":
+            continue
         check_array(a, name)
+        dtype = str(getattr(a, "dtype", ""))
+        if "float8" in dtype:  # torch.float8_e4m3fn, ml_dtypes.float8_e5m2, ...
+            raise TypeError(f"{name} has dtype {dtype}: fp8 KV caches are uint8 arrays holding "
+                            f"the fp8 bytes (torch: cache.view(torch.uint8), numpy: "
+                            f"cache.view(np.uint8)) with kv_cache_dtype='fp8', 'fp8_e4m3' or "
+                            f"'fp8_e5m2'")
 
 
 def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
@@ -67,8 +115,9 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
     num_kv_heads, head_size, block_size]) at ``slot_mapping`` (int64; negative = skip)."""
     _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
             slot_mapping=slot_mapping)
-    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                             _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"), False,
+    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                             _str(kv_cache_dtype, "kv_cache_dtype"), _scalar(k_scale, "k_scale"),
+                             _scalar(v_scale, "v_scale"), False,
                              stream_handle(stream, key))
 
 
@@ -79,8 +128,9 @@ def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: A
     head_size]."""
     _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
             slot_mapping=slot_mapping)
-    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
-                             _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"), True,
+    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                             _str(kv_cache_dtype, "kv_cache_dtype"), _scalar(k_scale, "k_scale"),
+                             _scalar(v_scale, "v_scale"), True,
                              stream_handle(stream, key))
 
 
@@ -91,7 +141,7 @@ def _block_size(key_cache: Any, block_size: Optional[int]) -> None:
     if block_size is None or rank not in (4, 5):
         return
     actual = int(key_cache.shape[3] if rank == 5 else key_cache.shape[1])
-    if int(block_size) != actual:
+    if _int(block_size, "block_size") != actual:
         raise ValueError(f"block_size = {block_size} does not match the key_cache's block size "
                          f"{actual}")
 
@@ -108,13 +158,15 @@ def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
     """Decode attention (one query token per sequence), written into ``out``
     [num_seqs, num_heads, head_size]. Blocksparse attention is not supported."""
     _arrays(out=out, query=query, key_cache=key_cache, value_cache=value_cache,
-            block_tables=block_tables, seq_lens=seq_lens)
+            block_tables=block_tables, seq_lens=seq_lens, alibi_slopes=alibi_slopes)
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
-    _C.ops_paged_attention_v1(out, query, key_cache, value_cache, int(num_kv_heads), float(scale),
-                              block_tables, seq_lens, int(max_seq_len), alibi_slopes,
-                              kv_cache_dtype, _scalar(k_scale, "k_scale"),
-                              _scalar(v_scale, "v_scale"), float(logits_soft_cap),
+    _C.ops_paged_attention_v1(out, query, key_cache, value_cache,
+                              _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
+                              block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
+                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"),
+                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                              _scalar(logits_soft_cap, "logits_soft_cap"),
                               _window(sliding_window), stream_handle(stream, query))
 
 
@@ -134,15 +186,17 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
     output; partitions past a sequence's end are left untouched. ``out`` gets the merge."""
     _arrays(out=out, exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out, query=query,
             key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
-            seq_lens=seq_lens)
+            seq_lens=seq_lens, alibi_slopes=alibi_slopes)
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
     _C.ops_paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                              int(num_kv_heads), float(scale), block_tables, seq_lens,
-                              int(max_seq_len), alibi_slopes, kv_cache_dtype,
+                              _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
+                              block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
+                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"),
                               _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
-                              float(logits_soft_cap), _window(sliding_window),
-                              int(partition_size), stream_handle(stream, query))
+                              _scalar(logits_soft_cap, "logits_soft_cap"),
+                              _window(sliding_window), _int(partition_size, "partition_size"),
+                              stream_handle(stream, query))
 
 
 def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
@@ -151,7 +205,8 @@ def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: in
     ``"cpu"``, or on a GPU ``"hopper"`` (sm_90, NHD caches), ``"tensor_core"`` or
     ``"cuda_core"`` (the first that covers the call; src/ops/cuda/README.md)."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
-    return _C.ops_decode_kernel(query, key_cache, value_cache, int(num_kv_heads), kv_cache_dtype)
+    return _C.ops_decode_kernel(query, key_cache, value_cache, _int(num_kv_heads, "num_kv_heads"),
+                                _str(kv_cache_dtype, "kv_cache_dtype"))
 
 
 def decode_partition_size(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
@@ -160,8 +215,10 @@ def decode_partition_size(query: Any, key_cache: Any, value_cache: Any, num_kv_h
     where the single pass (paged_attention_v1) is better. It depends on the shapes, dtypes and
     device alone (not on array values), so a captured CUDA graph keeps its choice valid."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
-    return _C.ops_decode_partition_size(query, key_cache, value_cache, int(num_kv_heads),
-                                        int(max_seq_len), kv_cache_dtype)
+    return _C.ops_decode_partition_size(query, key_cache, value_cache,
+                                        _int(num_kv_heads, "num_kv_heads"),
+                                        _int(max_seq_len, "max_seq_len"),
+                                        _str(kv_cache_dtype, "kv_cache_dtype"))
 
 
 def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k_cache: Any,
@@ -181,15 +238,19 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
     1/sqrt(head_size). max_seq_len is unused (accepted for vLLM compatibility).
     """
     _arrays(q=q, k=k, v=v, o=o, k_cache=k_cache, v_cache=v_cache, b_loc=b_loc,
-            b_start_loc=b_start_loc, b_seq_len=b_seq_len)
+            b_start_loc=b_start_loc, b_seq_len=b_seq_len, alibi_slopes=alibi_slopes)
     if skip_decode:
         raise ValueError("skip_decode=True is not supported")
-    scale = 1.0 / math.sqrt(int(q.shape[-1])) if sm_scale is None else float(sm_scale)
+    if sm_scale is None:  # q's rank is checked by the op; a rank-0 q has no head size
+        scale = 1.0 / math.sqrt(max(1, int(q.shape[-1]))) if len(q.shape) else 1.0
+    else:
+        scale = _scalar(sm_scale, "sm_scale")
     _C.ops_context_attention_fwd(o, q, k, v, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
-                                 int(max_input_len), scale, alibi_slopes, kv_cache_dtype,
+                                 _int(max_input_len, "max_input_len"), scale, alibi_slopes,
+                                 _str(kv_cache_dtype, "kv_cache_dtype"),
                                  _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
-                                 float(logits_soft_cap), _window(sliding_window),
-                                 stream_handle(stream, q))
+                                 _scalar(logits_soft_cap, "logits_soft_cap"),
+                                 _window(sliding_window), stream_handle(stream, q))
 
 
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
@@ -199,9 +260,8 @@ def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_ma
     for name, caches in (("key_caches", key_caches), ("value_caches", value_caches)):
         if not isinstance(caches, (list, tuple)):
             raise TypeError(f"{name} must be a list of arrays, got {type(caches).__name__}")
-        for i, c in enumerate(caches):
-            check_array(c, f"{name}[{i}]")
-    check_array(block_mapping, "block_mapping")
+        _arrays(**{f"{name}[{i}]": c for i, c in enumerate(caches)})
+    _arrays(block_mapping=block_mapping)
     first = key_caches[0] if key_caches else block_mapping
     _C.ops_copy_blocks(list(key_caches), list(value_caches), block_mapping,
                        stream_handle(stream, first))

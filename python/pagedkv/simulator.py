@@ -16,12 +16,15 @@ model of a forward pass), and requests join when the clock passes their arrival 
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
 import numpy as np
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1  # the scheduler's priority and lengths are int32
 
 
 @dataclass
@@ -63,27 +66,50 @@ class SimulationResult:
         return {"summary": self.summary, "steps": [asdict(s) for s in self.steps]}
 
 
+def _int_field(rec: dict[str, Any], name: str, least: int) -> int:
+    """Integer field ``name`` of ``rec``: an integral JSON number (10 or 10.0; not "10", 5.5 or
+    true) in [least, int32 max] (the scheduler's ints are 32-bit)."""
+    if name not in rec:
+        raise ValueError(f"missing field {name!r}")
+    v = rec[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+            (isinstance(v, float) and not (math.isfinite(v) and v.is_integer())):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if not least <= int(v) <= _INT32_MAX:
+        raise ValueError(f"{name} must be in [{least}, {_INT32_MAX}], got {v!r}")
+    return int(v)
+
+
+def _record(rec: Any) -> TraceRequest:
+    """One trace record, every field checked (ValueError naming the field)."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"a record must be a JSON object, got {type(rec).__name__}")
+    if "arrival_time" not in rec:
+        raise ValueError("missing field 'arrival_time'")
+    t = rec["arrival_time"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"arrival_time must be a finite number >= 0 (seconds), got {t!r}")
+    group = rec.get("prefix_group")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, (int, str))):
+        raise ValueError(f"prefix_group must be an integer or a string, got {group!r}")
+    prefix_len = rec.get("prefix_len")
+    return TraceRequest(
+        arrival_time=float(t), prompt_len=_int_field(rec, "prompt_len", 1),
+        output_len=_int_field(rec, "output_len", 1), prefix_group=group,
+        prefix_len=None if prefix_len is None else _int_field(rec, "prefix_len", 0),
+        priority=_int_field(rec, "priority", _INT32_MIN) if "priority" in rec else 0)
+
+
 def load_trace(path: Union[str, Path]) -> list[TraceRequest]:
-    """Reads a JSONL trace; ValueError naming the line for a bad record."""
+    """Reads a JSONL trace; ValueError naming the line and the field for a bad record."""
     out: list[TraceRequest] = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-            req = TraceRequest(
-                arrival_time=float(rec["arrival_time"]),
-                prompt_len=int(rec["prompt_len"]),
-                output_len=int(rec["output_len"]),
-                prefix_group=rec.get("prefix_group"),
-                prefix_len=rec.get("prefix_len"),
-                priority=int(rec.get("priority", 0)),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}:{n}: bad trace record ({e})") from e
-        if req.prompt_len < 1 or req.output_len < 1:
-            raise ValueError(f"{path}:{n}: prompt_len and output_len must be >= 1")
-        out.append(req)
+            out.append(_record(json.loads(line)))
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            raise ValueError(f"{path}:{n}: bad trace record: {e}") from e
     return sorted(out, key=lambda r: r.arrival_time)
 
 

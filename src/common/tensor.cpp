@@ -46,6 +46,14 @@ DType dtype_from_dlpack(DLDataType dt, std::string_view arg) {
   if (code == kDLInt && bits == 32) return DType::kInt32;
   if (code == kDLInt && bits == 64) return DType::kInt64;
   if (code == kDLBool && bits == 8) return DType::kBool;
+  // DLPack 1.1's fp8 codes (kDLFloat8_e3m4 = 7 ... kDLFloat8_e8m0fnu = 14; torch.float8_e4m3fn
+  // is 10), which our vendored dlpack.h predates.
+  if (bits == 8 && code >= 7 && code <= 14) {
+    throw TypeError(detail::concat(
+        arg, ": fp8 arrays (DLPack code ", code,
+        ") are not accepted as such: fp8 KV caches are uint8 arrays holding the fp8 bytes "
+        "(torch: cache.view(torch.uint8)) with kv_cache_dtype 'fp8', 'fp8_e4m3' or 'fp8_e5m2'"));
+  }
   throw TypeError(
       detail::concat(arg, ": unsupported dtype (DLPack code ", code, ", ", bits, " bits)"));
 }
@@ -118,6 +126,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;
   int64_t expected = 1;
   for (int d = ndim_ - 1; d >= 0; --d) {
     if (shape_[d] != 1 && strides_[d] != expected) return false;

@@ -54,6 +54,19 @@ using detail::check_rows;
   } while (0)
 #endif
 
+// True when a validated call has nothing to do (0 sequences, tokens or blocks): it returns
+// before dispatch, since a CUDA launch with an empty grid is an error and the kernels need
+// not handle the case. A build without CUDA still rejects CUDA arrays.
+bool no_work(const TensorView& first, int64_t items) {
+#ifndef PAGEDKV_WITH_CUDA
+  PAGEDKV_CHECK(!first.device().is_cuda(), "the arrays are on ", first.device().str(),
+                " but pagedkv was built without CUDA");
+#else
+  (void)first;
+#endif
+  return items == 0;
+}
+
 void check_cache_write(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
                        KVCacheDType kv_dtype, float k_scale, float v_scale, KVLayout layout) {
@@ -140,6 +153,7 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
                        KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kVLLM);
+  if (no_work(key, slot_mapping.size(0))) return;
   PAGEDKV_DISPATCH(
       key, reshape_and_cache,
       (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
@@ -153,6 +167,7 @@ void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              float k_scale, float v_scale, Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kNHD);
+  if (no_work(key, slot_mapping.size(0))) return;
   PAGEDKV_DISPATCH(
       key, reshape_and_cache_flash,
       (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
@@ -174,6 +189,7 @@ void paged_attention_v1(const TensorView& out, const TensorView& query, const Te
                          {&alibi, "alibi_slopes"}});
   check_decode(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens,
                max_seq_len, opts);
+  if (no_work(query, out.numel())) return;
   PAGEDKV_DISPATCH(
       query, paged_attention_v1,
       (out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, max_seq_len, opts),
@@ -217,6 +233,7 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   check_dtype(tmp_out, "tmp_out", {DType::kFloat32, query.dtype()});
   check_shape(tmp_out, "tmp_out", {S, H, exp_sums.size(2), D});
   check_contiguous(tmp_out, "tmp_out");
+  if (no_work(query, out.numel())) return;
   PAGEDKV_DISPATCH(query, paged_attention_v2,
                    (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
                     block_tables, seq_lens, max_seq_len, opts, partition_size),
@@ -367,6 +384,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
       detail::check_seq_blocks(block_tables, s, first, ctx, g);
     }
   }
+  if (no_work(query, out.numel())) return;
   PAGEDKV_DISPATCH(query, context_attention_fwd,
                    (out, query, key, value, key_cache, value_cache, block_tables, query_start_loc,
                     seq_lens, max_query_len, opts),
@@ -393,12 +411,7 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
     PAGEDKV_CHECK(c.ndim() >= 2 && c.shape_str() == first.shape_str(), arg, " has shape ",
                   c.shape_str(), " but layer 0 has ", first.shape_str(), " (rank >= 2)");
     // Blocks are copied as flat byte ranges: everything after the block dim is contiguous.
-    int64_t expected = 1;
-    for (int d = c.ndim() - 1; d >= 1; --d) {
-      PAGEDKV_CHECK(c.size(d) == 1 || c.stride(d) == expected, arg,
-                    " must be contiguous except along num_blocks");
-      expected *= c.size(d);
-    }
+    PAGEDKV_CHECK(detail::block_contiguous(c), arg, " must be contiguous except along num_blocks");
   };
   for (size_t i = 0; i < key_caches.size(); ++i) {
     check_layer(key_caches[i], k0, ::pagedkv::detail::concat("key_caches[", i, "]"));
@@ -408,6 +421,7 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
       {{&k0, "key_caches[0]"}, {&v0, "value_caches[0]"}, {&block_mapping, "block_mapping"}});
   const int64_t nb = std::min(k0.size(0), v0.size(0));
   detail::check_block_mapping(block_mapping, "block_mapping", nb, nb);
+  if (no_work(k0, block_mapping.size(0))) return;
   PAGEDKV_DISPATCH(k0, copy_blocks, (key_caches, value_caches, block_mapping),
                    (key_caches, value_caches, block_mapping, stream));
   (void)stream;
@@ -415,20 +429,17 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
 
 void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping,
                  Stream stream) {
+  // src and dst may be on different devices: only their data is checked here.
+  detail::check_data({{&src, "src"}, {&dst, "dst"}, {&block_mapping, "block_mapping"}});
   PAGEDKV_CHECK(src.ndim() >= 1 && src.ndim() == dst.ndim(), "src has shape ", src.shape_str(),
                 " but dst has shape ", dst.shape_str());
   check_dtype(dst, "dst", {src.dtype()});
   for (int d = 1; d < src.ndim(); ++d)
     PAGEDKV_CHECK(src.size(d) == dst.size(d), "src has shape ", src.shape_str(),
                   " but dst has shape ", dst.shape_str(), " (all dims but the first must match)");
-  for (const auto& [c, name] : {std::pair{&src, "src"}, {&dst, "dst"}}) {
-    int64_t expected = 1;
-    for (int d = c->ndim() - 1; d >= 1; --d) {
-      PAGEDKV_CHECK(c->size(d) == 1 || c->stride(d) == expected, name,
-                    " must be contiguous except along num_blocks");
-      expected *= c->size(d);
-    }
-  }
+  for (const auto& [c, name] : {std::pair{&src, "src"}, {&dst, "dst"}})
+    PAGEDKV_CHECK(detail::block_contiguous(*c), name,
+                  " must be contiguous except along num_blocks");
   PAGEDKV_CHECK(!block_mapping.device().is_cuda(), "block_mapping must be a CPU array, got ",
                 block_mapping.device().str());
   detail::check_block_mapping(block_mapping, "block_mapping", src.size(0), dst.size(0));

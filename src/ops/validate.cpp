@@ -10,9 +10,10 @@ bool same_device(const Device& a, const Device& b) {
   if (a.is_cuda() || b.is_cuda()) return a == b;
   return true;  // CPU and pinned host memory are both host memory
 }
+}  // namespace
 
-// Everything but dim 0 is row-major contiguous (blocks may be strided, e.g. kv_cache[0]).
 bool block_contiguous(const TensorView& t) {
+  if (t.numel() == 0) return true;  // size-0 arrays have arbitrary strides (numpy: all 0)
   int64_t expected = 1;
   for (int d = t.ndim() - 1; d >= 1; --d) {
     if (t.size(d) != 1 && t.stride(d) != expected) return false;
@@ -20,9 +21,17 @@ bool block_contiguous(const TensorView& t) {
   }
   return true;
 }
-}  // namespace
+
+void check_data(std::initializer_list<Named> arrays) {
+  for (const Named& a : arrays) {
+    PAGEDKV_CHECK(a.t->ndim() >= 0, a.name, " is undefined (a default-constructed TensorView)");
+    PAGEDKV_CHECK(a.t->data() != nullptr || a.t->numel() == 0, a.name,
+                  " has a null data pointer but shape ", a.t->shape_str());
+  }
+}
 
 void check_devices(std::initializer_list<Named> arrays) {
+  check_data(arrays);
   const Named* first = arrays.begin();
   for (const Named& a : arrays) {
     PAGEDKV_CHECK(same_device(first->t->device(), a.t->device()), first->name, " is on ",

@@ -24,9 +24,18 @@ struct CacheGeometry {
   int64_t num_blocks, block_size, num_kv_heads, head_size;
 };
 
-// All arrays on one device (a host array and a pinned-host array count as the same); raises
-// ValueError naming the first argument and the first one that differs.
+// Every array with elements has data: a null pointer (a TensorView built from nullptr, or a
+// DLTensor without data) raises ValueError naming the argument instead of a crash in a kernel.
+void check_data(std::initializer_list<Named> arrays);
+
+// All arrays have data (check_data) and are on one device (a host array and a pinned-host
+// array count as the same); raises ValueError naming the first argument and the first one
+// that differs.
 void check_devices(std::initializer_list<Named> arrays);
+
+// Everything but dim 0 is row-major contiguous (blocks may be strided, e.g. kv_cache[0]); an
+// array without elements always is.
+bool block_contiguous(const TensorView& t);
 
 // Float32 / float16 / bfloat16 (TypeError otherwise).
 void check_float(const TensorView& t, std::string_view name);

@@ -1,8 +1,9 @@
-// Python bindings of the paged KV-cache ops (pagedkv._C.ops_*). Arrays arrive as nb::ndarray<>
-// (any DLPack / buffer-protocol object, never converted or copied: caches are written in place)
-// and are viewed as TensorViews named after the argument for error messages. The GIL is released
-// while the kernels run. The Python layer (pagedkv/ops.py) adds vLLM's argument order, scalar
-// scale handling and the caller's CUDA stream.
+// Python bindings of the paged KV-cache ops (pagedkv._C.ops_*). Arrays arrive as InArray (read
+// only by the op: read-only arrays welcome) or OutArray (written: must be writable), from any
+// DLPack / buffer-protocol object, never converted or copied (caches are written in place), and
+// are viewed as TensorViews named after the argument for error messages (tensor_caster.h). The GIL
+// is released while the kernels run. The Python layer (pagedkv/ops.py) adds vLLM's argument order,
+// scalar scale handling and the caller's CUDA stream.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -22,7 +23,7 @@ using namespace nb::literals;
 namespace pagedkv::python {
 namespace {
 
-AttentionOptions make_options(float scale, const std::optional<Array>& alibi_slopes,
+AttentionOptions make_options(float scale, const std::optional<InArray>& alibi_slopes,
                               float logits_soft_cap, int sliding_window,
                               const std::string& kv_cache_dtype, float k_scale, float v_scale) {
   AttentionOptions o;
@@ -36,7 +37,7 @@ AttentionOptions make_options(float scale, const std::optional<Array>& alibi_slo
   return o;
 }
 
-std::vector<TensorView> to_views(const std::vector<Array>& arrays, const char* name) {
+std::vector<TensorView> to_views(const std::vector<OutArray>& arrays, const char* name) {
   std::vector<TensorView> views;
   views.reserve(arrays.size());
   for (size_t i = 0; i < arrays.size(); ++i)
@@ -70,7 +71,7 @@ ops::DecodeKernel parse_kernel(const std::string& s) {
 void bind_ops(nb::module_& m) {
   m.def(
       "ops_reshape_and_cache",
-      [](Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping,
+      [](InArray key, InArray value, OutArray key_cache, OutArray value_cache, InArray slot_mapping,
          const std::string& kv_cache_dtype, float k_scale, float v_scale, bool flash,
          uintptr_t stream) {
         const TensorView k = to_view(key, "key"), v = to_view(value, "value");
@@ -92,10 +93,10 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_paged_attention_v1",
-      [](Array out, Array query, Array key_cache, Array value_cache, int num_kv_heads, float scale,
-         Array block_tables, Array seq_lens, int max_seq_len, std::optional<Array> alibi_slopes,
-         const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
-         int sliding_window, uintptr_t stream) {
+      [](OutArray out, InArray query, InArray key_cache, InArray value_cache, int num_kv_heads,
+         float scale, InArray block_tables, InArray seq_lens, int max_seq_len,
+         std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
+         float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream) {
         const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
                                                 sliding_window, kv_cache_dtype, k_scale, v_scale);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
@@ -115,11 +116,12 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_paged_attention_v2",
-      [](Array out, Array exp_sums, Array max_logits, Array tmp_out, Array query, Array key_cache,
-         Array value_cache, int num_kv_heads, float scale, Array block_tables, Array seq_lens,
-         int max_seq_len, std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype,
-         float k_scale, float v_scale, float logits_soft_cap, int sliding_window,
-         int partition_size, uintptr_t stream) {
+      [](OutArray out, OutArray exp_sums, OutArray max_logits, OutArray tmp_out, InArray query,
+         InArray key_cache, InArray value_cache, int num_kv_heads, float scale,
+         InArray block_tables, InArray seq_lens, int max_seq_len,
+         std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
+         float v_scale, float logits_soft_cap, int sliding_window, int partition_size,
+         uintptr_t stream) {
         const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
                                                 sliding_window, kv_cache_dtype, k_scale, v_scale);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
@@ -144,10 +146,11 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_context_attention_fwd",
-      [](Array out, Array query, Array key, Array value, Array key_cache, Array value_cache,
-         Array block_tables, Array query_start_loc, Array seq_lens, int max_query_len, float scale,
-         std::optional<Array> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
-         float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream) {
+      [](OutArray out, InArray query, InArray key, InArray value, InArray key_cache,
+         InArray value_cache, InArray block_tables, InArray query_start_loc, InArray seq_lens,
+         int max_query_len, float scale, std::optional<InArray> alibi_slopes,
+         const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
+         int sliding_window, uintptr_t stream) {
         const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
                                                 sliding_window, kv_cache_dtype, k_scale, v_scale);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
@@ -170,8 +173,8 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_copy_blocks",
-      [](std::vector<Array> key_caches, std::vector<Array> value_caches, Array block_mapping,
-         uintptr_t stream) {
+      [](std::vector<OutArray> key_caches, std::vector<OutArray> value_caches,
+         InArray block_mapping, uintptr_t stream) {
         const std::vector<TensorView> kc = to_views(key_caches, "key_caches");
         const std::vector<TensorView> vc = to_views(value_caches, "value_caches");
         const TensorView bm = to_view(block_mapping, "block_mapping");
@@ -183,7 +186,7 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_swap_blocks",
-      [](Array src, Array dst, Array block_mapping, uintptr_t stream) {
+      [](InArray src, OutArray dst, InArray block_mapping, uintptr_t stream) {
         const TensorView s = to_view(src, "src"), d = to_view(dst, "dst");
         const TensorView bm = to_view(block_mapping, "block_mapping");
         nb::gil_scoped_release release;
@@ -194,12 +197,13 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_decode_kernel",
-      [](Array query, Array key_cache, Array value_cache, int num_kv_heads,
+      [](InArray query, InArray key_cache, InArray value_cache, int num_kv_heads,
          const std::string& kv_cache_dtype) -> std::string {
-        return kernel_name(ops::decode_kernel(to_view(query, "query"),
-                                              to_view(key_cache, "key_cache"),
-                                              to_view(value_cache, "value_cache"), num_kv_heads,
-                                              parse_kv_cache_dtype(kv_cache_dtype)));
+        // Views made in argument order, so the first bad argument is the one reported.
+        const TensorView q = to_view(query, "query"), kc = to_view(key_cache, "key_cache");
+        const TensorView vc = to_view(value_cache, "value_cache");
+        return kernel_name(
+            ops::decode_kernel(q, kc, vc, num_kv_heads, parse_kv_cache_dtype(kv_cache_dtype)));
       },
       "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "kv_cache_dtype"_a,
       "The decode kernel paged_attention_v1 / v2 run for this call: 'cpu', 'hopper', "
@@ -207,11 +211,12 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ops_decode_partition_size",
-      [](Array query, Array key_cache, Array value_cache, int num_kv_heads, int max_seq_len,
+      [](InArray query, InArray key_cache, InArray value_cache, int num_kv_heads, int max_seq_len,
          const std::string& kv_cache_dtype) {
-        return ops::decode_partition_size(to_view(query, "query"), to_view(key_cache, "key_cache"),
-                                          to_view(value_cache, "value_cache"), num_kv_heads,
-                                          max_seq_len, parse_kv_cache_dtype(kv_cache_dtype));
+        const TensorView q = to_view(query, "query"), kc = to_view(key_cache, "key_cache");
+        const TensorView vc = to_view(value_cache, "value_cache");
+        return ops::decode_partition_size(q, kc, vc, num_kv_heads, max_seq_len,
+                                          parse_kv_cache_dtype(kv_cache_dtype));
       },
       "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "max_seq_len"_a,
       "kv_cache_dtype"_a,

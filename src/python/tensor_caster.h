@@ -1,6 +1,13 @@
-// Conversion of nanobind ndarrays (any __dlpack__ / buffer-protocol object) into TensorViews.
-// Bindings take arrays as `nb::ndarray<>` (no dtype/device constraint, so no silent copy) and
-// validate through TensorView, which reports errors naming the argument.
+// Conversion of Python array arguments (any __dlpack__ / buffer-protocol object) into
+// TensorViews.
+//
+// Bindings take arrays as InArray (arrays the op only reads) or OutArray (arrays it writes).
+// Their casters never reject an object: nanobind's own rejection is a TypeError listing the
+// whole signature ("incompatible function arguments"), naming neither the argument nor the
+// reason. Instead the caster records what it got and to_view() raises an error naming the
+// argument: TypeError for something that is not an array, ValueError for a read-only output.
+// Arrays are imported with no dtype / device constraint, so nanobind never copies them (caches
+// are written in place); TensorView validation reports everything else by name.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -8,17 +15,37 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
 
+#include "pagedkv/error.h"
 #include "pagedkv/tensor.h"
 
 namespace pagedkv::python {
 
-using Array = nanobind::ndarray<>;
+enum class ArrayStatus : uint8_t { kOk, kReadOnly, kNotArray };
 
-inline TensorView to_view(const Array& a, std::string_view arg) {
+// An array argument as received from Python. `Writable`: the op writes it, so a read-only
+// array (numpy setflags(write=False), np.broadcast_to, a read-only memmap, a DLPack >= 1.0
+// capsule flagged read-only) is an error; inputs accept read-only arrays.
+template <bool Writable>
+struct ArrayArg {
+  // Set when status == kOk: `rw` for a writable argument, `ro` for an input.
+  nanobind::ndarray<> rw;
+  nanobind::ndarray<nanobind::ro> ro;
+  ArrayStatus status = ArrayStatus::kNotArray;
+  std::string type_name;  // of the Python object, for the error message
+};
+using InArray = ArrayArg<false>;
+using OutArray = ArrayArg<true>;
+
+template <typename... Args>
+TensorView view_of(const nanobind::ndarray<Args...>& a, std::string_view arg) {
   DLTensor t{};
-  t.data = a.data();  // nanobind's data() already includes the DLPack byte_offset
+  // nanobind's data() already includes the DLPack byte_offset. Read-only inputs are never
+  // written by the ops (their TensorViews are simply not const-qualified).
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
   t.device.device_type = static_cast<DLDeviceType>(a.device_type());
   t.device.device_id = a.device_id();
   t.ndim = static_cast<int32_t>(a.ndim());
@@ -30,7 +57,30 @@ inline TensorView to_view(const Array& a, std::string_view arg) {
   return TensorView::from_dlpack(t, arg);
 }
 
-inline std::optional<TensorView> to_view(const std::optional<Array>& a, std::string_view arg) {
+template <bool Writable>
+TensorView to_view(const ArrayArg<Writable>& a, std::string_view arg) {
+  if (a.status == ArrayStatus::kNotArray) {
+    throw TypeError(::pagedkv::detail::concat(
+        arg,
+        " must be an array (numpy, torch, cupy, jax or any __dlpack__ / buffer-protocol "
+        "object), got ",
+        a.type_name, " (it could not be imported through DLPack or the buffer protocol)"));
+  }
+  if (a.status == ArrayStatus::kReadOnly) {
+    throw ValueError(::pagedkv::detail::concat(arg,
+                                               " is read-only: the op writes into it (pass "
+                                               "a writable array)"));
+  }
+  if constexpr (Writable) {
+    return view_of(a.rw, arg);
+  } else {
+    return view_of(a.ro, arg);
+  }
+}
+
+template <bool Writable>
+std::optional<TensorView> to_view(const std::optional<ArrayArg<Writable>>& a,
+                                  std::string_view arg) {
   if (!a) return std::nullopt;
   return to_view(*a, arg);
 }
@@ -39,3 +89,51 @@ inline std::optional<TensorView> to_view(const std::optional<Array>& a, std::str
 inline Stream to_stream(uintptr_t handle) { return reinterpret_cast<Stream>(handle); }
 
 }  // namespace pagedkv::python
+
+namespace nanobind::detail {
+
+template <bool Writable>
+struct type_caster<pagedkv::python::ArrayArg<Writable>> {
+  using Arg = pagedkv::python::ArrayArg<Writable>;
+  // Same stub type as a plain nb::ndarray<> argument.
+  NB_TYPE_CASTER(Arg, make_caster<ndarray<>>::Name)
+
+  // `Flags` is uint8_t or uint32_t depending on the nanobind version.
+  template <typename Flags>
+  bool from_python(handle src, Flags flags, cleanup_list* cleanup) noexcept {
+    using pagedkv::python::ArrayStatus;
+    // Never convert (a converted copy of an output would be written and thrown away).
+    const Flags no_convert = static_cast<Flags>(flags & ~static_cast<Flags>(cast_flags::convert));
+    value = Arg{};
+    if constexpr (Writable) {
+      // A writable import first: nanobind refuses read-only arrays there, which is how we
+      // learn that an output is read-only (torch tensors are never read-only).
+      make_caster<ndarray<>> rw;
+      if (rw.from_python(src, no_convert, cleanup)) {
+        value.rw = std::move(rw.value);
+        value.status = ArrayStatus::kOk;
+        return true;
+      }
+      PyErr_Clear();
+    }
+    make_caster<ndarray<ro>> ro_caster;
+    if (ro_caster.from_python(src, no_convert, cleanup)) {
+      value.ro = std::move(ro_caster.value);
+      value.status = Writable ? ArrayStatus::kReadOnly : ArrayStatus::kOk;
+      return true;
+    }
+    PyErr_Clear();
+    value.status = ArrayStatus::kNotArray;
+    PyObject* name =
+        PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(src.ptr())), "__name__");
+    const char* s = name ? PyUnicode_AsUTF8AndSize(name, nullptr) : nullptr;
+    value.type_name = s ? s : "an unknown object";
+    Py_XDECREF(name);
+    PyErr_Clear();
+    return true;
+  }
+
+  static handle from_cpp(const Arg&, rv_policy, cleanup_list*) noexcept { return handle(); }
+};
+
+}  // namespace nanobind::detail

@@ -127,5 +127,70 @@ TEST(PagedAttentionV1, MatchesDirectSoftmax) {
   EXPECT_EQ(parse_kv_cache_dtype("fp8"), KVCacheDType::kFp8E4M3);
 }
 
+// The message of the std::invalid_argument `fn` throws ("" when it throws nothing).
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OpsValidation, NullDataWithElementsIsAnErrorNamingTheArgument) {
+  constexpr int kD = 64;
+  std::vector<float> kc(4 * 16 * 2 * kD), vc(kc.size()), q(2 * 8 * kD), out(q.size());
+  std::vector<int32_t> table = {0, 1}, lens = {3, 5};
+  AttentionOptions o;
+  o.scale = 0.125f;
+  const TensorView kv(kc.data(), DType::kFloat32, {4, 16, 2, kD});
+  const TensorView vv(vc.data(), DType::kFloat32, {4, 16, 2, kD});
+  const TensorView qv(q.data(), DType::kFloat32, {2, 8, kD});
+  const TensorView ov(out.data(), DType::kFloat32, {2, 8, kD});
+  const TensorView bt(table.data(), DType::kInt32, {2, 1});
+  const TensorView sl(lens.data(), DType::kInt32, {2});
+  const TensorView null_cache(nullptr, DType::kFloat32, {4, 16, 2, kD});
+  const TensorView null_query(nullptr, DType::kFloat32, {2, 8, kD});
+  auto v1 = [&](const TensorView& out_, const TensorView& q_, const TensorView& k_,
+                const TensorView& v_) {
+    return error_of([&] { ops::paged_attention_v1(out_, q_, k_, v_, 2, bt, sl, 16, o); });
+  };
+  EXPECT_EQ(v1(ov, qv, kv, vv), "");
+  EXPECT_NE(v1(ov, qv, null_cache, vv).find("key_cache has a null data pointer"),
+            std::string::npos);
+  EXPECT_NE(v1(ov, qv, kv, null_cache).find("value_cache has a null data pointer"),
+            std::string::npos);
+  EXPECT_NE(v1(ov, null_query, kv, vv).find("query has a null data pointer"), std::string::npos);
+  EXPECT_NE(v1(null_query, qv, kv, vv).find("out has a null data pointer"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ops::paged_attention_v1(ov, qv, kv, vv, 2, TensorView(nullptr, DType::kInt32, {2, 1}),
+                                      sl, 16, o);
+            }).find("block_tables"),
+            std::string::npos);
+  std::vector<int64_t> mapping = {0, 1};
+  const TensorView bm(mapping.data(), DType::kInt64, {1, 2});
+  EXPECT_NE(error_of([&] { ops::swap_blocks(null_cache, kv, bm); }).find("src"), std::string::npos);
+  EXPECT_NE(error_of([&] { ops::swap_blocks(kv, null_cache, bm); }).find("dst"), std::string::npos);
+  EXPECT_NE(error_of([&] { ops::copy_blocks({null_cache}, {vv}, bm); }).find("key_caches[0]"),
+            std::string::npos);
+  std::vector<int64_t> slots = {0, 1};
+  EXPECT_NE(error_of([&] {
+              ops::reshape_and_cache_flash(TensorView(nullptr, DType::kFloat32, {2, 2, kD}),
+                                           TensorView(kc.data(), DType::kFloat32, {2, 2, kD}), kv,
+                                           vv, TensorView(slots.data(), DType::kInt64, {2}),
+                                           KVCacheDType::kAuto, 1.0f, 1.0f);
+            }).find("key has a null data pointer"),
+            std::string::npos);
+  // A null pointer with no elements is fine (an empty batch).
+  EXPECT_EQ(error_of([&] {
+              ops::paged_attention_v1(TensorView(nullptr, DType::kFloat32, {0, 8, kD}),
+                                      TensorView(nullptr, DType::kFloat32, {0, 8, kD}), kv, vv, 2,
+                                      TensorView(nullptr, DType::kInt32, {0, 1}),
+                                      TensorView(nullptr, DType::kInt32, {0}), 0, o);
+            }),
+            "");
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -55,6 +55,25 @@ TEST(TensorView, UnsupportedDTypeNamesArgument) {
   }
 }
 
+TEST(TensorView, Fp8DLPackDTypeSaysCachesAreUint8) {
+  int64_t shape[1] = {4};
+  uint8_t data[4] = {};
+  DLTensor dl{};
+  dl.data = data;
+  dl.device = {kDLCPU, 0};
+  dl.ndim = 1;
+  dl.dtype = {10, 8, 1};  // DLPack 1.1 kDLFloat8_e4m3fn (torch.float8_e4m3fn)
+  dl.shape = shape;
+  try {
+    TensorView::from_dlpack(dl, "key_cache");
+    FAIL() << "expected TypeError";
+  } catch (const TypeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("key_cache"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("uint8"), std::string::npos) << msg;
+  }
+}
+
 TEST(TensorView, ValidationHelpersNameTheArgument) {
   std::vector<int32_t> buf(6);
   TensorView t(buf.data(), DType::kInt32, {2, 3});
@@ -67,6 +86,24 @@ TEST(TensorView, ValidationHelpersNameTheArgument) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("seq_lens"), std::string::npos);
   }
+}
+
+TEST(TensorView, ZeroSizeIsContiguousWhateverItsStrides) {
+  // numpy exports size-0 arrays with all strides 0; torch with arbitrary ones.
+  float dummy = 0.0f;
+  const TensorView z(&dummy, DType::kFloat32, {0, 2, 64}, {}, {0, 0, 0});
+  EXPECT_EQ(z.numel(), 0);
+  EXPECT_TRUE(z.is_contiguous());
+  EXPECT_TRUE(z.is_last_dim_contiguous());
+  EXPECT_NO_THROW(check_contiguous(z, "key"));
+  const TensorView inner(&dummy, DType::kFloat32, {3, 0}, {}, {5, 7});
+  EXPECT_TRUE(inner.is_contiguous());
+  EXPECT_TRUE(inner.is_last_dim_contiguous());
+  // The relaxation is for empty arrays only.
+  const TensorView strided(&dummy, DType::kFloat32, {1, 2}, {}, {0, 0});
+  EXPECT_FALSE(strided.is_contiguous());
+  EXPECT_FALSE(strided.is_last_dim_contiguous());
+  EXPECT_THROW(check_contiguous(strided, "key"), ValueError);
 }
 
 TEST(Version, MatchesBuildInfo) {

@@ -56,3 +56,48 @@ def test_bad_trace_line_names_the_line(tmp_path: Path) -> None:
     bad.write_text('{"arrival_time": 0, "prompt_len": 5, "output_len": 2}\n{"prompt_len": 3}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         load_trace(bad)
+
+
+@pytest.mark.parametrize(("record", "field"), [
+    ('{"arrival_time": -5, "prompt_len": 10, "output_len": 5}', "arrival_time"),
+    ('{"arrival_time": NaN, "prompt_len": 10, "output_len": 5}', "arrival_time"),
+    ('{"arrival_time": "0", "prompt_len": 10, "output_len": 5}', "arrival_time"),
+    ('{"arrival_time": 0, "prompt_len": "10", "output_len": 5}', "prompt_len"),
+    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5.5}', "output_len"),
+    ('{"arrival_time": 0, "prompt_len": true, "output_len": 5}', "prompt_len"),
+    ('{"arrival_time": 0, "prompt_len": 0, "output_len": 5}', "prompt_len"),
+    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 4294967296}', "output_len"),
+    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "prefix_len": "4"}', "prefix_len"),
+    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "priority": 2147483648}',
+     "priority"),
+    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "prefix_group": [1]}',
+     "prefix_group"),
+    ('[0, 10, 5]', "JSON object"),
+])
+def test_bad_trace_field_names_the_record_and_field(tmp_path: Path, record: str,
+                                                    field: str) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_time": 0, "prompt_len": 5, "output_len": 2}\n' + record + "\n")
+    with pytest.raises(ValueError, match=rf"bad.jsonl:2: .*{field}"):
+        load_trace(bad)
+
+
+def test_trace_accepts_integral_floats_and_optional_fields(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"arrival_time": 1, "prompt_len": 10.0, "output_len": 5, '
+                    '"prefix_group": "sys", "prefix_len": null, "priority": -3}\n')
+    (req,) = load_trace(good)
+    assert req == TraceRequest(arrival_time=1.0, prompt_len=10, output_len=5,
+                               prefix_group="sys", prefix_len=None, priority=-3)
+    assert isinstance(req.prompt_len, int)
+
+
+def test_simulate_command_reports_a_bad_record(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_time": -5, "prompt_len": "10", "output_len": 5.5}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", str(bad)])
+    err = capsys.readouterr().err
+    assert exc.value.code != 0
+    assert "bad.jsonl:1" in err and "arrival_time" in err
