@@ -231,6 +231,9 @@ CHAT_UNSUPPORTED = [
     {"echo": True},
     {"continue_final_message": True},
     {"chat_template_kwargs": {"enable_thinking": True}},
+    {"modalities": ["text", "audio"]},
+    {"audio": {"voice": "alloy", "format": "wav"}},
+    {"web_search_options": {}},
 ]
 
 
@@ -256,7 +259,8 @@ def test_harmless_values_of_unsupported_fields_pass(server: RemoteServer) -> Non
                                         "use_beam_search": False, "bad_words": []}))
     ok(post(server, "/v1/chat/completions", {"messages": MESSAGES, **base, "tools": [],
                                              "tool_choice": "none",
-                                             "response_format": None, "echo": False}))
+                                             "response_format": None, "echo": False,
+                                             "modalities": ["text"]}))
 
 
 def test_add_special_tokens(server: RemoteServer) -> None:

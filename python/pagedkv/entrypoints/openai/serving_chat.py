@@ -27,10 +27,19 @@ from pagedkv.entrypoints.openai.serving_engine import (
     no_tool_choice,
 )
 
+
+def _text_only(value: Any) -> bool:
+    return value is None or value == ["text"]
+
+
 # Chat fields pagedkv does not implement (see UNSUPPORTED in serving_engine.py): tools and the
 # legacy functions need a tool parser, echo / continue_final_message / documents /
-# chat_template_kwargs change what the template writes or what the answer starts with.
+# chat_template_kwargs change what the template writes or what the answer starts with, and
+# audio output / web search are not there at all.
 _CHAT_UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
+    "modalities": _text_only,
+    "audio": is_unset,
+    "web_search_options": lambda value: value is None,  # {} asks for the default search
     "tools": is_unset,
     "tool_choice": no_tool_choice,
     "functions": is_unset,
