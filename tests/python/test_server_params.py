@@ -360,7 +360,10 @@ def test_health_answers_while_a_long_text_is_tokenized(server: RemoteServer) -> 
     worker.join()
     assert result["status"] == 200 and result["count"] > 1_000_000, result
     assert result["took"] > 1.0, result  # long enough for the check below to mean something
-    assert slowest < 0.75, (slowest, result)
+    # Tokenizing on the loop held /health for all of it; now only the (de)serialization of
+    # the request and its 1.4M-token answer can delay it. Relative, as a loaded machine slows
+    # both.
+    assert slowest < 0.5 * result["took"], (slowest, result)
 
 
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:

@@ -157,7 +157,9 @@ class OpenAIServing:
         for name, harmless in {**UNSUPPORTED, **(extra or {})}.items():
             value = getattr(req, name, None)
             if not harmless(value):
-                raise bad_request(f"{name} is not supported (got {value!r})", param=name)
+                shown = repr(value)
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."  # tools can be long
+                raise bad_request(f"{name} is not supported (got {shown})", param=name)
 
     def check_request(self, req: Any) -> None:
         """What both endpoints check before any work, as vLLM does."""
