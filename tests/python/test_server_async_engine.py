@@ -210,6 +210,35 @@ async def _final(engine: AsyncLLMEngine, params: SamplingParams, rid: str):
     return outs[0]
 
 
+def test_add_request_errors_are_json(engine: AsyncLLMEngine,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the engine raises when a request is added reaches the client as a JSON error: a
+    ValueError about the priority as a 400 naming it (vLLM's words when priority scheduling
+    is off), anything else (a C++ binding's TypeError, ...) as a 500, never Starlette's
+    text/plain "Internal Server Error"."""
+    from fastapi.testclient import TestClient
+    from pagedkv.entrypoints.openai.api_server import build_app
+
+    raised: list = []
+
+    async def add_request(*args, **kwargs):
+        raise raised[-1]
+
+    monkeypatch.setattr(engine, "add_request", add_request)
+    with TestClient(build_app(engine), raise_server_exceptions=False) as http:
+        for route, body in [("/v1/completions", {"prompt": PROMPT}),
+                            ("/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "hi"}]})]:
+            raised.append(ValueError("Got priority 5 but Priority scheduling is not enabled."))
+            r = http.post(route, json={**body, "max_tokens": 2, "priority": 5})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
+            raised.append(TypeError("add_request(): incompatible function arguments"))
+            r = http.post(route, json={**body, "max_tokens": 2})
+            assert r.status_code == 500, r.text
+            assert r.headers["content-type"].startswith("application/json")
+            assert "incompatible function arguments" in r.json()["error"]["message"]
+
+
 def test_zz_engine_death_fails_requests_and_health(engine: AsyncLLMEngine) -> None:
     from fastapi.testclient import TestClient
     from pagedkv.entrypoints.openai.api_server import build_app

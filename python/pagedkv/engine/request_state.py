@@ -63,7 +63,7 @@ class RequestState:
     # Text is built token by token when someone can see it before the end (streaming) or stop
     # strings must be watched; otherwise it is decoded once at the end.
     incremental_text: bool = field(init=False)
-    # Sampling is a plain argmax: greedy, no penalties, no logprobs of any kind.
+    # Sampling is a plain argmax: greedy, no penalties, no logit bias, no logprobs of any kind.
     plain_greedy: bool = field(init=False)
     # Some token is banned before min_tokens (EOS / stop ids, see banned_tokens).
     bannable: bool = field(init=False)
@@ -80,7 +80,7 @@ class RequestState:
         self.plain_greedy = (p.sampling_type_greedy and p.logprobs is None
                              and p.prompt_logprobs is None and p.best_of == p.n
                              and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-                             and p.frequency_penalty == 0.0)
+                             and p.frequency_penalty == 0.0 and not p.logit_bias)
         self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
 
     @property

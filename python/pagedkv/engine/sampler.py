@@ -1,9 +1,9 @@
 """Batched token sampling over a step's logits (torch, CPU or CUDA).
 
-Order, as vLLM defines it: min_tokens masking -> penalties (repetition over prompt + output,
-presence / frequency over output) -> greedy argmax, or temperature -> top-k -> top-p -> min-p
--> random draw. Log-probabilities returned to the user are those of the raw model logits (vLLM
-V1's default), so they do not depend on the sampling knobs.
+Order, as vLLM defines it: logit_bias, min_tokens masking -> penalties (repetition over
+prompt + output, presence / frequency over output) -> greedy argmax, or temperature -> top-k
+-> top-p -> min-p -> random draw. Log-probabilities returned to the user are those of the raw
+model logits (vLLM V1's default), so they do not depend on the sampling knobs.
 
 The draw uses the exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly
 from p. A request with a seed has its own generator that draws a full vocabulary of noise
@@ -61,8 +61,10 @@ class Sampler:
             return SamplerOutput([], [], [])
         raw = logits
         logits = logits.float()
-        if any(r.banned_token_ids or _has_penalty(r.params) for r in rows):
+        if any(r.banned_token_ids or _has_penalty(r.params) or r.params.logit_bias
+               for r in rows):
             logits = logits.clone() if logits is raw else logits  # keep raw logits for logprobs
+            _apply_logit_bias(logits, rows)
             _mask_banned(logits, rows)
             _apply_penalties(logits, rows)
         random_idx = [i for i, r in enumerate(rows) if not r.params.sampling_type_greedy]
@@ -107,6 +109,17 @@ class Sampler:
             return []
         ids = torch.tensor(list(next_token_ids), device=logits.device)
         return _logprob_dicts(logits.float().log_softmax(-1), ids, [num_logprobs] * len(ids))
+
+
+def _apply_logit_bias(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
+    """Adds each row's logit_bias (ids were checked against the vocabulary when the request
+    came in). Before the min_tokens mask, so that a bias cannot lift a banned token."""
+    for i, r in enumerate(rows):
+        bias = r.params.logit_bias
+        if bias:
+            ids = torch.tensor(list(bias.keys()), dtype=torch.long, device=logits.device)
+            values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+            logits[i].index_add_(0, ids, values)
 
 
 def _mask_banned(logits: torch.Tensor, rows: List[SamplingRow]) -> None:

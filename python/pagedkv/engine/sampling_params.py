@@ -7,9 +7,10 @@ without knowing the rules.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 # Below this temperature sampling is greedy (vLLM uses the same threshold).
 _GREEDY_EPS = 1e-5
@@ -57,11 +58,15 @@ class SamplingParams:
     # "cumulative": an output every step (streaming); "final_only": only when finished
     # (LLM.generate uses it, which also lets the engine decode the text once at the end).
     output_kind: str = "cumulative"
+    # token id -> value added to its logit before sampling (vLLM's logit_bias; the OpenAI
+    # server clamps values to [-100, 100] as OpenAI does, this class takes them as given).
+    logit_bias: Optional[Dict[int, float]] = None
 
     def __post_init__(self) -> None:
         if self.top_k is None:
             self.top_k = 0
         self._check_types()
+        self._check_logit_bias()
         if self.best_of is None:
             self.best_of = self.n
         if isinstance(self.stop, str):
@@ -154,6 +159,20 @@ class SamplingParams:
             raise bad("output_kind", "must be 'cumulative' or 'final_only'")
         if self.best_of > self.n and self.sampling_type_greedy:
             raise bad("best_of", "must equal n for greedy sampling (all sequences would match)")
+
+    def _check_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, dict) or not all(
+                _is_int(t) and isinstance(v, numbers.Real) and not isinstance(v, bool)
+                for t, v in bias.items()):
+            raise _type_error("logit_bias", "a dict of integer token ids to numbers", bias)
+        self.logit_bias = {int(t): float(v) for t, v in bias.items()}
+        if any(t < 0 for t in self.logit_bias):
+            raise ValueError(f"logit_bias token ids must be non-negative, got {bias!r}")
+        if not all(math.isfinite(v) for v in self.logit_bias.values()):
+            raise ValueError(f"logit_bias values must be finite, got {bias!r}")
 
     def clone(self) -> SamplingParams:
         import copy

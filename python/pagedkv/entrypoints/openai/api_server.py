@@ -118,9 +118,10 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
             raise bad_request("give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
             text = chat.render(req.messages, None, req.add_generation_prompt)
-            ids = completion.encode(text, add_special_tokens=False)
+            ids = await completion.encode_async(text, add_special_tokens=False, param=None)
         else:
-            ids = completion.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+            ids = await completion.encode_async(req.prompt or "", req.add_special_tokens,
+                                                param=None)
         return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len,
                              "tokens": ids})
 

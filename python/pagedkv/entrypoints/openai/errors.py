@@ -126,3 +126,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _value(_: Request, exc: ValueError) -> JSONResponse:
         # Engine / SamplingParams validation: the message names the offending field.
         return APIError(400, str(exc)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Anything else is the server's failure: still an OpenAI-style JSON error (clients
+        # parse it), not Starlette's text/plain "Internal Server Error". The traceback goes to
+        # the log (Starlette logs it after this handler answers).
+        return APIError(500, f"{type(exc).__name__}: {exc}").response()

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from pagedkv.entrypoints.openai.protocol import (
     ChatTokenLogprob,
     CompletionLogProbs,
+    PromptLogprob,
     TopLogprob,
 )
 
@@ -69,3 +70,16 @@ def chat_logprobs(items: List[Entry]) -> List[ChatTokenLogprob]:
             top_logprobs=[TopLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
                           for t, v in (top or [])]))
     return out
+
+
+def prompt_logprobs(table: Optional[Sequence[Optional[Dict[int, Any]]]], decode: Decode
+                    ) -> Optional[List[Optional[Dict[int, PromptLogprob]]]]:
+    """The engine's prompt logprobs in vLLM's response shape (``prompt_logprobs``): per prompt
+    token None (the first) or {token id: {logprob, rank, decoded_token}}, -inf as -9999."""
+    if table is None:
+        return None
+    return [None if pos is None else
+            {tid: PromptLogprob(logprob=_value(v), rank=getattr(v, "rank", None),
+                                decoded_token=_text(tid, v, decode))
+             for tid, v in pos.items()}
+            for pos in table]

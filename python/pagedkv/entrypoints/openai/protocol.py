@@ -49,6 +49,13 @@ class _SamplingFields(_Request):
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    spaces_between_special_tokens: bool = True
+    # token id (a JSON key, so a string) -> bias; clamped to [-100, 100] as OpenAI does.
+    logit_bias: Optional[Dict[str, FiniteFloat]] = None
+    prompt_logprobs: Optional[int] = None  # vLLM's extension
+    # Checked against what pagedkv supports: only {"type": "text"} (see serving_engine.py).
+    response_format: Optional[Any] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     priority: int = 0
@@ -67,6 +74,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+    add_special_tokens: bool = True  # vLLM: BOS etc. are added to text prompts by default
 
 
 class ContentPart(_Request):
@@ -88,6 +96,10 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[int] = None
     add_generation_prompt: bool = True
     chat_template: Optional[str] = None
+    # vLLM's default for chat: the template writes the special tokens itself.
+    add_special_tokens: bool = False
+    tools: Optional[Any] = None
+    tool_choice: Optional[Any] = None
 
 
 class TokenizeRequest(_Request):
@@ -112,6 +124,12 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
 class CompletionLogProbs(BaseModel):
     text_offset: List[int] = Field(default_factory=list)
     token_logprobs: List[Optional[float]] = Field(default_factory=list)
@@ -125,6 +143,9 @@ class CompletionChoice(BaseModel):
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    # vLLM's extension: per prompt token, {token id: {logprob, rank, decoded_token}}; the
+    # first token has none.
+    prompt_logprobs: Optional[List[Optional[Dict[int, PromptLogprob]]]] = None
 
 
 class CompletionResponse(BaseModel):
@@ -175,6 +196,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: List[ChatChoice]
     usage: Optional[UsageInfo] = None
+    prompt_logprobs: Optional[List[Optional[Dict[int, PromptLogprob]]]] = None  # as vLLM
 
 
 class ChatStreamChoice(BaseModel):
@@ -182,6 +204,7 @@ class ChatStreamChoice(BaseModel):
     delta: DeltaMessage
     logprobs: Optional[ChatLogProbs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
 
 
 class ModelCard(BaseModel):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,7 +23,32 @@ from pagedkv.entrypoints.openai.serving_engine import (
     OpenAIServing,
     RequestTimer,
     cancel_on_disconnect,
+    is_unset,
+    no_tool_choice,
 )
+
+
+def _text_only(value: Any) -> bool:
+    return value is None or value == ["text"]
+
+
+# Chat fields pagedkv does not implement (see UNSUPPORTED in serving_engine.py): tools and the
+# legacy functions need a tool parser, echo / continue_final_message / documents /
+# chat_template_kwargs change what the template writes or what the answer starts with, and
+# audio output / web search are not there at all.
+_CHAT_UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
+    "modalities": _text_only,
+    "audio": is_unset,
+    "web_search_options": lambda value: value is None,  # {} asks for the default search
+    "tools": is_unset,
+    "tool_choice": no_tool_choice,
+    "functions": is_unset,
+    "function_call": no_tool_choice,
+    "echo": is_unset,
+    "continue_final_message": is_unset,
+    "documents": is_unset,
+    "chat_template_kwargs": is_unset,
+}
 
 
 def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
@@ -64,12 +89,23 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         self.check_n(req.n)
+        self.check_request(req)
+        self.check_supported(req, _CHAT_UNSUPPORTED)
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
             raise bad_request(f"top_logprobs must be in [0, 20], got {req.top_logprobs}",
                               param="top_logprobs")
+        if req.top_logprobs and not req.logprobs:  # vLLM's rule and words
+            raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",
+                              param="top_logprobs")
+        # The rendered prompt is at least as long as its messages' text: reject a conversation
+        # that cannot fit before rendering and tokenizing it.
+        self.check_length(sum(len(m.content) if isinstance(m.content, str) else
+                              sum(len(p.text or "") for p in m.content or [])
+                              for m in req.messages), "messages")
         prompt = self.render(req.messages, req.chat_template, req.add_generation_prompt)
-        # The template already wrote any BOS / special tokens.
-        ids = self.encode(prompt, add_special_tokens=False)
+        # The template already wrote any BOS / special tokens (add_special_tokens: false, as
+        # in vLLM, unless the client asks for them).
+        ids = await self.encode_async(prompt, req.add_special_tokens, "messages")
         self.check_ids(ids, "messages")
         # max_completion_tokens replaces the deprecated max_tokens; 0 is a value, not "unset".
         length_field = "max_completion_tokens"
@@ -78,7 +114,7 @@ class OpenAIServingChat(OpenAIServing):
             length_field, requested = "max_tokens", req.max_tokens
         max_tokens = self.max_tokens_for(len(ids), requested, length_field, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens, logprobs,
+        params = self.sampling_params(req, max_tokens, logprobs, req.prompt_logprobs,
                                       fields={"logprobs": "top_logprobs",
                                               "max_tokens": length_field})
         request_id = random_id("chatcmpl")
@@ -116,8 +152,10 @@ class OpenAIServingChat(OpenAIServing):
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         usage = self.usage([out])
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices])
-        return ChatCompletionResponse(id=request_id, model=self.state.model_name,
-                                      choices=choices, usage=usage)
+        return ChatCompletionResponse(
+            id=request_id, model=self.state.model_name, choices=choices, usage=usage,
+            prompt_logprobs=lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
+                                               self.decode_token))
 
     def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
                 timer: RequestTimer) -> AsyncIterator[str]:
@@ -146,6 +184,8 @@ class OpenAIServingChat(OpenAIServing):
                       "logprobs": logprobs.model_dump() if logprobs else None,
                       "finish_reason": d.finish_reason}
             if d.finish_reason is not None:
+                # As in the non-streamed answer and streamed completions.
+                choice["stop_reason"] = d.stop_reason
                 reasons[d.index] = d.finish_reason
             body = dict(base, choices=[choice])
             if continuous:

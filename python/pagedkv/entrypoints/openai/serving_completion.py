@@ -29,6 +29,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         self.check_n(req.n)
+        self.check_request(req)
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -36,10 +37,11 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.logprobs is not None and not 0 <= req.logprobs <= 20:
             raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}",
                               param="logprobs")
-        prompts = self._prompts(req.prompt)
-        prompt_lp = req.logprobs if req.echo and req.logprobs is not None else None
-        # echo's prompt logprobs come from the client's logprobs field.
-        fields = {"prompt_logprobs": "logprobs"}
+        prompts = await self._prompts(req.prompt, req.add_special_tokens)
+        # prompt_logprobs when given, else (vLLM's rule) echo's come from the logprobs field.
+        prompt_lp, fields = req.prompt_logprobs, {}
+        if prompt_lp is None and req.echo and req.logprobs is not None:
+            prompt_lp, fields = req.logprobs, {"prompt_logprobs": "logprobs"}
         jobs = [(ids, text, self.sampling_params(req, self.max_tokens_for(len(ids), req.max_tokens),
                                                  req.logprobs, prompt_lp, fields))
                 for ids, text in prompts]
@@ -56,7 +58,7 @@ class OpenAIServingCompletion(OpenAIServing):
             return Response(status_code=499)
         return JSONResponse(result.model_dump())
 
-    def _prompts(self, prompt: Any) -> List[Prompt]:
+    async def _prompts(self, prompt: Any, add_special_tokens: bool) -> List[Prompt]:
         if isinstance(prompt, str):
             items: List[Any] = [prompt]
         elif not prompt:
@@ -67,7 +69,10 @@ class OpenAIServingCompletion(OpenAIServing):
             items = list(prompt)
         result: List[Prompt] = []
         for p in items:
-            ids, text = (self.encode(p), p) if isinstance(p, str) else (list(p), None)
+            if isinstance(p, str):
+                ids, text = await self.encode_async(p, add_special_tokens), p
+            else:
+                ids, text = list(p), None
             self.check_ids(ids, "prompt")
             result.append((ids, text))
         return result
@@ -76,8 +81,15 @@ class OpenAIServingCompletion(OpenAIServing):
         ids, text = prompt
         return text if text is not None else self.tokenizer.decode(ids)
 
-    def _echo_logprobs(self, out: Any) -> List[lp.Entry]:
+    def _echo_logprobs(self, req: CompletionRequest, out: Any) -> List[lp.Entry]:
         table = getattr(out, "prompt_logprobs", None) or [None] * len(out.prompt_token_ids)
+        k = req.logprobs or 0
+        if req.prompt_logprobs is not None and req.prompt_logprobs > k:
+            # The engine computed prompt_logprobs alternatives; echo shows logprobs of them.
+            table = [None if pos is None else
+                     {t: v for t, v in pos.items()
+                      if t == tid or (getattr(v, "rank", None) or 0) <= k}
+                     for tid, pos in zip(out.prompt_token_ids, table)]
         return lp.entries(out.prompt_token_ids, table, self.decode_token)
 
     async def _full(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
@@ -90,15 +102,18 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = []
         for i, out in enumerate(finals):
             prefix = self._prompt_text(prompts[i]) if req.echo else ""
+            prompt_logprobs = lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
+                                                 self.decode_token)
             for c in out.outputs:
                 logprobs = None
                 if req.logprobs is not None:
-                    items = self._echo_logprobs(out) if req.echo else []
+                    items = self._echo_logprobs(req, out) if req.echo else []
                     items += lp.entries(c.token_ids, c.logprobs or [], self.decode_token)
                     logprobs = lp.completion_logprobs(items, 0)
                 choices.append(CompletionChoice(
                     index=i * req.n + c.index, text=prefix + c.text, logprobs=logprobs,
-                    finish_reason=c.finish_reason, stop_reason=getattr(c, "stop_reason", None)))
+                    finish_reason=c.finish_reason, stop_reason=getattr(c, "stop_reason", None),
+                    prompt_logprobs=prompt_logprobs))
         choices.sort(key=lambda ch: ch.index)
         usage = self.usage(finals)
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices])
@@ -128,7 +143,7 @@ class OpenAIServingCompletion(OpenAIServing):
             if d.first and req.echo:
                 text = self._prompt_text(prompts[d.prompt_index]) + text
                 if req.logprobs is not None:
-                    items = self._echo_logprobs(d.output)
+                    items = self._echo_logprobs(req, d.output)
             logprobs = None
             if req.logprobs is not None:
                 items += lp.entries(d.token_ids, d.logprobs or [], self.decode_token)

@@ -7,8 +7,19 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Sequence, TypeVar
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    TypeVar,
+)
 
 from fastapi import Request
 
@@ -23,7 +34,48 @@ T = TypeVar("T")
 # Request fields passed to SamplingParams under the same name when the client set them.
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
-                    "ignore_eos", "min_tokens", "skip_special_tokens")
+                    "ignore_eos", "min_tokens", "skip_special_tokens",
+                    "include_stop_str_in_output", "spaces_between_special_tokens")
+
+# The most logprobs a request may ask for per token (vLLM's default max_logprobs).
+MAX_LOGPROBS = 20
+# The scheduler keeps a request's priority as a signed 32-bit integer.
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def is_unset(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == {} or value == ""
+
+
+def text_format(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and value.get("type") == "text")
+
+
+def no_tool_choice(value: Any) -> bool:
+    return value is None or value == "none"
+
+
+# Request fields of OpenAI / vLLM that would change the output but that pagedkv does not
+# implement: a request that sets one gets a 400 "<field> is not supported" instead of an answer
+# that silently ignores it. Field -> "this value is harmless" (unset / the default behaviour).
+# Fields of both endpoints; the chat endpoint adds its own (serving_chat.py).
+UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
+    "response_format": text_format,
+    "use_beam_search": is_unset,
+    "allowed_token_ids": is_unset,
+    "bad_words": is_unset,
+    "logits_processors": is_unset,
+    "truncate_prompt_tokens": is_unset,
+    "prompt_embeds": is_unset,
+    "structured_outputs": is_unset,
+    "guided_json": is_unset,
+    "guided_regex": is_unset,
+    "guided_choice": is_unset,
+    "guided_grammar": is_unset,
+    "structural_tag": is_unset,
+    "return_tokens_as_token_ids": is_unset,
+    "return_token_ids": is_unset,
+}
 
 
 @dataclass
@@ -45,10 +97,21 @@ class ServerState:
 
 
 class OpenAIServing:
+    # Tokenizing runs here, off the event loop (as vLLM does): a long prompt takes seconds and
+    # the loop must keep serving /health, streams and other requests meanwhile. The fast
+    # tokenizer releases the GIL while it works. One thread for requests that generate, and
+    # one for /tokenize, which may count texts longer than the context.
+    _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedkv-tokenize")
+    _count_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedkv-count")
+
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.engine = state.engine
         self.tokenizer = state.engine.tokenizer
+        # No token of the vocabulary spans more characters than this, so a text longer than
+        # max_model_len times it cannot fit the context: such a prompt gets its 400 before it
+        # is tokenized (a 30 MB prompt would keep the tokenizer busy for ~20 s).
+        self.max_chars = state.max_model_len * _max_token_chars(self.tokenizer)
 
     # ---------------------------------------------------------------- request checks
 
@@ -66,6 +129,76 @@ class OpenAIServing:
             return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         except TypeError:  # a tokenizer without the keyword
             return list(self.tokenizer.encode(text))
+
+    def check_length(self, text_len: int, param: str) -> None:
+        """400 for a text too long (in characters) to fit max_model_len in any tokenization."""
+        if text_len > self.max_chars:
+            raise bad_request(
+                f"{param} is {text_len} characters long, more than can fit this model's "
+                f"maximum context length of {self.state.max_model_len} tokens (at most "
+                f"{self.max_chars} characters). Please reduce the length of the {param}.",
+                param=param)
+
+    async def encode_async(self, text: str, add_special_tokens: bool = True,
+                           param: Optional[str] = "prompt") -> List[int]:
+        """``encode`` in the tokenizer thread. With ``param``, a text that cannot fit the
+        context is first rejected by its length (400 naming ``param``); /tokenize passes None
+        (it may count any text) and runs in a thread of its own."""
+        if param is not None:
+            self.check_length(len(text), param)
+        executor = self._executor if param is not None else self._count_executor
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, self.encode, text, add_special_tokens)
+
+    def check_supported(self, req: Any, extra: Optional[Dict[str, Callable[[Any], bool]]] = None
+                        ) -> None:
+        """400 for a field pagedkv does not implement (UNSUPPORTED), set to a value that would
+        change the output, rather than an answer that ignores it."""
+        for name, harmless in {**UNSUPPORTED, **(extra or {})}.items():
+            value = getattr(req, name, None)
+            if not harmless(value):
+                shown = repr(value)
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."  # tools can be long
+                raise bad_request(f"{name} is not supported (got {shown})", param=name)
+
+    def check_request(self, req: Any) -> None:
+        """What both endpoints check before any work, as vLLM does."""
+        self.check_supported(req)
+        # A present, non-empty stream_options without stream (vLLM lets {} through).
+        so = req.stream_options
+        if so is not None and so.model_fields_set and not req.stream:
+            raise bad_request("Stream options can only be defined when `stream=True`.",
+                              param="stream_options")
+        if req.prompt_logprobs is not None:
+            if not 0 <= req.prompt_logprobs <= MAX_LOGPROBS:
+                raise bad_request(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got "
+                                  f"{req.prompt_logprobs}", param="prompt_logprobs")
+            if req.stream and req.prompt_logprobs > 0:
+                raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
+                                  param="prompt_logprobs")
+        if not _INT32[0] <= req.priority <= _INT32[1]:
+            raise bad_request(f"priority must be a 32-bit integer in [{_INT32[0]}, "
+                              f"{_INT32[1]}], got {req.priority}", param="priority")
+
+    def logit_bias(self, bias: Optional[Dict[str, float]]) -> Optional[Dict[int, float]]:
+        """The request's logit_bias as SamplingParams takes it: integer token ids (JSON keys
+        are strings), each in the model's vocabulary, values clamped to [-100, 100] as OpenAI
+        and vLLM do."""
+        if not bias:
+            return None
+        ids: Dict[int, float] = {}
+        for key, value in bias.items():
+            try:
+                ids[int(key)] = min(100.0, max(-100.0, float(value)))
+            except ValueError:
+                raise bad_request(f"logit_bias keys must be token ids (integers), got {key!r}",
+                                  param="logit_bias") from None
+        vocab = int(self.engine.model_config.vocab_size)
+        outside = sorted(t for t in ids if not 0 <= t < vocab)
+        if outside:
+            raise bad_request(f"token_id(s) {outside[:10]} in logit_bias contain out-of-vocab "
+                              f"token ids. Vocabulary size: {vocab}", param="logit_bias")
+        return ids
 
     def decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -122,6 +255,9 @@ class OpenAIServing:
             kwargs["logprobs"] = logprobs
         if prompt_logprobs is not None:
             kwargs["prompt_logprobs"] = prompt_logprobs
+        bias = self.logit_bias(getattr(req, "logit_bias", None))
+        if bias:
+            kwargs["logit_bias"] = bias
         self.check_n(req.n)
         names = {name: name for name in kwargs}
         names.update(fields or {})
@@ -138,10 +274,16 @@ class OpenAIServing:
             return await self.engine.add_request(request_id, prompt, params,
                                                  prompt_token_ids=ids, priority=priority)
         except ValueError as exc:
-            # The engine's own checks are about the prompt (length, token ids) or parameters.
+            # The engine's own checks are about the prompt (length, token ids), parameters or
+            # the priority. Anything else it raises is the server's failure: the app's
+            # handler answers 500 in JSON (errors.py).
             names = {"prompt": prompt_param, "prompt_token_ids": prompt_param,
-                     "max_tokens": "max_tokens", **{f: f for f in _SAMPLING_FIELDS}}
-            raise bad_request(str(exc), param=field_named_in(str(exc), names)) from exc
+                     "max_tokens": "max_tokens", "priority": "priority",
+                     "logit_bias": "logit_bias", **{f: f for f in _SAMPLING_FIELDS}}
+            param = field_named_in(str(exc), names)
+            if param is None and "priority" in str(exc).lower():
+                param = "priority"  # vLLM: "Got priority 5 but Priority scheduling is not ..."
+            raise bad_request(str(exc), param=param) from exc
 
     async def start_all(self, base_id: str, prompts: List[tuple], priority: int = 0,
                         prompt_param: str = "prompt") -> List[Any]:
@@ -306,3 +448,16 @@ async def _wait_disconnect(raw: Request) -> None:
         message = await raw.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` can stand for: its longest vocabulary
+    entry. Byte-level BPE writes one character per byte and a text character is at least one
+    byte; SentencePiece writes one per character ("\u2581" for a space). 64 when the
+    tokenizer does not show its vocabulary."""
+    hf = getattr(tokenizer, "hf", tokenizer)
+    try:
+        vocab = hf.get_vocab()
+    except Exception:  # noqa: BLE001 - any tokenizer without a readable vocabulary
+        return 64
+    return max((len(t) for t in vocab), default=64) or 64
