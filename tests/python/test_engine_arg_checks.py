@@ -4,7 +4,8 @@ ValueError / TypeError naming the argument when it is given, never later inside 
 (Before: LLM(trust_remote_code=True) raised TypeError; LLM(seed=None) failed in
 torch.manual_seed; block_size="16" said "must be a power of two <= 256, got 16"; swap_space=-1
 and SamplingParams(detokenize=False, stop=[...]) were accepted, the stop strings ignored;
-seed=2**70 failed inside generate with "Overflow when unpacking long long".)
+seed=2**70 failed inside generate with "Overflow when unpacking long long"; priority=2**31 gave
+a nanobind TypeError dump and priority=5 under fcfs was silently ignored.)
 """
 
 from __future__ import annotations
@@ -117,3 +118,36 @@ def test_extreme_seeds_generate(llm):
                             use_tqdm=False)
         assert [len(c.token_ids) for c in outs[0].outputs] == [3, 3]
     assert_no_leak(llm)
+
+
+@pytest.mark.slow
+def test_priority_checks(llm):
+    p = SamplingParams(max_tokens=1)
+    eng = llm.llm_engine
+    for bad in (2**31, -(2**31) - 1):
+        with pytest.raises(ValueError, match=r"^priority must be in \[-2\*\*31, 2\*\*31 - 1\]"):
+            llm.generate(["a", "b"], p, priority=[0, bad], use_tqdm=False)
+        with pytest.raises(ValueError, match="priority"):  # ValueError: the server's 400
+            eng.add_request("r", "a", p, priority=bad)
+    with pytest.raises(ValueError, match=r"^Got priority 5 but Priority scheduling is not "
+                                         r"enabled\."):
+        llm.generate(["a"], p, priority=[5], use_tqdm=False)
+    with pytest.raises(TypeError, match=r"^priority must be an integer"):
+        eng.add_request("r", "a", p, priority=1.5)
+    assert not eng.requests
+    assert_no_leak(llm)
+    assert len(llm.generate(["a", "b"], p, priority=[0, 0], use_tqdm=False)) == 2
+
+
+@pytest.mark.slow
+def test_priority_policy_takes_the_int32_range(llm):
+    from pagedkv.engine.llm import LLM
+
+    prio = LLM(device="cpu", kv_cache_space=0.05, max_model_len=128,
+               scheduling_policy="priority")
+    outs = prio.generate(["a", "b", "c"], SamplingParams(max_tokens=2),
+                         priority=[2**31 - 1, -(2**31), 5], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2, 2]
+    with pytest.raises(ValueError, match="priority"):
+        prio.generate(["a"], SamplingParams(max_tokens=2), priority=[2**31], use_tqdm=False)
+    assert_no_leak(prio)

@@ -10,6 +10,7 @@ n > 1 samples fork from the parent right after its prompt completes, sharing its
 from __future__ import annotations
 
 import logging
+import numbers
 import time
 import zlib
 from typing import Any, Dict, Iterable, List, Optional, Union
@@ -52,6 +53,7 @@ class LLMEngine:
                     prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
                     arrival_time: Optional[float] = None) -> None:
         params = params if params is not None else SamplingParams()
+        priority = self._check_priority(priority)
         if self.tokenizer is None:
             if params.stop:
                 raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
@@ -93,6 +95,19 @@ class LLMEngine:
                                      logprobs=[] if params.logprobs is not None else None))
         self._add_to_scheduler(req, priority)
         self.requests[request_id] = req
+
+    def _check_priority(self, priority: Any) -> int:
+        """ValueError (the server's 400) for a priority the scheduler cannot hold or ignores."""
+        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
+            raise TypeError(f"priority must be an integer, got {type(priority).__name__} "
+                            f"{priority!r}")
+        priority = int(priority)
+        if not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority must be in [-2**31, 2**31 - 1] (int32), got {priority}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled. "
+                             "(Start the engine with scheduling_policy='priority'.)")
+        return priority
 
     def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
         p = req.params
