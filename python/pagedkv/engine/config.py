@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
@@ -11,6 +12,19 @@ import torch
 # vLLM's --kv-cache-dtype choices. "auto": the cache holds the model dtype; the fp8 kinds store
 # one byte per element (uint8 arrays of the same shape), "fp8" meaning e4m3 as in vLLM.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+# Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+# Field types, checked before the value rules (a CLI or config file may hand over strings).
+_INT_FIELDS = ("block_size", "max_num_seqs", "max_seq_len_to_capture", "max_logprobs",
+               "tensor_parallel_size", "pipeline_parallel_size")
+_OPTIONAL_INT_FIELDS = ("num_cpu_blocks", "num_gpu_blocks_override", "max_model_len",
+                        "max_num_batched_tokens", "seed")
+_FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space")
+_OPTIONAL_FLOAT_FIELDS = ("kv_cache_space",)
+_BOOL_FIELDS = ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
+                "skip_tokenizer_init", "trust_remote_code", "disable_log_stats")
 
 
 @dataclass
@@ -33,11 +47,20 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"  # "recompute" | "swap"
     scheduling_policy: str = "fcfs"  # "fcfs" | "priority"
-    seed: int = 0
+    seed: Optional[int] = 0  # None means 0, as in vLLM V1
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # CUDA graphs cover decodes up to this length
     served_model_name: Optional[str] = None
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs have no text
+    # Most logprobs / prompt_logprobs a request may ask for (vLLM's default 20; -1: the vocab).
+    max_logprobs: int = 20
+    # vLLM arguments accepted so that vLLM code runs unchanged. pagedkv runs its own model code,
+    # never a checkpoint's, so trust_remote_code changes nothing; there are no periodic stats
+    # logs to disable; and one process serves the model, so parallel sizes other than 1 fail.
+    trust_remote_code: bool = False
+    disable_log_stats: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -49,12 +72,40 @@ class EngineConfig:
         cfg.validate()
         return cfg
 
+    def _check_types(self) -> None:
+        def want(name: str, kind: str) -> TypeError:
+            v = getattr(self, name)
+            return TypeError(f"{name} must be {kind}, got {type(v).__name__} {v!r}")
+
+        for name in _INT_FIELDS + _OPTIONAL_INT_FIELDS:
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL_INT_FIELDS:
+                continue
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                raise want(name, "an int" + (" or None" if name in _OPTIONAL_INT_FIELDS else ""))
+            setattr(self, name, int(v))
+        for name in _FLOAT_FIELDS + _OPTIONAL_FLOAT_FIELDS:
+            v = getattr(self, name)
+            if v is None and name in _OPTIONAL_FLOAT_FIELDS:
+                continue
+            if not isinstance(v, numbers.Real) or isinstance(v, bool):
+                raise want(name, "a number")
+            setattr(self, name, float(v))
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise want(name, "True or False")
+
     def validate(self) -> None:
+        self._check_types()
+        if self.seed is None:
+            self.seed = 0
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be a power of two <= 256, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
+        if not self.swap_space >= 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.kv_cache_space is not None and self.kv_cache_space <= 0:
             raise ValueError(f"kv_cache_space must be > 0 GiB, got {self.kv_cache_space}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -71,6 +122,14 @@ class EngineConfig:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority', got "
                              f"{self.scheduling_policy!r}")
+        if not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (no cap) or >= 0, got {self.max_logprobs}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) != 1:
+                raise ValueError(f"{name}={getattr(self, name)} is not supported: pagedkv runs "
+                                 "the model in one process on one device (use 1)")
 
     def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The element type of the KV-cache arrays: fp8 caches are bytes (the ops' contract)."""

@@ -10,9 +10,12 @@ n > 1 samples fork from the parent right after its prompt completes, sharing its
 from __future__ import annotations
 
 import logging
+import numbers
 import time
 import zlib
 from typing import Any, Dict, Iterable, List, Optional, Union
+
+import numpy as np
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
@@ -41,6 +44,11 @@ class LLMEngine:
         self.requests: Dict[str, RequestState] = {}
         self.seq_owner: Dict[str, tuple[RequestState, SeqState]] = {}  # scheduler id -> seq
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+        # The step under way (see _fail_step): its requests, and whether the scheduler has
+        # had its update(); a failed step that could not finish failing waits in _failed_plan.
+        self._step_entries: List[tuple[RequestState, SeqState]] = []
+        self._plan_applied = True
+        self._failed_plan: Any = None
 
     @classmethod
     def from_engine_args(cls, **kwargs: Any) -> LLMEngine:
@@ -52,6 +60,8 @@ class LLMEngine:
                     prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
                     arrival_time: Optional[float] = None) -> None:
         params = params if params is not None else SamplingParams()
+        priority = self._check_priority(priority)
+        self._check_logprobs(params)
         if self.tokenizer is None:
             if params.stop:
                 raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
@@ -100,6 +110,32 @@ class LLMEngine:
         self._add_to_scheduler(req, priority)
         self.requests[request_id] = req
 
+    def _check_priority(self, priority: Any) -> int:
+        """ValueError (the server's 400) for a priority the scheduler cannot hold or ignores."""
+        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
+            raise TypeError(f"priority must be an integer, got {type(priority).__name__} "
+                            f"{priority!r}")
+        priority = int(priority)
+        if not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority must be in [-2**31, 2**31 - 1] (int32), got {priority}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled. "
+                             "(Start the engine with scheduling_policy='priority'.)")
+        return priority
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """vLLM's max_logprobs cap, checked here so that a huge request fails alone, at once,
+        rather than inside a step; never more than the vocabulary (-1: the vocabulary)."""
+        vocab = self.model_config.vocab_size
+        cap = self.config.max_logprobs
+        cap = vocab if cap == -1 else min(cap, vocab)
+        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            k = getattr(params, name)
+            if k is not None and k > cap:
+                raise ValueError(f"Requested {kind} logprobs of {k}, which is greater than max "
+                                 f"allowed: {cap} (parameter={name}, value={k}; the engine "
+                                 "argument max_logprobs sets the cap)")
+
     def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
         p = req.params
         eos = req.eos_token_ids
@@ -139,13 +175,67 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> List[RequestOutput]:
+        if self._failed_plan is not None:  # the last failed step was interrupted failing
+            self._fail_step(self._failed_plan)
         plan = self.scheduler.schedule()
-        n = int(plan.num_seqs)
-        if n == 0:
+        if int(plan.num_seqs) == 0:
             return []
+        self._step_entries, self._plan_applied = [], False
+        try:
+            return self._run_plan(plan)
+        except BaseException as exc:
+            self._failed_plan = plan
+            failed = self._fail_step(plan)
+            if failed:
+                shown = ", ".join(failed[:8]) + (", ..." if len(failed) > 8 else "")
+                logger.warning("a step failed (%r); its requests were aborted: %s", exc, shown)
+                if hasattr(exc, "add_note"):  # Python >= 3.11
+                    exc.add_note(f"pagedkv: the failed step's requests were aborted: {shown}")
+            raise
+
+    def _fail_step(self, plan: Any) -> List[str]:
+        """Keeps the engine usable after a step raised (a bug, a value the sampler cannot
+        take, Ctrl-C during LLM.generate). The requests the plan ran are left half-stepped
+        (tokens drawn but not applied, KV written or not, text half-updated), with no state to
+        resume them from: they are aborted, freeing their blocks; the other requests go on.
+        A plan not yet applied is then passed to update() with no tokens, which is what the
+        scheduler requires before the next schedule(): update() skips the entries aborted
+        since schedule(), so this changes nothing else. Idempotent: step() calls it again if
+        it was itself interrupted. Returns the aborted request ids."""
+        n = int(plan.num_seqs)
+        plan_ids = [sid for sid in list(plan.request_ids)[:n] if sid is not None]
+        reqs = {id(r): r for r, _ in self._step_entries}
+        for sid in plan_ids:
+            owner = self.seq_owner.get(sid)
+            if owner is not None:
+                reqs[id(owner[0])] = owner[0]
+        if not self._plan_applied:
+            # The requests swapped out by this plan are not in it: their KV must reach the
+            # host blocks they resume from.
+            self.runner.finish_swap_out(plan)
+        failed = []
+        for req in reqs.values():
+            for seq in req.seqs:
+                if seq.sched_id is not None:  # finished or not: Python may not have told it
+                    self.scheduler.abort_request(seq.sched_id)
+                    self.seq_owner.pop(seq.sched_id, None)
+                if not seq.finished:
+                    seq.finish_reason = "abort"
+            if self.requests.pop(req.request_id, None) is not None:
+                failed.append(req.request_id)
+        if not self._plan_applied:
+            for sid in plan_ids:  # any entry the engine did not know of
+                self.scheduler.abort_request(sid)
+            self.scheduler.update(plan, np.full(n, -1, dtype=np.int64))
+            self._plan_applied = True
+        self._step_entries, self._failed_plan = [], None
+        return failed
+
+    def _run_plan(self, plan: Any) -> List[RequestOutput]:
+        n = int(plan.num_seqs)
         now = time.time()  # one clock read per step: its tokens all arrive together
         owner = self.seq_owner
-        entries = [owner[sid] for sid in list(plan.request_ids)[:n]]
+        entries = self._step_entries = [owner[sid] for sid in list(plan.request_ids)[:n]]
         for req, _ in entries:
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
@@ -153,6 +243,7 @@ class LLMEngine:
         work = StepSampling(self, plan, entries)
         sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
         finished_ids = set(self.scheduler.update(plan, sampled))
+        self._plan_applied = True
         logprobs, forks = work.logprobs, work.forks
         # Only requests with something to report: streaming ones, and those whose sample
         # finished (generate()'s final_only requests report once, at the end).

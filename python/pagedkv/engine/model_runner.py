@@ -42,6 +42,7 @@ class ModelRunner:
         self.cpu_caches: List[torch.Tensor] = []
         self.backend: Optional[PagedAttentionBackend] = None
         self.graphs: Any = None  # CudaGraphRunner once captured
+        self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
 
     # ------------------------------------------------------------------ KV cache sizing
     def block_bytes(self) -> int:
@@ -168,12 +169,21 @@ class ModelRunner:
         out, inn, cpy = plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.blocks_to_copy
         if len(out):
             self._swap(self.kv_caches, self.cpu_caches, out)
+        self._swapped_out_step = int(plan.step)
         if len(inn):
             self._swap(self.cpu_caches, self.kv_caches, inn)
         if len(cpy):
             mapping = torch.from_numpy(np.ascontiguousarray(cpy, dtype=np.int64)).to(self.device)
             ops.copy_blocks([c[0] for c in self.kv_caches], [c[1] for c in self.kv_caches],
                             mapping)
+
+    def finish_swap_out(self, plan: Any) -> None:
+        """After a step failed: does the plan's swap-outs unless they were done. Until they
+        are, nothing of the step has written the device blocks they read (they come first),
+        so doing them once more after a partial run is safe too."""
+        if len(plan.blocks_to_swap_out) and self._swapped_out_step != int(plan.step):
+            self._swap(self.kv_caches, self.cpu_caches, plan.blocks_to_swap_out)
+            self._swapped_out_step = int(plan.step)
 
     @staticmethod
     def _swap(src: List[torch.Tensor], dst: List[torch.Tensor], pairs: Any) -> None:

@@ -149,10 +149,14 @@ class SamplingParams:
         if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
                                                  or self.prompt_logprobs < 0):
             raise bad("prompt_logprobs", "must be an integer >= 0")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "must be an integer")
+        if self.seed is not None and (not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed <= 2**63 - 1):
+            raise bad("seed", "must be in [-2**63, 2**63 - 1] (int64, as vLLM's server bounds it)")
         if any(not isinstance(s, str) or not s for s in self.stop):  # type: ignore[union-attr]
             raise bad("stop", "must be a non-empty string or a list of non-empty strings")
+        if self.stop and not self.detokenize:  # stop strings are found in the text
+            raise bad("stop", "strings are only supported when detokenize is True (vLLM's "
+                      "rule); set detokenize=True to use stop")
         if any(t < 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
             raise bad("stop_token_ids", "must be non-negative token ids")
         if self.output_kind not in ("cumulative", "final_only"):
