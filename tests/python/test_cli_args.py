@@ -77,6 +77,7 @@ BAD_VALUES = [
     ("generate Hi", ["--dtype", "float64"], "--dtype"),
     ("generate Hi", ["--device", "tpu"], "--device"),
     ("generate Hi", ["--swap-space", "-1"], "--swap-space"),
+    ("generate Hi", ["--max-logprobs", "-2"], "--max-logprobs"),
     ("generate Hi", ["--preemption-mode", "swap", "--swap-space", "0"], "--swap-space"),
     ("generate Hi", ["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
     ("chat", ["--kv-cache-space", "-2"], "--kv-cache-space"),

@@ -178,3 +178,16 @@ def test_out_of_vocab_stop_token_ids_are_rejected(llm):
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) >= 1
     assert_no_leak(llm)
+
+
+def test_out_of_vocab_logit_bias_is_rejected(llm):
+    # The server checks these ids too; through LLM an unchecked one would index the logits
+    # inside a step.
+    vocab = llm.llm_engine.model_config.vocab_size
+    p = SamplingParams(max_tokens=2, logit_bias={5: 1.0, vocab: -3.0})
+    with pytest.raises(ValueError, match=rf"^logit_bias must be in \[0, {vocab}\).*{vocab}"):
+        llm.generate("Hello", p, use_tqdm=False)
+    assert_no_leak(llm)
+    out = llm.generate("Hello", SamplingParams(max_tokens=2, logit_bias={vocab - 1: 0.5}),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) >= 1

@@ -83,12 +83,14 @@ class LLMEngine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got "
                              f"{min(ids)}..{max(ids)}")
-        # As vLLM: such an id can never be sampled, and banning stop ids before min_tokens
-        # indexes the logits with it.
-        bad_stops = [t for t in params.stop_token_ids or () if not 0 <= t < vocab]
-        if bad_stops:
-            raise ValueError(f"stop_token_ids must be in [0, {vocab}) (the vocabulary size), "
-                             f"got out-of-vocab id(s) {bad_stops}")
+        # As vLLM: such an id can never be sampled, and banning stop ids before min_tokens (or
+        # adding a bias) indexes the logits with it, inside a step.
+        for name, given in (("stop_token_ids", params.stop_token_ids),
+                            ("logit_bias", params.logit_bias)):
+            bad = [t for t in given or () if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{name} must be in [0, {vocab}) (the vocabulary size), "
+                                 f"got out-of-vocab id(s) {bad}")
         max_len = self.model_config.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"prompt is {len(ids)} tokens long, which does not leave room for "

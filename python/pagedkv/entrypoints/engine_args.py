@@ -81,6 +81,8 @@ ENGINE_FLAGS = (
     Flag("swap_space", 4.0, "GiB of host memory for swapped-out blocks (used by "
          "--preemption-mode swap)", type=t.float_in(0.0)),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
+    Flag("max_logprobs", 20, "most logprobs (and prompt logprobs) a request may ask for; -1: "
+         "the vocabulary size", type=t.int_at_least(-1)),
     Flag("seed", 0, "seed of the engine's random draws", type=int),
 )
 ENGINE_FLAG = {f.dest: f for f in ENGINE_FLAGS}
