@@ -1,6 +1,7 @@
 """AsyncLLMEngine over the real LLMEngine (default model): streaming, abort on early exit or
-cancellation (blocks freed), bad requests, and a dying engine loop failing requests and
-/health instead of hanging. The death test runs last: it kills the module's engine."""
+cancellation (blocks freed), bad requests, a failed step failing only its requests, and a dying
+engine loop (steps failing again and again) failing requests and /health instead of hanging.
+The death test runs last: it kills the module's engine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from deps import need
 
 need("torch")  # the engine runs its model in torch
 
-from pagedkv.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError  # noqa: E402
+from pagedkv.engine.async_llm_engine import (  # noqa: E402
+    AsyncLLMEngine,
+    EngineDeadError,
+    StepFailedError,
+)
 from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT = "The capital of France is"
@@ -237,6 +242,47 @@ def test_add_request_errors_are_json(engine: AsyncLLMEngine,
             assert r.status_code == 500, r.text
             assert r.headers["content-type"].startswith("application/json")
             assert "incompatible function arguments" in r.json()["error"]["message"]
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(
+        engine: AsyncLLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One step raising (a bug, a value the sampler cannot take) aborts the requests it ran:
+    their callers get StepFailedError (over HTTP a JSON 500), and the engine stays alive for
+    the next ones, with nothing leaked."""
+    from fastapi.testclient import TestClient
+    from pagedkv.entrypoints.openai.api_server import build_app
+
+    llm_engine = engine.engine
+    real = llm_engine._run_plan
+    fail_next = [True]
+
+    def flaky(plan):  # type: ignore[no-untyped-def]
+        if fail_next[0]:
+            fail_next[0] = False
+            raise RuntimeError("simulated one-off failure")
+        return real(plan)
+
+    monkeypatch.setattr(llm_engine, "_run_plan", flaky)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    async def run(rid: str) -> list:
+        return [out async for out in engine.generate(PROMPT, params, rid)]
+
+    with pytest.raises(StepFailedError, match="simulated one-off failure"):
+        asyncio.run(asyncio.wait_for(run("victim"), timeout=30))
+    assert not engine.is_dead
+    assert len(asyncio.run(run("after"))[-1].outputs[0].token_ids) == 4
+    wait_idle(engine)
+    # raise_server_exceptions=False: the 500 the server answers, not the exception Starlette
+    # re-raises after it for logging.
+    with TestClient(build_app(engine), raise_server_exceptions=False) as http:
+        fail_next[0] = True
+        r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+        assert r.status_code == 500 and "simulated" in r.json()["error"]["message"], r.text
+        assert http.get("/health").status_code == 200
+        r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+    wait_idle(engine)
 
 
 def test_zz_engine_death_fails_requests_and_health(engine: AsyncLLMEngine) -> None:

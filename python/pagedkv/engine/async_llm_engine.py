@@ -7,9 +7,12 @@ the GIL during the forward pass, so the event loop keeps serving HTTP while a st
 
 Lifetimes: a request's stream lives from ``generate()`` until its final output. A caller that
 stops iterating early (client disconnect, task cancellation, ``aclose()``) aborts the request,
-which frees its KV blocks. If a step raises, the engine is marked dead: every pending request
-gets :class:`EngineDeadError` (instead of hanging) and new requests are refused; the server's
-``/health`` then answers 503.
+which frees its KV blocks. If a step raises, LLMEngine aborts the requests that step was
+running and stays usable: their callers get :class:`StepFailedError` (the server's 500), the
+other requests go on. Only after ``_MAX_FAILED_STEPS`` failed steps in a row (a broken device,
+not one bad request), or a BaseException such as SystemExit, is the engine marked dead: every
+pending request gets :class:`EngineDeadError` (instead of hanging) and new requests are refused;
+the server's ``/health`` then answers 503.
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ def _engine_arg_names() -> set:
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped after an error; no request can be served."""
+
+
+class StepFailedError(RuntimeError):
+    """The engine step running this request raised; the request was aborted (others go on)."""
+
+
+_MAX_FAILED_STEPS = 3  # consecutive failed steps after which the engine is declared dead
 
 
 class RequestStream:
@@ -275,7 +285,7 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         try:
-            stalled = False
+            stalled, failures = False, 0
             while not self._stopping:
                 # Idle: sleep until a command comes. Busy: take commands without waiting, but
                 # after a step that produced nothing (waiting for blocks, or a prefill chunk)
@@ -284,7 +294,16 @@ class AsyncLLMEngine:
                 self._drain_commands(_STALL_WAIT_S if stalled else 0.0 if busy else _IDLE_POLL_S)
                 if self._stopping:
                     break
-                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                try:
+                    outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                except Exception as exc:
+                    failures += 1
+                    if failures >= _MAX_FAILED_STEPS:
+                        raise
+                    logger.exception("an engine step failed (%d in a row)", failures)
+                    self._fail_dropped(exc)
+                    continue
+                failures = 0
                 self._dispatch(outputs)
                 self._stats = dict(self.engine.get_stats())
                 stalled = busy and not outputs
@@ -333,6 +352,17 @@ class AsyncLLMEngine:
             if stream is not None:
                 stream.last = _snapshot(out, stream.last)
                 stream.put(stream.last)
+
+    def _fail_dropped(self, exc: Exception) -> None:
+        """After a failed step: the streams of requests the engine no longer holds (it aborted
+        the step's requests) get StepFailedError, unless their final output was already sent."""
+        with self._lock:
+            dropped = [s for rid, s in self._streams.items()
+                       if rid not in self.engine.requests
+                       and not (s.last is not None and s.last.finished)]
+        for stream in dropped:
+            stream.put(StepFailedError(f"request {stream.request_id!r} failed: the engine step "
+                                       f"running it raised {exc!r}"))
 
     def _die(self, exc: BaseException) -> None:
         with self._lock:
