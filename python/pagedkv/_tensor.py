@@ -118,6 +118,10 @@ def stream_handle(stream: Any, x: Any) -> int:
         if isinstance(handle, int):
             return handle
     if isinstance(stream, int) and not isinstance(stream, bool):
+        # A handle is a pointer (cudaStream_t): the binding takes it as an unsigned 64-bit int.
+        if not 0 <= stream < 2**64:
+            raise ValueError(f"stream: a CUDA stream handle is a pointer value in [0, 2**64), "
+                             f"got {stream}")
         return stream
     raise TypeError("stream: expected a CUDA stream handle (int), a torch.cuda.Stream or a cupy "
                     f"stream, got {type(stream).__name__}")

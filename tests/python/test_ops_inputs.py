@@ -347,6 +347,13 @@ def test_other_int_arguments_are_range_checked() -> None:
         decode_partition_size(1, 8, 2, 100, 16, 2**31, "hopper")
 
 
+def test_stream_handles_out_of_range_name_the_argument() -> None:
+    a = decode_args()
+    for bad in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"^stream: .*pointer"):
+            ops.paged_attention_v1(**a, stream=bad)
+
+
 def test_non_array_reaching_the_extension_names_the_argument() -> None:
     """Objects that pass the Python-side check but cannot be imported (an object-dtype numpy
     array) are named by the extension, not reported as a signature mismatch."""
