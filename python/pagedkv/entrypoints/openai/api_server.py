@@ -117,7 +117,9 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
-            text = chat.render(req.messages, None, req.add_generation_prompt)
+            # The chat template renders off the event loop too (a long conversation is slow).
+            text = await completion.in_count_thread(chat.render, req.messages, None,
+                                                    req.add_generation_prompt)
             ids = await completion.encode_async(text, add_special_tokens=False, param=None)
         else:
             ids = await completion.encode_async(req.prompt or "", req.add_special_tokens,
@@ -130,7 +132,8 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         completion.check_model(req.model)
         if req.tokens:
             completion.check_ids(req.tokens, "tokens")
-        return JSONResponse({"prompt": engine.tokenizer.decode(req.tokens)})
+        text = await completion.in_count_thread(engine.tokenizer.decode, req.tokens)
+        return JSONResponse({"prompt": text})
 
     @app.get("/health")
     async def health() -> Response:

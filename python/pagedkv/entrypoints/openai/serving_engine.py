@@ -150,6 +150,11 @@ class OpenAIServing:
         return await asyncio.get_running_loop().run_in_executor(
             executor, self.encode, text, add_special_tokens)
 
+    async def in_count_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in /tokenize's thread: the unbounded tokenizer work of /tokenize and
+        /detokenize stays off the event loop and out of the requests' tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._count_executor, fn, *args)
+
     def check_supported(self, req: Any, extra: Optional[Dict[str, Callable[[Any], bool]]] = None
                         ) -> None:
         """400 for a field pagedkv does not implement (UNSUPPORTED), set to a value that would
