@@ -28,6 +28,14 @@ def _runner(device: str, kv_cache_space: Optional[float]) -> ModelRunner:
                        max_model_len=256, max_num_batched_tokens=256)
 
 
+@pytest.fixture(autouse=True)
+def _pagedkv_records_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An LLM made by an earlier test in the session sets up the "pagedkv" logger with its own
+    handler and propagate=False (pagedkv.engine.llm), which keeps its records from caplog's
+    root handler; this file runs in any order."""
+    monkeypatch.setattr(logging.getLogger("pagedkv"), "propagate", True)
+
+
 def _warnings(caplog: pytest.LogCaptureFixture) -> list:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
