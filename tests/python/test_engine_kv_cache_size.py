@@ -28,34 +28,46 @@ def _runner(device: str, kv_cache_space: Optional[float]) -> ModelRunner:
                        max_model_len=256, max_num_batched_tokens=256)
 
 
-@pytest.fixture(autouse=True)
-def _pagedkv_records_reach_caplog(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An LLM made by an earlier test in the session sets up the "pagedkv" logger with its own
-    handler and propagate=False (pagedkv.engine.llm), which keeps its records from caplog's
-    root handler; this file runs in any order."""
-    monkeypatch.setattr(logging.getLogger("pagedkv"), "propagate", True)
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
-def _warnings(caplog: pytest.LogCaptureFixture) -> list:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+@pytest.fixture
+def pagedkv_log(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The "pagedkv" logger's records, from a handler on that logger itself: pytest's caplog
+    listens on the root logger, which an LLM made earlier in the session cuts pagedkv's records
+    off from (its own handler, propagate=False; fresh-clone CI failed on that)."""
+    log = logging.getLogger("pagedkv")
+    handler = _Records()
+    monkeypatch.setattr(log, "level", logging.INFO)
+    log.addHandler(handler)
+    yield handler
+    log.removeHandler(handler)
+
+
+def _warnings(log: _Records) -> list:
+    return [r.getMessage() for r in log.records if r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize("space", [None, 0.5])
-def test_cpu_cache_is_sized_by_kv_cache_space(space, caplog):
+def test_cpu_cache_is_sized_by_kv_cache_space(space, pagedkv_log):
     runner = _runner("cpu", space)
-    with caplog.at_level(logging.INFO, logger="pagedkv"):
-        num_blocks, num_cpu = runner.determine_num_blocks()
+    num_blocks, num_cpu = runner.determine_num_blocks()
     assert num_blocks == int((space or 4.0) * _GiB) // runner.block_bytes() and num_cpu == 0
-    assert _warnings(caplog) == []
+    assert _warnings(pagedkv_log) == []
 
 
 @pytest.mark.parametrize("space", [None, 0.5])
-def test_gpu_ignores_kv_cache_space_and_says_so(space, caplog, monkeypatch):
+def test_gpu_ignores_kv_cache_space_and_says_so(space, pagedkv_log, monkeypatch):
     runner = _runner("cuda", space)
     monkeypatch.setattr(runner, "_profile_gpu_blocks", lambda per_block: 123)
-    with caplog.at_level(logging.INFO, logger="pagedkv"):
-        assert runner.determine_num_blocks() == (123, 0)
-    warned = _warnings(caplog)
+    assert runner.determine_num_blocks() == (123, 0)
+    warned = _warnings(pagedkv_log)
     if space is None:
         assert warned == []
         return
