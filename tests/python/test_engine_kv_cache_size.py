@@ -38,16 +38,17 @@ class _Records(logging.Handler):
 
 
 @pytest.fixture
-def pagedkv_log(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def pagedkv_log():  # type: ignore[no-untyped-def]
     """The "pagedkv" logger's records, from a handler on that logger itself: pytest's caplog
     listens on the root logger, which an LLM made earlier in the session cuts pagedkv's records
     off from (its own handler, propagate=False; fresh-clone CI failed on that)."""
     log = logging.getLogger("pagedkv")
-    handler = _Records()
-    monkeypatch.setattr(log, "level", logging.INFO)
+    handler, level = _Records(), log.level
+    log.setLevel(logging.INFO)  # setLevel, not the attribute: it clears the level caches
     log.addHandler(handler)
     yield handler
     log.removeHandler(handler)
+    log.setLevel(level)
 
 
 def _warnings(log: _Records) -> list:
