@@ -74,6 +74,7 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
       std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * bulk_out_pitch(D) * 4), 1024);
   bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 1) != 0;
   bp.heads_first = a.num_q <= 65535 && env_int("PAGEDKV_DECODE_HEADS_FIRST", 1) != 0;
+  bp.lazy_max = env_int("PAGEDKV_DECODE_LAZY_MAX", 1) != 0;
   if (smem_bytes(bp) > kCtaMax) return "the rings do not fit shared memory";
   return nullptr;
 }

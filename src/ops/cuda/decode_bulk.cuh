@@ -45,6 +45,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 16;  // keys per chunk: the 16 rows of S^T, one k step of O^T += V^T P^T
 constexpr float kL2e = 1.4426950408889634f;
+constexpr float kSlack = 8.f;  // lazy maximum: how far (log2) a logit may exceed the reference
 
 // Two fp8 values (the low, or with HI the high, 16 bits of w) -> one f16x2 register: one cvt, the
 // halves addressed as a register pair (no masks or shifts).
@@ -334,11 +335,12 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     }
   }
 
-  float m[NH][2], l[NH][2];
+  float m[NH][2], l[NH][2], tmax[NH][2];  // tmax: the lane's true maximum logit (lazy m)
   float o[KD][NH][4];
 #pragma unroll
   for (int nh = 0; nh < NH; ++nh) {
     m[nh][0] = m[nh][1] = -INFINITY;
+    tmax[nh][0] = tmax[nh][1] = -INFINITY;
     l[nh][0] = l[nh][1] = 0.f;
 #pragma unroll
     for (int mt = 0; mt < KD; ++mt) o[mt][nh][0] = o[mt][nh][1] = o[mt][nh][2] = o[mt][nh][3] = 0.f;
@@ -346,10 +348,10 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
 
   // ldmatrix.x4 per K (or V) tile: one per k step, or per two with fp8 (byte pairs as b16).
   constexpr int NK = kFp8 ? KD / 2 : KD;
-  auto load_k = [&](unsigned char* kt, int i, uint32_t(&w)[4]) {
+  auto load_k = [&](unsigned char* kt, int i, uint32_t (&w)[4]) {
     ldmatrix_x4(w, ld_at(kt, lk, 2 * i));
   };
-  auto load_v = [&](unsigned char* vt, int i, uint32_t(&w)[4]) {
+  auto load_v = [&](unsigned char* vt, int i, uint32_t (&w)[4]) {
     if constexpr (kFp8) {
       ldmatrix_x4_trans(w, ld_at(vt, lk, 2 * i));
     } else {
@@ -376,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
       __syncwarp();  // every lane has read the stage
       release();
     }
-    auto k_frag = [&](int i, uint32_t(&w)[4]) {  // the i-th ldmatrix.x4 of the K tile
+    auto k_frag = [&](int i, uint32_t (&w)[4]) {  // the i-th ldmatrix.x4 of the K tile
       if constexpr (kEarly) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) w[e] = kfr[i][e];
@@ -384,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
         load_k(kt, i, w);
       }
     };
-    auto v_frag = [&](int i, uint32_t(&w)[4]) {  // the i-th (transposed) one of the V tile
+    auto v_frag = [&](int i, uint32_t (&w)[4]) {  // the i-th (transposed) one of the V tile
       if constexpr (kEarly) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) w[e] = vfr[i][e];
@@ -400,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
 #pragma unroll
       for (int e = 0; e < 4; ++e) sa[nh][e] = sb[nh][e] = 0.f;
     }
-    auto s_step = [&](int ks, const uint32_t(&a)[4]) {
+    auto s_step = [&](int ks, const uint32_t (&a)[4]) {
 #pragma unroll
       for (int nh = 0; nh < NH; ++nh) {
         const uint32_t b0 = kQRegs ? qf[kQRegs ? ks : 0][nh][0] : qfrag(ks, nh, 0);
@@ -451,19 +453,44 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     }
     float alpha[NH][2], ms[NH][2];
     bool grew = false;
+    // Lazy maximum: the reference m moves only when some logit of the chunk exceeds it by more
+    // than kSlack (log2 domain). Below that p = 2^(x - m) <= 2^kSlack, well inside fp16 / bf16
+    // and the fp32 sums, so most chunks skip the cross-lane reduction (three dependent shuffles
+    // per column). m is then at most kSlack below the true maximum (tmax keeps that, for the
+    // split partials' max logits).
+    bool over = false;
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float v = mx[nh][i];
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-        const float mn = fmaxf(m[nh][i], v);
-        ms[nh][i] = mn == -INFINITY ? 0.f : mn;  // nothing unmasked yet: keep zeros, no NaN
-        alpha[nh][i] = mn == m[nh][i] ? 1.f : fast_exp2(m[nh][i] - ms[nh][i]);
-        grew |= mn != m[nh][i];
-        m[nh][i] = mn;
+        over |= mx[nh][i] > m[nh][i] + kSlack;
+        tmax[nh][i] = fmaxf(tmax[nh][i], mx[nh][i]);
+      }
+    }
+    if (!bp.lazy_max || __any_sync(0xffffffffu, over)) {
+#pragma unroll
+      for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float v = mx[nh][i];
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+          const float mn = fmaxf(m[nh][i], v);
+          ms[nh][i] = mn == -INFINITY ? 0.f : mn;  // nothing unmasked yet: keep zeros, no NaN
+          alpha[nh][i] = mn == m[nh][i] ? 1.f : fast_exp2(m[nh][i] - ms[nh][i]);
+          grew |= mn != m[nh][i];
+          m[nh][i] = mn;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          ms[nh][i] = m[nh][i] == -INFINITY ? 0.f : m[nh][i];
+          alpha[nh][i] = 1.f;
+        }
       }
     }
     uint32_t pb[NH][2];  // P^T as the B fragments (keys 0-7, 8-15) of each column tile
@@ -572,6 +599,19 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
       }
     }
   }
+  // Split mode reports each head's true maximum logit (vLLM's max_logits): the lanes' tmax.
+  __shared__ float sm_t[kWarps][NR];
+  if (p.partition_size > 0) {
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        tmax[nh][i] = fmaxf(tmax[nh][i], __shfl_xor_sync(0xffffffffu, tmax[nh][i], 4));
+        tmax[nh][i] = fmaxf(tmax[nh][i], __shfl_xor_sync(0xffffffffu, tmax[nh][i], 8));
+        tmax[nh][i] = fmaxf(tmax[nh][i], __shfl_xor_sync(0xffffffffu, tmax[nh][i], 16));
+      }
+    }
+  }
   if (r == 0) {
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
@@ -579,6 +619,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
       for (int i = 0; i < 2; ++i) {
         sm_m[warp][nh * 8 + 2 * q + i] = m[nh][i];
         sm_l[warp][nh * 8 + 2 * q + i] = l[nh][i];
+        sm_t[warp][nh * 8 + 2 * q + i] = tmax[nh][i];
       }
     }
   }
@@ -594,6 +635,15 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     for (int w = 0; w < kWarps; ++w) sm_a[w][g] = wm.weight(w, p.v_scale);
     sm_lsum[g] = wm.L;
     sm_mmax[g] = wm.M;
+    if (p.partition_size > 0) {  // the exp-sum restated against the true maximum (lazy m)
+      float t = sm_t[0][g];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) t = fmaxf(t, sm_t[w][g]);
+      if (t > wm.M) {
+        sm_lsum[g] = wm.L * fast_exp2(wm.M - t);
+        sm_mmax[g] = t;
+      }
+    }
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < ng * (D / 4); idx += kThreads) {

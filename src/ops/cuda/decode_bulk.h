@@ -37,6 +37,7 @@ struct BulkDecodeParams {
   int q_bytes;      // the 16-bit query tile, [8 * head_tiles][head_size + 8]
   int evict_first;  // 1: the copies carry an L2 evict-first policy (PAGEDKV_DECODE_EVICT_FIRST)
   int heads_first;  // 1: grid (heads x chunks, seqs, parts), a sequence's KV heads launch together
+  int lazy_max;     // 1: the running maximum moves only past a slack (PAGEDKV_DECODE_LAZY_MAX)
   uint64_t* timeline;  // profiling builds: per-CTA stamps (decode_timeline.h), else nullptr
 };
 
