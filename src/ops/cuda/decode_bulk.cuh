@@ -6,8 +6,10 @@
 //    decode_mma.cuh, bound by instruction issue, not by memory);
 //  - S^T = K Q^T on mma.sync m16n8k16 with the 16 keys as rows and the query heads of the KV group
 //    as the 8 columns (two column tiles for groups of 9..16), the head dimension as the k steps;
-//  - an online softmax per head (column) in the log2 domain on the accumulator fragments; P^T goes
-//    from the accumulator layout to the B-operand layout by two movmatrix transposes;
+//  - an online softmax per head (column) in the log2 domain on the accumulator fragments, whose
+//    reference maximum moves only when a logit passes it by a slack (no cross-lane reduction on
+//    most chunks); P^T goes from the accumulator layout to the B-operand layout by two movmatrix
+//    transposes;
 //  - O^T += V^T P^T with head-dimension rows: half the accumulator registers of O = P V for a
 //    group of 4 (whose 16-row tiles would be three quarters padding);
 //  - fp8 caches stay fp8 in shared memory and convert in registers (fp8x2 -> f16x2 is one
