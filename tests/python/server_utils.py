@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import httpx
 
@@ -18,6 +18,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def small_server(tmp_path_factory: Any, name: str, *, model: str = "smol",
+                 max_model_len: int = 256, kv_cache_space: float = 0.05,
+                 max_num_seqs: int = 8, env: Optional[Dict[str, str]] = None) -> RemoteServer:
+    """The default model served on a free local port with a small KV cache and quiet uvicorn,
+    its log in a fresh temporary directory `name` (the server test modules' fixture)."""
+    tmp = tmp_path_factory.mktemp(name)
+    return RemoteServer(["--served-model-name", model, "--host", "127.0.0.1",
+                         "--max-model-len", str(max_model_len),
+                         "--kv-cache-space", str(kv_cache_space),
+                         "--max-num-seqs", str(max_num_seqs), "--uvicorn-log-level", "warning"],
+                        tmp / "server.log", env=env)
 
 
 class RemoteServer:

@@ -13,7 +13,7 @@ from deps import need
 httpx = need("httpx")
 
 from pagedkv.entrypoints.openai import limits  # noqa: E402
-from server_utils import RemoteServer  # noqa: E402
+from server_utils import RemoteServer, small_server  # noqa: E402
 
 MODEL = "smol"
 SUCCESS = "pagedkv:request_success_total"
@@ -23,11 +23,8 @@ GENERATED = "pagedkv:generation_tokens_total"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("server_choices")
-    srv = RemoteServer(["--served-model-name", MODEL, "--host", "127.0.0.1",
-                        "--max-model-len", "256", "--kv-cache-space", "0.1",
-                        "--max-num-seqs", "16", "--uvicorn-log-level", "warning"],
-                       tmp / "server.log")
+    srv = small_server(tmp_path_factory, "server_choices", model=MODEL, kv_cache_space=0.1,
+                       max_num_seqs=16)
     yield srv
     srv.stop()
 

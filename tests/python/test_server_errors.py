@@ -11,7 +11,7 @@ from deps import need
 
 httpx = need("httpx")
 
-from server_utils import RemoteServer  # noqa: E402
+from server_utils import RemoteServer, small_server  # noqa: E402
 
 MODEL = "smol"
 MAX_MODEL_LEN = 256
@@ -20,11 +20,8 @@ MAX_N = 64  # the server's $PAGEDKV_MAX_N_SEQUENCES here, low so that the test s
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("server_errors")
-    srv = RemoteServer(["--served-model-name", MODEL, "--host", "127.0.0.1",
-                        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-space", "0.05",
-                        "--max-num-seqs", "8", "--uvicorn-log-level", "warning"],
-                       tmp / "server.log", env={"PAGEDKV_MAX_N_SEQUENCES": str(MAX_N)})
+    srv = small_server(tmp_path_factory, "server_errors", model=MODEL,
+                       max_model_len=MAX_MODEL_LEN, env={"PAGEDKV_MAX_N_SEQUENCES": str(MAX_N)})
     yield srv
     srv.stop()
 

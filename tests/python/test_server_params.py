@@ -18,7 +18,7 @@ from deps import need
 
 httpx = need("httpx")
 
-from server_utils import RemoteServer  # noqa: E402
+from server_utils import RemoteServer, small_server  # noqa: E402
 
 MODEL = "smol"
 MAX_MODEL_LEN = 256
@@ -28,11 +28,8 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("server_params")
-    srv = RemoteServer(["--served-model-name", MODEL, "--host", "127.0.0.1",
-                        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-space", "0.05",
-                        "--max-num-seqs", "8", "--uvicorn-log-level", "warning"],
-                       tmp / "server.log")
+    srv = small_server(tmp_path_factory, "server_params", model=MODEL,
+                       max_model_len=MAX_MODEL_LEN)
     yield srv
     srv.stop()
 
