@@ -15,6 +15,15 @@ SMOLLM2_PROMPTS = [
 ]
 
 
+def cpu_llm(kv_cache_space: float, max_model_len: int, /, **kw: Any) -> Any:
+    """The default model on the CPU with a small KV cache (the engine test modules' LLM); the
+    two sizes are defaults that `kw` may override."""
+    from pagedkv import LLM
+
+    return LLM(device="cpu", **{"kv_cache_space": kv_cache_space,
+                                "max_model_len": max_model_len, **kw})
+
+
 def assert_no_leak(llm: Any) -> None:
     """After generate: no request left and every KV block back in the free pool."""
     eng = llm.llm_engine

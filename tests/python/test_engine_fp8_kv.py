@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 from deps import need
-from engine_checks import SMOLLM2_PROMPTS, assert_no_leak
+from engine_checks import SMOLLM2_PROMPTS, assert_no_leak, cpu_llm
 
 torch = need("torch")
 need("transformers")
@@ -32,10 +32,8 @@ TORCH_FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
 
 
 def _make(kv_cache_dtype: str = "auto", **kw) -> LLM:
-    kw.setdefault("kv_cache_space", 0.25)
-    kw.setdefault("max_model_len", 256)
     kw.setdefault("max_num_batched_tokens", 8)  # chunked prefill: see the module docstring
-    return LLM(device="cpu", kv_cache_dtype=kv_cache_dtype, **kw)
+    return cpu_llm(0.25, 256, kv_cache_dtype=kv_cache_dtype, **kw)
 
 
 def _run(llm: LLM) -> list:

@@ -11,7 +11,7 @@ import os
 
 import pytest
 from deps import need
-from engine_checks import SMOLLM2_PROMPTS, assert_no_leak
+from engine_checks import SMOLLM2_PROMPTS, assert_no_leak, cpu_llm
 
 torch = need("torch")
 transformers = need("transformers")
@@ -28,9 +28,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
 
 def _make(**kw) -> LLM:
-    kw.setdefault("kv_cache_space", 0.25)
-    kw.setdefault("max_model_len", 1024)
-    return LLM(device="cpu", **kw)
+    return cpu_llm(0.25, 1024, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from deps import need
-from engine_checks import SMOLLM2_PROMPTS, assert_no_leak
+from engine_checks import SMOLLM2_PROMPTS, assert_no_leak, cpu_llm
 
 need("torch")
 need("gguf")
@@ -30,9 +30,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 def _make(**kw) -> LLM:
-    kw.setdefault("kv_cache_space", 0.05)
-    kw.setdefault("max_model_len", 256)
-    return LLM(device="cpu", **kw)
+    return cpu_llm(0.05, 256, **kw)
 
 
 @pytest.fixture(scope="module")
