@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import httpx
 
@@ -22,14 +22,17 @@ def free_port() -> int:
 
 def small_server(tmp_path_factory: Any, name: str, *, model: str = "smol",
                  max_model_len: int = 256, kv_cache_space: float = 0.05,
-                 max_num_seqs: int = 8, env: Optional[Dict[str, str]] = None) -> RemoteServer:
+                 max_num_seqs: int = 8, env: Optional[Dict[str, str]] = None,
+                 extra_args: Sequence[str] = ()) -> RemoteServer:
     """The default model served on a free local port with a small KV cache and quiet uvicorn,
-    its log in a fresh temporary directory `name` (the server test modules' fixture)."""
+    its log in a fresh temporary directory `name` (the server test modules' fixture);
+    ``extra_args``: more `serve` flags."""
     tmp = tmp_path_factory.mktemp(name)
     return RemoteServer(["--served-model-name", model, "--host", "127.0.0.1",
                          "--max-model-len", str(max_model_len),
                          "--kv-cache-space", str(kv_cache_space),
-                         "--max-num-seqs", str(max_num_seqs), "--uvicorn-log-level", "warning"],
+                         "--max-num-seqs", str(max_num_seqs), "--uvicorn-log-level", "warning",
+                         *extra_args],
                         tmp / "server.log", env=env)
 
 

@@ -5,6 +5,7 @@ is loaded, and help text that states each default once. Nothing here loads a mod
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 import pytest
@@ -142,6 +143,8 @@ def test_help_states_each_default_once_and_correctly() -> None:
         elif action.nargs != 0 and action.option_strings:
             assert "(default" in text, where  # a value flag says what happens without it
             default = serve.DEFAULTS.get(action.dest) if command == "serve" else action.default
+            if isinstance(default, list):  # list flags take JSON, and say their default so
+                default = json.dumps(default)
             if default is not None and not isinstance(default, bool):
                 assert f"(default: {default}" in text, where
 

@@ -122,3 +122,65 @@ def test_logging_level_from_environment(env, level, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(api_server, "run_server", lambda opts: 0)
     assert serve.run(parse(["--device", "cpu"])) == 0
     assert seen["level"] == level
+
+
+def test_vllm_flags_that_change_nothing_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM command lines run unchanged: --trust-remote-code, parallel sizes of 1,
+    --disable-log-stats; a parallel size of 2 is an argparse error naming the flag."""
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+
+    argv = ["--trust-remote-code", "--tensor-parallel-size", "1", "--pipeline-parallel-size",
+            "1", "--disable-log-stats", "--scheduling-policy", "priority"]
+    given: dict = {}
+    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
+    AsyncLLMEngine.from_engine_args(parse(argv))
+    assert given["trust_remote_code"] is True and given["disable_log_stats"] is True
+    assert given["tensor_parallel_size"] == 1 and given["scheduling_policy"] == "priority"
+    assert parse([]).scheduling_policy == "fcfs"
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):
+        with pytest.raises(SystemExit):
+            parse([flag, "2"])
+
+
+def test_server_flags_of_vllm(tmp_path: Path) -> None:
+    opts = parse([])
+    assert (opts.allowed_origins, opts.allowed_methods, opts.allowed_headers) == (["*"],) * 3
+    assert opts.allow_credentials is False and opts.enable_request_id_headers is False
+    assert (opts.response_role, opts.root_path) == ("assistant", None)
+    opts = parse(["--allowed-origins", '["https://ui.example"]', "--allow-credentials",
+                  "--enable-request-id-headers", "--disable-uvicorn-access-log",
+                  "--root-path", "/llm", "--response-role", "bot"])
+    assert opts.allowed_origins == ["https://ui.example"] and opts.allow_credentials
+    assert opts.enable_request_id_headers and opts.disable_uvicorn_access_log
+    assert (opts.root_path, opts.response_role) == ("/llm", "bot")
+    with pytest.raises(SystemExit):
+        parse(["--allowed-origins", "https://ui.example"])  # not a JSON list
+    cfg = tmp_path / "cors.yaml"
+    cfg.write_text("allowed-origins: [https://a.example, https://b.example]\n")
+    assert parse(["--config", str(cfg)]).allowed_origins == ["https://a.example",
+                                                             "https://b.example"]
+    cfg.write_text("allowed-origins: [1, 2]\n")
+    with pytest.raises(CLIError, match="allowed-origins"):
+        parse(["--config", str(cfg)])
+
+
+def test_cors_and_request_id_header_settings_reach_the_app() -> None:
+    """build_app honours the CORS lists and --enable-request-id-headers (no model: a stub
+    engine; only routes that do not generate are called)."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+    from pagedkv.entrypoints.openai.api_server import build_app
+
+    tok = SimpleNamespace(get_vocab=lambda: {"a": 0})
+    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64, vocab_size=1,
+                                                          model="m", name="m"),
+                             tokenizer=tok, is_dead=False, get_stats=dict)
+    args = parse(["--allowed-origins", '["https://ui.example"]', "--enable-request-id-headers"])
+    client = TestClient(build_app(engine, args))
+    r = client.get("/v1/models", headers={"Origin": "https://ui.example"})
+    assert r.headers["access-control-allow-origin"] == "https://ui.example"
+    assert r.headers["x-request-id"]
+    r = client.get("/v1/models", headers={"Origin": "https://evil.example",
+                                          "X-Request-Id": "r1"})
+    assert "access-control-allow-origin" not in r.headers and r.headers["x-request-id"] == "r1"

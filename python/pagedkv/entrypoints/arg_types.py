@@ -8,8 +8,9 @@ and :class:`HelpFormatter`, which states each flag's default exactly once.
 from __future__ import annotations
 
 import argparse
+import json
 import re
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 # vLLM's --dtype choices; the loader also takes fp32 / fp16 / bf16, kept as quiet aliases.
 DTYPE_CHOICES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -116,6 +117,35 @@ def choice_of(choices: Sequence[str]) -> Callable[[str], str]:
 
     parse.__name__ = "choice"
     return parse
+
+
+def only_one(text: str) -> int:
+    """vLLM's --tensor-parallel-size / --pipeline-parallel-size: pagedkv runs the model in one
+    process on one device, so 1 is the only value (accepted so that vLLM command lines run)."""
+    if str(text).strip() != "1":
+        raise _bad("must be 1: pagedkv runs the model in one process on one device", text)
+    return 1
+
+
+only_one.__name__ = "1"
+
+
+def json_list(text: Union[str, List[Any]]) -> List[str]:
+    """vLLM's list flags (``--allowed-origins '["https://a.example"]'``): a JSON list of
+    strings; a config file may give a YAML list instead (``takes_list``)."""
+    value: Any = text
+    if isinstance(text, str):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise _bad("must be a JSON list of strings, e.g. '[\"*\"]'", text) from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _bad("must be a JSON list of strings, e.g. '[\"*\"]'", str(text))
+    return value
+
+
+json_list.__name__ = "JSON list"
+json_list.takes_list = True  # type: ignore[attr-defined]
 
 
 class HelpFormatter(argparse.HelpFormatter):

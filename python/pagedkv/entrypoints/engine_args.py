@@ -84,6 +84,19 @@ ENGINE_FLAGS = (
     Flag("max_logprobs", 20, "most logprobs (and prompt logprobs) a request may ask for; -1: "
          "the vocabulary size", type=t.int_at_least(-1)),
     Flag("seed", 0, "seed of the engine's random draws", type=int),
+    Flag("scheduling_policy", "fcfs", "which waiting request runs first: 'fcfs' (arrival order) "
+         "or 'priority' (the request's priority, lower first, then arrival; a server request "
+         "with a priority other than 0 is refused under fcfs)",
+         type=t.choice_of(("fcfs", "priority")), metavar="{fcfs,priority}"),
+    # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
+    Flag("tensor_parallel_size", 1, "accepted for vLLM compatibility: one device, so 1 only",
+         type=t.only_one),
+    Flag("pipeline_parallel_size", 1, "accepted for vLLM compatibility: one process, so 1 only",
+         type=t.only_one),
+    Flag("trust_remote_code", False, "accepted for vLLM compatibility: pagedkv runs its own "
+         "model code, never a checkpoint's, so this changes nothing", kind="switch"),
+    Flag("disable_log_stats", False, "accepted for vLLM compatibility: pagedkv logs no "
+         "periodic stats", kind="switch"),
 )
 ENGINE_FLAG = {f.dest: f for f in ENGINE_FLAGS}
 ENGINE_DEFAULTS: Dict[str, Any] = {f.dest: f.default for f in ENGINE_FLAGS}

@@ -29,6 +29,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEFAULTS: Dict[str, Any] = {
     "host": "0.0.0.0", "port": 8000, "api_key": None, "served_model_name": None,
     "chat_template": None, "uvicorn_log_level": "info", "disable_log_requests": False,
+    "allowed_origins": ["*"], "allowed_methods": ["*"], "allowed_headers": ["*"],
+    "allow_credentials": False, "enable_request_id_headers": False,
+    "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
     **ENGINE_DEFAULTS,
 }
 
@@ -58,6 +61,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default: info)")
     g.add_argument("--disable-log-requests", action="store_true", default=s,
                    help="do not log a line per request")
+    g.add_argument("--disable-uvicorn-access-log", action="store_true", default=s,
+                   help="do not log uvicorn's line per HTTP request")
+    g.add_argument("--response-role", default=s,
+                   help="the role of the chat answers' messages (default: assistant)")
+    g.add_argument("--root-path", default=s,
+                   help="the path prefix of the server behind a path-based proxy, as "
+                        "FastAPI's root_path (default: none)")
+    g.add_argument("--enable-request-id-headers", action="store_true", default=s,
+                   help="answer with an X-Request-Id header: the client's, else the request's id")
+    # CORS, as vLLM: browsers may call the API from any origin unless restricted here.
+    g.add_argument("--allowed-origins", type=t.json_list, default=s,
+                   help='CORS: origins allowed, a JSON list (default: ["*"])')
+    g.add_argument("--allowed-methods", type=t.json_list, default=s,
+                   help='CORS: HTTP methods allowed, a JSON list (default: ["*"])')
+    g.add_argument("--allowed-headers", type=t.json_list, default=s,
+                   help='CORS: request headers allowed, a JSON list (default: ["*"])')
+    g.add_argument("--allow-credentials", action="store_true", default=s,
+                   help="CORS: allow credentials (cookies, authorization) in cross-origin calls")
     add_engine_arguments(parser, suppress=True)
 
 
@@ -74,6 +95,11 @@ def _config_value(action: argparse.Action, value: Any) -> Any:
         if not items or not all(isinstance(v, str) for v in items):
             raise ValueError(f"must be a string or a list of strings, got {value!r}")
         return items
+    if isinstance(value, list) and getattr(action.type, "takes_list", False):
+        try:
+            return action.type(value)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(str(e)) from None
     if isinstance(value, (bool, list, dict)) or value is None:
         raise ValueError(f"must be a single value, got {value!r}")
     if action.type is None:

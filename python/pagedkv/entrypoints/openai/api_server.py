@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import hmac
 import logging
+import uuid
 from typing import Any, List, Optional
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 import pagedkv
@@ -34,6 +36,31 @@ from pagedkv.entrypoints.openai.serving_completion import OpenAIServingCompletio
 from pagedkv.entrypoints.openai.serving_engine import ServerState
 
 logger = logging.getLogger("pagedkv.server")
+
+
+class RequestIdHeaderMiddleware:
+    """``--enable-request-id-headers``: every response carries X-Request-Id, the client's own
+    when it sent one, else the id the handler gave the request (``cmpl-...``), else a random
+    one. Plain ASGI, so streams pass through unbuffered."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id")
+        state = scope.setdefault("state", {})
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                rid = given or str(state.get("request_id") or uuid.uuid4().hex).encode()
+                message = dict(message, headers=[*message.get("headers", []),
+                                                 (b"x-request-id", rid)])
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class ApiKeyMiddleware:
@@ -86,13 +113,24 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         engine=engine, served_model_names=names, model_aliases=aliases,
         max_model_len=int(engine.model_config.max_model_len),
         chat_template=getattr(args, "chat_template", None),
-        metrics=ServerMetrics(engine, names[0]), max_n_sequences=max_n_sequences(args))
-    app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
+        metrics=ServerMetrics(engine, names[0]), max_n_sequences=max_n_sequences(args),
+        response_role=getattr(args, "response_role", None) or "assistant")
+    app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__,
+                  root_path=getattr(args, "root_path", None) or "")
     app.state.pagedkv = state
     install_error_handlers(app)
     api_key: Optional[str] = getattr(args, "api_key", None)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if getattr(args, "enable_request_id_headers", False):
+        app.add_middleware(RequestIdHeaderMiddleware)
+    # CORS outermost (added last), as vLLM has it, so that preflights and even 401 answers
+    # carry the Access-Control-* headers a browser needs to read them.
+    app.add_middleware(CORSMiddleware,
+                       allow_origins=getattr(args, "allowed_origins", None) or ["*"],
+                       allow_credentials=bool(getattr(args, "allow_credentials", False)),
+                       allow_methods=getattr(args, "allowed_methods", None) or ["*"],
+                       allow_headers=getattr(args, "allowed_headers", None) or ["*"])
     completion = OpenAIServingCompletion(state)
     chat = OpenAIServingChat(state)
     # vLLM's ModelCard.root: what was loaded (the MODEL argument / path).
@@ -166,7 +204,8 @@ def run_server(args: argparse.Namespace) -> int:
                 "(health: /health, metrics: /metrics%s)", state.model_name, state.max_model_len,
                 shown_host, args.port, ", API key required" if args.api_key else "")
     config = uvicorn.Config(app, host=args.host, port=args.port,
-                            log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5)
+                            log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5,
+                            access_log=not getattr(args, "disable_uvicorn_access_log", False))
     try:
         uvicorn.Server(config).run()
     finally:

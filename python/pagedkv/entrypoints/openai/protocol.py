@@ -24,8 +24,10 @@ class _Request(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    # vLLM's defaults: a stream_options object that does not mention include_usage asks for
+    # the usage chunk; null is "no" (vLLM tests the value's truth).
+    include_usage: Optional[bool] = True
+    continuous_usage_stats: Optional[bool] = False
 
 
 class _SamplingFields(_Request):
@@ -56,9 +58,14 @@ class _SamplingFields(_Request):
     prompt_logprobs: Optional[int] = None  # vLLM's extension
     # Checked against what pagedkv supports: only {"type": "text"} (see serving_engine.py).
     response_format: Optional[Any] = None
-    stream: bool = False
+    # Optional where vLLM's are: clients that send every field, unset ones as null, work.
+    stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     priority: int = 0
+    # vLLM's extension: the response id is "cmpl-"/"chatcmpl-" + this (or the X-Request-Id
+    # header, which wins); random when neither is given.
+    request_id: Optional[str] = None
+    best_of: Optional[int] = None  # only best_of == n is served (see check_request)
 
     @field_validator("n", mode="before")
     @classmethod
@@ -71,9 +78,8 @@ class CompletionRequest(_SamplingFields):
     prompt: Union[str, List[str], List[int], List[List[int]]]
     max_tokens: Optional[int] = 16  # OpenAI's default for the legacy completions API
     logprobs: Optional[int] = None
-    echo: bool = False
+    echo: Optional[bool] = False
     suffix: Optional[str] = None
-    best_of: Optional[int] = None
     add_special_tokens: bool = True  # vLLM: BOS etc. are added to text prompts by default
 
 
@@ -92,7 +98,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: List[ChatMessage]
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
-    logprobs: bool = False
+    logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     add_generation_prompt: bool = True
     chat_template: Optional[str] = None
@@ -100,6 +106,12 @@ class ChatCompletionRequest(_SamplingFields):
     add_special_tokens: bool = False
     tools: Optional[Any] = None
     tool_choice: Optional[Any] = None
+    # Without tools (refused, see serving_chat.py) there are no tool calls to run in parallel:
+    # accepted and without effect, as in vLLM.
+    parallel_tool_calls: Optional[bool] = None
+    # Handed to the chat template as a variable (templates of reasoning models read it; others,
+    # SmolLM2's included, ignore it); checked against OpenAI's values.
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = None
 
 
 class TokenizeRequest(_Request):

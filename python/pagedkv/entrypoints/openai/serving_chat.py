@@ -17,7 +17,7 @@ from pagedkv.entrypoints.openai.protocol import (
     ChatLogProbs,
     ChatMessage,
     ResponseMessage,
-    random_id,
+    UsageInfo,
 )
 from pagedkv.entrypoints.openai.serving_engine import (
     OpenAIServing,
@@ -73,23 +73,32 @@ def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
 
 class OpenAIServingChat(OpenAIServing):
     def render(self, messages: List[ChatMessage], template: Optional[str],
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True,
+               template_vars: Optional[Dict[str, Any]] = None) -> str:
+        """The prompt of a conversation. ``template_vars``: request settings the template may
+        read (reasoning_effort), given only when set so that a template's own defaults hold."""
         if not messages:
             raise bad_request("messages must not be empty", param="messages")
         try:
             return self.tokenizer.apply_chat_template(
                 message_dicts(messages), chat_template=template or self.state.chat_template,
-                add_generation_prompt=add_generation_prompt, tokenize=False)
+                add_generation_prompt=add_generation_prompt, tokenize=False,
+                **{k: v for k, v in (template_vars or {}).items() if v is not None})
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
             raise bad_request(f"could not apply the chat template: {exc}",
                               param="messages") from exc
 
+    def role(self, req: ChatCompletionRequest) -> str:
+        """vLLM's rule: --response-role when the template opened a new turn, else the role of
+        the message the model continues."""
+        return self.state.response_role if req.add_generation_prompt else req.messages[-1].role
+
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         self.check_n(req.n)
-        self.check_request(req)
+        self.check_request(req, handled=tuple(_CHAT_UNSUPPORTED))
         self.check_supported(req, _CHAT_UNSUPPORTED)
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
             raise bad_request(f"top_logprobs must be in [0, 20], got {req.top_logprobs}",
@@ -102,7 +111,8 @@ class OpenAIServingChat(OpenAIServing):
         self.check_length(sum(len(m.content) if isinstance(m.content, str) else
                               sum(len(p.text or "") for p in m.content or [])
                               for m in req.messages), "messages")
-        prompt = self.render(req.messages, req.chat_template, req.add_generation_prompt)
+        prompt = self.render(req.messages, req.chat_template, req.add_generation_prompt,
+                             {"reasoning_effort": req.reasoning_effort})
         # The template already wrote any BOS / special tokens (add_special_tokens: false, as
         # in vLLM, unless the client asks for them).
         ids = await self.encode_async(prompt, req.add_special_tokens, "messages")
@@ -117,13 +127,13 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(req, max_tokens, logprobs, req.prompt_logprobs,
                                       fields={"logprobs": "top_logprobs",
                                               "max_tokens": length_field})
-        request_id = random_id("chatcmpl")
+        request_id, engine_id = self.request_ids(raw, req, "chatcmpl")
         self.log_request(request_id, [len(ids)], params, req.stream)
         timer = RequestTimer(self.state.metrics, request_id)
-        streams = await self.start_all(request_id, [(ids, prompt, params)], req.priority,
+        streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
                                        prompt_param="messages")
         if req.stream:
-            return StreamingResponse(self._stream(req, request_id, streams, timer),
+            return StreamingResponse(self._stream(req, request_id, streams, timer, len(ids)),
                                      media_type="text/event-stream")
         result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer))
         if result is None:
@@ -145,7 +155,8 @@ class OpenAIServingChat(OpenAIServing):
         finally:
             for s in streams:
                 s.close()
-        choices = [ChatChoice(index=c.index, message=ResponseMessage(content=c.text),
+        choices = [ChatChoice(index=c.index, message=ResponseMessage(role=self.role(req),
+                                                                     content=c.text),
                               logprobs=self._logprobs(req, c.token_ids, c.logprobs),
                               finish_reason=c.finish_reason,
                               stop_reason=getattr(c, "stop_reason", None))
@@ -158,24 +169,31 @@ class OpenAIServingChat(OpenAIServing):
                                                self.decode_token))
 
     def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
-                timer: RequestTimer) -> AsyncIterator[str]:
+                timer: RequestTimer, prompt_tokens: int) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
-        bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous)
+        bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous,
+                              prompt_tokens)
         return self.sse(request_id, bodies, streams, timer, latest, reasons,
                         base if include_usage else None)
 
     async def _chunks(self, req: ChatCompletionRequest, base: Dict[str, Any], streams: List[Any],
                       timer: RequestTimer, latest: List[Any], reasons: List[Optional[str]],
-                      continuous: bool) -> AsyncIterator[Dict[str, Any]]:
-        # The role comes first, in a chunk of its own per choice, as OpenAI sends it.
+                      continuous: bool, prompt_tokens: int) -> AsyncIterator[Dict[str, Any]]:
+        # The role comes first, in a chunk of its own per choice, as OpenAI sends it; with
+        # continuous usage stats it carries the prompt's usage, as vLLM's does.
         for i in range(req.n):
-            yield dict(base, choices=[{"index": i, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}])
+            body = dict(base, choices=[{"index": i, "delta": {"role": self.role(req),
+                                                              "content": ""},
+                                        "logprobs": None, "finish_reason": None}])
+            if continuous:
+                body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
+                                          total_tokens=prompt_tokens).model_dump()
+            yield body
         async for d in self.deltas(streams, req.n, timer):
             latest[0] = d.output
             logprobs = self._logprobs(req, d.token_ids, d.logprobs)

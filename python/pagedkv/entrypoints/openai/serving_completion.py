@@ -14,7 +14,6 @@ from pagedkv.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    random_id,
 )
 from pagedkv.entrypoints.openai.serving_engine import (
     OpenAIServing,
@@ -32,8 +31,6 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_request(req)
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
-        if req.best_of is not None and req.best_of != req.n:
-            raise bad_request("best_of is not supported (use n)", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= 20:
             raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}",
                               param="logprobs")
@@ -42,13 +39,17 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_lp, fields = req.prompt_logprobs, {}
         if prompt_lp is None and req.echo and req.logprobs is not None:
             prompt_lp, fields = req.logprobs, {"prompt_logprobs": "logprobs"}
-        jobs = [(ids, text, self.sampling_params(req, self.max_tokens_for(len(ids), req.max_tokens),
+        # echo with max_tokens 0 (OpenAI's and vLLM's way to score a text): the prompt and its
+        # logprobs come back alone. The engine still runs one step (it generates at least one
+        # token, which the answer leaves out; usage counts it, as vLLM's does).
+        max_tokens = 1 if _echo_only(req) else req.max_tokens
+        jobs = [(ids, text, self.sampling_params(req, self.max_tokens_for(len(ids), max_tokens),
                                                  req.logprobs, prompt_lp, fields))
                 for ids, text in prompts]
-        request_id = random_id("cmpl")
+        request_id, engine_id = self.request_ids(raw, req, "cmpl")
         self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], req.stream)
         timer = RequestTimer(self.state.metrics, request_id)
-        streams = await self.start_all(request_id, jobs, req.priority)
+        streams = await self.start_all(engine_id, jobs, req.priority)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, prompts, streams, timer),
                                      media_type="text/event-stream")
@@ -105,13 +106,14 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_logprobs = lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
                                                  self.decode_token)
             for c in out.outputs:
+                generated, tokens = ("", []) if _echo_only(req) else (c.text, c.token_ids)
                 logprobs = None
                 if req.logprobs is not None:
                     items = self._echo_logprobs(req, out) if req.echo else []
-                    items += lp.entries(c.token_ids, c.logprobs or [], self.decode_token)
+                    items += lp.entries(tokens, c.logprobs or [], self.decode_token)
                     logprobs = lp.completion_logprobs(items, 0)
                 choices.append(CompletionChoice(
-                    index=i * req.n + c.index, text=prefix + c.text, logprobs=logprobs,
+                    index=i * req.n + c.index, text=prefix + generated, logprobs=logprobs,
                     finish_reason=c.finish_reason, stop_reason=getattr(c, "stop_reason", None),
                     prompt_logprobs=prompt_logprobs))
         choices.sort(key=lambda ch: ch.index)
@@ -139,14 +141,16 @@ class OpenAIServingCompletion(OpenAIServing):
         offsets: Dict[int, int] = {}  # text offset of each choice, for logprobs.text_offset
         async for d in self.deltas(streams, req.n, timer):
             latest[d.prompt_index] = d.output
-            text, items = d.text, []
+            text, tokens, items = d.text, d.token_ids, []
+            if _echo_only(req):
+                text, tokens = "", []
             if d.first and req.echo:
                 text = self._prompt_text(prompts[d.prompt_index]) + text
                 if req.logprobs is not None:
                     items = self._echo_logprobs(req, d.output)
             logprobs = None
             if req.logprobs is not None:
-                items += lp.entries(d.token_ids, d.logprobs or [], self.decode_token)
+                items += lp.entries(tokens, d.logprobs or [], self.decode_token)
                 logprobs = lp.completion_logprobs(items, offsets.get(d.index, 0))
             offsets[d.index] = offsets.get(d.index, 0) + len(text)
             choice = {"index": d.index, "text": text,
@@ -159,3 +163,8 @@ class OpenAIServingCompletion(OpenAIServing):
             if continuous:
                 body["usage"] = self.usage(latest).model_dump()
             yield body
+
+
+def _echo_only(req: CompletionRequest) -> bool:
+    """echo with max_tokens 0: the answer is the prompt alone."""
+    return bool(req.echo) and req.max_tokens == 0

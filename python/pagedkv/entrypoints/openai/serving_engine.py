@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from fastapi import Request
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, field_named_in
 from pagedkv.entrypoints.openai.limits import DEFAULT_MAX_N_SEQUENCES, MAX_N_ENV
 from pagedkv.entrypoints.openai.metrics import ServerMetrics
-from pagedkv.entrypoints.openai.protocol import DONE, UsageInfo, chunk
+from pagedkv.entrypoints.openai.protocol import DONE, UsageInfo, chunk, random_id
 
 logger = logging.getLogger("pagedkv.server")
 T = TypeVar("T")
@@ -89,6 +90,7 @@ class ServerState:
     chat_template: Optional[str]
     metrics: ServerMetrics
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
+    response_role: str = "assistant"  # --response-role
     started: float = field(default_factory=time.time)
 
     @property
@@ -166,9 +168,19 @@ class OpenAIServing:
                 shown = shown if len(shown) <= 80 else shown[:77] + "..."  # tools can be long
                 raise bad_request(f"{name} is not supported (got {shown})", param=name)
 
-    def check_request(self, req: Any) -> None:
-        """What both endpoints check before any work, as vLLM does."""
+    def check_request(self, req: Any, handled: Sequence[str] = ()) -> None:
+        """What both endpoints check before any work, as vLLM does. ``handled``: the extra
+        (undeclared) fields the endpoint checks itself."""
         self.check_supported(req)
+        # Fields pagedkv does not know are ignored; vLLM logs them, so a client can see why a
+        # setting had no effect (e.g. OpenAI's `verbosity`, which vLLM does not implement).
+        ignored = sorted(set(req.model_extra or ()) - set(UNSUPPORTED) - set(handled))
+        if ignored:
+            logger.warning("The following fields were present in the request but ignored: %s",
+                           ", ".join(ignored))
+        if req.best_of is not None and req.best_of != req.n:
+            # vLLM V1 has no best_of either; best_of == n is plain sampling.
+            raise bad_request("best_of is not supported (use n)", param="best_of")
         # A present, non-empty stream_options without stream (vLLM lets {} through).
         so = req.stream_options
         if so is not None and so.model_fields_set and not req.stream:
@@ -272,6 +284,17 @@ class OpenAIServing:
             raise bad_request(str(exc), param=field_named_in(str(exc), names)) from exc
 
     # ---------------------------------------------------------------- running requests
+
+    @staticmethod
+    def request_ids(raw: Request, req: Any, prefix: str) -> tuple[str, str]:
+        """(response id, engine request id). vLLM's rule for the response id: ``prefix-`` +
+        the X-Request-Id header, else the body's request_id, else a random uuid. A client's
+        id need not be unique (retries, a fixed id), so the engine's id gets a random suffix:
+        two requests with one id both run, and each aborts only itself."""
+        given = raw.headers.get("x-request-id") or getattr(req, "request_id", None)
+        rid = f"{prefix}-{given}" if given else random_id(prefix)
+        raw.state.request_id = rid  # for --enable-request-id-headers (api_server.py)
+        return rid, f"{rid}-{uuid.uuid4().hex[:8]}" if given else rid
 
     async def start(self, request_id: str, ids: List[int], prompt: Optional[str], params: Any,
                     priority: int = 0, prompt_param: str = "prompt") -> Any:

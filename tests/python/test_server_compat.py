@@ -1,0 +1,179 @@
+"""What a client written for vLLM's OpenAI server relies on, on a real `pagedkv serve`: the
+response id taken from X-Request-Id or the body's request_id (and the header echoed with
+--enable-request-id-headers); echo with max_tokens 0 (prompt scoring); null meaning "default"
+for the fields vLLM declares Optional; stream_options' include_usage defaulting to true; the
+chat fields best_of, reasoning_effort, parallel_tool_calls and verbosity handled as vLLM does;
+CORS; --response-role and --scheduling-policy. Greedy generation of a few tokens only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Dict, List
+
+import pytest
+from deps import need
+
+httpx = need("httpx")
+
+from server_utils import RemoteServer, small_server  # noqa: E402
+
+MODEL = "smol"
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    srv = small_server(tmp_path_factory, "server_compat", model=MODEL,
+                       extra_args=["--enable-request-id-headers", "--response-role", "bot",
+                                   "--scheduling-policy", "priority"])
+    yield srv
+    srv.stop()
+
+
+def post(server: RemoteServer, route: str, body: Dict[str, Any],
+         headers: Dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(server.url + route, json={"model": MODEL, **body}, headers=headers,
+                      timeout=60)
+
+
+def ok(r: httpx.Response) -> Dict[str, Any]:
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sse(server: RemoteServer, route: str, body: Dict[str, Any],
+        headers: Dict[str, str] | None = None) -> List[Dict[str, Any]]:
+    chunks = []
+    with httpx.stream("POST", server.url + route, json={"model": MODEL, "stream": True, **body},
+                      headers=headers, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[len("data: "):]))
+    return chunks
+
+
+def complete_body(**kw: Any) -> Dict[str, Any]:
+    return {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, **kw}
+
+
+def chat_body(**kw: Any) -> Dict[str, Any]:
+    return {"messages": MESSAGES, "max_tokens": 3, "temperature": 0, **kw}
+
+
+def test_response_id_from_header_or_request_id(server: RemoteServer) -> None:
+    r = post(server, "/v1/completions", complete_body(), {"X-Request-Id": "abc123"})
+    assert ok(r)["id"] == "cmpl-abc123" and r.headers["x-request-id"] == "abc123"
+    r = post(server, "/v1/chat/completions", chat_body(request_id="my-id"))
+    assert ok(r)["id"] == "chatcmpl-my-id"
+    assert r.headers["x-request-id"] == "chatcmpl-my-id"  # no header sent: the request's id
+    # The header wins over the field, as in vLLM; streamed chunks carry the same id.
+    chunks = sse(server, "/v1/chat/completions", chat_body(request_id="field"),
+                 {"X-Request-Id": "hdr"})
+    assert {c["id"] for c in chunks} == {"chatcmpl-hdr"}
+    plain = ok(post(server, "/v1/completions", complete_body()))["id"]
+    assert plain.startswith("cmpl-") and len(plain) > len("cmpl-") + 16
+
+
+def test_one_client_id_on_concurrent_requests(server: RemoteServer) -> None:
+    """A client id is not unique (a fixed id, retries): every request still runs."""
+    async def go() -> List[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as c:
+            return await asyncio.gather(*[
+                c.post(server.url + "/v1/completions", json=complete_body(max_tokens=8),
+                       headers={"X-Request-Id": "same"}) for _ in range(4)])
+
+    for r in asyncio.run(go()):
+        assert ok(r)["id"] == "cmpl-same"
+
+
+def test_echo_with_max_tokens_zero_returns_the_prompt_alone(server: RemoteServer) -> None:
+    body = complete_body(prompt="Hello world", max_tokens=0, echo=True, logprobs=1)
+    choice = ok(post(server, "/v1/completions", body))["choices"][0]
+    assert choice["text"] == "Hello world"
+    lps = choice["logprobs"]
+    assert "".join(lps["tokens"]) == "Hello world" and lps["text_offset"][0] == 0
+    assert lps["token_logprobs"][0] is None and all(v < 0 for v in lps["token_logprobs"][1:])
+    chunks = sse(server, "/v1/completions", body)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello world"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # Without echo, 0 is still refused.
+    r = post(server, "/v1/completions", complete_body(max_tokens=0))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_null_is_the_default_for_vllms_optional_fields(server: RemoteServer) -> None:
+    ok(post(server, "/v1/completions", complete_body(stream=None, echo=None, n=None)))
+    out = ok(post(server, "/v1/chat/completions",
+                  chat_body(stream=None, logprobs=None, top_logprobs=None,
+                            parallel_tool_calls=None, reasoning_effort=None)))
+    assert out["choices"][0]["logprobs"] is None
+    chunks = sse(server, "/v1/completions", complete_body(stream_options={"include_usage": None}))
+    assert all("usage" not in c for c in chunks)
+
+
+def test_stream_options_include_usage_defaults_to_true(server: RemoteServer) -> None:
+    chunks = sse(server, "/v1/completions", complete_body(stream_options={}))
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    chunks = sse(server, "/v1/chat/completions",
+                 chat_body(stream_options={"continuous_usage_stats": True}))
+    assert all(c.get("usage") for c in chunks), chunks
+    prompt_tokens = chunks[-1]["usage"]["prompt_tokens"]
+    # The role chunk too, with the prompt's usage only (as vLLM's).
+    assert chunks[0]["choices"][0]["delta"]["role"] == "bot"
+    assert chunks[0]["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 0,
+                                  "total_tokens": prompt_tokens}
+
+
+def test_chat_best_of(server: RemoteServer) -> None:
+    r = post(server, "/v1/chat/completions", chat_body(best_of=3))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", r.text
+    ok(post(server, "/v1/chat/completions", chat_body(best_of=2, n=2)))
+
+
+def test_reasoning_effort_is_checked_and_reaches_the_template(server: RemoteServer) -> None:
+    r = post(server, "/v1/chat/completions", chat_body(reasoning_effort="extreme"))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+    template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                "{% if reasoning_effort is defined %} effort: {{ reasoning_effort }}{% endif %}")
+    plain = ok(post(server, "/v1/chat/completions", chat_body(chat_template=template)))
+    high = ok(post(server, "/v1/chat/completions",
+                   chat_body(chat_template=template, reasoning_effort="high")))
+    assert high["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+    # SmolLM2's own template does not read it: same answer as without.
+    assert (ok(post(server, "/v1/chat/completions", chat_body(reasoning_effort="low")))
+            ["choices"][0]["message"]["content"]
+            == ok(post(server, "/v1/chat/completions", chat_body()))
+            ["choices"][0]["message"]["content"])
+
+
+def test_parallel_tool_calls_and_verbosity(server: RemoteServer) -> None:
+    ok(post(server, "/v1/chat/completions", chat_body(parallel_tool_calls=False)))
+    r = post(server, "/v1/chat/completions", chat_body(parallel_tool_calls=[1]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "parallel_tool_calls"
+    # vLLM has no verbosity: accepted, and logged as ignored.
+    ok(post(server, "/v1/chat/completions", chat_body(verbosity="low")))
+    assert "present in the request but ignored: verbosity" in server.log()
+
+
+def test_priority_scheduling_policy(server: RemoteServer) -> None:
+    ok(post(server, "/v1/completions", complete_body(priority=5)))
+
+
+def test_cors(server: RemoteServer) -> None:
+    r = httpx.options(server.url + "/v1/chat/completions",
+                      headers={"Origin": "http://ui.example",
+                               "Access-Control-Request-Method": "POST",
+                               "Access-Control-Request-Headers": "authorization,content-type"})
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-origin"] == "*"
+    assert "POST" in r.headers["access-control-allow-methods"]
+    r = httpx.get(server.url + "/v1/models", headers={"Origin": "http://ui.example"})
+    assert r.headers["access-control-allow-origin"] == "*"
+
+
+def test_zz_server_alive_and_idle(server: RemoteServer) -> None:
+    m = server.wait_idle()
+    assert m["pagedkv:kv_cache_usage_perc"] == 0 and m["pagedkv:num_requests_running"] == 0
