@@ -174,6 +174,25 @@ def test_cors(server: RemoteServer) -> None:
     assert r.headers["access-control-allow-origin"] == "*"
 
 
+def test_tokenize_extensions(server: RemoteServer) -> None:
+    """vLLM's /tokenize: return_token_strs, and a request chat_template for messages."""
+    out = ok(post(server, "/tokenize", {"prompt": "Hello world", "return_token_strs": True}))
+    assert len(out["token_strs"]) == out["count"] == 2 and out["token_strs"][0] == "Hello"
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    out = ok(post(server, "/tokenize", {"messages": [{"role": "user", "content": "Hello"}],
+                                        "chat_template": template}))
+    assert out["tokens"] == ok(post(server, "/tokenize", {"prompt": "Hello"}))["tokens"]
+
+
+def test_cache_salt_refused_and_user_accepted_quietly(server: RemoteServer) -> None:
+    """A salt asks for a prefix cache of its own; pagedkv cannot give one, so 400 rather than
+    sharing the cache it was meant to separate. `user` is a declared field: no warning."""
+    r = post(server, "/v1/completions", complete_body(cache_salt="tenant-1"))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
+    ok(post(server, "/v1/completions", complete_body(user="someone-unique-42")))
+    assert "ignored: user" not in server.log()
+
+
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:
     m = server.wait_idle()
     assert m["pagedkv:kv_cache_usage_perc"] == 0 and m["pagedkv:num_requests_running"] == 0

@@ -156,14 +156,17 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
             raise bad_request("give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
             # The chat template renders off the event loop too (a long conversation is slow).
-            text = await completion.in_count_thread(chat.render, req.messages, None,
-                                                    req.add_generation_prompt)
-            ids = await completion.encode_async(text, add_special_tokens=False, param=None)
+            text = await completion.in_count_thread(chat.render, req.messages,
+                                                    req.chat_template, req.add_generation_prompt)
+            ids = await completion.encode_async(text, bool(req.add_special_tokens), param=None)
         else:
-            ids = await completion.encode_async(req.prompt or "", req.add_special_tokens,
-                                                param=None)
-        return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len,
-                             "tokens": ids})
+            special = True if req.add_special_tokens is None else req.add_special_tokens
+            ids = await completion.encode_async(req.prompt or "", special, param=None)
+        body: dict = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
+        if req.return_token_strs:
+            body["token_strs"] = await completion.in_count_thread(
+                engine.tokenizer.convert_ids_to_tokens, ids)
+        return JSONResponse(body)
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:

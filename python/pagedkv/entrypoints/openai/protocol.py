@@ -66,6 +66,7 @@ class _SamplingFields(_Request):
     # header, which wins); random when neither is given.
     request_id: Optional[str] = None
     best_of: Optional[int] = None  # only best_of == n is served (see check_request)
+    user: Optional[str] = None  # OpenAI's end-user tag: declared (as vLLM does), no effect
 
     @field_validator("n", mode="before")
     @classmethod
@@ -118,8 +119,12 @@ class TokenizeRequest(_Request):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[List[ChatMessage]] = None
-    add_special_tokens: bool = True
+    # vLLM's defaults: true for a prompt, false for messages (the template writes the
+    # special tokens), as for generation.
+    add_special_tokens: Optional[bool] = None
     add_generation_prompt: bool = True
+    chat_template: Optional[str] = None
+    return_token_strs: Optional[bool] = False  # vLLM's extension: each token's text too
 
 
 class DetokenizeRequest(_Request):
