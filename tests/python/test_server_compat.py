@@ -3,7 +3,8 @@ response id taken from X-Request-Id or the body's request_id (and the header ech
 --enable-request-id-headers); echo with max_tokens 0 (prompt scoring); null meaning "default"
 for the fields vLLM declares Optional; stream_options' include_usage defaulting to true; the
 chat fields best_of, reasoning_effort, parallel_tool_calls and verbosity handled as vLLM does;
-CORS; --response-role and --scheduling-policy. Greedy generation of a few tokens only."""
+CORS; --response-role, --scheduling-policy and --max-logprobs. Greedy generation of a few
+tokens only."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 def server(tmp_path_factory: pytest.TempPathFactory):
     srv = small_server(tmp_path_factory, "server_compat", model=MODEL,
                        extra_args=["--enable-request-id-headers", "--response-role", "bot",
-                                   "--scheduling-policy", "priority"])
+                                   "--scheduling-policy", "priority", "--max-logprobs", "30"])
     yield srv
     srv.stop()
 
@@ -191,6 +192,23 @@ def test_cache_salt_refused_and_user_accepted_quietly(server: RemoteServer) -> N
     assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
     ok(post(server, "/v1/completions", complete_body(user="someone-unique-42")))
     assert "ignored: user" not in server.log()
+
+
+def test_logprobs_cap_is_the_servers_max_logprobs(server: RemoteServer) -> None:
+    """--max-logprobs 30 (vLLM's max_logprobs) sets the cap of every logprobs field, not 20."""
+    choice = ok(post(server, "/v1/completions", complete_body(max_tokens=1, logprobs=25)))
+    assert len(choice["choices"][0]["logprobs"]["top_logprobs"][0]) >= 25
+    out = ok(post(server, "/v1/chat/completions",
+                  chat_body(max_tokens=1, logprobs=True, top_logprobs=30)))
+    assert len(out["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 30
+    ok(post(server, "/v1/completions", complete_body(max_tokens=1, prompt_logprobs=30)))
+    for route, body, param in (
+            ("/v1/completions", complete_body(logprobs=31), "logprobs"),
+            ("/v1/completions", complete_body(prompt_logprobs=31), "prompt_logprobs"),
+            ("/v1/chat/completions", chat_body(logprobs=True, top_logprobs=31), "top_logprobs")):
+        r = post(server, route, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "[0, 30]" in r.json()["error"]["message"]
 
 
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:

@@ -33,7 +33,7 @@ from pagedkv.entrypoints.openai.protocol import (
 )
 from pagedkv.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedkv.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from pagedkv.entrypoints.openai.serving_engine import ServerState
+from pagedkv.entrypoints.openai.serving_engine import MAX_LOGPROBS, ServerState
 
 logger = logging.getLogger("pagedkv.server")
 
@@ -105,6 +105,17 @@ def _served_names(engine: Any, args: Any) -> tuple[List[str], List[str]]:
     return names, [a for a in dict.fromkeys(aliases) if a not in names]
 
 
+def _max_logprobs(engine: Any) -> int:
+    """The engine's logprobs cap (--max-logprobs; -1: the vocabulary), which the server's
+    checks use so that a request is judged as the engine would judge it."""
+    config = getattr(getattr(engine, "engine", None), "config", None)
+    cap = getattr(config, "max_logprobs", None)
+    if not isinstance(cap, int):
+        return MAX_LOGPROBS
+    vocab = int(getattr(engine.model_config, "vocab_size", 0) or 0)
+    return vocab if cap == -1 else min(cap, vocab) if vocab else cap
+
+
 def build_app(engine: Any, args: Any = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (an AsyncLLMEngine)."""
     args = args if args is not None else argparse.Namespace()
@@ -114,7 +125,8 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         max_model_len=int(engine.model_config.max_model_len),
         chat_template=getattr(args, "chat_template", None),
         metrics=ServerMetrics(engine, names[0]), max_n_sequences=max_n_sequences(args),
-        response_role=getattr(args, "response_role", None) or "assistant")
+        response_role=getattr(args, "response_role", None) or "assistant",
+        max_logprobs=_max_logprobs(engine))
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__,
                   root_path=getattr(args, "root_path", None) or "")
     app.state.pagedkv = state

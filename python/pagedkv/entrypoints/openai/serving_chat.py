@@ -100,9 +100,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_n(req.n)
         self.check_request(req, handled=tuple(_CHAT_UNSUPPORTED))
         self.check_supported(req, _CHAT_UNSUPPORTED)
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-            raise bad_request(f"top_logprobs must be in [0, 20], got {req.top_logprobs}",
-                              param="top_logprobs")
+        self.check_logprobs(req.top_logprobs, "top_logprobs")
         if req.top_logprobs and not req.logprobs:  # vLLM's rule and words
             raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",
                               param="top_logprobs")

@@ -31,9 +31,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_request(req)
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
-        if req.logprobs is not None and not 0 <= req.logprobs <= 20:
-            raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}",
-                              param="logprobs")
+        self.check_logprobs(req.logprobs, "logprobs")
         prompts = await self._prompts(req.prompt, req.add_special_tokens)
         # prompt_logprobs when given, else (vLLM's rule) echo's come from the logprobs field.
         prompt_lp, fields = req.prompt_logprobs, {}

@@ -38,7 +38,8 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_pen
                     "ignore_eos", "min_tokens", "skip_special_tokens",
                     "include_stop_str_in_output", "spaces_between_special_tokens")
 
-# The most logprobs a request may ask for per token (vLLM's default max_logprobs).
+# The most logprobs a request may ask for per token when the engine does not say (vLLM's
+# default max_logprobs); a served engine's own cap (--max-logprobs) is ServerState.max_logprobs.
 MAX_LOGPROBS = 20
 # The scheduler keeps a request's priority as a signed 32-bit integer.
 _INT32 = (-(2**31), 2**31 - 1)
@@ -94,6 +95,7 @@ class ServerState:
     metrics: ServerMetrics
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     response_role: str = "assistant"  # --response-role
+    max_logprobs: int = MAX_LOGPROBS  # the engine's cap (--max-logprobs; -1 resolved)
     started: float = field(default_factory=time.time)
 
     @property
@@ -190,15 +192,20 @@ class OpenAIServing:
             raise bad_request("Stream options can only be defined when `stream=True`.",
                               param="stream_options")
         if req.prompt_logprobs is not None:
-            if not 0 <= req.prompt_logprobs <= MAX_LOGPROBS:
-                raise bad_request(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got "
-                                  f"{req.prompt_logprobs}", param="prompt_logprobs")
+            self.check_logprobs(req.prompt_logprobs, "prompt_logprobs")
             if req.stream and req.prompt_logprobs > 0:
                 raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
                                   param="prompt_logprobs")
         if not _INT32[0] <= req.priority <= _INT32[1]:
             raise bad_request(f"priority must be a 32-bit integer in [{_INT32[0]}, "
                               f"{_INT32[1]}], got {req.priority}", param="priority")
+
+    def check_logprobs(self, value: Optional[int], param: str) -> None:
+        """A logprobs count in [0, the engine's --max-logprobs] (400 naming ``param``)."""
+        cap = self.state.max_logprobs
+        if value is not None and not 0 <= value <= cap:
+            raise bad_request(f"{param} must be in [0, {cap}], got {value} (the server's "
+                              "--max-logprobs sets the cap)", param=param)
 
     def logit_bias(self, bias: Optional[Dict[str, float]]) -> Optional[Dict[int, float]]:
         """The request's logit_bias as SamplingParams takes it: integer token ids (JSON keys
