@@ -149,7 +149,8 @@ def test_server_flags_of_vllm(tmp_path: Path) -> None:
     assert (opts.response_role, opts.root_path) == ("assistant", None)
     opts = parse(["--allowed-origins", '["https://ui.example"]', "--allow-credentials",
                   "--enable-request-id-headers", "--disable-uvicorn-access-log",
-                  "--root-path", "/llm", "--response-role", "bot"])
+                  "--root-path", "/llm", "--response-role", "bot",
+                  "--enable-log-requests", "--max-log-len", "100"])
     assert opts.allowed_origins == ["https://ui.example"] and opts.allow_credentials
     assert opts.enable_request_id_headers and opts.disable_uvicorn_access_log
     assert (opts.root_path, opts.response_role) == ("/llm", "bot")
@@ -184,3 +185,24 @@ def test_cors_and_request_id_header_settings_reach_the_app() -> None:
     r = client.get("/v1/models", headers={"Origin": "https://evil.example",
                                           "X-Request-Id": "r1"})
     assert "access-control-allow-origin" not in r.headers and r.headers["x-request-id"] == "r1"
+
+
+def test_root_path_keeps_the_api_key() -> None:
+    """With --root-path, uvicorn hands the app "/prefix/v1/..." paths: the key is still
+    required on them (the middleware looked at the raw path and let them through)."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+    from pagedkv.entrypoints.openai.api_server import build_app
+
+    tok = SimpleNamespace(get_vocab=lambda: {"a": 0})
+    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64, vocab_size=1,
+                                                          model="m", name="m"),
+                             tokenizer=tok, is_dead=False, get_stats=dict)
+    app = build_app(engine, parse(["--root-path", "/llm", "--api-key", "k"]))
+    # The paths uvicorn makes with root_path "/llm" (it puts the prefix in front).
+    client = TestClient(app, root_path="/llm")
+    assert client.get("/llm/v1/models").status_code == 401
+    key = {"Authorization": "Bearer k"}
+    assert client.get("/llm/v1/models", headers=key).status_code == 200
+    assert client.get("/llm/health").status_code == 200

@@ -32,6 +32,7 @@ DEFAULTS: Dict[str, Any] = {
     "allowed_origins": ["*"], "allowed_methods": ["*"], "allowed_headers": ["*"],
     "allow_credentials": False, "enable_request_id_headers": False,
     "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
+    "enable_log_requests": False, "max_log_len": None,
     **ENGINE_DEFAULTS,
 }
 
@@ -61,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "(default: info)")
     g.add_argument("--disable-log-requests", action="store_true", default=s,
                    help="do not log a line per request")
+    g.add_argument("--enable-log-requests", action="store_true", default=s,
+                   help="accepted for vLLM compatibility: pagedkv logs a line per request "
+                        "unless --disable-log-requests")
+    g.add_argument("--max-log-len", type=t.int_at_least(0), default=s,
+                   help="accepted for vLLM compatibility: the request log lines hold no "
+                        "prompt text to shorten (default: unlimited)")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", default=s,
                    help="do not log uvicorn's line per HTTP request")
     g.add_argument("--response-role", default=s,

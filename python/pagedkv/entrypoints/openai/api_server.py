@@ -63,6 +63,16 @@ class RequestIdHeaderMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+def _route_path(scope: dict) -> str:
+    """The path the routes see: with --root-path, uvicorn puts the prefix in front of the
+    request's path (and a client may send it itself); routing drops it, and so must every
+    check on the path, or "/prefix/v1/..." would skip the API key."""
+    path, root = scope["path"], scope.get("root_path") or ""
+    if root and (path == root or path.startswith(root + "/")):
+        return path[len(root):]
+    return path
+
+
 class ApiKeyMiddleware:
     """Plain ASGI middleware (no BaseHTTPMiddleware: it would buffer and break streaming)."""
 
@@ -71,7 +81,7 @@ class ApiKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if (scope["type"] == "http" and scope["path"].startswith("/v1")
+        if (scope["type"] == "http" and _route_path(scope).startswith("/v1")
                 and scope["method"] != "OPTIONS"):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
@@ -127,8 +137,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         metrics=ServerMetrics(engine, names[0]), max_n_sequences=max_n_sequences(args),
         response_role=getattr(args, "response_role", None) or "assistant",
         max_logprobs=_max_logprobs(engine))
-    app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__,
-                  root_path=getattr(args, "root_path", None) or "")
+    app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)
     api_key: Optional[str] = getattr(args, "api_key", None)
@@ -220,7 +229,8 @@ def run_server(args: argparse.Namespace) -> int:
                 shown_host, args.port, ", API key required" if args.api_key else "")
     config = uvicorn.Config(app, host=args.host, port=args.port,
                             log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5,
-                            access_log=not getattr(args, "disable_uvicorn_access_log", False))
+                            access_log=not getattr(args, "disable_uvicorn_access_log", False),
+                            root_path=getattr(args, "root_path", None) or "")
     try:
         uvicorn.Server(config).run()
     finally:
