@@ -27,7 +27,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     config = tmp / "config.yaml"
     # The file's port is wrong on purpose: the command-line --port must win over it.
     config.write_text('host: "127.0.0.1"\nport: 1\nuvicorn-log-level: "warning"\n'
-                      f"max-model-len: {MAX_MODEL_LEN}\n")
+                      f"max-model-len: {MAX_MODEL_LEN}\ntrust-request-chat-template: true\n")
     srv = RemoteServer(["--config", str(config), "--served-model-name", MODEL,
                         "--kv-cache-space", "0.1", "--max-num-seqs", "32"],
                        tmp / "server.log", env={"PAGEDKV_API_KEY": API_KEY})

@@ -28,7 +28,8 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 def server(tmp_path_factory: pytest.TempPathFactory):
     srv = small_server(tmp_path_factory, "server_compat", model=MODEL,
                        extra_args=["--enable-request-id-headers", "--response-role", "bot",
-                                   "--scheduling-policy", "priority", "--max-logprobs", "30"])
+                                   "--scheduling-policy", "priority", "--max-logprobs", "30",
+                                   "--trust-request-chat-template"])
     yield srv
     srv.stop()
 
@@ -173,6 +174,27 @@ def test_cors(server: RemoteServer) -> None:
     assert "POST" in r.headers["access-control-allow-methods"]
     r = httpx.get(server.url + "/v1/models", headers={"Origin": "http://ui.example"})
     assert r.headers["access-control-allow-origin"] == "*"
+
+
+def test_trusted_slow_template_renders_off_the_event_loop(server: RemoteServer) -> None:
+    """A template that takes seconds (trusted here) does not freeze /health meanwhile."""
+    import threading
+    import time
+
+    slow = ("{% for i in range(100000) %}{% for j in range(1500) %}{% endfor %}{% endfor %}"
+            "{{ messages[0]['content'] }}")
+    result: Dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(
+        r=post(server, "/v1/chat/completions", chat_body(chat_template=slow, max_tokens=1))))
+    t.start()
+    time.sleep(0.3)
+    try:
+        for _ in range(4):
+            assert httpx.get(server.url + "/health", timeout=1.5).status_code == 200
+            time.sleep(0.2)
+    finally:
+        t.join(120)
+    ok(result["r"])
 
 
 def test_tokenize_extensions(server: RemoteServer) -> None:

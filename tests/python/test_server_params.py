@@ -363,6 +363,17 @@ def test_health_answers_while_a_long_text_is_tokenized(server: RemoteServer) -> 
     assert slowest < 0.5 * result["took"], (slowest, result)
 
 
+def test_request_chat_template_needs_trust(server: RemoteServer) -> None:
+    """vLLM's --trust-request-chat-template (off here): a template is code the server runs,
+    and two nested loops in one would keep it busy for hours."""
+    hog = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    for route, body in (("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1}),
+                        ("/tokenize", {"messages": MESSAGES})):
+        r = post(server, route, {**body, "chat_template": hog}, timeout=10)
+        assert "--trust-request-chat-template" in check_400(r, "chat_template")
+    assert httpx.get(server.url + "/health", timeout=2).status_code == 200
+
+
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:
     m = server.wait_idle()
     assert m["pagedkv:engine_dead"] == 0 and m["pagedkv:kv_cache_usage_perc"] == 0

@@ -32,7 +32,7 @@ DEFAULTS: Dict[str, Any] = {
     "allowed_origins": ["*"], "allowed_methods": ["*"], "allowed_headers": ["*"],
     "allow_credentials": False, "enable_request_id_headers": False,
     "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
-    "enable_log_requests": False, "max_log_len": None,
+    "enable_log_requests": False, "max_log_len": None, "trust_request_chat_template": False,
     **ENGINE_DEFAULTS,
 }
 
@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the MODEL argument or the model's own name)")
     g.add_argument("--chat-template", default=s,
                    help="Jinja chat template, as a file path or inline (default: the model's)")
+    g.add_argument("--trust-request-chat-template", action="store_true", default=s,
+                   help="let requests bring their own chat_template (as vLLM, off: a template "
+                        "is code the server runs, and one can loop for hours)")
     g.add_argument("--uvicorn-log-level", default=s, type=t.choice_of(LOG_LEVELS),
                    metavar="{" + ",".join(LOG_LEVELS) + "}", help="uvicorn's log level "
                    "(default: info)")

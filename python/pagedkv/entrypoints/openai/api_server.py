@@ -136,7 +136,8 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         chat_template=getattr(args, "chat_template", None),
         metrics=ServerMetrics(engine, names[0]), max_n_sequences=max_n_sequences(args),
         response_role=getattr(args, "response_role", None) or "assistant",
-        max_logprobs=_max_logprobs(engine))
+        max_logprobs=_max_logprobs(engine),
+        trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)))
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)
@@ -176,6 +177,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
+            chat.check_template(req.chat_template)
             # The chat template renders off the event loop too (a long conversation is slow).
             text = await completion.in_count_thread(chat.render, req.messages,
                                                     req.chat_template, req.add_generation_prompt)

@@ -72,6 +72,15 @@ def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
 
 
 class OpenAIServingChat(OpenAIServing):
+    def check_template(self, template: Optional[str]) -> None:
+        """vLLM's rule: a request's own chat_template only with --trust-request-chat-template.
+        A template is code the server runs (the sandbox bounds each range, not their nesting:
+        two nested loops keep a thread busy for hours)."""
+        if template is not None and not self.state.trust_request_chat_template:
+            raise bad_request("Chat template is passed with request, but "
+                              "--trust-request-chat-template is not set. Refused request with "
+                              "untrusted chat template.", param="chat_template")
+
     def render(self, messages: List[ChatMessage], template: Optional[str],
                add_generation_prompt: bool = True,
                template_vars: Optional[Dict[str, Any]] = None) -> str:
@@ -109,8 +118,11 @@ class OpenAIServingChat(OpenAIServing):
         self.check_length(sum(len(m.content) if isinstance(m.content, str) else
                               sum(len(p.text or "") for p in m.content or [])
                               for m in req.messages), "messages")
-        prompt = self.render(req.messages, req.chat_template, req.add_generation_prompt,
-                             {"reasoning_effort": req.reasoning_effort})
+        self.check_template(req.chat_template)
+        # Off the event loop: /health and the streams keep going while a template renders.
+        prompt = await self.in_tokenizer_thread(self.render, req.messages, req.chat_template,
+                                                req.add_generation_prompt,
+                                                {"reasoning_effort": req.reasoning_effort})
         # The template already wrote any BOS / special tokens (add_special_tokens: false, as
         # in vLLM, unless the client asks for them).
         ids = await self.encode_async(prompt, req.add_special_tokens, "messages")

@@ -96,6 +96,7 @@ class ServerState:
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     response_role: str = "assistant"  # --response-role
     max_logprobs: int = MAX_LOGPROBS  # the engine's cap (--max-logprobs; -1 resolved)
+    trust_request_chat_template: bool = False  # --trust-request-chat-template
     started: float = field(default_factory=time.time)
 
     @property
@@ -156,6 +157,10 @@ class OpenAIServing:
         executor = self._executor if param is not None else self._count_executor
         return await asyncio.get_running_loop().run_in_executor(
             executor, self.encode, text, add_special_tokens)
+
+    async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the requests' tokenizer thread (chat templates render there)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def in_count_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in /tokenize's thread: the unbounded tokenizer work of /tokenize and
