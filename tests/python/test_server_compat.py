@@ -197,6 +197,23 @@ def test_trusted_slow_template_renders_off_the_event_loop(server: RemoteServer) 
     ok(result["r"])
 
 
+def test_special_tokens_spelled_out_in_detokenize_echo_and_logprobs(server: RemoteServer
+                                                                    ) -> None:
+    """As vLLM (HF's decode default): /detokenize, a token-id prompt's echo and logprob tokens
+    keep special tokens, so the echoed text, its tokens and their text_offset agree."""
+    ids = ok(post(server, "/tokenize", {"prompt": "<|im_start|>Hello<|im_end|>",
+                                        "add_special_tokens": False}))["tokens"]
+    assert len(ids) == 3
+    assert ok(post(server, "/detokenize", {"tokens": ids}))["prompt"] == \
+        "<|im_start|>Hello<|im_end|>"
+    choice = ok(post(server, "/v1/completions",
+                     complete_body(prompt=ids, max_tokens=0, echo=True, logprobs=0)))["choices"][0]
+    assert choice["text"] == "<|im_start|>Hello<|im_end|>"
+    lps = choice["logprobs"]
+    assert "".join(lps["tokens"]) == choice["text"]
+    assert lps["text_offset"] == [0, len("<|im_start|>"), len("<|im_start|>Hello")]
+
+
 def test_tokenize_extensions(server: RemoteServer) -> None:
     """vLLM's /tokenize: return_token_strs, and a request chat_template for messages."""
     out = ok(post(server, "/tokenize", {"prompt": "Hello world", "return_token_strs": True}))

@@ -196,7 +196,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         completion.check_model(req.model)
         if req.tokens:
             completion.check_ids(req.tokens, "tokens")
-        text = await completion.in_count_thread(engine.tokenizer.decode, req.tokens)
+        text = await completion.in_count_thread(completion.decode, req.tokens)
         return JSONResponse({"prompt": text})
 
     @app.get("/health")

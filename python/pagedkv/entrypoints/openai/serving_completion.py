@@ -78,7 +78,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _prompt_text(self, prompt: Prompt) -> str:
         ids, text = prompt
-        return text if text is not None else self.tokenizer.decode(ids)
+        return text if text is not None else self.decode(ids)
 
     def _echo_logprobs(self, req: CompletionRequest, out: Any) -> List[lp.Entry]:
         table = getattr(out, "prompt_logprobs", None) or [None] * len(out.prompt_token_ids)

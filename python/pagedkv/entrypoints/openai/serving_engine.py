@@ -232,8 +232,17 @@ class OpenAIServing:
                               f"token ids. Vocabulary size: {vocab}", param="logit_bias")
         return ids
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids -> text with special tokens spelled out, as vLLM's /detokenize, echoed
+        token-id prompts and logprob tokens show them (HF's decode default): the text then
+        matches the ids, and echo's logprobs text_offset the echoed text."""
+        try:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+        except TypeError:  # a tokenizer without the keyword
+            return str(self.tokenizer.decode(list(ids)))
+
     def decode_token(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return self.decode([token_id])
 
     def check_ids(self, ids: Sequence[int], param: str) -> None:
         if not ids:
