@@ -214,6 +214,46 @@ def test_special_tokens_spelled_out_in_detokenize_echo_and_logprobs(server: Remo
     assert lps["text_offset"] == [0, len("<|im_start|>"), len("<|im_start|>Hello")]
 
 
+def test_continue_final_message_and_echo(server: RemoteServer) -> None:
+    """vLLM's prefill: the answer continues the last (assistant) message, and echo starts the
+    answer with it; its role is that message's."""
+    start = "My favourite colour is"
+    messages = [{"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": start}]
+    body = chat_body(messages=messages, add_generation_prompt=False,
+                     continue_final_message=True, echo=True, max_tokens=4)
+    msg = ok(post(server, "/v1/chat/completions", body))["choices"][0]["message"]
+    assert msg["role"] == "assistant" and msg["content"].startswith(start)
+    assert len(msg["content"]) > len(start)
+    chunks = sse(server, "/v1/chat/completions", body)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == \
+        msg["content"]
+    # Without echo the answer is the continuation alone.
+    body["echo"] = False
+    alone = ok(post(server, "/v1/chat/completions", body))["choices"][0]["message"]["content"]
+    assert start + alone == msg["content"]
+    # Not both (vLLM's check); echo of a user turn adds nothing.
+    r = post(server, "/v1/chat/completions", chat_body(continue_final_message=True))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+    plain = ok(post(server, "/v1/chat/completions", chat_body()))["choices"][0]["message"]
+    assert ok(post(server, "/v1/chat/completions", chat_body(echo=True)))["choices"][0][
+        "message"]["content"] == plain["content"]
+
+
+def test_chat_template_kwargs_and_documents_reach_the_template(server: RemoteServer) -> None:
+    ok(post(server, "/v1/chat/completions", chat_body(chat_template_kwargs={
+        "enable_thinking": False})))  # Qwen3 clients send it; SmolLM2's template ignores it
+    template = ("{{ greeting | default('') }}{% for d in documents or [] %}{{ d['text'] }}"
+                "{% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    count = lambda **kw: ok(post(server, "/v1/chat/completions", chat_body(  # noqa: E731
+        chat_template=template, max_tokens=1, **kw)))["usage"]["prompt_tokens"]
+    plain = count()
+    assert count(chat_template_kwargs={"greeting": "Good morning to you. "}) > plain
+    assert count(documents=[{"title": "t", "text": "Paris is the capital of France. "}]) > plain
+    r = post(server, "/v1/chat/completions", chat_body(chat_template_kwargs={"tokenize": True}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
+
+
 def test_tokenize_extensions(server: RemoteServer) -> None:
     """vLLM's /tokenize: return_token_strs, and a request chat_template for messages."""
     out = ok(post(server, "/tokenize", {"prompt": "Hello world", "return_token_strs": True}))

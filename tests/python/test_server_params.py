@@ -225,9 +225,6 @@ CHAT_UNSUPPORTED = [
     {"tool_choice": "auto"},
     {"tool_choice": {"type": "function", "function": {"name": "f"}}},
     {"functions": [{"name": "f"}]},
-    {"echo": True},
-    {"continue_final_message": True},
-    {"chat_template_kwargs": {"enable_thinking": True}},
     {"modalities": ["text", "audio"]},
     {"audio": {"voice": "alloy", "format": "wav"}},
     {"web_search_options": {}},
@@ -258,6 +255,12 @@ def test_harmless_values_of_unsupported_fields_pass(server: RemoteServer) -> Non
                                              "tool_choice": "none",
                                              "response_format": None, "echo": False,
                                              "modalities": ["text"]}))
+
+
+def test_chat_template_kwargs_chat_template_needs_trust(server: RemoteServer) -> None:
+    r = post(server, "/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": {
+        "chat_template": "{{ messages[0]['content'] }}"}})
+    assert "--trust-request-chat-template" in check_400(r, "chat_template")
 
 
 def test_add_special_tokens(server: RemoteServer) -> None:

@@ -102,7 +102,14 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     add_generation_prompt: bool = True
+    # vLLM's extensions for the template: continue the last message instead of opening a new
+    # turn (prefill), documents for RAG templates, and free variables for the template.
+    continue_final_message: bool = False
+    documents: Optional[List[Dict[str, Any]]] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
     chat_template: Optional[str] = None
+    # vLLM's: the answer starts with the last message when it has the answer's role.
+    echo: Optional[bool] = False
     # vLLM's default for chat: the template writes the special tokens itself.
     add_special_tokens: bool = False
     tools: Optional[Any] = None

@@ -33,9 +33,7 @@ def _text_only(value: Any) -> bool:
 
 
 # Chat fields pagedkv does not implement (see UNSUPPORTED in serving_engine.py): tools and the
-# legacy functions need a tool parser, echo / continue_final_message / documents /
-# chat_template_kwargs change what the template writes or what the answer starts with, and
-# audio output / web search are not there at all.
+# legacy functions need a tool parser, and audio output / web search are not there at all.
 _CHAT_UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
     "modalities": _text_only,
     "audio": is_unset,
@@ -44,11 +42,10 @@ _CHAT_UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
     "tool_choice": no_tool_choice,
     "functions": is_unset,
     "function_call": no_tool_choice,
-    "echo": is_unset,
-    "continue_final_message": is_unset,
-    "documents": is_unset,
-    "chat_template_kwargs": is_unset,
 }
+
+# chat_template_kwargs keys that the rendering call itself owns.
+_RESERVED_TEMPLATE_KWARGS = ("messages", "conversation", "tokenize", "return_dict")
 
 
 def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
@@ -83,7 +80,8 @@ class OpenAIServingChat(OpenAIServing):
 
     def render(self, messages: List[ChatMessage], template: Optional[str],
                add_generation_prompt: bool = True,
-               template_vars: Optional[Dict[str, Any]] = None) -> str:
+               template_vars: Optional[Dict[str, Any]] = None,
+               continue_final_message: bool = False) -> str:
         """The prompt of a conversation. ``template_vars``: request settings the template may
         read (reasoning_effort), given only when set so that a template's own defaults hold."""
         if not messages:
@@ -92,12 +90,42 @@ class OpenAIServingChat(OpenAIServing):
             return self.tokenizer.apply_chat_template(
                 message_dicts(messages), chat_template=template or self.state.chat_template,
                 add_generation_prompt=add_generation_prompt, tokenize=False,
+                **({"continue_final_message": True} if continue_final_message else {}),
                 **{k: v for k, v in (template_vars or {}).items() if v is not None})
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
             raise bad_request(f"could not apply the chat template: {exc}",
                               param="messages") from exc
+
+    def template_settings(self, req: ChatCompletionRequest
+                          ) -> tuple[Optional[str], Dict[str, Any]]:
+        """(template, template variables) of a request, as vLLM merges them: chat_template_kwargs
+        may also set chat_template, add_generation_prompt and continue_final_message (written
+        back to ``req``, which the answer's role depends on)."""
+        kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(set(kwargs) & set(_RESERVED_TEMPLATE_KWARGS))
+        if reserved:
+            raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}",
+                              param="chat_template_kwargs")
+        template = kwargs.pop("chat_template", None) or req.chat_template
+        self.check_template(template)
+        req.add_generation_prompt = bool(kwargs.pop("add_generation_prompt",
+                                                    req.add_generation_prompt))
+        req.continue_final_message = bool(kwargs.pop("continue_final_message",
+                                                     req.continue_final_message))
+        if req.continue_final_message and req.add_generation_prompt:  # vLLM's check and words
+            raise bad_request("Cannot set both `continue_final_message` and "
+                              "`add_generation_prompt` to True.", param="continue_final_message")
+        return template, {"reasoning_effort": req.reasoning_effort, "documents": req.documents,
+                          **kwargs}
+
+    def echoed(self, req: ChatCompletionRequest) -> str:
+        """vLLM's chat echo: the last message's text when it has the answer's role (the answer
+        continues it), else nothing."""
+        if not req.echo or req.messages[-1].role != self.role(req):
+            return ""
+        return str(message_dicts(req.messages[-1:])[0]["content"])
 
     def role(self, req: ChatCompletionRequest) -> str:
         """vLLM's rule: --response-role when the template opened a new turn, else the role of
@@ -118,11 +146,11 @@ class OpenAIServingChat(OpenAIServing):
         self.check_length(sum(len(m.content) if isinstance(m.content, str) else
                               sum(len(p.text or "") for p in m.content or [])
                               for m in req.messages), "messages")
-        self.check_template(req.chat_template)
+        template, template_vars = self.template_settings(req)
         # Off the event loop: /health and the streams keep going while a template renders.
-        prompt = await self.in_tokenizer_thread(self.render, req.messages, req.chat_template,
-                                                req.add_generation_prompt,
-                                                {"reasoning_effort": req.reasoning_effort})
+        prompt = await self.in_tokenizer_thread(self.render, req.messages, template,
+                                                req.add_generation_prompt, template_vars,
+                                                req.continue_final_message)
         # The template already wrote any BOS / special tokens (add_special_tokens: false, as
         # in vLLM, unless the client asks for them).
         ids = await self.encode_async(prompt, req.add_special_tokens, "messages")
@@ -165,8 +193,9 @@ class OpenAIServingChat(OpenAIServing):
         finally:
             for s in streams:
                 s.close()
+        echo = self.echoed(req)
         choices = [ChatChoice(index=c.index, message=ResponseMessage(role=self.role(req),
-                                                                     content=c.text),
+                                                                     content=echo + c.text),
                               logprobs=self._logprobs(req, c.token_ids, c.logprobs),
                               finish_reason=c.finish_reason,
                               stop_reason=getattr(c, "stop_reason", None))
@@ -199,6 +228,14 @@ class OpenAIServingChat(OpenAIServing):
         for i in range(req.n):
             body = dict(base, choices=[{"index": i, "delta": {"role": self.role(req),
                                                               "content": ""},
+                                        "logprobs": None, "finish_reason": None}])
+            if continuous:
+                body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
+                                          total_tokens=prompt_tokens).model_dump()
+            yield body
+        echo = self.echoed(req)
+        for i in range(req.n if echo else 0):  # then the echoed text, as vLLM streams it
+            body = dict(base, choices=[{"index": i, "delta": {"content": echo},
                                         "logprobs": None, "finish_reason": None}])
             if continuous:
                 body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
