@@ -206,3 +206,32 @@ def test_root_path_keeps_the_api_key() -> None:
     key = {"Authorization": "Bearer k"}
     assert client.get("/llm/v1/models", headers=key).status_code == 200
     assert client.get("/llm/health").status_code == 200
+
+
+@pytest.mark.parametrize(("text", "value"), [("4096", 4096), ("2k", 2000), ("2K", 2048),
+                                             ("25.6k", 25600), ("1M", 2**20)])
+def test_token_counts_as_vllm_writes_them(text: str, value: int) -> None:
+    assert parse(["--max-model-len", text]).max_model_len == value
+    assert parse(["--max-num-batched-tokens", text]).max_num_batched_tokens == value
+
+
+@pytest.mark.parametrize("text", ["1.5", "0.0005k", "k", "2x", "1"])
+def test_bad_token_counts(text: str) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--max-model-len", text])
+
+
+def test_ping_answers_like_health() -> None:
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+    from pagedkv.entrypoints.openai.api_server import build_app
+
+    tok = SimpleNamespace(get_vocab=lambda: {"a": 0})
+    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64, vocab_size=1,
+                                                          model="m", name="m"),
+                             tokenizer=tok, is_dead=False, get_stats=dict)
+    client = TestClient(build_app(engine, parse([])))
+    assert client.get("/ping").status_code == 200 and client.post("/ping").status_code == 200
+    engine.is_dead, engine.dead_error = True, RuntimeError("boom")
+    assert client.get("/ping").status_code == 503

@@ -43,6 +43,36 @@ def int_at_least(lo: int) -> Callable[[str], int]:
     return parse
 
 
+# vLLM's human-readable token counts: lowercase multipliers are decimal, uppercase binary.
+_MULTIPLIERS = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def token_count_at_least(lo: int) -> Callable[[str], int]:
+    """An integer >= ``lo`` written as vLLM takes --max-model-len: '4096', '32k' (32000),
+    '32K' (32768), '25.6k' (25600). A fraction that does not come out whole is refused."""
+
+    def parse(text: str) -> int:
+        body = str(text).strip()
+        scale = _MULTIPLIERS.get(body[-1:], 1)
+        try:
+            if scale == 1:
+                value = int(body)
+            else:
+                number = float(body[:-1]) * scale
+                if not number.is_integer():
+                    raise ValueError
+                value = int(number)
+        except (TypeError, ValueError, OverflowError):
+            raise _bad(f"must be an integer >= {lo} (or like 32k = 32000, 32K = 32768)",
+                       text) from None
+        if value < lo:
+            raise _bad(f"must be an integer >= {lo} (or like 32k = 32000, 32K = 32768)", text)
+        return value
+
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
 def float_in(lo: Optional[float] = None, hi: Optional[float] = None, lo_open: bool = False,
              hi_open: bool = False) -> Callable[[str], float]:
     """A float in an interval; ``lo_open`` / ``hi_open`` exclude that end."""

@@ -56,7 +56,8 @@ ENGINE_FLAGS = (
     Flag("dtype", "auto", "weights and activations type: 'auto' is float32 on the CPU and on "
          "a GPU the checkpoint's 16-bit type, else bfloat16", type=t.dtype,
          metavar="{" + ",".join(t.DTYPE_CHOICES) + "}"),
-    Flag("max_model_len", None, "longest prompt + output in tokens", type=t.int_at_least(2),
+    Flag("max_model_len", None, "longest prompt + output in tokens (also 32k = 32000, 32K = "
+         "32768, as vLLM)", type=t.token_count_at_least(2),
          shown="the model's context length"),
     Flag("block_size", 16, "tokens per KV-cache block", type=t.power_of_two(256)),
     Flag("gpu_memory_utilization", 0.9, "fraction of GPU memory for weights, activations and "
@@ -68,9 +69,9 @@ ENGINE_FLAGS = (
     Flag("kv_cache_dtype", "auto", KV_CACHE_DTYPE_HELP, type=t.choice_of(KV_CACHE_DTYPE_CHOICES),
          metavar="{" + ",".join(KV_CACHE_DTYPE_CHOICES) + "}"),
     Flag("max_num_seqs", 256, "most sequences in one engine step", type=t.int_at_least(1)),
-    Flag("max_num_batched_tokens", None, "token budget of one engine step",
-         type=t.int_at_least(1), shown="2048 on the CPU, 8192 on a GPU; at least --max-model-len "
-         "without chunked prefill"),
+    Flag("max_num_batched_tokens", None, "token budget of one engine step (32k-style counts "
+         "too)", type=t.token_count_at_least(1), shown="2048 on the CPU, 8192 on a GPU; at "
+         "least --max-model-len without chunked prefill"),
     Flag("enable_prefix_caching", True, "reuse the KV blocks of shared prompt prefixes",
          kind="toggle", shown="on"),
     Flag("enable_chunked_prefill", True, "split long prefills across steps, batched with "

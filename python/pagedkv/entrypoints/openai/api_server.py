@@ -205,6 +205,9 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
             return APIError(503, f"engine loop died: {engine.dead_error!r}").response()
         return Response(status_code=200)
 
+    # vLLM's /ping (SageMaker's health probe), GET and POST: /health's answer.
+    app.add_api_route("/ping", health, methods=["GET", "POST"])
+
     @app.get("/version")
     async def version() -> JSONResponse:
         return JSONResponse({"version": pagedkv.__version__})
