@@ -290,6 +290,27 @@ def test_logprobs_cap_is_the_servers_max_logprobs(server: RemoteServer) -> None:
         assert "[0, 30]" in r.json()["error"]["message"]
 
 
+@pytest.fixture(scope="module")
+def one_seq_server(tmp_path_factory: pytest.TempPathFactory):
+    srv = small_server(tmp_path_factory, "server_one_seq", model=MODEL, max_num_seqs=1)
+    yield srv
+    srv.stop()
+
+
+def test_batch_prompts_stream_while_the_next_one_waits(one_seq_server: RemoteServer) -> None:
+    """A streamed batch of prompts, one sequence at a time: the first prompt's tokens stream as
+    they come. The prompts' streams were read in turn, so the first one's tokens waited,
+    unstreamed, for the second prompt to start (two chunks instead of sixteen)."""
+    chunks = sse(one_seq_server, "/v1/completions",
+                 complete_body(prompt=["Once upon a time", "Hello"], max_tokens=16,
+                               ignore_eos=True))
+    order = [c["choices"][0]["index"] for c in chunks]
+    # (a token may hold its text back for the next one's: a chunk per token at most)
+    assert order.count(0) >= 8 and order.count(1) >= 8, order
+    assert order.index(1) == order.count(0), order  # all of the first before the second
+    assert one_seq_server.wait_idle()["pagedkv:kv_cache_usage_perc"] == 0
+
+
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:
     m = server.wait_idle()
     assert m["pagedkv:kv_cache_usage_perc"] == 0 and m["pagedkv:num_requests_running"] == 0

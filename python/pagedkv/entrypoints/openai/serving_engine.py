@@ -362,30 +362,25 @@ class OpenAIServing:
         sent_text: Dict[int, int] = {}
         sent_tokens: Dict[int, int] = {}
         done: set = set()
-        active = list(range(len(streams)))
-        while active:
-            for i in list(active):
-                out = await streams[i].__anext__()
-                if out.finished:
-                    active.remove(i)
-                for c in out.outputs:
-                    idx = i * n + c.index
-                    if idx in done:
-                        continue
-                    st, sk = sent_text.get(idx, 0), sent_tokens.get(idx, 0)
-                    finish = c.finish_reason or ("stop" if out.finished else None)
-                    if len(c.text) <= st and finish is None:
-                        continue
-                    lps = getattr(c, "logprobs", None)
-                    delta = Delta(i, idx, c.text[st:], list(c.token_ids[sk:]),
-                                  list(lps[sk:]) if lps is not None else None, finish,
-                                  getattr(c, "stop_reason", None), idx not in sent_text, out)
-                    sent_text[idx], sent_tokens[idx] = len(c.text), len(c.token_ids)
-                    if delta.token_ids:
-                        timer.token()
-                    if finish is not None:
-                        done.add(idx)
-                    yield delta
+        async for i, out in _merged(streams):
+            for c in out.outputs:
+                idx = i * n + c.index
+                if idx in done:
+                    continue
+                st, sk = sent_text.get(idx, 0), sent_tokens.get(idx, 0)
+                finish = c.finish_reason or ("stop" if out.finished else None)
+                if len(c.text) <= st and finish is None:
+                    continue
+                lps = getattr(c, "logprobs", None)
+                delta = Delta(i, idx, c.text[st:], list(c.token_ids[sk:]),
+                              list(lps[sk:]) if lps is not None else None, finish,
+                              getattr(c, "stop_reason", None), idx not in sent_text, out)
+                sent_text[idx], sent_tokens[idx] = len(c.text), len(c.token_ids)
+                if delta.token_ids:
+                    timer.token()
+                if finish is not None:
+                    done.add(idx)
+                yield delta
 
     async def finals(self, streams: List[Any], timer: RequestTimer) -> List[Any]:
         """The final RequestOutput of every stream (they all run concurrently in the engine)."""
@@ -476,6 +471,41 @@ class RequestTimer:
                     self.request_id, num_tokens, ",".join(f"{r}x{k}" if k > 1 else r
                                                           for r, k in counts.items()),
                     ttft, end - self.start)
+
+
+async def _merged(streams: List[Any]) -> AsyncIterator[tuple[int, Any]]:
+    """(stream index, output) as each of ``streams`` produces them. Several streams (a batch of
+    prompts) are read concurrently: reading them in turn would hold a running prompt's tokens
+    back, unstreamed, while the next one waits for the engine to schedule it."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: Any) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((i, out, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            queue.put_nowait((i, None, exc))
+            return
+        queue.put_nowait((i, None, None))  # this stream is done
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        active = len(streams)
+        while active:
+            i, out, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if out is None:
+                active -= 1
+                continue
+            yield i, out
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def cancel_on_disconnect(raw: Request, work: Awaitable[T]) -> Optional[T]:
