@@ -262,6 +262,18 @@ def test_tokenize_extensions(server: RemoteServer) -> None:
     out = ok(post(server, "/tokenize", {"messages": [{"role": "user", "content": "Hello"}],
                                         "chat_template": template}))
     assert out["tokens"] == ok(post(server, "/tokenize", {"prompt": "Hello"}))["tokens"]
+    # The prompt a chat request with the same template settings gets (its usage counts it).
+    messages = [{"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "My favourite colour is"}]
+    settings = {"messages": messages, "add_generation_prompt": False,
+                "continue_final_message": True,
+                "chat_template_kwargs": {"greeting": "Hi. "}, "chat_template":
+                "{{ greeting }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}
+    count = ok(post(server, "/tokenize", settings))["count"]
+    assert count == ok(post(server, "/v1/chat/completions", {**settings, "max_tokens": 1})
+                       )["usage"]["prompt_tokens"]
+    assert count > ok(post(server, "/tokenize", {**settings, "chat_template_kwargs": {
+        "greeting": ""}}))["count"]
 
 
 def test_cache_salt_refused_and_user_accepted_quietly(server: RemoteServer) -> None:

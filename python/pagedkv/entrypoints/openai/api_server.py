@@ -177,10 +177,11 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
-            chat.check_template(req.chat_template)
+            template, template_vars = chat.template_settings(req)
             # The chat template renders off the event loop too (a long conversation is slow).
-            text = await completion.in_count_thread(chat.render, req.messages,
-                                                    req.chat_template, req.add_generation_prompt)
+            text = await completion.in_count_thread(chat.render, req.messages, template,
+                                                    req.add_generation_prompt, template_vars,
+                                                    req.continue_final_message)
             ids = await completion.encode_async(text, bool(req.add_special_tokens), param=None)
         else:
             special = True if req.add_special_tokens is None else req.add_special_tokens

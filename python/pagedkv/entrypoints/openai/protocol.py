@@ -130,6 +130,10 @@ class TokenizeRequest(_Request):
     # special tokens), as for generation.
     add_special_tokens: Optional[bool] = None
     add_generation_prompt: bool = True
+    # As for chat (vLLM's TokenizeChatRequest): the same prompt a chat request would get.
+    continue_final_message: bool = False
+    documents: Optional[List[Dict[str, Any]]] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
     chat_template: Optional[str] = None
     return_token_strs: Optional[bool] = False  # vLLM's extension: each token's text too
 

@@ -98,8 +98,7 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request(f"could not apply the chat template: {exc}",
                               param="messages") from exc
 
-    def template_settings(self, req: ChatCompletionRequest
-                          ) -> tuple[Optional[str], Dict[str, Any]]:
+    def template_settings(self, req: Any) -> tuple[Optional[str], Dict[str, Any]]:
         """(template, template variables) of a request, as vLLM merges them: chat_template_kwargs
         may also set chat_template, add_generation_prompt and continue_final_message (written
         back to ``req``, which the answer's role depends on)."""
@@ -117,8 +116,8 @@ class OpenAIServingChat(OpenAIServing):
         if req.continue_final_message and req.add_generation_prompt:  # vLLM's check and words
             raise bad_request("Cannot set both `continue_final_message` and "
                               "`add_generation_prompt` to True.", param="continue_final_message")
-        return template, {"reasoning_effort": req.reasoning_effort, "documents": req.documents,
-                          **kwargs}
+        return template, {"reasoning_effort": getattr(req, "reasoning_effort", None),
+                          "documents": req.documents, **kwargs}
 
     def echoed(self, req: ChatCompletionRequest) -> str:
         """vLLM's chat echo: the last message's text when it has the answer's role (the answer
