@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server: ``build_app(engine, args)`` and ``run_server(args)``.
 
 Routes: /v1/models, /v1/completions, /v1/chat/completions (OpenAI), /tokenize, /detokenize,
-/health, /version, /metrics (vLLM's extras). With an API key, every /v1 route needs
+/health, /ping, /version, /metrics (vLLM's extras). With an API key, every /v1 route needs
 ``Authorization: Bearer <key>``; the operational routes stay open for probes and scrapers.
+CORS is open unless --allowed-origins & co restrict it, as in vLLM.
 ``$PAGEDKV_MAX_N_SEQUENCES`` (default 16384, as vLLM's ``$VLLM_MAX_N_SEQUENCES``) caps the
 choices one prompt may ask for (``n``); see limits.py.
 """
