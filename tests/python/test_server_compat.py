@@ -323,6 +323,23 @@ def test_batch_prompts_stream_while_the_next_one_waits(one_seq_server: RemoteSer
     assert one_seq_server.wait_idle()["pagedkv:kv_cache_usage_perc"] == 0
 
 
+def test_request_length_histograms(server: RemoteServer) -> None:
+    """vLLM's request_prompt_tokens / request_generation_tokens (its dashboards' length
+    panels), one observation per HTTP request, streamed or not."""
+    def sums() -> tuple:
+        return (server.metric("pagedkv:request_prompt_tokens_sum"),
+                server.metric("pagedkv:request_generation_tokens_sum"),
+                server.metric("pagedkv:request_prompt_tokens_count"))
+
+    before = sums()
+    usage = ok(post(server, "/v1/completions", complete_body(n=2)))["usage"]
+    sse(server, "/v1/chat/completions", chat_body(stream_options={"include_usage": True}))
+    after = sums()
+    assert after[2] - before[2] == 2
+    assert after[0] - before[0] > usage["prompt_tokens"]
+    assert after[1] - before[1] == usage["completion_tokens"] + 3
+
+
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:
     m = server.wait_idle()
     assert m["pagedkv:kv_cache_usage_perc"] == 0 and m["pagedkv:num_requests_running"] == 0

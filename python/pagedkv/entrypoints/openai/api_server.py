@@ -135,7 +135,8 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         engine=engine, served_model_names=names, model_aliases=aliases,
         max_model_len=int(engine.model_config.max_model_len),
         chat_template=getattr(args, "chat_template", None),
-        metrics=ServerMetrics(engine, names[0]), max_n_sequences=max_n_sequences(args),
+        metrics=ServerMetrics(engine, names[0], int(engine.model_config.max_model_len)),
+        max_n_sequences=max_n_sequences(args),
         response_role=getattr(args, "response_role", None) or "assistant",
         max_logprobs=_max_logprobs(engine),
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)))

@@ -64,8 +64,19 @@ class _EngineCollector(Collector):
         yield dead
 
 
+def _one_two_five(limit: int) -> list:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to ``limit``."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
+
+
 class ServerMetrics:
-    def __init__(self, engine: Any, model_name: str) -> None:
+    def __init__(self, engine: Any, model_name: str, max_model_len: int = 8192) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine, model_name))
@@ -79,14 +90,25 @@ class ServerMetrics:
         self.e2e = Histogram("pagedkv:e2e_request_latency_seconds",
                              "Time from request arrival to its last token.", labels,
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        # Token counts per request (vLLM's names), for its dashboards' length panels.
+        self.prompt_len = Histogram("pagedkv:request_prompt_tokens",
+                                    "Prompt tokens of a request.", labels,
+                                    buckets=_one_two_five(max_model_len), registry=self.registry)
+        self.generation_len = Histogram("pagedkv:request_generation_tokens",
+                                        "Tokens generated for a request (all its choices).",
+                                        labels, buckets=_one_two_five(max_model_len),
+                                        registry=self.registry)
         self.success = Counter("pagedkv:request_success",
                                "Finished requests, by the finish reason of their first choice.",
                                labels + ["finished_reason"], registry=self.registry)
 
     def observe_request(self, ttft: float, tpot: Optional[float], e2e: float,
-                        finish_reasons: Sequence[Optional[str]]) -> None:
+                        finish_reasons: Sequence[Optional[str]], prompt_tokens: int = 0,
+                        generation_tokens: int = 0) -> None:
         """One HTTP request; ``finish_reasons`` of its choices by index (None: unfinished)."""
         self.ttft.labels(self.model_name).observe(ttft)
+        self.prompt_len.labels(self.model_name).observe(prompt_tokens)
+        self.generation_len.labels(self.model_name).observe(generation_tokens)
         if tpot is not None:
             self.tpot.labels(self.model_name).observe(tpot)
         self.e2e.labels(self.model_name).observe(e2e)

@@ -200,7 +200,8 @@ class OpenAIServingChat(OpenAIServing):
                               stop_reason=getattr(c, "stop_reason", None))
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         usage = self.usage([out])
-        timer.done(usage.completion_tokens, [c.finish_reason for c in choices])
+        timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
+                   usage.prompt_tokens)
         return ChatCompletionResponse(
             id=request_id, model=self.state.model_name, choices=choices, usage=usage,
             prompt_logprobs=lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),

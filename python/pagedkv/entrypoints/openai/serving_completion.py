@@ -116,7 +116,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     prompt_logprobs=prompt_logprobs))
         choices.sort(key=lambda ch: ch.index)
         usage = self.usage(finals)
-        timer.done(usage.completion_tokens, [c.finish_reason for c in choices])
+        timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
+                   usage.prompt_tokens)
         return CompletionResponse(id=request_id, model=self.state.model_name, choices=choices,
                                   usage=usage)
 

@@ -418,7 +418,8 @@ class OpenAIServing:
         finally:
             for s in streams:
                 s.close()
-            timer.done(self.usage(latest).completion_tokens, reasons)
+            usage = self.usage(latest)
+            timer.done(usage.completion_tokens, reasons, usage.prompt_tokens)
 
     def usage(self, outputs: Sequence[Any]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids or ()) for o in outputs if o is not None)
@@ -460,11 +461,13 @@ class RequestTimer:
         if self.first is None:
             self.first = time.perf_counter()
 
-    def done(self, num_tokens: int, finish_reasons: Sequence[Optional[str]]) -> None:
+    def done(self, num_tokens: int, finish_reasons: Sequence[Optional[str]],
+             prompt_tokens: int = 0) -> None:
         end = time.perf_counter()
         ttft = (self.first or end) - self.start
         tpot = (end - (self.first or end)) / (num_tokens - 1) if num_tokens > 1 else None
-        self.metrics.observe_request(ttft, tpot, end - self.start, finish_reasons)
+        self.metrics.observe_request(ttft, tpot, end - self.start, finish_reasons,
+                                     prompt_tokens, num_tokens)
         # Reasons with their counts, so that a request with many choices logs one short line.
         counts = Counter(str(r) for r in finish_reasons)
         logger.info("finished %s: completion_tokens=%d finish=%s ttft=%.3fs e2e=%.3fs",
