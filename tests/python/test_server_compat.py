@@ -343,3 +343,19 @@ def test_request_length_histograms(server: RemoteServer) -> None:
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:
     m = server.wait_idle()
     assert m["pagedkv:kv_cache_usage_perc"] == 0 and m["pagedkv:num_requests_running"] == 0
+
+
+def test_metrics_series_exist_before_the_first_request() -> None:
+    """As vLLM's: every latency / length histogram and the success counter's stop and length
+    series are exported at zero from the start (test_metrics_move failed when run alone)."""
+    from types import SimpleNamespace
+
+    from pagedkv.entrypoints.openai.metrics import ServerMetrics
+
+    engine = SimpleNamespace(get_stats=dict, is_dead=False)
+    text = ServerMetrics(engine, "m", max_model_len=64).render().decode()
+    for name in ("time_to_first_token_seconds", "time_per_output_token_seconds",
+                 "e2e_request_latency_seconds", "request_prompt_tokens",
+                 "request_generation_tokens"):
+        assert f'pagedkv:{name}_count{{model_name="m"}} 0.0' in text, name
+    assert 'pagedkv:request_success_total{finished_reason="stop",model_name="m"} 0.0' in text

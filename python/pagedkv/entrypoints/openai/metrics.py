@@ -101,6 +101,12 @@ class ServerMetrics:
         self.success = Counter("pagedkv:request_success",
                                "Finished requests, by the finish reason of their first choice.",
                                labels + ["finished_reason"], registry=self.registry)
+        # Exported from the start with zero counts, as vLLM's are: a scrape before the first
+        # request sees every series (dashboards show 0, not "no data").
+        for histogram in (self.ttft, self.tpot, self.e2e, self.prompt_len, self.generation_len):
+            histogram.labels(model_name)
+        for reason in ("stop", "length"):
+            self.success.labels(model_name, reason)
 
     def observe_request(self, ttft: float, tpot: Optional[float], e2e: float,
                         finish_reasons: Sequence[Optional[str]], prompt_tokens: int = 0,
