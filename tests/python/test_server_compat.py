@@ -254,6 +254,44 @@ def test_chat_template_kwargs_and_documents_reach_the_template(server: RemoteSer
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"
 
 
+def test_return_token_ids(server: RemoteServer) -> None:
+    """vLLM's return_token_ids: completions choices carry prompt_token_ids and token_ids,
+    chat has the prompt's at the top and token_ids per choice; streamed, the ids add up to the
+    same. Without it the answer has no such keys."""
+    prompt_ids = ok(post(server, "/tokenize", {"prompt": PROMPT}))["tokens"]
+    choice = ok(post(server, "/v1/completions", complete_body(return_token_ids=True,
+                                                               logprobs=0)))["choices"][0]
+    assert choice["prompt_token_ids"] == prompt_ids and len(choice["token_ids"]) == 3
+    assert ok(post(server, "/detokenize", {"tokens": choice["token_ids"]}))["prompt"] == \
+        choice["text"]
+    chunks = sse(server, "/v1/completions", complete_body(return_token_ids=True))
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt_ids
+    assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == choice["token_ids"]
+    out = ok(post(server, "/v1/chat/completions", chat_body(return_token_ids=True)))
+    assert len(out["prompt_token_ids"]) == out["usage"]["prompt_tokens"]
+    assert len(out["choices"][0]["token_ids"]) == out["usage"]["completion_tokens"]
+    chunks = sse(server, "/v1/chat/completions", chat_body(return_token_ids=True))
+    assert chunks[0]["prompt_token_ids"] == out["prompt_token_ids"]
+    assert sum((c["choices"][0].get("token_ids", []) for c in chunks), []) == \
+        out["choices"][0]["token_ids"]
+    plain = ok(post(server, "/v1/completions", complete_body()))
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+
+
+def test_return_tokens_as_token_ids(server: RemoteServer) -> None:
+    choice = ok(post(server, "/v1/completions", complete_body(
+        return_tokens_as_token_ids=True, return_token_ids=True, logprobs=2)))["choices"][0]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(k.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"]
+               for k in top)
+    out = ok(post(server, "/v1/chat/completions", chat_body(
+        return_tokens_as_token_ids=True, return_token_ids=True, logprobs=True, top_logprobs=2)))
+    content = out["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == \
+        [f"token_id:{t}" for t in out["choices"][0]["token_ids"]]
+    assert all(t["token"].startswith("token_id:") for e in content for t in e["top_logprobs"])
+
+
 def test_tokenize_extensions(server: RemoteServer) -> None:
     """vLLM's /tokenize: return_token_strs, and a request chat_template for messages."""
     out = ok(post(server, "/tokenize", {"prompt": "Hello world", "return_token_strs": True}))

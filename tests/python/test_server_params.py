@@ -217,7 +217,6 @@ UNSUPPORTED = [
     {"bad_words": ["Paris"]},
     {"use_beam_search": True},
     {"truncate_prompt_tokens": 5},
-    {"return_tokens_as_token_ids": True},
 ]
 CHAT_UNSUPPORTED = [
     {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},

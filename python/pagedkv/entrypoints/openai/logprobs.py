@@ -32,7 +32,13 @@ def _text(token_id: int, v: Any, decode: Decode) -> str:
 
 
 def entries(token_ids: Sequence[int], logprobs: Sequence[Optional[Dict[int, Any]]],
-            decode: Decode, top_n: Optional[int] = None) -> List[Entry]:
+            decode: Decode, top_n: Optional[int] = None, as_ids: bool = False) -> List[Entry]:
+    """``as_ids``: vLLM's return_tokens_as_token_ids, every token shown as "token_id:<id>"
+    (tokens that are not valid UTF-8 on their own stay identifiable)."""
+    if as_ids:
+        decode = _as_id
+        logprobs = [None if t is None else {k: _plain(v) for k, v in t.items()}
+                    for t in logprobs]
     out: List[Entry] = []
     for tid, table in zip(token_ids, logprobs):
         if table is None:
@@ -46,6 +52,15 @@ def entries(token_ids: Sequence[int], logprobs: Sequence[Optional[Dict[int, Any]
         out.append((_text(tid, chosen, decode) if chosen is not None else decode(tid),
                     _value(chosen) if chosen is not None else None, top))
     return out
+
+
+def _as_id(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
+def _plain(v: Any) -> float:
+    """A logprob without its decoded text, so that the token's id spelling is used."""
+    return float(getattr(v, "logprob", v))
 
 
 def completion_logprobs(items: List[Entry], text_offset: int) -> CompletionLogProbs:

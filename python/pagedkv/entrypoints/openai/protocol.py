@@ -67,6 +67,10 @@ class _SamplingFields(_Request):
     request_id: Optional[str] = None
     best_of: Optional[int] = None  # only best_of == n is served (see check_request)
     user: Optional[str] = None  # OpenAI's end-user tag: declared (as vLLM does), no effect
+    # vLLM's extensions for token-level clients (RL trainers): the prompt's and each choice's
+    # token ids in the answer, and logprob tokens spelled "token_id:<id>".
+    return_token_ids: Optional[bool] = None
+    return_tokens_as_token_ids: Optional[bool] = None
 
     @field_validator("n", mode="before")
     @classmethod
@@ -174,6 +178,8 @@ class CompletionChoice(BaseModel):
     # vLLM's extension: per prompt token, {token id: {logprob, rank, decoded_token}}; the
     # first token has none.
     prompt_logprobs: Optional[List[Optional[Dict[int, PromptLogprob]]]] = None
+    prompt_token_ids: Optional[List[int]] = None  # with return_token_ids (vLLM)
+    token_ids: Optional[List[int]] = None
 
 
 class CompletionResponse(BaseModel):
@@ -215,6 +221,7 @@ class ChatChoice(BaseModel):
     logprobs: Optional[ChatLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    token_ids: Optional[List[int]] = None  # with return_token_ids (vLLM)
 
 
 class ChatCompletionResponse(BaseModel):
@@ -225,6 +232,7 @@ class ChatCompletionResponse(BaseModel):
     choices: List[ChatChoice]
     usage: Optional[UsageInfo] = None
     prompt_logprobs: Optional[List[Optional[Dict[int, PromptLogprob]]]] = None  # as vLLM
+    prompt_token_ids: Optional[List[int]] = None  # with return_token_ids (vLLM)
 
 
 class ChatStreamChoice(BaseModel):
@@ -247,6 +255,20 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: List[ModelCard]
+
+
+_TOKEN_ID_KEYS = ("prompt_token_ids", "token_ids")
+
+
+def dump(response: BaseModel) -> Dict[str, Any]:
+    """A response as JSON data, without the token-id fields of a request that did not ask for
+    them (return_token_ids), so that ordinary answers keep OpenAI's shape."""
+    body = response.model_dump()
+    for obj in (body, *body.get("choices", ())):
+        for key in _TOKEN_ID_KEYS:
+            if key in obj and obj[key] is None:
+                del obj[key]
+    return body
 
 
 def chunk(obj: Dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from pagedkv.entrypoints.openai.protocol import (
     ChatMessage,
     ResponseMessage,
     UsageInfo,
+    dump,
 )
 from pagedkv.entrypoints.openai.serving_engine import (
     OpenAIServing,
@@ -170,19 +171,20 @@ class OpenAIServingChat(OpenAIServing):
         streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
                                        prompt_param="messages")
         if req.stream:
-            return StreamingResponse(self._stream(req, request_id, streams, timer, len(ids)),
+            return StreamingResponse(self._stream(req, request_id, streams, timer, ids),
                                      media_type="text/event-stream")
         result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer))
         if result is None:
             return Response(status_code=499)
-        return JSONResponse(result.model_dump())
+        return JSONResponse(dump(result))
 
     def _logprobs(self, req: ChatCompletionRequest, token_ids: List[int],
                   tables: Optional[List[Any]]) -> Optional[ChatLogProbs]:
         if not req.logprobs:
             return None
         items = lp.entries(token_ids, tables or [], self.decode_token,
-                           top_n=req.top_logprobs or 0)
+                           top_n=req.top_logprobs or 0,
+                           as_ids=bool(req.return_tokens_as_token_ids))
         return ChatLogProbs(content=lp.chat_logprobs(items))
 
     async def _full(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
@@ -197,7 +199,8 @@ class OpenAIServingChat(OpenAIServing):
                                                                      content=echo + c.text),
                               logprobs=self._logprobs(req, c.token_ids, c.logprobs),
                               finish_reason=c.finish_reason,
-                              stop_reason=getattr(c, "stop_reason", None))
+                              stop_reason=getattr(c, "stop_reason", None),
+                              token_ids=list(c.token_ids) if req.return_token_ids else None)
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         usage = self.usage([out])
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
@@ -205,10 +208,11 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionResponse(
             id=request_id, model=self.state.model_name, choices=choices, usage=usage,
             prompt_logprobs=lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
-                                               self.decode_token))
+                                               self.decode_token),
+            prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None)
 
     def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
-                timer: RequestTimer, prompt_tokens: int) -> AsyncIterator[str]:
+                timer: RequestTimer, prompt_ids: List[int]) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -216,13 +220,15 @@ class OpenAIServingChat(OpenAIServing):
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
         bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous,
-                              prompt_tokens)
+                              prompt_ids)
         return self.sse(request_id, bodies, streams, timer, latest, reasons,
                         base if include_usage else None)
 
     async def _chunks(self, req: ChatCompletionRequest, base: Dict[str, Any], streams: List[Any],
                       timer: RequestTimer, latest: List[Any], reasons: List[Optional[str]],
-                      continuous: bool, prompt_tokens: int) -> AsyncIterator[Dict[str, Any]]:
+                      continuous: bool, prompt_ids: List[int]
+                      ) -> AsyncIterator[Dict[str, Any]]:
+        prompt_tokens = len(prompt_ids)
         # The role comes first, in a chunk of its own per choice, as OpenAI sends it; with
         # continuous usage stats it carries the prompt's usage, as vLLM's does.
         for i in range(req.n):
@@ -232,6 +238,8 @@ class OpenAIServingChat(OpenAIServing):
             if continuous:
                 body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
                                           total_tokens=prompt_tokens).model_dump()
+            if req.return_token_ids and i == 0:  # vLLM's: with the first chunk
+                body["prompt_token_ids"] = list(prompt_ids)
             yield body
         echo = self.echoed(req)
         for i in range(req.n if echo else 0):  # then the echoed text, as vLLM streams it
@@ -248,6 +256,8 @@ class OpenAIServingChat(OpenAIServing):
             choice = {"index": d.index, "delta": delta,
                       "logprobs": logprobs.model_dump() if logprobs else None,
                       "finish_reason": d.finish_reason}
+            if req.return_token_ids:
+                choice["token_ids"] = list(d.token_ids)
             if d.finish_reason is not None:
                 # As in the non-streamed answer and streamed completions.
                 choice["stop_reason"] = d.stop_reason

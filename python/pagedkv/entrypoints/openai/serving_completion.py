@@ -14,6 +14,7 @@ from pagedkv.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    dump,
 )
 from pagedkv.entrypoints.openai.serving_engine import (
     OpenAIServing,
@@ -55,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                             timer))
         if result is None:
             return Response(status_code=499)
-        return JSONResponse(result.model_dump())
+        return JSONResponse(dump(result))
 
     async def _prompts(self, prompt: Any, add_special_tokens: bool) -> List[Prompt]:
         if isinstance(prompt, str):
@@ -89,7 +90,8 @@ class OpenAIServingCompletion(OpenAIServing):
                      {t: v for t, v in pos.items()
                       if t == tid or (getattr(v, "rank", None) or 0) <= k}
                      for tid, pos in zip(out.prompt_token_ids, table)]
-        return lp.entries(out.prompt_token_ids, table, self.decode_token)
+        return lp.entries(out.prompt_token_ids, table, self.decode_token,
+                          as_ids=bool(req.return_tokens_as_token_ids))
 
     async def _full(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
                     streams: List[Any], timer: RequestTimer) -> CompletionResponse:
@@ -108,12 +110,15 @@ class OpenAIServingCompletion(OpenAIServing):
                 logprobs = None
                 if req.logprobs is not None:
                     items = self._echo_logprobs(req, out) if req.echo else []
-                    items += lp.entries(tokens, c.logprobs or [], self.decode_token)
+                    items += lp.entries(tokens, c.logprobs or [], self.decode_token,
+                                        as_ids=bool(req.return_tokens_as_token_ids))
                     logprobs = lp.completion_logprobs(items, 0)
                 choices.append(CompletionChoice(
                     index=i * req.n + c.index, text=prefix + generated, logprobs=logprobs,
                     finish_reason=c.finish_reason, stop_reason=getattr(c, "stop_reason", None),
-                    prompt_logprobs=prompt_logprobs))
+                    prompt_logprobs=prompt_logprobs,
+                    prompt_token_ids=list(prompts[i][0]) if req.return_token_ids else None,
+                    token_ids=list(tokens) if req.return_token_ids else None))
         choices.sort(key=lambda ch: ch.index)
         usage = self.usage(finals)
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
@@ -149,12 +154,17 @@ class OpenAIServingCompletion(OpenAIServing):
                     items = self._echo_logprobs(req, d.output)
             logprobs = None
             if req.logprobs is not None:
-                items += lp.entries(tokens, d.logprobs or [], self.decode_token)
+                items += lp.entries(tokens, d.logprobs or [], self.decode_token,
+                                    as_ids=bool(req.return_tokens_as_token_ids))
                 logprobs = lp.completion_logprobs(items, offsets.get(d.index, 0))
             offsets[d.index] = offsets.get(d.index, 0) + len(text)
             choice = {"index": d.index, "text": text,
                       "logprobs": logprobs.model_dump() if logprobs else None,
                       "finish_reason": d.finish_reason}
+            if req.return_token_ids:  # vLLM's: the prompt's ids with a choice's first chunk
+                if d.first:
+                    choice["prompt_token_ids"] = list(prompts[d.prompt_index][0])
+                choice["token_ids"] = list(tokens)
             if d.finish_reason is not None:
                 choice["stop_reason"] = d.stop_reason
                 reasons[d.index] = d.finish_reason

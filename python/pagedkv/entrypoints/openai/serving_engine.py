@@ -75,8 +75,6 @@ UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
     "guided_choice": is_unset,
     "guided_grammar": is_unset,
     "structural_tag": is_unset,
-    "return_tokens_as_token_ids": is_unset,
-    "return_token_ids": is_unset,
     # vLLM isolates the prefix cache of requests with a salt; ignoring it would share cached
     # prompts across the tenants it is meant to separate.
     "cache_salt": is_unset,
