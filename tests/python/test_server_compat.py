@@ -292,6 +292,30 @@ def test_return_tokens_as_token_ids(server: RemoteServer) -> None:
     assert all(t["token"].startswith("token_id:") for e in content for t in e["top_logprobs"])
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens(server: RemoteServer) -> None:
+    """vLLM's truncate_prompt_tokens: a prompt longer than the context runs on its last k
+    tokens instead of being refused (text, token ids, chat); k above max_model_len is a 400."""
+    long_text = "one two three four five six seven eight nine ten " * 60  # > 256 tokens
+    r = post(server, "/v1/completions", complete_body(prompt=long_text))
+    assert r.status_code == 400  # too long without truncation
+    out = ok(post(server, "/v1/completions", complete_body(
+        prompt=long_text, truncate_prompt_tokens=40, echo=True, return_token_ids=True)))
+    choice = out["choices"][0]
+    assert out["usage"]["prompt_tokens"] == 40 == len(choice["prompt_token_ids"])
+    full = ok(post(server, "/tokenize", {"prompt": long_text}))["tokens"]
+    assert choice["prompt_token_ids"] == full[-40:]
+    kept = ok(post(server, "/detokenize", {"tokens": full[-40:]}))["prompt"]
+    assert choice["text"].startswith(kept)  # echo shows what the model saw
+    ids_out = ok(post(server, "/v1/completions", complete_body(prompt=full,
+                                                               truncate_prompt_tokens=40)))
+    assert ids_out["choices"][0]["text"] == choice["text"][len(kept):]
+    chat = ok(post(server, "/v1/chat/completions", chat_body(
+        messages=[{"role": "user", "content": long_text}], truncate_prompt_tokens=30)))
+    assert chat["usage"]["prompt_tokens"] == 30
+    r = post(server, "/v1/completions", complete_body(truncate_prompt_tokens=10**6))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 def test_tokenize_extensions(server: RemoteServer) -> None:
     """vLLM's /tokenize: return_token_strs, and a request chat_template for messages."""
     out = ok(post(server, "/tokenize", {"prompt": "Hello world", "return_token_strs": True}))

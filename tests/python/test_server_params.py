@@ -216,7 +216,6 @@ UNSUPPORTED = [
     {"allowed_token_ids": [1, 2]},
     {"bad_words": ["Paris"]},
     {"use_beam_search": True},
-    {"truncate_prompt_tokens": 5},
 ]
 CHAT_UNSUPPORTED = [
     {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},

@@ -71,6 +71,8 @@ class _SamplingFields(_Request):
     # token ids in the answer, and logprob tokens spelled "token_id:<id>".
     return_token_ids: Optional[bool] = None
     return_tokens_as_token_ids: Optional[bool] = None
+    # vLLM's: keep only the prompt's last k tokens (-1: max_model_len) instead of refusing it.
+    truncate_prompt_tokens: Optional[int] = None
 
     @field_validator("n", mode="before")
     @classmethod

@@ -143,9 +143,11 @@ class OpenAIServingChat(OpenAIServing):
                               param="top_logprobs")
         # The rendered prompt is at least as long as its messages' text: reject a conversation
         # that cannot fit before rendering and tokenizing it.
-        self.check_length(sum(len(m.content) if isinstance(m.content, str) else
-                              sum(len(p.text or "") for p in m.content or [])
-                              for m in req.messages), "messages")
+        keep_last = self.truncation(req)
+        if keep_last is None:
+            self.check_length(sum(len(m.content) if isinstance(m.content, str) else
+                                  sum(len(p.text or "") for p in m.content or [])
+                                  for m in req.messages), "messages")
         template, template_vars = self.template_settings(req)
         # Off the event loop: /health and the streams keep going while a template renders.
         prompt = await self.in_tokenizer_thread(self.render, req.messages, template,
@@ -153,7 +155,7 @@ class OpenAIServingChat(OpenAIServing):
                                                 req.continue_final_message)
         # The template already wrote any BOS / special tokens (add_special_tokens: false, as
         # in vLLM, unless the client asks for them).
-        ids = await self.encode_async(prompt, req.add_special_tokens, "messages")
+        ids = await self.encode_async(prompt, req.add_special_tokens, "messages", keep_last)
         self.check_ids(ids, "messages")
         # max_completion_tokens replaces the deprecated max_tokens; 0 is a value, not "unset".
         length_field = "max_completion_tokens"

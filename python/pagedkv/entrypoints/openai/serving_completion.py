@@ -33,7 +33,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
         self.check_logprobs(req.logprobs, "logprobs")
-        prompts = await self._prompts(req.prompt, req.add_special_tokens)
+        prompts = await self._prompts(req.prompt, req.add_special_tokens, self.truncation(req))
         # prompt_logprobs when given, else (vLLM's rule) echo's come from the logprobs field.
         prompt_lp, fields = req.prompt_logprobs, {}
         if prompt_lp is None and req.echo and req.logprobs is not None:
@@ -58,7 +58,10 @@ class OpenAIServingCompletion(OpenAIServing):
             return Response(status_code=499)
         return JSONResponse(dump(result))
 
-    async def _prompts(self, prompt: Any, add_special_tokens: bool) -> List[Prompt]:
+    async def _prompts(self, prompt: Any, add_special_tokens: bool,
+                       keep_last: Optional[int] = None) -> List[Prompt]:
+        """(token ids, text) of each prompt; ``keep_last``: truncate_prompt_tokens (a truncated
+        prompt's text, for echo, is that of the tokens kept)."""
         if isinstance(prompt, str):
             items: List[Any] = [prompt]
         elif not prompt:
@@ -70,9 +73,10 @@ class OpenAIServingCompletion(OpenAIServing):
         result: List[Prompt] = []
         for p in items:
             if isinstance(p, str):
-                ids, text = await self.encode_async(p, add_special_tokens), p
+                ids = await self.encode_async(p, add_special_tokens, keep_last=keep_last)
+                text = p if keep_last is None else None
             else:
-                ids, text = list(p), None
+                ids, text = list(p)[-keep_last:] if keep_last else list(p), None
             self.check_ids(ids, "prompt")
             result.append((ids, text))
         return result

@@ -67,7 +67,6 @@ UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
     "allowed_token_ids": is_unset,
     "bad_words": is_unset,
     "logits_processors": is_unset,
-    "truncate_prompt_tokens": is_unset,
     "prompt_embeds": is_unset,
     "structured_outputs": is_unset,
     "guided_json": is_unset,
@@ -117,7 +116,8 @@ class OpenAIServing:
         # No token of the vocabulary spans more characters than this, so a text longer than
         # max_model_len times it cannot fit the context: such a prompt gets its 400 before it
         # is tokenized (a 30 MB prompt would keep the tokenizer busy for ~20 s).
-        self.max_chars = state.max_model_len * _max_token_chars(self.tokenizer)
+        self.token_chars = _max_token_chars(self.tokenizer)
+        self.max_chars = state.max_model_len * self.token_chars
 
     # ---------------------------------------------------------------- request checks
 
@@ -146,15 +146,39 @@ class OpenAIServing:
                 param=param)
 
     async def encode_async(self, text: str, add_special_tokens: bool = True,
-                           param: Optional[str] = "prompt") -> List[int]:
+                           param: Optional[str] = "prompt",
+                           keep_last: Optional[int] = None) -> List[int]:
         """``encode`` in the tokenizer thread. With ``param``, a text that cannot fit the
         context is first rejected by its length (400 naming ``param``); /tokenize passes None
-        (it may count any text) and runs in a thread of its own."""
-        if param is not None:
+        (it may count any text) and runs in a thread of its own. ``keep_last``: vLLM's
+        truncate_prompt_tokens, the last tokens only (of a text cut first to the characters
+        they can span, with a margin, so that a huge text is not tokenized whole)."""
+        if keep_last is not None:
+            text = text[-(keep_last + 16) * self.token_chars:]
+        elif param is not None:
             self.check_length(len(text), param)
         executor = self._executor if param is not None else self._count_executor
-        return await asyncio.get_running_loop().run_in_executor(
+        ids = await asyncio.get_running_loop().run_in_executor(
             executor, self.encode, text, add_special_tokens)
+        return ids[-keep_last:] if keep_last is not None else ids
+
+    def truncation(self, req: Any) -> Optional[int]:
+        """vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: max_model_len);
+        None: no truncation."""
+        k = getattr(req, "truncate_prompt_tokens", None)
+        limit = self.state.max_model_len
+        if k is None:
+            return None
+        if k == -1:
+            return limit
+        if k < 1:
+            raise bad_request(f"truncate_prompt_tokens must be >= 1 or -1, got {k}",
+                              param="truncate_prompt_tokens")
+        if k > limit:  # vLLM's words
+            raise bad_request(f"truncate_prompt_tokens value ({k}) is greater than "
+                              f"max_model_len ({limit}). Please, select a smaller truncation "
+                              "size.", param="truncate_prompt_tokens")
+        return k
 
     async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in the requests' tokenizer thread (chat templates render there)."""
