@@ -6,7 +6,12 @@
 // Checks that read array *values* (block ids of the used block-table rows, seq_lens against
 // the table and max_seq_len, slots, query_start_loc, block mappings) run for host arrays only:
 // on the GPU they would need a device synchronisation, so CUDA callers get shape / dtype /
-// device checks and must pass consistent metadata. Head sizes must be kSupportedHeadSizes;
+// device checks and must pass consistent metadata. On CUDA, seq_lens, query_start_loc,
+// slot_mapping and alibi_slopes must be contiguous and block-table rows unit-stride (the kernels
+// read them densely; host arrays may have any strides). An array an op writes (out, v2's
+// partials, the caches of the cache writes, dst) must not repeat its own elements (an expanded /
+// stride-0 view) nor share memory with an array the op reads (no in-place use): ValueError
+// naming both. Head sizes must be kSupportedHeadSizes;
 // the vLLM layout needs head_size % x == 0 (fp8 with head size 120 needs the NHD layout).
 // sliding_window <= 0 means off; logit = soft_cap * tanh(scale q.k / soft_cap) (cap > 0), then
 // + alibi_slope * (key_pos - query_pos).
