@@ -125,10 +125,13 @@ void check_head_size(int64_t head_size, std::string_view name) {
 }
 
 void check_scales(float k_scale, float v_scale) {
-  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0,
-                "k_scale must be a positive finite number, got ", k_scale);
-  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0,
-                "v_scale must be a positive finite number, got ", v_scale);
+  // The fp8 writes store value / scale (the CPU as value * (1 / scale)): a scale whose
+  // reciprocal overflows (below ~2.9e-39, denormals) would store 0 * inf = NaN for every zero on
+  // the CPU and saturate on the GPU, so it is refused like 0.
+  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(1.0f / k_scale),
+                "k_scale must be a positive finite number with a finite reciprocal, got ", k_scale);
+  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0 && std::isfinite(1.0f / v_scale),
+                "v_scale must be a positive finite number with a finite reciprocal, got ", v_scale);
 }
 
 CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCacheDType kv_dtype,
