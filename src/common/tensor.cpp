@@ -93,7 +93,9 @@ TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> s
 TensorView::TensorView(void* data, DType dtype, const int64_t* shape, int ndim, Device device,
                        const int64_t* strides)
     : data_(data), dtype_(dtype), device_(device), ndim_(ndim) {
-  PAGEDKV_CHECK(ndim >= 0 && ndim <= kMaxDims, "tensor rank ", ndim, " exceeds ", kMaxDims);
+  PAGEDKV_CHECK(ndim >= 0 && ndim <= kMaxDims, "tensor rank ", ndim, " is not in [0, ", kMaxDims,
+                "]");
+  PAGEDKV_CHECK(shape != nullptr || ndim == 0, "tensor of rank ", ndim, " has a null shape");
   int64_t running = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     PAGEDKV_CHECK(shape[d] >= 0, "negative dimension ", shape[d]);
@@ -114,7 +116,12 @@ TensorView TensorView::from_dlpack(const DLTensor& t, std::string_view arg) {
                                      static_cast<int>(t.device.device_type),
                                      " (expected CPU or CUDA)"));
   }
-  PAGEDKV_CHECK(t.ndim <= kMaxDims, arg, ": rank ", t.ndim, " exceeds ", kMaxDims);
+  PAGEDKV_CHECK(t.ndim >= 0 && t.ndim <= kMaxDims, arg, ": rank ", t.ndim, " is not in [0, ",
+                kMaxDims, "]");
+  PAGEDKV_CHECK(t.shape != nullptr || t.ndim == 0, arg, ": DLTensor of rank ", t.ndim,
+                " has a null shape pointer");
+  for (int d = 0; d < t.ndim; ++d)
+    PAGEDKV_CHECK(t.shape[d] >= 0, arg, ": dimension ", d, " has negative size ", t.shape[d]);
   char* data = static_cast<char*>(t.data) + t.byte_offset;
   return TensorView(data, dtype_from_dlpack(t.dtype, arg), t.shape, t.ndim, device, t.strides);
 }

@@ -25,6 +25,40 @@ std::string error_of(Fn fn) {
 
 bool has(const std::string& msg, const char* part) { return msg.find(part) != std::string::npos; }
 
+// Null pointers into entry points that read through them used to segfault.
+TEST(ApiMisuse, NullPointersAreErrorsNotCrashes) {
+  EXPECT_TRUE(has(error_of([] { hash_block(kRootHash, nullptr, 4); }), "tokens"));
+  EXPECT_EQ(error_of([] { hash_block(kRootHash, nullptr, 0); }), "");  // nothing to read
+
+  SchedulerConfig cfg;
+  cfg.num_blocks = 16;
+  cfg.block_size = 4;
+  Scheduler s(cfg);
+  EXPECT_TRUE(
+      has(error_of([&] { s.add_request("a", nullptr, 4, RequestParams{}); }), "prompt_token_ids"));
+  EXPECT_FALSE(s.has_request("a"));
+  s.add_request("b", std::vector<int32_t>{1, 2}, RequestParams{});
+  const StepPlan& plan = s.schedule();
+  ASSERT_EQ(plan.num_seqs, 1);
+  EXPECT_TRUE(has(error_of([&] { s.update(plan, nullptr, 1); }), "sampled_token_ids"));
+  EXPECT_EQ(s.update(plan, std::vector<int64_t>{7}).size(), 0u);  // still usable
+
+  DLTensor t{};
+  float x = 0.0f;
+  t.data = &x;
+  t.ndim = 2;
+  t.dtype = {kDLFloat, 32, 1};
+  t.device = {kDLCPU, 0};
+  EXPECT_TRUE(has(error_of([&] { TensorView::from_dlpack(t, "query"); }), "query"));  // no shape
+  t.ndim = -1;
+  EXPECT_TRUE(has(error_of([&] { TensorView::from_dlpack(t, "query"); }), "query: rank -1"));
+  int64_t shape[2] = {2, -3};
+  t.ndim = 2;
+  t.shape = shape;
+  EXPECT_TRUE(
+      has(error_of([&] { TensorView::from_dlpack(t, "query"); }), "query: dimension 1 has "));
+}
+
 // A decode call's small arrays, on a "GPU": the views are only validated (host memory marked
 // CUDA never reaches a kernel: the checks below fail first, and a CPU-only build rejects CUDA
 // arrays after validation).
