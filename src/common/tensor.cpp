@@ -46,9 +46,14 @@ DType dtype_from_dlpack(DLDataType dt, std::string_view arg) {
   if (code == kDLInt && bits == 32) return DType::kInt32;
   if (code == kDLInt && bits == 64) return DType::kInt64;
   if (code == kDLBool && bits == 8) return DType::kBool;
-  // DLPack 1.1's fp8 codes (kDLFloat8_e3m4 = 7 ... kDLFloat8_e8m0fnu = 14; torch.float8_e4m3fn
-  // is 10), which our vendored dlpack.h predates.
-  if (bits == 8 && code >= 7 && code <= 14) {
+  // DLPack >= 1.1's fp8 codes (torch.float8_e4m3fn is kDLFloat8_e4m3fn = 10). By number when an
+  // older <dlpack/dlpack.h> on the include path replaced the vendored v1.3 header.
+#if defined(DLPACK_MAJOR_VERSION) && (DLPACK_MAJOR_VERSION > 1 || DLPACK_MINOR_VERSION >= 1)
+  constexpr int kFirstFp8 = kDLFloat8_e3m4, kLastFp8 = kDLFloat8_e8m0fnu;
+#else
+  constexpr int kFirstFp8 = 7, kLastFp8 = 14;
+#endif
+  if (bits == 8 && code >= kFirstFp8 && code <= kLastFp8) {
     throw TypeError(detail::concat(
         arg, ": fp8 arrays (DLPack code ", code,
         ") are not accepted as such: fp8 KV caches are uint8 arrays holding the fp8 bytes "
