@@ -200,11 +200,11 @@ void bind_config(nb::module_& m) {
                   "enable_prefix_caching: bool = True, num_cpu_blocks: int = 0, "
                   "preemption_mode: str = 'recompute', policy: str = 'fcfs', "
                   "max_model_len: int | None = None) -> None"),
-          nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("max_num_seqs") = 256,
-          nb::arg("max_num_batched_tokens") = 2048, nb::arg("enable_chunked_prefill") = true,
-          nb::arg("enable_prefix_caching") = true, nb::arg("num_cpu_blocks") = 0,
-          nb::arg("preemption_mode") = "recompute", nb::arg("policy") = "fcfs",
-          nb::arg("max_model_len").none() = nb::none())
+          nb::arg("num_blocks").none(), nb::arg("block_size").none(),
+          nb::arg("max_num_seqs").none() = 256, nb::arg("max_num_batched_tokens").none() = 2048,
+          nb::arg("enable_chunked_prefill") = true, nb::arg("enable_prefix_caching") = true,
+          nb::arg("num_cpu_blocks").none() = 0, nb::arg("preemption_mode") = "recompute",
+          nb::arg("policy") = "fcfs", nb::arg("max_model_len").none() = nb::none())
       .def_ro("num_blocks", &SchedulerConfig::num_blocks)
       .def_ro("block_size", &SchedulerConfig::block_size)
       .def_ro("max_num_seqs", &SchedulerConfig::max_num_seqs)
@@ -342,10 +342,10 @@ void bind_scheduler(nb::module_& m) {
                   "stop_token_ids: object | None = (), priority: int = 0, "
                   "ignore_eos: bool = False, min_tokens: int = 0, "
                   "cache_salt: object | None = 0) -> None"),
-          nb::arg("request_id"), nb::arg("prompt_token_ids"), nb::arg("max_tokens"),
+          nb::arg("request_id").none(), nb::arg("prompt_token_ids"), nb::arg("max_tokens").none(),
           nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids").none() = nb::tuple(),
-          nb::arg("priority") = 0, nb::arg("ignore_eos") = false, nb::arg("min_tokens") = 0,
-          nb::arg("cache_salt").none() = 0,
+          nb::arg("priority").none() = 0, nb::arg("ignore_eos") = false,
+          nb::arg("min_tokens").none() = 0, nb::arg("cache_salt").none() = 0,
           "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
           "> max_model_len, or a request that could never fit in num_blocks.")
       .def(
@@ -355,7 +355,7 @@ void bind_scheduler(nb::module_& m) {
             S::Busy busy(s);
             return s.abort_request(id);
           },
-          nb::sig("def abort_request(self, request_id: str) -> bool"), nb::arg("request_id"),
+          nb::sig("def abort_request(self, request_id: str) -> bool"), nb::arg("request_id").none(),
           "Remove a request and free its blocks; False if unknown.")
       .def(
           "schedule",
@@ -397,7 +397,7 @@ void bind_scheduler(nb::module_& m) {
             return done;
           },
           nb::sig("def fork(self, parent_id: str, child_id: str, first_token: int) -> bool"),
-          nb::arg("parent_id"), nb::arg("child_id"), nb::arg("first_token"),
+          nb::arg("parent_id").none(), nb::arg("child_id").none(), nb::arg("first_token").none(),
           "n > 1 sampling: a child sharing the parent's prompt blocks. True if it finished at "
           "once (and was freed).")
       .def("has_unfinished_requests", &S::has_unfinished_requests)

@@ -78,6 +78,12 @@ BAD: dict[str, tuple[Callable[[], Any], type, str]] = {
                              "max_model_len must be an integer, got str"),
     "config_seqs": (lambda: SchedulerConfig(max_num_seqs=2**32, **CONFIG), ValueError,
                     "max_num_seqs"),
+    "max_tokens_none": (lambda: small().add_request("a", [1], None), TypeError,
+                        "max_tokens must be an integer, got NoneType"),
+    "request_id_none": (lambda: small().abort_request(None), TypeError,
+                        "request_id must be a str, got NoneType"),
+    "config_block_size_none": (lambda: SchedulerConfig(num_blocks=4, block_size=None), TypeError,
+                               "block_size must be an integer, got NoneType"),
 }
 
 
