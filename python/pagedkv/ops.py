@@ -11,9 +11,12 @@ so a CUDA tensor scale costs one device synchronisation per call (pass floats in
 
 Arrays an op only reads may be read-only (numpy ``setflags(write=False)``, ``np.broadcast_to``,
 a read-only memmap); what it writes (``out``, the caches of the cache writes, ``dst``, ...) must
-be writable, else a ValueError names it. Integer arguments take ints, integer scalars or
-integral floats that fit in int32. Empty batches (0 sequences / tokens / mapping rows) are
-no-ops. Errors name the argument.
+be writable, else a ValueError names it. What an op writes must not share memory with what it
+reads (no in-place use, no views of one buffer) nor repeat its own elements (a torch ``expand``
+view): ValueError naming both. On CUDA the 1-D metadata (seq_lens, query_start_loc,
+slot_mapping, alibi_slopes) and block-table rows must be contiguous. Integer arguments take
+ints, integer scalars or integral floats that fit in int32. Empty batches (0 sequences /
+tokens / mapping rows) are no-ops. Errors name the argument.
 """
 
 from __future__ import annotations
