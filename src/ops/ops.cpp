@@ -314,6 +314,10 @@ int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int 
                 "num_seqs, num_heads, num_kv_heads and num_sms must be >= 0 (heads > 0), got ",
                 num_seqs, ", ", num_heads, ", ", num_kv_heads, ", ", num_sms);
   PAGEDKV_CHECK(block_size > 0, "block_size must be positive, got ", block_size);
+  // The rule sizes CTAs by query heads per KV head: a group that is not whole (e.g. 2 query heads
+  // over 8 KV heads) is no real call, and the answer for it would be meaningless.
+  PAGEDKV_CHECK(num_heads % num_kv_heads == 0, "num_kv_heads = ", num_kv_heads,
+                " must divide num_heads = ", num_heads);
   if (max_seq_len <= 0) return 0;
   if (kernel == DecodeKernel::kCpu) {  // vLLM's rule, in whole blocks
     const int parts = (max_seq_len + kPartitionSize - 1) / kPartitionSize;

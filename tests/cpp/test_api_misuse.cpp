@@ -169,5 +169,17 @@ TEST(ApiMisuse, OutputsMustNotOverlap) {
   EXPECT_TRUE(has(twice, "key_cache and value_cache are the same array")) << twice;
 }
 
+// The split-K rule took any head counts: 2 query heads over 8 KV heads gave a partition (1008).
+TEST(ApiMisuse, PartitionRuleNeedsWholeGroups) {
+  using K = ops::DecodeKernel;
+  const std::string msg = error_of([] {
+    ops::decode_partition_size(K::kTensorCore, 1, 2, 8, 32768, 16, 132, KVCacheDType::kAuto);
+  });
+  EXPECT_TRUE(has(msg, "num_kv_heads = 8 must divide num_heads = 2")) << msg;
+  EXPECT_EQ(
+      ops::decode_partition_size(K::kTensorCore, 1, 32, 8, 32768, 16, 132, KVCacheDType::kAuto),
+      1008);
+}
+
 }  // namespace
 }  // namespace pagedkv
