@@ -149,6 +149,11 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
                            Stream stream = nullptr);
 
 // Copies whole blocks within each layer's caches: block_mapping [n, 2] int64 (src, dst).
+// On the CPU and with a host block_mapping on CUDA the pairs run in order (a chain a -> b,
+// b -> c copies like a sequential loop); a CUDA block_mapping (whose values the host cannot
+// check without a sync) runs them in parallel, so its pairs must be independent: no block that
+// is both a destination and another pair's source, no destination twice (the scheduler's
+// copy-on-write pairs always are: each destination is a freshly allocated block).
 void copy_blocks(const std::vector<TensorView>& key_caches,
                  const std::vector<TensorView>& value_caches, const TensorView& block_mapping,
                  Stream stream = nullptr);

@@ -259,7 +259,9 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
                 stream: Any = None) -> None:
     """Copies blocks block_mapping[i, 0] -> block_mapping[i, 1] ([n, 2] int64) in every
-    layer's key and value cache."""
+    layer's key and value cache. Pairs run in order, except with a CUDA block_mapping, whose
+    pairs run in parallel and must be independent (no destination that is another pair's
+    source or appears twice); see include/pagedkv/ops.h."""
     for name, caches in (("key_caches", key_caches), ("value_caches", value_caches)):
         if not isinstance(caches, (list, tuple)):
             raise TypeError(f"{name} must be a list of arrays, got {type(caches).__name__}")
