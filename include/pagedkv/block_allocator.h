@@ -48,6 +48,7 @@ inline constexpr BlockHash kRootHash{};  // parent of a sequence's first block
 
 // Hash of a full block of `block_size` tokens whose predecessor block has hash `parent`.
 // `extra_key` distinguishes otherwise identical prefixes (LoRA adapter id, cache salt); 0 = none.
+// Throws pagedkv::ValueError when `tokens` is null and num_tokens > 0.
 BlockHash hash_block(const BlockHash& parent, const int32_t* tokens, size_t num_tokens,
                      uint64_t extra_key = 0);
 

@@ -6,7 +6,12 @@
 // Checks that read array *values* (block ids of the used block-table rows, seq_lens against
 // the table and max_seq_len, slots, query_start_loc, block mappings) run for host arrays only:
 // on the GPU they would need a device synchronisation, so CUDA callers get shape / dtype /
-// device checks and must pass consistent metadata. Head sizes must be kSupportedHeadSizes;
+// device checks and must pass consistent metadata. On CUDA, seq_lens, query_start_loc,
+// slot_mapping and alibi_slopes must be contiguous and block-table rows unit-stride (the kernels
+// read them densely; host arrays may have any strides). An array an op writes (out, v2's
+// partials, the caches of the cache writes, dst) must not repeat its own elements (an expanded /
+// stride-0 view) nor share memory with an array the op reads (no in-place use): ValueError
+// naming both. Head sizes must be kSupportedHeadSizes;
 // the vLLM layout needs head_size % x == 0 (fp8 with head size 120 needs the NHD layout).
 // sliding_window <= 0 means off; logit = soft_cap * tanh(scale q.k / soft_cap) (cap > 0), then
 // + alibi_slope * (key_pos - query_pos).
@@ -144,6 +149,11 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
                            Stream stream = nullptr);
 
 // Copies whole blocks within each layer's caches: block_mapping [n, 2] int64 (src, dst).
+// On the CPU and with a host block_mapping on CUDA the pairs run in order (a chain a -> b,
+// b -> c copies like a sequential loop); a CUDA block_mapping (whose values the host cannot
+// check without a sync) runs them in parallel, so its pairs must be independent: no block that
+// is both a destination and another pair's source, no destination twice (the scheduler's
+// copy-on-write pairs always are: each destination is a freshly allocated block).
 void copy_blocks(const std::vector<TensorView>& key_caches,
                  const std::vector<TensorView>& value_caches, const TensorView& block_mapping,
                  Stream stream = nullptr);

@@ -71,8 +71,21 @@ class PagedAttention:
         """Views of a [2, num_blocks, block_size * num_kv_heads * head_size] cache as the vLLM
         layout: key [num_blocks, num_kv_heads, head_size/x, block_size, x] and value
         [num_blocks, num_kv_heads, head_size, block_size], x = 16 // element size."""
+        _tensor.check_array(kv_cache, "kv_cache")
+        num_kv_heads = ops._int(num_kv_heads, "num_kv_heads")
+        head_size = ops._int(head_size, "head_size")
+        shape = tuple(int(s) for s in kv_cache.shape)
+        if len(shape) != 3 or shape[0] != 2:
+            raise ValueError(f"kv_cache must have shape (2, num_blocks, block_size * num_kv_heads "
+                             f"* head_size) (get_kv_cache_shape), got {shape}")
         x = 16 // _element_size(kv_cache)
-        num_blocks = int(kv_cache.shape[1])
+        if num_kv_heads <= 0 or head_size <= 0 or head_size % x:
+            raise ValueError(f"num_kv_heads = {num_kv_heads} and head_size = {head_size} must be "
+                             f"positive, head_size a multiple of x = 16 // element size = {x}")
+        if shape[2] % (num_kv_heads * head_size):
+            raise ValueError(f"kv_cache holds {shape[2]} elements per block, not a multiple of "
+                             f"num_kv_heads * head_size = {num_kv_heads} * {head_size}")
+        num_blocks = shape[1]
         key_cache = _view(kv_cache[0], (num_blocks, num_kv_heads, head_size // x, -1, x))
         value_cache = _view(kv_cache[1], (num_blocks, num_kv_heads, head_size, -1))
         return key_cache, value_cache

@@ -11,9 +11,12 @@ so a CUDA tensor scale costs one device synchronisation per call (pass floats in
 
 Arrays an op only reads may be read-only (numpy ``setflags(write=False)``, ``np.broadcast_to``,
 a read-only memmap); what it writes (``out``, the caches of the cache writes, ``dst``, ...) must
-be writable, else a ValueError names it. Integer arguments take ints, integer scalars or
-integral floats that fit in int32. Empty batches (0 sequences / tokens / mapping rows) are
-no-ops. Errors name the argument.
+be writable, else a ValueError names it. What an op writes must not share memory with what it
+reads (no in-place use, no views of one buffer) nor repeat its own elements (a torch ``expand``
+view): ValueError naming both. On CUDA the 1-D metadata (seq_lens, query_start_loc,
+slot_mapping, alibi_slopes) and block-table rows must be contiguous. Integer arguments take
+ints, integer scalars or integral floats that fit in int32. Empty batches (0 sequences /
+tokens / mapping rows) are no-ops. Errors name the argument.
 """
 
 from __future__ import annotations
@@ -256,7 +259,9 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
                 stream: Any = None) -> None:
     """Copies blocks block_mapping[i, 0] -> block_mapping[i, 1] ([n, 2] int64) in every
-    layer's key and value cache."""
+    layer's key and value cache. Pairs run in order, except with a CUDA block_mapping, whose
+    pairs run in parallel and must be independent (no destination that is another pair's
+    source or appears twice); see include/pagedkv/ops.h."""
     for name, caches in (("key_caches", key_caches), ("value_caches", value_caches)):
         if not isinstance(caches, (list, tuple)):
             raise TypeError(f"{name} must be a list of arrays, got {type(caches).__name__}")

@@ -46,9 +46,14 @@ DType dtype_from_dlpack(DLDataType dt, std::string_view arg) {
   if (code == kDLInt && bits == 32) return DType::kInt32;
   if (code == kDLInt && bits == 64) return DType::kInt64;
   if (code == kDLBool && bits == 8) return DType::kBool;
-  // DLPack 1.1's fp8 codes (kDLFloat8_e3m4 = 7 ... kDLFloat8_e8m0fnu = 14; torch.float8_e4m3fn
-  // is 10), which our vendored dlpack.h predates.
-  if (bits == 8 && code >= 7 && code <= 14) {
+  // DLPack >= 1.1's fp8 codes (torch.float8_e4m3fn is kDLFloat8_e4m3fn = 10). By number when an
+  // older <dlpack/dlpack.h> on the include path replaced the vendored v1.3 header.
+#if defined(DLPACK_MAJOR_VERSION) && (DLPACK_MAJOR_VERSION > 1 || DLPACK_MINOR_VERSION >= 1)
+  constexpr int kFirstFp8 = kDLFloat8_e3m4, kLastFp8 = kDLFloat8_e8m0fnu;
+#else
+  constexpr int kFirstFp8 = 7, kLastFp8 = 14;
+#endif
+  if (bits == 8 && code >= kFirstFp8 && code <= kLastFp8) {
     throw TypeError(detail::concat(
         arg, ": fp8 arrays (DLPack code ", code,
         ") are not accepted as such: fp8 KV caches are uint8 arrays holding the fp8 bytes "
@@ -93,7 +98,9 @@ TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> s
 TensorView::TensorView(void* data, DType dtype, const int64_t* shape, int ndim, Device device,
                        const int64_t* strides)
     : data_(data), dtype_(dtype), device_(device), ndim_(ndim) {
-  PAGEDKV_CHECK(ndim >= 0 && ndim <= kMaxDims, "tensor rank ", ndim, " exceeds ", kMaxDims);
+  PAGEDKV_CHECK(ndim >= 0 && ndim <= kMaxDims, "tensor rank ", ndim, " is not in [0, ", kMaxDims,
+                "]");
+  PAGEDKV_CHECK(shape != nullptr || ndim == 0, "tensor of rank ", ndim, " has a null shape");
   int64_t running = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     PAGEDKV_CHECK(shape[d] >= 0, "negative dimension ", shape[d]);
@@ -114,7 +121,12 @@ TensorView TensorView::from_dlpack(const DLTensor& t, std::string_view arg) {
                                      static_cast<int>(t.device.device_type),
                                      " (expected CPU or CUDA)"));
   }
-  PAGEDKV_CHECK(t.ndim <= kMaxDims, arg, ": rank ", t.ndim, " exceeds ", kMaxDims);
+  PAGEDKV_CHECK(t.ndim >= 0 && t.ndim <= kMaxDims, arg, ": rank ", t.ndim, " is not in [0, ",
+                kMaxDims, "]");
+  PAGEDKV_CHECK(t.shape != nullptr || t.ndim == 0, arg, ": DLTensor of rank ", t.ndim,
+                " has a null shape pointer");
+  for (int d = 0; d < t.ndim; ++d)
+    PAGEDKV_CHECK(t.shape[d] >= 0, arg, ": dimension ", d, " has negative size ", t.shape[d]);
   char* data = static_cast<char*>(t.data) + t.byte_offset;
   return TensorView(data, dtype_from_dlpack(t.dtype, arg), t.shape, t.ndim, device, t.strides);
 }

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "pagedkv/block_allocator.h"
+#include "pagedkv/error.h"
 
 namespace pagedkv {
 namespace {
@@ -47,6 +48,8 @@ inline void absorb(uint64_t w, uint64_t* a, uint64_t* b) {
 
 BlockHash hash_block(const BlockHash& parent, const int32_t* tokens, size_t num_tokens,
                      uint64_t extra_key) {
+  PAGEDKV_CHECK(tokens != nullptr || num_tokens == 0,
+                "hash_block: tokens is null but num_tokens = ", num_tokens);
   // The parent, the extra key and the length seed the lanes (all three are part of the key).
   uint64_t a = fmix(parent.lo ^ kK1) ^ fmix(extra_key + kK5);
   uint64_t b = fmix(parent.hi ^ kK2) ^ fmix(static_cast<uint64_t>(num_tokens) * kK3 + kK4);

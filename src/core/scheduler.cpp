@@ -110,6 +110,8 @@ int32_t Scheduler::add_request(const std::string& request_id, const int32_t* pro
                                size_t prompt_len, const RequestParams& params) {
   Impl& s = *impl_;
   s.check_new_request(request_id, prompt_len, params);
+  PAGEDKV_CHECK(prompt != nullptr, "prompt_token_ids: null pointer for a prompt of ", prompt_len,
+                " tokens");
   for (size_t i = 0; i < prompt_len; ++i) {
     PAGEDKV_CHECK(prompt[i] >= 0, "prompt_token_ids: token ", i, " is negative (", prompt[i], ")");
   }
@@ -161,6 +163,7 @@ const std::vector<int32_t>& Scheduler::update(const StepPlan& plan, const int64_
   PAGEDKV_CHECK(s.plan_pending, "plan: this plan was already applied by update()");
   PAGEDKV_CHECK(n == static_cast<size_t>(p.num_seqs), "sampled_token_ids: expected ", p.num_seqs,
                 " entries (one per plan entry), got ", n);
+  PAGEDKV_CHECK(sampled != nullptr, "sampled_token_ids: null pointer for ", n, " entries");
   for (int32_t i = 0; i < p.num_seqs; ++i) {
     if (p.slots[i] < 0 || p.sample_indices[i] < 0) continue;
     PAGEDKV_CHECK(sampled[i] >= 0 && sampled[i] <= std::numeric_limits<int32_t>::max(),

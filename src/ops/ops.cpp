@@ -87,6 +87,17 @@ void check_cache_write(const TensorView& key, const TensorView& value, const Ten
   detail::check_scales(k_scale, v_scale);
   check_dtype(slot_mapping, "slot_mapping", {DType::kInt64});
   check_ndim(slot_mapping, "slot_mapping", 1);
+  detail::check_cuda_dense(slot_mapping, "slot_mapping");
+  // The caches are written: each element once, and nothing the op reads may live in them.
+  detail::check_no_self_overlap(key_cache, "key_cache");
+  detail::check_no_self_overlap(value_cache, "value_cache");
+  PAGEDKV_CHECK(key_cache.data() != value_cache.data() || key_cache.numel() == 0,
+                "key_cache and value_cache are the same array: the values would overwrite the "
+                "keys");
+  for (const auto& [cache, name] :
+       {std::pair{&key_cache, "key_cache"}, {&value_cache, "value_cache"}})
+    detail::check_no_overlap({cache, name},
+                             {{&key, "key"}, {&value, "value"}, {&slot_mapping, "slot_mapping"}});
   PAGEDKV_CHECK(slot_mapping.size(0) <= key.size(0), "slot_mapping has ", slot_mapping.size(0),
                 " entries but key has only ", key.size(0), " tokens");
   if (slot_mapping.device().is_cuda()) return;
@@ -134,6 +145,17 @@ CacheGeometry check_decode(const TensorView& out, const TensorView& query,
   check_shape(seq_lens, "seq_lens", {S});
   PAGEDKV_CHECK(max_seq_len >= 0, "max_seq_len must be >= 0, got ", max_seq_len);
   detail::check_attention_options(opts, H);
+  detail::check_cuda_dense(block_tables, "block_tables");
+  detail::check_cuda_dense(seq_lens, "seq_lens");
+  const TensorView none;
+  detail::check_no_self_overlap(out, "out");
+  detail::check_no_overlap({&out, "out"},
+                           {{&query, "query"},
+                            {&key_cache, "key_cache"},
+                            {&value_cache, "value_cache"},
+                            {&block_tables, "block_tables"},
+                            {&seq_lens, "seq_lens"},
+                            {opts.alibi_slopes ? &*opts.alibi_slopes : &none, "alibi_slopes"}});
   if (seq_lens.device().is_cuda()) return g;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t len = detail::host_int(seq_lens, s);
@@ -233,6 +255,21 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   check_dtype(tmp_out, "tmp_out", {DType::kFloat32, query.dtype()});
   check_shape(tmp_out, "tmp_out", {S, H, exp_sums.size(2), D});
   check_contiguous(tmp_out, "tmp_out");
+  // The partials are written too (contiguous, so each element once): apart from every other
+  // array of the call (`out` against the inputs is checked by check_decode).
+  const detail::Named written[] = {
+      {&exp_sums, "exp_sums"}, {&max_logits, "max_logits"}, {&tmp_out, "tmp_out"}};
+  for (const detail::Named& w : written) {
+    detail::check_no_overlap(w, {{&out, "out"},
+                                 {&query, "query"},
+                                 {&key_cache, "key_cache"},
+                                 {&value_cache, "value_cache"},
+                                 {&block_tables, "block_tables"},
+                                 {&seq_lens, "seq_lens"},
+                                 {&alibi, "alibi_slopes"}});
+  }
+  detail::check_no_overlap(written[0], {written[1], written[2]});
+  detail::check_no_overlap(written[1], {written[2]});
   if (no_work(query, out.numel())) return;
   PAGEDKV_DISPATCH(query, paged_attention_v2,
                    (out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads,
@@ -277,6 +314,10 @@ int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int 
                 "num_seqs, num_heads, num_kv_heads and num_sms must be >= 0 (heads > 0), got ",
                 num_seqs, ", ", num_heads, ", ", num_kv_heads, ", ", num_sms);
   PAGEDKV_CHECK(block_size > 0, "block_size must be positive, got ", block_size);
+  // The rule sizes CTAs by query heads per KV head: a group that is not whole (e.g. 2 query heads
+  // over 8 KV heads) is no real call, and the answer for it would be meaningless.
+  PAGEDKV_CHECK(num_heads % num_kv_heads == 0, "num_kv_heads = ", num_kv_heads,
+                " must divide num_heads = ", num_heads);
   if (max_seq_len <= 0) return 0;
   if (kernel == DecodeKernel::kCpu) {  // vLLM's rule, in whole blocks
     const int parts = (max_seq_len + kPartitionSize - 1) / kPartitionSize;
@@ -364,6 +405,19 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   check_shape(block_tables, "block_tables", {n, -1});
   PAGEDKV_CHECK(max_query_len >= 0, "max_query_len must be >= 0, got ", max_query_len);
   detail::check_attention_options(opts, H);
+  detail::check_cuda_dense(block_tables, "block_tables");
+  detail::check_cuda_dense(query_start_loc, "query_start_loc");
+  detail::check_cuda_dense(seq_lens, "seq_lens");
+  detail::check_no_self_overlap(out, "out");
+  detail::check_no_overlap({&out, "out"}, {{&query, "query"},
+                                           {&key, "key"},
+                                           {&value, "value"},
+                                           {&key_cache, "key_cache"},
+                                           {&value_cache, "value_cache"},
+                                           {&block_tables, "block_tables"},
+                                           {&query_start_loc, "query_start_loc"},
+                                           {&seq_lens, "seq_lens"},
+                                           {&alibi, "alibi_slopes"}});
   if (!query.device().is_cuda()) {
     PAGEDKV_CHECK(n == 0 || detail::host_int(query_start_loc, 0) == 0,
                   "query_start_loc[0] must be 0");
@@ -412,6 +466,7 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
                   c.shape_str(), " but layer 0 has ", first.shape_str(), " (rank >= 2)");
     // Blocks are copied as flat byte ranges: everything after the block dim is contiguous.
     PAGEDKV_CHECK(detail::block_contiguous(c), arg, " must be contiguous except along num_blocks");
+    detail::check_no_self_overlap(c, arg);  // an expanded view: every block is one block
   };
   for (size_t i = 0; i < key_caches.size(); ++i) {
     check_layer(key_caches[i], k0, ::pagedkv::detail::concat("key_caches[", i, "]"));
@@ -442,6 +497,10 @@ void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView&
                   " must be contiguous except along num_blocks");
   PAGEDKV_CHECK(!block_mapping.device().is_cuda(), "block_mapping must be a CPU array, got ",
                 block_mapping.device().str());
+  // dst is written block by block: distinct blocks must be distinct memory. (src may be dst:
+  // block copies within one cache.)
+  detail::check_no_self_overlap(dst, "dst");
+  detail::check_no_overlap({&dst, "dst"}, {{&block_mapping, "block_mapping"}});
   detail::check_block_mapping(block_mapping, "block_mapping", src.size(0), dst.size(0));
   if (src.device().is_cuda() || dst.device().is_cuda()) {
     PAGEDKV_CHECK(

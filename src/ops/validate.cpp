@@ -1,7 +1,12 @@
 // Argument validation shared by both backends (see validate.h).
 #include "ops/validate.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <utility>
 
 namespace pagedkv::ops::detail {
 
@@ -40,6 +45,69 @@ void check_devices(std::initializer_list<Named> arrays) {
   }
 }
 
+namespace {
+
+// Byte range [lo, hi) covered by the elements of `t`; lo == hi when it has none.
+std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
+  if (t.numel() == 0 || t.data() == nullptr) return {0, 0};
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  int64_t lo = 0, hi = es;
+  for (int d = 0; d < t.ndim(); ++d) {
+    const int64_t off = (t.size(d) - 1) * t.stride(d) * es;
+    (off < 0 ? lo : hi) += off;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data());
+  return {base + static_cast<uintptr_t>(lo), base + static_cast<uintptr_t>(hi)};
+}
+
+std::string strides_str(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.ndim(); ++d) {
+    s += d ? ", " : "";
+    s += std::to_string(t.stride(d));
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+void check_no_self_overlap(const TensorView& t, std::string_view name) {
+  if (t.numel() == 0) return;  // nothing is written (size-0 arrays have arbitrary strides)
+  std::array<std::pair<int64_t, int64_t>, TensorView::kMaxDims> dims{};  // (|stride|, size)
+  int n = 0;
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.size(d) > 1) dims[n++] = {std::llabs(t.stride(d)), t.size(d)};
+  }
+  std::sort(dims.begin(), dims.begin() + n);
+  int64_t reach = 0;  // offsets (elements) spanned by the dims checked so far
+  for (int i = 0; i < n; ++i) {
+    PAGEDKV_CHECK(dims[i].first > reach, name, " (shape ", t.shape_str(), ", strides ",
+                  strides_str(t),
+                  ") repeats elements: the op writes it, so it must not be an expanded / "
+                  "broadcast view (pass a real array)");
+    reach += (dims[i].second - 1) * dims[i].first;
+  }
+}
+
+void check_no_overlap(const Named& out, std::initializer_list<Named> reads) {
+  const auto [lo, hi] = byte_range(*out.t);
+  if (lo == hi) return;
+  for (const Named& r : reads) {
+    const auto [rlo, rhi] = byte_range(*r.t);
+    PAGEDKV_CHECK(rlo == rhi || rhi <= lo || hi <= rlo, out.name, " overlaps ", r.name,
+                  " in memory: the op writes ", out.name, " while it reads ", r.name,
+                  ", so they must be separate arrays (no in-place use, no views of one buffer)");
+  }
+}
+
+void check_cuda_dense(const TensorView& t, std::string_view name) {
+  if (!t.device().is_cuda() || t.ndim() < 1) return;
+  PAGEDKV_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name,
+                " must be contiguous along its last dimension on CUDA (the kernels read it "
+                "with unit stride), got strides ",
+                strides_str(t), " for shape ", t.shape_str());
+}
+
 void check_float(const TensorView& t, std::string_view name) {
   check_dtype(t, name, {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
 }
@@ -57,10 +125,13 @@ void check_head_size(int64_t head_size, std::string_view name) {
 }
 
 void check_scales(float k_scale, float v_scale) {
-  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0,
-                "k_scale must be a positive finite number, got ", k_scale);
-  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0,
-                "v_scale must be a positive finite number, got ", v_scale);
+  // The fp8 writes store value / scale (the CPU as value * (1 / scale)): a scale whose
+  // reciprocal overflows (below ~2.9e-39, denormals) would store 0 * inf = NaN for every zero on
+  // the CPU and saturate on the GPU, so it is refused like 0.
+  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(1.0f / k_scale),
+                "k_scale must be a positive finite number with a finite reciprocal, got ", k_scale);
+  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0 && std::isfinite(1.0f / v_scale),
+                "v_scale must be a positive finite number with a finite reciprocal, got ", v_scale);
 }
 
 CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCacheDType kv_dtype,
@@ -120,6 +191,7 @@ void check_attention_options(const AttentionOptions& o, int64_t num_heads) {
   if (o.alibi_slopes) {
     check_dtype(*o.alibi_slopes, "alibi_slopes", {DType::kFloat32});
     check_shape(*o.alibi_slopes, "alibi_slopes", {num_heads});
+    check_cuda_dense(*o.alibi_slopes, "alibi_slopes");
   }
 }
 

@@ -37,6 +37,24 @@ void check_devices(std::initializer_list<Named> arrays);
 // array without elements always is.
 bool block_contiguous(const TensorView& t);
 
+// An array the op writes holds each element once: a stride-0 (torch expand) or otherwise
+// self-overlapping view would make the kernel's writes to different indices race for one
+// location, so it raises ValueError naming the array. (Dims of size > 1, sorted by |stride|,
+// must each step past everything the smaller ones span: sufficient, and true of every view that
+// slicing or transposing an allocation gives.)
+void check_no_self_overlap(const TensorView& t, std::string_view name);
+
+// The written array `out` shares no bytes with any of `reads` (their address ranges are
+// disjoint): the kernels read their inputs while they write, so an output aliasing an input
+// (in place, or a view of the same buffer) is a silent wrong answer on some tilings. Arrays on
+// different devices never collide (one virtual address space). ValueError naming both.
+void check_no_overlap(const Named& out, std::initializer_list<Named> reads);
+
+// CUDA kernels read the 1-D metadata arrays (seq_lens, query_start_loc, slot_mapping,
+// alibi_slopes) densely and block table rows with unit stride: on a CUDA array a stride the
+// kernels would ignore raises ValueError naming the array (host arrays may have any stride).
+void check_cuda_dense(const TensorView& t, std::string_view name);
+
 // Float32 / float16 / bfloat16 (TypeError otherwise).
 void check_float(const TensorView& t, std::string_view name);
 

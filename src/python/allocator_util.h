@@ -20,6 +20,7 @@
 #include "pagedkv/block_allocator.h"
 #include "pagedkv/error.h"
 #include "python/bindings.h"
+#include "python/int_arg.h"
 
 // Type of `tokens` arguments in the generated stubs (nb::sig).
 #define PAGEDKV_TOKENS_T "collections.abc.Sequence[int] | numpy.typing.NDArray[numpy.int32]"
@@ -60,6 +61,54 @@ inline std::vector<BlockId> to_ids(const std::vector<int64_t>& ids, int64_t limi
     out[i] = static_cast<BlockId>(ids[i]);
   }
   return out;
+}
+
+// Ids given as a Python sequence of ints (list, tuple, numpy array, ...): a TypeError naming the
+// argument for anything else (instead of nanobind's signature dump), then as above.
+inline std::vector<BlockId> to_ids(nb::handle ids, int64_t limit, const char* arg) {
+  std::vector<int64_t> v;
+  nb::object seq = nb::borrow(ids);
+  if (nb::hasattr(seq, "tolist") && !nb::isinstance<nb::list>(seq)) seq = seq.attr("tolist")();
+  if (nb::isinstance<nb::str>(seq) || !nb::try_cast(seq, v)) {
+    throw TypeError(detail::concat(arg, " must be a sequence of int block ids, got ",
+                                   nb::type_name(ids.type()).c_str()));
+  }
+  return to_ids(v, limit, arg);
+}
+
+// One id given as a Python int (or integer scalar), checked against `limit`.
+inline std::vector<BlockId> to_id(nb::handle id, int64_t limit, const char* arg) {
+  return to_ids(std::vector<int64_t>{int_arg<int64_t>(id, arg)}, limit, arg);
+}
+
+// A 64-bit unsigned key (extra_key): an int in [0, 2**64), named in the error otherwise.
+inline uint64_t to_key(nb::handle key, const char* arg) {
+  PyObject* index = PyNumber_Index(key.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    throw TypeError(
+        detail::concat(arg, " must be an integer, got ", nb::type_name(key.type()).c_str()));
+  }
+  const nb::object i = nb::steal(index);
+  uint64_t v = 0;
+  if (!nb::try_cast(i, v, false)) {
+    throw ValueError(detail::concat(arg, " = ", nb::str(key).c_str(),
+                                    " is out of range: it must be in [0, 2**64)"));
+  }
+  return v;
+}
+
+// A parent hash: None (the root) or a (lo, hi) pair of 64-bit unsigned ints.
+inline BlockHash to_parent(nb::handle parent) {
+  if (parent.is_none()) return kRootHash;
+  HashTuple t;
+  if (!nb::try_cast(parent, t, false)) {
+    throw TypeError(
+        detail::concat("parent must be None or a (lo, hi) tuple of two ints in "
+                       "[0, 2**64) (a hash from cache_full_block), got ",
+                       nb::str(parent).c_str()));
+  }
+  return to_hash(t);
 }
 
 // Turns a failed status into a Python exception whose message names the argument and, for ref-count

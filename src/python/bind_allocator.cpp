@@ -14,9 +14,9 @@ void bind_allocator(nb::module_& m) {
   m.attr("ROOT_BLOCK_HASH") = to_tuple(kRootHash);
   // Registered twice (module function and BlockAllocator.hash_block) with def / def_static: a
   // staticmethod wrapper built by hand would need PyStaticMethod_New, outside the stable ABI.
-  auto hash_fn = [](std::optional<HashTuple> parent, nb::handle tokens, uint64_t extra_key) {
+  auto hash_fn = [](nb::handle parent, nb::handle tokens, nb::handle extra_key) {
     TokenSpan t = to_tokens(tokens, "tokens");
-    return to_tuple(hash_block(to_hash(parent), t.data, t.size, extra_key));
+    return to_tuple(hash_block(to_parent(parent), t.data, t.size, to_key(extra_key, "extra_key")));
   };
   constexpr const char* kHashSig =
       "def hash_block(parent: tuple[int, int] | None, tokens: " PAGEDKV_TOKENS_T
@@ -24,18 +24,21 @@ void bind_allocator(nb::module_& m) {
   constexpr const char* kHashDoc =
       "128-bit chained hash H(parent, tokens, extra_key) as (lo, hi); parent None = root.";
   m.def("hash_block", hash_fn, nb::sig(kHashSig), nb::arg("parent").none(), nb::arg("tokens"),
-        nb::arg("extra_key") = 0, kHashDoc);
+        nb::arg("extra_key").none() = 0, kHashDoc);
 
   nb::class_<BlockAllocator> cls(m, "BlockAllocator",
                                  "KV-cache block pool: ref counts, copy-on-write, host swap pool "
                                  "and automatic prefix caching.");
   cls.def_static("hash_block", hash_fn, nb::sig(kHashSig), nb::arg("parent").none(),
-                 nb::arg("tokens"), nb::arg("extra_key") = 0, kHashDoc);
+                 nb::arg("tokens"), nb::arg("extra_key").none() = 0, kHashDoc);
   cls.attr("ROOT_HASH") = m.attr("ROOT_BLOCK_HASH");
   cls.def(
       "__init__",
-      [](BlockAllocator* self, int64_t num_blocks, int64_t block_size, int64_t num_cpu_blocks,
-         bool enable_prefix_caching) {
+      [](BlockAllocator* self, nb::handle num_blocks_arg, nb::handle block_size_arg,
+         nb::handle num_cpu_blocks_arg, bool enable_prefix_caching) {
+        const int64_t num_blocks = int_arg<int64_t>(num_blocks_arg, "num_blocks");
+        const int64_t block_size = int_arg<int64_t>(block_size_arg, "block_size");
+        const int64_t num_cpu_blocks = int_arg<int64_t>(num_cpu_blocks_arg, "num_cpu_blocks");
         check_count(num_blocks, "num_blocks");
         check_count(num_cpu_blocks, "num_cpu_blocks");
         PAGEDKV_CHECK(block_size >= 1 && block_size <= INT32_MAX, "block_size must be >= 1, got ",
@@ -47,8 +50,10 @@ void bind_allocator(nb::module_& m) {
         c.enable_prefix_caching = enable_prefix_caching;
         new (self) BlockAllocator(c);
       },
-      nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("num_cpu_blocks") = 0,
-      nb::arg("enable_prefix_caching") = true);
+      nb::sig("def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int = 0, "
+              "enable_prefix_caching: bool = True) -> None"),
+      nb::arg("num_blocks").none(), nb::arg("block_size").none(),
+      nb::arg("num_cpu_blocks").none() = 0, nb::arg("enable_prefix_caching") = true);
 
   cls.def_prop_ro("num_blocks", &BlockAllocator::num_blocks)
       .def_prop_ro("block_size", &BlockAllocator::block_size)
@@ -71,7 +76,8 @@ void bind_allocator(nb::module_& m) {
 
   cls.def(
       "allocate",
-      [](BlockAllocator& a, int64_t n) {
+      [](BlockAllocator& a, nb::handle n_arg) {
+        const int64_t n = int_arg<int64_t>(n_arg, "n");
         PAGEDKV_CHECK(n >= 0, "n must be >= 0, got ", n);
         std::vector<BlockId> out;
         // n beyond int32 can never be satisfied: the same MemoryError as any n > free.
@@ -85,45 +91,45 @@ void bind_allocator(nb::module_& m) {
         }
         return out;
       },
-      nb::arg("n"),
+      nb::sig("def allocate(self, n: int) -> list[int]"), nb::arg("n").none(),
       "n fresh blocks (ref 1); MemoryError (nothing allocated) if fewer are "
       "free.");
   cls.def(
       "free",
-      [](BlockAllocator& a, const std::vector<int64_t>& ids) {
+      [](BlockAllocator& a, nb::handle ids) {
         auto v = to_ids(ids, a.num_blocks(), "ids");
         Status s = a.free(v.data(), v.size());
         if (s != Status::kOk) raise(s, "ids", v, [&](BlockId i) { return a.ref_count(i); });
       },
-      nb::arg("ids"),
+      nb::sig("def free(self, ids: collections.abc.Sequence[int]) -> None"), nb::arg("ids").none(),
       "Drops one reference per id (a sequence's blocks in order; freed tail "
       "first).");
   cls.def(
       "fork",
-      [](BlockAllocator& a, const std::vector<int64_t>& ids) {
+      [](BlockAllocator& a, nb::handle ids) {
         auto v = to_ids(ids, a.num_blocks(), "ids");
         Status s = a.fork(v.data(), v.size());
         if (s != Status::kOk)
           raise(s, "ids", v, [&](BlockId i) { return a.ref_count(i) > 0 ? INT32_MAX : 0; });
       },
-      nb::arg("ids"), "Adds one reference per id (all must be allocated).");
+      nb::sig("def fork(self, ids: collections.abc.Sequence[int]) -> None"), nb::arg("ids").none(),
+      "Adds one reference per id (all must be allocated).");
   cls.def(
       "ref_count",
-      [](const BlockAllocator& a, int64_t id) {
-        to_ids({id}, a.num_blocks(), "id");
-        return a.ref_count(static_cast<BlockId>(id));
+      [](const BlockAllocator& a, nb::handle id) {
+        return a.ref_count(to_id(id, a.num_blocks(), "id")[0]);
       },
-      nb::arg("id"));
+      nb::sig("def ref_count(self, id: int) -> int"), nb::arg("id").none());
   cls.def(
       "copy_on_write",
-      [](BlockAllocator& a, int64_t id) {
-        auto v = to_ids({id}, a.num_blocks(), "id");
+      [](BlockAllocator& a, nb::handle id) {
+        auto v = to_id(id, a.num_blocks(), "id");
         bool copied = false;
         Status s = a.copy_on_write(&v[0], &copied);
         if (s != Status::kOk) raise(s, "id", v, [&](BlockId i) { return a.ref_count(i); });
         return std::make_pair(static_cast<int64_t>(v[0]), copied);
       },
-      nb::arg("id"),
+      nb::sig("def copy_on_write(self, id: int) -> tuple[int, bool]"), nb::arg("id").none(),
       "Before writing into `id`: (new_id, True) with the copy recorded if it "
       "is shared or "
       "cached, else (id, False).");
@@ -134,7 +140,7 @@ void bind_allocator(nb::module_& m) {
 
   cls.def(
       "swap_out",
-      [](BlockAllocator& a, const std::vector<int64_t>& ids) {
+      [](BlockAllocator& a, nb::handle ids) {
         auto v = to_ids(ids, a.num_blocks(), "ids");
         std::vector<BlockId> cpu;
         Pairs map;
@@ -142,12 +148,14 @@ void bind_allocator(nb::module_& m) {
         if (s != Status::kOk) raise(s, "ids", v, [&](BlockId i) { return a.ref_count(i); });
         return std::make_pair(cpu, to_numpy(map));
       },
-      nb::arg("ids"),
+      nb::sig("def swap_out(self, ids: collections.abc.Sequence[int]) -> tuple[list[int], "
+              "numpy.typing.NDArray[numpy.int64]]"),
+      nb::arg("ids").none(),
       "Moves blocks to the host pool: (cpu_ids, [n, 2] (device, host) "
       "mapping).");
   cls.def(
       "swap_in",
-      [](BlockAllocator& a, const std::vector<int64_t>& cpu_ids) {
+      [](BlockAllocator& a, nb::handle cpu_ids) {
         auto v = to_ids(cpu_ids, a.num_cpu_blocks(), "cpu_ids");
         std::vector<BlockId> dev;
         Pairs map;
@@ -155,22 +163,24 @@ void bind_allocator(nb::module_& m) {
         if (s != Status::kOk) raise(s, "cpu_ids", v, [&](BlockId i) { return a.cpu_ref_count(i); });
         return std::make_pair(dev, to_numpy(map));
       },
-      nb::arg("cpu_ids"), "Moves blocks back: (ids, [n, 2] (host, device) mapping).");
+      nb::sig("def swap_in(self, cpu_ids: collections.abc.Sequence[int]) -> tuple[list[int], "
+              "numpy.typing.NDArray[numpy.int64]]"),
+      nb::arg("cpu_ids").none(), "Moves blocks back: (ids, [n, 2] (host, device) mapping).");
   cls.def(
       "free_cpu",
-      [](BlockAllocator& a, const std::vector<int64_t>& cpu_ids) {
+      [](BlockAllocator& a, nb::handle cpu_ids) {
         auto v = to_ids(cpu_ids, a.num_cpu_blocks(), "cpu_ids");
         Status s = a.free_cpu(v.data(), v.size());
         if (s != Status::kOk) raise(s, "cpu_ids", v, [&](BlockId i) { return a.cpu_ref_count(i); });
       },
-      nb::arg("cpu_ids"), "Releases host blocks (e.g. a swapped-out sequence was aborted).");
+      nb::sig("def free_cpu(self, cpu_ids: collections.abc.Sequence[int]) -> None"),
+      nb::arg("cpu_ids").none(), "Releases host blocks (e.g. a swapped-out sequence was aborted).");
   cls.def(
       "cpu_ref_count",
-      [](const BlockAllocator& a, int64_t id) {
-        to_ids({id}, a.num_cpu_blocks(), "id");
-        return a.cpu_ref_count(static_cast<BlockId>(id));
+      [](const BlockAllocator& a, nb::handle id) {
+        return a.cpu_ref_count(to_id(id, a.num_cpu_blocks(), "id")[0]);
       },
-      nb::arg("id"));
+      nb::sig("def cpu_ref_count(self, id: int) -> int"), nb::arg("id").none());
 
   bind_prefix_cache(cls);
 }

@@ -7,10 +7,11 @@
 namespace pagedkv::python {
 namespace {
 
-int32_t to_cap(const std::optional<int64_t>& cap, const char* arg) {
-  if (!cap) return -1;  // no cap
-  check_count(*cap, arg);
-  return static_cast<int32_t>(*cap);
+int32_t to_cap(nb::handle cap, const char* arg) {
+  if (cap.is_none()) return -1;  // no cap
+  const int64_t n = int_arg<int64_t>(cap, arg);
+  check_count(n, arg);
+  return static_cast<int32_t>(n);
 }
 
 nb::typed<nb::dict, nb::str, int> stats(const BlockAllocator& a) {
@@ -41,9 +42,9 @@ nb::typed<nb::dict, nb::str, int> stats(const BlockAllocator& a) {
 void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
   cls.def(
       "match_prefix",
-      [](BlockAllocator& a, nb::handle tokens, uint64_t extra_key,
-         std::optional<int64_t> max_blocks) {
+      [](BlockAllocator& a, nb::handle tokens, nb::handle extra_key_arg, nb::handle max_blocks) {
         TokenSpan t = to_tokens(tokens, "tokens");
+        const uint64_t extra_key = to_key(extra_key_arg, "extra_key");
         int32_t cap = to_cap(max_blocks, "max_blocks");
         std::vector<BlockId> out;
         a.match_prefix(t.data, t.size, extra_key, cap, &out, nullptr);
@@ -51,27 +52,28 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
       },
       nb::sig("def match_prefix(self, tokens: " PAGEDKV_TOKENS_T
               ", extra_key: int = 0, max_blocks: int | None = None) -> list[int]"),
-      nb::arg("tokens"), nb::arg("extra_key") = 0, nb::arg("max_blocks") = nb::none(),
+      nb::arg("tokens"), nb::arg("extra_key").none() = 0, nb::arg("max_blocks").none() = nb::none(),
       "Longest cached run of full blocks of `tokens` (at most max_blocks); "
       "each returned block "
       "gets one reference. Counts a query of len(tokens) tokens.");
   cls.def(
       "peek_prefix",
-      [](const BlockAllocator& a, nb::handle tokens, uint64_t extra_key,
-         std::optional<int64_t> max_blocks) {
+      [](const BlockAllocator& a, nb::handle tokens, nb::handle extra_key_arg,
+         nb::handle max_blocks) {
         TokenSpan t = to_tokens(tokens, "tokens");
+        const uint64_t extra_key = to_key(extra_key_arg, "extra_key");
         return a.peek_prefix(t.data, t.size, extra_key, to_cap(max_blocks, "max_blocks"));
       },
       nb::sig("def peek_prefix(self, tokens: " PAGEDKV_TOKENS_T
               ", extra_key: int = 0, max_blocks: int | None = None) -> int"),
-      nb::arg("tokens"), nb::arg("extra_key") = 0, nb::arg("max_blocks") = nb::none(),
+      nb::arg("tokens"), nb::arg("extra_key").none() = 0, nb::arg("max_blocks").none() = nb::none(),
       "Number of blocks match_prefix would return now (takes no references, "
       "counts nothing).");
   cls.def(
       "match_prefix_partial",
-      [](BlockAllocator& a, nb::handle tokens, uint64_t extra_key,
-         std::optional<int64_t> max_tokens) {
+      [](BlockAllocator& a, nb::handle tokens, nb::handle extra_key_arg, nb::handle max_tokens) {
         TokenSpan t = to_tokens(tokens, "tokens");
+        const uint64_t extra_key = to_key(extra_key_arg, "extra_key");
         int32_t cap = to_cap(max_tokens, "max_tokens");
         std::vector<BlockId> out;
         int32_t n = a.match_prefix_tokens(t.data, t.size, extra_key, cap, &out, nullptr);
@@ -79,7 +81,7 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
       },
       nb::sig("def match_prefix_partial(self, tokens: " PAGEDKV_TOKENS_T
               ", extra_key: int = 0, max_tokens: int | None = None) -> tuple[list[int], int]"),
-      nb::arg("tokens"), nb::arg("extra_key") = 0, nb::arg("max_tokens") = nb::none(),
+      nb::arg("tokens"), nb::arg("extra_key").none() = 0, nb::arg("max_tokens").none() = nb::none(),
       "Token-granular match: (block_ids, num_cached_tokens). Full blocks as "
       "match_prefix; when "
       "the match ends inside a block, the last id is a fresh block whose first "
@@ -88,14 +90,16 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
       "take_pending_copies()).");
   cls.def(
       "cache_full_block",
-      [](BlockAllocator& a, int64_t id, std::optional<HashTuple> parent, nb::handle tokens,
-         uint64_t extra_key) {
-        auto v = to_ids({id}, a.num_blocks(), "id");
+      [](BlockAllocator& a, nb::handle id_arg, nb::handle parent, nb::handle tokens,
+         nb::handle extra_key_arg) {
+        const int64_t id = int_arg<int64_t>(id_arg, "id");
+        auto v = to_ids(std::vector<int64_t>{id}, a.num_blocks(), "id");
+        const uint64_t extra_key = to_key(extra_key_arg, "extra_key");
         TokenSpan t = to_tokens(tokens, "tokens");
         PAGEDKV_CHECK(t.size == static_cast<size_t>(a.block_size()),
                       "tokens must hold block_size (", a.block_size(), ") ids, got ", t.size);
         BlockHash h;
-        Status s = a.try_cache_full_block(v[0], to_hash(parent), t.data, extra_key, &h);
+        Status s = a.try_cache_full_block(v[0], to_parent(parent), t.data, extra_key, &h);
         if (s == Status::kInvalidArgument)
           throw ValueError(
               detail::concat("id: block ", id, " is already cached with other content"));
@@ -104,20 +108,22 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
       },
       nb::sig("def cache_full_block(self, id: int, parent: tuple[int, int] | None, "
               "tokens: " PAGEDKV_TOKENS_T ", extra_key: int = 0) -> tuple[int, int]"),
-      nb::arg("id"), nb::arg("parent").none(), nb::arg("tokens"), nb::arg("extra_key") = 0,
+      nb::arg("id").none(), nb::arg("parent").none(), nb::arg("tokens"),
+      nb::arg("extra_key").none() = 0,
       "Registers full block `id` (its tokens, child of `parent`; None = root) "
       "in the prefix "
       "cache and returns its hash. A duplicate of cached content stays "
       "uncached.");
   cls.def(
       "block_hash",
-      [](const BlockAllocator& a, int64_t id) -> std::optional<HashTuple> {
-        auto v = to_ids({id}, a.num_blocks(), "id");
+      [](const BlockAllocator& a, nb::handle id) -> std::optional<HashTuple> {
+        auto v = to_id(id, a.num_blocks(), "id");
         BlockHash h;
         if (!a.cached_hash(v[0], &h)) return std::nullopt;
         return to_tuple(h);
       },
-      nb::arg("id"), "The cached hash of `id`, or None when it holds none.");
+      nb::sig("def block_hash(self, id: int) -> tuple[int, int] | None"), nb::arg("id").none(),
+      "The cached hash of `id`, or None when it holds none.");
   cls.def("reset_prefix_cache", &BlockAllocator::reset_prefix_cache,
           "Drops every cached hash; blocks in use are unaffected.");
   cls.def("stats", &stats, "Gauges and counters for metrics, as a dict of ints.");

@@ -18,6 +18,7 @@
 #include "pagedkv/error.h"
 #include "pagedkv/scheduler.h"
 #include "python/bindings.h"
+#include "python/int_arg.h"
 
 namespace nb = nanobind;
 
@@ -101,17 +102,44 @@ std::vector<int32_t> to_token_ids(nb::handle obj, const char* name) {
   return out;
 }
 
-// cache_salt: an int, or a str hashed with FNV-1a (stable across processes, unlike hash()).
+// The whole UTF-8 text of a str: std::string(s.c_str()) would stop at an embedded NUL, so ids
+// "a\0b" and "a\0c" would both become "a" (one request shadowing the other, neither abortable
+// by its real id).
+std::string utf8(nb::handle s) {
+  Py_ssize_t n = 0;
+  const char* c = PyUnicode_AsUTF8AndSize(s.ptr(), &n);
+  if (c == nullptr) throw nb::python_error();
+  return std::string(c, static_cast<size_t>(n));
+}
+
+// A request id argument: a str (TypeError naming the argument otherwise).
+std::string to_id(nb::handle id, const char* name) {
+  if (!nb::isinstance<nb::str>(id)) {
+    throw TypeError(std::string(name) + " must be a str, got " + nb::type_name(id.type()).c_str());
+  }
+  return utf8(id);
+}
+
+// cache_salt: None, an int of 64 bits (signed or unsigned), or a str hashed with FNV-1a over
+// all its UTF-8 bytes (stable across processes, unlike hash()).
 uint64_t to_salt(nb::handle salt) {
   if (salt.is_none()) return 0;
   if (nb::isinstance<nb::str>(salt)) {
     uint64_t h = 1469598103934665603ull;
-    for (const char* c = nb::borrow<nb::str>(salt).c_str(); *c; ++c) {
-      h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
-    }
+    for (unsigned char c : utf8(salt)) h = (h ^ c) * 1099511628211ull;
     return h;
   }
-  return static_cast<uint64_t>(nb::cast<int64_t>(salt));
+  if (PyIndex_Check(salt.ptr())) {  // int, numpy / torch integer scalars
+    const nb::object index = nb::steal(PyNumber_Index(salt.ptr()));
+    if (!index.is_valid()) throw nb::python_error();
+    int64_t s = 0;
+    if (nb::try_cast(index, s, false)) return static_cast<uint64_t>(s);
+    uint64_t u = 0;
+    if (nb::try_cast(index, u, false)) return u;
+    throw ValueError("cache_salt must fit in 64 bits, got " + std::string(nb::str(salt).c_str()));
+  }
+  throw TypeError(std::string("cache_salt must be None, an int or a str, got ") +
+                  nb::type_name(salt.type()).c_str());
 }
 
 PreemptionMode to_mode(const std::string& s) {
@@ -142,31 +170,41 @@ void bind_config(nb::module_& m) {
       "Scheduler settings (vLLM names). Raises ValueError naming a bad field.")
       .def(
           "__init__",
-          [](SchedulerConfig* c, int32_t num_blocks, int32_t block_size, int32_t max_num_seqs,
-             int32_t max_num_batched_tokens, bool enable_chunked_prefill,
-             bool enable_prefix_caching, int32_t num_cpu_blocks, const std::string& preemption_mode,
-             const std::string& policy, std::optional<int32_t> max_model_len) {
+          [](SchedulerConfig* c, nb::handle num_blocks, nb::handle block_size,
+             nb::handle max_num_seqs, nb::handle max_num_batched_tokens,
+             bool enable_chunked_prefill, bool enable_prefix_caching, nb::handle num_cpu_blocks,
+             const std::string& preemption_mode, const std::string& policy,
+             nb::handle max_model_len) {
             SchedulerConfig v;
-            v.num_blocks = num_blocks;
-            v.block_size = block_size;
-            v.max_num_seqs = max_num_seqs;
-            v.max_num_batched_tokens = max_num_batched_tokens;
+            v.num_blocks = int_arg<int32_t>(num_blocks, "num_blocks");
+            v.block_size = int_arg<int32_t>(block_size, "block_size");
+            v.max_num_seqs = int_arg<int32_t>(max_num_seqs, "max_num_seqs");
+            v.max_num_batched_tokens =
+                int_arg<int32_t>(max_num_batched_tokens, "max_num_batched_tokens");
             v.enable_chunked_prefill = enable_chunked_prefill;
             v.enable_prefix_caching = enable_prefix_caching;
-            v.num_cpu_blocks = num_cpu_blocks;
+            v.num_cpu_blocks = int_arg<int32_t>(num_cpu_blocks, "num_cpu_blocks");
             v.preemption_mode = to_mode(preemption_mode);
             v.policy = to_policy(policy);
-            PAGEDKV_CHECK(!max_model_len || *max_model_len > 0,
-                          "max_model_len must be > 0 or None, got ", max_model_len.value_or(0));
-            v.max_model_len = max_model_len.value_or(0);
+            if (!max_model_len.is_none()) {
+              v.max_model_len = int_arg<int32_t>(max_model_len, "max_model_len");
+              PAGEDKV_CHECK(v.max_model_len > 0, "max_model_len must be > 0 or None, got ",
+                            v.max_model_len);
+            }
             v.validate();
             new (c) SchedulerConfig(v);
           },
-          nb::arg("num_blocks"), nb::arg("block_size"), nb::arg("max_num_seqs") = 256,
-          nb::arg("max_num_batched_tokens") = 2048, nb::arg("enable_chunked_prefill") = true,
-          nb::arg("enable_prefix_caching") = true, nb::arg("num_cpu_blocks") = 0,
-          nb::arg("preemption_mode") = "recompute", nb::arg("policy") = "fcfs",
-          nb::arg("max_model_len") = nb::none())
+          // The stub keeps the int types the handles above are checked against.
+          nb::sig("def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 256, "
+                  "max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True, "
+                  "enable_prefix_caching: bool = True, num_cpu_blocks: int = 0, "
+                  "preemption_mode: str = 'recompute', policy: str = 'fcfs', "
+                  "max_model_len: int | None = None) -> None"),
+          nb::arg("num_blocks").none(), nb::arg("block_size").none(),
+          nb::arg("max_num_seqs").none() = 256, nb::arg("max_num_batched_tokens").none() = 2048,
+          nb::arg("enable_chunked_prefill") = true, nb::arg("enable_prefix_caching") = true,
+          nb::arg("num_cpu_blocks").none() = 0, nb::arg("preemption_mode") = "recompute",
+          nb::arg("policy") = "fcfs", nb::arg("max_model_len").none() = nb::none())
       .def_ro("num_blocks", &SchedulerConfig::num_blocks)
       .def_ro("block_size", &SchedulerConfig::block_size)
       .def_ro("max_num_seqs", &SchedulerConfig::max_num_seqs)
@@ -280,37 +318,45 @@ void bind_scheduler(nb::module_& m) {
       .def_prop_ro("config", [](const S& s) { return s.config(); })
       .def(
           "add_request",
-          [](S& s, nb::str request_id, nb::handle prompt_token_ids, int32_t max_tokens,
-             std::optional<int64_t> eos_token_id, nb::handle stop_token_ids, int32_t priority,
-             bool ignore_eos, int32_t min_tokens, nb::handle cache_salt) {
+          [](S& s, nb::handle request_id, nb::handle prompt_token_ids, nb::handle max_tokens,
+             std::optional<int64_t> eos_token_id, nb::handle stop_token_ids, nb::handle priority,
+             bool ignore_eos, nb::handle min_tokens, nb::handle cache_salt) {
+            const std::string id = to_id(request_id, "request_id");
             std::vector<int32_t> prompt = to_token_ids(prompt_token_ids, "prompt_token_ids");
             RequestParams p;
-            p.max_tokens = max_tokens;
+            p.max_tokens = int_arg<int32_t>(max_tokens, "max_tokens");
             PAGEDKV_CHECK(!eos_token_id || (*eos_token_id >= 0 && *eos_token_id <= INT32_MAX),
                           "eos_token_id out of range");
             p.eos_token_id = eos_token_id ? static_cast<int32_t>(*eos_token_id) : -1;
             p.stop_token_ids = to_token_ids(stop_token_ids, "stop_token_ids");
-            p.priority = priority;
+            p.priority = int_arg<int32_t>(priority, "priority");
             p.ignore_eos = ignore_eos;
-            p.min_tokens = min_tokens;
+            p.min_tokens = int_arg<int32_t>(min_tokens, "min_tokens");
             p.cache_salt = to_salt(cache_salt);
             S::Busy busy(s);
-            int32_t slot = s.add_request(request_id.c_str(), prompt, p);
-            s.remember(slot, request_id);
+            int32_t slot = s.add_request(id, prompt, p);
+            s.remember(slot, nb::borrow(request_id));
           },
-          nb::arg("request_id"), nb::arg("prompt_token_ids"), nb::arg("max_tokens"),
+          nb::sig("def add_request(self, request_id: str, prompt_token_ids: object, "
+                  "max_tokens: int, eos_token_id: int | None = None, "
+                  "stop_token_ids: object | None = (), priority: int = 0, "
+                  "ignore_eos: bool = False, min_tokens: int = 0, "
+                  "cache_salt: object | None = 0) -> None"),
+          nb::arg("request_id").none(), nb::arg("prompt_token_ids"), nb::arg("max_tokens").none(),
           nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids").none() = nb::tuple(),
-          nb::arg("priority") = 0, nb::arg("ignore_eos") = false, nb::arg("min_tokens") = 0,
-          nb::arg("cache_salt").none() = 0,
+          nb::arg("priority").none() = 0, nb::arg("ignore_eos") = false,
+          nb::arg("min_tokens").none() = 0, nb::arg("cache_salt").none() = 0,
           "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
           "> max_model_len, or a request that could never fit in num_blocks.")
       .def(
           "abort_request",
-          [](S& s, const std::string& id) {
+          [](S& s, nb::handle request_id) {
+            const std::string id = to_id(request_id, "request_id");
             S::Busy busy(s);
             return s.abort_request(id);
           },
-          nb::arg("request_id"), "Remove a request and free its blocks; False if unknown.")
+          nb::sig("def abort_request(self, request_id: str) -> bool"), nb::arg("request_id").none(),
+          "Remove a request and free its blocks; False if unknown.")
       .def(
           "schedule",
           [](S& s) -> const StepPlan& {
@@ -342,13 +388,16 @@ void bind_scheduler(nb::module_& m) {
           "sample). Returns the ids of the requests that finished (they are freed).")
       .def(
           "fork",
-          [](S& s, nb::str parent_id, nb::str child_id, int32_t first_token) {
+          [](S& s, nb::handle parent_id, nb::handle child_id, nb::handle first_token) {
+            const std::string parent = to_id(parent_id, "parent_id");
+            const std::string child = to_id(child_id, "child_id");
             S::Busy busy(s);
-            bool done = s.fork(parent_id.c_str(), child_id.c_str(), first_token);
-            if (!done) s.remember(s.slot_of(child_id.c_str()), child_id);
+            bool done = s.fork(parent, child, int_arg<int32_t>(first_token, "first_token"));
+            if (!done) s.remember(s.slot_of(child), nb::borrow(child_id));
             return done;
           },
-          nb::arg("parent_id"), nb::arg("child_id"), nb::arg("first_token"),
+          nb::sig("def fork(self, parent_id: str, child_id: str, first_token: int) -> bool"),
+          nb::arg("parent_id").none(), nb::arg("child_id").none(), nb::arg("first_token").none(),
           "n > 1 sampling: a child sharing the parent's prompt blocks. True if it finished at "
           "once (and was freed).")
       .def("has_unfinished_requests", &S::has_unfinished_requests)

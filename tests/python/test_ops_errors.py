@@ -100,6 +100,9 @@ CHILD = textwrap.dedent(r'''
         "fp8_needs_uint8": lambda: v1(kv_cache_dtype="fp8"),
         "kv_cache_dtype_name": lambda: v1(kv_cache_dtype="int4"),
         "k_scale_nonpositive": lambda: v1(k_scale=0.0),
+        # 1 / scale overflows: the CPU fp8 write stored 0 * inf = NaN for every zero.
+        "k_scale_denormal": lambda: write(flash=True, k_scale=1e-45),
+        "v_scale_reciprocal_inf": lambda: v1(v_scale=2e-39),
         "k_scale_array_size": lambda: v1(k_scale=np.array([1.0, 2.0])),
         "alibi_shape": lambda: v1(alibi_slopes=np.zeros(3, f32)),
         "alibi_dtype": lambda: v1(alibi_slopes=np.zeros(8)),
@@ -175,6 +178,9 @@ EXPECTED = {
     "fp8_needs_uint8": ("TypeError", "uint8"),
     "kv_cache_dtype_name": ("ValueError", "kv_cache_dtype"),
     "k_scale_nonpositive": ("ValueError", "k_scale"),
+    "k_scale_denormal": ("ValueError", "k_scale must be a positive finite number with a finite "
+                                       "reciprocal"),
+    "v_scale_reciprocal_inf": ("ValueError", "v_scale"),
     "k_scale_array_size": ("ValueError", "k_scale"),
     "alibi_shape": ("ValueError", "alibi_slopes"),
     "alibi_dtype": ("TypeError", "alibi_slopes"),

@@ -414,3 +414,20 @@ def test_paged_attention_checks_cache_rank_and_ints() -> None:
         PagedAttention.forward_decode(a["query"], a["key_cache"], a["value_cache"],
                                       a["block_tables"], a["seq_lens"], 40, "auto", 2.5, 0.125,
                                       None, 1.0, 1.0)
+
+
+@pytest.mark.parametrize(("heads", "head_size", "match"), [
+    (3, 64, "not a multiple of num_kv_heads \\* head_size = 3 \\* 64"),
+    (2, 66, "head_size a multiple of x = 16 // element size = 4"),
+    (0, 64, "num_kv_heads = 0"),
+])
+def test_split_kv_cache_names_bad_heads_or_head_size(heads: int, head_size: int,
+                                                     match: str) -> None:
+    """The views' reshape used to fail with the framework's own error naming no argument
+    (torch: "shape '[4, 3, 16, -1, 4]' is invalid for input of size 8192")."""
+    for kv in (np.zeros(PagedAttention.get_kv_cache_shape(4, 16, 2, 64), np.float32),
+               need("torch").zeros(PagedAttention.get_kv_cache_shape(4, 16, 2, 64))):
+        with pytest.raises(ValueError, match=match):
+            PagedAttention.split_kv_cache(kv, heads, head_size)
+    with pytest.raises(ValueError, match="kv_cache must have shape"):
+        PagedAttention.split_kv_cache(np.zeros((4, 2048), np.float32), 2, 64)
