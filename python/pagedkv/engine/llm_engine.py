@@ -304,7 +304,9 @@ class LLMEngine:
         if not req.incremental_text:
             if seq.finished and req.params.detokenize:
                 shown = seq.token_ids[:-1] if hide else seq.token_ids
-                seq.text = self.decoder.decode(shown, req.params.skip_special_tokens)
+                p = req.params
+                seq.text = self.decoder.decode(shown, p.skip_special_tokens,
+                                               p.spaces_between_special_tokens)
             return
         delta = self._detokenize(req, seq, [] if hide else [tok])
         if req.check_stop_strings(seq, delta):
@@ -317,7 +319,9 @@ class LLMEngine:
     def _detokenize(self, req: RequestState, seq: SeqState, toks: List[int]) -> int:
         """Appends the tokens' text to the sample; returns how many characters it added."""
         if seq.detok is None:
-            seq.detok = IncrementalDetokenizer(self.decoder, req.params.skip_special_tokens)
+            p = req.params
+            seq.detok = IncrementalDetokenizer(self.decoder, p.skip_special_tokens,
+                                               p.spaces_between_special_tokens)
         delta = seq.detok.append(toks)
         seq.text += delta
         return len(delta)
