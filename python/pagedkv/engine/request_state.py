@@ -6,6 +6,7 @@ stop strings (which only text can detect), logprobs, and building RequestOutput 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
@@ -181,5 +182,7 @@ class RequestState:
             prompt_token_ids=self._prompt_shown,
             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None
             else None,
-            outputs=outs, finished=finished, metrics=self.metrics,
+            # A snapshot: the engine goes on updating the request's metrics after this output
+            # is handed out, and an output must keep describing the step that made it.
+            outputs=outs, finished=finished, metrics=dataclasses.replace(self.metrics),
             num_cached_tokens=self.num_cached_tokens)
