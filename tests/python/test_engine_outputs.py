@@ -44,3 +44,16 @@ def test_streamed_outputs_keep_their_own_metrics(llm: LLM) -> None:
     assert last.last_token_time >= first.last_token_time
     assert first.arrival_time == last.arrival_time
     assert_no_leak(llm)
+
+
+def test_num_cached_tokens_counts_prefix_cache_hits(llm: LLM) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 5  # 51 tokens
+    params = SamplingParams(temperature=0, max_tokens=2)
+    first = llm.generate(prompt, params, use_tqdm=False)[0]
+    again = llm.generate(prompt, params, use_tqdm=False)[0]
+    n = len(again.prompt_token_ids)
+    assert first.num_cached_tokens == 0
+    # Whole blocks of 16 are reused, capped at prompt - 1 tokens (one must be computed).
+    assert again.num_cached_tokens == (n - 1) // 16 * 16 > 0
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert_no_leak(llm)

@@ -238,9 +238,15 @@ class LLMEngine:
         now = time.time()  # one clock read per step: its tokens all arrive together
         owner = self.seq_owner
         entries = self._step_entries = [owner[sid] for sid in list(plan.request_ids)[:n]]
-        for req, _ in entries:
+        context_lens = None
+        for i, (req, _) in enumerate(entries):
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
+                # What the first step did not compute came from the prefix cache (vLLM's
+                # num_cached_tokens, set once, at the first scheduling).
+                if context_lens is None:
+                    context_lens = plan.context_lens
+                req.num_cached_tokens = int(context_lens[i])
         hidden = self.runner.execute(plan)
         work = StepSampling(self, plan, entries)
         sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
