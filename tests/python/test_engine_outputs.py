@@ -4,6 +4,7 @@ cache work of a plan of zero sequences. Embedded SmolLM2 on the CPU."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from deps import need
 from engine_checks import assert_no_leak, cpu_llm
@@ -56,4 +57,77 @@ def test_num_cached_tokens_counts_prefix_cache_hits(llm: LLM) -> None:
     # Whole blocks of 16 are reused, capped at prompt - 1 tokens (one must be computed).
     assert again.num_cached_tokens == (n - 1) // 16 * 16 > 0
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert_no_leak(llm)
+
+
+class _Plan:
+    """A plan of zero sequences that still moves blocks (what step() must not drop)."""
+
+    def __init__(self, step: int, swap_out=(), swap_in=(), copy=()) -> None:
+        self.step, self.num_seqs = step, 0
+        pairs = lambda p: np.asarray(p, dtype=np.int64).reshape(-1, 2)  # noqa: E731
+        self.blocks_to_swap_out = pairs(swap_out)
+        self.blocks_to_swap_in = pairs(swap_in)
+        self.blocks_to_copy = pairs(copy)
+        self.request_ids: list = []
+
+
+class _Scheduler:
+    def __init__(self, real, plan: _Plan) -> None:
+        self._real, self._plan = real, plan
+
+    def schedule(self) -> _Plan:
+        return self._plan
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+def test_step_with_no_sequences_still_moves_blocks(llm: LLM) -> None:
+    eng = llm.llm_engine
+    runner = eng.runner
+    key, value = runner.kv_caches[0][0], runner.kv_caches[0][1]
+    host_key = runner.cpu_caches[0][0]
+    real = eng.scheduler
+    try:
+        key[3].fill_(7.0)
+        value[3].fill_(5.0)
+        host_key[1].fill_(0.0)
+        eng.scheduler = _Scheduler(real, _Plan(10**9, swap_out=[(3, 1)]))
+        assert eng.step() == []
+        assert bool((host_key[1] == 7.0).all()), "the swap-out of an empty plan was dropped"
+        host_key[2].fill_(9.0)
+        eng.scheduler = _Scheduler(real, _Plan(10**9 + 1, swap_in=[(2, 4)], copy=[(3, 5)]))
+        assert eng.step() == []
+        assert bool((key[4] == 9.0).all()) and bool((value[5] == 5.0).all())
+    finally:
+        eng.scheduler = real
+    out = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert out[0].finished
+    assert_no_leak(llm)
+
+
+def test_spaces_between_special_tokens_reaches_the_detokenizer(llm: LLM) -> None:
+    # SmolLM2's ByteLevel decoder puts nothing between special tokens (vLLM's output is the
+    # same for both values there), so watch the flag arrive instead; the text itself is checked
+    # on a WordPiece tokenizer in test_models_tokenizer.py.
+    eng = llm.llm_engine
+    real = eng.decoder
+    seen: list = []
+
+    class Spy:
+        def decode(self, ids, skip_special_tokens=True, spaces_between_special_tokens=True):
+            seen.append((skip_special_tokens, spaces_between_special_tokens))
+            return real.decode(ids, skip_special_tokens, spaces_between_special_tokens)
+
+    eng.decoder = Spy()
+    try:
+        for kind in ("final_only", "cumulative"):
+            seen.clear()
+            p = SamplingParams(temperature=0, max_tokens=3, skip_special_tokens=False,
+                               spaces_between_special_tokens=False, output_kind=kind)
+            _stream(llm, f"spaces-{kind}", "Hi", p)
+            assert seen and all(s == (False, False) for s in seen), (kind, seen)
+    finally:
+        eng.decoder = real
     assert_no_leak(llm)

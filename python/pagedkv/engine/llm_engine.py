@@ -181,6 +181,13 @@ class LLMEngine:
             self._fail_step(self._failed_plan)
         plan = self.scheduler.schedule()
         if int(plan.num_seqs) == 0:
+            # Nothing to run, but the plan's cache work must still happen: a swap-out left
+            # undone loses the swapped sequence's KV (the next schedule() forgets the list).
+            # The scheduler does not emit such a plan today (see test_scheduler's
+            # test_empty_plan_carries_no_block_work); this keeps the engine correct if it does.
+            if (len(plan.blocks_to_swap_out) or len(plan.blocks_to_swap_in)
+                    or len(plan.blocks_to_copy)):
+                self.runner.apply_block_ops(plan)
             return []
         self._step_entries, self._plan_applied = [], False
         try:
