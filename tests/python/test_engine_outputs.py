@@ -131,3 +131,77 @@ def test_spaces_between_special_tokens_reaches_the_detokenizer(llm: LLM) -> None
     finally:
         eng.decoder = real
     assert_no_leak(llm)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
+    from pagedkv.engine.sampling_params import SamplingParams as SP
+
+    prompt = "One two three four five six seven eight nine ten"
+    ids = llm.get_tokenizer().encode(prompt)
+    greedy = dict(temperature=0, max_tokens=4)
+    out = llm.generate(prompt, SP(truncate_prompt_tokens=4, **greedy), use_tqdm=False)[0]
+    assert out.prompt == prompt and out.prompt_token_ids == ids[-4:]
+    alone = llm.generate({"prompt_token_ids": ids[-4:]}, SP(**greedy), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+    # Longer than the prompt: nothing cut; -1: all the model takes (here all of it).
+    for k in (len(ids) + 5, -1):
+        o = llm.generate(prompt, SP(truncate_prompt_tokens=k, **greedy), use_tqdm=False)[0]
+        assert o.prompt_token_ids == ids
+    long_ids = [100] * 300  # max_model_len is 256: -1 keeps 255, room for one token
+    o = llm.generate({"prompt_token_ids": long_ids}, SP(truncate_prompt_tokens=-1, max_tokens=1),
+                     use_tqdm=False)[0]
+    assert len(o.prompt_token_ids) == 255 and len(o.outputs[0].token_ids) == 1
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            SP(truncate_prompt_tokens=bad)
+    with pytest.raises(ValueError, match="truncate_prompt_tokens value .* max_model_len"):
+        llm.generate(prompt, SP(truncate_prompt_tokens=257), use_tqdm=False)
+    assert_no_leak(llm)
+
+
+def test_add_request_takes_vllm_prompt_forms_and_arrival_time(llm: LLM) -> None:
+    eng = llm.llm_engine
+    ids = llm.get_tokenizer().encode("The capital of France is")
+    params = SamplingParams(temperature=0, max_tokens=3, output_kind="final_only")
+    want = llm.generate("The capital of France is", params, use_tqdm=False)[0]
+    forms = {"text": {"prompt": "The capital of France is"}, "tokens": {"prompt_token_ids": ids},
+             "list": ids}
+    for name, prompt in forms.items():
+        eng.add_request(name, prompt, params, 1234.5)  # vLLM: arrival_time 4th
+    outs = {}
+    while eng.has_unfinished_requests():
+        outs.update((o.request_id, o) for o in eng.step())
+    for name in forms:
+        assert outs[name].prompt_token_ids == ids, name
+        assert outs[name].outputs[0].token_ids == want.outputs[0].token_ids, name
+        assert outs[name].metrics.arrival_time == 1234.5
+    assert outs["text"].prompt == "The capital of France is" and outs["tokens"].prompt is None
+    with pytest.raises(ValueError, match="'prompt' or 'prompt_token_ids'"):
+        eng.add_request("bad", {"text": "x"}, params)
+    assert_no_leak(llm)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_delta_outputs_add_up_to_the_cumulative_ones(llm: LLM, n: int) -> None:
+    from pagedkv import RequestOutputKind
+
+    def params(kind) -> SamplingParams:
+        return SamplingParams(n=n, temperature=0.8, seed=7, max_tokens=12, logprobs=1,
+                              prompt_logprobs=1, stop=[" the"], output_kind=kind)
+
+    prompt = "Once upon a time"
+    cum = _stream(llm, "cum", prompt, params(RequestOutputKind.CUMULATIVE))
+    delta = _stream(llm, "delta", prompt, params("delta"))
+    assert len(delta) == len(cum) and delta[-1].finished
+    assert delta[0].prompt_logprobs == cum[-1].prompt_logprobs
+    assert all(o.prompt_logprobs is None for o in delta[1:])
+    final = {c.index: c for c in cum[-1].outputs}
+    for i in range(n):
+        parts = [c for o in delta for c in o.outputs if c.index == i]
+        assert "".join(c.text for c in parts) == final[i].text
+        assert sum((c.token_ids for c in parts), []) == final[i].token_ids
+        assert sum((c.logprobs for c in parts), []) == final[i].logprobs
+        assert [c.finish_reason for c in parts][-1] == final[i].finish_reason
+        assert all(c.finish_reason is None for c in parts[:-1])
+        assert parts[-1].cumulative_logprob == pytest.approx(final[i].cumulative_logprob)
+    assert_no_leak(llm)

@@ -21,6 +21,7 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.direct_decoder import DirectDecoder
 from pagedkv.engine.engine_setup import build_engine_parts
+from pagedkv.engine.llm_inputs import prompt_item
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampling_params import SamplingParams
@@ -55,10 +56,18 @@ class LLMEngine:
         return cls(**kwargs)
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt: Optional[str],
+    def add_request(self, request_id: str, prompt: Union[str, List[int], Dict[str, Any], None],
                     params: Optional[SamplingParams] = None,
-                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
-                    arrival_time: Optional[float] = None) -> None:
+                    arrival_time: Optional[float] = None, *,
+                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0) -> None:
+        """vLLM's signature: ``prompt`` is text, a list of token ids, or a dict with "prompt"
+        and / or "prompt_token_ids" (TextPrompt / TokensPrompt); ``prompt_token_ids=`` is the
+        older keyword and wins over what ``prompt`` holds."""
+        if prompt is not None and not isinstance(prompt, str):
+            item = prompt_item(prompt, "prompt")
+            prompt = item.get("prompt")
+            if prompt_token_ids is None:
+                prompt_token_ids = item.get("prompt_token_ids")
         params = params if params is not None else SamplingParams()
         priority = self._check_priority(priority)
         self._check_logprobs(params)
@@ -79,6 +88,15 @@ class LLMEngine:
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("prompt must not be empty (it encodes to no tokens)")
+        max_len = self.model_config.max_model_len
+        keep = params.truncate_prompt_tokens
+        if keep is not None:
+            if keep > max_len:
+                raise ValueError(f"truncate_prompt_tokens value ({keep}) is greater than "
+                                 f"max_model_len ({max_len}). Please, select a smaller "
+                                 "truncation size.")
+            # -1: all the model takes, which here leaves room for one generated token.
+            ids = ids[-(max_len - 1 if keep == -1 else keep):]
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got "
@@ -91,7 +109,6 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"{name} must be in [0, {vocab}) (the vocabulary size), "
                                  f"got out-of-vocab id(s) {bad}")
-        max_len = self.model_config.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"prompt is {len(ids)} tokens long, which does not leave room for "
                              f"one generated token within max_model_len={max_len}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -61,6 +61,7 @@ class RequestState:
     # Derived from params once (params do not change after add_request); the per-step loops
     # read these for every sequence of the batch.
     final_only: bool = field(init=False)  # no output until the request finishes
+    delta: bool = field(init=False)  # outputs carry only what is new (RequestOutputKind.DELTA)
     # Text is built token by token when someone can see it before the end (streaming) or stop
     # strings must be watched; otherwise it is decoded once at the end.
     incremental_text: bool = field(init=False)
@@ -73,10 +74,16 @@ class RequestState:
     _shown: Dict[int, CompletionOutput] = field(default_factory=dict, init=False, repr=False)
     # The outputs' copy of the prompt ids: made once, not at every streamed step.
     _prompt_shown: Optional[List[int]] = field(default=None, init=False, repr=False)
+    # DELTA: per sample (by SeqState.index), how much was sent already: characters of text,
+    # token ids, logprob entries, and whether its finish was reported.
+    _sent: Dict[int, Tuple[int, int, int, bool]] = field(default_factory=dict, init=False,
+                                                        repr=False)
+    _prompt_logprobs_sent: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         p = self.params
         self.final_only = p.output_kind == "final_only"
+        self.delta = p.output_kind == "delta"
         self.incremental_text = bool(p.detokenize and (p.stop or not self.final_only))
         self.plain_greedy = (p.sampling_type_greedy and p.logprobs is None
                              and p.prompt_logprobs is None and p.best_of == p.n
@@ -165,23 +172,47 @@ class RequestState:
             finish_reason=s.finish_reason, stop_reason=s.stop_reason)
         return c
 
+    def _delta(self, s: SeqState, index: int, want_logprob: bool) -> Optional[CompletionOutput]:
+        """DELTA: what the sample added since its last output (None when nothing, not even
+        its finish, is new). cumulative_logprob stays cumulative, as in vLLM."""
+        text = self._visible_text(s)
+        n_text, n_tok, n_lp, told_finish = self._sent.get(s.index, (0, 0, 0, False))
+        lps = s.logprobs
+        if (len(text) == n_text and len(s.token_ids) == n_tok
+                and (s.finish_reason is None or told_finish)):
+            return None
+        self._sent[s.index] = (len(text), len(s.token_ids), len(lps) if lps is not None else 0,
+                               s.finish_reason is not None)
+        return CompletionOutput(
+            index=index, text=text[n_text:], token_ids=s.token_ids[n_tok:],
+            cumulative_logprob=s.cumulative_logprob if want_logprob else None,
+            logprobs=lps[n_lp:] if lps is not None else None,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+
     def to_output(self) -> RequestOutput:
         finished = self.finished
         seqs = self.seqs
         want_logprob = self.params.logprobs is not None or self.params.best_of > self.params.n
         if finished and self.params.best_of > self.params.n:
             seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[:self.params.n]
-        outs = [self._completion(s, i if len(seqs) < len(self.seqs) else s.index, want_logprob)
-                for i, s in enumerate(seqs)]
+        if self.delta:
+            outs = [c for c in (self._delta(s, i if len(seqs) < len(self.seqs) else s.index,
+                                            want_logprob) for i, s in enumerate(seqs))
+                    if c is not None]
+        else:
+            outs = [self._completion(s, i if len(seqs) < len(self.seqs) else s.index,
+                                     want_logprob) for i, s in enumerate(seqs)]
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.time()
         if self._prompt_shown is None:
             self._prompt_shown = list(self.prompt_token_ids)
+        prompt_logprobs = (list(self.prompt_logprobs) if self.prompt_logprobs is not None
+                           and not self._prompt_logprobs_sent else None)
+        self._prompt_logprobs_sent = self.delta  # DELTA sends them once, with the first output
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt,
             prompt_token_ids=self._prompt_shown,
-            prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None
-            else None,
+            prompt_logprobs=prompt_logprobs,
             # A snapshot: the engine goes on updating the request's metrics after this output
             # is handed out, and an output must keep describing the step that made it.
             outputs=outs, finished=finished, metrics=dataclasses.replace(self.metrics),
