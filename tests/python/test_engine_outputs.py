@@ -205,3 +205,14 @@ def test_delta_outputs_add_up_to_the_cumulative_ones(llm: LLM, n: int) -> None:
         assert all(c.finish_reason is None for c in parts[:-1])
         assert parts[-1].cumulative_logprob == pytest.approx(final[i].cumulative_logprob)
     assert_no_leak(llm)
+
+
+def test_chat_template_kwargs_reach_the_template(llm: LLM) -> None:
+    template = "{{ greeting }}{% for m in messages %}|{{ m['content'] }}{% endfor %}"
+    msgs = [{"role": "user", "content": "Hi"}]
+    params = SamplingParams(temperature=0, max_tokens=1)
+    out = llm.chat(msgs, params, use_tqdm=False, chat_template=template,
+                   chat_template_kwargs={"greeting": "Hello"})[0]
+    assert out.prompt == "Hello|Hi"
+    assert llm.llm_engine.get_tokenizer() is llm.get_tokenizer()
+    assert_no_leak(llm)

@@ -191,3 +191,15 @@ def test_spaces_between_special_tokens(spaces: bool) -> None:
         detok = IncrementalDetokenizer(decoder, False, spaces)
         text = "".join(detok.append([t]) for t in ids) + detok.flush()
         assert text == want, decoder
+
+
+def test_tokenizer_offers_the_hf_api_vllm_code_uses(tok: Tokenizer, hf_tok) -> None:
+    # LLM.get_tokenizer() returns this wrapper; vLLM returns the HF tokenizer, so code written
+    # for vLLM calls HF's API on it.
+    text = "Hello, world!"
+    assert tok(text).input_ids == hf_tok(text).input_ids
+    assert tok.convert_tokens_to_ids("<|im_end|>") == hf_tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.batch_decode([[1, 2], [28120]]) == hf_tok.batch_decode([[1, 2], [28120]])
+    assert tok.eos_token == hf_tok.eos_token and tok.get_vocab() == hf_tok.get_vocab()
+    with pytest.raises(AttributeError):
+        tok.no_such_attribute  # noqa: B018

@@ -55,6 +55,10 @@ class LLMEngine:
     def from_engine_args(cls, **kwargs: Any) -> LLMEngine:
         return cls(**kwargs)
 
+    def get_tokenizer(self) -> Any:
+        """The tokenizer (vLLM's LLMEngine.get_tokenizer); None with skip_tokenizer_init."""
+        return self.tokenizer
+
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: Union[str, List[int], Dict[str, Any], None],
                     params: Optional[SamplingParams] = None,

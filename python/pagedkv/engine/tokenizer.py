@@ -142,3 +142,15 @@ class Tokenizer:
 
     def __len__(self) -> int:
         return self.vocab_size
+
+    # ------------------------------------------------------------------ the rest of HF's API
+    # LLM.get_tokenizer() hands this object to vLLM code, which uses the HF tokenizer's API
+    # (tokenizer(text).input_ids, convert_tokens_to_ids, batch_decode, eos_token, get_vocab):
+    # what this wrapper does not define comes from the HF tokenizer.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.hf(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "hf":  # no recursion before __init__ set hf
+            raise AttributeError(name)
+        return getattr(self.hf, name)
