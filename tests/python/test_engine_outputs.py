@@ -216,3 +216,29 @@ def test_chat_template_kwargs_reach_the_template(llm: LLM) -> None:
     assert out.prompt == "Hello|Hi"
     assert llm.llm_engine.get_tokenizer() is llm.get_tokenizer()
     assert_no_leak(llm)
+
+
+def test_allowed_token_ids_restrict_sampling(llm: LLM) -> None:
+    prompt = "The capital of France is"
+    allowed = [30, 284, 3575]  # ".", " and", " capital": never the unrestricted first token
+    free = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, logprobs=20),
+                        use_tqdm=False)[0].outputs[0]
+    assert free.token_ids[0] not in allowed
+    for params in (SamplingParams(temperature=0, max_tokens=6, allowed_token_ids=allowed),
+                   SamplingParams(temperature=1.0, seed=3, max_tokens=6,
+                                  allowed_token_ids=allowed),
+                   SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6,
+                                  allowed_token_ids=allowed)):
+        for c in llm.generate(prompt, params, use_tqdm=False)[0].outputs:
+            assert c.token_ids and set(c.token_ids) <= set(allowed), (params, c.token_ids)
+    # Greedy picks the most likely allowed token (the raw logprobs rank them).
+    first = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1,
+                                                allowed_token_ids=allowed),
+                         use_tqdm=False)[0].outputs[0].token_ids[0]
+    ranked = {t: lp.logprob for t, lp in free.logprobs[0].items() if t in allowed}
+    assert not ranked or first == max(ranked, key=ranked.__getitem__)
+    with pytest.raises(ValueError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=[])
+    with pytest.raises(ValueError, match="allowed_token_ids must be in"):
+        llm.generate(prompt, SamplingParams(allowed_token_ids=[10**6]), use_tqdm=False)
+    assert_no_leak(llm)

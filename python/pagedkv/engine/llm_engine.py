@@ -108,7 +108,8 @@ class LLMEngine:
         # As vLLM: such an id can never be sampled, and banning stop ids before min_tokens (or
         # adding a bias) indexes the logits with it, inside a step.
         for name, given in (("stop_token_ids", params.stop_token_ids),
-                            ("logit_bias", params.logit_bias)):
+                            ("logit_bias", params.logit_bias),
+                            ("allowed_token_ids", params.allowed_token_ids)):
             bad = [t for t in given or () if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{name} must be in [0, {vocab}) (the vocabulary size), "

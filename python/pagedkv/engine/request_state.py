@@ -88,7 +88,8 @@ class RequestState:
         self.plain_greedy = (p.sampling_type_greedy and p.logprobs is None
                              and p.prompt_logprobs is None and p.best_of == p.n
                              and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-                             and p.frequency_penalty == 0.0 and not p.logit_bias)
+                             and p.frequency_penalty == 0.0 and not p.logit_bias
+                             and p.allowed_token_ids is None)
         self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
 
     @property

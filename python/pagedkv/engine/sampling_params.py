@@ -76,6 +76,8 @@ class SamplingParams:
     # Keep only the last k prompt tokens (vLLM's left truncation); -1: as many as the model
     # takes (max_model_len - 1, leaving room for one generated token); None: no truncation.
     truncate_prompt_tokens: Optional[int] = None
+    # Only these token ids can be sampled (vLLM's allowed_token_ids); None: any.
+    allowed_token_ids: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
         if self.top_k is None:
@@ -88,6 +90,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop) if self.stop is not None else []
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
         if self.top_k == -1:
             self.top_k = 0  # vLLM spells "off" as -1 (older) or 0 (newer); keep one spelling
         self._verify()
@@ -124,10 +128,11 @@ class SamplingParams:
         if stop is not None and not isinstance(stop, str) and not (
                 isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop)):
             raise _type_error("stop", "a string or a list of strings", stop)
-        ids = self.stop_token_ids
-        if ids is not None and not (isinstance(ids, (list, tuple))
-                                    and all(_is_int(t) for t in ids)):
-            raise _type_error("stop_token_ids", "a list of integer token ids", ids)
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and not (isinstance(ids, (list, tuple))
+                                        and all(_is_int(t) for t in ids)):
+                raise _type_error(name, "a list of integer token ids", ids)
         if not isinstance(self.output_kind, str):
             raise _type_error("output_kind", "a RequestOutputKind or a string",
                               self.output_kind)
@@ -175,6 +180,9 @@ class SamplingParams:
                       "rule); set detokenize=True to use stop")
         if any(t < 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
             raise bad("stop_token_ids", "must be non-negative token ids")
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids or any(t < 0 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
         try:
             self.output_kind = RequestOutputKind(self.output_kind)
         except ValueError:
