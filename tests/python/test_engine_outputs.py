@@ -242,3 +242,33 @@ def test_allowed_token_ids_restrict_sampling(llm: LLM) -> None:
     with pytest.raises(ValueError, match="allowed_token_ids must be in"):
         llm.generate(prompt, SamplingParams(allowed_token_ids=[10**6]), use_tqdm=False)
     assert_no_leak(llm)
+
+
+def _contains(seq: list, sub: list) -> bool:
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def test_bad_words_are_never_generated(llm: LLM) -> None:
+    from pagedkv.engine.request_state import tokenize_bad_words
+
+    prompt = "The capital of France is"
+    greedy = dict(temperature=0, max_tokens=12, ignore_eos=True)
+    free = llm.generate(prompt, SamplingParams(**greedy), use_tqdm=False)[0].outputs[0]
+    assert "Paris" in free.text and "answer is" in free.text  # " Paris.\n\nThe answer is: ..."
+    words = ["Paris", "answer is"]  # one token, and a two-token word (" answer", " is")
+    encode = llm.get_tokenizer().encode
+    ids = tokenize_bad_words(words, lambda t: encode(t, add_special_tokens=False))
+    # Both spellings: at the text's start and after a space (vLLM's rule).
+    assert encode(" answer is", add_special_tokens=False) in ids
+    assert encode("answer is", add_special_tokens=False) in ids
+    assert encode(" Paris", add_special_tokens=False) in ids
+    for params in (SamplingParams(bad_words=words, **greedy),
+                   SamplingParams(bad_words=words, n=2, temperature=1.0, seed=1, top_k=3,
+                                  max_tokens=12, ignore_eos=True)):
+        for c in llm.generate(prompt, params, use_tqdm=False)[0].outputs:
+            assert not any(_contains(c.token_ids, w) for w in ids), (c.text, c.token_ids)
+            if params.temperature == 0:
+                assert "Paris" not in c.text and "answer is" not in c.text
+    with pytest.raises(TypeError, match="bad_words"):
+        SamplingParams(bad_words="Paris")
+    assert_no_leak(llm)

@@ -23,7 +23,7 @@ from pagedkv.engine.direct_decoder import DirectDecoder
 from pagedkv.engine.engine_setup import build_engine_parts
 from pagedkv.engine.llm_inputs import prompt_item
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
-from pagedkv.engine.request_state import RequestState, SeqState
+from pagedkv.engine.request_state import RequestState, SeqState, tokenize_bad_words
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.engine.step_sampling import StepSampling
 
@@ -78,6 +78,8 @@ class LLMEngine:
         if self.tokenizer is None:
             if params.stop:
                 raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
+            if params.bad_words:
+                raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True)")
             if params.detokenize:
                 params = params.clone()
                 params.detokenize = False
@@ -120,9 +122,18 @@ class LLMEngine:
         max_tokens = max_len - len(ids)
         if params.max_tokens is not None:
             max_tokens = min(params.max_tokens, max_tokens)
+        bad_words: List[List[int]] = []
+        if params.bad_words:
+            tok = self.tokenizer
+            bad_words = tokenize_bad_words(
+                params.bad_words, lambda text: tok.encode(text, add_special_tokens=False))
+            wrong = sorted({t for w in bad_words for t in w if not 0 <= t < vocab})
+            if wrong:
+                raise ValueError(f"bad_words encode to token ids outside the model's "
+                                 f"vocabulary [0, {vocab}): {wrong}")
         req = RequestState(request_id, prompt, ids, params,
                            RequestMetrics(arrival_time or time.time()), max_tokens,
-                           self.eos_token_ids)
+                           self.eos_token_ids, bad_words)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         for i in range(params.best_of):  # type: ignore[arg-type]

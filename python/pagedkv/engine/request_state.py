@@ -44,6 +44,21 @@ class SeqState:
         return self.finish_reason is not None
 
 
+def tokenize_bad_words(words: List[str], encode: Any) -> List[List[int]]:
+    """vLLM's tokenization of bad words: each word stripped on the left, as the text's start,
+    and after a space when that gives a different first token but as many tokens."""
+    out: List[List[int]] = []
+    for word in words:
+        bare = encode(word.lstrip())
+        if not bare:
+            continue  # nothing to ban (an empty or blank word)
+        out.append(bare)
+        spaced = encode(" " + word.lstrip())
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return out
+
+
 @dataclass
 class RequestState:
     request_id: str
@@ -53,6 +68,8 @@ class RequestState:
     metrics: RequestMetrics
     max_tokens: int  # after clamping to max_model_len
     eos_token_ids: List[int]
+    # SamplingParams.bad_words as token id sequences (tokenize_bad_words builds them).
+    bad_words_token_ids: List[List[int]] = field(default_factory=list)
     seqs: List[SeqState] = field(default_factory=list)
     prompt_logprobs: Optional[PromptLogprobs] = None
     forked: bool = False  # the n > 1 samples exist in the scheduler (or finished at once)
@@ -89,7 +106,8 @@ class RequestState:
                              and p.prompt_logprobs is None and p.best_of == p.n
                              and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
                              and p.frequency_penalty == 0.0 and not p.logit_bias
-                             and p.allowed_token_ids is None)
+                             and p.allowed_token_ids is None
+                             and not self.bad_words_token_ids)
         self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
 
     @property
@@ -115,12 +133,19 @@ class RequestState:
         return "length" if num_tokens >= self.max_tokens else None
 
     def banned_tokens(self, seq: SeqState) -> List[int]:
-        """EOS and stop ids cannot be sampled before min_tokens (as vLLM's logits processor)."""
-        if len(seq.token_ids) >= self.params.min_tokens:
-            return []
-        banned = list(self.params.stop_token_ids or [])
-        if not self.params.ignore_eos:
-            banned += self.eos_token_ids
+        """EOS and stop ids cannot be sampled before min_tokens (as vLLM's logits processor);
+        nor the last token of a bad word whose other tokens end the output (vLLM matches the
+        output only, not the prompt)."""
+        out = seq.token_ids
+        banned: List[int] = []
+        if len(out) < self.params.min_tokens:
+            banned += self.params.stop_token_ids or []
+            if not self.params.ignore_eos:
+                banned += self.eos_token_ids
+        for word in self.bad_words_token_ids:
+            k = len(word) - 1
+            if k == 0 or (len(out) >= k and out[len(out) - k:] == word[:k]):
+                banned.append(word[-1])
         return banned
 
     def finish_by_scheduler(self, seq: SeqState) -> None:
