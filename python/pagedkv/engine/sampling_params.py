@@ -69,7 +69,7 @@ class SamplingParams:
     # CUMULATIVE: an output every step (streaming); DELTA: an output every step with only the
     # new text / token ids / logprobs; FINAL_ONLY: only when finished (LLM.generate uses it,
     # which also lets the engine decode the text once at the end). Strings are accepted.
-    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    output_kind: Union[RequestOutputKind, str] = RequestOutputKind.CUMULATIVE
     # token id -> value added to its logit before sampling (vLLM's logit_bias; the OpenAI
     # server clamps values to [-100, 100] as OpenAI does, this class takes them as given).
     logit_bias: Optional[Dict[int, float]] = None
@@ -78,6 +78,10 @@ class SamplingParams:
     truncate_prompt_tokens: Optional[int] = None
     # Only these token ids can be sampled (vLLM's allowed_token_ids); None: any.
     allowed_token_ids: Optional[List[int]] = None
+    # Words that must not be generated (vLLM's bad_words): each is tokenized as at the start of
+    # the text and after a space; the last token of such a sequence is banned whenever the
+    # output ends with the others.
+    bad_words: Optional[List[str]] = None
 
     def __post_init__(self) -> None:
         if self.top_k is None:
@@ -92,6 +96,8 @@ class SamplingParams:
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
         if self.top_k == -1:
             self.top_k = 0  # vLLM spells "off" as -1 (older) or 0 (newer); keep one spelling
         self._verify()
@@ -133,6 +139,10 @@ class SamplingParams:
             if ids is not None and not (isinstance(ids, (list, tuple))
                                         and all(_is_int(t) for t in ids)):
                 raise _type_error(name, "a list of integer token ids", ids)
+        words = self.bad_words
+        if words is not None and not (isinstance(words, (list, tuple))
+                                      and all(isinstance(w, str) for w in words)):
+            raise _type_error("bad_words", "a list of strings", words)
         if not isinstance(self.output_kind, str):
             raise _type_error("output_kind", "a RequestOutputKind or a string",
                               self.output_kind)
