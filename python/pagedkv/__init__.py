@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run
     from pagedkv.engine.llm import LLM
     from pagedkv.engine.llm_engine import LLMEngine
     from pagedkv.engine.outputs import CompletionOutput, RequestOutput
-    from pagedkv.engine.sampling_params import SamplingParams
+    from pagedkv.engine.sampling_params import RequestOutputKind, SamplingParams
 
 __all__ = [
     "__version__",
@@ -37,6 +37,7 @@ __all__ = [
     "StepPlan",
     "LLM",
     "SamplingParams",
+    "RequestOutputKind",
     "RequestOutput",
     "CompletionOutput",
     "LLMEngine",
@@ -54,6 +55,7 @@ _LAZY = {
     "StepPlan": "pagedkv._C",
     "LLM": "pagedkv.engine.llm",
     "SamplingParams": "pagedkv.engine.sampling_params",
+    "RequestOutputKind": "pagedkv.engine.sampling_params",
     "RequestOutput": "pagedkv.engine.outputs",
     "CompletionOutput": "pagedkv.engine.outputs",
     "LLMEngine": "pagedkv.engine.llm_engine",

@@ -156,3 +156,50 @@ def test_stop_string_helpers_match_brute_force() -> None:
                             and text.endswith(s[:n])], default=0)
     assert truncate_at_stop("Hello world. Bye", 16, [". B", "wor"]) == ("Hello ", "wor")
     assert truncate_at_stop("Hello", 5, ["x"]) == ("Hello", None)
+
+
+def _wordpiece() -> Tokenizer:
+    """A tiny WordPiece tokenizer: its decoder joins tokens with spaces, special ones too
+    ("[CLS] [SEP] hellos"), which is what spaces_between_special_tokens=False removes."""
+    tokenizers = need("tokenizers")
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "hello": 3, "world": 4, "##s": 5}
+    rust = tokenizers.Tokenizer(tokenizers.models.WordPiece(vocab, unk_token="[UNK]"))
+    rust.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    rust.decoder = tokenizers.decoders.WordPiece()
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=rust, unk_token="[UNK]",
+                                              cls_token="[CLS]", sep_token="[SEP]")
+    return Tokenizer(hf)
+
+
+@pytest.mark.parametrize("spaces", [True, False])
+def test_spaces_between_special_tokens(spaces: bool) -> None:
+    # vLLM (FastIncrementalDetokenizer): False emits an added token that follows another
+    # added token as its bare content; True keeps the decoder's output; skipped specials are
+    # gone either way. Same through Tokenizer.decode, the engine's DirectDecoder and the
+    # incremental detokenizer.
+    from pagedkv.engine.direct_decoder import DirectDecoder
+
+    tok = _wordpiece()
+    ids = [1, 2, 3, 5, 4, 2, 1, 2]
+    want = ("[CLS] [SEP] hellos world [SEP] [CLS] [SEP]" if spaces
+            else "[CLS][SEP] hellos world [SEP][CLS][SEP]")
+    assert tok.decode(ids, False, spaces) == want
+    direct = DirectDecoder(tok)
+    assert direct.decode(ids, False, spaces) == want
+    assert direct.decode(ids, True, spaces) == "hellos world"
+    for decoder in (tok, direct):
+        detok = IncrementalDetokenizer(decoder, False, spaces)
+        text = "".join(detok.append([t]) for t in ids) + detok.flush()
+        assert text == want, decoder
+
+
+def test_tokenizer_offers_the_hf_api_vllm_code_uses(tok: Tokenizer, hf_tok) -> None:
+    # LLM.get_tokenizer() returns this wrapper; vLLM returns the HF tokenizer, so code written
+    # for vLLM calls HF's API on it.
+    text = "Hello, world!"
+    assert tok(text).input_ids == hf_tok(text).input_ids
+    assert tok.convert_tokens_to_ids("<|im_end|>") == hf_tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.batch_decode([[1, 2], [28120]]) == hf_tok.batch_decode([[1, 2], [28120]])
+    assert tok.eos_token == hf_tok.eos_token and tok.get_vocab() == hf_tok.get_vocab()
+    with pytest.raises(AttributeError):
+        tok.no_such_attribute  # noqa: B018

@@ -93,3 +93,70 @@ def test_forks_under_memory_pressure_leak_nothing() -> None:
     assert not s.has_unfinished_requests()
     assert len(forked) >= 3
     assert s.num_free_blocks == 30
+
+
+class _EmptyPlanWatch:
+    """The scheduler, with every plan of zero sequences checked as it is made: such a plan makes
+    LLMEngine.step() return at once, so it must carry no cache work (swaps, copies) and no
+    preemption. Delegates everything else to the scheduler."""
+
+    def __init__(self, sched) -> None:
+        self._s = sched
+        self.empty_plans = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._s, name)
+
+    def schedule(self):
+        plan = self._s.schedule()
+        if plan.num_seqs == 0:
+            self.empty_plans += 1
+            work = {"swap_out": len(plan.blocks_to_swap_out),
+                    "swap_in": len(plan.blocks_to_swap_in),
+                    "copy": len(plan.blocks_to_copy), "preempted": len(plan.preempted_ids)}
+            assert not any(work.values()), f"a plan of 0 sequences carries {work}"
+        return plan
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("seed", range(6))
+def test_empty_plan_carries_no_block_work(mode: str, seed: int) -> None:
+    # Tight caches, few seats, priorities (preempt_for_priority may empty `running`), forks
+    # sharing blocks (copy-on-write, swap-out of shared blocks) and aborts.
+    rng = random.Random(seed * 104729 + (mode == "swap"))
+    bs = rng.choice([1, 2, 4])
+    cfg = SchedulerConfig(
+        num_blocks=24 // bs + rng.randint(0, 3), block_size=bs,
+        max_num_seqs=rng.choice([1, 2, 4] if seed < 4 else [4, 8]),
+        max_num_batched_tokens=rng.choice([8, 16, 32]) if seed % 3 != 2 else 24,
+        enable_chunked_prefill=seed % 3 != 2,
+        enable_prefix_caching=seed % 2 == 0, num_cpu_blocks=rng.choice([4, 64]),
+        preemption_mode=mode, policy="priority" if seed < 4 else "fcfs", max_model_len=24)
+    watch = _EmptyPlanWatch(Scheduler(cfg))
+    d = Driver(watch, seed=seed, eos=3, eos_rate=0.03)
+    forked: set = set()
+    for step in range(400):
+        if rng.random() < 0.4:
+            n = rng.randint(1, 14)
+            prompt = [rng.randrange(10, 30000) for _ in range(n)]
+            d.add(f"r{step}", prompt, rng.randint(1, 24 - n),
+                  priority=rng.randint(0, 3) if cfg.policy == "priority" else 0)
+        if rng.random() < 0.03 and d.tokens:
+            d.abort(rng.choice(sorted(d.tokens)))
+        d.step()
+        for rid in list(d.tokens):  # fork some requests right after their prompt completes
+            if (rid.startswith("r") and rid not in forked and rng.random() < 0.5
+                    and watch.get_num_generated(rid) == 1
+                    and len(d.tokens[rid]) == d.prompt_len[rid] + 1):
+                forked.add(rid)
+                child, first = "c" + rid, rng.randrange(10, 30000)
+                try:
+                    if not watch.fork(rid, child, first):
+                        d.tokens[child] = d.tokens[rid][:-1] + [first]
+                        d.prompt_len[child] = d.prompt_len[rid]
+                        d.params[child] = d.params[rid]
+                except ValueError:
+                    pass  # preempted and re-prefilling: not forkable
+    d.run_to_end()
+    assert watch.num_preemptions > 0, "trace too easy"
+    assert watch.num_free_blocks == cfg.num_blocks

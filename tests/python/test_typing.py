@@ -45,7 +45,10 @@ def test_mypy_sees_the_stubs_and_lazy_exports(tmp_path: Path) -> None:
         "reveal_type(pagedkv.BlockAllocator)\n"
         "reveal_type(pagedkv.PagedAttention)\n"
         "reveal_type(pagedkv.SamplingParams)\n"
-        "reveal_type(ops.paged_attention_v1)\n")
+        "reveal_type(ops.paged_attention_v1)\n"
+        # vLLM code passes output kinds as the enum or as its strings
+        "kinds = [pagedkv.SamplingParams(output_kind='final_only'),\n"
+        "         pagedkv.SamplingParams(output_kind=pagedkv.RequestOutputKind.DELTA)]\n")
     # Run from tmp_path so that the installed package (not a source checkout) is checked.
     proc = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental",
                            "--cache-dir", str(tmp_path / "cache"), str(snippet)],

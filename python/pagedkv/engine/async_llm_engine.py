@@ -205,7 +205,7 @@ class AsyncLLMEngine:
     async def add_request(
         self,
         request_id: str,
-        prompt: Union[str, Sequence[int], None],
+        prompt: Union[str, Sequence[int], Dict[str, Any], None],
         sampling_params: Any,
         *,
         prompt_token_ids: Optional[Sequence[int]] = None,
@@ -217,7 +217,7 @@ class AsyncLLMEngine:
         anything is streamed, so a server can still answer 400. ``prompt`` may be text or a
         list of token ids.
         """
-        if prompt is not None and not isinstance(prompt, str):
+        if prompt is not None and not isinstance(prompt, (str, dict)):
             prompt, prompt_token_ids = None, list(prompt)
         self.check_health()
         stream = RequestStream(self, request_id, asyncio.get_running_loop())

@@ -9,7 +9,7 @@ The emitted deltas add up to ``tokenizer.decode(all ids)``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Optional
 
 _UNFINISHED = "\ufffd"
@@ -20,16 +20,21 @@ class IncrementalDetokenizer:
     ``flush()`` at the end -> whatever was held back (an unfinished character decodes to
     "\\ufffd" there, as in a full decode)."""
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
         self.token_ids: list[int] = []
         self.output_text = ""
         self.prefix_offset = 0  # window start: context that fixes spacing of the next token
         self.read_offset = 0  # tokens before this are already in output_text
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        if self.spaces_between_special_tokens:  # the default: the tokenizer's own decode
+            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     spaces_between_special_tokens=False)
 
     def _delta(self, final: bool) -> str:
         ids = self.token_ids
@@ -56,6 +61,31 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         return self._delta(final=True)
+
+
+def join_added_tokens(decode: Callable[[list[int]], str], ids: Sequence[int],
+                      added_ids: Collection[int]) -> str:
+    """``decode(ids)`` without the separator a decoder puts between two consecutive added
+    (special) tokens: vLLM's ``spaces_between_special_tokens=False`` for fast tokenizers, where
+    such a token right after another is emitted as its bare content. WordPiece decodes
+    [CLS] [SEP] as "[CLS] [SEP]"; this gives "[CLS][SEP]". The ids are decoded in runs cut
+    between such pairs, so every other token keeps the decoder's spacing."""
+    ids = list(ids)
+    cuts = [i for i in range(1, len(ids)) if ids[i] in added_ids and ids[i - 1] in added_ids]
+    if not cuts:
+        return decode(ids)
+    bounds = [0, *cuts, len(ids)]
+    return "".join(decode(ids[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+def added_token_ids(hf_tokenizer: Any) -> frozenset[int]:
+    """Ids of the tokenizer's added tokens (special or not), as vLLM's detokenizer takes them."""
+    table = getattr(hf_tokenizer, "added_tokens_decoder", None)
+    if table is None:
+        rust = getattr(hf_tokenizer, "_tokenizer", hf_tokenizer)
+        getter = getattr(rust, "get_added_tokens_decoder", None)
+        table = getter() if getter is not None else {}
+    return frozenset(int(t) for t in table)
 
 
 def find_stop_string(text: str, new_chars: int, stop: Sequence[str],

@@ -91,10 +91,18 @@ class LLM:
     def chat(self, messages: Union[List[Message], Sequence[List[Message]]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
              use_tqdm: bool = True, chat_template: Optional[str] = None,
-             add_generation_prompt: bool = True, **template_kwargs: Any) -> List[RequestOutput]:
+             add_generation_prompt: bool = True,
+             chat_template_kwargs: Optional[Dict[str, Any]] = None,
+             **template_kwargs: Any) -> List[RequestOutput]:
         """Formats each conversation with the model's chat template, then generates.
         ``messages`` is one conversation, a list of {"role": str, "content": str} dicts, or a
-        list of such conversations."""
+        list of such conversations. ``chat_template_kwargs`` (vLLM's name) and any other
+        keyword (continue_final_message=True, ...) become variables of the template."""
+        if chat_template_kwargs is not None:
+            if not isinstance(chat_template_kwargs, dict):
+                raise TypeError("chat_template_kwargs must be a dict, got "
+                                f"{type(chat_template_kwargs).__name__}")
+            template_kwargs = {**chat_template_kwargs, **template_kwargs}
         convs = normalise_conversations(messages)
         tok = self.llm_engine.tokenizer
         if tok is None:

@@ -21,8 +21,9 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.direct_decoder import DirectDecoder
 from pagedkv.engine.engine_setup import build_engine_parts
+from pagedkv.engine.llm_inputs import prompt_item
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
-from pagedkv.engine.request_state import RequestState, SeqState
+from pagedkv.engine.request_state import RequestState, SeqState, tokenize_bad_words
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.engine.step_sampling import StepSampling
 
@@ -54,17 +55,31 @@ class LLMEngine:
     def from_engine_args(cls, **kwargs: Any) -> LLMEngine:
         return cls(**kwargs)
 
+    def get_tokenizer(self) -> Any:
+        """The tokenizer (vLLM's LLMEngine.get_tokenizer); None with skip_tokenizer_init."""
+        return self.tokenizer
+
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt: Optional[str],
+    def add_request(self, request_id: str, prompt: Union[str, List[int], Dict[str, Any], None],
                     params: Optional[SamplingParams] = None,
-                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
-                    arrival_time: Optional[float] = None) -> None:
+                    arrival_time: Optional[float] = None, *,
+                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0) -> None:
+        """vLLM's signature: ``prompt`` is text, a list of token ids, or a dict with "prompt"
+        and / or "prompt_token_ids" (TextPrompt / TokensPrompt); ``prompt_token_ids=`` is the
+        older keyword and wins over what ``prompt`` holds."""
+        if prompt is not None and not isinstance(prompt, str):
+            item = prompt_item(prompt, "prompt")
+            prompt = item.get("prompt")
+            if prompt_token_ids is None:
+                prompt_token_ids = item.get("prompt_token_ids")
         params = params if params is not None else SamplingParams()
         priority = self._check_priority(priority)
         self._check_logprobs(params)
         if self.tokenizer is None:
             if params.stop:
                 raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
+            if params.bad_words:
+                raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True)")
             if params.detokenize:
                 params = params.clone()
                 params.detokenize = False
@@ -79,6 +94,15 @@ class LLMEngine:
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("prompt must not be empty (it encodes to no tokens)")
+        max_len = self.model_config.max_model_len
+        keep = params.truncate_prompt_tokens
+        if keep is not None:
+            if keep > max_len:
+                raise ValueError(f"truncate_prompt_tokens value ({keep}) is greater than "
+                                 f"max_model_len ({max_len}). Please, select a smaller "
+                                 "truncation size.")
+            # -1: all the model takes, which here leaves room for one generated token.
+            ids = ids[-(max_len - 1 if keep == -1 else keep):]
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got "
@@ -86,21 +110,30 @@ class LLMEngine:
         # As vLLM: such an id can never be sampled, and banning stop ids before min_tokens (or
         # adding a bias) indexes the logits with it, inside a step.
         for name, given in (("stop_token_ids", params.stop_token_ids),
-                            ("logit_bias", params.logit_bias)):
+                            ("logit_bias", params.logit_bias),
+                            ("allowed_token_ids", params.allowed_token_ids)):
             bad = [t for t in given or () if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"{name} must be in [0, {vocab}) (the vocabulary size), "
                                  f"got out-of-vocab id(s) {bad}")
-        max_len = self.model_config.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"prompt is {len(ids)} tokens long, which does not leave room for "
                              f"one generated token within max_model_len={max_len}")
         max_tokens = max_len - len(ids)
         if params.max_tokens is not None:
             max_tokens = min(params.max_tokens, max_tokens)
+        bad_words: List[List[int]] = []
+        if params.bad_words:
+            tok = self.tokenizer
+            bad_words = tokenize_bad_words(
+                params.bad_words, lambda text: tok.encode(text, add_special_tokens=False))
+            wrong = sorted({t for w in bad_words for t in w if not 0 <= t < vocab})
+            if wrong:
+                raise ValueError(f"bad_words encode to token ids outside the model's "
+                                 f"vocabulary [0, {vocab}): {wrong}")
         req = RequestState(request_id, prompt, ids, params,
                            RequestMetrics(arrival_time or time.time()), max_tokens,
-                           self.eos_token_ids)
+                           self.eos_token_ids, bad_words)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         for i in range(params.best_of):  # type: ignore[arg-type]
@@ -181,6 +214,13 @@ class LLMEngine:
             self._fail_step(self._failed_plan)
         plan = self.scheduler.schedule()
         if int(plan.num_seqs) == 0:
+            # Nothing to run, but the plan's cache work must still happen: a swap-out left
+            # undone loses the swapped sequence's KV (the next schedule() forgets the list).
+            # The scheduler does not emit such a plan today (see test_scheduler's
+            # test_empty_plan_carries_no_block_work); this keeps the engine correct if it does.
+            if (len(plan.blocks_to_swap_out) or len(plan.blocks_to_swap_in)
+                    or len(plan.blocks_to_copy)):
+                self.runner.apply_block_ops(plan)
             return []
         self._step_entries, self._plan_applied = [], False
         try:
@@ -238,9 +278,15 @@ class LLMEngine:
         now = time.time()  # one clock read per step: its tokens all arrive together
         owner = self.seq_owner
         entries = self._step_entries = [owner[sid] for sid in list(plan.request_ids)[:n]]
-        for req, _ in entries:
+        context_lens = None
+        for i, (req, _) in enumerate(entries):
             if req.metrics.first_scheduled_time is None:
                 req.metrics.first_scheduled_time = now
+                # What the first step did not compute came from the prefix cache (vLLM's
+                # num_cached_tokens, set once, at the first scheduling).
+                if context_lens is None:
+                    context_lens = plan.context_lens
+                req.num_cached_tokens = int(context_lens[i])
         hidden = self.runner.execute(plan)
         work = StepSampling(self, plan, entries)
         sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
@@ -304,7 +350,9 @@ class LLMEngine:
         if not req.incremental_text:
             if seq.finished and req.params.detokenize:
                 shown = seq.token_ids[:-1] if hide else seq.token_ids
-                seq.text = self.decoder.decode(shown, req.params.skip_special_tokens)
+                p = req.params
+                seq.text = self.decoder.decode(shown, p.skip_special_tokens,
+                                               p.spaces_between_special_tokens)
             return
         delta = self._detokenize(req, seq, [] if hide else [tok])
         if req.check_stop_strings(seq, delta):
@@ -317,7 +365,9 @@ class LLMEngine:
     def _detokenize(self, req: RequestState, seq: SeqState, toks: List[int]) -> int:
         """Appends the tokens' text to the sample; returns how many characters it added."""
         if seq.detok is None:
-            seq.detok = IncrementalDetokenizer(self.decoder, req.params.skip_special_tokens)
+            p = req.params
+            seq.detok = IncrementalDetokenizer(self.decoder, p.skip_special_tokens,
+                                               p.spaces_between_special_tokens)
         delta = seq.detok.append(toks)
         seq.text += delta
         return len(delta)

@@ -48,7 +48,7 @@ def _is_token_ids(v: Any) -> bool:
     return _token_ids(v) is not None
 
 
-def _prompt_item(p: Any, name: str) -> Dict[str, Any]:
+def prompt_item(p: Any, name: str) -> Dict[str, Any]:
     p = _listed(p)
     if isinstance(p, str):
         return {"prompt": p}
@@ -91,11 +91,11 @@ def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any
         raise ValueError("prompts must be given")
     prompts = _listed(prompts)
     if isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0):
-        return [_prompt_item(prompts, "prompts")]
+        return [prompt_item(prompts, "prompts")]
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be {_PROMPT_FORMS}, or a list of these; got "
                         f"{_describe(prompts)}")
-    return [_prompt_item(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+    return [prompt_item(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 
 
 def per_prompt_params(params: Any, n: int) -> List[SamplingParams]:

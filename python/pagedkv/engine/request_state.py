@@ -6,9 +6,10 @@ stop strings (which only text can detect), logprobs, and building RequestOutput 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -43,6 +44,21 @@ class SeqState:
         return self.finish_reason is not None
 
 
+def tokenize_bad_words(words: List[str], encode: Any) -> List[List[int]]:
+    """vLLM's tokenization of bad words: each word stripped on the left, as the text's start,
+    and after a space when that gives a different first token but as many tokens."""
+    out: List[List[int]] = []
+    for word in words:
+        bare = encode(word.lstrip())
+        if not bare:
+            continue  # nothing to ban (an empty or blank word)
+        out.append(bare)
+        spaced = encode(" " + word.lstrip())
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return out
+
+
 @dataclass
 class RequestState:
     request_id: str
@@ -52,6 +68,8 @@ class RequestState:
     metrics: RequestMetrics
     max_tokens: int  # after clamping to max_model_len
     eos_token_ids: List[int]
+    # SamplingParams.bad_words as token id sequences (tokenize_bad_words builds them).
+    bad_words_token_ids: List[List[int]] = field(default_factory=list)
     seqs: List[SeqState] = field(default_factory=list)
     prompt_logprobs: Optional[PromptLogprobs] = None
     forked: bool = False  # the n > 1 samples exist in the scheduler (or finished at once)
@@ -60,6 +78,7 @@ class RequestState:
     # Derived from params once (params do not change after add_request); the per-step loops
     # read these for every sequence of the batch.
     final_only: bool = field(init=False)  # no output until the request finishes
+    delta: bool = field(init=False)  # outputs carry only what is new (RequestOutputKind.DELTA)
     # Text is built token by token when someone can see it before the end (streaming) or stop
     # strings must be watched; otherwise it is decoded once at the end.
     incremental_text: bool = field(init=False)
@@ -72,15 +91,23 @@ class RequestState:
     _shown: Dict[int, CompletionOutput] = field(default_factory=dict, init=False, repr=False)
     # The outputs' copy of the prompt ids: made once, not at every streamed step.
     _prompt_shown: Optional[List[int]] = field(default=None, init=False, repr=False)
+    # DELTA: per sample (by SeqState.index), how much was sent already: characters of text,
+    # token ids, logprob entries, and whether its finish was reported.
+    _sent: Dict[int, Tuple[int, int, int, bool]] = field(default_factory=dict, init=False,
+                                                        repr=False)
+    _prompt_logprobs_sent: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         p = self.params
         self.final_only = p.output_kind == "final_only"
+        self.delta = p.output_kind == "delta"
         self.incremental_text = bool(p.detokenize and (p.stop or not self.final_only))
         self.plain_greedy = (p.sampling_type_greedy and p.logprobs is None
                              and p.prompt_logprobs is None and p.best_of == p.n
                              and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-                             and p.frequency_penalty == 0.0 and not p.logit_bias)
+                             and p.frequency_penalty == 0.0 and not p.logit_bias
+                             and p.allowed_token_ids is None
+                             and not self.bad_words_token_ids)
         self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
 
     @property
@@ -106,12 +133,19 @@ class RequestState:
         return "length" if num_tokens >= self.max_tokens else None
 
     def banned_tokens(self, seq: SeqState) -> List[int]:
-        """EOS and stop ids cannot be sampled before min_tokens (as vLLM's logits processor)."""
-        if len(seq.token_ids) >= self.params.min_tokens:
-            return []
-        banned = list(self.params.stop_token_ids or [])
-        if not self.params.ignore_eos:
-            banned += self.eos_token_ids
+        """EOS and stop ids cannot be sampled before min_tokens (as vLLM's logits processor);
+        nor the last token of a bad word whose other tokens end the output (vLLM matches the
+        output only, not the prompt)."""
+        out = seq.token_ids
+        banned: List[int] = []
+        if len(out) < self.params.min_tokens:
+            banned += self.params.stop_token_ids or []
+            if not self.params.ignore_eos:
+                banned += self.eos_token_ids
+        for word in self.bad_words_token_ids:
+            k = len(word) - 1
+            if k == 0 or (len(out) >= k and out[len(out) - k:] == word[:k]):
+                banned.append(word[-1])
         return banned
 
     def finish_by_scheduler(self, seq: SeqState) -> None:
@@ -164,22 +198,48 @@ class RequestState:
             finish_reason=s.finish_reason, stop_reason=s.stop_reason)
         return c
 
+    def _delta(self, s: SeqState, index: int, want_logprob: bool) -> Optional[CompletionOutput]:
+        """DELTA: what the sample added since its last output (None when nothing, not even
+        its finish, is new). cumulative_logprob stays cumulative, as in vLLM."""
+        text = self._visible_text(s)
+        n_text, n_tok, n_lp, told_finish = self._sent.get(s.index, (0, 0, 0, False))
+        lps = s.logprobs
+        if (len(text) == n_text and len(s.token_ids) == n_tok
+                and (s.finish_reason is None or told_finish)):
+            return None
+        self._sent[s.index] = (len(text), len(s.token_ids), len(lps) if lps is not None else 0,
+                               s.finish_reason is not None)
+        return CompletionOutput(
+            index=index, text=text[n_text:], token_ids=s.token_ids[n_tok:],
+            cumulative_logprob=s.cumulative_logprob if want_logprob else None,
+            logprobs=lps[n_lp:] if lps is not None else None,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+
     def to_output(self) -> RequestOutput:
         finished = self.finished
         seqs = self.seqs
         want_logprob = self.params.logprobs is not None or self.params.best_of > self.params.n
         if finished and self.params.best_of > self.params.n:
             seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[:self.params.n]
-        outs = [self._completion(s, i if len(seqs) < len(self.seqs) else s.index, want_logprob)
-                for i, s in enumerate(seqs)]
+        if self.delta:
+            outs = [c for c in (self._delta(s, i if len(seqs) < len(self.seqs) else s.index,
+                                            want_logprob) for i, s in enumerate(seqs))
+                    if c is not None]
+        else:
+            outs = [self._completion(s, i if len(seqs) < len(self.seqs) else s.index,
+                                     want_logprob) for i, s in enumerate(seqs)]
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.time()
         if self._prompt_shown is None:
             self._prompt_shown = list(self.prompt_token_ids)
+        prompt_logprobs = (list(self.prompt_logprobs) if self.prompt_logprobs is not None
+                           and not self._prompt_logprobs_sent else None)
+        self._prompt_logprobs_sent = self.delta  # DELTA sends them once, with the first output
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt,
             prompt_token_ids=self._prompt_shown,
-            prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None
-            else None,
-            outputs=outs, finished=finished, metrics=self.metrics,
+            prompt_logprobs=prompt_logprobs,
+            # A snapshot: the engine goes on updating the request's metrics after this output
+            # is handed out, and an output must keep describing the step that made it.
+            outputs=outs, finished=finished, metrics=dataclasses.replace(self.metrics),
             num_cached_tokens=self.num_cached_tokens)

@@ -1,9 +1,10 @@
 """Batched token sampling over a step's logits (torch, CPU or CUDA).
 
-Order, as vLLM defines it: logit_bias, min_tokens masking -> penalties (repetition over
-prompt + output, presence / frequency over output) -> greedy argmax, or temperature -> top-k
--> top-p -> min-p -> random draw. Log-probabilities returned to the user are those of the raw
-model logits (vLLM V1's default), so they do not depend on the sampling knobs.
+Order, as vLLM defines it: allowed_token_ids mask, logit_bias, min_tokens masking ->
+penalties (repetition over prompt + output, presence / frequency over output) -> greedy argmax,
+or temperature -> top-k -> top-p -> min-p -> random draw. Log-probabilities returned to the
+user are those of the raw model logits (vLLM V1's default), so they do not depend on the
+sampling knobs.
 
 The draw uses the exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly
 from p. A request with a seed has its own generator that draws a full vocabulary of noise
@@ -62,8 +63,9 @@ class Sampler:
         raw = logits
         logits = logits.float()
         if any(r.banned_token_ids or _has_penalty(r.params) or r.params.logit_bias
-               for r in rows):
+               or r.params.allowed_token_ids is not None for r in rows):
             logits = logits.clone() if logits is raw else logits  # keep raw logits for logprobs
+            _apply_allowed(logits, rows)
             _apply_logit_bias(logits, rows)
             _mask_banned(logits, rows)
             _apply_penalties(logits, rows)
@@ -109,6 +111,18 @@ class Sampler:
             return []
         ids = torch.tensor(list(next_token_ids), device=logits.device)
         return _logprob_dicts(logits.float().log_softmax(-1), ids, [num_logprobs] * len(ids))
+
+
+def _apply_allowed(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
+    """Every token outside a row's allowed_token_ids gets -inf (ids were checked against the
+    vocabulary when the request came in)."""
+    for i, r in enumerate(rows):
+        allowed = r.params.allowed_token_ids
+        if allowed is not None:
+            keep = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+            row = torch.full_like(logits[i], float("-inf"))
+            row[keep] = logits[i, keep]
+            logits[i] = row
 
 
 def _apply_logit_bias(logits: torch.Tensor, rows: List[SamplingRow]) -> None:

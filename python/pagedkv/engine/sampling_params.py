@@ -7,6 +7,7 @@ without knowing the rules.
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 from dataclasses import dataclass
@@ -17,11 +18,21 @@ _GREEDY_EPS = 1e-5
 
 # Field types, checked before the value rules (numpy scalars pass and become Python numbers).
 _INT_FIELDS = ("n", "top_k", "min_tokens")
-_OPTIONAL_INT_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs")
+_OPTIONAL_INT_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs",
+                        "truncate_prompt_tokens")
 _FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
                  "top_p", "min_p")
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens",
                 "spaces_between_special_tokens", "include_stop_str_in_output")
+
+
+class RequestOutputKind(str, enum.Enum):
+    """What each RequestOutput of a request carries (vLLM's enum, same member names). A str
+    enum: ``SamplingParams(output_kind="delta")`` works too, and compares equal to its value."""
+
+    CUMULATIVE = "cumulative"  # everything generated so far, at every step
+    DELTA = "delta"  # only what is new since the request's previous output
+    FINAL_ONLY = "final_only"  # one output, when the request finishes
 
 
 def _type_error(name: str, want: str, value: Any) -> TypeError:
@@ -55,12 +66,22 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    # "cumulative": an output every step (streaming); "final_only": only when finished
-    # (LLM.generate uses it, which also lets the engine decode the text once at the end).
-    output_kind: str = "cumulative"
+    # CUMULATIVE: an output every step (streaming); DELTA: an output every step with only the
+    # new text / token ids / logprobs; FINAL_ONLY: only when finished (LLM.generate uses it,
+    # which also lets the engine decode the text once at the end). Strings are accepted.
+    output_kind: Union[RequestOutputKind, str] = RequestOutputKind.CUMULATIVE
     # token id -> value added to its logit before sampling (vLLM's logit_bias; the OpenAI
     # server clamps values to [-100, 100] as OpenAI does, this class takes them as given).
     logit_bias: Optional[Dict[int, float]] = None
+    # Keep only the last k prompt tokens (vLLM's left truncation); -1: as many as the model
+    # takes (max_model_len - 1, leaving room for one generated token); None: no truncation.
+    truncate_prompt_tokens: Optional[int] = None
+    # Only these token ids can be sampled (vLLM's allowed_token_ids); None: any.
+    allowed_token_ids: Optional[List[int]] = None
+    # Words that must not be generated (vLLM's bad_words): each is tokenized as at the start of
+    # the text and after a space; the last token of such a sequence is banned whenever the
+    # output ends with the others.
+    bad_words: Optional[List[str]] = None
 
     def __post_init__(self) -> None:
         if self.top_k is None:
@@ -73,6 +94,10 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop) if self.stop is not None else []
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
         if self.top_k == -1:
             self.top_k = 0  # vLLM spells "off" as -1 (older) or 0 (newer); keep one spelling
         self._verify()
@@ -109,12 +134,18 @@ class SamplingParams:
         if stop is not None and not isinstance(stop, str) and not (
                 isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop)):
             raise _type_error("stop", "a string or a list of strings", stop)
-        ids = self.stop_token_ids
-        if ids is not None and not (isinstance(ids, (list, tuple))
-                                    and all(_is_int(t) for t in ids)):
-            raise _type_error("stop_token_ids", "a list of integer token ids", ids)
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and not (isinstance(ids, (list, tuple))
+                                        and all(_is_int(t) for t in ids)):
+                raise _type_error(name, "a list of integer token ids", ids)
+        words = self.bad_words
+        if words is not None and not (isinstance(words, (list, tuple))
+                                      and all(isinstance(w, str) for w in words)):
+            raise _type_error("bad_words", "a list of strings", words)
         if not isinstance(self.output_kind, str):
-            raise _type_error("output_kind", "a string", self.output_kind)
+            raise _type_error("output_kind", "a RequestOutputKind or a string",
+                              self.output_kind)
 
     def _verify(self) -> None:
         def bad(name: str, msg: str) -> ValueError:
@@ -159,8 +190,17 @@ class SamplingParams:
                       "rule); set detokenize=True to use stop")
         if any(t < 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
             raise bad("stop_token_ids", "must be non-negative token ids")
-        if self.output_kind not in ("cumulative", "final_only"):
-            raise bad("output_kind", "must be 'cumulative' or 'final_only'")
+        if self.allowed_token_ids is not None and (
+                not self.allowed_token_ids or any(t < 0 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise bad("output_kind", "must be a RequestOutputKind or one of 'cumulative', "
+                      "'delta', 'final_only'") from None
+        k = self.truncate_prompt_tokens
+        if k is not None and (k == 0 or k < -1):
+            raise bad("truncate_prompt_tokens", "must be an integer >= 1 or -1")
         if self.best_of > self.n and self.sampling_type_greedy:
             raise bad("best_of", "must equal n for greedy sampling (all sequences would match)")
 

@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
+from pagedkv.engine.detokenizer import added_token_ids, join_added_tokens
+
 Message = dict[str, Any]
 Conversation = list[Message]
 
@@ -51,6 +53,7 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer: Any) -> None:
         self.hf = hf_tokenizer
+        self._added: Optional[frozenset[int]] = None  # added token ids, read on first need
 
     @classmethod
     def from_pretrained(cls, model: Optional[str] = None) -> Tokenizer:
@@ -92,8 +95,20 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
+               spaces_between_special_tokens: bool = True) -> str:
+        """``spaces_between_special_tokens=False`` (with special tokens kept) drops what the
+        decoder puts between two consecutive added tokens, as vLLM does; True is the
+        tokenizer's own decode (slow tokenizers join added tokens with spaces themselves)."""
+        if skip_special_tokens or spaces_between_special_tokens:
+            return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if not getattr(self.hf, "is_fast", True):  # slow tokenizers take the flag natively
+            return self.hf.decode(list(ids), skip_special_tokens=False,
+                                  spaces_between_special_tokens=False)
+        if self._added is None:
+            self._added = added_token_ids(self.hf)
+        return join_added_tokens(lambda run: self.hf.decode(run, skip_special_tokens=False),
+                                 ids, self._added)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return list(self.hf.convert_ids_to_tokens(list(ids)))
@@ -127,3 +142,15 @@ class Tokenizer:
 
     def __len__(self) -> int:
         return self.vocab_size
+
+    # ------------------------------------------------------------------ the rest of HF's API
+    # LLM.get_tokenizer() hands this object to vLLM code, which uses the HF tokenizer's API
+    # (tokenizer(text).input_ids, convert_tokens_to_ids, batch_decode, eos_token, get_vocab):
+    # what this wrapper does not define comes from the HF tokenizer.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.hf(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "hf":  # no recursion before __init__ set hf
+            raise AttributeError(name)
+        return getattr(self.hf, name)
