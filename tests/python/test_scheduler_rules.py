@@ -106,3 +106,20 @@ def test_running_prefill_is_chunked_again_at_the_full_budget() -> None:
     assert p.context_lens.tolist() == [511]
     s.update(p, [1])
     assert not s.has_unfinished_requests() and s.num_free_blocks == 200
+
+
+def test_block_table_rows_are_padded_after_a_longer_previous_occupant() -> None:
+    # Row 0 first holds A's 10 blocks, then B's single block: the rest of the row must read as
+    # the documented pad (0), not A's stale block ids (mutation testing: not clearing them
+    # passed every test, since the checks only read entries below seq_len).
+    s = Scheduler(SchedulerConfig(16, 4, enable_prefix_caching=False))
+    s.add_request("A", list(range(100, 140)), 1)  # 40 tokens: 10 blocks
+    p = s.schedule()
+    assert sum(1 for b in p.block_tables[0] if b != 0) >= 9  # ten distinct ids, one may be 0
+    assert s.update(p, [1]) == ["A"]
+    s.add_request("B", [7, 8, 9], 2)
+    p = s.schedule()
+    assert list(p.request_ids) == ["B"]
+    assert p.block_tables.shape[1] == 16  # max_model_len defaults to the cache: 16 blocks
+    assert p.block_tables[0][1:].tolist() == [0] * 15
+    s.update(p, [1])
