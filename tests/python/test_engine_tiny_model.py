@@ -111,3 +111,34 @@ def test_prefix_cache_hits_match_dense(model_dir: str, dense) -> None:
     # (RequestOutput.num_cached_tokens would say so per request, but the engine never sets it.)
     assert sched.prefix_cache_hit_tokens == 3 * 32
     _check(first + rest, prompts, dense, [5, 7, 7, 7])
+
+
+def _check_sampled(outs, prompts: list[list[int]], dense) -> int:
+    """Every sample's raw logprobs equal the dense ones along its own tokens; returns how many
+    distinct samples there were."""
+    distinct = 0
+    for o, prompt in zip(outs, prompts):
+        seen = set()
+        for c in o.outputs:
+            ref = dense(prompt + list(c.token_ids))
+            for j, tok in enumerate(c.token_ids):
+                got = c.logprobs[j][tok].logprob
+                assert abs(got - ref[len(prompt) - 1 + j, tok]) < 1e-4, (c.index, j)
+            seen.add(tuple(c.token_ids))
+        distinct += len(seen)
+    return distinct
+
+
+def test_parallel_samples_fork_the_prompt_cache_correctly(model_dir: str, dense) -> None:
+    # n = 4 samples of prompts whose last block is partial: the samples share the prompt's
+    # blocks and copy the partial one on their first write. A wrong copy or a sample writing
+    # into a sibling's block shows as logprobs that differ from the dense forward.
+    prompts = _prompts(3, 7, 9, 30)
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=10, ignore_eos=True, logprobs=0,
+                            seed=11)
+    llm = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(o.outputs) == 4 for o in outs)
+    assert _check_sampled(outs, prompts, dense) >= 9, "samples should mostly differ"
+    eng = llm.llm_engine
+    assert eng.scheduler.num_free_blocks == eng.num_gpu_blocks
