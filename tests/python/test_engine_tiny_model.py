@@ -86,13 +86,16 @@ def test_chunked_prefill_and_long_decodes_match_dense(model_dir: str, dense) -> 
     _check(outs, prompts, dense, n)
 
 
-def test_preemption_in_a_tiny_cache_matches_dense(model_dir: str, dense) -> None:
-    # 12 blocks of 4 tokens for 6 requests of up to 36 tokens each: requests are preempted and
-    # recomputed, and must come out exactly as if they ran alone.
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_in_a_tiny_cache_matches_dense(model_dir: str, dense, mode: str) -> None:
+    # 12 blocks of 4 tokens for 6 requests of up to 36 tokens each: requests are preempted
+    # (recomputed, or swapped to host blocks and back) and must come out exactly as if they
+    # ran alone.
     prompts = _prompts(6, 4, 8, 20)
     n = [16] * 6
     llm = _llm(model_dir, block_size=4, num_gpu_blocks_override=12, max_model_len=40,
-               enable_prefix_caching=False)
+               enable_prefix_caching=False, preemption_mode=mode,
+               **({"num_cpu_blocks": 64} if mode == "swap" else {}))
     outs = llm.generate(prompts, [_params(k) for k in n], use_tqdm=False)
     assert llm.llm_engine.scheduler.num_preemptions > 0, "the cache was not tight enough"
     _check(outs, prompts, dense, n)
