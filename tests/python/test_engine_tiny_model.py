@@ -34,16 +34,24 @@ def model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def dense(model_dir: str):
+def dense_logits(model_dir: str):
     model, _ = load_model(model_dir, torch.float32, "cpu")
 
-    def logprobs(ids: list[int]) -> np.ndarray:
-        """[len(ids), VOCAB] float64 log-softmax of a full dense forward."""
+    def logits(ids: list[int]) -> np.ndarray:
+        """[len(ids), VOCAB] float64 logits of a full dense forward (no cache, no pages)."""
         t = torch.tensor(ids)
         with torch.no_grad():
             h = model(t, torch.arange(len(ids)), DenseAttentionBackend())
-            lg = model.compute_logits(h).double()
-        return torch.log_softmax(lg, -1).numpy()
+            return model.compute_logits(h).double().numpy()
+
+    return logits
+
+
+@pytest.fixture(scope="module")
+def dense(dense_logits):
+    def logprobs(ids: list[int]) -> np.ndarray:
+        """[len(ids), VOCAB] float64 log-softmax of a full dense forward."""
+        return torch.log_softmax(torch.from_numpy(dense_logits(ids)), -1).numpy()
 
     return logprobs
 
@@ -145,3 +153,43 @@ def test_parallel_samples_fork_the_prompt_cache_correctly(model_dir: str, dense)
     assert _check_sampled(outs, prompts, dense) >= 9, "samples should mostly differ"
     eng = llm.llm_engine
     assert eng.scheduler.num_free_blocks == eng.num_gpu_blocks
+
+
+def test_penalties_see_the_prompt_and_the_tokens_generated_so_far(model_dir: str,
+                                                                  dense_logits) -> None:
+    # Greedy with repetition / frequency / presence penalties: at every step the engine's token
+    # must be the argmax of the dense logits penalised over the prompt and the output so far
+    # (vLLM's definitions: repetition over prompt + output, the other two over the output).
+    prompts = _prompts(3, 8, 5, 25)
+    rep, freq, pres = 1.8, 0.7, 0.4
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0,
+                            repetition_penalty=rep, frequency_penalty=freq,
+                            presence_penalty=pres)
+    llm = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    changed = 0
+    for o, prompt in zip(outs, prompts):
+        toks = list(o.outputs[0].token_ids)
+        all_logits = dense_logits(prompt + toks)
+        for j, tok in enumerate(toks):
+            logits = all_logits[len(prompt) - 1 + j]
+            out_counts = np.bincount(toks[:j], minlength=VOCAB).astype(np.float64)
+            seen = out_counts > 0
+            seen[prompt] = True
+            pen = np.where(seen, np.where(logits > 0, logits / rep, logits * rep), logits)
+            pen = pen - freq * out_counts - pres * (out_counts > 0)
+            assert pen[tok] >= pen.max() - 1e-4, (j, tok, int(pen.argmax()))
+            changed += int(np.argmax(pen) != np.argmax(logits))
+    assert changed >= 3, "the penalties never changed a choice: the test proves nothing"
+
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch(model_dir: str) -> None:
+    prompts = _prompts(4, 9, 5, 30)
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=1234)
+    other = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    alone = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64)
+    want = alone.generate(prompts[:1], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    batch = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64)
+    outs = batch.generate(prompts[1:] + prompts[:1], [other] * 3 + [seeded], use_tqdm=False)
+    assert outs[3].outputs[0].token_ids == want
+    assert len(set(want)) > 4, "a near-greedy draw would not show the generator in use"
