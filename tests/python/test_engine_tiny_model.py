@@ -193,3 +193,30 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch(model_dir: 
     outs = batch.generate(prompts[1:] + prompts[:1], [other] * 3 + [seeded], use_tqdm=False)
     assert outs[3].outputs[0].token_ids == want
     assert len(set(want)) > 4, "a near-greedy draw would not show the generator in use"
+
+
+@pytest.mark.parametrize("budget,blocks", [(16, 64), (2048, 64), (8, 12)])
+def test_prompt_logprobs_over_chunked_prefill_match_dense(model_dir: str, dense,
+                                                          budget: int, blocks: int) -> None:
+    # prompt_logprobs: entry p (p >= 1) holds log P(prompt[p] | prompt[:p]) and its rank. With a
+    # 16-token budget the 50-token prompts prefill over several steps, next to each other; with
+    # 12 blocks of 8 tokens and an 8-token budget, prefills are preempted and recomputed.
+    prompts = _prompts(2, 10, 45, 55) if blocks == 64 else _prompts(4, 11, 20, 30)
+    params = SamplingParams(temperature=0, max_tokens=2 if blocks == 64 else 12,
+                            ignore_eos=True, prompt_logprobs=2)
+    llm = _llm(model_dir, block_size=8 if blocks == 64 else 4, num_gpu_blocks_override=blocks,
+               max_model_len=64 if blocks == 64 else 48, max_num_batched_tokens=budget,
+               enable_prefix_caching=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    if blocks < 64:
+        assert llm.llm_engine.scheduler.num_preemptions > 0
+    for o, prompt in zip(outs, prompts):
+        plp = o.prompt_logprobs
+        assert len(plp) == len(prompt) and plp[0] is None
+        ref = dense(prompt)
+        for p in range(1, len(prompt)):
+            tok, row = prompt[p], ref[p - 1]
+            assert abs(plp[p][tok].logprob - row[tok]) < 1e-4, p
+            assert plp[p][tok].rank == int((row > row[tok] + 1e-9).sum()) + 1, p
+            top = [t for t, lp in plp[p].items() if lp.rank in (1, 2)]
+            assert sorted(top) == sorted(np.argsort(-row)[:2].tolist()), p
