@@ -220,3 +220,13 @@ def test_prompt_logprobs_over_chunked_prefill_match_dense(model_dir: str, dense,
             assert plp[p][tok].rank == int((row > row[tok] + 1e-9).sum()) + 1, p
             top = [t for t, lp in plp[p].items() if lp.rank in (1, 2)]
             assert sorted(top) == sorted(np.argsort(-row)[:2].tolist()), p
+
+
+def test_priority_reaches_the_scheduler(model_dir: str) -> None:
+    # One seat: requests run one after another, most urgent (lowest value) first.
+    prompts = _prompts(3, 12, 5, 10)
+    llm = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64,
+               max_num_seqs=1, scheduling_policy="priority")
+    outs = llm.generate(prompts, _params(3), use_tqdm=False, priority=[5, 0, 3])
+    done = [o.metrics.finished_time for o in outs]
+    assert done[1] < done[2] < done[0], done
