@@ -123,3 +123,49 @@ def test_block_table_rows_are_padded_after_a_longer_previous_occupant() -> None:
     assert p.block_tables.shape[1] == 16  # max_model_len defaults to the cache: 16 blocks
     assert p.block_tables[0][1:].tolist() == [0] * 15
     s.update(p, [1])
+
+
+def test_forked_child_inherits_the_parents_priority() -> None:
+    # P (priority 5) and its child C hold both seats; W (priority 3) takes a seat from the
+    # lowest-priority, latest running sequence: C, as C has P's priority and arrived later.
+    s = Scheduler(SchedulerConfig(8, 4, policy="priority", max_num_seqs=2,
+                                  enable_prefix_caching=False))
+    s.add_request("P", [11, 12, 13, 14, 15, 16], 6, priority=5)
+    _step(s)
+    assert s.fork("P", "C", 2) is False
+    s.add_request("W", [21, 22, 23, 24], 2, priority=3)
+    ids, lens, _ = _step(s)
+    assert (ids, lens) == (["W", "P"], [4, 7])
+    assert s.num_preemptions == 1 and s.num_waiting == 1
+
+
+def test_fork_without_a_free_seat_waits() -> None:
+    s = Scheduler(SchedulerConfig(16, 4, max_num_seqs=1))
+    s.add_request("P", [11, 12, 13, 14, 15, 16], 3)
+    _step(s)
+    assert s.fork("P", "C", 2) is False
+    assert s.num_running == 1 and s.num_waiting == 1
+    assert _step(s)[:2] == (["P"], [7])
+    while s.has_unfinished_requests():
+        ids, _, _ = _step(s)
+        assert len(ids) == 1
+    assert s.num_free_blocks == 16
+
+
+def test_a_new_request_in_a_recycled_slot_is_not_treated_as_resumed() -> None:
+    # B is preempted once, then finishes; its slot goes to N. N is new: it reserves blocks for
+    # its first chunk only (8 tokens, 2 blocks), not for its whole prompt + 1 (4 blocks).
+    s = Scheduler(SchedulerConfig(6, 4, max_num_batched_tokens=8, enable_prefix_caching=False))
+    s.add_request("A", list(range(10, 18)), 8)
+    s.add_request("B", list(range(20, 28)), 8)
+    while s.has_unfinished_requests():
+        _step(s)
+    assert s.num_preemptions == 1 and s.num_free_blocks == 6
+    # Finished slots are recycled at the next schedule(), the last finished (B's) handed out
+    # first: an empty step, then N.
+    assert s.schedule().num_seqs == 0
+    s.add_request("N", list(range(30, 45)), 1)  # 15 tokens
+    p = s.schedule()
+    assert list(p.request_ids) == ["N"] and p.seq_lens.tolist() == [8]
+    assert s.num_free_blocks == 4
+    s.update(p, [-1])
