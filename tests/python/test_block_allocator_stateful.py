@@ -51,4 +51,14 @@ def test_allocator_matches_reference_model_over_100k_operations() -> None:
                           derandomize=True, database=None,
                           suppress_health_check=list(HealthCheck)),
     )
+    # Hypothesis' choices, and so the count, change with what else the process imported (96k
+    # operations after test_ops_cpu.py was collected, 115k alone): top up with fixed-seed runs
+    # so that the 10^5 floor holds in any test order.
+    seed = 0
+    while TOTAL_OPS["n"] < 100_000:
+        harness = Harness(1 + seed % 40, (1, 2, 4)[seed % 3], seed % 13, seed % 2 == 0, seed)
+        for _ in range(2000):
+            harness.step()
+        TOTAL_OPS["n"] += 2000
+        seed += 1
     assert TOTAL_OPS["n"] >= 100_000, TOTAL_OPS["n"]
