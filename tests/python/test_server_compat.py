@@ -316,6 +316,27 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(server: RemoteServer) -> N
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
 
 
+def test_allowed_token_ids_and_bad_words(server: RemoteServer) -> None:
+    """vLLM's allowed_token_ids (only these ids are sampled) and bad_words (never generated)
+    reach SamplingParams on both endpoints; ids outside the vocabulary are a 400."""
+    plain = ok(post(server, "/v1/completions", complete_body(max_tokens=4,
+                                                             return_token_ids=True)))
+    first = plain["choices"][0]["token_ids"][0]
+    allowed = [first + 1, first + 2]
+    for route, body in (("/v1/completions", complete_body(max_tokens=4)),
+                        ("/v1/chat/completions", chat_body(max_tokens=4))):
+        out = ok(post(server, route, {**body, "allowed_token_ids": allowed,
+                                      "ignore_eos": True, "return_token_ids": True}))
+        ids = out["choices"][0]["token_ids"]
+        assert len(ids) == 4 and set(ids) <= set(allowed), ids
+    word = plain["choices"][0]["text"].split()[0]
+    banned = ok(post(server, "/v1/completions", complete_body(max_tokens=4,
+                                                              bad_words=[word])))
+    assert not banned["choices"][0]["text"].lstrip().startswith(word), (word, banned)
+    r = post(server, "/v1/completions", complete_body(allowed_token_ids=[10**7]))
+    assert r.status_code == 400 and "allowed_token_ids" in r.text
+
+
 def test_tokenize_extensions(server: RemoteServer) -> None:
     """vLLM's /tokenize: return_token_strs, and a request chat_template for messages."""
     out = ok(post(server, "/tokenize", {"prompt": "Hello world", "return_token_strs": True}))

@@ -213,8 +213,6 @@ UNSUPPORTED = [
     {"guided_regex": "a+"},
     {"guided_choice": ["yes", "no"]},
     {"structured_outputs": {"choice": ["a"]}},
-    {"allowed_token_ids": [1, 2]},
-    {"bad_words": ["Paris"]},
     {"use_beam_search": True},
 ]
 CHAT_UNSUPPORTED = [
@@ -248,7 +246,7 @@ def test_harmless_values_of_unsupported_fields_pass(server: RemoteServer) -> Non
     base = {"max_tokens": 2, "temperature": 0}
     ok(post(server, "/v1/completions", {"prompt": PROMPT, **base,
                                         "response_format": {"type": "text"},
-                                        "use_beam_search": False, "bad_words": []}))
+                                        "use_beam_search": False}))
     ok(post(server, "/v1/chat/completions", {"messages": MESSAGES, **base, "tools": [],
                                              "tool_choice": "none",
                                              "response_format": None, "echo": False,

@@ -36,7 +36,8 @@ T = TypeVar("T")
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
                     "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
                     "ignore_eos", "min_tokens", "skip_special_tokens",
-                    "include_stop_str_in_output", "spaces_between_special_tokens")
+                    "include_stop_str_in_output", "spaces_between_special_tokens",
+                    "allowed_token_ids", "bad_words")
 
 # The most logprobs a request may ask for per token when the engine does not say (vLLM's
 # default max_logprobs); a served engine's own cap (--max-logprobs) is ServerState.max_logprobs.
@@ -64,8 +65,6 @@ def no_tool_choice(value: Any) -> bool:
 UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
     "response_format": text_format,
     "use_beam_search": is_unset,
-    "allowed_token_ids": is_unset,
-    "bad_words": is_unset,
     "logits_processors": is_unset,
     "prompt_embeds": is_unset,
     "structured_outputs": is_unset,
