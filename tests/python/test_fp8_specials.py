@@ -81,7 +81,9 @@ def _case(device: str, kv_dtype: str, dtype: torch.dtype, prefill: bool, seed: i
 @pytest.mark.parametrize("prefill", [False, True])
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 def test_fp8_specials_cpu(kv_dtype, prefill):
-    outs, ref = _case("cpu", kv_dtype, torch.bfloat16, prefill, random.randrange(1 << 30))
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")  # shown with a failure: _case(..., seed) reproduces it
+    outs, ref = _case("cpu", kv_dtype, torch.bfloat16, prefill, seed)
     for out in outs:
         _check(out, ref)
 
@@ -117,6 +119,7 @@ def test_fp8_specials_cuda(kernel, kv_dtype, dtype, monkeypatch):
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     seed = random.randrange(1 << 30)
+    print(f"seed {seed}")  # shown with a failure: _case(..., seed) reproduces it
     outs, ref = _case("cuda", kv_dtype, dtype, prefill, seed)
     torch.cuda.synchronize()
     for out in outs:

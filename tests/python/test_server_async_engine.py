@@ -101,9 +101,9 @@ def test_bad_requests_raise_value_error(engine: AsyncLLMEngine) -> None:
         async for _ in engine.generate(prompt, params, rid):
             pass
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="prompt_token_ids must be in"):
         asyncio.run(run([10**9], SamplingParams(max_tokens=2), "bad-ids"))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="does not leave room"):
         asyncio.run(run("word " * 400, SamplingParams(max_tokens=2), "too-long"))
     assert not engine.is_dead
     asyncio.run(run(PROMPT, SamplingParams(max_tokens=2), "after-bad"))
