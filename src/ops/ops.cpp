@@ -369,16 +369,17 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
                            const TensorView& query_start_loc, const TensorView& seq_lens,
                            int max_query_len, const AttentionOptions& opts, Stream stream) {
   const TensorView& alibi = opts.alibi_slopes ? *opts.alibi_slopes : query;
-  detail::check_devices({{&query, "query"},
-                         {&out, "out"},
-                         {&key, "key"},
-                         {&value, "value"},
-                         {&key_cache, "key_cache"},
-                         {&value_cache, "value_cache"},
-                         {&block_tables, "block_tables"},
-                         {&query_start_loc, "query_start_loc"},
-                         {&seq_lens, "seq_lens"},
-                         {&alibi, "alibi_slopes"}});
+  const detail::Named reads[] = {{&query, "query"},
+                                 {&key, "key"},
+                                 {&value, "value"},
+                                 {&key_cache, "key_cache"},
+                                 {&value_cache, "value_cache"},
+                                 {&block_tables, "block_tables"},
+                                 {&query_start_loc, "query_start_loc"},
+                                 {&seq_lens, "seq_lens"},
+                                 {&alibi, "alibi_slopes"}};
+  detail::check_devices({reads[0], {&out, "out"}});
+  detail::check_devices(reads);
   detail::check_float(query, "query");
   check_rows(query, "query", -1, -1, -1);
   const int64_t T = query.size(0), H = query.size(1), D = query.size(2);
@@ -409,15 +410,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   detail::check_cuda_dense(query_start_loc, "query_start_loc");
   detail::check_cuda_dense(seq_lens, "seq_lens");
   detail::check_no_self_overlap(out, "out");
-  detail::check_no_overlap({&out, "out"}, {{&query, "query"},
-                                           {&key, "key"},
-                                           {&value, "value"},
-                                           {&key_cache, "key_cache"},
-                                           {&value_cache, "value_cache"},
-                                           {&block_tables, "block_tables"},
-                                           {&query_start_loc, "query_start_loc"},
-                                           {&seq_lens, "seq_lens"},
-                                           {&alibi, "alibi_slopes"}});
+  detail::check_no_overlap({&out, "out"}, reads);
   if (!query.device().is_cuda()) {
     PAGEDKV_CHECK(n == 0 || detail::host_int(query_start_loc, 0) == 0,
                   "query_start_loc[0] must be 0");

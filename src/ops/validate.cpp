@@ -27,7 +27,7 @@ bool block_contiguous(const TensorView& t) {
   return true;
 }
 
-void check_data(std::initializer_list<Named> arrays) {
+void check_data(NamedList arrays) {
   for (const Named& a : arrays) {
     PAGEDKV_CHECK(a.t->ndim() >= 0, a.name, " is undefined (a default-constructed TensorView)");
     PAGEDKV_CHECK(a.t->data() != nullptr || a.t->numel() == 0, a.name,
@@ -35,7 +35,7 @@ void check_data(std::initializer_list<Named> arrays) {
   }
 }
 
-void check_devices(std::initializer_list<Named> arrays) {
+void check_devices(NamedList arrays) {
   check_data(arrays);
   const Named* first = arrays.begin();
   for (const Named& a : arrays) {
@@ -89,7 +89,7 @@ void check_no_self_overlap(const TensorView& t, std::string_view name) {
   }
 }
 
-void check_no_overlap(const Named& out, std::initializer_list<Named> reads) {
+void check_no_overlap(const Named& out, NamedList reads) {
   const auto [lo, hi] = byte_range(*out.t);
   if (lo == hi) return;
   for (const Named& r : reads) {

@@ -4,6 +4,7 @@
 // need a device synchronisation, which the CUDA path must never do (CUDA-graph safety).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string_view>
@@ -18,6 +19,19 @@ struct Named {
   std::string_view name;
 };
 
+// Named arrays: a braced list at the call, or an array an op keeps to pass to two checks.
+struct NamedList {
+  NamedList(std::initializer_list<Named> l) : first_(l.begin()), size_(l.size()) {}
+  template <size_t N>
+  NamedList(const Named (&a)[N]) : first_(a), size_(N) {}  // NOLINT: implicit by design
+  const Named* begin() const { return first_; }
+  const Named* end() const { return first_ + size_; }
+
+ private:
+  const Named* first_;
+  size_t size_;
+};
+
 // Geometry of a validated pair of KV caches.
 struct CacheGeometry {
   KVLayout layout;
@@ -26,12 +40,12 @@ struct CacheGeometry {
 
 // Every array with elements has data: a null pointer (a TensorView built from nullptr, or a
 // DLTensor without data) raises ValueError naming the argument instead of a crash in a kernel.
-void check_data(std::initializer_list<Named> arrays);
+void check_data(NamedList arrays);
 
 // All arrays have data (check_data) and are on one device (a host array and a pinned-host
 // array count as the same); raises ValueError naming the first argument and the first one
 // that differs.
-void check_devices(std::initializer_list<Named> arrays);
+void check_devices(NamedList arrays);
 
 // Everything but dim 0 is row-major contiguous (blocks may be strided, e.g. kv_cache[0]); an
 // array without elements always is.
@@ -48,7 +62,7 @@ void check_no_self_overlap(const TensorView& t, std::string_view name);
 // disjoint): the kernels read their inputs while they write, so an output aliasing an input
 // (in place, or a view of the same buffer) is a silent wrong answer on some tilings. Arrays on
 // different devices never collide (one virtual address space). ValueError naming both.
-void check_no_overlap(const Named& out, std::initializer_list<Named> reads);
+void check_no_overlap(const Named& out, NamedList reads);
 
 // CUDA kernels read the 1-D metadata arrays (seq_lens, query_start_loc, slot_mapping,
 // alibi_slopes) densely and block table rows with unit stride: on a CUDA array a stride the

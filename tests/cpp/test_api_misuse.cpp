@@ -7,21 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
 #include "pagedkv/pagedkv.h"
 
 namespace pagedkv {
 namespace {
 
-// The message of the std::invalid_argument `fn` throws ("" when it throws nothing).
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 bool has(const std::string& msg, const char* part) { return msg.find(part) != std::string::npos; }
 

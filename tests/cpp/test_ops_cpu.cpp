@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "error_of.h"
 #include "ops/cpu/fp8.h"
 #include "ops/cpu/half.h"
 #include "ops/cpu/vec.h"
@@ -127,16 +128,7 @@ TEST(PagedAttentionV1, MatchesDirectSoftmax) {
   EXPECT_EQ(parse_kv_cache_dtype("fp8"), KVCacheDType::kFp8E4M3);
 }
 
-// The message of the std::invalid_argument `fn` throws ("" when it throws nothing).
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(OpsValidation, NullDataWithElementsIsAnErrorNamingTheArgument) {
   constexpr int kD = 64;
