@@ -111,7 +111,7 @@ def profile(model_dir: str, batch: int, args: argparse.Namespace) -> Dict[str, A
 
 def main() -> None:
     args = parse_args()
-    from pagedkv.models.random_weights import save_random_model
+    from pagedkv.testing import save_random_model
 
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "pagedkv_host_profile")
     if not os.path.isfile(os.path.join(model_dir, "model.safetensors")):

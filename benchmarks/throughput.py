@@ -59,7 +59,7 @@ def parse_args() -> argparse.Namespace:
 def random_llama_1b(out_dir: str) -> str:
     """The models' seeded random ~1B Llama checkpoint (built once; no tokenizer needed: the
     benchmark feeds token ids and the engine runs with skip_tokenizer_init)."""
-    from pagedkv.models.random_weights import save_random_model
+    from pagedkv.testing import save_random_model
 
     if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
         t0 = time.perf_counter()

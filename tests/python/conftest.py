@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pagedkv
 import pytest
-from deps import under_ci
+from support.deps import under_ci
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pagedkv
-from deps import need
+from support.deps import need
 
 PACKAGE = Path(pagedkv.__file__).parent
 

@@ -1,0 +1,177 @@
+"""Models of a given shape with seeded random weights, saved as Hugging Face checkpoints, so that
+HF transformers and pagedkv load exactly the same weights (tests, GPU runs without downloads).
+
+    python -m pagedkv.testing /tmp/llama-1b --preset llama-1b --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from typing import Any, Optional
+
+import torch
+
+from pagedkv.models.config import ModelConfig
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# HF config.json contents (architecture-specific keys included). vocab 49152 = SmolLM2's
+# tokenizer, which random models ship so that text goes in and out.
+PRESETS: dict[str, dict[str, Any]] = {
+    # The Llama-3.2-1B shape (16 layers, 2048 hidden, 32 q / 8 kv heads, llama3 rope), ~1.0B
+    # parameters with this vocabulary.
+    "llama-1b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048,
+                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=64, intermediate_size=8192, max_position_embeddings=131072,
+                     rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, rms_norm_eps=1e-5,
+                     tie_word_embeddings=True, hidden_act="silu"),
+    "tiny-llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=128, max_position_embeddings=256,
+                       rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                       hidden_act="silu"),
+    "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                       intermediate_size=160, max_position_embeddings=256, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+                       use_sliding_window=False),
+    "tiny-mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral",
+                         hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=96,
+                         max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False, hidden_act="silu", sliding_window=None),
+    "tiny-opt": dict(architectures=["OPTForCausalLM"], model_type="opt", hidden_size=64,
+                     num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+                     max_position_embeddings=256, do_layer_norm_before=True,
+                     word_embed_proj_dim=64, activation_function="relu", enable_bias=True,
+                     layer_norm_elementwise_affine=True, tie_word_embeddings=True),
+}
+
+
+def hf_config(preset: str = "tiny-llama", vocab_size: int = 49152, bos_token_id: int = 1,
+              eos_token_id: int = 2, dtype: torch.dtype = torch.float32,
+              **overrides: Any) -> dict[str, Any]:
+    if preset not in PRESETS:
+        raise ValueError(f"preset {preset!r} unknown; choose from {sorted(PRESETS)}")
+    d = dict(PRESETS[preset], vocab_size=vocab_size, bos_token_id=bos_token_id,
+             eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+             torch_dtype=str(dtype).replace("torch.", ""))
+    d.update(overrides)
+    return d
+
+
+def _linear(g: torch.Generator, out_f: int, in_f: int) -> torch.Tensor:
+    # std 1/sqrt(fan_in) keeps activations O(1) through the layers, so logits are not flat.
+    return torch.randn(out_f, in_f, generator=g) / math.sqrt(in_f)
+
+
+def _norm(g: torch.Generator, n: int) -> torch.Tensor:
+    return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+
+def _bias(g: torch.Generator, n: int) -> torch.Tensor:
+    return 0.1 * torch.randn(n, generator=g)
+
+
+def _llama_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor]:
+    h, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    t = {"model.embed_tokens.weight": torch.randn(c.vocab_size, h, generator=g)}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for name, out_f in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            t[p + f"self_attn.{name}.weight"] = _linear(g, out_f, h)
+            if c.attention_bias:
+                t[p + f"self_attn.{name}.bias"] = _bias(g, out_f)
+        t[p + "self_attn.o_proj.weight"] = _linear(g, h, q)
+        t[p + "mlp.gate_proj.weight"] = _linear(g, c.intermediate_size, h)
+        t[p + "mlp.up_proj.weight"] = _linear(g, c.intermediate_size, h)
+        t[p + "mlp.down_proj.weight"] = _linear(g, h, c.intermediate_size)
+        t[p + "input_layernorm.weight"] = _norm(g, h)
+        t[p + "post_attention_layernorm.weight"] = _norm(g, h)
+    t["model.norm.weight"] = _norm(g, h)
+    if not c.tie_word_embeddings:
+        t["lm_head.weight"] = _linear(g, c.vocab_size, h)
+    return t
+
+
+def _opt_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor]:
+    h, f = c.hidden_size, c.intermediate_size
+    proj = c.word_embed_proj_dim or h
+    d = "model.decoder."
+    t = {d + "embed_tokens.weight": torch.randn(c.vocab_size, proj, generator=g),
+         d + "embed_positions.weight": 0.5 * torch.randn(c.max_position_embeddings + 2, h,
+                                                         generator=g),
+         d + "final_layer_norm.weight": _norm(g, h), d + "final_layer_norm.bias": _bias(g, h)}
+    if proj != h:
+        t[d + "project_in.weight"] = _linear(g, h, proj)
+        t[d + "project_out.weight"] = _linear(g, proj, h)
+    if not c.do_layer_norm_before:  # HF builds no final norm for post-norm OPT (350m)
+        del t[d + "final_layer_norm.weight"], t[d + "final_layer_norm.bias"]
+    for i in range(c.num_hidden_layers):
+        p = f"{d}layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            t[p + f"self_attn.{name}.weight"] = _linear(g, h, h)
+            t[p + f"self_attn.{name}.bias"] = _bias(g, h)
+        t[p + "fc1.weight"], t[p + "fc1.bias"] = _linear(g, f, h), _bias(g, f)
+        t[p + "fc2.weight"], t[p + "fc2.bias"] = _linear(g, h, f), _bias(g, h)
+        for ln in ("self_attn_layer_norm", "final_layer_norm"):
+            t[p + f"{ln}.weight"], t[p + f"{ln}.bias"] = _norm(g, h), _bias(g, h)
+    return t
+
+
+def random_tensors(config: ModelConfig, seed: int = 0,
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """HF-named tensors for ``config`` drawn from a generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    make = _opt_tensors if config.family == "opt" else _llama_tensors
+    return {k: v.to(dtype).contiguous() for k, v in make(config, g).items()}
+
+
+def save_random_model(out_dir: str, preset: str = "tiny-llama", seed: int = 0,
+                      dtype: torch.dtype = torch.float32, tokenizer: bool = True,
+                      tokenizer_model: Optional[str] = None, **overrides: Any) -> str:
+    """Writes config.json + model.safetensors (+ the SmolLM2 tokenizer, or the one of
+    ``tokenizer_model``) to ``out_dir`` and returns it. ``overrides`` replace config keys."""
+    from safetensors.torch import save_file
+
+    bos, eos = 1, 2
+    tok = None
+    if tokenizer:
+        from pagedkv.engine.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_pretrained(tokenizer_model)
+        bos = tok.bos_token_id if tok.bos_token_id is not None else bos
+        eos = tok.eos_token_id if tok.eos_token_id is not None else eos
+    cfg_dict = hf_config(preset, bos_token_id=bos, eos_token_id=eos, dtype=dtype, **overrides)
+    config = ModelConfig.from_hf_dict(cfg_dict)
+    if tok is not None and tok.vocab_size > config.vocab_size:
+        raise ValueError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's "
+                         f"{tok.vocab_size}")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg_dict, f, indent=2)
+    save_file(random_tensors(config, seed, dtype), os.path.join(out_dir, "model.safetensors"),
+              metadata={"format": "pt"})
+    if tok is not None:
+        tok.hf.save_pretrained(out_dir)
+    return out_dir
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description="Save a random-weight model as an HF checkpoint.")
+    ap.add_argument("out_dir", help="folder to write config.json, model.safetensors, tokenizer")
+    ap.add_argument("--preset", default="llama-1b", choices=sorted(PRESETS),
+                    help="model shape")
+    ap.add_argument("--seed", type=int, default=0, help="random seed of the weights")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
+                    help="dtype of the saved weights")
+    args = ap.parse_args(argv)
+    path = save_random_model(args.out_dir, args.preset, args.seed, getattr(torch, args.dtype))
+    print(f"saved {args.preset} (seed {args.seed}, {args.dtype}) to {path}")
+
+
+if __name__ == "__main__":
+    main()
