@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -95,12 +95,20 @@ FusedMapping = list[tuple[str, str, int]]
 
 
 def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                      fused: FusedMapping, shard_sizes: Callable[[str], list[int]],
+                      fused: FusedMapping,
+                      shard_sizes: Optional[Callable[[str], list[int]]] = None,
                       rename: Callable[[str], str | None] = lambda n: n) -> set[str]:
-    """Copies checkpoint tensors into ``module``'s parameters, slicing the separate q/k/v (or
-    gate/up) tensors of a checkpoint into our fused ones. Returns the parameter names that were
-    written; raises on unknown names and shape mismatches."""
+    """Copies checkpoint tensors into ``module``'s parameters. A checkpoint's separate q/k/v
+    (or gate/up) tensors go into our fused parameter as its parts (``fused``). A parameter with
+    a ``weight_loader`` (the tensor-parallel layers of linear.py / vocab_embedding.py) takes its
+    rank's slice itself; a plain one gets the whole tensor (or the part ``shard_sizes`` places).
+    Tensors of layers on other pipeline stages are skipped. Returns the parameter names that
+    were written; raises on unknown names and shape mismatches."""
+    from pagedkv.models.linear import default_weight_loader
+    from pagedkv.models.pipeline_stage import other_stage_prefixes
+
     params = dict(module.named_parameters())
+    elsewhere = other_stage_prefixes(module)
     written: set[str] = set()
     for ckpt_name, tensor in weights:
         name = rename(ckpt_name)
@@ -112,21 +120,35 @@ def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tens
                 target, shard = name.replace(src, dst), idx
                 break
         if target not in params:
+            if elsewhere and target.startswith(elsewhere):
+                continue  # another pipeline stage holds it
             raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in the model "
                              f"(looked for {target!r})")
         param = params[target]
-        dst_tensor = param.data
-        if shard is not None:
-            sizes = shard_sizes(target)
-            start = sum(sizes[:shard])
-            dst_tensor = dst_tensor.narrow(0, start, sizes[shard])
-        if tuple(dst_tensor.shape) != tuple(tensor.shape):
-            raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
-                             f"expected {tuple(dst_tensor.shape)}")
-        with torch.no_grad():
-            dst_tensor.copy_(tensor.to(dst_tensor.dtype))
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is not None:
+                loader(param, tensor, shard)
+            elif shard is None:
+                default_weight_loader(param, tensor)
+            else:
+                _load_part(param, tensor, shard, shard_sizes, target)
+        except ValueError as e:
+            raise ValueError(f"checkpoint tensor {ckpt_name!r} {e}") from None
         written.add(target if shard is None else f"{target}#{shard}")
     return written
+
+
+def _load_part(param: torch.Tensor, tensor: torch.Tensor, shard: int,
+               shard_sizes: Optional[Callable[[str], list[int]]], target: str) -> None:
+    """Part ``shard`` of a plain fused parameter, placed by ``shard_sizes`` (one rank only)."""
+    from pagedkv.models.linear import copy_checked
+
+    if shard_sizes is None:
+        raise ValueError(f"is a part of {target!r}, which has no weight_loader and no "
+                         "shard_sizes were given")
+    sizes = shard_sizes(target)
+    copy_checked(param.data.narrow(0, sum(sizes[:shard]), sizes[shard]), tensor)
 
 
 def check_all_loaded(module: nn.Module, written: set[str],
