@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, cast
 
 import torch
 from torch import nn
@@ -90,13 +90,17 @@ class OPTForCausalLM(CausalLM):
         if cfg.tie_word_embeddings:
             self.tie_weights()
 
+    @property
+    def decoder(self) -> OPTDecoder:  # typed: nn.Module attributes read as Tensor | Module
+        return cast(OPTDecoder, self.model.decoder)
+
     def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.decoder.embed_tokens.weight
+        self.lm_head.weight = self.decoder.embed_tokens.weight
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
-        dec = self.model.decoder
+        dec = self.decoder
         x = dec.embed_tokens(input_ids)
         if dec.project_in is not None:
             x = dec.project_in(x)

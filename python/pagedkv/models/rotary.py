@@ -67,7 +67,7 @@ class RotaryEmbedding(nn.Module):
                  scaling: Optional[dict[str, Any]] = None) -> None:
         super().__init__()
         self.head_dim, self.max_position, self.base = head_dim, max_position, base
-        self.scaling = dict(scaling) if scaling else None
+        self.scaling: dict[str, Any] = dict(scaling) if scaling else {}
         rope_type = self.scaling["rope_type"] if self.scaling else "default"
         self.rope_type = rope_type
         self.attention_factor = 1.0
