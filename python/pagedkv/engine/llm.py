@@ -1,4 +1,4 @@
-"""LLM: offline batched inference with vLLM's user API (seed 003).
+"""LLM: offline batched inference with vLLM's user API.
 
     llm = LLM()                                  # the embedded SmolLM2-135M-Instruct
     outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0))
