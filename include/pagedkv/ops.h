@@ -1,4 +1,4 @@
-// Paged KV-cache operations — the vLLM-named kernels (seed 000/001).
+// Paged KV-cache operations — the vLLM-named kernels (layouts and dtypes: docs/layouts.md).
 //
 // Every function validates its arguments (shapes, dtypes, devices, ids in range) and throws
 // pagedkv::ValueError / TypeError naming the offending argument, then dispatches on the device
@@ -47,7 +47,7 @@ KVCacheDType parse_kv_cache_dtype(std::string_view name);
 
 enum class KVLayout : uint8_t { kVLLM, kNHD };
 
-// Partition length of paged_attention_v2 (seed 001's _PARTITION_SIZE).
+// Partition length of paged_attention_v2 (vLLM's _PARTITION_SIZE).
 inline constexpr int kPartitionSize = 512;
 
 // Head sizes every attention op supports.

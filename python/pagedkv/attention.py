@@ -1,4 +1,4 @@
-"""``PagedAttention``: vLLM's paged-attention front end (seed 001) over pagedkv's kernels.
+"""``PagedAttention``: vLLM's paged-attention front end over pagedkv's kernels.
 
 The static methods keep vLLM's names and argument order, so model code written for vLLM's
 ``PagedAttention`` runs unchanged. They accept torch tensors (CPU now, CUDA when built), numpy

@@ -218,7 +218,8 @@ class AsyncLLMEngine:
         list of token ids.
         """
         if prompt is not None and not isinstance(prompt, (str, dict)):
-            prompt, prompt_token_ids = None, list(prompt)
+            prompt_token_ids = list(prompt)
+            prompt = None
         self.check_health()
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
         with self._lock:

@@ -89,7 +89,7 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                 "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s",
                 time.perf_counter() - t0, max_model_len, cfg.max_num_seqs, batched,
                 cfg.enable_prefix_caching, cfg.enable_chunked_prefill)
-    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed),
+    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed or 0),
                        num_blocks, num_cpu, eos)
 
 
@@ -103,7 +103,7 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     from pagedkv.models import load_model
 
     key = (cfg.model, str(cfg.dtype), str(device))
-    model = _LOADED.get(key)
+    model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
     model, mc = load_model(cfg.model, cfg.dtype, device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import numpy as np
 import torch
@@ -19,13 +19,16 @@ from pagedkv import ops
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
+if TYPE_CHECKING:
+    from pagedkv.models.layers import CausalLM
+
 logger = logging.getLogger("pagedkv")
 
 _GiB = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: torch.nn.Module, model_config: Any,
+    def __init__(self, cfg: EngineConfig, model: CausalLM, model_config: Any,
                  device: torch.device, dtype: torch.dtype, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         self.cfg, self.model, self.mc = cfg, model, model_config
@@ -99,7 +102,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_run(self) -> None:
-        tokens, seqs = self.max_num_batched_tokens, []
+        tokens, seqs = self.max_num_batched_tokens, list[int]()
         while tokens > 0 and len(seqs) < self.cfg.max_num_seqs:
             seqs.append(min(tokens, self.max_model_len))
             tokens -= seqs[-1]

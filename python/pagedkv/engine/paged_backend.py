@@ -18,7 +18,7 @@ import torch
 
 from pagedkv import ops
 
-# Keys per partition of paged_attention_v2 on the CPU (pagedkv.ops' default; seed 001's
+# Keys per partition of paged_attention_v2 on the CPU (pagedkv.ops' default; vLLM's
 # _PARTITION_SIZE). On CUDA the split comes from ops.decode_partition_size.
 _PARTITION_SIZE = 512
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -104,7 +104,7 @@ def load_model(model: Optional[str] = None, dtype: DTypeLike = "auto",
     device = torch.device(device)
     source = resolve_model(model)
     config = load_config(source)
-    net = build_empty(config, resolve_dtype(dtype, config, device), device)
+    net: Any = build_empty(config, resolve_dtype(dtype, config, device), device)
     net.load_weights(checkpoint_weights(source, config))
     net.source = source
     return net, config

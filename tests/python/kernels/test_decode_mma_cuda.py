@@ -16,10 +16,10 @@ from support.deps import need
 torch = need("torch")
 
 import test_cuda_graph  # noqa: E402
-from support.cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
 from pagedkv import ops  # noqa: E402
 from pagedkv._C import build_info  # noqa: E402
 from pagedkv.attention import PagedAttention, decode_partition_size  # noqa: E402
+from support.cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
 from test_ops_cuda import decode_ref, run_decode  # noqa: E402
 
 MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]

@@ -105,21 +105,22 @@ def _config_value(action: argparse.Action, value: Any) -> Any:
         if not items or not all(isinstance(v, str) for v in items):
             raise ValueError(f"must be a string or a list of strings, got {value!r}")
         return items
-    if isinstance(value, list) and getattr(action.type, "takes_list", False):
+    convert: Any = action.type  # a callable here (argparse types it with FileType and str)
+    if isinstance(value, list) and getattr(convert, "takes_list", False):
         try:
-            return action.type(value)
+            return convert(value)
         except argparse.ArgumentTypeError as e:
             raise ValueError(str(e)) from None
     if isinstance(value, (bool, list, dict)) or value is None:
         raise ValueError(f"must be a single value, got {value!r}")
-    if action.type is None:
+    if convert is None:
         return str(value)
     try:
-        return action.type(str(value))
+        return convert(str(value))
     except argparse.ArgumentTypeError as e:
         raise ValueError(str(e)) from None
     except ValueError:
-        raise ValueError(f"must be {getattr(action.type, '__name__', 'valid')}, "
+        raise ValueError(f"must be {getattr(convert, '__name__', 'valid')}, "
                          f"got {value!r}") from None
 
 
