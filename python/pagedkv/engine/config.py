@@ -9,9 +9,12 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-# vLLM's --kv-cache-dtype choices. "auto": the cache holds the model dtype; the fp8 kinds store
-# one byte per element (uint8 arrays of the same shape), "fp8" meaning e4m3 as in vLLM.
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+from pagedkv import ops
+
+# vLLM's --kv-cache-dtype choices, the kernels' one list (include/pagedkv/ops.h). "auto": the
+# cache holds the model dtype; the fp8 kinds store one byte per element (uint8 arrays of the same
+# shape), "fp8" meaning e4m3 as in vLLM.
+KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 
 # Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1

@@ -10,12 +10,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
+from pagedkv import ops
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
 
-# vLLM's --kv-cache-dtype choices (pagedkv.engine.config.KV_CACHE_DTYPES; spelled out here so
-# building the parser does not import torch).
-KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM's --kv-cache-dtype choices: the kernels' one list (include/pagedkv/ops.h, read through
+# pagedkv.ops, which does not import torch).
+KV_CACHE_DTYPE_CHOICES = ops.KV_CACHE_DTYPES
 KV_CACHE_DTYPE_HELP = ("KV-cache element type: 'auto' (the model dtype), or fp8 at 1 byte per "
                        "element, which doubles the cached tokens of a 16-bit model: 'fp8' = "
                        "'fp8_e4m3' (3-bit mantissa) or 'fp8_e5m2' (wider range, 2-bit mantissa); "
