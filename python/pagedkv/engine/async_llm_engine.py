@@ -210,6 +210,12 @@ class AsyncLLMEngine:
         return self.engine.model_config
 
     @property
+    def input_processor(self) -> Any:
+        """The engine's InputProcessor (the server runs it in its own threads, with its
+        limits); None for an engine without one."""
+        return getattr(self.engine, "input_processor", None)
+
+    @property
     def is_dead(self) -> bool:
         return self._dead is not None
 

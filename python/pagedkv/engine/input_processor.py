@@ -28,9 +28,9 @@ from pagedkv.engine.sampling_params import SamplingParams
 
 # vLLM's $VLLM_MAX_N_SEQUENCES default: the most samples (n, best_of) one prompt may ask for.
 DEFAULT_MAX_N_SEQUENCES = 16384
-# A request id is logged and may be echoed in a response header: printable ASCII without
-# spaces only, so that no id can forge a log line (CR / LF) or break a header.
-_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,256}$")
+# A request id is logged and may be echoed in a response header: printable ASCII only, so that
+# no id can forge a log line (CR / LF) or break a header.
+_REQUEST_ID = re.compile(r"^[\x20-\x7e]{1,256}$")
 _INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -63,13 +63,13 @@ class EngineRequest:
 
 
 def check_request_id(request_id: Any, name: str = "request_id") -> str:
-    """``request_id`` if it is 1-256 printable ASCII characters without spaces, else ValueError
-    naming ``name`` (the message does not repeat a control character it refuses)."""
+    """``request_id`` if it is 1-256 printable ASCII characters, else ValueError naming
+    ``name`` (the message shows a control character it refuses escaped)."""
     if not isinstance(request_id, str):
         raise TypeError(f"{name} must be a string, got {type(request_id).__name__}")
     if not _REQUEST_ID.match(request_id):
-        raise ValueError(f"{name} must be 1 to 256 printable ASCII characters without spaces "
-                         f"or control characters, got {ascii(request_id[:64])}")
+        raise ValueError(f"{name} must be 1 to 256 printable ASCII characters (no control "
+                         f"characters such as CR / LF), got {ascii(request_id[:64])}")
     return request_id
 
 
@@ -140,13 +140,14 @@ class InputProcessor:
                 ("logit_bias", params.logit_bias, limits.max_logit_bias, "max_logit_bias")):
             if cap is not None and values and len(values) > cap:
                 raise ValueError(f"{name} may have at most {cap} entries, got {len(values)} "
-                                 f"(the limit is {flag} of {where})")
+                                 f"(the limit is {flag}, set by {where})")
         cap = limits.max_word_chars
         for name, words in (("stop", params.stop), ("bad_words", params.bad_words)):
             longest = max((len(w) for w in words or ()), default=0)
             if cap is not None and longest > cap:
                 raise ValueError(f"{name} entries may be at most {cap} characters long, got "
-                                 f"one of {longest} (the limit is max_word_chars of {where})")
+                                 f"one of {longest} (the limit is max_word_chars, set by "
+                                 f"{where})")
 
     def check_logprobs(self, params: SamplingParams) -> None:
         """vLLM's max_logprobs cap: a huge request fails alone, at once, not inside a step."""
