@@ -33,7 +33,7 @@ import inspect
 import logging
 import queue
 import threading
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Union
 
 from pagedkv.engine.input_processor import EngineRequest
 
@@ -183,6 +183,9 @@ class AsyncLLMEngine:
         self._dead: Optional[BaseException] = None
         self._stopping = False
         self._stats: Dict[str, Any] = dict(engine.get_stats())
+        # Called on the engine thread after each step with the tokens it processed (the
+        # server's iteration_tokens_total histogram).
+        self._step_observers: List[Callable[[int], None]] = []
         # Checks and tokenizes requests off the engine thread (the fast tokenizer releases the
         # GIL); two threads so that one huge request does not hold up every other one.
         self._inputs = concurrent.futures.ThreadPoolExecutor(
@@ -238,6 +241,11 @@ class AsyncLLMEngine:
     def get_stats(self) -> Dict[str, Any]:
         """The engine's counters as of its last loop iteration (read without blocking)."""
         return dict(self._stats)
+
+    def add_step_observer(self, observer: Callable[[int], None]) -> None:
+        """``observer(num_tokens)`` after every engine step: the prompt and generated tokens
+        the step added to the engine's counters (a prompt counts at the step completing it)."""
+        self._step_observers.append(observer)
 
     def num_active_requests(self) -> int:
         with self._lock:
@@ -356,11 +364,24 @@ class AsyncLLMEngine:
                     continue
                 failures = 0
                 self._dispatch(outputs)
-                self._stats = dict(self.engine.get_stats())
+                self._after_step(dict(self.engine.get_stats()))
                 stalled = busy and not outputs
         except BaseException as exc:  # noqa: BLE001 - any failure kills the loop; report it
             logger.exception("engine loop died")
             self._die(exc)
+
+    def _after_step(self, stats: Dict[str, Any]) -> None:
+        """New stats snapshot; the step observers learn how many tokens the step added."""
+        before, self._stats = self._stats, stats
+        if not self._step_observers:
+            return
+        keys = ("prompt_tokens", "generation_tokens")
+        added = sum(int(stats.get(k, 0)) - int(before.get(k, 0)) for k in keys)
+        for observer in self._step_observers:
+            try:
+                observer(added)
+            except Exception:  # noqa: BLE001 - a metrics hook must never stop the engine
+                logger.exception("a step observer failed")
 
     def _drain_commands(self, timeout: float) -> None:
         """Runs queued commands, first waiting up to ``timeout`` s for one (0: no wait)."""

@@ -68,29 +68,45 @@ def check_request_id(request_id: Any, name: str = "request_id") -> str:
     if not isinstance(request_id, str):
         raise TypeError(f"{name} must be a string, got {type(request_id).__name__}")
     if not _REQUEST_ID.match(request_id):
-        raise ValueError(f"{name} must be 1 to 256 printable ASCII characters (no control "
-                         f"characters such as CR / LF), got {ascii(request_id[:64])}")
+        raise ValueError(
+            f"{name} must be 1 to 256 printable ASCII characters (no control "
+            f"characters such as CR / LF), got {ascii(request_id[:64])}"
+        )
     return request_id
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int,
-                 max_logprobs: int = 20, scheduling_policy: str = "fcfs",
-                 limits: Optional[RequestLimits] = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        max_model_len: int,
+        max_logprobs: int = 20,
+        scheduling_policy: str = "fcfs",
+        limits: Optional[RequestLimits] = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size)
         self.max_model_len = int(max_model_len)
         # vLLM's max_logprobs, never more than the vocabulary (-1: the vocabulary).
-        self.max_logprobs = (self.vocab_size if max_logprobs == -1
-                             else min(max_logprobs, self.vocab_size))
+        self.max_logprobs = (
+            self.vocab_size if max_logprobs == -1 else min(max_logprobs, self.vocab_size)
+        )
         self.scheduling_policy = scheduling_policy
         self.limits = limits or RequestLimits()
 
     # ------------------------------------------------------------------ the one entry point
-    def process(self, request_id: str, prompt: Union[str, List[int], Dict[str, Any], None],
-                params: Optional[SamplingParams] = None, arrival_time: Optional[float] = None,
-                *, prompt_token_ids: Optional[Sequence[int]] = None, priority: Any = 0,
-                limits: Optional[RequestLimits] = None) -> EngineRequest:
+    def process(
+        self,
+        request_id: str,
+        prompt: Union[str, List[int], Dict[str, Any], None],
+        params: Optional[SamplingParams] = None,
+        arrival_time: Optional[float] = None,
+        *,
+        prompt_token_ids: Optional[Sequence[int]] = None,
+        priority: Any = 0,
+        limits: Optional[RequestLimits] = None,
+    ) -> EngineRequest:
         """vLLM's add_request arguments -> an EngineRequest. ``prompt`` is text, a list of
         token ids, or a dict with "prompt" and / or "prompt_token_ids"; ``prompt_token_ids=``
         (the older keyword) wins over what ``prompt`` holds. ``limits`` overrides the
@@ -100,13 +116,20 @@ class InputProcessor:
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
-            raise TypeError("params must be a SamplingParams, got "
-                            f"{type(params).__name__}")
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         priority = self.check_priority(priority)
         params = self.check_params(params, limits)
         text, ids = self._prompt(prompt, prompt_token_ids, params)
-        return EngineRequest(request_id, text, ids, params, self._max_tokens(ids, params),
-                             priority, arrival_time or time.time(), self._bad_words(params))
+        return EngineRequest(
+            request_id,
+            text,
+            ids,
+            params,
+            self._max_tokens(ids, params),
+            priority,
+            arrival_time or time.time(),
+            self._bad_words(params),
+        )
 
     # ------------------------------------------------------------------ parameters
     def check_params(self, params: SamplingParams, limits: RequestLimits) -> SamplingParams:
@@ -131,23 +154,30 @@ class InputProcessor:
         where = limits.source
         if params.best_of > limits.max_n_sequences:  # type: ignore[operator]
             name = "n" if params.best_of == params.n else "best_of"
-            raise ValueError(f"{name} must be at most {limits.max_n_sequences}, got "
-                             f"{params.best_of}. To increase this limit, set the "
-                             "PAGEDKV_MAX_N_SEQUENCES environment variable.")
+            raise ValueError(
+                f"{name} must be at most {limits.max_n_sequences}, got "
+                f"{params.best_of}. To increase this limit, set the "
+                "PAGEDKV_MAX_N_SEQUENCES environment variable."
+            )
         for name, values, cap, flag in (
-                ("stop", params.stop, limits.max_stop_strings, "max_stop_strings"),
-                ("bad_words", params.bad_words, limits.max_bad_words, "max_bad_words"),
-                ("logit_bias", params.logit_bias, limits.max_logit_bias, "max_logit_bias")):
+            ("stop", params.stop, limits.max_stop_strings, "max_stop_strings"),
+            ("bad_words", params.bad_words, limits.max_bad_words, "max_bad_words"),
+            ("logit_bias", params.logit_bias, limits.max_logit_bias, "max_logit_bias"),
+        ):
             if cap is not None and values and len(values) > cap:
-                raise ValueError(f"{name} may have at most {cap} entries, got {len(values)} "
-                                 f"(the limit is {flag}, set by {where})")
+                raise ValueError(
+                    f"{name} may have at most {cap} entries, got {len(values)} "
+                    f"(the limit is {flag}, set by {where})"
+                )
         cap = limits.max_word_chars
         for name, words in (("stop", params.stop), ("bad_words", params.bad_words)):
             longest = max((len(w) for w in words or ()), default=0)
             if cap is not None and longest > cap:
-                raise ValueError(f"{name} entries may be at most {cap} characters long, got "
-                                 f"one of {longest} (the limit is max_word_chars, set by "
-                                 f"{where})")
+                raise ValueError(
+                    f"{name} entries may be at most {cap} characters long, got "
+                    f"one of {longest} (the limit is max_word_chars, set by "
+                    f"{where})"
+                )
 
     def check_logprobs(self, params: SamplingParams) -> None:
         """vLLM's max_logprobs cap: a huge request fails alone, at once, not inside a step."""
@@ -155,41 +185,52 @@ class InputProcessor:
         for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
             k = getattr(params, name)
             if k is not None and k > cap:
-                raise ValueError(f"Requested {kind} logprobs of {k}, which is greater than max "
-                                 f"allowed: {cap} (parameter={name}, value={k}; the engine "
-                                 "argument max_logprobs sets the cap)")
+                raise ValueError(
+                    f"Requested {kind} logprobs of {k}, which is greater than max "
+                    f"allowed: {cap} (parameter={name}, value={k}; the engine "
+                    "argument max_logprobs sets the cap)"
+                )
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         """As vLLM: an id outside the vocabulary can never be sampled, and banning it (stop ids
         before min_tokens) or biasing it indexes the logits with it, inside a step."""
         vocab = self.vocab_size
-        for name, given in (("stop_token_ids", params.stop_token_ids),
-                            ("logit_bias", params.logit_bias),
-                            ("allowed_token_ids", params.allowed_token_ids)):
+        for name, given in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", params.logit_bias),
+            ("allowed_token_ids", params.allowed_token_ids),
+        ):
             bad = sorted({t for t in given or () if not 0 <= t < vocab})
             if bad:
-                raise ValueError(f"{name} must be in [0, {vocab}) (the vocabulary size), "
-                                 f"got out-of-vocab id(s) {bad[:10]}")
+                raise ValueError(
+                    f"{name} must be in [0, {vocab}) (the vocabulary size), "
+                    f"got out-of-vocab id(s) {bad[:10]}"
+                )
             if given and len(given) > vocab:  # only repeats can make a list longer
-                raise ValueError(f"{name} has {len(given)} entries, more than the vocabulary "
-                                 f"({vocab})")
+                raise ValueError(
+                    f"{name} has {len(given)} entries, more than the vocabulary ({vocab})"
+                )
 
     def check_priority(self, priority: Any) -> int:
         """ValueError (the server's 400) for a priority the scheduler cannot hold or ignores."""
         if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
-            raise TypeError(f"priority must be an integer, got {type(priority).__name__} "
-                            f"{priority!r}")
+            raise TypeError(
+                f"priority must be an integer, got {type(priority).__name__} {priority!r}"
+            )
         priority = int(priority)
         if not _INT32[0] <= priority <= _INT32[1]:
             raise ValueError(f"priority must be in [-2**31, 2**31 - 1] (int32), got {priority}")
         if priority != 0 and self.scheduling_policy != "priority":
-            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled. "
-                             "(Start the engine with scheduling_policy='priority'.)")
+            raise ValueError(
+                f"Got priority {priority} but Priority scheduling is not enabled. "
+                "(Start the engine with scheduling_policy='priority'.)"
+            )
         return priority
 
     # ------------------------------------------------------------------ the prompt
-    def _prompt(self, prompt: Any, prompt_token_ids: Optional[Sequence[int]],
-                params: SamplingParams) -> Tuple[Optional[str], List[int]]:
+    def _prompt(
+        self, prompt: Any, prompt_token_ids: Optional[Sequence[int]], params: SamplingParams
+    ) -> Tuple[Optional[str], List[int]]:
         if prompt is not None and not isinstance(prompt, str):
             item = prompt_item(prompt, "prompt")
             prompt = item.get("prompt")
@@ -205,11 +246,14 @@ class InputProcessor:
         ids = self._truncate(ids, params.truncate_prompt_tokens)
         vocab = self.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got "
-                             f"{min(ids)}..{max(ids)}")
+            raise ValueError(
+                f"prompt_token_ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}"
+            )
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens long, which does not leave room for "
-                             f"one generated token within max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"prompt is {len(ids)} tokens long, which does not leave room for "
+                f"one generated token within max_model_len={self.max_model_len}"
+            )
         return prompt, ids
 
     def encode_prompt(self, text: str) -> List[int]:
@@ -223,11 +267,13 @@ class InputProcessor:
             return ids
         max_len = self.max_model_len
         if keep > max_len:
-            raise ValueError(f"truncate_prompt_tokens value ({keep}) is greater than "
-                             f"max_model_len ({max_len}). Please, select a smaller "
-                             "truncation size.")
+            raise ValueError(
+                f"truncate_prompt_tokens value ({keep}) is greater than "
+                f"max_model_len ({max_len}). Please, select a smaller "
+                "truncation size."
+            )
         # -1: all the model takes, which here leaves room for one generated token.
-        return ids[-(max_len - 1 if keep == -1 else keep):]
+        return ids[-(max_len - 1 if keep == -1 else keep) :]
 
     def _max_tokens(self, ids: List[int], params: SamplingParams) -> int:
         room = self.max_model_len - len(ids)
@@ -239,12 +285,15 @@ class InputProcessor:
         tok = self.tokenizer
         for word in params.bad_words:
             _check_unicode(word, "bad_words")
-        words = tokenize_bad_words(params.bad_words,
-                                   lambda text: tok.encode(text, add_special_tokens=False))
+        words = tokenize_bad_words(
+            params.bad_words, lambda text: tok.encode(text, add_special_tokens=False)
+        )
         wrong = sorted({t for w in words for t in w if not 0 <= t < self.vocab_size})
         if wrong:
-            raise ValueError(f"bad_words encode to token ids outside the model's "
-                             f"vocabulary [0, {self.vocab_size}): {wrong[:10]}")
+            raise ValueError(
+                f"bad_words encode to token ids outside the model's "
+                f"vocabulary [0, {self.vocab_size}): {wrong[:10]}"
+            )
         return words
 
 
@@ -254,5 +303,6 @@ def _check_unicode(text: str, name: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{name} is not valid Unicode: {exc.reason} at character "
-                         f"{exc.start}") from None
+        raise ValueError(
+            f"{name} is not valid Unicode: {exc.reason} at character {exc.start}"
+        ) from None

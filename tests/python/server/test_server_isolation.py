@@ -19,22 +19,38 @@ need("fastapi")
 need("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
-
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine, StepFailedError  # noqa: E402
 from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 from pagedkv.entrypoints.openai.api_server import build_app  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
-LIMITS = dict(max_stop_strings=4, max_bad_words=3, max_word_chars=16, max_logit_bias=5,
-              max_request_body_size=64 * 1024)
+LIMITS = dict(
+    max_stop_strings=4,
+    max_bad_words=3,
+    max_word_chars=16,
+    max_logit_bias=5,
+    max_request_body_size=64 * 1024,
+)
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory):
-    path = save_random_model(str(tmp_path_factory.mktemp("isolation_model")), "tiny-llama",
-                             seed=5, head_dim=32, max_position_embeddings=256)
-    eng = AsyncLLMEngine(model=path, device="cpu", dtype="float32", block_size=8,
-                         num_gpu_blocks_override=64, max_model_len=128, max_num_seqs=8)
+    path = save_random_model(
+        str(tmp_path_factory.mktemp("isolation_model")),
+        "tiny-llama",
+        seed=5,
+        head_dim=32,
+        max_position_embeddings=256,
+    )
+    eng = AsyncLLMEngine(
+        model=path,
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=64,
+        max_model_len=128,
+        max_num_seqs=8,
+    )
     yield eng
     eng.shutdown()
 
@@ -49,8 +65,12 @@ def http(engine: AsyncLLMEngine):
 def post(http: TestClient, route: str, body: dict, **kw):  # type: ignore[no-untyped-def]
     # json.dumps with ensure_ascii: "\ud800" goes over the wire as JSON's escape, as a client
     # would send it.
-    return http.post(route, content=json.dumps(body), headers={
-        "Content-Type": "application/json", **kw.pop("headers", {})}, **kw)
+    return http.post(
+        route,
+        content=json.dumps(body),
+        headers={"Content-Type": "application/json", **kw.pop("headers", {})},
+        **kw,
+    )
 
 
 def check_400(r, param):  # type: ignore[no-untyped-def]
@@ -83,9 +103,10 @@ NUMERIC = [
 
 @pytest.mark.parametrize("extra, param, why", NUMERIC, ids=[p for _, p, _ in NUMERIC])
 def test_numbers_the_engine_cannot_run_are_refused_by_name(http, engine, extra, param, why):
-    for route, body in (("/v1/completions", {"prompt": "hi"}),
-                        ("/v1/chat/completions", {"messages": [{"role": "user",
-                                                                "content": "hi"}]})):
+    for route, body in (
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
         message = check_400(post(http, route, {**body, "max_tokens": 2, **extra}), param)
         assert why in message, message
     alive(http, engine)
@@ -95,11 +116,15 @@ def test_extreme_but_valid_numbers_sample_real_tokens(engine):
     """At the edges of the accepted ranges the logits stay finite: the allowed tokens are
     still the only ones drawn (NaN logits drew token 0 whatever the mask)."""
     allowed = [5, 6, 7]
-    for knobs in ({"temperature": 3e38}, {"repetition_penalty": 1e-6},
-                  {"repetition_penalty": 1e6}, {"temperature": 1e-5,
-                                                "logit_bias": {5: 1e10, 6: -1e10}}):
-        params = SamplingParams(max_tokens=6, ignore_eos=True, allowed_token_ids=allowed,
-                                seed=1, **knobs)
+    for knobs in (
+        {"temperature": 3e38},
+        {"repetition_penalty": 1e-6},
+        {"repetition_penalty": 1e6},
+        {"temperature": 1e-5, "logit_bias": {5: 1e10, 6: -1e10}},
+    ):
+        params = SamplingParams(
+            max_tokens=6, ignore_eos=True, allowed_token_ids=allowed, seed=1, **knobs
+        )
 
         async def run(p=params, k=knobs):  # type: ignore[no-untyped-def]
             return [o async for o in engine.generate([3, 4, 5, 6], p, f"edge-{k}")][-1]
@@ -119,17 +144,20 @@ LISTS = [
 
 @pytest.mark.parametrize("extra, param, words", LISTS, ids=[p for _, p, _ in LISTS])
 def test_list_fields_are_bounded_by_the_server_flags(http, engine, extra, param, words):
-    message = check_400(post(http, "/v1/completions", {"prompt": "hi", "max_tokens": 2,
-                                                       **extra}), param)
+    message = check_400(
+        post(http, "/v1/completions", {"prompt": "hi", "max_tokens": 2, **extra}), param
+    )
     assert words in message and "--max-" in message, message
     alive(http, engine)
 
 
 def test_request_bodies_are_bounded_on_every_route(http, engine):
     big = "word " * 20000  # 100 KB > the 64 KB limit
-    for route, body in (("/v1/completions", {"prompt": big}),
-                        ("/tokenize", {"prompt": big}),
-                        ("/detokenize", {"tokens": [1] * 30000})):
+    for route, body in (
+        ("/v1/completions", {"prompt": big}),
+        ("/tokenize", {"prompt": big}),
+        ("/detokenize", {"tokens": [1] * 30000}),
+    ):
         r = post(http, route, body)
         assert r.status_code == 413, (route, r.text)
         assert "--max-request-body-size" in r.json()["error"]["message"]
@@ -139,8 +167,9 @@ def test_request_bodies_are_bounded_on_every_route(http, engine):
 def test_tokenize_and_detokenize_are_bounded_like_prompts(http, engine):
     long_text = "abcdefghij" * 6000  # 60 KB: under the body limit, over what 128 tokens span
     check_400(post(http, "/tokenize", {"prompt": long_text}), "prompt")
-    check_400(post(http, "/tokenize", {"messages": [{"role": "user", "content": long_text}]}),
-              "messages")
+    check_400(
+        post(http, "/tokenize", {"messages": [{"role": "user", "content": long_text}]}), "messages"
+    )
     check_400(post(http, "/detokenize", {"tokens": [1] * 129}), "tokens")
     assert post(http, "/detokenize", {"tokens": [1] * 128}).status_code == 200
     assert post(http, "/tokenize", {"prompt": "hello"}).json()["count"] > 0
@@ -151,10 +180,16 @@ UNICODE = [
     ("/v1/completions", {"prompt": SURROGATE}, "prompt"),
     ("/v1/completions", {"prompt": "hi", "bad_words": [SURROGATE]}, "bad_words.0"),
     ("/v1/completions", {"prompt": "hi", "stop": SURROGATE}, "stop"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": SURROGATE}]},
-     "messages.0.content"),
-    ("/v1/chat/completions", {"messages": [{"role": SURROGATE, "content": "x"}]},
-     "messages.0.role"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": SURROGATE}]},
+        "messages.0.content",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": SURROGATE, "content": "x"}]},
+        "messages.0.role",
+    ),
     ("/tokenize", {"prompt": SURROGATE}, "prompt"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {SURROGATE: 1}}, "logit_bias"),
 ]
@@ -182,7 +217,8 @@ def test_request_ids_are_restricted_to_a_safe_character_set(http, engine):
 
 
 def test_a_step_failing_because_of_its_requests_never_kills_the_engine(
-        engine: AsyncLLMEngine, http: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine: AsyncLLMEngine, http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before: three such steps in a row declared the engine dead (every route 503). Now a step
     that fails aborts its requests (their callers get the error) and the engine goes on, however
     often it happens."""
@@ -231,3 +267,39 @@ def test_vllm_environment_twins(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(ours, raising=False)
         monkeypatch.setenv(theirs, "7")
         assert envs.getenv(ours) == "7" and envs.source(ours) == theirs
+
+
+def test_metrics_carry_vllms_names_and_the_missing_series(http, engine):
+    """vLLM's dashboards read vllm:-named series; each pagedkv: series has its vllm: twin, and
+    the series they lacked exist and count requests."""
+    alive(http, engine)
+    text = http.get("/metrics").text
+    names = {
+        line.split("{")[0].split(" ")[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    for base in (
+        "num_requests_running",
+        "kv_cache_usage_perc",
+        "gpu_cache_usage_perc",
+        "generation_tokens_total",
+        "iteration_tokens_total_count",
+        "time_to_first_token_seconds_count",
+        "inter_token_latency_seconds_count",
+        "request_queue_time_seconds_count",
+        "request_prefill_time_seconds_count",
+        "request_decode_time_seconds_count",
+        "request_inference_time_seconds_count",
+        "e2e_request_latency_seconds_count",
+        "request_success_total",
+    ):
+        assert f"pagedkv:{base}" in names and f"vllm:{base}" in names, base
+    pairs = [
+        line.rsplit(" ", 1)
+        for line in text.splitlines()
+        if line.startswith("vllm:") and "model_name" in line
+    ]
+    values = {k.split("{")[0]: float(v) for k, v in pairs}
+    assert values["vllm:request_queue_time_seconds_count"] >= 1, values
+    assert values["vllm:iteration_tokens_total_count"] >= 1, values

@@ -210,7 +210,7 @@ class OpenAIServingChat(OpenAIServing):
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         usage = self.usage([out])
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
-                   usage.prompt_tokens)
+                   usage.prompt_tokens, [out])
         return ChatCompletionResponse(
             id=request_id, model=self.state.model_name, choices=choices, usage=usage,
             prompt_logprobs=lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),

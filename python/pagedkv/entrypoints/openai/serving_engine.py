@@ -421,7 +421,7 @@ class OpenAIServing:
                               getattr(c, "stop_reason", None), idx not in sent_text, out)
                 sent_text[idx], sent_tokens[idx] = len(c.text), len(c.token_ids)
                 if delta.token_ids:
-                    timer.token()
+                    timer.token(idx)
                 if finish is not None:
                     done.add(idx)
                 yield delta
@@ -463,7 +463,7 @@ class OpenAIServing:
             for s in streams:
                 s.close()
             usage = self.usage(latest)
-            timer.done(usage.completion_tokens, reasons, usage.prompt_tokens)
+            timer.done(usage.completion_tokens, reasons, usage.prompt_tokens, latest)
 
     def usage(self, outputs: Sequence[Any]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids or ()) for o in outputs if o is not None)
@@ -500,18 +500,30 @@ class RequestTimer:
         self.request_id = request_id
         self.start = time.perf_counter()
         self.first: Optional[float] = None
+        self.last: Optional[float] = None
 
-    def token(self) -> None:
+    def token(self, choice: int = 0) -> None:
+        """New tokens of response choice ``choice`` arrived; the intervals between the first
+        choice's arrivals are the inter-token latencies."""
+        now = time.perf_counter()
         if self.first is None:
-            self.first = time.perf_counter()
+            self.first = now
+        if choice != 0:
+            return
+        if self.last is not None:
+            self.metrics.observe_token_interval(now - self.last)
+        self.last = now
 
     def done(self, num_tokens: int, finish_reasons: Sequence[Optional[str]],
-             prompt_tokens: int = 0) -> None:
+             prompt_tokens: int = 0, outputs: Sequence[Any] = ()) -> None:
+        """``outputs``: the request's latest RequestOutputs (their engine milestones)."""
         end = time.perf_counter()
         ttft = (self.first or end) - self.start
         tpot = (end - (self.first or end)) / (num_tokens - 1) if num_tokens > 1 else None
+        first = next((o for o in outputs if o is not None), None)
         self.metrics.observe_request(ttft, tpot, end - self.start, finish_reasons,
-                                     prompt_tokens, num_tokens)
+                                     prompt_tokens, num_tokens,
+                                     getattr(first, "metrics", None))
         # Reasons with their counts, so that a request with many choices logs one short line.
         counts = Counter(str(r) for r in finish_reasons)
         logger.info("finished %s: completion_tokens=%d finish=%s ttft=%.3fs e2e=%.3fs",
