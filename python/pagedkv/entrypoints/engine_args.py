@@ -90,11 +90,12 @@ ENGINE_FLAGS = (
          "or 'priority' (the request's priority, lower first, then arrival; a server request "
          "with a priority other than 0 is refused under fcfs)",
          type=t.choice_of(("fcfs", "priority")), metavar="{fcfs,priority}"),
+    Flag("tensor_parallel_size", 1, "ranks each layer is split over (one process per rank, "
+         "each on its own GPU, or on the CPU with gloo)", type=t.int_at_least(1)),
+    Flag("pipeline_parallel_size", 1, "pipeline stages the layers are split into (ranks = "
+         "tensor x pipeline parallel size; under torchrun, its WORLD_SIZE)",
+         type=t.int_at_least(1)),
     # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
-    Flag("tensor_parallel_size", 1, "accepted for vLLM compatibility: one device, so 1 only",
-         type=t.only_one),
-    Flag("pipeline_parallel_size", 1, "accepted for vLLM compatibility: one process, so 1 only",
-         type=t.only_one),
     Flag("trust_remote_code", False, "accepted for vLLM compatibility: pagedkv runs its own "
          "model code, never a checkpoint's, so this changes nothing", kind="switch"),
     Flag("disable_log_stats", False, "accepted for vLLM compatibility: pagedkv logs no "
