@@ -22,6 +22,7 @@ from pagedkv.models.layers import (
     check_all_loaded,
     load_weights_into,
 )
+from pagedkv.models.moe import sparse_moe_block
 from pagedkv.models.rotary import RotaryEmbedding, apply_rotary
 
 _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
@@ -71,7 +72,9 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, layer_idx)
-        self.mlp = LlamaMLP(cfg)
+        # Mixtral / Qwen-MoE: a sparse MoE block where the config makes the layer sparse.
+        moe = sparse_moe_block(cfg, layer_idx)
+        self.mlp = moe if moe is not None else LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
