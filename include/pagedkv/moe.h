@@ -50,7 +50,8 @@ void moe_align_block_size(const TensorView& topk_ids, int num_experts, int block
 // writes zeros. Pass top_k = k for the first projection (a = the tokens [T, K]) and top_k = 1
 // for the second (a = the per-pair activations [T*k, K]).
 //   out [T*k, N], a [M, K] (float32 / float16 / bfloat16, one dtype), w [E, N, K] (a's dtype,
-//   contiguous), topk_weights [T*k] or [T, k] float32
+//   contiguous), topk_weights [T*k] or [T, k] float32 (contiguous on CUDA)
+// block_size: as given to moe_align_block_size; the CUDA kernel takes 16, 32 or 64.
 void moe_grouped_gemm(const TensorView& out, const TensorView& a, const TensorView& w,
                       const TensorView& sorted_token_ids, const TensorView& expert_ids,
                       const TensorView& num_tokens_post_pad, int top_k, int block_size,

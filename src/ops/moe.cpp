@@ -171,6 +171,8 @@ void moe_grouped_gemm(const TensorView& out, const TensorView& a, const TensorVi
                 " rows but a has ", a.size(0), " rows and top_k = ", top_k,
                 " (out rows = a rows * top_k)");
   check_block_size(block_size);
+  PAGEDKV_CHECK(!a.device().is_cuda() || block_size == 16 || block_size == 32 || block_size == 64,
+                "block_size = ", block_size, ": the CUDA grouped GEMM takes 16, 32 or 64");
   for (const auto& [t, name] : {std::pair{&sorted_token_ids, "sorted_token_ids"},
                                 {&expert_ids, "expert_ids"},
                                 {&num_tokens_post_pad, "num_tokens_post_pad"}}) {
