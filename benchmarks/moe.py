@@ -100,7 +100,7 @@ def bench_engine(device: str, quick: bool) -> list[dict]:
     from pagedkv import LLM, SamplingParams
     from pagedkv.testing import save_random_model
 
-    h, layers, inter, e, k = (128, 2, 256, 8, 2) if quick else (2048, 16, 4096, 8, 2)
+    h, layers, inter, e, k = (128, 2, 256, 8, 2) if quick else (1024, 8, 2048, 8, 2)
     common = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=h // 64,
                   num_key_value_heads=max(1, h // 256), head_dim=64,
                   max_position_embeddings=4096, vocab_size=32000)
@@ -120,7 +120,8 @@ def bench_engine(device: str, quick: bool) -> list[dict]:
         params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
         for name, path in models.items():
             llm = LLM(path, skip_tokenizer_init=True, device=device, seed=0,
-                      **({"kv_cache_space": 1.0} if device == "cpu" else {}))
+                      **({"kv_cache_space": 1.0} if device == "cpu" else
+                         {"gpu_memory_utilization": 0.4}))
             llm.generate([{"prompt_token_ids": p} for p in ids[:4]], params)  # warm-up
             t0 = time.perf_counter()
             llm.generate([{"prompt_token_ids": p} for p in ids], params)
