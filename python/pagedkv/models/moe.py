@@ -17,7 +17,12 @@ import torch
 from torch import nn
 
 from pagedkv import moe_ops
-from pagedkv.models.layers import Linear, activation
+from pagedkv.models.layers import act_and_mul
+from pagedkv.models.linear import (
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 
 # HF architectures with sparse MoE layers and the experts' normalisation rule.
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -60,11 +65,11 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                   act: str = "silu") -> torch.Tensor:
     """x [T, H] through each token's top-k experts, weighted and summed -> [T, H]."""
     t, k = topk_ids.shape
-    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    num_experts = w13.shape[0]
     block = moe_ops.moe_block_size(t * k, num_experts)
     sorted_ids, expert_ids, used = moe_ops.moe_align_block_size(topk_ids, block, num_experts)
     h = moe_ops.moe_grouped_gemm(x, w13, sorted_ids, expert_ids, used, k, block)  # [T*k, 2I]
-    h = activation(act)(h[:, :inter]) * h[:, inter:]
+    h = act_and_mul(act)(h)  # [T*k, I]
     y = moe_ops.moe_grouped_gemm(h, w2, sorted_ids, expert_ids, used, 1, block,
                                  topk_weights)  # [T*k, H], weighted
     return y.view(t, k, -1).sum(dim=1)
@@ -77,7 +82,7 @@ class FusedMoE(nn.Module):
         super().__init__()
         e, inter = moe.num_experts, moe.intermediate_size
         self.top_k, self.renormalize, self.act = moe.top_k, moe.renormalize, hidden_act
-        activation(hidden_act)  # an unknown activation is refused when the model is built
+        act_and_mul(hidden_act)  # an unknown activation is refused when the model is built
         self.w13_weight = nn.Parameter(torch.empty(e, 2 * inter, hidden_size),
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, inter), requires_grad=False)
@@ -104,18 +109,17 @@ class FusedMoE(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """A dense SwiGLU MLP with fused gate/up rows (Qwen2-MoE's shared expert)."""
+    """A dense gated MLP with fused gate/up rows (Qwen2-MoE's shared expert)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
         super().__init__()
-        self.intermediate = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
-        self.act = activation(hidden_act)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2,
+                                                       bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
+        self.act_and_mul = act_and_mul(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class SparseMoeBlock(nn.Module):
@@ -123,14 +127,14 @@ class SparseMoeBlock(nn.Module):
 
     def __init__(self, moe: MoEConfig, hidden_size: int, hidden_act: str) -> None:
         super().__init__()
-        self.gate = Linear(hidden_size, moe.num_experts, bias=False)
+        self.gate = ReplicatedLinear(hidden_size, moe.num_experts, bias=False)
         self.experts = FusedMoE(moe, hidden_size, hidden_act)
         self.shared_expert: Optional[GatedMLP] = None
-        self.shared_expert_gate: Optional[Linear] = None
+        self.shared_expert_gate: Optional[ReplicatedLinear] = None
         if moe.shared_expert_intermediate_size:
             self.shared_expert = GatedMLP(hidden_size, moe.shared_expert_intermediate_size,
                                           hidden_act)
-            self.shared_expert_gate = Linear(hidden_size, 1, bias=False)
+            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, self.gate(x))

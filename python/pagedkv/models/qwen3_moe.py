@@ -7,18 +7,12 @@ biases and a shared expert gated by sigmoid(shared_expert_gate(x)).
 
 from __future__ import annotations
 
-from typing import Iterable
-
-import torch
-
 from pagedkv.models.config import ModelConfig
-from pagedkv.models.llama import LlamaForCausalLM
-from pagedkv.models.mixtral import load_moe_checkpoint
+from pagedkv.models.mixtral import MixtralForCausalLM
 
 
-class Qwen2MoeForCausalLM(LlamaForCausalLM):
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_moe_checkpoint(self, weights)
+class Qwen2MoeForCausalLM(MixtralForCausalLM):
+    """Loads like Mixtral (experts stacked per layer); the shared expert is a gated MLP."""
 
 
 class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
