@@ -322,3 +322,14 @@ def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Any = None) -
 def _no_blocksparse(vert_stride: Optional[int]) -> None:
     if vert_stride is not None and vert_stride > 1:
         raise ValueError("blocksparse_vert_stride > 1: blocksparse attention is not supported")
+
+
+# The mixture-of-experts kernels live in their own module (one concept per file).
+from pagedkv.moe_ops import (  # noqa: E402
+    moe_align_block_size,
+    moe_grouped_gemm,
+    moe_max_padded_tokens,
+    topk_softmax,
+)
+
+__all__ += ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens"]

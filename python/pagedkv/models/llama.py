@@ -22,6 +22,7 @@ from pagedkv.models.layers import (
     load_weights_into,
 )
 from pagedkv.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedkv.models.moe import sparse_moe_block
 from pagedkv.models.pipeline_stage import (
     PPMissingLayer,
     is_first_stage,
@@ -80,10 +81,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cache_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, cache_idx: int, layer_idx: Optional[int] = None) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, cache_idx)
-        self.mlp = LlamaMLP(cfg)
+        # Mixtral / Qwen-MoE: a sparse MoE block where the config makes the layer sparse
+        # (decided by the model's layer index, which differs from cache_idx on later stages).
+        moe = sparse_moe_block(cfg, cache_idx if layer_idx is None else layer_idx)
+        self.mlp = moe if moe is not None else LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -113,7 +117,7 @@ class LlamaModel(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling)
         self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda _, cache_idx: LlamaDecoderLayer(cfg, cache_idx))
+            cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, cache_idx, i))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() \
             else PPMissingLayer()
 
@@ -152,8 +156,11 @@ class LlamaForCausalLM(CausalLM):
             return m.norm(x)
         return m.norm(x, residual)[0]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                     loaded_elsewhere: Optional[set[str]] = None) -> None:
+        """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...).
+        ``loaded_elsewhere``: parameters a subclass fills itself while ``weights`` is consumed
+        (the MoE experts), counted as loaded."""
         cfg = self.config
         # A tied head on a last stage that is not the first has its own copy of the matrix.
         head_from_embedding = cfg.tie_word_embeddings and not is_first_stage()
@@ -168,4 +175,5 @@ class LlamaForCausalLM(CausalLM):
             return name
 
         written = load_weights_into(self, weights, _FUSED, rename=rename)
-        check_all_loaded(self, written, {".qkv_proj.": 3, ".gate_up_proj.": 2})
+        check_all_loaded(self, written | (loaded_elsewhere or set()),
+                         {".qkv_proj.": 3, ".gate_up_proj.": 2})
