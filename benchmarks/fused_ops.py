@@ -10,7 +10,8 @@ models) and a prefill chunk (4096 tokens; 8B). Every variant is timed as CUDA-gr
 20 calls (the engine captures decode in graphs, so launch latency is out of every column),
 median of 30 replays.
 "bw" is the op's compulsory bytes (each input read once, each output written once) per second
-as a fraction of a device-to-device copy's read + write rate.
+as a fraction of a device-to-device copy's read + write rate. A second table times the
+sampler's top-k / top-p truncation: the radix-search threshold op against a vocabulary sort.
 """
 
 from __future__ import annotations
@@ -134,6 +135,36 @@ def cases(tokens: int, model: str) -> list[tuple[str, int, Callable, Callable, C
     ]
 
 
+def sort_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The sampler's previous truncation: a full vocabulary sort, cumulative sums, a scatter."""
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    sorted_logits = sorted_logits.masked_fill(ranks >= k.unsqueeze(1), float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    drop = (probs.cumsum(dim=-1) - probs) > p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def sampling_rows(rows: int, vocab: int) -> tuple[str, float, float]:
+    """Top-k 50 + top-p 0.9 truncation of [rows, vocab] logits: the threshold op (+ softmax and
+    the mask) against the sort-based version."""
+    logits = torch.randn(rows, vocab, device="cuda") * 3
+    k = torch.full((rows,), 50, dtype=torch.int32, device="cuda")
+    p = torch.full((rows,), 0.9, device="cuda")
+    min_p = torch.zeros(rows, device="cuda")
+    thr = torch.empty(rows, device="cuda")
+
+    def threshold() -> None:
+        probs = logits.softmax(-1)
+        ops.top_k_top_p_threshold(thr, probs, k, p, min_p)
+        probs.masked_fill_(probs < thr[:, None], 0.0)
+
+    return (f"top-k/top-p {rows}x{vocab}", time_graph(threshold, reps=10),
+            time_graph(lambda: sort_top_k_top_p(logits, k.long(), p), reps=10))
+
+
 def try_time(fn: Callable[[], object]) -> Optional[float]:
     try:
         return time_graph(fn)
@@ -168,6 +199,13 @@ def main() -> None:
                   f"{te / tf:.2f}x | {ratio_c} | {nbytes / tf / bw:.0%} |", flush=True)
             rows.append({"model": model, "tokens": tokens, "op": name, "pagedkv_s": tf,
                          "eager_s": te, "compile_s": tc, "bytes": nbytes, "copy_bw": bw})
+    print("\n| sampling truncation | threshold op us | sort-based us | speed-up |")
+    print("|---|---|---|---|")
+    for b, v in [(64, 128256)] if args.quick else [(64, 128256), (256, 128256), (256, 32000)]:
+        name, t_op, t_sort = sampling_rows(b, v)
+        print(f"| {name} | {t_op * 1e6:.1f} | {t_sort * 1e6:.1f} | {t_sort / t_op:.2f}x |",
+              flush=True)
+        rows.append({"op": name, "pagedkv_s": t_op, "sort_s": t_sort})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": props.name, "rows": rows}, f, indent=1)
