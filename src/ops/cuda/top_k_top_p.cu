@@ -1,7 +1,10 @@
 // top_k_top_p_threshold on the GPU: one CTA per row runs the radix search of threshold_search.h.
 // Each pass sweeps the row once into a 256-bin shared-memory histogram (counts, and 2^-32
-// fixed-point masses for top-p: integer atomics, so the sums, and the thresholds, are exact and
-// equal to the CPU kernel's); thread 0 picks the bin and the CTA descends into it.
+// fixed-point masses for top-p: integer sums, so the thresholds are exact and equal to the CPU
+// kernel's); thread 0 picks the bin and the CTA descends into it. Most of a vocabulary's
+// probabilities share a few bins of the first pass, so a warp first merges its lanes by bin
+// (__match_any_sync) and one lane per bin adds the group's count and mass: at most one atomic
+// per warp and bin instead of 32 colliding ones.
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
@@ -29,6 +32,7 @@ struct ThresholdParams {
 struct Shared {
   uint32_t count[th::kBins];
   u64 mass[th::kBins];
+  u64 stage[kThreads / 32][32];  // each lane's mass, summed by its bin group's leader
   u64 partial_u64[kThreads / 32];
   float partial_f[kThreads / 32];
   int chosen;
@@ -44,12 +48,25 @@ __device__ void histogram(Shared& sh, const float* p, int64_t n, const th::Searc
     sh.mass[i] = 0;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = p[i];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // Whole warps iterate together (n rounded up to 32; the padding lanes hold no element).
+  const int64_t padded = (n + 31) / 32 * 32;
+  for (int64_t i = threadIdx.x; i < padded; i += blockDim.x) {
+    const float v = i < n ? p[i] : 0.0f;
     const uint32_t key = th::key_of(v);
-    if (!s.in_range(key)) continue;
-    atomicAdd(&sh.count[s.bin(key)], 1u);
-    if (with_mass) atomicAdd(&sh.mass[s.bin(key)], static_cast<u64>(th::mass_of(v)));
+    const int bin = i < n && s.in_range(key) ? s.bin(key) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (with_mass) sh.stage[warp][lane] = th::mass_of(v);
+    __syncwarp();
+    if (bin >= 0 && lane == __ffs(peers) - 1) {
+      atomicAdd(&sh.count[bin], static_cast<uint32_t>(__popc(peers)));
+      if (with_mass) {
+        u64 sum = 0;
+        for (unsigned rest = peers; rest; rest &= rest - 1) sum += sh.stage[warp][__ffs(rest) - 1];
+        atomicAdd(&sh.mass[bin], sum);
+      }
+    }
+    __syncwarp();
   }
   __syncthreads();
 }
