@@ -1,5 +1,5 @@
 // Sampling ops: the truncation thresholds of top-k / top-p / min-p sampling for a whole batch,
-// found without sorting the vocabulary. Same contract as ops.h (DLPack arrays as TensorViews,
+// found without sorting the vocabulary, and the random draw itself. Same contract as ops.h (DLPack arrays as TensorViews,
 // validated, CPU or CUDA by device, CUDA work on `stream`, no synchronisation or allocation).
 #pragma once
 
@@ -22,5 +22,16 @@ namespace pagedkv::ops {
 void top_k_top_p_threshold(const TensorView& thresholds, const TensorView& probs,
                            const TensorView& top_k, const TensorView& top_p,
                            const TensorView& min_p, Stream stream = nullptr);
+
+// Draws one token per row of probs [B, V] (float32 >= 0, need not be normalised) among the
+// tokens with probs >= thresholds[b] (float32 [B]; 0 keeps all), by the exponential race:
+// tokens[b] (int64 [B]) = argmax_v probs[b, v] / E(keys[b], v), which picks v with probability
+// proportional to probs[b, v]. E(key, v) ~ Exp(1) is a counter-based draw (SplitMix64 of key and
+// v): a row's token depends only on its probabilities and its key (int64 [B]), never on the
+// other rows, and no [B, V] noise array is written. Ties go to the lowest index. A row whose
+// kept probabilities are all 0 gets its first kept token.
+void sample_exponential_race(const TensorView& tokens, const TensorView& probs,
+                             const TensorView& thresholds, const TensorView& keys,
+                             Stream stream = nullptr);
 
 }  // namespace pagedkv::ops

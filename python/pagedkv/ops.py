@@ -39,7 +39,7 @@ from pagedkv.layer_ops import (
     rotary_embedding,
     silu_and_mul,
 )
-from pagedkv.sampling_ops import top_k_top_p_threshold
+from pagedkv.sampling_ops import sample_exponential_race, top_k_top_p_threshold
 
 __all__ = [
     "reshape_and_cache",
@@ -59,6 +59,7 @@ __all__ = [
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "top_k_top_p_threshold",
+    "sample_exponential_race",
 ]
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).

@@ -54,4 +54,36 @@ void top_k_top_p_threshold(const TensorView& thresholds, const TensorView& probs
   (void)stream;
 }
 
+void sample_exponential_race(const TensorView& tokens, const TensorView& probs,
+                             const TensorView& thresholds, const TensorView& keys,
+                             Stream stream) {
+  const detail::Named reads[] = {{&probs, "probs"}, {&thresholds, "thresholds"}, {&keys, "keys"}};
+  detail::check_devices({reads[0], {&tokens, "tokens"}});
+  detail::check_devices(reads);
+  check_dtype(probs, "probs", {DType::kFloat32});
+  check_ndim(probs, "probs", 2);
+  PAGEDKV_CHECK(probs.is_last_dim_contiguous(), "probs must be contiguous in its last dimension");
+  const int64_t rows = probs.size(0);
+  check_dtype(thresholds, "thresholds", {DType::kFloat32});
+  check_shape(thresholds, "thresholds", {rows});
+  check_dtype(keys, "keys", {DType::kInt64});
+  check_shape(keys, "keys", {rows});
+  check_dtype(tokens, "tokens", {DType::kInt64});
+  check_shape(tokens, "tokens", {rows});
+  for (const detail::Named& a : reads) detail::check_cuda_dense(*a.t, a.name);
+  detail::check_cuda_dense(tokens, "tokens");
+  detail::check_no_self_overlap(tokens, "tokens");
+  detail::check_no_overlap({&tokens, "tokens"}, reads);
+  PAGEDKV_CHECK(rows == 0 || probs.size(1) > 0, "probs has no columns: there is no token to draw");
+  detail::dispatch(
+      probs, rows, "sample_exponential_race",
+      [&] { cpu_ops::sample_exponential_race(tokens, probs, thresholds, keys); },
+      [&] {
+#ifdef PAGEDKV_WITH_CUDA
+        cuda_ops::sample_exponential_race(tokens, probs, thresholds, keys, stream);
+#endif
+      });
+  (void)stream;
+}
+
 }  // namespace pagedkv::ops

@@ -1,4 +1,5 @@
-// Python bindings of the sampling ops (pagedkv._C.ops_top_k_top_p_threshold); conventions of
+// Python bindings of the sampling ops (pagedkv._C.ops_top_k_top_p_threshold,
+// ops_sample_exponential_race); conventions of
 // bind_ops.cpp. The Python layer is pagedkv/sampling_ops.py.
 #include "pagedkv/sampling_ops.h"
 #include "python/bindings.h"
@@ -22,6 +23,17 @@ void bind_sampling_ops(nb::module_& m) {
       },
       "thresholds"_a.noconvert(), "probs"_a, "top_k"_a, "top_p"_a, "min_p"_a, "stream"_a = 0,
       "Per row of probs, the value above which top-k / top-p / min-p sampling keeps tokens.");
+
+  m.def(
+      "ops_sample_exponential_race",
+      [](OutArray tokens, InArray probs, InArray thresholds, InArray keys, uintptr_t stream) {
+        const TensorView t = to_view(tokens, "tokens"), p = to_view(probs, "probs");
+        const TensorView th = to_view(thresholds, "thresholds"), k = to_view(keys, "keys");
+        nb::gil_scoped_release release;
+        ops::sample_exponential_race(t, p, th, k, to_stream(stream));
+      },
+      "tokens"_a.noconvert(), "probs"_a, "thresholds"_a, "keys"_a, "stream"_a = 0,
+      "One token per row of probs (those >= thresholds), by the exponential race keyed by keys.");
 }
 
 }  // namespace pagedkv::python

@@ -12,9 +12,11 @@ over the [rows, vocab] logits, never a per-row kernel. Top-k / top-p / min-p tru
 per-row probability threshold found by ``pagedkv.ops.top_k_top_p_threshold`` (a radix search
 over the probabilities, no vocabulary sort).
 
-The draw uses the exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly
-from p. A request with a seed has its own generator that draws a full vocabulary of noise
-every step, so its tokens depend only on its seed and logits, not on who shares the batch.
+The draw is ``pagedkv.ops.sample_exponential_race``: argmax of p / E with E ~ Exp(1), which
+samples exactly from p, for the whole batch in one kernel whose noise is a counter-based hash of
+a per-row 64-bit key and the token id (never stored). Each row's key is one draw per step from
+a host generator: the request's own (seeded: its tokens depend only on its seed and logits,
+not on who shares the batch) or the sampler's (unseeded).
 """
 
 from __future__ import annotations
@@ -52,17 +54,31 @@ class SamplerOutput:
     logprobs: List[Optional[Dict[int, Logprob]]] = field(default_factory=list)
 
 
+# Race keys are drawn in [0, 2^62): plenty of distinct streams, and a valid torch.randint range.
+_KEY_RANGE = 1 << 62
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = torch.device(device)
-        # Noise for unseeded requests: reproducible run to run for the same batch order.
-        self.generator = torch.Generator(device=self.device)
+        # Keys of unseeded requests: reproducible run to run for the same batch order. Host
+        # generators: a key is one host draw, never a device launch or synchronisation.
+        self.generator = torch.Generator()
         self.generator.manual_seed(seed)
 
     def make_generator(self, seed: int) -> torch.Generator:
-        g = torch.Generator(device=self.device)
+        """A seeded request's generator (host): one race key per step."""
+        g = torch.Generator()
         g.manual_seed(seed)
         return g
+
+    def _race_keys(self, rows: List[SamplingRow]) -> torch.Tensor:
+        keys = torch.randint(0, _KEY_RANGE, (len(rows),), generator=self.generator)
+        for i, r in enumerate(rows):
+            if r.generator is not None:
+                keys[i] = torch.randint(0, _KEY_RANGE, (1,), generator=r.generator,
+                                        device=r.generator.device).item()
+        return keys.to(self.device, non_blocking=True)
 
     def __call__(self, logits: torch.Tensor, rows: List[SamplingRow]) -> SamplerOutput:
         """logits: [len(rows), vocab] float32 on self.device."""
@@ -96,20 +112,14 @@ class Sampler:
         top_k = [r.params.top_k for r in rows]
         top_p = [r.params.top_p for r in rows]
         min_p = [r.params.min_p for r in rows]
+        thresholds = torch.zeros(len(rows), dtype=torch.float32, device=dev)
         if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p) or any(min_p):
-            thresholds = torch.empty(len(rows), dtype=torch.float32, device=dev)
             ops.top_k_top_p_threshold(thresholds, probs, _column(top_k, torch.int32, dev),
                                       _column(top_p, torch.float32, dev),
                                       _column(min_p, torch.float32, dev))
-            probs = probs.masked_fill(probs < thresholds.unsqueeze(1), 0.0)
-        noise = torch.empty_like(probs)
-        unseeded = [i for i, r in enumerate(rows) if r.generator is None]
-        if unseeded:
-            noise.exponential_(generator=self.generator)
-        for i, r in enumerate(rows):
-            if r.generator is not None:
-                noise[i].exponential_(generator=r.generator)
-        return (probs / noise).argmax(dim=-1)
+        tokens = torch.empty(len(rows), dtype=torch.int64, device=dev)
+        ops.sample_exponential_race(tokens, probs, thresholds, self._race_keys(rows))
+        return tokens
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, next_token_ids: Sequence[int],

@@ -10,4 +10,7 @@ void top_k_top_p_threshold(const TensorView& thresholds, const TensorView& probs
                            const TensorView& top_k, const TensorView& top_p,
                            const TensorView& min_p, Stream stream);
 
+void sample_exponential_race(const TensorView& tokens, const TensorView& probs,
+                             const TensorView& thresholds, const TensorView& keys, Stream stream);
+
 }  // namespace pagedkv::cuda_ops

@@ -81,3 +81,44 @@ def test_torch_tensors_and_bad_arguments():
         ops.top_k_top_p_threshold(out, probs.double(), *args)
     with pytest.raises(ValueError, match="min_p"):
         ops.top_k_top_p_threshold(out, probs, args[0], args[1], torch.zeros(3))
+
+
+def _race(probs: torch.Tensor, thresholds: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    tokens = torch.empty(len(probs), dtype=torch.int64)
+    ops.sample_exponential_race(tokens, probs, thresholds, keys)
+    return tokens
+
+
+def test_exponential_race_draws_from_the_truncated_distribution():
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(12, generator=g) * 1.5, -1)
+    thr = float(p.sort(descending=True).values[6])  # keep the 7 most likely
+    n = 60000
+    keys = torch.randint(0, 1 << 62, (n,), generator=g)
+    tokens = _race(p.expand(n, -1).contiguous(), torch.full((n,), thr), keys)
+    freq = torch.bincount(tokens, minlength=12).double() / n
+    want = torch.where(p >= thr, p, 0).double()
+    want /= want.sum()
+    assert torch.all(freq[want == 0] == 0)
+    assert (freq - want).abs().max() < 0.01  # ~4 standard deviations at n = 60000
+
+
+def test_exponential_race_rows_depend_only_on_their_key():
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(9, 500, generator=g), -1)
+    keys = torch.randint(0, 1 << 62, (9,), generator=g)
+    zero = torch.zeros(9)
+    batch = _race(probs, zero, keys)
+    alone = torch.cat([_race(probs[i:i + 1], zero[:1], keys[i:i + 1]) for i in range(9)])
+    assert torch.equal(batch, alone)
+    other = _race(probs, zero, keys + 1)
+    assert not torch.equal(batch, other)  # a different key, a different draw (9 rows of 500)
+
+
+def test_exponential_race_edge_rows():
+    probs = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.2, 0.8], [0.5, 0.5, 0.0]])
+    thresholds = torch.tensor([0.0, 0.5, 0.6])  # the last row keeps nothing: token 0
+    tokens = _race(probs, thresholds, torch.tensor([3, 4, 5]))
+    assert tokens.tolist() == [0, 2, 0]
+    with pytest.raises(TypeError, match="keys"):
+        _race(probs, thresholds, torch.tensor([3, 4, 5], dtype=torch.int32))
