@@ -11,7 +11,8 @@ models) and a prefill chunk (4096 tokens; 8B). Every variant is timed as CUDA-gr
 median of 30 replays.
 "bw" is the op's compulsory bytes (each input read once, each output written once) per second
 as a fraction of a device-to-device copy's read + write rate. A second table times the
-sampler's top-k / top-p truncation: the radix-search threshold op against a vocabulary sort.
+sampler's steps: the top-k / top-p truncation (the radix-search threshold op against a
+vocabulary sort) and the draw (the race op against a torch noise array + argmax).
 """
 
 from __future__ import annotations
@@ -165,6 +166,23 @@ def sampling_rows(rows: int, vocab: int) -> tuple[str, float, float]:
             time_graph(lambda: sort_top_k_top_p(logits, k.long(), p), reps=10))
 
 
+def sampling_draw(rows: int, vocab: int) -> tuple[str, float, float]:
+    """The random draw from [rows, vocab] probabilities: the race op (noise hashed in registers)
+    against torch's exponential noise array, division and argmax."""
+    probs = torch.softmax(torch.randn(rows, vocab, device="cuda"), -1)
+    thr = torch.zeros(rows, device="cuda")
+    keys = torch.randint(0, 1 << 62, (rows,), device="cuda")
+    tokens = torch.empty(rows, dtype=torch.int64, device="cuda")
+    noise = torch.empty_like(probs)
+
+    def torch_draw() -> None:
+        (probs / noise.exponential_()).argmax(dim=-1)
+
+    return (f"draw {rows}x{vocab}",
+            time_graph(lambda: ops.sample_exponential_race(tokens, probs, thr, keys), reps=10),
+            time_graph(torch_draw, reps=10))
+
+
 def try_time(fn: Callable[[], object]) -> Optional[float]:
     try:
         return time_graph(fn)
@@ -199,13 +217,13 @@ def main() -> None:
                   f"{te / tf:.2f}x | {ratio_c} | {nbytes / tf / bw:.0%} |", flush=True)
             rows.append({"model": model, "tokens": tokens, "op": name, "pagedkv_s": tf,
                          "eager_s": te, "compile_s": tc, "bytes": nbytes, "copy_bw": bw})
-    print("\n| sampling truncation | threshold op us | sort-based us | speed-up |")
+    print("\n| sampling step | pagedkv op us | torch us | speed-up |")
     print("|---|---|---|---|")
     for b, v in [(64, 128256)] if args.quick else [(64, 128256), (256, 128256), (256, 32000)]:
-        name, t_op, t_sort = sampling_rows(b, v)
-        print(f"| {name} | {t_op * 1e6:.1f} | {t_sort * 1e6:.1f} | {t_sort / t_op:.2f}x |",
-              flush=True)
-        rows.append({"op": name, "pagedkv_s": t_op, "sort_s": t_sort})
+        for name, t_op, t_torch in (sampling_rows(b, v), sampling_draw(b, v)):
+            print(f"| {name} | {t_op * 1e6:.1f} | {t_torch * 1e6:.1f} | "
+                  f"{t_torch / t_op:.2f}x |", flush=True)
+            rows.append({"op": name, "pagedkv_s": t_op, "torch_s": t_torch})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": props.name, "rows": rows}, f, indent=1)
