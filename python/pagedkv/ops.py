@@ -36,8 +36,8 @@ from typing import Any, Optional, Sequence
 from pagedkv import _C
 from pagedkv._tensor import check_array, is_cuda, stream_handle
 
-# The fused layer ops (norms, rotary, gated activations) live in their own module; they are
-# re-exported here, beside the attention ops, under vLLM's names.
+# The fused layer ops (norms, rotary, gated activations) and the sampling thresholds live in
+# their own modules; they are re-exported here, beside the attention ops.
 from pagedkv.layer_ops import (
     fused_add_rms_norm,
     gelu_and_mul,
@@ -46,6 +46,7 @@ from pagedkv.layer_ops import (
     rotary_embedding,
     silu_and_mul,
 )
+from pagedkv.sampling_ops import sample_exponential_race, top_k_top_p_threshold
 
 __all__ = [
     "reshape_and_cache",
@@ -67,6 +68,8 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "SUPPORTED_HEAD_SIZES",
     "ATTENTION_KERNELS",
+    "top_k_top_p_threshold",
+    "sample_exponential_race",
 ]
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).
