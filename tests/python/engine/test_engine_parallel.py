@@ -10,8 +10,12 @@ outlive the engine. A worker killed mid-run ends the engine with an error naming
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -131,3 +135,39 @@ def _assert_gone(procs: list) -> None:
     while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(p.is_alive() for p in procs), "a worker process outlived its engine"
+
+
+_TORCHRUN_SCRIPT = """
+import json, os, sys
+import torch
+from pagedkv import LLM, SamplingParams
+torch.set_num_threads(1)
+llm = LLM(sys.argv[1], device="cpu", skip_tokenizer_init=True, max_model_len=128,
+          kv_cache_space=0.01, tensor_parallel_size=2)
+out = llm.generate([{"prompt_token_ids": [3, 1, 4, 1, 5, 9]}],
+                   SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+print("TOKENS" + json.dumps(out[0].outputs[0].token_ids), flush=True)
+"""
+
+
+def test_torchrun_launches_the_ranks(models: dict[str, str], tmp_path: Any) -> None:
+    """The multi-node form: torchrun starts every rank (env:// rendezvous); rank 0 drives and
+    the others serve it from inside LLM(), then exit 0 when rank 0 is done."""
+    script = tmp_path / "run.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(port), str(script),
+         models["tiny-llama"]], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("TOKENS")]
+    assert len(lines) == 1, done.stdout  # rank 0 only: the other rank never returns from LLM()
+    llm = LLM(models["tiny-llama"], device="cpu", skip_tokenizer_init=True, max_model_len=128,
+              kv_cache_space=0.01)
+    want = llm.generate([{"prompt_token_ids": [3, 1, 4, 1, 5, 9]}],
+                        SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    assert json.loads(lines[0][len("TOKENS"):]) == want[0].outputs[0].token_ids
