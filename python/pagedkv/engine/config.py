@@ -9,6 +9,8 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
+from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
+
 # vLLM's --kv-cache-dtype choices. "auto": the cache holds the model dtype; the fp8 kinds store
 # one byte per element (uint8 arrays of the same shape), "fp8" meaning e4m3 as in vLLM.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -65,6 +67,8 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
+        for name in sorted(set(kwargs) & set(VLLM_ONLY_ARGS) - names):
+            check_vllm_arg(name, kwargs.pop(name))  # vLLM's: accepted if harmless, or refused
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unexpected engine argument(s): {', '.join(unknown)}")

@@ -30,7 +30,7 @@ from pagedkv.engine.sampling_params import SamplingParams
 DEFAULT_MAX_N_SEQUENCES = 16384
 # A request id is logged and may be echoed in a response header: printable ASCII only, so that
 # no id can forge a log line (CR / LF) or break a header.
-_REQUEST_ID = re.compile(r"^[\x20-\x7e]{1,256}$")
+_REQUEST_ID = re.compile(r"[\x20-\x7e]{1,256}")
 _INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -67,7 +67,7 @@ def check_request_id(request_id: Any, name: str = "request_id") -> str:
     ``name`` (the message shows a control character it refuses escaped)."""
     if not isinstance(request_id, str):
         raise TypeError(f"{name} must be a string, got {type(request_id).__name__}")
-    if not _REQUEST_ID.match(request_id):
+    if not _REQUEST_ID.fullmatch(request_id):
         raise ValueError(
             f"{name} must be 1 to 256 printable ASCII characters (no control "
             f"characters such as CR / LF), got {ascii(request_id[:64])}"
