@@ -266,12 +266,7 @@ class InputProcessor:
         if keep is None:
             return ids
         max_len = self.max_model_len
-        if keep > max_len:
-            raise ValueError(
-                f"truncate_prompt_tokens value ({keep}) is greater than "
-                f"max_model_len ({max_len}). Please, select a smaller "
-                "truncation size."
-            )
+        check_truncation(keep, max_len)
         # -1: all the model takes, which here leaves room for one generated token.
         return ids[-(max_len - 1 if keep == -1 else keep) :]
 
@@ -295,6 +290,15 @@ class InputProcessor:
                 f"vocabulary [0, {self.vocab_size}): {wrong[:10]}"
             )
         return words
+
+
+def check_truncation(keep: int, max_model_len: int) -> None:
+    """vLLM's rule (and words) for truncate_prompt_tokens: at most max_model_len."""
+    if keep > max_model_len:
+        raise ValueError(
+            f"truncate_prompt_tokens value ({keep}) is greater than "
+            f"max_model_len ({max_model_len}). Please, select a smaller truncation size."
+        )
 
 
 def _check_unicode(text: str, name: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Optional, Sequence
 
+from pagedkv.engine.input_processor import check_truncation
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, field_named_in
 
 logger = logging.getLogger("pagedkv.server")
@@ -22,8 +23,6 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_pen
 # The most logprobs a request may ask for per token when the engine does not say (vLLM's
 # default max_logprobs); a served engine's own cap (--max-logprobs) is ServerState.max_logprobs.
 MAX_LOGPROBS = 20
-# The scheduler keeps a request's priority as a signed 32-bit integer.
-_INT32 = (-(2**31), 2**31 - 1)
 
 
 def is_unset(value: Any) -> bool:
@@ -85,10 +84,10 @@ class RequestChecks:
         if k < 1:
             raise bad_request(f"truncate_prompt_tokens must be >= 1 or -1, got {k}",
                               param="truncate_prompt_tokens")
-        if k > limit:  # vLLM's words
-            raise bad_request(f"truncate_prompt_tokens value ({k}) is greater than "
-                              f"max_model_len ({limit}). Please, select a smaller truncation "
-                              "size.", param="truncate_prompt_tokens")
+        try:  # the InputProcessor's rule, checked before the text is tokenized
+            check_truncation(k, limit)
+        except ValueError as exc:
+            raise bad_request(str(exc), param="truncate_prompt_tokens") from None
         return k
 
     def check_supported(self, req: Any, extra: Optional[Dict[str, Callable[[Any], bool]]] = None
@@ -125,9 +124,6 @@ class RequestChecks:
             if req.stream and req.prompt_logprobs > 0:
                 raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
                                   param="prompt_logprobs")
-        if not _INT32[0] <= req.priority <= _INT32[1]:
-            raise bad_request(f"priority must be a 32-bit integer in [{_INT32[0]}, "
-                              f"{_INT32[1]}], got {req.priority}", param="priority")
 
     def check_logprobs(self, value: Optional[int], param: str) -> None:
         """A logprobs count in [0, the engine's --max-logprobs] (400 naming ``param``)."""
@@ -149,12 +145,7 @@ class RequestChecks:
             except ValueError:
                 raise bad_request(f"logit_bias keys must be token ids (integers), got {key!r}",
                                   param="logit_bias") from None
-        vocab = int(self.engine.model_config.vocab_size)
-        outside = sorted(t for t in ids if not 0 <= t < vocab)
-        if outside:
-            raise bad_request(f"token_id(s) {outside[:10]} in logit_bias contain out-of-vocab "
-                              f"token ids. Vocabulary size: {vocab}", param="logit_bias")
-        return ids
+        return ids  # ids outside the vocabulary: the InputProcessor's 400
 
     def check_ids(self, ids: Sequence[int], param: str) -> None:
         if not ids:
