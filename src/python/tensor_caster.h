@@ -69,10 +69,10 @@ TensorView to_view(const ArrayArg<Writable>& a, std::string_view arg) {
   if (a.status == ArrayStatus::kBigEndian) {
     // DLPack has no byte order, so such an array cannot be imported; say so rather than
     // "must be an array".
-    throw TypeError(::pagedkv::detail::concat(
-        arg, " is a big-endian array (dtype ", a.type_name,
-        "): the ops take native byte order; convert it first, e.g. "
-        "arr.astype(arr.dtype.newbyteorder('='))"));
+    throw TypeError(
+        ::pagedkv::detail::concat(arg, " is a big-endian array (dtype ", a.type_name,
+                                  "): the ops take native byte order; convert it first, e.g. "
+                                  "arr.astype(arr.dtype.newbyteorder('='))"));
   }
   if (a.status == ArrayStatus::kReadOnly) {
     throw ValueError(::pagedkv::detail::concat(arg,
@@ -152,8 +152,8 @@ struct type_caster<pagedkv::python::ArrayArg<Writable>> {
   static bool big_endian_dtype(PyObject* obj, std::string* dtype_str) noexcept {
     PyObject* dtype = PyObject_GetAttrString(obj, "dtype");
     PyObject* order = dtype ? PyObject_GetAttrString(dtype, "byteorder") : nullptr;
-    const char* o = order && PyUnicode_Check(order) ? PyUnicode_AsUTF8AndSize(order, nullptr)
-                                                    : nullptr;
+    const char* o =
+        order && PyUnicode_Check(order) ? PyUnicode_AsUTF8AndSize(order, nullptr) : nullptr;
     const bool big = o != nullptr && o[0] == '>' && o[1] == '\0';
     if (big) {
       PyObject* text = PyObject_Str(dtype);

@@ -17,11 +17,13 @@ SamplingParams itself.
 from __future__ import annotations
 
 import numbers
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from pagedkv import envs
 from pagedkv.engine.llm_inputs import prompt_item
 from pagedkv.engine.request_state import tokenize_bad_words
 from pagedkv.engine.sampling_params import SamplingParams
@@ -34,12 +36,33 @@ _REQUEST_ID = re.compile(r"[\x20-\x7e]{1,256}")
 _INT32 = (-(2**31), 2**31 - 1)
 
 
+MAX_N_ENV = "PAGEDKV_MAX_N_SEQUENCES"
+
+
+def max_n_sequences_from_env(value: Any = None, source: str = "max_n_sequences") -> int:
+    """The `n` limit: ``value`` when given, else $PAGEDKV_MAX_N_SEQUENCES (or vLLM's
+    $VLLM_MAX_N_SEQUENCES), else 16384. Not an integer >= 1: a configuration ValueError."""
+    found = envs.source(MAX_N_ENV)
+    if value is None and found is not None:
+        value, source = os.environ[found], f"${found}"
+    if value is None:
+        return DEFAULT_MAX_N_SEQUENCES
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ValueError(f"{source} must be an integer >= 1, got {value!r}")
+    return limit
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     """What one request may ask for (the server's --max-* flags; vLLM's names where vLLM has
     them). None: no limit (LLM / LLMEngine default, as in vLLM)."""
 
-    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES  # n and best_of
+    # n and best_of: $PAGEDKV_MAX_N_SEQUENCES (or $VLLM_MAX_N_SEQUENCES), else 16384.
+    max_n_sequences: int = field(default_factory=lambda: max_n_sequences_from_env())
     max_stop_strings: Optional[int] = None  # entries of `stop`
     max_bad_words: Optional[int] = None  # entries of `bad_words`
     max_word_chars: Optional[int] = None  # characters of one stop string or bad word
