@@ -33,9 +33,10 @@ from pagedkv.entrypoints.openai.protocol import (
     ModelPermission,
     TokenizeRequest,
 )
+from pagedkv.entrypoints.openai.request_checks import MAX_LOGPROBS
 from pagedkv.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedkv.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from pagedkv.entrypoints.openai.serving_engine import MAX_LOGPROBS, ServerState
+from pagedkv.entrypoints.openai.serving_engine import ServerState
 
 logger = logging.getLogger("pagedkv.server")
 
@@ -269,7 +270,8 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         return Response(status_code=200)
 
     # vLLM's /ping (SageMaker's health probe), GET and POST: /health's answer.
-    app.add_api_route("/ping", health, methods=["GET", "POST"])
+    for method in ("GET", "POST"):  # one OpenAPI operation id each (the fuzzer reads them)
+        app.add_api_route("/ping", health, methods=[method], operation_id=f"ping_{method}")
 
     @app.get("/version")
     async def version() -> JSONResponse:
