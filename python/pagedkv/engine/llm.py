@@ -33,8 +33,8 @@ Message = Dict[str, Any]
 
 def _ensure_log_handler() -> None:
     """Show pagedkv's INFO logs (loading progress, KV-cache size) unless the app set logging up.
-    PAGEDKV_LOGGING_LEVEL overrides the level, as VLLM_LOGGING_LEVEL does for vLLM."""
-    import os
+    PAGEDKV_LOGGING_LEVEL (or vLLM's VLLM_LOGGING_LEVEL) overrides the level."""
+    from pagedkv import envs
 
     if logger.handlers:
         return
@@ -42,7 +42,7 @@ def _ensure_log_handler() -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s pagedkv: %(message)s",
                                            "%m-%d %H:%M:%S"))
     logger.addHandler(handler)
-    logger.setLevel(os.environ.get("PAGEDKV_LOGGING_LEVEL", "INFO").upper())
+    logger.setLevel((envs.getenv("PAGEDKV_LOGGING_LEVEL") or "INFO").upper())
     logger.propagate = False
 
 

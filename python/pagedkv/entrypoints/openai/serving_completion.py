@@ -126,7 +126,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choices.sort(key=lambda ch: ch.index)
         usage = self.usage(finals)
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
-                   usage.prompt_tokens)
+                   usage.prompt_tokens, finals)
         return CompletionResponse(id=request_id, model=self.state.model_name, choices=choices,
                                   usage=usage)
 
