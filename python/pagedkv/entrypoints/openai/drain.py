@@ -23,10 +23,11 @@ import logging
 import signal
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Awaitable, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 import uvicorn
 from fastapi.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
 
 from pagedkv.entrypoints.openai.errors import APIError
 from pagedkv.entrypoints.openai.protocol import DONE
@@ -38,14 +39,12 @@ _OPEN_WHILE_DRAINING = ("/metrics",)
 # How long clients are told to wait before retrying elsewhere (seconds).
 RETRY_AFTER_S = 5
 
-Send = Callable[[Dict[str, Any]], Awaitable[None]]
-
 
 @dataclass
 class _InFlight:
     """One request the app is handling, and what of its response has been sent."""
 
-    scope: dict
+    scope: Scope
     send: Send
     task: Optional[asyncio.Task[None]] = None  # the app's handler
     started: bool = False  # http.response.start sent
@@ -132,7 +131,7 @@ def _refusal(error: APIError) -> JSONResponse:
     )
 
 
-async def _disconnected() -> Dict[str, Any]:
+async def _disconnected() -> Message:
     return {"type": "http.disconnect"}
 
 
@@ -143,7 +142,7 @@ class DrainMiddleware:
     def __init__(self, app: Any, drain: Drain) -> None:
         self.app, self.drain = app, drain
 
-    async def __call__(self, scope: dict, receive: Any, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -153,7 +152,7 @@ class DrainMiddleware:
             return
         r = _InFlight(scope, send)
 
-        async def tracked_send(message: Dict[str, Any]) -> None:
+        async def tracked_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 r.started = True
                 ctype = dict(message.get("headers") or []).get(b"content-type", b"")
