@@ -62,15 +62,16 @@ def _containers() -> Iterator[tuple[str, dict[str, Any]]]:
                 yield path.name, c
 
 
-@pytest.mark.parametrize("name,container", list(_containers()),
-                         ids=[f"{n}:{c['name']}" for n, c in _containers()])
+@pytest.mark.parametrize(
+    "name,container", list(_containers()), ids=[f"{n}:{c['name']}" for n, c in _containers()]
+)
 def test_manifest_command_lines_parse(name: str, container: dict[str, Any]) -> None:
     if container.get("command"):  # a shell line: torchrun ... -m pagedkv serve ARGS
         words = shlex.split(container["args"][0].replace("\n", " "))
         assert words[:1] == ["exec"] and "torchrun" in words, words
         i = words.index("-m")
-        assert words[i + 1:i + 3] == ["pagedkv", "serve"], words
-        _serve_args(words[i + 3:])
+        assert words[i + 1 : i + 3] == ["pagedkv", "serve"], words
+        _serve_args(words[i + 3 :])
     else:  # the image's entrypoint is `pagedkv serve`
         _serve_args(container["args"])
     env = {e["name"]: e for e in container.get("env", [])}
