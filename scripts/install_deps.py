@@ -54,7 +54,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--test", action="store_true", help="also the test and lint tools")
     ap.add_argument("--lint", action="store_true", help="also the lint tools (scripts/lint.sh)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only what building the wheel needs (the Dockerfile's build stage)")
     args = ap.parse_args()
+    if args.build_only:
+        todo = missing(BUILD)
+        if todo:
+            pip(todo)
+        return
     wanted = BUILD + ENGINE + SERVER + (TEST if args.test else [])
     wanted += LINT if args.test or args.lint else []
     todo = missing(wanted)

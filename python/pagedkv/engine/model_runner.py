@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import torch
@@ -20,16 +20,13 @@ from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
-if TYPE_CHECKING:
-    from pagedkv.models.layers import CausalLM
-
 logger = logging.getLogger("pagedkv")
 
 _GiB = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: CausalLM, model_config: Any,
+    def __init__(self, cfg: EngineConfig, model: Any, model_config: Any,
                  device: torch.device, dtype: torch.dtype, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         self.cfg, self.model, self.mc = cfg, model, model_config
