@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-
 from pagedkv import ops
 from pagedkv.models.quantization.fp8 import FP8_MAX, quantize_per_channel
 
@@ -32,6 +31,38 @@ def timed(fn: Callable[[], Any], iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def bench_shape(n: int, k: int, group: int, iters: int) -> list[dict[str, Any]]:
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    qweight = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)
+    scales = torch.rand(n, k // group, device="cuda", dtype=torch.bfloat16) * 0.01
+    zeros = torch.randint(0, 16, (n, k // group), device="cuda", dtype=torch.uint8)
+    w8, s8 = quantize_per_channel(w)
+    s8 = s8.reshape(1, -1).contiguous()
+
+    def fp8(x: torch.Tensor) -> torch.Tensor:  # the activation quantisation included
+        xf = x.float()
+        xs = xf.abs().amax(1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+        xq = (xf / xs).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(xq, w8.t(), scale_a=xs, scale_b=s8, out_dtype=torch.bfloat16)
+
+    kernels: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "bf16": lambda x: F.linear(x, w),
+        "int4": lambda x: ops.int4_gemm(x, qweight, scales, zeros, group),
+        "fp8": fp8,
+    }
+    rows = []
+    for m in (1, 16, 64, 256, 1024, 4096):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        row: dict[str, Any] = {"n": n, "k": k, "m": m}
+        for name, fn in kernels.items():
+            s = timed(lambda fn=fn, x=x: fn(x), iters)
+            row[f"{name}_us"] = round(s * 1e6, 1)
+            row[f"{name}_tflops"] = round(2 * m * n * k / s / 1e12, 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,34 +70,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
-    group = 128
     for n, k in SHAPES:
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        qweight = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8)
-        scales = torch.rand(n, k // group, device="cuda", dtype=torch.bfloat16) * 0.01
-        zeros = torch.randint(0, 16, (n, k // group), device="cuda", dtype=torch.uint8)
-        w8, s8 = quantize_per_channel(w)
-        s8 = s8.reshape(1, -1).contiguous()
-        for m in (1, 16, 64, 256, 1024, 4096):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-
-            def fp8(x: torch.Tensor = x) -> torch.Tensor:
-                xf = x.float()
-                xs = xf.abs().amax(1, keepdim=True).clamp(min=1e-12) / FP8_MAX
-                xq = (xf / xs).to(torch.float8_e4m3fn)
-                return torch._scaled_mm(xq, w8.t(), scale_a=xs, scale_b=s8,
-                                        out_dtype=torch.bfloat16)
-
-            row: dict[str, Any] = {"n": n, "k": k, "m": m}
-            for name, fn in (("bf16", lambda x=x: F.linear(x, w)),
-                             ("int4", lambda x=x: ops.int4_gemm(x, qweight, scales, zeros,
-                                                                group)),
-                             ("fp8", fp8)):
-                s = timed(fn, args.iters)
-                row[f"{name}_us"] = round(s * 1e6, 1)
-                row[f"{name}_tflops"] = round(2 * m * n * k / s / 1e12, 1)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+        rows += bench_shape(n, k, 128, args.iters)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
