@@ -17,6 +17,13 @@ view): ValueError naming both. On CUDA the 1-D metadata (seq_lens, query_start_l
 slot_mapping, alibi_slopes) and block-table rows must be contiguous. Integer arguments take
 ints, integer scalars or integral floats that fit in int32. Empty batches (0 sequences /
 tokens / mapping rows) are no-ops. Errors name the argument.
+
+The attention ops take ``kernel`` (one of ``ATTENTION_KERNELS``): ``"auto"`` runs the first
+kernel that covers the call; a named one (``"hopper"``, ``"tensor_core"``, ``"cuda_core"`` on a
+GPU, ``"cpu"`` on the host) is required, and a call it does not cover raises ValueError saying
+why (docs/kernels.md). The vocabularies the ops share (``KV_CACHE_DTYPES``,
+``SUPPORTED_HEAD_SIZES``, ``PARTITION_SIZE``, ``ATTENTION_KERNELS``) are defined once in
+include/pagedkv/ops.h and read from there.
 """
 
 from __future__ import annotations
@@ -57,10 +64,19 @@ __all__ = [
     "silu_and_mul",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "KV_CACHE_DTYPES",
+    "SUPPORTED_HEAD_SIZES",
+    "ATTENTION_KERNELS",
 ]
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).
-PARTITION_SIZE = 512
+PARTITION_SIZE: int = _C.PARTITION_SIZE
+#: kv_cache_dtype names ("fp8" = "fp8_e4m3"), in vLLM's order.
+KV_CACHE_DTYPES: tuple[str, ...] = _C.KV_CACHE_DTYPES
+#: Head sizes every attention op supports.
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = _C.SUPPORTED_HEAD_SIZES
+#: Values of the attention ops' ``kernel`` argument ("auto" first).
+ATTENTION_KERNELS: tuple[str, ...] = _C.ATTENTION_KERNELS
 
 
 def _scalar(x: Any, name: str) -> float:
@@ -121,10 +137,10 @@ def _arrays(**arrays: Any) -> None:
         check_array(a, name)
         dtype = str(getattr(a, "dtype", ""))
         if "float8" in dtype:  # torch.float8_e4m3fn, ml_dtypes.float8_e5m2, ...
+            fp8_names = ", ".join(repr(n) for n in KV_CACHE_DTYPES if n != "auto")
             raise TypeError(f"{name} has dtype {dtype}: fp8 KV caches are uint8 arrays holding "
                             f"the fp8 bytes (torch: cache.view(torch.uint8), numpy: "
-                            f"cache.view(np.uint8)) with kv_cache_dtype='fp8', 'fp8_e4m3' or "
-                            f"'fp8_e5m2'")
+                            f"cache.view(np.uint8)) with kv_cache_dtype {fp8_names}")
 
 
 def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
@@ -174,7 +190,7 @@ def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
                        blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
                        blocksparse_head_sliding_step: int = 0, *,
                        logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
-                       stream: Any = None) -> None:
+                       stream: Any = None, kernel: str = "auto") -> None:
     """Decode attention (one query token per sequence), written into ``out``
     [num_seqs, num_heads, head_size]. Blocksparse attention is not supported."""
     _arrays(out=out, query=query, key_cache=key_cache, value_cache=value_cache,
@@ -187,7 +203,8 @@ def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
                               alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"),
                               _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
                               _scalar(logits_soft_cap, "logits_soft_cap"),
-                              _window(sliding_window), stream_handle(stream, query))
+                              _window(sliding_window), stream_handle(stream, query),
+                              _str(kernel, "kernel"))
 
 
 def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, query: Any,
@@ -199,7 +216,7 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
                        blocksparse_block_size: int = 64, blocksparse_head_sliding_step: int = 0,
                        *, logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
                        partition_size: int = PARTITION_SIZE,
-                       stream: Any = None) -> None:
+                       stream: Any = None, kernel: str = "auto") -> None:
     """Partitioned decode attention. exp_sums / max_logits [num_seqs, num_heads, partitions]
     float32 receive each partition's sum of exp(logit - max) and max logit, tmp_out
     [num_seqs, num_heads, partitions, head_size] (float32, or the query dtype) its normalised
@@ -216,29 +233,33 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
                               _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
                               _scalar(logits_soft_cap, "logits_soft_cap"),
                               _window(sliding_window), _int(partition_size, "partition_size"),
-                              stream_handle(stream, query))
+                              stream_handle(stream, query), _str(kernel, "kernel"))
 
 
 def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
-                  kv_cache_dtype: str = "auto") -> str:
-    """The kernel paged_attention_v1 / v2 run for this query and these caches on their device:
-    ``"cpu"``, or on a GPU ``"hopper"`` (sm_90, NHD caches), ``"tensor_core"`` or
-    ``"cuda_core"`` (the first that covers the call; src/ops/cuda/README.md)."""
+                  kv_cache_dtype: str = "auto", kernel: str = "auto") -> str:
+    """The kernel paged_attention_v1 / v2 run for this query and these caches on their device
+    under the choice ``kernel``: ``"cpu"``, or on a GPU ``"hopper"`` (sm_90, NHD caches),
+    ``"tensor_core"`` or ``"cuda_core"`` (with "auto", the first that covers the call;
+    docs/kernels.md). A named kernel that does not cover the call raises ValueError."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
     return _C.ops_decode_kernel(query, key_cache, value_cache, _int(num_kv_heads, "num_kv_heads"),
-                                _str(kv_cache_dtype, "kv_cache_dtype"))
+                                _str(kv_cache_dtype, "kv_cache_dtype"), _str(kernel, "kernel"))
 
 
 def decode_partition_size(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
-                          max_seq_len: int, kv_cache_dtype: str = "auto") -> int:
-    """The split-K partition (keys) for paged_attention_v2 on this call's kernel and device, or 0
-    where the single pass (paged_attention_v1) is better. It depends on the shapes, dtypes and
-    device alone (not on array values), so a captured CUDA graph keeps its choice valid."""
+                          max_seq_len: int, kv_cache_dtype: str = "auto",
+                          kernel: str = "auto") -> int:
+    """The split-K partition (keys) for paged_attention_v2 on this call's kernel (under the
+    choice ``kernel``) and device, or 0 where the single pass (paged_attention_v1) is better. It
+    depends on the shapes, dtypes and device alone (not on array values), so a captured CUDA
+    graph keeps its choice valid."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
     return _C.ops_decode_partition_size(query, key_cache, value_cache,
                                         _int(num_kv_heads, "num_kv_heads"),
                                         _int(max_seq_len, "max_seq_len"),
-                                        _str(kv_cache_dtype, "kv_cache_dtype"))
+                                        _str(kv_cache_dtype, "kv_cache_dtype"),
+                                        _str(kernel, "kernel"))
 
 
 def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k_cache: Any,
@@ -247,7 +268,7 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
                           v_scale: Any = 1.0, alibi_slopes: Optional[Any] = None,
                           sliding_window: Optional[int] = None, sm_scale: Optional[float] = None,
                           skip_decode: bool = False, *, logits_soft_cap: float = 0.0,
-                          stream: Any = None) -> None:
+                          stream: Any = None, kernel: str = "auto") -> None:
     """Prefill / extend attention with a paged prefix (vLLM's prefix_prefill signature).
 
     q, o: [num_tokens, num_heads, head_size]; k, v: the new tokens [num_tokens, num_kv_heads,
@@ -270,7 +291,8 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
                                  _str(kv_cache_dtype, "kv_cache_dtype"),
                                  _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
                                  _scalar(logits_soft_cap, "logits_soft_cap"),
-                                 _window(sliding_window), stream_handle(stream, q))
+                                 _window(sliding_window), stream_handle(stream, q),
+                                 _str(kernel, "kernel"))
 
 
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,

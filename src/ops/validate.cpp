@@ -119,9 +119,11 @@ void check_rows(const TensorView& t, std::string_view name, int64_t n0, int64_t 
 }
 
 void check_head_size(int64_t head_size, std::string_view name) {
-  PAGEDKV_CHECK(is_supported_head_size(static_cast<int>(head_size)), name, ": head size ",
-                head_size,
-                " is not supported (supported: 32, 64, 80, 96, 112, 120, 128, 192, 256)");
+  if (is_supported_head_size(static_cast<int>(head_size))) return;
+  std::string sizes;
+  for (const int s : kSupportedHeadSizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(s);
+  PAGEDKV_CHECK(false, name, ": head size ", head_size, " is not supported (supported: ", sizes,
+                ")");
 }
 
 void check_scales(float k_scale, float v_scale) {
@@ -183,7 +185,7 @@ CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCach
   return g;
 }
 
-void check_attention_options(const AttentionOptions& o, int64_t num_heads) {
+void check_attention_options(const AttentionOptions& o, int64_t num_heads, const Device& device) {
   PAGEDKV_CHECK(std::isfinite(o.scale), "scale must be finite, got ", o.scale);
   PAGEDKV_CHECK(std::isfinite(o.logits_soft_cap) && o.logits_soft_cap >= 0,
                 "logits_soft_cap must be >= 0 (0 = off), got ", o.logits_soft_cap);
@@ -193,6 +195,10 @@ void check_attention_options(const AttentionOptions& o, int64_t num_heads) {
     check_shape(*o.alibi_slopes, "alibi_slopes", {num_heads});
     check_cuda_dense(*o.alibi_slopes, "alibi_slopes");
   }
+  const bool gpu_kernel = o.kernel != AttentionKernel::kAuto && o.kernel != AttentionKernel::kCpu;
+  PAGEDKV_CHECK(o.kernel == AttentionKernel::kAuto || gpu_kernel == device.is_cuda(), "kernel '",
+                attention_kernel_name(o.kernel), "' runs on ", gpu_kernel ? "CUDA" : "host",
+                " arrays, but the arrays are on ", device.str());
 }
 
 int64_t host_int(const TensorView& t, int64_t i) {

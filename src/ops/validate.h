@@ -84,8 +84,9 @@ void check_scales(float k_scale, float v_scale);
 CacheGeometry check_kv_caches(const TensorView& key_cache, const TensorView& value_cache,
                               KVCacheDType kv_dtype, DType dtype, const KVLayout* want);
 
-// Scale, soft-cap, ALiBi slopes ([num_heads] float32), fp8 scales.
-void check_attention_options(const AttentionOptions& o, int64_t num_heads);
+// Scale, soft-cap, ALiBi slopes ([num_heads] float32), fp8 scales, and a named kernel against the
+// device of the arrays (`device`: the query's).
+void check_attention_options(const AttentionOptions& o, int64_t num_heads, const Device& device);
 
 // Host-side value checks of the paged metadata for one sequence: its visible token range
 // [first, end) must lie inside its block-table row and its block ids inside [0, num_blocks).

@@ -39,7 +39,7 @@ class CudaGraphRunner:
         # What capture needs from the ModelRunner, copied out (no back-reference: see above).
         self.model = runner.model
         self.kv_caches = runner.kv_caches
-        self.num_heads, self.num_kv_heads = runner.mc.num_attention_heads, runner.num_kv_heads
+        self.num_heads, self.num_kv_heads = runner.num_heads, runner.num_kv_heads  # this rank's
         self.head_dim, self.block_size = runner.head_dim, runner.block_size
         self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
         self.batch_sizes = capture_sizes(max_num_seqs)

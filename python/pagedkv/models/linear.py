@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedkv.distributed import get_tp_group
+from pagedkv.distributed import get_tp_group, heads_per_rank
 
 ShardId = Union[int, str, None]
 WeightLoader = Callable[..., None]
@@ -140,14 +140,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         kv = total_num_kv_heads or total_num_heads
         self.head_dim = head_dim
         self.total_num_heads, self.total_num_kv_heads = total_num_heads, kv
-        self.num_heads = _split(total_num_heads, "the number of attention heads")
-        if kv >= tp:
-            self.num_kv_heads = _split(kv, "the number of key/value heads")
-        elif tp % kv:
-            raise ValueError(f"tensor_parallel_size {tp} is not a multiple of the number of "
-                             f"key/value heads ({kv}): the heads cannot be replicated evenly")
-        else:
-            self.num_kv_heads = 1
+        self.num_heads, self.num_kv_heads = heads_per_rank(total_num_heads, kv)
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         # Build as a column-parallel layer of this rank's size (the replicated KV heads make the

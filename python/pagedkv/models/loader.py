@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -110,7 +110,7 @@ def load_model(model: Optional[str] = None, dtype: DTypeLike = "auto",
     source = resolve_model(model)
     config = load_config(source)
     method = quant.resolve_quantization(config.quantization_config, quantization)
-    net = build_empty(config, resolve_dtype(dtype, config, device), device)
+    net: Any = build_empty(config, resolve_dtype(dtype, config, device), device)
     if method is not None:
         quant.quantize_model(net, method)
     net.load_weights(checkpoint_weights(source, config))

@@ -90,7 +90,7 @@ class RotaryEmbedding(nn.Module):
                              f"[2, head_dim = {head_dim}]")
         self.is_neox = is_neox
         dim = self.rotary_dim
-        self.scaling = dict(scaling) if scaling else None
+        self.scaling: dict[str, Any] = dict(scaling) if scaling else {}
         rope_type = self.scaling["rope_type"] if self.scaling else "default"
         self.rope_type = rope_type
         self.attention_factor = 1.0

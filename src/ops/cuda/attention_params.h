@@ -28,8 +28,6 @@ struct AttnParams {
   const void* k_new;           // [num_q, num_kv_heads, head_size]
   const void* v_new;
   CacheLayout knl, vnl;  // the new keys/values addressed as (token, 0, head, d)
-  int pair_chunk;        // tensor-core prefill: (sequence, KV head) pairs walked together
-                         // (prefill_order.cuh)
 
   int num_seqs, num_q, num_heads, num_kv_heads, group, head_size;
   int block_size, bs_shift;  // bs_shift >= 0 when block_size is a power of two

@@ -44,9 +44,10 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
   const int k_hi = ctx + (min(r0 + BM, rows) - 1) / G + 1;
   const int k_lo = p.window > 0 ? max(0, ctx + r0 / G - p.window + 1) : 0;
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
-  // fp8 caches with 8-byte runs stage their bytes (VecFlags::fp8_staged); vLLM's value layout,
+  // fp8 caches with 8-byte runs stage their bytes (VecFlags::cache_fp8); vLLM's value layout,
   // whose elements stride along d, dequantises through registers.
-  const bool stage_k = vf.fp8_staged && vf.k_cache, stage_v = vf.fp8_staged && vf.v_cache;
+  const bool stage_k = vf.cache_fp8 != kNoFp8 && vf.k_cache;
+  const bool stage_v = vf.cache_fp8 != kNoFp8 && vf.v_cache;
   auto load_k = [&](int kt, int stage) {
     load_rows<T, DP>(sK + stage * BN * LD, p.k_cache, p.kl, vf.k_cache, vf.cache_fp8, stage_k,
                      p.k_scale, static_cast<const T*>(p.k_new), p.knl, vf.fresh, p, bt, kt, k_hi,

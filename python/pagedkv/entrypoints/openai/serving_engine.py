@@ -4,6 +4,7 @@ SamplingParams from a request, logprob formatting, client-disconnect handling, r
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -24,8 +25,8 @@ from typing import (
 
 from fastapi import Request
 
+from pagedkv.engine.input_processor import RequestLimits, check_request_id
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, field_named_in
-from pagedkv.entrypoints.openai.limits import DEFAULT_MAX_N_SEQUENCES, MAX_N_ENV
 from pagedkv.entrypoints.openai.metrics import ServerMetrics
 from pagedkv.entrypoints.openai.protocol import DONE, UsageInfo, chunk, random_id
 
@@ -89,7 +90,7 @@ class ServerState:
     max_model_len: int
     chat_template: Optional[str]
     metrics: ServerMetrics
-    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
+    limits: RequestLimits = field(default_factory=RequestLimits)  # --max-* (limits.py)
     response_role: str = "assistant"  # --response-role
     max_logprobs: int = MAX_LOGPROBS  # the engine's cap (--max-logprobs; -1 resolved)
     trust_request_chat_template: bool = False  # --trust-request-chat-template
@@ -274,13 +275,10 @@ class OpenAIServing:
             raise bad_request(f"token id {bad[0]} is out of range [0, {vocab})", param=param)
 
     def check_n(self, n: int) -> None:
-        """`n` is an int (pydantic checked that) in [1, the server's limit]."""
+        """`n` is an int (pydantic checked that) of at least 1; the InputProcessor applies the
+        server's upper limit."""
         if n < 1:
             raise bad_request(f"n must be at least 1, got {n}", param="n")
-        limit = self.state.max_n_sequences
-        if n > limit:
-            raise bad_request(f"n must be at most {limit}, got {n}. To increase this limit, "
-                              f"set the {MAX_N_ENV} environment variable.", param="n")
 
     def max_tokens_for(self, prompt_len: int, requested: Optional[int],
                        param: str = "max_tokens", prompt_param: str = "prompt") -> int:
@@ -336,27 +334,52 @@ class OpenAIServing:
         the X-Request-Id header, else the body's request_id, else a random uuid. A client's
         id need not be unique (retries, a fixed id), so the engine's id gets a random suffix:
         two requests with one id both run, and each aborts only itself."""
-        given = raw.headers.get("x-request-id") or getattr(req, "request_id", None)
+        header = raw.headers.get("x-request-id")
+        given = header or getattr(req, "request_id", None)
+        if given:
+            try:  # logged and echoed in a header: no control characters (log forging, CR/LF)
+                check_request_id(given, "X-Request-Id" if header else "request_id")
+            except ValueError as exc:
+                raise bad_request(str(exc), param=None if header else "request_id") from None
         rid = f"{prefix}-{given}" if given else random_id(prefix)
         raw.state.request_id = rid  # for --enable-request-id-headers (api_server.py)
         return rid, f"{rid}-{uuid.uuid4().hex[:8]}" if given else rid
 
     async def start(self, request_id: str, ids: List[int], prompt: Optional[str], params: Any,
                     priority: int = 0, prompt_param: str = "prompt") -> Any:
+        """Checks the request (the engine's InputProcessor, with this server's limits) in the
+        tokenizer thread, where its bad words are tokenized too, then hands it to the engine
+        loop, which only adds it. A ValueError of either (a TypeError of the checks) is the
+        request's fault, a 400; anything else the engine raises is the server's failure: the
+        app's handler answers 500 in JSON (errors.py)."""
+        processor = getattr(self.engine, "input_processor", None)
+        if processor is not None:
+            try:
+                prompt = await self.in_tokenizer_thread(functools.partial(
+                    processor.process, request_id, prompt, params, prompt_token_ids=ids,
+                    priority=priority, limits=self.state.limits))
+            except (ValueError, TypeError) as exc:
+                raise self._as_400(exc, prompt_param) from exc
+            ids = None  # type: ignore[assignment]
         try:
             return await self.engine.add_request(request_id, prompt, params,
                                                  prompt_token_ids=ids, priority=priority)
         except ValueError as exc:
-            # The engine's own checks are about the prompt (length, token ids), parameters or
-            # the priority. Anything else it raises is the server's failure: the app's
-            # handler answers 500 in JSON (errors.py).
-            names = {"prompt": prompt_param, "prompt_token_ids": prompt_param,
-                     "max_tokens": "max_tokens", "priority": "priority",
-                     "logit_bias": "logit_bias", **{f: f for f in _SAMPLING_FIELDS}}
-            param = field_named_in(str(exc), names)
-            if param is None and "priority" in str(exc).lower():
-                param = "priority"  # vLLM: "Got priority 5 but Priority scheduling is not ..."
-            raise bad_request(str(exc), param=param) from exc
+            raise self._as_400(exc, prompt_param) from exc
+
+    @staticmethod
+    def _as_400(exc: Exception, prompt_param: str) -> APIError:
+        """The InputProcessor's / engine's error as a 400 naming the request field its
+        message starts with."""
+        names = {"prompt": prompt_param, "prompt_token_ids": prompt_param,
+                 "max_tokens": "max_tokens", "priority": "priority",
+                 "logit_bias": "logit_bias", **{f: f for f in _SAMPLING_FIELDS}}
+        param = field_named_in(str(exc), names)
+        if param is None and "priority" in str(exc).lower():
+            param = "priority"  # vLLM: "Got priority 5 but Priority scheduling is not ..."
+        if param is None and "logprobs" in str(exc):
+            param = "logprobs"  # "Requested sample logprobs of 25, which is greater ..."
+        return bad_request(str(exc), param=param)
 
     async def start_all(self, base_id: str, prompts: List[tuple], priority: int = 0,
                         prompt_param: str = "prompt") -> List[Any]:
@@ -398,7 +421,7 @@ class OpenAIServing:
                               getattr(c, "stop_reason", None), idx not in sent_text, out)
                 sent_text[idx], sent_tokens[idx] = len(c.text), len(c.token_ids)
                 if delta.token_ids:
-                    timer.token()
+                    timer.token(idx)
                 if finish is not None:
                     done.add(idx)
                 yield delta
@@ -440,7 +463,7 @@ class OpenAIServing:
             for s in streams:
                 s.close()
             usage = self.usage(latest)
-            timer.done(usage.completion_tokens, reasons, usage.prompt_tokens)
+            timer.done(usage.completion_tokens, reasons, usage.prompt_tokens, latest)
 
     def usage(self, outputs: Sequence[Any]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids or ()) for o in outputs if o is not None)
@@ -477,18 +500,30 @@ class RequestTimer:
         self.request_id = request_id
         self.start = time.perf_counter()
         self.first: Optional[float] = None
+        self.last: Optional[float] = None
 
-    def token(self) -> None:
+    def token(self, choice: int = 0) -> None:
+        """New tokens of response choice ``choice`` arrived; the intervals between the first
+        choice's arrivals are the inter-token latencies."""
+        now = time.perf_counter()
         if self.first is None:
-            self.first = time.perf_counter()
+            self.first = now
+        if choice != 0:
+            return
+        if self.last is not None:
+            self.metrics.observe_token_interval(now - self.last)
+        self.last = now
 
     def done(self, num_tokens: int, finish_reasons: Sequence[Optional[str]],
-             prompt_tokens: int = 0) -> None:
+             prompt_tokens: int = 0, outputs: Sequence[Any] = ()) -> None:
+        """``outputs``: the request's latest RequestOutputs (their engine milestones)."""
         end = time.perf_counter()
         ttft = (self.first or end) - self.start
         tpot = (end - (self.first or end)) / (num_tokens - 1) if num_tokens > 1 else None
+        first = next((o for o in outputs if o is not None), None)
         self.metrics.observe_request(ttft, tpot, end - self.start, finish_reasons,
-                                     prompt_tokens, num_tokens)
+                                     prompt_tokens, num_tokens,
+                                     getattr(first, "metrics", None))
         # Reasons with their counts, so that a request with many choices logs one short line.
         counts = Counter(str(r) for r in finish_reasons)
         logger.info("finished %s: completion_tokens=%d finish=%s ttft=%.3fs e2e=%.3fs",
