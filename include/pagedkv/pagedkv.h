@@ -7,6 +7,7 @@
 #include "pagedkv/layer_ops.h"
 #include "pagedkv/moe.h"
 #include "pagedkv/ops.h"
+#include "pagedkv/quant.h"
 #include "pagedkv/sampling_ops.h"
 #include "pagedkv/scheduler.h"
 #include "pagedkv/scheduler_config.h"

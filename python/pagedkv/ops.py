@@ -358,12 +358,14 @@ def _no_blocksparse(vert_stride: Optional[int]) -> None:
         raise ValueError("blocksparse_vert_stride > 1: blocksparse attention is not supported")
 
 
-# The mixture-of-experts kernels live in their own module (one concept per file).
+# The mixture-of-experts and int4 kernels live in their own modules (one concept per file).
 from pagedkv.moe_ops import (  # noqa: E402
     moe_align_block_size,
     moe_grouped_gemm,
     moe_max_padded_tokens,
     topk_softmax,
 )
+from pagedkv.quant_ops import int4_gemm  # noqa: E402
 
-__all__ += ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens"]
+__all__ += ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens",
+            "int4_gemm"]

@@ -36,6 +36,9 @@ class EngineConfig:
     model: Optional[str] = None  # None / "smollm2": the embedded default model
     tokenizer: Optional[str] = None  # defaults to the model's own tokenizer
     dtype: Union[str, torch.dtype] = "auto"
+    # vLLM's quantization: None (the checkpoint's quantization_config, if any), "fp8", "awq",
+    # "gptq" (models/quantization); "fp8" also quantises an unquantised checkpoint.
+    quantization: Optional[str] = None
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     block_size: int = 16
     gpu_memory_utilization: float = 0.9

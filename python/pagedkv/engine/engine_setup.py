@@ -123,11 +123,11 @@ _LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     from pagedkv.models import load_model
 
-    key = (cfg.model, str(cfg.dtype), str(device))
+    key = (cfg.model, str(cfg.dtype), str(device), cfg.quantization)
     model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
-    model, mc = load_model(cfg.model, cfg.dtype, device)
+    model, mc = load_model(cfg.model, cfg.dtype, device, quantization=cfg.quantization)
     model.pagedkv_config = mc
     _LOADED[key] = model
     return model, mc

@@ -60,6 +60,8 @@ class ModelConfig:
     do_layer_norm_before: bool = True
     layer_norm_elementwise_affine: bool = True
     moe: Optional[MoEConfig] = None  # the experts of Mixtral / Qwen-MoE (models/moe.py)
+    # config.json's quantization_config, as written (models/quantization reads it).
+    quantization_config: Optional[dict[str, Any]] = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -118,6 +120,7 @@ class ModelConfig:
             hidden_act=d.get("hidden_act", "silu"),
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
             moe=MoEConfig.from_hf_dict(arch, d),
+            quantization_config=d.get("quantization_config"),
         )
 
     @classmethod

@@ -5,18 +5,13 @@
 // writes each pair's row, times its routing weight when given. The grid covers the worst-case
 // padded length; CTAs past num_tokens_post_pad (read on the device) return at once, so the
 // launch needs no host sync and is CUDA-graph safe.
-#include <mma.h>
-
-#include "ops/cuda/common.cuh"
+#include "ops/cuda/gemm_tile.cuh"
 #include "ops/cuda/moe.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
 
-constexpr int kBN = 64;        // output columns per CTA
-constexpr int kBK = 32;        // K per shared-memory tile
-constexpr int kPad = 8;        // row padding of the tiles (bank conflicts)
-constexpr int kThreads = 128;  // 4 warps
+using namespace gemm_tile;  // NOLINT: the tile constants and helpers
 
 struct GemmArgs {
   void* out;
@@ -31,35 +26,6 @@ struct GemmArgs {
   int64_t sorted_len, pairs, N, K;
   int top_k;
 };
-
-template <typename T>
-struct Tiles {
-  T a[64][kBK + kPad];
-  T b[kBN][kBK + kPad];
-};
-
-// Loads a [rows, kBK] tile whose row r starts at src(r) (nullptr: a zero row), columns from k0;
-// 16-byte vectors when `vec` (K a multiple of the vector and rows 16-byte aligned).
-template <typename T, int ROWS, typename Src>
-__device__ __forceinline__ void load_tile(T (*dst)[kBK + kPad], Src src, int64_t k0, int64_t K,
-                                          bool vec) {
-  constexpr int kVec = 16 / sizeof(T);
-  if (vec) {
-    for (int idx = threadIdx.x; idx < ROWS * (kBK / kVec); idx += kThreads) {
-      const int r = idx / (kBK / kVec), c = (idx % (kBK / kVec)) * kVec;
-      const T* row = src(r);
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (row != nullptr && k0 + c < K) v = *reinterpret_cast<const uint4*>(row + k0 + c);
-      *reinterpret_cast<uint4*>(&dst[r][c]) = v;
-    }
-  } else {
-    for (int idx = threadIdx.x; idx < ROWS * kBK; idx += kThreads) {
-      const int r = idx / kBK, c = idx % kBK;
-      const T* row = src(r);
-      dst[r][c] = row != nullptr && k0 + c < K ? row[k0 + c] : from_float<T>(0.0f);
-    }
-  }
-}
 
 template <typename T, int BM>
 __global__ void __launch_bounds__(kThreads) moe_gemm_kernel(GemmArgs p, bool vec) {
@@ -84,51 +50,15 @@ __global__ void __launch_bounds__(kThreads) moe_gemm_kernel(GemmArgs p, bool vec
   auto w_row = [&](int r) -> const T* { return n0 + r < p.N ? w + (n0 + r) * p.K : nullptr; };
 
   if (expert >= 0) {
-    if constexpr (std::is_same_v<T, float>) {
-      // CUDA cores: thread (ty, tx) owns rows ty, ty + 8, ... and columns tx * 4 .. + 3.
-      const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-      float acc[BM / 8][4] = {};
-      for (int64_t k0 = 0; k0 < p.K; k0 += kBK) {
-        load_tile<T, BM>(tiles.a, a_row, k0, p.K, vec);
-        load_tile<T, kBN>(tiles.b, w_row, k0, p.K, vec);
-        __syncthreads();
-        for (int kk = 0; kk < kBK; ++kk) {
-          float b[4];
-          for (int j = 0; j < 4; ++j) b[j] = tiles.b[tx * 4 + j][kk];
-          for (int i = 0; i < BM / 8; ++i) {
-            const float x = tiles.a[ty + 8 * i][kk];
-            for (int j = 0; j < 4; ++j) acc[i][j] += x * b[j];
-          }
-        }
-        __syncthreads();
-      }
-      for (int i = 0; i < BM / 8; ++i)
-        for (int j = 0; j < 4; ++j) acc_tile[ty + 8 * i][tx * 4 + j] = acc[i][j];
-    } else {
-      namespace wmma = nvcuda::wmma;
-      const int warp = threadIdx.x / 32;  // owns columns warp * 16 .. + 15
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[BM / 16];
-      for (int i = 0; i < BM / 16; ++i) wmma::fill_fragment(acc[i], 0.0f);
-      for (int64_t k0 = 0; k0 < p.K; k0 += kBK) {
-        load_tile<T, BM>(tiles.a, a_row, k0, p.K, vec);
-        load_tile<T, kBN>(tiles.b, w_row, k0, p.K, vec);
-        __syncthreads();
-        for (int kk = 0; kk < kBK; kk += 16) {
-          // B = w^T: the expert's rows [n][k] read as a column-major [k][n] matrix.
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-          wmma::load_matrix_sync(b, &tiles.b[warp * 16][kk], kBK + kPad);
-          for (int i = 0; i < BM / 16; ++i) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> x;
-            wmma::load_matrix_sync(x, &tiles.a[i * 16][kk], kBK + kPad);
-            wmma::mma_sync(acc[i], x, b, acc[i]);
-          }
-        }
-        __syncthreads();
-      }
-      for (int i = 0; i < BM / 16; ++i)
-        wmma::store_matrix_sync(&acc_tile[i * 16][warp * 16], acc[i], kBN + 4,
-                                wmma::mem_row_major);
+    Accumulator<T, BM> acc;
+    for (int64_t k0 = 0; k0 < p.K; k0 += kBK) {
+      load_tile<T, BM>(tiles.a, a_row, k0, p.K, vec);
+      load_tile<T, kBN>(tiles.b, w_row, k0, p.K, vec);
+      __syncthreads();
+      acc.step(tiles);
+      __syncthreads();
     }
+    acc.store(acc_tile);
   } else {  // an expert this rank does not hold: zeros
     for (int idx = threadIdx.x; idx < BM * kBN; idx += kThreads)
       acc_tile[idx / kBN][idx % kBN] = 0.0f;
