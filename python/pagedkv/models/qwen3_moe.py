@@ -20,6 +20,8 @@ class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
         # The attention's q/k RMSNorm comes with Qwen3 (ModelConfig.qk_norm); without it the
         # model would run and give wrong answers, so it is refused.
         if not getattr(cfg, "qk_norm", False):
-            raise ValueError("Qwen3MoeForCausalLM needs the attention's q/k RMSNorm "
-                             "(ModelConfig.qk_norm), which this build of pagedkv lacks")
+            raise ValueError(
+                "Qwen3MoeForCausalLM needs the attention's q/k RMSNorm "
+                "(ModelConfig.qk_norm), which this build of pagedkv lacks"
+            )
         super().__init__(cfg)

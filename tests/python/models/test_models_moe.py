@@ -43,8 +43,7 @@ def checkpoint(request, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def hf_model(checkpoint: str):
-    return transformers.AutoModelForCausalLM.from_pretrained(checkpoint,
-                                                             dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
 
 
 def test_logits_match_hf(checkpoint: str, hf_model) -> None:
@@ -60,7 +59,7 @@ def test_logits_match_hf(checkpoint: str, hf_model) -> None:
     with torch.no_grad():
         for i, s in enumerate(seqs):
             expected = hf_model(s[None]).logits[0].double()
-            err = (logits[loc[i]:loc[i + 1]].double() - expected).abs().max()
+            err = (logits[loc[i] : loc[i + 1]].double() - expected).abs().max()
             assert float(err / expected.abs().max()) < 1e-4
 
 
@@ -70,8 +69,14 @@ def test_engine_greedy_matches_hf(checkpoint: str, hf_model) -> None:
     are processed: min_new_tokens masks EOS, shifting the log-softmax.)"""
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (5, 12, 27)]
-    llm = LLM(checkpoint, skip_tokenizer_init=True, device="cpu", dtype="float32", seed=0,
-              kv_cache_space=0.01)
+    llm = LLM(
+        checkpoint,
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        seed=0,
+        kv_cache_space=0.01,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=0, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     for prompt, out in zip(prompts, outs):
