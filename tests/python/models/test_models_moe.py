@@ -88,3 +88,23 @@ def test_engine_greedy_matches_hf(checkpoint: str, hf_model) -> None:
             row = ref[len(prompt) - 1 + j]
             assert row[tok] >= row.max() - 1e-4, (j, tok, int(row.argmax()))
             assert abs(out.outputs[0].logprobs[j][tok].logprob - row[tok].item()) < 1e-4
+
+
+def test_bf16_checkpoint_matches_hf(tmp_path) -> None:
+    """A bfloat16 Mixtral checkpoint, both sides computing in float32 from the same bf16
+    weights."""
+    path = save_random_model(
+        str(tmp_path / "bf16"),
+        "tiny-mixtral",
+        seed=3,
+        tokenizer=False,
+        vocab_size=VOCAB,
+        dtype=torch.bfloat16,
+    )
+    model, _ = load_model(path, torch.float32, "cpu")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(0, VOCAB, (21,), generator=torch.Generator().manual_seed(2))
+    logits = model.compute_logits(model(ids, torch.arange(21), DenseAttentionBackend([0, 21])))
+    with torch.no_grad():
+        want = ref(ids[None]).logits[0].double()
+    assert float((logits.double() - want).abs().max() / want.abs().max()) < 1e-4
