@@ -104,11 +104,12 @@ class FusedMoE(nn.Module):
 
     @staticmethod
     def weight_loader(
-        param: torch.Tensor, tensor: torch.Tensor, expert_id: int, shard: int
+        param: torch.Tensor, tensor: torch.Tensor, expert_id: Optional[int], shard: Optional[int]
     ) -> None:
         """One expert's checkpoint matrix into ``param``: shard 0 / 1 = gate / up rows of
-        w13_weight, shard 2 = w2_weight."""
-        dst = param.data[expert_id]
+        w13_weight, shard 2 = w2_weight; expert_id None: every expert's, stacked as transformers
+        5 holds them (gate_up_proj [E, 2I, H] with gate rows first, down_proj [E, H, I])."""
+        dst = param.data if expert_id is None else param.data[expert_id]
         if shard in (0, 1):
             half = dst.shape[0] // 2
             dst = dst.narrow(0, shard * half, half)
@@ -171,6 +172,8 @@ def sparse_moe_block(cfg: Any, layer_idx: int) -> Optional[SparseMoeBlock]:
 # model.layers.{L}.mlp.experts.{e}.{w1|w3|w2|gate_proj|up_proj|down_proj}.weight
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w1|w3|w2|gate_proj|up_proj|down_proj)\.weight$")
 _SHARDS = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": 2, "down_proj": 2}
+# model.layers.{L}.mlp.experts.{gate_up_proj|down_proj}: every expert at once (transformers 5)
+_STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
 
 
 def canonical_name(name: str) -> str:
@@ -185,21 +188,27 @@ def split_expert_weights(
     each complete parameter's name to ``written``) and yields every other tensor, renamed by
     canonical_name."""
     params = dict(model.named_parameters())
-    seen: dict[str, set[tuple[int, int]]] = {}
+    seen: dict[str, set[tuple[int, Optional[int]]]] = {}
     for ckpt_name, tensor in weights:
         name = canonical_name(ckpt_name)
-        m = _EXPERT.match(name)
-        if m is None:
+        m, stacked = _EXPERT.match(name), _STACKED.match(name)
+        expert: Optional[int]
+        shard: Optional[int]
+        if m is not None:
+            prefix, expert, shard = m.group(1), int(m.group(2)), _SHARDS[m.group(3)]
+        elif stacked is not None:
+            prefix, expert = stacked.group(1), None
+            shard = 2 if stacked.group(2) == "down_proj" else None
+        else:
             yield name, tensor
             continue
-        prefix, expert, shard = m.group(1), int(m.group(2)), _SHARDS[m.group(3)]
         target = f"{prefix}.{'w2_weight' if shard == 2 else 'w13_weight'}"
         if target not in params:
             raise ValueError(
                 f"checkpoint tensor {ckpt_name!r} has no place in the model (looked for {target!r})"
             )
         param = params[target]
-        if not 0 <= expert < param.shape[0]:
+        if expert is not None and not 0 <= expert < param.shape[0]:
             raise ValueError(
                 f"checkpoint tensor {ckpt_name!r} names expert {expert} but the "
                 f"layer has {param.shape[0]} experts"
@@ -209,7 +218,10 @@ def split_expert_weights(
         except ValueError as e:
             raise ValueError(f"checkpoint tensor {ckpt_name!r} {e}") from None
         got = seen.setdefault(target, set())
-        got.add((expert, shard))
+        if expert is None:  # all of them
+            got.update((e, s) for e in range(param.shape[0]) for s in ((2,) if shard else (0, 1)))
+        else:
+            got.add((expert, shard))
         if len(got) == param.shape[0] * (1 if shard == 2 else 2):
             written.add(target)
 

@@ -108,3 +108,28 @@ def test_bf16_checkpoint_matches_hf(tmp_path) -> None:
     with torch.no_grad():
         want = ref(ids[None]).logits[0].double()
     assert float((logits.double() - want).abs().max() / want.abs().max()) < 1e-4
+
+
+def test_stacked_expert_checkpoint(tmp_path) -> None:
+    """Experts stored stacked, as transformers 5 holds them (mlp.experts.gate_up_proj
+    [E, 2I, H], mlp.experts.down_proj [E, H, I]), load like the per-expert layout."""
+    from safetensors.torch import load_file, save_file
+
+    path = save_random_model(
+        str(tmp_path / "m"), "tiny-qwen2-moe", seed=4, tokenizer=False, vocab_size=VOCAB
+    )
+    per_expert, _ = load_model(path, torch.float32, "cpu")
+    tensors = load_file(f"{path}/model.safetensors")
+    for layer in range(2):
+        p = f"model.layers.{layer}.mlp.experts."
+        e = [p + f"{i}." for i in range(4)]
+        gate_up = [
+            torch.cat([tensors.pop(x + "gate_proj.weight"), tensors.pop(x + "up_proj.weight")])
+            for x in e
+        ]
+        tensors[p + "gate_up_proj"] = torch.stack(gate_up)
+        tensors[p + "down_proj"] = torch.stack([tensors.pop(x + "down_proj.weight") for x in e])
+    save_file(tensors, f"{path}/model.safetensors")
+    stacked, _ = load_model(path, torch.float32, "cpu")
+    for a, b in zip(per_expert.parameters(), stacked.parameters()):
+        assert torch.equal(a, b)
