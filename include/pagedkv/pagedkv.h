@@ -8,6 +8,7 @@
 #include "pagedkv/moe.h"
 #include "pagedkv/ops.h"
 #include "pagedkv/quant.h"
+#include "pagedkv/sampling_ops.h"
 #include "pagedkv/scheduler.h"
 #include "pagedkv/scheduler_config.h"
 #include "pagedkv/step_plan.h"

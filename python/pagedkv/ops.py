@@ -6,8 +6,10 @@ the device of the arrays: the C++ CPU kernels for host arrays, the CUDA kernels 
 (on ``stream``: an int handle, a ``torch.cuda.Stream`` or a cupy stream of the arrays' GPU; by
 default the caller's current torch / cupy stream).
 
-``k_scale`` / ``v_scale`` may be Python floats or 1-element arrays; they are read on the host,
-so a CUDA tensor scale costs one device synchronisation per call (pass floats in hot loops).
+``k_scale`` / ``v_scale`` (fp8 caches) may be numbers or 1-element arrays. A float32 array is
+handed to the kernels, which read it on its device: a CUDA tensor scale (what vLLM passes) costs
+no host synchronisation, and a captured CUDA graph reads its value at each replay. Host arrays of
+other float dtypes are read on the host; CUDA arrays must be float32.
 
 Arrays an op only reads may be read-only (numpy ``setflags(write=False)``, ``np.broadcast_to``,
 a read-only memmap); what it writes (``out``, the caches of the cache writes, ``dst``, ...) must
@@ -36,8 +38,8 @@ from typing import Any, Optional, Sequence
 from pagedkv import _C
 from pagedkv._tensor import check_array, is_cuda, stream_handle
 
-# The fused layer ops (norms, rotary, gated activations) live in their own module; they are
-# re-exported here, beside the attention ops, under vLLM's names.
+# The fused layer ops (norms, rotary, gated activations) and the sampling thresholds live in
+# their own modules; they are re-exported here, beside the attention ops.
 from pagedkv.layer_ops import (
     fused_add_rms_norm,
     gelu_and_mul,
@@ -46,6 +48,7 @@ from pagedkv.layer_ops import (
     rotary_embedding,
     silu_and_mul,
 )
+from pagedkv.sampling_ops import sample_exponential_race, top_k_top_p_threshold
 
 __all__ = [
     "reshape_and_cache",
@@ -67,6 +70,8 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "SUPPORTED_HEAD_SIZES",
     "ATTENTION_KERNELS",
+    "top_k_top_p_threshold",
+    "sample_exponential_race",
 ]
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).
@@ -92,6 +97,35 @@ def _scalar(x: Any, name: str) -> float:
                              f"{tuple(x.shape)}")
         return float(x.reshape(()).item() if hasattr(x, "reshape") else x.item())
     raise TypeError(f"{name} must be a float or a 1-element array, got {type(x).__name__}")
+
+
+def _scale(x: Any, name: str) -> tuple[float, Any]:
+    """An fp8 scale as the ops take it: (number, None), or (1.0, a 1-element float32 array) that
+    the kernels read on the array's device (no host synchronisation)."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):  # numpy scalars too
+        return float(x), None
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"{name} must be a number or a 1-element array, got {type(x).__name__}")
+    size = 1
+    for s in x.shape:
+        size *= int(s)
+    if size != 1:
+        raise ValueError(f"{name} must be a number or a 1-element array, got shape "
+                         f"{tuple(int(s) for s in x.shape)}")
+    if str(x.dtype).rsplit(".", 1)[-1] == "float32":
+        check_array(x, name)
+        return 1.0, x
+    if is_cuda(x):
+        raise TypeError(f"{name} on the GPU must be float32 (the kernels read it there), got "
+                        f"{x.dtype}")
+    return float(x.reshape(()).item() if hasattr(x, "reshape") else x.item()), None
+
+
+def _scale_args(k_scale: Any, v_scale: Any) -> tuple[float, float, dict]:
+    """k_scale / v_scale for the bindings: the two numbers, and the arrays as keywords."""
+    k, k_array = _scale(k_scale, "k_scale")
+    v, v_array = _scale(v_scale, "v_scale")
+    return k, v, {"k_scale_array": k_array, "v_scale_array": v_array}
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -151,10 +185,10 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
     num_kv_heads, head_size, block_size]) at ``slot_mapping`` (int64; negative = skip)."""
     _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
             slot_mapping=slot_mapping)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                             _str(kv_cache_dtype, "kv_cache_dtype"), _scalar(k_scale, "k_scale"),
-                             _scalar(v_scale, "v_scale"), False,
-                             stream_handle(stream, key))
+                             _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs, False,
+                             stream_handle(stream, key), **arrays)
 
 
 def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: Any,
@@ -164,10 +198,10 @@ def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: A
     head_size]."""
     _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
             slot_mapping=slot_mapping)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                             _str(kv_cache_dtype, "kv_cache_dtype"), _scalar(k_scale, "k_scale"),
-                             _scalar(v_scale, "v_scale"), True,
-                             stream_handle(stream, key))
+                             _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs, True,
+                             stream_handle(stream, key), **arrays)
 
 
 def _block_size(key_cache: Any, block_size: Optional[int]) -> None:
@@ -197,14 +231,14 @@ def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
             block_tables=block_tables, seq_lens=seq_lens, alibi_slopes=alibi_slopes)
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_paged_attention_v1(out, query, key_cache, value_cache,
                               _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
                               block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
-                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"),
-                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
                               _scalar(logits_soft_cap, "logits_soft_cap"),
                               _window(sliding_window), stream_handle(stream, query),
-                              _str(kernel, "kernel"))
+                              _str(kernel, "kernel"), **arrays)
 
 
 def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, query: Any,
@@ -226,14 +260,14 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
             seq_lens=seq_lens, alibi_slopes=alibi_slopes)
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
                               _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
                               block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
-                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"),
-                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
                               _scalar(logits_soft_cap, "logits_soft_cap"),
                               _window(sliding_window), _int(partition_size, "partition_size"),
-                              stream_handle(stream, query), _str(kernel, "kernel"))
+                              stream_handle(stream, query), _str(kernel, "kernel"), **arrays)
 
 
 def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
@@ -286,13 +320,13 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
         scale = 1.0 / math.sqrt(max(1, int(q.shape[-1]))) if len(q.shape) else 1.0
     else:
         scale = _scalar(sm_scale, "sm_scale")
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_context_attention_fwd(o, q, k, v, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
                                  _int(max_input_len, "max_input_len"), scale, alibi_slopes,
-                                 _str(kv_cache_dtype, "kv_cache_dtype"),
-                                 _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                                 _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
                                  _scalar(logits_soft_cap, "logits_soft_cap"),
                                  _window(sliding_window), stream_handle(stream, q),
-                                 _str(kernel, "kernel"))
+                                 _str(kernel, "kernel"), **arrays)
 
 
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,

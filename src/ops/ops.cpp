@@ -99,7 +99,8 @@ bool no_work(const TensorView& first, int64_t items) {
 
 void check_cache_write(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       KVCacheDType kv_dtype, float k_scale, float v_scale, KVLayout layout) {
+                       KVCacheDType kv_dtype, const Scale& k_scale, const Scale& v_scale,
+                       KVLayout layout) {
   detail::check_devices({{&key, "key"},
                          {&value, "value"},
                          {&key_cache, "key_cache"},
@@ -114,7 +115,7 @@ void check_cache_write(const TensorView& key, const TensorView& value, const Ten
   PAGEDKV_CHECK(g.num_kv_heads == key.size(1) && g.head_size == key.size(2), "key has shape ",
                 key.shape_str(), " but key_cache holds ", g.num_kv_heads, " heads of size ",
                 g.head_size);
-  detail::check_scales(k_scale, v_scale);
+  detail::check_scales(k_scale, v_scale, key.device());
   check_dtype(slot_mapping, "slot_mapping", {DType::kInt64});
   check_ndim(slot_mapping, "slot_mapping", 1);
   detail::check_cuda_dense(slot_mapping, "slot_mapping");
@@ -202,13 +203,15 @@ CacheGeometry check_decode(const TensorView& out, const TensorView& query,
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream) {
+                       KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
+                       Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kVLLM);
   if (no_work(key, slot_mapping.size(0))) return;
   PAGEDKV_DISPATCH(
       key, reshape_and_cache,
-      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+       cpu_ops::host_scale(k_scale), cpu_ops::host_scale(v_scale)),
       (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, stream));
   (void)stream;
 }
@@ -216,13 +219,14 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                             float k_scale, float v_scale, Stream stream) {
+                             const Scale& k_scale, const Scale& v_scale, Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kNHD);
   if (no_work(key, slot_mapping.size(0))) return;
   PAGEDKV_DISPATCH(
       key, reshape_and_cache_flash,
-      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+       cpu_ops::host_scale(k_scale), cpu_ops::host_scale(v_scale)),
       (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, stream));
   (void)stream;
 }

@@ -25,10 +25,16 @@ using namespace nb::literals;
 namespace pagedkv::python {
 namespace {
 
+// A Scale from the Python layer's pair: the number, or the array when one is given.
+Scale make_scale(float value, const std::optional<InArray>& array, const char* name) {
+  if (array) return Scale(to_view(*array, name));
+  return Scale(value);
+}
+
 AttentionOptions make_options(float scale, const std::optional<InArray>& alibi_slopes,
                               float logits_soft_cap, int sliding_window,
-                              const std::string& kv_cache_dtype, float k_scale, float v_scale,
-                              const std::string& kernel) {
+                              const std::string& kv_cache_dtype, const Scale& k_scale,
+                              const Scale& v_scale, const std::string& kernel) {
   AttentionOptions o;
   o.scale = scale;
   o.alibi_slopes = to_view(alibi_slopes, "alibi_slopes");
@@ -76,21 +82,25 @@ void bind_ops(nb::module_& m) {
       "ops_reshape_and_cache",
       [](InArray key, InArray value, OutArray key_cache, OutArray value_cache, InArray slot_mapping,
          const std::string& kv_cache_dtype, float k_scale, float v_scale, bool flash,
-         uintptr_t stream) {
+         uintptr_t stream, std::optional<InArray> k_scale_array,
+         std::optional<InArray> v_scale_array) {
         const TensorView k = to_view(key, "key"), v = to_view(value, "value");
         const TensorView kc = to_view(key_cache, "key_cache");
         const TensorView vc = to_view(value_cache, "value_cache");
         const TensorView sm = to_view(slot_mapping, "slot_mapping");
         const KVCacheDType dt = parse_kv_cache_dtype(kv_cache_dtype);
+        const Scale ks = make_scale(k_scale, k_scale_array, "k_scale");
+        const Scale vs = make_scale(v_scale, v_scale_array, "v_scale");
         nb::gil_scoped_release release;
         if (flash) {
-          ops::reshape_and_cache_flash(k, v, kc, vc, sm, dt, k_scale, v_scale, to_stream(stream));
+          ops::reshape_and_cache_flash(k, v, kc, vc, sm, dt, ks, vs, to_stream(stream));
         } else {
-          ops::reshape_and_cache(k, v, kc, vc, sm, dt, k_scale, v_scale, to_stream(stream));
+          ops::reshape_and_cache(k, v, kc, vc, sm, dt, ks, vs, to_stream(stream));
         }
       },
       "key"_a, "value"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(), "slot_mapping"_a,
       "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a, "flash"_a, "stream"_a = 0,
+      "k_scale_array"_a.none() = nb::none(), "v_scale_array"_a.none() = nb::none(),
       "Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at "
       "slot_mapping (vLLM layout, or NHD when flash=True).");
 
@@ -100,10 +110,12 @@ void bind_ops(nb::module_& m) {
          float scale, InArray block_tables, InArray seq_lens, int max_seq_len,
          std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
          float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream,
-         const std::string& kernel) {
-        const AttentionOptions o =
-            make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
-                         k_scale, v_scale, kernel);
+         const std::string& kernel, std::optional<InArray> k_scale_array,
+         std::optional<InArray> v_scale_array) {
+        const AttentionOptions o = make_options(
+            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+            make_scale(k_scale, k_scale_array, "k_scale"),
+            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView kc = to_view(key_cache, "key_cache");
         const TensorView vc = to_view(value_cache, "value_cache");
@@ -117,6 +129,7 @@ void bind_ops(nb::module_& m) {
       "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "max_seq_len"_a,
       "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
       "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0, "kernel"_a = "auto",
+      "k_scale_array"_a.none() = nb::none(), "v_scale_array"_a.none() = nb::none(),
       "Decode attention over a paged KV cache, single pass; writes `out`.");
 
   m.def(
@@ -126,10 +139,12 @@ void bind_ops(nb::module_& m) {
          InArray block_tables, InArray seq_lens, int max_seq_len,
          std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
          float v_scale, float logits_soft_cap, int sliding_window, int partition_size,
-         uintptr_t stream, const std::string& kernel) {
-        const AttentionOptions o =
-            make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
-                         k_scale, v_scale, kernel);
+         uintptr_t stream, const std::string& kernel, std::optional<InArray> k_scale_array,
+         std::optional<InArray> v_scale_array) {
+        const AttentionOptions o = make_options(
+            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+            make_scale(k_scale, k_scale_array, "k_scale"),
+            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView es = to_view(exp_sums, "exp_sums");
         const TensorView ml = to_view(max_logits, "max_logits");
@@ -147,7 +162,8 @@ void bind_ops(nb::module_& m) {
       "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "max_seq_len"_a,
       "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
       "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "partition_size"_a = kPartitionSize,
-      "stream"_a = 0, "kernel"_a = "auto",
+      "stream"_a = 0, "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
+      "v_scale_array"_a.none() = nb::none(),
       "Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.");
 
   m.def(
@@ -156,10 +172,12 @@ void bind_ops(nb::module_& m) {
          InArray value_cache, InArray block_tables, InArray query_start_loc, InArray seq_lens,
          int max_query_len, float scale, std::optional<InArray> alibi_slopes,
          const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
-         int sliding_window, uintptr_t stream, const std::string& kernel) {
-        const AttentionOptions o =
-            make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
-                         k_scale, v_scale, kernel);
+         int sliding_window, uintptr_t stream, const std::string& kernel,
+         std::optional<InArray> k_scale_array, std::optional<InArray> v_scale_array) {
+        const AttentionOptions o = make_options(
+            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+            make_scale(k_scale, k_scale_array, "k_scale"),
+            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView vk = to_view(key, "key"), vv = to_view(value, "value");
         const TensorView kc = to_view(key_cache, "key_cache");
@@ -175,7 +193,8 @@ void bind_ops(nb::module_& m) {
       "value_cache"_a.noconvert(), "block_tables"_a, "query_start_loc"_a, "seq_lens"_a,
       "max_query_len"_a, "scale"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a,
       "v_scale"_a, "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
-      "kernel"_a = "auto",
+      "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
+      "v_scale_array"_a.none() = nb::none(),
       "Prefill/extend attention: new tokens attend causally to the cached context and "
       "themselves; writes `out`.");
 

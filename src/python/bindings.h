@@ -12,5 +12,6 @@ void bind_ops(nanobind::module_& m);        // the paged KV-cache ops (CPU and C
 void bind_moe(nanobind::module_& m);        // the mixture-of-experts ops
 void bind_quant(nanobind::module_& m);      // the weight-only int4 GEMM
 void bind_layer_ops(nanobind::module_& m);  // the fused layer ops (norms, rotary, activations)
+void bind_sampling_ops(nanobind::module_& m);  // sampling thresholds (top-k / top-p / min-p)
 
 }  // namespace pagedkv::python

@@ -25,4 +25,5 @@ NB_MODULE(_C, m) {
   pagedkv::python::bind_moe(m);
   pagedkv::python::bind_quant(m);
   pagedkv::python::bind_layer_ops(m);
+  pagedkv::python::bind_sampling_ops(m);
 }

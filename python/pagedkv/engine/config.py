@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from pagedkv import ops
+from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 
 # vLLM's --kv-cache-dtype choices, the kernels' one list (include/pagedkv/ops.h). "auto": the
 # cache holds the model dtype; the fp8 kinds store one byte per element (uint8 arrays of the same
@@ -72,6 +73,8 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
+        for name in sorted(set(kwargs) & set(VLLM_ONLY_ARGS) - names):
+            check_vllm_arg(name, kwargs.pop(name))  # vLLM's: accepted if harmless, or refused
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unexpected engine argument(s): {', '.join(unknown)}")

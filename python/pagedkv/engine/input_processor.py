@@ -17,11 +17,13 @@ SamplingParams itself.
 from __future__ import annotations
 
 import numbers
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from pagedkv import envs
 from pagedkv.engine.llm_inputs import prompt_item
 from pagedkv.engine.request_state import tokenize_bad_words
 from pagedkv.engine.sampling_params import SamplingParams
@@ -30,8 +32,28 @@ from pagedkv.engine.sampling_params import SamplingParams
 DEFAULT_MAX_N_SEQUENCES = 16384
 # A request id is logged and may be echoed in a response header: printable ASCII only, so that
 # no id can forge a log line (CR / LF) or break a header.
-_REQUEST_ID = re.compile(r"^[\x20-\x7e]{1,256}$")
+_REQUEST_ID = re.compile(r"[\x20-\x7e]{1,256}")
 _INT32 = (-(2**31), 2**31 - 1)
+
+
+MAX_N_ENV = "PAGEDKV_MAX_N_SEQUENCES"
+
+
+def max_n_sequences_from_env(value: Any = None, source: str = "max_n_sequences") -> int:
+    """The `n` limit: ``value`` when given, else $PAGEDKV_MAX_N_SEQUENCES (or vLLM's
+    $VLLM_MAX_N_SEQUENCES), else 16384. Not an integer >= 1: a configuration ValueError."""
+    found = envs.source(MAX_N_ENV)
+    if value is None and found is not None:
+        value, source = os.environ[found], f"${found}"
+    if value is None:
+        return DEFAULT_MAX_N_SEQUENCES
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ValueError(f"{source} must be an integer >= 1, got {value!r}")
+    return limit
 
 
 @dataclass(frozen=True)
@@ -39,7 +61,8 @@ class RequestLimits:
     """What one request may ask for (the server's --max-* flags; vLLM's names where vLLM has
     them). None: no limit (LLM / LLMEngine default, as in vLLM)."""
 
-    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES  # n and best_of
+    # n and best_of: $PAGEDKV_MAX_N_SEQUENCES (or $VLLM_MAX_N_SEQUENCES), else 16384.
+    max_n_sequences: int = field(default_factory=lambda: max_n_sequences_from_env())
     max_stop_strings: Optional[int] = None  # entries of `stop`
     max_bad_words: Optional[int] = None  # entries of `bad_words`
     max_word_chars: Optional[int] = None  # characters of one stop string or bad word
@@ -67,7 +90,7 @@ def check_request_id(request_id: Any, name: str = "request_id") -> str:
     ``name`` (the message shows a control character it refuses escaped)."""
     if not isinstance(request_id, str):
         raise TypeError(f"{name} must be a string, got {type(request_id).__name__}")
-    if not _REQUEST_ID.match(request_id):
+    if not _REQUEST_ID.fullmatch(request_id):
         raise ValueError(
             f"{name} must be 1 to 256 printable ASCII characters (no control "
             f"characters such as CR / LF), got {ascii(request_id[:64])}"
@@ -266,12 +289,7 @@ class InputProcessor:
         if keep is None:
             return ids
         max_len = self.max_model_len
-        if keep > max_len:
-            raise ValueError(
-                f"truncate_prompt_tokens value ({keep}) is greater than "
-                f"max_model_len ({max_len}). Please, select a smaller "
-                "truncation size."
-            )
+        check_truncation(keep, max_len)
         # -1: all the model takes, which here leaves room for one generated token.
         return ids[-(max_len - 1 if keep == -1 else keep) :]
 
@@ -295,6 +313,15 @@ class InputProcessor:
                 f"vocabulary [0, {self.vocab_size}): {wrong[:10]}"
             )
         return words
+
+
+def check_truncation(keep: int, max_model_len: int) -> None:
+    """vLLM's rule (and words) for truncate_prompt_tokens: at most max_model_len."""
+    if keep > max_model_len:
+        raise ValueError(
+            f"truncate_prompt_tokens value ({keep}) is greater than "
+            f"max_model_len ({max_model_len}). Please, select a smaller truncation size."
+        )
 
 
 def _check_unicode(text: str, name: str) -> None:

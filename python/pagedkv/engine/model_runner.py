@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import torch
@@ -20,16 +20,13 @@ from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
-if TYPE_CHECKING:
-    from pagedkv.models.layers import CausalLM
-
 logger = logging.getLogger("pagedkv")
 
 _GiB = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: CausalLM, model_config: Any,
+    def __init__(self, cfg: EngineConfig, model: Any, model_config: Any,
                  device: torch.device, dtype: torch.dtype, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         self.cfg, self.model, self.mc = cfg, model, model_config
@@ -43,6 +40,7 @@ class ModelRunner:
         # This rank's share: its pipeline stage's layers, its tensor-parallel heads.
         start, end = pp_layer_range(model_config.num_hidden_layers)
         self.num_layers = end - start
+        self.is_first_stage = get_pp_group().is_first_rank
         self.num_heads, self.num_kv_heads = heads_per_rank(model_config.num_attention_heads,
                                                            model_config.num_key_value_heads)
         self.head_dim = model_config.head_dim
@@ -215,7 +213,7 @@ class ModelRunner:
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
         if (self.graphs is not None and plan.num_prefills == 0
                 and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))):
-            return self.graphs.run(plan)
+            return self.graphs.run(plan, intermediate)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self.device

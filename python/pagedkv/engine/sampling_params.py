@@ -249,7 +249,7 @@ class SamplingParams:
             raise _type_error("logit_bias", "a dict of integer token ids to numbers", bias)
         self.logit_bias = {int(t): float(v) for t, v in bias.items()}
         if any(t < 0 for t in self.logit_bias):
-            raise ValueError(f"logit_bias token ids must be non-negative, got {_shown(bias)}")
+            raise ValueError(f"logit_bias has out-of-vocab (negative) token ids: {_shown(bias)}")
         if not all(math.isfinite(v) for v in self.logit_bias.values()):
             raise ValueError(f"logit_bias values must be finite, got {_shown(bias)}")
         if any(abs(v) > LOGIT_BIAS_MAX for v in self.logit_bias.values()):

@@ -34,7 +34,7 @@ struct AttnParams {
   int n_gchunks;             // CTAs per KV head (query heads of a group split over them)
   float qk_scale;            // softmax scale
   float softcap;             // > 0: cap * tanh(logit / cap)
-  float k_scale, v_scale;    // fp8 cache dequantisation (1 otherwise); new tokens are unscaled
+  DeviceScale k_scale, v_scale;  // fp8 cache dequantisation (1 otherwise); new tokens unscaled
   const float* alibi;        // [num_heads] float32 or nullptr
   int window;                // > 0: keys with q_pos - key_pos < window
   bool kv_vec;               // cache runs can be read with 16-byte loads

@@ -13,12 +13,13 @@ namespace pagedkv::cuda_ops {
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream);
+                       KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
+                       Stream stream);
 
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                             float k_scale, float v_scale, Stream stream);
+                             const Scale& k_scale, const Scale& v_scale, Stream stream);
 
 void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, int num_kv_heads,

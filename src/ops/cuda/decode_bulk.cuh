@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   }
 
   // Logit constants and this lane's heads: nh * 8 + 2q + i.
-  const float kmul = p.qk_scale * p.k_scale / qmul;
+  const float kmul = p.qk_scale * p.k_scale.get() / qmul;
   const bool capped = p.softcap > 0.f;
   const float c_in = capped ? kmul / p.softcap : 0.f;
   const float c_out = capped ? p.softcap * kL2e : kmul * kL2e;
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
     const int g = threadIdx.x;
     WarpMerge<kWarps> wm([&](int w) { return sm_m[w][g]; }, [&](int w) { return sm_l[w][g]; });
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sm_a[w][g] = wm.weight(w, p.v_scale);
+    for (int w = 0; w < kWarps; ++w) sm_a[w][g] = wm.weight(w, p.v_scale.get());
     sm_lsum[g] = wm.L;
     sm_mmax[g] = wm.M;
     if (p.partition_size > 0) {  // the exp-sum restated against the true maximum (lazy m)

@@ -53,10 +53,13 @@ bool encode_o_map(CUtensorMap* map, const AttnParams& p) {
 
 // Whether the k / v scales of an fp8 cache are normal numbers of the query dtype (fp16 when
 // `half`), as the producer's in-place dequantisation multiplies by them in that dtype
-// (Fp8Dequant); other scales leave the cached groups to the fp32 path through registers.
+// (Fp8Dequant); other scales leave the cached groups to the fp32 path through registers, and so
+// do scales in device arrays, whose values the host does not read (that would synchronise).
 bool scales_fit(const AttnParams& p, bool half) {
   const float lo = half ? 6.2e-5f : 1.2e-38f, hi = half ? 65504.f : 3.3e38f;
-  auto fits = [&](float v) { return std::fabs(v) >= lo && std::fabs(v) <= hi; };
+  auto fits = [&](const DeviceScale& s) {
+    return s.ptr == nullptr && std::fabs(s.value) >= lo && std::fabs(s.value) <= hi;
+  };
   return fits(p.k_scale) && fits(p.v_scale);
 }
 

@@ -12,8 +12,9 @@ from pagedkv.entrypoints.cli import main
 SAMPLE = Path(__file__).resolve().parents[3] / "benchmarks" / "traces" / "sample.jsonl"
 
 
-def test_plot_without_matplotlib_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_without_matplotlib_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
     png = tmp_path / "sim.png"
     with pytest.raises(SystemExit) as exc:

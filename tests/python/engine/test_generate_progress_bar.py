@@ -30,13 +30,16 @@ class WavesEngine:
         self.steps += 1
         if self.steps % self.steps_per_wave:
             return []
-        wave, self.pending = self.pending[:self.per_wave], self.pending[self.per_wave:]
-        return [SimpleNamespace(request_id=i, finished=True,
-                                outputs=[SimpleNamespace(token_ids=[1, 2, 3])]) for i in wave]
+        wave, self.pending = self.pending[: self.per_wave], self.pending[self.per_wave :]
+        return [
+            SimpleNamespace(
+                request_id=i, finished=True, outputs=[SimpleNamespace(token_ids=[1, 2, 3])]
+            )
+            for i in wave
+        ]
 
 
-def test_a_wave_of_finished_requests_moves_the_bar_at_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wave_of_finished_requests_moves_the_bar_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     shown = io.StringIO()
     bars: list[Any] = []
 

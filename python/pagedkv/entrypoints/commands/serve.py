@@ -35,6 +35,7 @@ DEFAULTS: Dict[str, Any] = {
     "allow_credentials": False, "enable_request_id_headers": False,
     "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
     "enable_log_requests": False, "max_log_len": None, "trust_request_chat_template": False,
+    "shutdown_timeout": 20.0,
     **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
 }
@@ -78,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="do not log uvicorn's line per HTTP request")
     g.add_argument("--response-role", default=s,
                    help="the role of the chat answers' messages (default: assistant)")
+    g.add_argument("--shutdown-timeout", type=t.float_in(0.0), default=s, metavar="SECONDS",
+                   help="on SIGTERM, how long requests in flight may run before their streams "
+                        "are ended (new requests get 503 meanwhile); then exit 0 (default: 20)")
     g.add_argument("--root-path", default=s,
                    help="the path prefix of the server behind a path-based proxy, as "
                         "FastAPI's root_path (default: none)")

@@ -18,13 +18,14 @@ logit_bias entries), so that ordinary vLLM clients are not refused.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict
 
-from pagedkv import envs
-from pagedkv.engine.input_processor import DEFAULT_MAX_N_SEQUENCES, RequestLimits
-
-MAX_N_ENV = "PAGEDKV_MAX_N_SEQUENCES"
+from pagedkv.engine.input_processor import (  # noqa: F401 - the limit's names, re-exported
+    DEFAULT_MAX_N_SEQUENCES,
+    MAX_N_ENV,
+    RequestLimits,
+    max_n_sequences_from_env,
+)
 
 # Flag dest -> default (serve.py's DEFAULTS include these; build_app reads them from args).
 LIMIT_DEFAULTS: Dict[str, int] = {
@@ -37,23 +38,9 @@ LIMIT_DEFAULTS: Dict[str, int] = {
 
 
 def max_n_sequences(args: Any = None) -> int:
-    """The `n` limit: ``args.max_n_sequences`` when set, else $PAGEDKV_MAX_N_SEQUENCES (or
-    $VLLM_MAX_N_SEQUENCES), else 16384. A value that is not an integer >= 1 is a configuration
-    error (ValueError)."""
-    value = getattr(args, "max_n_sequences", None)
-    source = "max_n_sequences"
-    found = envs.source(MAX_N_ENV)
-    if value is None and found is not None:
-        value, source = os.environ[found], f"${found}"
-    if value is None:
-        return DEFAULT_MAX_N_SEQUENCES
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if limit < 1:
-        raise ValueError(f"{source} must be an integer >= 1, got {value!r}")
-    return limit
+    """The `n` limit: ``args.max_n_sequences`` when set, else the environment's (the engine's
+    rule, input_processor.max_n_sequences_from_env)."""
+    return max_n_sequences_from_env(getattr(args, "max_n_sequences", None))
 
 
 def limit_of(args: Any, name: str) -> int:

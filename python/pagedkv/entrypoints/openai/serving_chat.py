@@ -20,13 +20,10 @@ from pagedkv.entrypoints.openai.protocol import (
     UsageInfo,
     dump,
 )
-from pagedkv.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    RequestTimer,
-    cancel_on_disconnect,
-    is_unset,
-    no_tool_choice,
-)
+from pagedkv.entrypoints.openai.request_checks import is_unset, no_tool_choice
+from pagedkv.entrypoints.openai.request_timer import RequestTimer
+from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
+from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
 
 
 def _text_only(value: Any) -> bool:

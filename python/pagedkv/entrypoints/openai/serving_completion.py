@@ -16,11 +16,9 @@ from pagedkv.entrypoints.openai.protocol import (
     CompletionResponse,
     dump,
 )
-from pagedkv.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    RequestTimer,
-    cancel_on_disconnect,
-)
+from pagedkv.entrypoints.openai.request_timer import RequestTimer
+from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
+from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
 
 Prompt = Tuple[List[int], Optional[str]]  # token ids, text (None when given as ids)
 
