@@ -23,9 +23,9 @@ from pagedkv.models.quantization.int4 import AwqMethod, GptqMethod
 from pagedkv.models.quantization.layer import QuantLinear, QuantMethod
 
 METHODS: dict[str, type[QuantMethod]] = {"fp8": Fp8Method, "awq": AwqMethod, "gptq": GptqMethod}
-# Linear layers that stay unquantised whatever the method: MoE routers (checkpoints keep them
-# in full precision).
-_NEVER = (".gate", ".shared_expert_gate")
+# Linear layers that stay unquantised whatever the method: MoE routers and output heads
+# (checkpoints keep them in full precision).
+_NEVER = (".gate", ".shared_expert_gate", "lm_head", ".score", "score")
 
 __all__ = [
     "METHODS",
