@@ -120,7 +120,7 @@ def bench_engine(device: str, quick: bool) -> list[dict]:
         max_position_embeddings=4096,
         vocab_size=32000,
     )
-    prompts, in_len, out_len = (8, 32, 16) if quick else (256, 128, 128)
+    prompts, in_len, out_len = (8, 32, 16) if quick else (128, 128, 128)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         models = {
