@@ -1,4 +1,4 @@
-// Paged KV-cache operations — the vLLM-named kernels (seed 000/001).
+// Paged KV-cache operations — the vLLM-named kernels (layouts and dtypes: docs/layouts.md).
 //
 // Every function validates its arguments (shapes, dtypes, devices, ids in range) and throws
 // pagedkv::ValueError / TypeError naming the offending argument, then dispatches on the device

@@ -1,4 +1,4 @@
-"""``PagedAttention``: vLLM's paged-attention front end (seed 001) over pagedkv's kernels.
+"""``PagedAttention``: vLLM's paged-attention front end over pagedkv's kernels.
 
 The static methods keep vLLM's names and argument order, so model code written for vLLM's
 ``PagedAttention`` runs unchanged. They accept torch tensors (CPU now, CUDA when built), numpy
@@ -11,6 +11,7 @@ the key cache's rank) in every method.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, List, Optional, Tuple
 
 from pagedkv import _C, _tensor, ops
@@ -68,7 +69,17 @@ class PagedAttention:
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
                            head_size: int) -> Tuple[int, ...]:
-        return (2, num_blocks, block_size * num_kv_heads * head_size)
+        """(2, num_blocks, block_size * num_kv_heads * head_size); every size a positive
+        integer (a float, zero or a negative size would give a shape no cache can have)."""
+        sizes = {"num_blocks": num_blocks, "block_size": block_size,
+                 "num_kv_heads": num_kv_heads, "head_size": head_size}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, got {type(value).__name__} "
+                                f"{value!r}")
+            if value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        return (2, int(num_blocks), int(block_size) * int(num_kv_heads) * int(head_size))
 
     @staticmethod
     def split_kv_cache(kv_cache: Any, num_kv_heads: int, head_size: int) -> Tuple[Any, Any]:

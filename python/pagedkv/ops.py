@@ -38,6 +38,18 @@ from typing import Any, Optional, Sequence
 from pagedkv import _C
 from pagedkv._tensor import check_array, is_cuda, stream_handle
 
+# The fused layer ops (norms, rotary, gated activations) and the sampling thresholds live in
+# their own modules; they are re-exported here, beside the attention ops.
+from pagedkv.layer_ops import (
+    fused_add_rms_norm,
+    gelu_and_mul,
+    gelu_tanh_and_mul,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+)
+from pagedkv.sampling_ops import sample_exponential_race, top_k_top_p_threshold
+
 __all__ = [
     "reshape_and_cache",
     "reshape_and_cache_flash",
@@ -49,9 +61,17 @@ __all__ = [
     "copy_blocks",
     "swap_blocks",
     "PARTITION_SIZE",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
     "KV_CACHE_DTYPES",
     "SUPPORTED_HEAD_SIZES",
     "ATTENTION_KERNELS",
+    "top_k_top_p_threshold",
+    "sample_exponential_race",
 ]
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).
@@ -336,3 +356,16 @@ def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Any = None) -
 def _no_blocksparse(vert_stride: Optional[int]) -> None:
     if vert_stride is not None and vert_stride > 1:
         raise ValueError("blocksparse_vert_stride > 1: blocksparse attention is not supported")
+
+
+# The mixture-of-experts and int4 kernels live in their own modules (one concept per file).
+from pagedkv.moe_ops import (  # noqa: E402
+    moe_align_block_size,
+    moe_grouped_gemm,
+    moe_max_padded_tokens,
+    topk_softmax,
+)
+from pagedkv.quant_ops import int4_gemm  # noqa: E402
+
+__all__ += ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens",
+            "int4_gemm"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
 from support.ptx_fragments import ldmatrix_x4, mma_16816
 
 L2E = 1.4426950408889634
