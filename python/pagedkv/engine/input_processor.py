@@ -143,12 +143,18 @@ class InputProcessor:
         priority = self.check_priority(priority)
         params = self.check_params(params, limits)
         text, ids = self._prompt(prompt, prompt_token_ids, params)
+        max_tokens = self._max_tokens(ids, params)
+        if params.min_tokens > max_tokens:
+            # Only with max_tokens=None: the context ends the request first either way, and
+            # the scheduler holds min_tokens as an int32.
+            params = params.clone()
+            params.min_tokens = max_tokens
         return EngineRequest(
             request_id,
             text,
             ids,
             params,
-            self._max_tokens(ids, params),
+            max_tokens,
             priority,
             arrival_time or time.time(),
             self._bad_words(params),

@@ -95,6 +95,11 @@ def test_model_dependent_checks(params, field):
         processor().process("r", "hi", params)
 
 
+def test_min_tokens_past_the_context_is_clamped_to_it():
+    req = processor().process("r", "hello", SamplingParams(max_tokens=None, min_tokens=2**40))
+    assert req.max_tokens == 27 and req.params.min_tokens == 27
+
+
 def test_prompts_and_bad_words_must_be_valid_unicode():
     with pytest.raises(ValueError, match="^prompt is not valid Unicode"):
         processor().process("r", "a\ud800b")

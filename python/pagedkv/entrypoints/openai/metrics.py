@@ -185,7 +185,7 @@ class ServerMetrics:
         self.e2e.labels(name).observe(e2e)
         self._observe_phases(engine_metrics)
         if finish_reasons and all(r is not None for r in finish_reasons):
-            self.success.labels(name, finish_reasons[0]).inc()
+            self.success.labels(name, str(finish_reasons[0])).inc()
 
     def observe_token_interval(self, seconds: float) -> None:
         self.itl.labels(self.model_name).observe(seconds)
