@@ -354,3 +354,26 @@ def test_noisy_neighbour_does_not_stall_a_valid_request(http, engine):
     assert statuses and all(s in (200, 400, 413) for s in statuses), statuses
     assert noisy < 3 * alone + 1.0, (alone, noisy)
     alive(http, engine)
+
+
+def test_zz_a_device_error_kills_the_engine_at_once_and_health_says_why(
+    engine: AsyncLLMEngine, http: TestClient
+) -> None:
+    """Runs last: it kills the module's engine. A device fault is no request's: the engine is
+    declared dead at the first one (not after three), and /health names the cause."""
+    from pagedkv.engine.async_llm_engine import EngineDeadError
+
+    def broken_step():  # type: ignore[no-untyped-def]
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    engine.engine.step = broken_step
+
+    async def run() -> None:
+        async for _ in engine.generate("hi", SamplingParams(max_tokens=2), "doomed"):
+            pass
+
+    with pytest.raises(EngineDeadError, match="device error"):
+        asyncio.run(asyncio.wait_for(run(), timeout=30))
+    health = http.get("/health")
+    assert health.status_code == 503, health.text
+    assert "(device error)" in health.json()["error"]["message"], health.text
