@@ -268,7 +268,8 @@ class AsyncLLMEngine:
         its own threads, with its limits).
         """
         if prompt is not None and not isinstance(prompt, (str, dict, EngineRequest)):
-            prompt, prompt_token_ids = None, list(prompt)
+            prompt_token_ids = list(prompt)
+            prompt = None
         self.check_health()
         processor = getattr(self.engine, "input_processor", None)
         if processor is not None and not isinstance(prompt, EngineRequest):

@@ -9,11 +9,13 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
+from pagedkv import ops
 from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 
-# vLLM's --kv-cache-dtype choices. "auto": the cache holds the model dtype; the fp8 kinds store
-# one byte per element (uint8 arrays of the same shape), "fp8" meaning e4m3 as in vLLM.
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM's --kv-cache-dtype choices, the kernels' one list (include/pagedkv/ops.h). "auto": the
+# cache holds the model dtype; the fp8 kinds store one byte per element (uint8 arrays of the same
+# shape), "fp8" meaning e4m3 as in vLLM.
+KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 
 # Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -34,6 +36,9 @@ class EngineConfig:
     model: Optional[str] = None  # None / "smollm2": the embedded default model
     tokenizer: Optional[str] = None  # defaults to the model's own tokenizer
     dtype: Union[str, torch.dtype] = "auto"
+    # vLLM's quantization: None (the checkpoint's quantization_config, if any), "fp8", "awq",
+    # "gptq" (models/quantization); "fp8" also quantises an unquantised checkpoint.
+    quantization: Optional[str] = None
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -58,9 +63,10 @@ class EngineConfig:
     max_logprobs: int = 20
     # vLLM arguments accepted so that vLLM code runs unchanged. pagedkv runs its own model code,
     # never a checkpoint's, so trust_remote_code changes nothing; there are no periodic stats
-    # logs to disable; and one process serves the model, so parallel sizes other than 1 fail.
+    # logs to disable.
     trust_remote_code: bool = False
     disable_log_stats: bool = False
+    # Ranks = tensor x pipeline parallel size, one process each (engine/executor_mp.py).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
 
@@ -131,9 +137,13 @@ class EngineConfig:
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no cap) or >= 0, got {self.max_logprobs}")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            if getattr(self, name) != 1:
-                raise ValueError(f"{name}={getattr(self, name)} is not supported: pagedkv runs "
-                                 "the model in one process on one device (use 1)")
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the model runs on (one process each)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The element type of the KV-cache arrays: fp8 caches are bytes (the ops' contract)."""

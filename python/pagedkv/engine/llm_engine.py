@@ -274,7 +274,7 @@ class LLMEngine:
         hide = (sched_finished and seq.finish_reason == "stop"
                 and not req.params.include_stop_str_in_output)
         if not req.incremental_text:
-            if seq.finished and req.params.detokenize:
+            if seq.finished and req.params.detokenize and self.decoder is not None:
                 shown = seq.token_ids[:-1] if hide else seq.token_ids
                 p = req.params
                 seq.text = self.decoder.decode(shown, p.skip_special_tokens,
@@ -312,7 +312,8 @@ class LLMEngine:
     def _collect_outputs(self, touched: Dict[str, RequestState]) -> List[RequestOutput]:
         outs = []
         for req in touched.values():
-            if not req.finished and (req.final_only or req.params.best_of > req.params.n):
+            best_of = req.params.best_of or req.params.n  # set by SamplingParams.__post_init__
+            if not req.finished and (req.final_only or best_of > req.params.n):
                 continue  # best_of picks the winners at the end only
             outs.append(req.to_output())
             if req.finished:

@@ -10,13 +10,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
+from pagedkv import ops
 from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
 
-# vLLM's --kv-cache-dtype choices (pagedkv.engine.config.KV_CACHE_DTYPES; spelled out here so
-# building the parser does not import torch).
-KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM's --kv-cache-dtype choices: the kernels' one list (include/pagedkv/ops.h, read through
+# pagedkv.ops, which does not import torch).
+KV_CACHE_DTYPE_CHOICES = ops.KV_CACHE_DTYPES
 KV_CACHE_DTYPE_HELP = ("KV-cache element type: 'auto' (the model dtype), or fp8 at 1 byte per "
                        "element, which doubles the cached tokens of a 16-bit model: 'fp8' = "
                        "'fp8_e4m3' (3-bit mantissa) or 'fp8_e5m2' (wider range, 2-bit mantissa); "
@@ -90,11 +91,12 @@ ENGINE_FLAGS = (
          "or 'priority' (the request's priority, lower first, then arrival; a server request "
          "with a priority other than 0 is refused under fcfs)",
          type=t.choice_of(("fcfs", "priority")), metavar="{fcfs,priority}"),
+    Flag("tensor_parallel_size", 1, "ranks each layer is split over (one process per rank, "
+         "each on its own GPU, or on the CPU with gloo)", type=t.int_at_least(1)),
+    Flag("pipeline_parallel_size", 1, "pipeline stages the layers are split into (ranks = "
+         "tensor x pipeline parallel size; under torchrun, its WORLD_SIZE)",
+         type=t.int_at_least(1)),
     # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
-    Flag("tensor_parallel_size", 1, "accepted for vLLM compatibility: one device, so 1 only",
-         type=t.only_one),
-    Flag("pipeline_parallel_size", 1, "accepted for vLLM compatibility: one process, so 1 only",
-         type=t.only_one),
     Flag("trust_remote_code", False, "accepted for vLLM compatibility: pagedkv runs its own "
          "model code, never a checkpoint's, so this changes nothing", kind="switch"),
     Flag("disable_log_stats", False, "accepted for vLLM compatibility: pagedkv logs no "

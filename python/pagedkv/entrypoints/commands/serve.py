@@ -35,6 +35,7 @@ DEFAULTS: Dict[str, Any] = {
     "allow_credentials": False, "enable_request_id_headers": False,
     "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
     "enable_log_requests": False, "max_log_len": None, "trust_request_chat_template": False,
+    "shutdown_timeout": 20.0,
     **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
 }
@@ -78,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="do not log uvicorn's line per HTTP request")
     g.add_argument("--response-role", default=s,
                    help="the role of the chat answers' messages (default: assistant)")
+    g.add_argument("--shutdown-timeout", type=t.float_in(0.0), default=s, metavar="SECONDS",
+                   help="on SIGTERM, how long requests in flight may run before their streams "
+                        "are ended (new requests get 503 meanwhile); then exit 0 (default: 20)")
     g.add_argument("--root-path", default=s,
                    help="the path prefix of the server behind a path-based proxy, as "
                         "FastAPI's root_path (default: none)")
@@ -128,21 +132,22 @@ def _config_value(action: argparse.Action, value: Any) -> Any:
         if not items or not all(isinstance(v, str) for v in items):
             raise ValueError(f"must be a string or a list of strings, got {value!r}")
         return items
-    if isinstance(value, list) and getattr(action.type, "takes_list", False):
+    convert: Any = action.type  # a callable here (argparse types it with FileType and str)
+    if isinstance(value, list) and getattr(convert, "takes_list", False):
         try:
-            return action.type(value)
+            return convert(value)
         except argparse.ArgumentTypeError as e:
             raise ValueError(str(e)) from None
     if isinstance(value, (bool, list, dict)) or value is None:
         raise ValueError(f"must be a single value, got {value!r}")
-    if action.type is None:
+    if convert is None:
         return str(value)
     try:
-        return action.type(str(value))
+        return convert(str(value))
     except argparse.ArgumentTypeError as e:
         raise ValueError(str(e)) from None
     except ValueError:
-        raise ValueError(f"must be {getattr(action.type, '__name__', 'valid')}, "
+        raise ValueError(f"must be {getattr(convert, '__name__', 'valid')}, "
                          f"got {value!r}") from None
 
 

@@ -21,6 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 import pagedkv
+from pagedkv.entrypoints.openai.drain import Drain, DrainingServer, DrainMiddleware
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
 from pagedkv.entrypoints.openai.limits import limit_of, request_limits
 from pagedkv.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
@@ -200,6 +201,9 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         app.add_middleware(RequestIdHeaderMiddleware)
     app.add_middleware(BodySizeLimitMiddleware,
                        max_bytes=limit_of(args, "max_request_body_size"))
+    # SIGTERM drains the server (drain.py): outside the API key and size checks, inside CORS.
+    app.state.drain = Drain(float(getattr(args, "shutdown_timeout", 20.0)))
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
     # CORS outermost (added last), as vLLM has it, so that preflights and even 401 answers
     # carry the Access-Control-* headers a browser needs to read them.
     app.add_middleware(CORSMiddleware,
@@ -285,7 +289,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Loads the model, then serves until interrupted (Ctrl-C / SIGTERM)."""
+    """Loads the model, then serves until Ctrl-C, or until SIGTERM has drained it (exit 0)."""
     import uvicorn
 
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
@@ -302,7 +306,7 @@ def run_server(args: argparse.Namespace) -> int:
                             access_log=not getattr(args, "disable_uvicorn_access_log", False),
                             root_path=getattr(args, "root_path", None) or "")
     try:
-        uvicorn.Server(config).run()
+        DrainingServer(config, app.state.drain, engine).run()
     finally:
         engine.shutdown()
     return 0

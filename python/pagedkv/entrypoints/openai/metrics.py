@@ -77,7 +77,8 @@ class _EngineCollector(Collector):
 
 def _one_two_five(limit: int) -> list:
     """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to ``limit``."""
-    buckets, scale = [], 1
+    buckets: list[int] = []
+    scale = 1
     while True:
         for m in (1, 2, 5):
             if m * scale > limit:

@@ -169,7 +169,7 @@ class OpenAIServingChat(OpenAIServing):
                                       fields={"logprobs": "top_logprobs",
                                               "max_tokens": length_field})
         request_id, engine_id = self.request_ids(raw, req, "chatcmpl")
-        self.log_request(request_id, [len(ids)], params, req.stream)
+        self.log_request(request_id, [len(ids)], params, bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
                                        prompt_param="messages")
@@ -219,7 +219,8 @@ class OpenAIServingChat(OpenAIServing):
         base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        continuous = include_usage and bool(req.stream_options
+                                             and req.stream_options.continuous_usage_stats)
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
         bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous,

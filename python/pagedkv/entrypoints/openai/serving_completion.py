@@ -44,7 +44,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                  req.logprobs, prompt_lp, fields))
                 for ids, text in prompts]
         request_id, engine_id = self.request_ids(raw, req, "cmpl")
-        self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], req.stream)
+        self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, jobs, req.priority)
         if req.stream:
@@ -133,7 +133,8 @@ class OpenAIServingCompletion(OpenAIServing):
         base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        continuous = include_usage and bool(req.stream_options
+                                             and req.stream_options.continuous_usage_stats)
         reasons: List[Optional[str]] = [None] * (len(prompts) * req.n)  # by choice index
         latest: List[Any] = [None] * len(streams)
         bodies = self._chunks(req, base, prompts, streams, timer, latest, reasons, continuous)
