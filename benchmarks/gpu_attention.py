@@ -99,8 +99,24 @@ def _probe(num_seqs: int, kv_dtype: str = "auto") -> tuple:
 
 
 def _kernel_kw(kernel: str) -> dict:
-    """The ops' kernel argument, left out for "auto" (builds before it had no such argument)."""
-    return {} if kernel == "auto" else {"kernel": kernel}
+    """The ops' kernel argument, left out for "auto" and for builds from before it (which take
+    the choice from the environment: _old_build_decode_kernel)."""
+    return {} if kernel == "auto" or not _takes_kernel() else {"kernel": kernel}
+
+
+# How builds from before the kernel argument were told which decode kernel to run (read per
+# call, so the setting holds for the calls captured inside): A/B runs time both sides.
+_OLD_DECODE_ENV = {"hopper": {"PAGEDKV_DECODE_BULK": "2"},
+                   "tensor_core": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"},
+                   "cuda_core": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "0"}}
+
+
+def _old_build_decode_kernel(kernel: str) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    if kernel != "auto" and not _takes_kernel():
+        for name, value in _OLD_DECODE_ENV[kernel].items():
+            stack.enter_context(_env(name, value))
+    return stack
 
 
 def decode_partition(num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto",
@@ -168,7 +184,8 @@ def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
 def bench_decode_ours(b: int, length: int, sms: int, kv_dtype: str = "auto",
                       kernel: str = "auto") -> float:
     """Seconds per call of our decode alone (on `kernel`)."""
-    return _time_ours(_decode_inputs(b, length, sms, kv_dtype, kernel), length, kv_dtype)
+    with _old_build_decode_kernel(kernel):
+        return _time_ours(_decode_inputs(b, length, sms, kv_dtype, kernel), length, kv_dtype)
 
 
 def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:

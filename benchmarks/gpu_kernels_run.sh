@@ -6,8 +6,9 @@
 # A/B on the same card: BASE_TARGET=<folder> (a pre-change build installed there with
 # `pip install --target <folder> .`) also times the table on it, right after ours
 # (gpu_attention_base.log), so "no kernel slower than before" is measured on one machine.
-# VARIANTS=1 adds decode_variants.py (the three decode kernels side by side), PROFILE=1 an Nsight
-# Compute profile of the decode (bf16, fp8) and prefill kernels on benchmark shapes.
+# VARIANTS=1 adds decode_variants.py (the three decode kernels side by side; with BASE_TARGET the
+# base build's too, since the table's decode on an H100 is the Hopper one only), PROFILE=1 an
+# Nsight Compute profile of the decode (bf16, fp8) and prefill kernels on benchmark shapes.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 start=$SECONDS
@@ -23,6 +24,10 @@ if [ -n "${BASE_TARGET:-}" ]; then
 fi
 if [ -n "${VARIANTS:-}" ]; then
   timeout 100 python3 benchmarks/decode_variants.py 2>&1 | tee "$OUT/variants.log"
+  if [ -n "${BASE_TARGET:-}" ]; then  # the three decode kernels of the pre-change build too
+    PYTHONPATH="$BASE_TARGET${PYTHONPATH:+:$PYTHONPATH}" timeout 100 python3 \
+      benchmarks/decode_variants.py 2>&1 | tee "$OUT/variants_base.log"
+  fi
 fi
 if [ -n "${PROFILE:-}" ]; then
   NCU="ncu --clock-control none -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis

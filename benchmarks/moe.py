@@ -44,8 +44,9 @@ def timed(fn: Callable[[], Any], device: str, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def hf_loop(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-            ids: torch.Tensor) -> torch.Tensor:
+def hf_loop(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     """The per-expert loop of HF transformers' MixtralExperts (the baseline to beat)."""
     out = torch.zeros_like(x)
     inter = w13.shape[1] // 2
@@ -57,8 +58,17 @@ def hf_loop(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
     return out
 
 
-def bench_layer(name: str, hidden: int, inter: int, experts: int, top_k: int,
-                tokens: list[int], device: str, dtype: torch.dtype, iters: int) -> list[dict]:
+def bench_layer(
+    name: str,
+    hidden: int,
+    inter: int,
+    experts: int,
+    top_k: int,
+    tokens: list[int],
+    device: str,
+    dtype: torch.dtype,
+    iters: int,
+) -> list[dict]:
     g = torch.Generator(device=device).manual_seed(0)
     w13 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=dtype, generator=g) * 0.02
     w2 = torch.randn(experts, hidden, inter, device=device, dtype=dtype, generator=g) * 0.02
@@ -75,7 +85,7 @@ def bench_layer(name: str, hidden: int, inter: int, experts: int, top_k: int,
 
         def dense(x: torch.Tensor = x) -> torch.Tensor:
             h = F.linear(x, dense_gu)
-            return F.linear(F.silu(h[:, :top_k * inter]) * h[:, top_k * inter:], dense_d)
+            return F.linear(F.silu(h[:, : top_k * inter]) * h[:, top_k * inter :], dense_d)
 
         def loop(x: torch.Tensor = x) -> torch.Tensor:
             w, ids = ops.topk_softmax(F.linear(x, gate), top_k, True)
@@ -101,34 +111,61 @@ def bench_engine(device: str, quick: bool) -> list[dict]:
     from pagedkv.testing import save_random_model
 
     h, layers, inter, e, k = (128, 2, 256, 8, 2) if quick else (1024, 8, 2048, 8, 2)
-    common = dict(hidden_size=h, num_hidden_layers=layers, num_attention_heads=h // 64,
-                  num_key_value_heads=max(1, h // 256), head_dim=64,
-                  max_position_embeddings=4096, vocab_size=32000)
-    prompts, in_len, out_len = (8, 32, 16) if quick else (256, 128, 128)
+    common = dict(
+        hidden_size=h,
+        num_hidden_layers=layers,
+        num_attention_heads=h // 64,
+        num_key_value_heads=max(1, h // 256),
+        head_dim=64,
+        max_position_embeddings=4096,
+        vocab_size=32000,
+    )
+    prompts, in_len, out_len = (8, 32, 16) if quick else (128, 128, 128)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         models = {
-            "mixtral": save_random_model(f"{tmp}/moe", "tiny-mixtral", tokenizer=False,
-                                         dtype=torch.bfloat16, intermediate_size=inter,
-                                         num_local_experts=e, num_experts_per_tok=k, **common),
-            "dense": save_random_model(f"{tmp}/dense", "tiny-llama", tokenizer=False,
-                                       dtype=torch.bfloat16, intermediate_size=k * inter,
-                                       **common),
+            "mixtral": save_random_model(
+                f"{tmp}/moe",
+                "tiny-mixtral",
+                tokenizer=False,
+                dtype=torch.bfloat16,
+                intermediate_size=inter,
+                num_local_experts=e,
+                num_experts_per_tok=k,
+                **common,
+            ),
+            "dense": save_random_model(
+                f"{tmp}/dense",
+                "tiny-llama",
+                tokenizer=False,
+                dtype=torch.bfloat16,
+                intermediate_size=k * inter,
+                **common,
+            ),
         }
         g = torch.Generator().manual_seed(0)
         ids = [torch.randint(10, 32000, (in_len,), generator=g).tolist() for _ in range(prompts)]
         params = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
         for name, path in models.items():
-            llm = LLM(path, skip_tokenizer_init=True, device=device, seed=0,
-                      **({"kv_cache_space": 1.0} if device == "cpu" else
-                         {"gpu_memory_utilization": 0.4}))
+            llm = LLM(
+                path,
+                skip_tokenizer_init=True,
+                device=device,
+                seed=0,
+                **({"kv_cache_space": 1.0} if device == "cpu" else {"gpu_memory_utilization": 0.4}),
+            )
             llm.generate([{"prompt_token_ids": p} for p in ids[:4]], params)  # warm-up
             t0 = time.perf_counter()
             llm.generate([{"prompt_token_ids": p} for p in ids], params)
             s = time.perf_counter() - t0
-            row = {"engine": name, "prompts": prompts, "input_len": in_len,
-                   "output_len": out_len, "seconds": round(s, 3),
-                   "output_tok_s": round(prompts * out_len / s, 1)}
+            row = {
+                "engine": name,
+                "prompts": prompts,
+                "input_len": in_len,
+                "output_len": out_len,
+                "seconds": round(s, 3),
+                "output_tok_s": round(prompts * out_len / s, 1),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
             del llm
@@ -138,8 +175,9 @@ def bench_engine(device: str, quick: bool) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")

@@ -64,8 +64,9 @@ def bench_shape(n: int, k: int, group: int, iters: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -1,6 +1,7 @@
 // Sampling ops: the truncation thresholds of top-k / top-p / min-p sampling for a whole batch,
-// found without sorting the vocabulary, and the random draw itself. Same contract as ops.h (DLPack arrays as TensorViews,
-// validated, CPU or CUDA by device, CUDA work on `stream`, no synchronisation or allocation).
+// found without sorting the vocabulary, and the random draw itself. Same contract as ops.h (DLPack
+// arrays as TensorViews, validated, CPU or CUDA by device, CUDA work on `stream`, no
+// synchronisation or allocation).
 #pragma once
 
 #include "pagedkv/tensor.h"

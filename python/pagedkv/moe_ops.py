@@ -21,8 +21,13 @@ from typing import Any, Optional
 from pagedkv import _C
 from pagedkv._tensor import check_array, dtype_name, empty, stream_handle
 
-__all__ = ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens",
-           "moe_block_size"]
+__all__ = [
+    "topk_softmax",
+    "moe_align_block_size",
+    "moe_grouped_gemm",
+    "moe_max_padded_tokens",
+    "moe_block_size",
+]
 
 
 def _positive_int(x: Any, name: str) -> int:
@@ -47,26 +52,31 @@ def moe_max_padded_tokens(num_pairs: int, num_experts: int, block_size: int) -> 
     return int(_C.moe_max_padded_tokens(int(num_pairs), int(num_experts), int(block_size)))
 
 
-def topk_softmax(gating_output: Any, top_k: int, renormalize: bool, *,
-                 stream: Any = None) -> tuple[Any, Any]:
+def topk_softmax(
+    gating_output: Any, top_k: int, renormalize: bool, *, stream: Any = None
+) -> tuple[Any, Any]:
     """Router logits [T, E] -> (top-k weights [T, k] float32, expert ids [T, k] int32): softmax
     over all experts, the k largest (largest first), divided by their sum with ``renormalize``
     (Mixtral, Qwen3-MoE's ``norm_topk_prob``)."""
     check_array(gating_output, "gating_output")
     k = _positive_int(top_k, "top_k")
     if len(gating_output.shape) != 2:
-        raise ValueError(f"gating_output must be [num_tokens, num_experts], got shape "
-                         f"{tuple(gating_output.shape)}")
+        raise ValueError(
+            f"gating_output must be [num_tokens, num_experts], got shape "
+            f"{tuple(gating_output.shape)}"
+        )
     t = int(gating_output.shape[0])
     weights = empty((t, k), "float32", gating_output)
     ids = empty((t, k), "int32", gating_output)
-    _C.moe_topk_softmax(weights, ids, gating_output, bool(renormalize),
-                        stream_handle(stream, gating_output))
+    _C.moe_topk_softmax(
+        weights, ids, gating_output, bool(renormalize), stream_handle(stream, gating_output)
+    )
     return weights, ids
 
 
-def moe_align_block_size(topk_ids: Any, block_size: int, num_experts: int, *,
-                         stream: Any = None) -> tuple[Any, Any, Any]:
+def moe_align_block_size(
+    topk_ids: Any, block_size: int, num_experts: int, *, stream: Any = None
+) -> tuple[Any, Any, Any]:
     """topk_ids [T, k] int32 -> (sorted_token_ids, expert_ids, num_tokens_post_pad [1]): the
     pairs t*k + j grouped by expert, each group padded with T*k to a multiple of block_size,
     and the expert of each block (-1 past the used length)."""
@@ -79,15 +89,25 @@ def moe_align_block_size(topk_ids: Any, block_size: int, num_experts: int, *,
     sorted_ids = empty((length,), "int32", topk_ids)
     expert_ids = empty((length // bs,), "int32", topk_ids)
     used = empty((1,), "int32", topk_ids)
-    _C.moe_align_block_size(topk_ids, e, bs, sorted_ids, expert_ids, used,
-                            stream_handle(stream, topk_ids))
+    _C.moe_align_block_size(
+        topk_ids, e, bs, sorted_ids, expert_ids, used, stream_handle(stream, topk_ids)
+    )
     return sorted_ids, expert_ids, used
 
 
-def moe_grouped_gemm(a: Any, w: Any, sorted_token_ids: Any, expert_ids: Any,
-                     num_tokens_post_pad: Any, top_k: int, block_size: int,
-                     topk_weights: Optional[Any] = None, *, out: Optional[Any] = None,
-                     stream: Any = None) -> Any:
+def moe_grouped_gemm(
+    a: Any,
+    w: Any,
+    sorted_token_ids: Any,
+    expert_ids: Any,
+    num_tokens_post_pad: Any,
+    top_k: int,
+    block_size: int,
+    topk_weights: Optional[Any] = None,
+    *,
+    out: Optional[Any] = None,
+    stream: Any = None,
+) -> Any:
     """One grouped GEMM over all experts: for each pair i (in the blocks of
     moe_align_block_size), ``out[i] = a[i // top_k] @ w[expert of i].T`` (times
     ``topk_weights[i]`` when given). a [M, K], w [E, N, K] -> out [M * top_k, N] in a's dtype."""
@@ -95,11 +115,21 @@ def moe_grouped_gemm(a: Any, w: Any, sorted_token_ids: Any, expert_ids: Any,
         check_array(x, name)
     k = _positive_int(top_k, "top_k")
     if len(a.shape) != 2 or len(w.shape) != 3:
-        raise ValueError(f"a must be [M, K] and w [E, N, K], got shapes {tuple(a.shape)} and "
-                         f"{tuple(w.shape)}")
+        raise ValueError(
+            f"a must be [M, K] and w [E, N, K], got shapes {tuple(a.shape)} and {tuple(w.shape)}"
+        )
     if out is None:
         out = empty((int(a.shape[0]) * k, int(w.shape[1])), dtype_name(a), a)
-    _C.moe_grouped_gemm(out, a, w, sorted_token_ids, expert_ids, num_tokens_post_pad, k,
-                        _positive_int(block_size, "block_size"), topk_weights,
-                        stream_handle(stream, a))
+    _C.moe_grouped_gemm(
+        out,
+        a,
+        w,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        k,
+        _positive_int(block_size, "block_size"),
+        topk_weights,
+        stream_handle(stream, a),
+    )
     return out

@@ -17,16 +17,26 @@ from pagedkv._tensor import check_array, dtype_name, empty, stream_handle
 __all__ = ["int4_gemm"]
 
 
-def int4_gemm(x: Any, qweight: Any, scales: Any, zeros: Any, group_size: int, *,
-              out: Optional[Any] = None, stream: Any = None) -> Any:
+def int4_gemm(
+    x: Any,
+    qweight: Any,
+    scales: Any,
+    zeros: Any,
+    group_size: int,
+    *,
+    out: Optional[Any] = None,
+    stream: Any = None,
+) -> Any:
     """x [M, K] @ W.T -> [M, N] in x's dtype, W dequantised tile by tile (fp32 accumulation)."""
     for name, a in (("x", x), ("qweight", qweight), ("scales", scales), ("zeros", zeros)):
         check_array(a, name)
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     if len(x.shape) != 2 or len(qweight.shape) != 2:
-        raise ValueError(f"x must be [M, K] and qweight [N, K / 2], got shapes "
-                         f"{tuple(x.shape)} and {tuple(qweight.shape)}")
+        raise ValueError(
+            f"x must be [M, K] and qweight [N, K / 2], got shapes "
+            f"{tuple(x.shape)} and {tuple(qweight.shape)}"
+        )
     if out is None:
         out = empty((int(x.shape[0]), int(qweight.shape[0])), dtype_name(x), x)
     _C.quant_int4_gemm(out, x, qweight, scales, zeros, group_size, stream_handle(stream, x))

@@ -75,10 +75,9 @@ void check_norm_weight(const TensorView& weight, const TensorView& input, float 
   check_dtype(weight, "weight", {input.dtype()});
   check_shape(weight, "weight", {input.size(-1)});
   detail::check_cuda_dense(weight, "weight");
-  PAGEDKV_CHECK(std::isfinite(epsilon) && epsilon >= 0.0f,
-                "epsilon must be finite and >= 0, got ", epsilon);
-  PAGEDKV_CHECK(std::isfinite(weight_offset), "weight_offset must be finite, got ",
-                weight_offset);
+  PAGEDKV_CHECK(std::isfinite(epsilon) && epsilon >= 0.0f, "epsilon must be finite and >= 0, got ",
+                epsilon);
+  PAGEDKV_CHECK(std::isfinite(weight_offset), "weight_offset must be finite, got ", weight_offset);
 }
 
 }  // namespace

@@ -17,9 +17,9 @@
 namespace pagedkv::ops {
 
 struct RowGeometry {
-  int64_t rows = 0;   // product of the leading dimensions
-  int64_t n1 = 1;     // size of the second leading dimension (1 for rank <= 2)
-  int64_t s0 = 0;     // element strides of the leading dimensions
+  int64_t rows = 0;  // product of the leading dimensions
+  int64_t n1 = 1;    // size of the second leading dimension (1 for rank <= 2)
+  int64_t s0 = 0;    // element strides of the leading dimensions
   int64_t s1 = 0;
   int64_t width = 0;  // the last dimension
 

@@ -42,8 +42,9 @@ void check_block_size(int block_size) {
 
 void topk_softmax(const TensorView& topk_weights, const TensorView& topk_ids,
                   const TensorView& gating_output, bool renormalize, Stream stream) {
-  detail::check_devices(
-      {{&gating_output, "gating_output"}, {&topk_weights, "topk_weights"}, {&topk_ids, "topk_ids"}});
+  detail::check_devices({{&gating_output, "gating_output"},
+                         {&topk_weights, "topk_weights"},
+                         {&topk_ids, "topk_ids"}});
   detail::check_float(gating_output, "gating_output");
   check_ndim(gating_output, "gating_output", 2);
   PAGEDKV_CHECK(gating_output.is_last_dim_contiguous(),
@@ -110,10 +111,9 @@ void moe_align_block_size(const TensorView& topk_ids, int num_experts, int block
   }
   detail::check_no_overlap(written[0], {written[1], written[2]});
   detail::check_no_overlap(written[1], {written[2]});
-  PAGEDKV_CHECK(sorted_token_ids.size(0) >= need, "sorted_token_ids has ",
-                sorted_token_ids.size(0), " entries but ", pairs, " pairs over ", num_experts,
-                " experts in blocks of ", block_size, " need ", need,
-                " (moe_max_padded_tokens)");
+  PAGEDKV_CHECK(sorted_token_ids.size(0) >= need, "sorted_token_ids has ", sorted_token_ids.size(0),
+                " entries but ", pairs, " pairs over ", num_experts, " experts in blocks of ",
+                block_size, " need ", need, " (moe_max_padded_tokens)");
   PAGEDKV_CHECK(expert_ids.size(0) >= sorted_token_ids.size(0) / block_size, "expert_ids has ",
                 expert_ids.size(0), " entries but sorted_token_ids holds ",
                 sorted_token_ids.size(0) / block_size, " blocks");
@@ -121,8 +121,8 @@ void moe_align_block_size(const TensorView& topk_ids, int num_experts, int block
   if (!topk_ids.device().is_cuda()) {
     for (int64_t t = 0; t < topk_ids.size(0); ++t)
       for (int64_t j = 0; j < topk_ids.size(1); ++j) {
-        const int64_t e = topk_ids.data_as<const int32_t>()[t * topk_ids.stride(0) +
-                                                            j * topk_ids.stride(1)];
+        const int64_t e =
+            topk_ids.data_as<const int32_t>()[t * topk_ids.stride(0) + j * topk_ids.stride(1)];
         PAGEDKV_CHECK(e >= 0 && e < num_experts, "topk_ids[", t, ", ", j, "] = ", e,
                       " is not an expert id in [0, num_experts = ", num_experts, ")");
       }
@@ -167,9 +167,8 @@ void moe_grouped_gemm(const TensorView& out, const TensorView& a, const TensorVi
   check_ndim(out, "out", 2);
   check_matrix(out, "out", -1, N);
   PAGEDKV_CHECK(top_k >= 1, "top_k = ", top_k, " must be >= 1");
-  PAGEDKV_CHECK(a.size(0) * top_k == out.size(0), "out has ", out.size(0),
-                " rows but a has ", a.size(0), " rows and top_k = ", top_k,
-                " (out rows = a rows * top_k)");
+  PAGEDKV_CHECK(a.size(0) * top_k == out.size(0), "out has ", out.size(0), " rows but a has ",
+                a.size(0), " rows and top_k = ", top_k, " (out rows = a rows * top_k)");
   check_block_size(block_size);
   PAGEDKV_CHECK(!a.device().is_cuda() || block_size == 16 || block_size == 32 || block_size == 64,
                 "block_size = ", block_size, ": the CUDA grouped GEMM takes 16, 32 or 64");

@@ -26,8 +26,8 @@ void top_k_top_p_threshold(const TensorView& thresholds, const TensorView& probs
   const int64_t rows = probs.size(0);
   check_dtype(top_k, "top_k", {DType::kInt32});
   check_shape(top_k, "top_k", {rows});
-  for (const auto& [t, name] : {std::pair{&top_p, "top_p"}, {&min_p, "min_p"},
-                                {&thresholds, "thresholds"}}) {
+  for (const auto& [t, name] :
+       {std::pair{&top_p, "top_p"}, {&min_p, "min_p"}, {&thresholds, "thresholds"}}) {
     check_dtype(*t, name, {DType::kFloat32});
     check_shape(*t, name, {rows});
   }
@@ -55,8 +55,7 @@ void top_k_top_p_threshold(const TensorView& thresholds, const TensorView& probs
 }
 
 void sample_exponential_race(const TensorView& tokens, const TensorView& probs,
-                             const TensorView& thresholds, const TensorView& keys,
-                             Stream stream) {
+                             const TensorView& thresholds, const TensorView& keys, Stream stream) {
   const detail::Named reads[] = {{&probs, "probs"}, {&thresholds, "thresholds"}, {&keys, "keys"}};
   detail::check_devices({reads[0], {&tokens, "tokens"}});
   detail::check_devices(reads);

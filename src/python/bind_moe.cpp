@@ -25,8 +25,8 @@ void bind_moe(nb::module_& m) {
         nb::gil_scoped_release release;
         ops::topk_softmax(w, ids, g, renormalize, to_stream(stream));
       },
-      "topk_weights"_a.noconvert(), "topk_ids"_a.noconvert(), "gating_output"_a,
-      "renormalize"_a, "stream"_a = 0,
+      "topk_weights"_a.noconvert(), "topk_ids"_a.noconvert(), "gating_output"_a, "renormalize"_a,
+      "stream"_a = 0,
       "Softmax over the experts, then the top-k weights [T, k] float32 and ids [T, k] int32.");
 
   m.def("moe_max_padded_tokens", &ops::moe_max_padded_tokens, "num_pairs"_a, "num_experts"_a,
@@ -61,8 +61,7 @@ void bind_moe(nb::module_& m) {
         ops::moe_grouped_gemm(o, va, vw, s, e, n, top_k, block_size, tw, to_stream(stream));
       },
       "out"_a.noconvert(), "a"_a, "w"_a, "sorted_token_ids"_a, "expert_ids"_a,
-      "num_tokens_post_pad"_a, "top_k"_a, "block_size"_a, "topk_weights"_a.none(),
-      "stream"_a = 0,
+      "num_tokens_post_pad"_a, "top_k"_a, "block_size"_a, "topk_weights"_a.none(), "stream"_a = 0,
       "Grouped GEMM over the expert blocks: out[i] = a[i / top_k] . w[expert]^T "
       "(* topk_weights[i]).");
 }

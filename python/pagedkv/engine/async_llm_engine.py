@@ -254,7 +254,7 @@ class AsyncLLMEngine:
     async def add_request(
         self,
         request_id: str,
-        prompt: Union[str, Sequence[int], Dict[str, Any], None],
+        prompt: Union[str, Sequence[int], Dict[str, Any], EngineRequest, None],
         sampling_params: Any,
         *,
         prompt_token_ids: Optional[Sequence[int]] = None,
@@ -264,7 +264,8 @@ class AsyncLLMEngine:
 
         Raises ValueError (from LLMEngine.add_request: prompt too long, bad parameters) before
         anything is streamed, so a server can still answer 400. ``prompt`` may be text or a
-        list of token ids.
+        list of token ids, or an EngineRequest the caller already checked (the server does, in
+        its own threads, with its limits).
         """
         if prompt is not None and not isinstance(prompt, (str, dict, EngineRequest)):
             prompt_token_ids = list(prompt)

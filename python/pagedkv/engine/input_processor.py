@@ -30,13 +30,14 @@ from pagedkv.engine.sampling_params import SamplingParams
 
 # vLLM's $VLLM_MAX_N_SEQUENCES default: the most samples (n, best_of) one prompt may ask for.
 DEFAULT_MAX_N_SEQUENCES = 16384
-# A request id is logged and may be echoed in a response header: printable ASCII only, so that
-# no id can forge a log line (CR / LF) or break a header.
-_REQUEST_ID = re.compile(r"[\x20-\x7e]{1,256}")
-_INT32 = (-(2**31), 2**31 - 1)
-
-
 MAX_N_ENV = "PAGEDKV_MAX_N_SEQUENCES"
+# A request id is logged and may be echoed in a response header: printable ASCII only, so that
+# no id can forge a log line (CR / LF) or break a header. The engine's ids may be longer than a
+# client's (the server adds a prefix and a suffix to the one a client gives).
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]+")
+MAX_CLIENT_REQUEST_ID_CHARS = 256
+_MAX_ENGINE_REQUEST_ID_CHARS = 512
+_INT32 = (-(2**31), 2**31 - 1)
 
 
 def max_n_sequences_from_env(value: Any = None, source: str = "max_n_sequences") -> int:
@@ -85,14 +86,16 @@ class EngineRequest:
     bad_words_token_ids: List[List[int]] = field(default_factory=list)
 
 
-def check_request_id(request_id: Any, name: str = "request_id") -> str:
-    """``request_id`` if it is 1-256 printable ASCII characters, else ValueError naming
-    ``name`` (the message shows a control character it refuses escaped)."""
+def check_request_id(
+    request_id: Any, name: str = "request_id", max_chars: int = _MAX_ENGINE_REQUEST_ID_CHARS
+) -> str:
+    """``request_id`` if it is 1 to ``max_chars`` printable ASCII characters, else ValueError
+    naming ``name`` (the message shows a control character it refuses escaped)."""
     if not isinstance(request_id, str):
         raise TypeError(f"{name} must be a string, got {type(request_id).__name__}")
-    if not _REQUEST_ID.fullmatch(request_id):
+    if len(request_id) > max_chars or not _PRINTABLE_ASCII.fullmatch(request_id):
         raise ValueError(
-            f"{name} must be 1 to 256 printable ASCII characters (no control "
+            f"{name} must be 1 to {max_chars} printable ASCII characters (no control "
             f"characters such as CR / LF), got {ascii(request_id[:64])}"
         )
     return request_id
@@ -143,12 +146,18 @@ class InputProcessor:
         priority = self.check_priority(priority)
         params = self.check_params(params, limits)
         text, ids = self._prompt(prompt, prompt_token_ids, params)
+        max_tokens = self._max_tokens(ids, params)
+        if params.min_tokens > max_tokens:
+            # Only with max_tokens=None: the context ends the request first either way, and
+            # the scheduler holds min_tokens as an int32.
+            params = params.clone()
+            params.min_tokens = max_tokens
         return EngineRequest(
             request_id,
             text,
             ids,
             params,
-            self._max_tokens(ids, params),
+            max_tokens,
             priority,
             arrival_time or time.time(),
             self._bad_words(params),

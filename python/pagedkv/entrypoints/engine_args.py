@@ -70,6 +70,9 @@ ENGINE_FLAGS = (
          shown="4 GiB"),
     Flag("kv_cache_dtype", "auto", KV_CACHE_DTYPE_HELP, type=t.choice_of(KV_CACHE_DTYPE_CHOICES),
          metavar="{" + ",".join(KV_CACHE_DTYPE_CHOICES) + "}"),
+    Flag("quantization", None, "weight quantization, as vLLM's: 'fp8' (also quantises an "
+         "unquantised checkpoint at load), 'awq' or 'gptq'; other methods are refused by name",
+         shown="the checkpoint's quantization_config, if any"),
     Flag("max_num_seqs", 256, "most sequences in one engine step", type=t.int_at_least(1)),
     Flag("max_num_batched_tokens", None, "token budget of one engine step (32k-style counts "
          "too)", type=t.token_count_at_least(1), shown="2048 on the CPU, 8192 on a GPU; at "

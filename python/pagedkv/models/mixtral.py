@@ -17,8 +17,11 @@ from pagedkv.models.moe import split_expert_weights
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
-                     loaded_elsewhere: Optional[set[str]] = None) -> None:
+    def load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        loaded_elsewhere: Optional[set[str]] = None,
+    ) -> None:
         """Per-expert tensors are stacked into the FusedMoE parameters; the rest loads as in
         Llama (``block_sparse_moe`` read as ``mlp``)."""
         experts: set[str] = set(loaded_elsewhere or ())

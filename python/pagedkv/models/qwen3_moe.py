@@ -7,6 +7,8 @@ biases and a shared expert gated by sigmoid(shared_expert_gate(x)).
 
 from __future__ import annotations
 
+import dataclasses
+
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.mixtral import MixtralForCausalLM
 
@@ -17,9 +19,11 @@ class Qwen2MoeForCausalLM(MixtralForCausalLM):
 
 class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
     def __init__(self, cfg: ModelConfig) -> None:
-        # The attention's q/k RMSNorm comes with Qwen3 (ModelConfig.qk_norm); without it the
-        # model would run and give wrong answers, so it is refused.
-        if not getattr(cfg, "qk_norm", False):
-            raise ValueError("Qwen3MoeForCausalLM needs the attention's q/k RMSNorm "
-                             "(ModelConfig.qk_norm), which this build of pagedkv lacks")
-        super().__init__(cfg)
+        # Qwen3-MoE always normalises q and k per head (ModelConfig.qk_norm, which Qwen3 brings);
+        # a build without that attention would run and give wrong answers, so it is refused.
+        if "qk_norm" not in {f.name for f in dataclasses.fields(cfg)}:
+            raise ValueError(
+                "Qwen3MoeForCausalLM needs the attention's q/k RMSNorm "
+                "(ModelConfig.qk_norm), which this build of pagedkv lacks"
+            )
+        super().__init__(dataclasses.replace(cfg, qk_norm=True))

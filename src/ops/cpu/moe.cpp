@@ -114,7 +114,8 @@ void moe_grouped_gemm(const TensorView& out, const TensorView& a, const TensorVi
         thread_local std::vector<int64_t> rows;
         rows.clear();
         for (int64_t r = b * block_size; r < std::min<int64_t>(used, (b + 1) * block_size); ++r) {
-          const int64_t i = sorted_token_ids.data_as<const int32_t>()[r * sorted_token_ids.stride(0)];
+          const int64_t i =
+              sorted_token_ids.data_as<const int32_t>()[r * sorted_token_ids.stride(0)];
           if (i < pairs) rows.push_back(i);
         }
         const int R = static_cast<int>(rows.size());
@@ -126,16 +127,16 @@ void moe_grouped_gemm(const TensorView& out, const TensorView& a, const TensorVi
           for (int r = 0; r < R; ++r)
             load_row(row_ptr(a, rows[r] / top_k, es), dt, A.data() + r * K, static_cast<int>(K));
           B.resize(static_cast<size_t>(nc) * K);
-          const char* wb = static_cast<const char*>(w.data()) +
-                           (e * N + n0) * K * static_cast<int64_t>(es);
+          const char* wb =
+              static_cast<const char*>(w.data()) + (e * N + n0) * K * static_cast<int64_t>(es);
           load_row(wb, dt, B.data(), static_cast<int>(nc * K));
           dot_tile<false>(A.data(), K, R, B.data(), K, nc, static_cast<int>(K), S.data(), nc);
         }
         for (int r = 0; r < R; ++r) {
           float* s = S.data() + r * nc;
           if (topk_weights) scale_row(weight_of(rows[r]), s, nc);
-          store_row(s, out.dtype(), row_ptr(out, rows[r], out.element_size()) + n0 * out.element_size(),
-                    nc);
+          store_row(s, out.dtype(),
+                    row_ptr(out, rows[r], out.element_size()) + n0 * out.element_size(), nc);
         }
       },
       used * N * K);

@@ -49,24 +49,23 @@ void int4_gemm(const TensorView& out, const TensorView& x, const TensorView& qwe
     load_row(static_cast<const char*>(x.data()) + m * xs, x.dtype(), X.data() + m * K,
              static_cast<int>(K));
   const int64_t os = out.stride(0) * static_cast<int64_t>(out.element_size());
-  parallel_for(
-      (N + kRowChunk - 1) / kRowChunk,
-      [&](int64_t task) {
-        const int64_t n0 = task * kRowChunk;
-        const int nc = static_cast<int>(std::min<int64_t>(kRowChunk, N - n0));
-        thread_local std::vector<float> W, S;
-        W.resize(static_cast<size_t>(nc) * K);
-        S.resize(static_cast<size_t>(M) * nc);
-        dequantize_rows(qweight, scales, zeros, group_size, n0, nc, W.data());
-        dot_tile<false>(X.data(), K, static_cast<int>(M), W.data(), K, nc, static_cast<int>(K),
-                        S.data(), nc);
-        for (int64_t m = 0; m < M; ++m)
-          store_row(S.data() + m * nc, out.dtype(),
-                    static_cast<char*>(out.data()) + m * os +
-                        n0 * static_cast<int64_t>(out.element_size()),
-                    nc);
-      },
-      M * N * K);
+  parallel_for((N + kRowChunk - 1) / kRowChunk,
+               [&](int64_t task) {
+                 const int64_t n0 = task * kRowChunk;
+                 const int nc = static_cast<int>(std::min<int64_t>(kRowChunk, N - n0));
+                 thread_local std::vector<float> W, S;
+                 W.resize(static_cast<size_t>(nc) * K);
+                 S.resize(static_cast<size_t>(M) * nc);
+                 dequantize_rows(qweight, scales, zeros, group_size, n0, nc, W.data());
+                 dot_tile<false>(X.data(), K, static_cast<int>(M), W.data(), K, nc,
+                                 static_cast<int>(K), S.data(), nc);
+                 for (int64_t m = 0; m < M; ++m)
+                   store_row(S.data() + m * nc, out.dtype(),
+                             static_cast<char*>(out.data()) + m * os +
+                                 n0 * static_cast<int64_t>(out.element_size()),
+                             nc);
+               },
+               M * N * K);
 }
 
 }  // namespace pagedkv::cpu_ops

@@ -33,7 +33,8 @@ std::vector<float> weight_f32(const TensorView& weight) {
   std::vector<float> w(static_cast<size_t>(weight.size(0)));
   const char* base = static_cast<const char*>(weight.data());
   const int64_t step = weight.stride(0) * static_cast<int64_t>(weight.element_size());
-  for (size_t i = 0; i < w.size(); ++i) load_row(base + int64_t(i) * step, weight.dtype(), &w[i], 1);
+  for (size_t i = 0; i < w.size(); ++i)
+    load_row(base + int64_t(i) * step, weight.dtype(), &w[i], 1);
   return w;
 }
 

@@ -64,11 +64,11 @@ void launch_typed(ops::GatedActivation act, const ActParams& p, cudaStream_t s) 
 
 void act_and_mul(ops::GatedActivation act, const TensorView& out, const TensorView& input,
                  Stream stream) {
-  ActParams p{input.data(), out.data(), ops::row_geometry(input), ops::row_geometry(out), 0,
-              static_cast<int>(out.size(-1))};
+  ActParams p{input.data(),           out.data(), ops::row_geometry(input),
+              ops::row_geometry(out), 0,          static_cast<int>(out.size(-1))};
   // Packs need the up half (at byte offset width * element size) aligned too.
-  const bool vec = p.width % pack_width(input.dtype()) == 0 && rows_aligned(input) &&
-                   rows_aligned(out);
+  const bool vec =
+      p.width % pack_width(input.dtype()) == 0 && rows_aligned(input) && rows_aligned(out);
   DeviceGuard guard(input.device());
   const cudaStream_t s = op_stream(stream, input.device());
   dispatch_float(input.dtype(), "act_and_mul", [&](auto t) {

@@ -74,11 +74,14 @@ __global__ void __launch_bounds__(kThreads) race_kernel(RaceParams prm) {
 }  // namespace
 
 void sample_exponential_race(const TensorView& tokens, const TensorView& probs,
-                             const TensorView& thresholds, const TensorView& keys,
-                             Stream stream) {
-  const RaceParams prm{tokens.data_as<int64_t>(), tokens.stride(0),
-                       probs.data_as<const float>(), probs.stride(0), probs.size(1),
-                       thresholds.data_as<const float>(), keys.data_as<const int64_t>()};
+                             const TensorView& thresholds, const TensorView& keys, Stream stream) {
+  const RaceParams prm{tokens.data_as<int64_t>(),
+                       tokens.stride(0),
+                       probs.data_as<const float>(),
+                       probs.stride(0),
+                       probs.size(1),
+                       thresholds.data_as<const float>(),
+                       keys.data_as<const int64_t>()};
   DeviceGuard guard(probs.device());
   const cudaStream_t s = op_stream(stream, probs.device());
   race_kernel<<<static_cast<unsigned>(probs.size(0)), kThreads, 0, s>>>(prm);

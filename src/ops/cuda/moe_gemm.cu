@@ -79,15 +79,9 @@ void launch(const GemmArgs& p, int block_size, int64_t sorted_len, bool vec, cud
   const dim3 grid(ceil_div(sorted_len, block_size), ceil_div(p.N, kBN));
   if (grid.x == 0) return;
   switch (block_size) {
-    case 16:
-      moe_gemm_kernel<T, 16><<<grid, kThreads, 0, s>>>(p, vec);
-      break;
-    case 32:
-      moe_gemm_kernel<T, 32><<<grid, kThreads, 0, s>>>(p, vec);
-      break;
-    default:
-      moe_gemm_kernel<T, 64><<<grid, kThreads, 0, s>>>(p, vec);
-      break;
+    case 16: moe_gemm_kernel<T, 16><<<grid, kThreads, 0, s>>>(p, vec); break;
+    case 32: moe_gemm_kernel<T, 32><<<grid, kThreads, 0, s>>>(p, vec); break;
+    default: moe_gemm_kernel<T, 64><<<grid, kThreads, 0, s>>>(p, vec); break;
   }
   check_launch("moe_grouped_gemm");
 }
@@ -119,12 +113,9 @@ void moe_grouped_gemm(const TensorView& out, const TensorView& a, const TensorVi
                    aligned16(w.data());
   const int64_t len = sorted_token_ids.size(0);
   switch (a.dtype()) {
-    case DType::kFloat16:
-      return launch<__half>(p, block_size, len, vec, s);
-    case DType::kBFloat16:
-      return launch<__nv_bfloat16>(p, block_size, len, vec, s);
-    default:
-      return launch<float>(p, block_size, len, vec, s);
+    case DType::kFloat16: return launch<__half>(p, block_size, len, vec, s);
+    case DType::kBFloat16: return launch<__nv_bfloat16>(p, block_size, len, vec, s);
+    default: return launch<float>(p, block_size, len, vec, s);
   }
 }
 

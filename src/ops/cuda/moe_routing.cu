@@ -75,7 +75,7 @@ __global__ void moe_align_kernel(const int32_t* __restrict__ ids, int64_t s0, in
                                  int32_t* __restrict__ expert_ids, int64_t num_blocks,
                                  int32_t* __restrict__ used) {
   extern __shared__ int32_t smem[];
-  int32_t* counts = smem;           // [experts]: pairs, later the scatter cursor
+  int32_t* counts = smem;            // [experts]: pairs, later the scatter cursor
   int32_t* starts = smem + experts;  // [experts + 1]: padded group starts
   for (int e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
@@ -107,8 +107,8 @@ __global__ void moe_align_kernel(const int32_t* __restrict__ ids, int64_t s0, in
 }
 
 template <typename T>
-void launch_topk(const TensorView& w, const TensorView& ids, const TensorView& g,
-                 bool renormalize, cudaStream_t s) {
+void launch_topk(const TensorView& w, const TensorView& ids, const TensorView& g, bool renormalize,
+                 cudaStream_t s) {
   const int64_t tokens = g.size(0);
   const int experts = static_cast<int>(g.size(1)), k = static_cast<int>(ids.size(1));
   const int smem = kWarpsPerCta * experts * static_cast<int>(sizeof(float));
@@ -129,8 +129,7 @@ void topk_softmax(const TensorView& topk_weights, const TensorView& topk_ids,
       return launch_topk<__half>(topk_weights, topk_ids, gating_output, renormalize, s);
     case DType::kBFloat16:
       return launch_topk<__nv_bfloat16>(topk_weights, topk_ids, gating_output, renormalize, s);
-    default:
-      return launch_topk<float>(topk_weights, topk_ids, gating_output, renormalize, s);
+    default: return launch_topk<float>(topk_weights, topk_ids, gating_output, renormalize, s);
   }
 }
 
@@ -140,12 +139,11 @@ void moe_align_block_size(const TensorView& topk_ids, int num_experts, int block
   DeviceGuard guard(topk_ids.device());
   const cudaStream_t s = op_stream(stream, topk_ids.device());
   const int smem = (2 * num_experts + 1) * static_cast<int>(sizeof(int32_t));
-  launch_with_smem(moe_align_kernel, dim3(1), dim3(kAlignThreads), smem, s,
-                   "moe_align_block_size", topk_ids.data_as<const int32_t>(), topk_ids.stride(0),
-                   topk_ids.stride(1), static_cast<int>(topk_ids.size(1)),
-                   topk_ids.size(0) * topk_ids.size(1), num_experts, block_size,
-                   sorted_token_ids.data_as<int32_t>(), sorted_token_ids.size(0),
-                   expert_ids.data_as<int32_t>(), expert_ids.size(0),
+  launch_with_smem(moe_align_kernel, dim3(1), dim3(kAlignThreads), smem, s, "moe_align_block_size",
+                   topk_ids.data_as<const int32_t>(), topk_ids.stride(0), topk_ids.stride(1),
+                   static_cast<int>(topk_ids.size(1)), topk_ids.size(0) * topk_ids.size(1),
+                   num_experts, block_size, sorted_token_ids.data_as<int32_t>(),
+                   sorted_token_ids.size(0), expert_ids.data_as<int32_t>(), expert_ids.size(0),
                    num_tokens_post_pad.data_as<int32_t>());
 }
 

@@ -24,8 +24,8 @@ struct Int4Args {
 };
 
 template <typename T>
-__device__ __forceinline__ void dequantize_tile(T (*dst)[kBK + kPad], const Int4Args& p,
-                                                int64_t n0, int64_t k0) {
+__device__ __forceinline__ void dequantize_tile(T (*dst)[kBK + kPad], const Int4Args& p, int64_t n0,
+                                                int64_t k0) {
   const T* scales = static_cast<const T*>(p.scales);
   const int64_t groups = p.K / p.group_size;
   for (int idx = threadIdx.x; idx < kBN * (kBK / 2); idx += kThreads) {
@@ -50,7 +50,9 @@ __global__ void __launch_bounds__(kThreads) int4_gemm_kernel(Int4Args p, bool ve
   __shared__ float acc_tile[BM][kBN + 4];
   const int64_t m0 = int64_t(blockIdx.x) * BM, n0 = int64_t(blockIdx.y) * kBN;
   const T* x = static_cast<const T*>(p.x);
-  auto x_row = [&](int r) -> const T* { return m0 + r < p.M ? x + (m0 + r) * p.x_stride : nullptr; };
+  auto x_row = [&](int r) -> const T* {
+    return m0 + r < p.M ? x + (m0 + r) * p.x_stride : nullptr;
+  };
   Accumulator<T, BM> acc;
   for (int64_t k0 = 0; k0 < p.K; k0 += kBK) {
     load_tile<T, BM>(tiles.a, x_row, k0, p.K, vec);
@@ -73,9 +75,11 @@ template <typename T>
 void launch(const Int4Args& p, bool vec, cudaStream_t s) {
   // Decode-sized batches take 16-row tiles (less padding), larger ones 64.
   if (p.M <= 16) {
-    int4_gemm_kernel<T, 16><<<dim3(ceil_div(p.M, 16), ceil_div(p.N, kBN)), kThreads, 0, s>>>(p, vec);
+    int4_gemm_kernel<T, 16>
+        <<<dim3(ceil_div(p.M, 16), ceil_div(p.N, kBN)), kThreads, 0, s>>>(p, vec);
   } else {
-    int4_gemm_kernel<T, 64><<<dim3(ceil_div(p.M, 64), ceil_div(p.N, kBN)), kThreads, 0, s>>>(p, vec);
+    int4_gemm_kernel<T, 64>
+        <<<dim3(ceil_div(p.M, 64), ceil_div(p.N, kBN)), kThreads, 0, s>>>(p, vec);
   }
   check_launch("int4_gemm");
 }
@@ -86,21 +90,23 @@ void int4_gemm(const TensorView& out, const TensorView& x, const TensorView& qwe
                const TensorView& scales, const TensorView& zeros, int group_size, Stream stream) {
   DeviceGuard guard(x.device());
   const cudaStream_t s = op_stream(stream, x.device());
-  const Int4Args p{out.data(),   out.stride(0),
-                   x.data(),     x.stride(0),
+  const Int4Args p{out.data(),
+                   out.stride(0),
+                   x.data(),
+                   x.stride(0),
                    qweight.data_as<const uint8_t>(),
-                   scales.data(), zeros.data_as<const uint8_t>(),
-                   x.size(0),    qweight.size(0),
-                   x.size(1),    group_size};
+                   scales.data(),
+                   zeros.data_as<const uint8_t>(),
+                   x.size(0),
+                   qweight.size(0),
+                   x.size(1),
+                   group_size};
   const int64_t es = static_cast<int64_t>(x.element_size());
   const bool vec = (p.K * es) % 16 == 0 && (p.x_stride * es) % 16 == 0 && aligned16(x.data());
   switch (x.dtype()) {
-    case DType::kFloat16:
-      return launch<__half>(p, vec, s);
-    case DType::kBFloat16:
-      return launch<__nv_bfloat16>(p, vec, s);
-    default:
-      return launch<float>(p, vec, s);
+    case DType::kFloat16: return launch<__half>(p, vec, s);
+    case DType::kBFloat16: return launch<__nv_bfloat16>(p, vec, s);
+    default: return launch<float>(p, vec, s);
   }
 }
 

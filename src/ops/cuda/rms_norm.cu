@@ -85,9 +85,16 @@ void launch(const NormParams& p, const TensorView& input, bool vec, Stream strea
 
 void rms_norm(const TensorView& out, const TensorView& input, const TensorView& weight,
               float epsilon, float weight_offset, Stream stream) {
-  NormParams p{input.data(), out.data(), nullptr, weight.data(),
-               ops::row_geometry(input), ops::row_geometry(out), {},
-               static_cast<int>(input.size(-1)), epsilon, weight_offset};
+  NormParams p{input.data(),
+               out.data(),
+               nullptr,
+               weight.data(),
+               ops::row_geometry(input),
+               ops::row_geometry(out),
+               {},
+               static_cast<int>(input.size(-1)),
+               epsilon,
+               weight_offset};
   const bool vec = p.width % pack_width(input.dtype()) == 0 && rows_aligned(input) &&
                    rows_aligned(out) && aligned16(weight.data());
   launch<false>(p, input, vec, stream, "rms_norm");
@@ -96,9 +103,16 @@ void rms_norm(const TensorView& out, const TensorView& input, const TensorView& 
 void fused_add_rms_norm(const TensorView& input, const TensorView& residual,
                         const TensorView& weight, float epsilon, float weight_offset,
                         Stream stream) {
-  NormParams p{input.data(), nullptr, residual.data(), weight.data(),
-               ops::row_geometry(input), {}, ops::row_geometry(residual),
-               static_cast<int>(input.size(-1)), epsilon, weight_offset};
+  NormParams p{input.data(),
+               nullptr,
+               residual.data(),
+               weight.data(),
+               ops::row_geometry(input),
+               {},
+               ops::row_geometry(residual),
+               static_cast<int>(input.size(-1)),
+               epsilon,
+               weight_offset};
   const bool vec = p.width % pack_width(input.dtype()) == 0 && rows_aligned(input) &&
                    rows_aligned(residual) && aligned16(weight.data());
   launch<true>(p, input, vec, stream, "fused_add_rms_norm");

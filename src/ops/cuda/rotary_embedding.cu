@@ -30,9 +30,8 @@ __global__ void rotary_kernel(RotaryParams p) {
   const int pairs = (p.q_heads + p.k_heads) * p.half;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     const int head = i / p.half, j = i % p.half;
-    T* x = head < p.q_heads
-               ? static_cast<T*>(p.query) + t * p.q_s0 + head * p.q_s1
-               : static_cast<T*>(p.key) + t * p.k_s0 + (head - p.q_heads) * p.k_s1;
+    T* x = head < p.q_heads ? static_cast<T*>(p.query) + t * p.q_s0 + head * p.q_s1
+                            : static_cast<T*>(p.key) + t * p.k_s0 + (head - p.q_heads) * p.k_s1;
     const int i1 = p.is_neox ? j : 2 * j, i2 = p.is_neox ? j + p.half : 2 * j + 1;
     const float c = round_to<T>(to_float(cs[j])), s = round_to<T>(to_float(cs[p.half + j]));
     const float x1 = to_float(x[i1]), x2 = to_float(x[i2]);

@@ -113,8 +113,8 @@ __device__ uint32_t top_p_key(Shared& sh, const float* p, int64_t n, uint64_t ta
     histogram(sh, p, n, s, true);
     if (threadIdx.x == 0) {
       uint64_t above = sh.above;
-      sh.chosen = th::pick_top_p(sh.count, reinterpret_cast<const uint64_t*>(sh.mass), above,
-                                 target);
+      sh.chosen =
+          th::pick_top_p(sh.count, reinterpret_cast<const uint64_t*>(sh.mass), above, target);
       sh.above = above;
     }
     __syncthreads();
@@ -155,9 +155,13 @@ __global__ void __launch_bounds__(kThreads) threshold_kernel(ThresholdParams prm
 void top_k_top_p_threshold(const TensorView& thresholds, const TensorView& probs,
                            const TensorView& top_k, const TensorView& top_p,
                            const TensorView& min_p, Stream stream) {
-  const ThresholdParams prm{thresholds.data_as<float>(), thresholds.stride(0),
-                            probs.data_as<const float>(), probs.stride(0), probs.size(1),
-                            top_k.data_as<const int32_t>(), top_p.data_as<const float>(),
+  const ThresholdParams prm{thresholds.data_as<float>(),
+                            thresholds.stride(0),
+                            probs.data_as<const float>(),
+                            probs.stride(0),
+                            probs.size(1),
+                            top_k.data_as<const int32_t>(),
+                            top_p.data_as<const float>(),
                             min_p.data_as<const float>()};
   DeviceGuard guard(probs.device());
   const cudaStream_t s = op_stream(stream, probs.device());

@@ -95,6 +95,11 @@ def test_model_dependent_checks(params, field):
         processor().process("r", "hi", params)
 
 
+def test_min_tokens_past_the_context_is_clamped_to_it():
+    req = processor().process("r", "hello", SamplingParams(max_tokens=None, min_tokens=2**40))
+    assert req.max_tokens == 27 and req.params.min_tokens == 27
+
+
 def test_prompts_and_bad_words_must_be_valid_unicode():
     with pytest.raises(ValueError, match="^prompt is not valid Unicode"):
         processor().process("r", "a\ud800b")
@@ -102,9 +107,9 @@ def test_prompts_and_bad_words_must_be_valid_unicode():
         processor().process("r", "ok", SamplingParams(bad_words=["\udc00"]))
 
 
-@pytest.mark.parametrize("rid", ["a\r\nb", "x\n", "\x00", "", "é", "x" * 257])
+@pytest.mark.parametrize("rid", ["a\r\nb", "x\n", "\x00", "", "é", "x" * 513])
 def test_request_ids_with_control_characters_are_refused(rid):
-    with pytest.raises(ValueError, match="^request_id must be 1 to 256 printable ASCII"):
+    with pytest.raises(ValueError, match="^request_id must be 1 to 512 printable ASCII"):
         check_request_id(rid)
     with pytest.raises(ValueError, match="^request_id "):
         processor().process(rid, "hi")

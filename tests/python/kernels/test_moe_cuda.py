@@ -50,19 +50,36 @@ def test_align_and_grouped_gemm(seed: int) -> None:
     dtype = DTYPES[seed % 3]
     g = torch.Generator().manual_seed(seed)
     t, e, k = c["tokens"], c["experts"], c["top_k"]
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int() \
-        if t else torch.zeros(0, k, dtype=torch.int32)
+    ids = (
+        torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+        if t
+        else torch.zeros(0, k, dtype=torch.int32)
+    )
     sorted_ids, expert_ids, used = ops.moe_align_block_size(ids.cuda(), c["block"], e)
-    check_alignment(ids.numpy(), e, c["block"], _np(sorted_ids), _np(expert_ids),
-                    int(used[0]), ordered=False)
+    check_alignment(
+        ids.numpy(), e, c["block"], _np(sorted_ids), _np(expert_ids), int(used[0]), ordered=False
+    )
     a = torch.randn(t, c["k"], generator=g).to(dtype)
     w = (torch.randn(e, c["n"], c["k"], generator=g) / c["k"] ** 0.5).to(dtype)
     weights = torch.rand(t, k, generator=g)
     for tw in (None, weights):
-        out = ops.moe_grouped_gemm(a.cuda(), w.cuda(), sorted_ids, expert_ids, used, k,
-                                   c["block"], None if tw is None else tw.cuda())
-        want = grouped_gemm_ref(_np(a), _np(w), ids.reshape(-1).numpy().astype(np.int64), k,
-                                None if tw is None else tw.numpy())
+        out = ops.moe_grouped_gemm(
+            a.cuda(),
+            w.cuda(),
+            sorted_ids,
+            expert_ids,
+            used,
+            k,
+            c["block"],
+            None if tw is None else tw.cuda(),
+        )
+        want = grouped_gemm_ref(
+            _np(a),
+            _np(w),
+            ids.reshape(-1).numpy().astype(np.int64),
+            k,
+            None if tw is None else tw.numpy(),
+        )
         scale = max(1.0, np.abs(want).max(initial=0))
         assert np.abs(_np(out) - want).max(initial=0) <= TOL[str(dtype)[6:]] * scale
 
@@ -72,8 +89,8 @@ def test_fused_experts_matches_cpu_and_captures(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(2)
     t, h, inter, e, k = 37, 256, 96, 8, 2
     x = torch.randn(t, h, generator=g).to(dtype)
-    w13 = (torch.randn(e, 2 * inter, h, generator=g) / h ** 0.5).to(dtype)
-    w2 = (torch.randn(e, h, inter, generator=g) / inter ** 0.5).to(dtype)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) / h**0.5).to(dtype)
+    w2 = (torch.randn(e, h, inter, generator=g) / inter**0.5).to(dtype)
     logits = torch.randn(t, e, generator=g)
     weights, ids = ops.topk_softmax(logits, k, True)
     cpu = fused_experts(x, w13, w2, weights, ids)
@@ -99,5 +116,6 @@ def test_block_size_refused_by_name() -> None:
     ids = torch.zeros(2, 1, dtype=torch.int32, device="cuda")
     s, ex, used = ops.moe_align_block_size(ids, 8, 2)
     with pytest.raises(ValueError, match="block_size = 8"):
-        ops.moe_grouped_gemm(torch.ones(2, 8, device="cuda"), torch.ones(2, 4, 8, device="cuda"),
-                             s, ex, used, 1, 8)
+        ops.moe_grouped_gemm(
+            torch.ones(2, 8, device="cuda"), torch.ones(2, 4, 8, device="cuda"), s, ex, used, 1, 8
+        )

@@ -13,19 +13,22 @@ torch = need("torch")
 from pagedkv import ops  # noqa: E402
 
 pytestmark = pytest.mark.cuda
-SHAPES = [(1, 40, 64, 32), (16, 4096, 512, 128), (17, 130, 96, 16), (300, 512, 4096, 128),
-          (64, 64, 32, 32)]
+SHAPES = [
+    (1, 40, 64, 32),
+    (16, 4096, 512, 128),
+    (17, 130, 96, 16),
+    (300, 512, 4096, 128),
+    (64, 64, 32, 32),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m, n, k, group", SHAPES)
-def test_int4_gemm_matches_float64(m: int, n: int, k: int, group: int,
-                                   dtype: torch.dtype) -> None:
+def test_int4_gemm_matches_float64(m: int, n: int, k: int, group: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(m + n)
     q = random_int4(n, k, group, dtype, g)
     x = torch.randn(m, k, generator=g).to(dtype)
-    out = ops.int4_gemm(x.cuda(), q["qweight"].cuda(), q["scales"].cuda(), q["zeros"].cuda(),
-                        group)
+    out = ops.int4_gemm(x.cuda(), q["qweight"].cuda(), q["scales"].cuda(), q["zeros"].cuda(), group)
     want = x.double() @ q["w"].T
     err = float((out.cpu().double() - want).abs().max())
     assert err <= TOL[dtype] * max(1.0, float(want.abs().max()))
@@ -40,8 +43,15 @@ def test_fp8_checkpoint_uses_scaled_mm(tmp_path) -> None:
 
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need compute capability >= 8.9")
-    src = save_random_model(str(tmp_path / "f"), "tiny-llama", seed=2, tokenizer=False,
-                            vocab_size=512, head_dim=32, dtype=torch.bfloat16)
+    src = save_random_model(
+        str(tmp_path / "f"),
+        "tiny-llama",
+        seed=2,
+        tokenizer=False,
+        vocab_size=512,
+        head_dim=32,
+        dtype=torch.bfloat16,
+    )
     quantize_checkpoint(src, str(tmp_path / "q"), str(tmp_path / "r"), "fp8", per_channel=True)
     model, _ = load_model(str(tmp_path / "q"), torch.bfloat16, "cuda")
     ref, _ = load_model(str(tmp_path / "r"), torch.bfloat16, "cuda")

@@ -42,9 +42,17 @@ def one_thread():
 def float_model(tmp_path_factory) -> str:
     # Qwen2: q/k/v biases stay float beside the quantized weights; head_dim 32 (kernels).
     out = str(tmp_path_factory.mktemp("float"))
-    return save_random_model(out, "tiny-qwen2", seed=5, tokenizer=False, vocab_size=VOCAB,
-                             hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                             intermediate_size=128)
+    return save_random_model(
+        out,
+        "tiny-qwen2",
+        seed=5,
+        tokenizer=False,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    )
 
 
 def _quantize(float_model: str, tmp_path, method: str, **kw) -> tuple[str, str]:
@@ -68,16 +76,18 @@ def test_quantized_matches_dequantized_hf(case: str, float_model: str, tmp_path)
     with torch.no_grad():
         for i, s in enumerate(seqs):
             want = ref(s[None]).logits[0].double()
-            err = (logits[loc[i]:loc[i + 1]].double() - want).abs().max() / want.abs().max()
+            err = (logits[loc[i] : loc[i + 1]].double() - want).abs().max() / want.abs().max()
             assert float(err) < 1e-4, (case, float(err))
 
     # The engine: greedy tokens are HF's choices, logprobs within 1e-4.
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (4, 9, 17)]
-    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", seed=0,
-              kv_cache_space=0.01)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0.0, max_tokens=16, logprobs=0,
-                                       ignore_eos=True))
+    llm = LLM(
+        path, skip_tokenizer_init=True, device="cpu", dtype="float32", seed=0, kv_cache_space=0.01
+    )
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0.0, max_tokens=16, logprobs=0, ignore_eos=True),
+    )
     for prompt, out in zip(prompts, outs):
         got = list(out.outputs[0].token_ids)
         with torch.no_grad():
@@ -107,13 +117,17 @@ def _edit_quant_config(path: str, **changes) -> None:
         json.dump(cfg, f)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"quant_method": "bitsandbytes"}, "quantization method 'bitsandbytes' is not supported"),
-    ({"bits": 8}, "gptq with bits=8 is not supported"),
-    ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'"),
-])
-def test_unsupported_gptq_variants_are_refused(float_model: str, tmp_path, changes,
-                                               message) -> None:
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"quant_method": "bitsandbytes"}, "quantization method 'bitsandbytes' is not supported"),
+        ({"bits": 8}, "gptq with bits=8 is not supported"),
+        ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'"),
+    ],
+)
+def test_unsupported_gptq_variants_are_refused(
+    float_model: str, tmp_path, changes, message
+) -> None:
     path, _ = _quantize(float_model, tmp_path, "gptq", group_size=16)
     _edit_quant_config(path, **changes)
     with pytest.raises(ValueError, match=message):
@@ -122,8 +136,9 @@ def test_unsupported_gptq_variants_are_refused(float_model: str, tmp_path, chang
 
 def test_desc_act_order_is_refused(float_model: str, tmp_path) -> None:
     perm = torch.randperm(64) // 16  # a g_idx out of plain order (desc_act=True)
-    path, _ = _quantize(float_model, tmp_path, "gptq", group_size=16, g_idx=perm,
-                        extra_config={"desc_act": True})
+    path, _ = _quantize(
+        float_model, tmp_path, "gptq", group_size=16, g_idx=perm, extra_config={"desc_act": True}
+    )
     with pytest.raises(ValueError, match="desc_act"):
         load_model(path, torch.float32, "cpu")
 

@@ -56,19 +56,34 @@ def test_align_and_grouped_gemm(seed: int) -> None:
     dtype = DTYPES[seed % 3]
     g = torch.Generator().manual_seed(seed)
     t, e, k = c["tokens"], c["experts"], c["top_k"]
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int() \
-        if t else torch.zeros(0, k, dtype=torch.int32)
+    ids = (
+        torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).int()
+        if t
+        else torch.zeros(0, k, dtype=torch.int32)
+    )
     sorted_ids, expert_ids, used = ops.moe_align_block_size(ids, c["block"], e)
-    check_alignment(ids.numpy(), e, c["block"], sorted_ids.numpy(), expert_ids.numpy(),
-                    int(used[0]), ordered=True)
+    check_alignment(
+        ids.numpy(),
+        e,
+        c["block"],
+        sorted_ids.numpy(),
+        expert_ids.numpy(),
+        int(used[0]),
+        ordered=True,
+    )
 
     a = torch.randn(t, c["k"], generator=g).to(dtype)
     w = (torch.randn(e, c["n"], c["k"], generator=g) / c["k"] ** 0.5).to(dtype)
     weights = torch.rand(t, k, generator=g)
     for top_k, rows, tw in [(k, a, None), (k, a, weights)]:
         out = ops.moe_grouped_gemm(rows, w, sorted_ids, expert_ids, used, top_k, c["block"], tw)
-        want = grouped_gemm_ref(_np(rows), _np(w), ids.reshape(-1).numpy().astype(np.int64),
-                                top_k, None if tw is None else tw.numpy())
+        want = grouped_gemm_ref(
+            _np(rows),
+            _np(w),
+            ids.reshape(-1).numpy().astype(np.int64),
+            top_k,
+            None if tw is None else tw.numpy(),
+        )
         assert out.shape == (t * k, c["n"]) and out.dtype == dtype
         scale = max(1.0, np.abs(want).max(initial=0))
         assert np.abs(_np(out) - want).max(initial=0) <= TOL[str(dtype)[6:]] * scale
@@ -90,8 +105,9 @@ def test_negative_expert_block_writes_zeros() -> None:
     ids = torch.tensor([[0], [1]], dtype=torch.int32)
     sorted_ids, expert_ids, used = ops.moe_align_block_size(ids, 16, 2)
     expert_ids[1] = -1  # expert 1 lives on another rank
-    out = ops.moe_grouped_gemm(torch.ones(2, 8), torch.ones(2, 4, 8), sorted_ids, expert_ids,
-                               used, 1, 16)
+    out = ops.moe_grouped_gemm(
+        torch.ones(2, 8), torch.ones(2, 4, 8), sorted_ids, expert_ids, used, 1, 16
+    )
     assert (out[0] == 8).all() and (out[1] == 0).all()
 
 
@@ -100,8 +116,8 @@ def test_fused_experts_matches_dense_loop(renormalize: bool) -> None:
     g = torch.Generator().manual_seed(4)
     t, h, inter, e, k = 11, 32, 24, 6, 2
     x = torch.randn(t, h, generator=g)
-    w13 = torch.randn(e, 2 * inter, h, generator=g) / h ** 0.5
-    w2 = torch.randn(e, h, inter, generator=g) / inter ** 0.5
+    w13 = torch.randn(e, 2 * inter, h, generator=g) / h**0.5
+    w2 = torch.randn(e, h, inter, generator=g) / inter**0.5
     logits = torch.randn(t, e, generator=g)
     weights, ids = ops.topk_softmax(logits, k, renormalize)
     out = fused_experts(x, w13, w2, weights, ids)
@@ -126,13 +142,23 @@ def test_errors_name_the_argument() -> None:
     ids = torch.tensor([[0], [1]], dtype=torch.int32)
     s, ex, used = ops.moe_align_block_size(ids, 16, 2)
     with pytest.raises(TypeError, match="w"):
-        ops.moe_grouped_gemm(torch.ones(2, 8), torch.ones(2, 4, 8, dtype=torch.float16), s, ex,
-                             used, 1, 16)
+        ops.moe_grouped_gemm(
+            torch.ones(2, 8), torch.ones(2, 4, 8, dtype=torch.float16), s, ex, used, 1, 16
+        )
     with pytest.raises(ValueError, match="expert_ids"):
         ops.moe_grouped_gemm(torch.ones(2, 8), torch.ones(1, 4, 8), s, ex, used, 1, 16)
     with pytest.raises(ValueError, match="out has 3 rows"):
-        ops.moe_grouped_gemm(torch.ones(2, 8), torch.ones(2, 4, 8), s, ex, used, 1, 16,
-                             out=torch.empty(3, 4))
+        ops.moe_grouped_gemm(
+            torch.ones(2, 8), torch.ones(2, 4, 8), s, ex, used, 1, 16, out=torch.empty(3, 4)
+        )
     with pytest.raises(ValueError, match="sorted_token_ids"):
-        ops.moe_grouped_gemm(torch.ones(2, 8), torch.ones(2, 4, 8), s, ex, used, 1, 16,
-                             out=s.view(torch.float32)[:8].view(2, 4))  # shares its memory
+        ops.moe_grouped_gemm(
+            torch.ones(2, 8),
+            torch.ones(2, 4, 8),
+            s,
+            ex,
+            used,
+            1,
+            16,
+            out=s.view(torch.float32)[:8].view(2, 4),
+        )  # shares its memory

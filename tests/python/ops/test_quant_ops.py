@@ -16,8 +16,7 @@ SHAPES = [(0, 8, 16, 16), (1, 40, 64, 32), (5, 1, 64, 64), (33, 130, 96, 16), (7
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("m, n, k, group", SHAPES)
-def test_int4_gemm_matches_float64(m: int, n: int, k: int, group: int,
-                                   dtype: torch.dtype) -> None:
+def test_int4_gemm_matches_float64(m: int, n: int, k: int, group: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n)
     q = random_int4(n, k, group, dtype, g)
     x = torch.randn(m, k + 3, generator=g).to(dtype)[:, :k]  # strided rows

@@ -207,9 +207,12 @@ def test_invalid_unicode_is_a_400_and_the_connection_stays_usable(http, engine):
 
 def test_request_ids_are_restricted_to_a_safe_character_set(http, engine):
     body = {"prompt": "hi", "max_tokens": 1}
-    for rid in ("a\r\nX-Forged: 1", "line\nforged log line", "tab\there", "", "x" * 257):
-        if rid:
-            check_400(post(http, "/v1/completions", {**body, "request_id": rid}), "request_id")
+    for rid in ("a\r\nX-Forged: 1", "line\nforged log line", "tab\there", "x" * 257):
+        check_400(post(http, "/v1/completions", {**body, "request_id": rid}), "request_id")
+    # The longest id a client may give still runs (the engine's id adds a prefix and suffix),
+    # for a batch of prompts too.
+    r = post(http, "/v1/completions", {**body, "prompt": ["a", "b"], "request_id": "y" * 256})
+    assert r.status_code == 200, r.text
     r = post(http, "/v1/completions", body, headers={"X-Request-Id": "abc\x01"})
     assert r.status_code == 400, r.text
     r = post(http, "/v1/completions", {**body, "request_id": "trace-42:ok/1"})
@@ -351,3 +354,26 @@ def test_noisy_neighbour_does_not_stall_a_valid_request(http, engine):
     assert statuses and all(s in (200, 400, 413) for s in statuses), statuses
     assert noisy < 3 * alone + 1.0, (alone, noisy)
     alive(http, engine)
+
+
+def test_zz_a_device_error_kills_the_engine_at_once_and_health_says_why(
+    engine: AsyncLLMEngine, http: TestClient
+) -> None:
+    """Runs last: it kills the module's engine. A device fault is no request's: the engine is
+    declared dead at the first one (not after three), and /health names the cause."""
+    from pagedkv.engine.async_llm_engine import EngineDeadError
+
+    def broken_step():  # type: ignore[no-untyped-def]
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    engine.engine.step = broken_step
+
+    async def run() -> None:
+        async for _ in engine.generate("hi", SamplingParams(max_tokens=2), "doomed"):
+            pass
+
+    with pytest.raises(EngineDeadError, match="device error"):
+        asyncio.run(asyncio.wait_for(run(), timeout=30))
+    health = http.get("/health")
+    assert health.status_code == 503, health.text
+    assert "(device error)" in health.json()["error"]["message"], health.text

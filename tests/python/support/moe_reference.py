@@ -14,8 +14,9 @@ import numpy as np
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 
-def topk_softmax_ref(logits: np.ndarray, k: int, renormalize: bool
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def topk_softmax_ref(
+    logits: np.ndarray, k: int, renormalize: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """float64 softmax over the experts, top-k (largest first, ties to the lower id)."""
     x = logits.astype(np.float64)
     p = np.exp(x - x.max(-1, keepdims=True))
@@ -27,9 +28,15 @@ def topk_softmax_ref(logits: np.ndarray, k: int, renormalize: bool
     return w, ids
 
 
-def check_alignment(topk_ids: np.ndarray, num_experts: int, block_size: int,
-                    sorted_ids: np.ndarray, expert_ids: np.ndarray, used: int,
-                    ordered: bool) -> None:
+def check_alignment(
+    topk_ids: np.ndarray,
+    num_experts: int,
+    block_size: int,
+    sorted_ids: np.ndarray,
+    expert_ids: np.ndarray,
+    used: int,
+    ordered: bool,
+) -> None:
     """The contract of moe_align_block_size: each pair once, each block of one expert (its
     expert_ids entry), groups padded with T*k to multiples of block_size, in expert order;
     ``ordered``: pairs in increasing order within an expert (the CPU kernel)."""
@@ -38,20 +45,21 @@ def check_alignment(topk_ids: np.ndarray, num_experts: int, block_size: int,
     counts = np.bincount(flat, minlength=num_experts)
     padded = -(-counts // block_size) * block_size
     assert used == padded.sum()
-    assert (sorted_ids[used:] == pairs).all() and (expert_ids[used // block_size:] == -1).all()
+    assert (sorted_ids[used:] == pairs).all() and (expert_ids[used // block_size :] == -1).all()
     start = 0
     for e in range(num_experts):
-        group = sorted_ids[start:start + padded[e]]
-        assert (expert_ids[start // block_size:(start + padded[e]) // block_size] == e).all()
+        group = sorted_ids[start : start + padded[e]]
+        assert (expert_ids[start // block_size : (start + padded[e]) // block_size] == e).all()
         real = group[group < pairs]
-        assert len(real) == counts[e] and (group[counts[e]:] == pairs).all()
+        assert len(real) == counts[e] and (group[counts[e] :] == pairs).all()
         want = np.flatnonzero(flat == e)
         assert (real == want).all() if ordered else (np.sort(real) == want).all()
         start += padded[e]
 
 
-def grouped_gemm_ref(a: np.ndarray, w: np.ndarray, pair_experts: np.ndarray, top_k: int,
-                     weights: np.ndarray | None) -> np.ndarray:
+def grouped_gemm_ref(
+    a: np.ndarray, w: np.ndarray, pair_experts: np.ndarray, top_k: int, weights: np.ndarray | None
+) -> np.ndarray:
     """out[i] = a[i // top_k] @ w[pair_experts[i]].T (* weights[i]) in float64."""
     rows = a.astype(np.float64)[np.arange(len(pair_experts)) // top_k]
     out = np.einsum("ik,ink->in", rows, w.astype(np.float64)[pair_experts])
@@ -61,6 +69,11 @@ def grouped_gemm_ref(a: np.ndarray, w: np.ndarray, pair_experts: np.ndarray, top
 def random_case(rng: random.Random) -> dict[str, Any]:
     """Shapes of one grouped-GEMM case: tokens (0 included), experts, top_k, N, K, block."""
     e = rng.choice([1, 3, 8, 16, 60])
-    return dict(tokens=rng.choice([0, 1, 2, 7, 33, 130]), experts=e,
-                top_k=rng.randint(1, min(e, 4)), n=rng.choice([1, 8, 40, 96, 200]),
-                k=rng.choice([8, 24, 64, 200, 512]), block=rng.choice([16, 32, 64]))
+    return dict(
+        tokens=rng.choice([0, 1, 2, 7, 33, 130]),
+        experts=e,
+        top_k=rng.randint(1, min(e, 4)),
+        n=rng.choice([1, 8, 40, 96, 200]),
+        k=rng.choice([8, 24, 64, 200, 512]),
+        block=rng.choice([16, 32, 64]),
+    )

@@ -25,8 +25,7 @@ LINEAR = re.compile(r"\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def _pack(values: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))
-          ) -> torch.Tensor:
+def _pack(values: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
     """Codes 0..15 -> int32 words of 8 along ``dim`` (nibble i <- position order[i])."""
     v = values.to(torch.int64).movedim(dim, -1)
     v = v.reshape(*v.shape[:-1], v.shape[-1] // 8, 8)
@@ -49,8 +48,9 @@ def _int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return codes.reshape(n, k).long(), zero.long(), scale.half()
 
 
-def _dequant_int4(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
-                  group: int) -> torch.Tensor:
+def _dequant_int4(
+    codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group: int
+) -> torch.Tensor:
     z = zeros.double().repeat_interleave(group, 1)
     s = scales.double().repeat_interleave(group, 1)
     return ((codes.double() - z) * s).float()
@@ -94,14 +94,20 @@ def quantize_checkpoint(src: str, dst: str, ref: str, method: str, **kw: Any) ->
     if method == "fp8":
         qconfig["activation_scheme"] = "dynamic"
     elif method == "awq":
-        qconfig.update(bits=4, group_size=kw.get("group_size", 32), zero_point=True,
-                       version="gemm")
+        qconfig.update(bits=4, group_size=kw.get("group_size", 32), zero_point=True, version="gemm")
     else:
-        qconfig.update(bits=4, group_size=kw.get("group_size", 32), desc_act=False, sym=False,
-                       checkpoint_format="gptq")
+        qconfig.update(
+            bits=4,
+            group_size=kw.get("group_size", 32),
+            desc_act=False,
+            sym=False,
+            checkpoint_format="gptq",
+        )
     qconfig.update(kw.get("extra_config", {}))
-    for out, ts, cfg in ((dst, quant, {**config, "quantization_config": qconfig}),
-                         (ref, deq, config)):
+    for out, ts, cfg in (
+        (dst, quant, {**config, "quantization_config": qconfig}),
+        (ref, deq, config),
+    ):
         shutil.copytree(src, out, dirs_exist_ok=True)
         save_file(ts, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:

@@ -13,7 +13,11 @@ from typing import Any, List, Optional, Sequence
 
 from fastapi import Request
 
-from pagedkv.engine.input_processor import RequestLimits, check_request_id
+from pagedkv.engine.input_processor import (
+    MAX_CLIENT_REQUEST_ID_CHARS,
+    RequestLimits,
+    check_request_id,
+)
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, field_named_in
 from pagedkv.entrypoints.openai.metrics import ServerMetrics
 from pagedkv.entrypoints.openai.protocol import random_id
@@ -65,7 +69,8 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
         given = header or getattr(req, "request_id", None)
         if given:
             try:  # logged and echoed in a header: no control characters (log forging, CR/LF)
-                check_request_id(given, "X-Request-Id" if header else "request_id")
+                check_request_id(given, "X-Request-Id" if header else "request_id",
+                                 MAX_CLIENT_REQUEST_ID_CHARS)
             except ValueError as exc:
                 raise bad_request(str(exc), param=None if header else "request_id") from None
         rid = f"{prefix}-{given}" if given else random_id(prefix)

@@ -23,16 +23,23 @@ from pagedkv.models.quantization.int4 import AwqMethod, GptqMethod
 from pagedkv.models.quantization.layer import QuantLinear, QuantMethod
 
 METHODS: dict[str, type[QuantMethod]] = {"fp8": Fp8Method, "awq": AwqMethod, "gptq": GptqMethod}
-# Linear layers that stay unquantised whatever the method: MoE routers (checkpoints keep them
-# in full precision).
-_NEVER = (".gate", ".shared_expert_gate")
+# Linear layers that stay unquantised whatever the method: MoE routers and output heads
+# (checkpoints keep them in full precision).
+_NEVER = (".gate", ".shared_expert_gate", "lm_head", ".score", "score")
 
-__all__ = ["METHODS", "QuantLinear", "QuantMethod", "resolve_quantization", "quantize_model",
-           "finish_quantization"]
+__all__ = [
+    "METHODS",
+    "QuantLinear",
+    "QuantMethod",
+    "resolve_quantization",
+    "quantize_model",
+    "finish_quantization",
+]
 
 
-def resolve_quantization(hf_config: Optional[dict[str, Any]],
-                         requested: Optional[str]) -> Optional[QuantMethod]:
+def resolve_quantization(
+    hf_config: Optional[dict[str, Any]], requested: Optional[str]
+) -> Optional[QuantMethod]:
     """The method a model loads with: the checkpoint's ``quantization_config``, which
     ``requested`` (LLM(quantization=...)) must agree with; "fp8" alone quantises an unquantised
     checkpoint at load. A method pagedkv does not implement raises, naming it."""
@@ -40,18 +47,23 @@ def resolve_quantization(hf_config: Optional[dict[str, Any]],
         raise TypeError(f"quantization must be a str, got {type(requested).__name__}")
     name = (hf_config or {}).get("quant_method")
     if name is not None and requested is not None and requested.lower() != str(name).lower():
-        raise ValueError(f"quantization={requested!r} does not match the checkpoint's "
-                         f"quantization_config (quant_method {name!r})")
+        raise ValueError(
+            f"quantization={requested!r} does not match the checkpoint's "
+            f"quantization_config (quant_method {name!r})"
+        )
     chosen = name if name is not None else requested
     if chosen is None:
         return None
     chosen = str(chosen).lower()
     if chosen not in METHODS:
-        raise ValueError(f"quantization method {chosen!r} is not supported (supported: "
-                         f"{', '.join(METHODS)})")
+        raise ValueError(
+            f"quantization method {chosen!r} is not supported (supported: {', '.join(METHODS)})"
+        )
     if name is None and chosen != "fp8":
-        raise ValueError(f"quantization={chosen!r} needs a checkpoint quantized with "
-                         f"{chosen} (its config.json has no quantization_config)")
+        raise ValueError(
+            f"quantization={chosen!r} needs a checkpoint quantized with "
+            f"{chosen} (its config.json has no quantization_config)"
+        )
     return METHODS[chosen](hf_config or {"quant_method": "fp8", "online": True})
 
 
@@ -62,13 +74,11 @@ def quantize_model(model: nn.Module, method: QuantMethod) -> None:
     from pagedkv.models.moe import FusedMoE
 
     if get_tp_group().world_size > 1:
-        raise ValueError(f"{method.name} quantization is not supported with tensor "
-                         "parallelism yet")
+        raise ValueError(f"{method.name} quantization is not supported with tensor parallelism yet")
     skip = tuple(method.modules_to_not_convert)
     for name, module in list(model.named_modules()):
         if isinstance(module, FusedMoE):
-            raise ValueError(f"{method.name} quantization of MoE experts ({name}) is not "
-                             "supported")
+            raise ValueError(f"{method.name} quantization of MoE experts ({name}) is not supported")
         if not isinstance(module, (ColumnParallelLinear, RowParallelLinear, ReplicatedLinear)):
             continue
         if name.endswith(_NEVER) or any(s and s in name for s in skip):

@@ -30,9 +30,14 @@ def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def use_scaled_mm(device: torch.device, dtype: torch.dtype, n: int, k: int) -> bool:
     """torch._scaled_mm's rowwise-scaled path: fp8 tensor cores, bf16 output, dims % 16."""
-    return (device.type == "cuda" and dtype == torch.bfloat16 and n % 16 == 0 and k % 16 == 0
-            and torch.cuda.get_device_capability(device) >= (8, 9)
-            and hasattr(torch, "_scaled_mm"))
+    return (
+        device.type == "cuda"
+        and dtype == torch.bfloat16
+        and n % 16 == 0
+        and k % 16 == 0
+        and torch.cuda.get_device_capability(device) >= (8, 9)
+        and hasattr(torch, "_scaled_mm")
+    )
 
 
 class Fp8Method(QuantMethod):
@@ -42,12 +47,16 @@ class Fp8Method(QuantMethod):
         super().__init__(config)
         self.online = bool(config.get("online"))
         if config.get("weight_block_size"):
-            raise ValueError("fp8 checkpoints with block-wise scales (weight_block_size = "
-                             f"{config['weight_block_size']}) are not supported")
+            raise ValueError(
+                "fp8 checkpoints with block-wise scales (weight_block_size = "
+                f"{config['weight_block_size']}) are not supported"
+            )
         scheme = config.get("activation_scheme", "dynamic")
         if scheme != "dynamic":
-            raise ValueError(f"fp8 activation_scheme {scheme!r} is not supported (only "
-                             "'dynamic': activations are scaled per token at run time)")
+            raise ValueError(
+                f"fp8 activation_scheme {scheme!r} is not supported (only "
+                "'dynamic': activations are scaled per token at run time)"
+            )
 
     def create(self, layer: QuantLinear, base: nn.Module, loader: Loader) -> None:
         n, k = layer.out_features, layer.in_features
@@ -70,14 +79,16 @@ class Fp8Method(QuantMethod):
             w, scale = quantize_per_channel(layer.weight.data)
             layer.weight = nn.Parameter(w, requires_grad=False)
             layer.weight_scale = nn.Parameter(scale, requires_grad=False)
-        layer.scaled_mm = use_scaled_mm(layer.device, layer.dtype, layer.out_features,
-                                        layer.in_features)
+        layer.scaled_mm = use_scaled_mm(
+            layer.device, layer.dtype, layer.out_features, layer.in_features
+        )
         if not layer.scaled_mm:  # dequantise once: from now on a plain linear layer
             w = (layer.weight.data.float() * layer.weight_scale.data).to(layer.dtype)
             layer.weight = nn.Parameter(w, requires_grad=False)
         else:  # _scaled_mm wants the weight scale as a row [1, N]
-            layer.weight_scale = nn.Parameter(layer.weight_scale.data.reshape(1, -1).contiguous(),
-                                              requires_grad=False)
+            layer.weight_scale = nn.Parameter(
+                layer.weight_scale.data.reshape(1, -1).contiguous(), requires_grad=False
+            )
 
     def apply(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
         if not layer.scaled_mm:
@@ -86,6 +97,7 @@ class Fp8Method(QuantMethod):
         xf = x.reshape(-1, shape[-1]).float()
         x_scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
         xq = (xf / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale,
-                             out_dtype=layer.dtype)
+        y = torch._scaled_mm(
+            xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale, out_dtype=layer.dtype
+        )
         return y.reshape(*shape[:-1], -1)

@@ -24,8 +24,9 @@ from pagedkv.models.quantization.layer import Loader, QuantLinear, QuantMethod
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def unpack_int32(t: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))
-                 ) -> torch.Tensor:
+def unpack_int32(
+    t: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))
+) -> torch.Tensor:
     """int32 words -> their 8 nibbles along ``dim`` (nibble i -> position order[i] of the 8)."""
     t = t.to(torch.int32)
     nibbles = torch.stack([(t >> (4 * i)) & 0xF for i in range(8)], dim=-1)  # [..., 8]
@@ -54,8 +55,10 @@ class Int4Method(QuantMethod):
     def group(self, layer: QuantLinear) -> int:
         g = layer.in_features if self.group_size == -1 else self.group_size
         if g <= 0 or g % 2 or layer.in_features % g:
-            raise ValueError(f"{self.name}: group_size {self.group_size} does not divide the "
-                             f"{layer.in_features} inputs of a layer into even groups")
+            raise ValueError(
+                f"{self.name}: group_size {self.group_size} does not divide the "
+                f"{layer.in_features} inputs of a layer into even groups"
+            )
         return g
 
     # Checkpoint tensor -> the GEMM's layout, one converter per parameter.
@@ -65,20 +68,30 @@ class Int4Method(QuantMethod):
     def create(self, layer: QuantLinear, base: nn.Module, loader: Loader) -> None:
         n, k = layer.out_features, layer.in_features
         groups = k // self.group(layer)
-        shapes = {"qweight": (n, k // 2, torch.uint8), "qzeros": (n, groups, torch.uint8),
-                  "scales": (n, groups, layer.dtype)}
+        shapes = {
+            "qweight": (n, k // 2, torch.uint8),
+            "qzeros": (n, groups, torch.uint8),
+            "scales": (n, groups, layer.dtype),
+        }
         convert = self.converters()
         for name, (rows, cols, dtype) in shapes.items():
-            def load(param: torch.Tensor, loaded: torch.Tensor, shard: Any = None,
-                     name: str = name) -> None:
+
+            def load(
+                param: torch.Tensor, loaded: torch.Tensor, shard: Any = None, name: str = name
+            ) -> None:
                 loader(param, convert[name](loaded), shard)
 
             layer.add(name, torch.empty(rows, cols, dtype=dtype), load)
 
     def apply(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = ops.int4_gemm(x.reshape(-1, shape[-1]).contiguous(), layer.qweight, layer.scales,
-                          layer.qzeros, self.group(layer))
+        y = ops.int4_gemm(
+            x.reshape(-1, shape[-1]).contiguous(),
+            layer.qweight,
+            layer.scales,
+            layer.qzeros,
+            self.group(layer),
+        )
         return y.reshape(*shape[:-1], -1)
 
 
@@ -94,9 +107,11 @@ class AwqMethod(Int4Method):
             raise ValueError("awq without zero points (zero_point=false) is not supported")
 
     def converters(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-        return {"qweight": lambda t: pack_pairs(unpack_int32(t, 1, _AWQ_ORDER).t()),
-                "qzeros": lambda t: unpack_int32(t, 1, _AWQ_ORDER).t().contiguous(),
-                "scales": lambda t: t.t().contiguous()}
+        return {
+            "qweight": lambda t: pack_pairs(unpack_int32(t, 1, _AWQ_ORDER).t()),
+            "qzeros": lambda t: unpack_int32(t, 1, _AWQ_ORDER).t().contiguous(),
+            "scales": lambda t: t.t().contiguous(),
+        }
 
 
 class GptqMethod(Int4Method):
@@ -112,9 +127,11 @@ class GptqMethod(Int4Method):
 
     def converters(self) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
         off = self.zero_offset
-        return {"qweight": lambda t: pack_pairs(unpack_int32(t, 0).t()),
-                "qzeros": lambda t: ((unpack_int32(t, 1) + off) & 0xF).t().contiguous(),
-                "scales": lambda t: t.t().contiguous()}
+        return {
+            "qweight": lambda t: pack_pairs(unpack_int32(t, 0).t()),
+            "qzeros": lambda t: ((unpack_int32(t, 1) + off) & 0xF).t().contiguous(),
+            "scales": lambda t: t.t().contiguous(),
+        }
 
     def create(self, layer: QuantLinear, base: nn.Module, loader: Loader) -> None:
         super().create(layer, base, loader)
@@ -123,8 +140,9 @@ class GptqMethod(Int4Method):
         def load_g_idx(param: torch.Tensor, loaded: torch.Tensor, shard: Any = None) -> None:
             plain = torch.arange(k, dtype=torch.int64) // g
             if loaded.shape != (k,) or not torch.equal(loaded.to(torch.int64).cpu(), plain):
-                raise ValueError("is a g_idx that reorders the inputs (desc_act=True), which "
-                                 "is not supported")
+                raise ValueError(
+                    "is a g_idx that reorders the inputs (desc_act=True), which is not supported"
+                )
             param.data.copy_(loaded.to(param.dtype))
 
         layer.add("g_idx", torch.empty(k, dtype=torch.int32), load_g_idx)

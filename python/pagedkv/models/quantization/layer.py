@@ -10,7 +10,7 @@ hands it to the original loader.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import torch
 from torch import nn
@@ -27,7 +27,8 @@ class QuantMethod:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.modules_to_not_convert: list[str] = list(
-            config.get("modules_to_not_convert") or config.get("ignored_layers") or [])
+            config.get("modules_to_not_convert") or config.get("ignored_layers") or []
+        )
 
     def create(self, layer: QuantLinear, base: nn.Module, loader: Loader) -> None:
         raise NotImplementedError
@@ -49,18 +50,29 @@ def shard_rows(base: nn.Module, shard: Any) -> int:
         return heads * base.head_dim
     if isinstance(base, MergedColumnParallelLinear) and shard is not None:
         return base.output_sizes[int(shard)]
-    return int(getattr(base, "output_size", base.weight.shape[0]))
+    return int(getattr(base, "output_size", cast(torch.Tensor, base.weight).shape[0]))
 
 
 class QuantLinear(nn.Module):
+    # The methods' parameters (each method registers its own) and run-time choices.
+    weight: nn.Parameter
+    weight_scale: nn.Parameter
+    qweight: nn.Parameter
+    qzeros: nn.Parameter
+    scales: nn.Parameter
+    g_idx: nn.Parameter
+    scaled_mm: bool
+
     def __init__(self, method: QuantMethod, base: nn.Module) -> None:
         super().__init__()
         self.method = method
-        self.out_features, self.in_features = (int(s) for s in base.weight.shape)
-        self.dtype, self.device = base.weight.dtype, base.weight.device
-        self.bias: Optional[nn.Parameter] = base.bias
+        weight = cast(torch.Tensor, base.weight)
+        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+        self.dtype: torch.dtype = weight.dtype
+        self.device: torch.device = weight.device
+        self.bias: Optional[nn.Parameter] = cast(Optional[nn.Parameter], base.bias)
         self.base_name = type(base).__name__
-        method.create(self, base, base.weight.weight_loader)
+        method.create(self, base, weight.weight_loader)  # type: ignore[attr-defined]
 
     def add(self, name: str, tensor: torch.Tensor, loader: Loader) -> nn.Parameter:
         """Registers parameter ``name`` (``tensor`` on the layer's device) with its loader."""
@@ -74,5 +86,7 @@ class QuantLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return (f"{self.method.name}, in={self.in_features}, out={self.out_features}, "
-                f"replaces {self.base_name}")
+        return (
+            f"{self.method.name}, in={self.in_features}, out={self.out_features}, "
+            f"replaces {self.base_name}"
+        )
