@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from pagedkv import _C
-from pagedkv._tensor import check_array, framework, stream_handle
+from pagedkv._tensor import check_array, dlpack_arg, framework, stream_handle
 
 __all__ = [
     "rms_norm",
@@ -39,8 +39,9 @@ def rms_norm(out: Any, input: Any, weight: Any, epsilon: float, *, weight_offset
     ``1 + w``."""
     for name, a in (("out", out), ("input", input), ("weight", weight)):
         check_array(a, name)
-    _C.ops_rms_norm(out, input, weight, _float(epsilon, "epsilon"),
-                    _float(weight_offset, "weight_offset"), stream_handle(stream, input))
+    _C.ops_rms_norm(dlpack_arg(out), dlpack_arg(input), dlpack_arg(weight),
+                    _float(epsilon, "epsilon"), _float(weight_offset, "weight_offset"),
+                    stream_handle(stream, input))
 
 
 def fused_add_rms_norm(input: Any, residual: Any, weight: Any, epsilon: float, *,
@@ -48,8 +49,8 @@ def fused_add_rms_norm(input: Any, residual: Any, weight: Any, epsilon: float, *
     """In place: ``residual = input + residual``, then ``input = rms_norm(residual)``."""
     for name, a in (("input", input), ("residual", residual), ("weight", weight)):
         check_array(a, name)
-    _C.ops_fused_add_rms_norm(input, residual, weight, _float(epsilon, "epsilon"),
-                              _float(weight_offset, "weight_offset"),
+    _C.ops_fused_add_rms_norm(dlpack_arg(input), dlpack_arg(residual), dlpack_arg(weight),
+                              _float(epsilon, "epsilon"), _float(weight_offset, "weight_offset"),
                               stream_handle(stream, input))
 
 
@@ -88,14 +89,16 @@ def rotary_embedding(positions: Any, query: Any, key: Optional[Any], head_size: 
     k = None if key is None else _heads(check_array(key, "key"), head_size, "key")
     if len(q.shape) == 3 and int(q.shape[2]) != head_size:
         raise ValueError(f"query has head size {q.shape[2]} but head_size = {head_size}")
-    _C.ops_rotary_embedding(positions, q, k, cos_sin_cache, bool(is_neox),
-                            stream_handle(stream, query))
+    _C.ops_rotary_embedding(dlpack_arg(positions), dlpack_arg(q),
+                            None if k is None else dlpack_arg(k), dlpack_arg(cos_sin_cache),
+                            bool(is_neox), stream_handle(stream, query))
 
 
 def _act_and_mul(activation: str, out: Any, input: Any, stream: Any) -> None:
     check_array(out, "out")
     check_array(input, "input")
-    _C.ops_act_and_mul(activation, out, input, stream_handle(stream, input))
+    _C.ops_act_and_mul(activation, dlpack_arg(out), dlpack_arg(input),
+                       stream_handle(stream, input))
 
 
 def silu_and_mul(out: Any, input: Any, *, stream: Any = None) -> None:

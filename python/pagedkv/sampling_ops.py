@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkv import _C
-from pagedkv._tensor import check_array, stream_handle
+from pagedkv._tensor import check_array, dlpack_arg, stream_handle
 
 __all__ = ["top_k_top_p_threshold", "sample_exponential_race"]
 
@@ -22,7 +22,7 @@ def top_k_top_p_threshold(thresholds: Any, probs: Any, top_k: Any, top_p: Any, m
     for name, a in (("thresholds", thresholds), ("probs", probs), ("top_k", top_k),
                     ("top_p", top_p), ("min_p", min_p)):
         check_array(a, name)
-    _C.ops_top_k_top_p_threshold(thresholds, probs, top_k, top_p, min_p,
+    _C.ops_top_k_top_p_threshold(*map(dlpack_arg, (thresholds, probs, top_k, top_p, min_p)),
                                  stream_handle(stream, probs))
 
 
@@ -34,4 +34,5 @@ def sample_exponential_race(tokens: Any, probs: Any, thresholds: Any, keys: Any,
     for name, a in (("tokens", tokens), ("probs", probs), ("thresholds", thresholds),
                     ("keys", keys)):
         check_array(a, name)
-    _C.ops_sample_exponential_race(tokens, probs, thresholds, keys, stream_handle(stream, probs))
+    _C.ops_sample_exponential_race(*map(dlpack_arg, (tokens, probs, thresholds, keys)),
+                                   stream_handle(stream, probs))
