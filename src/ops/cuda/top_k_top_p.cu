@@ -122,8 +122,10 @@ __device__ uint32_t kth_key(Shared& sh, const float* p, int64_t n, int64_t k) {
   return s.prefix;
 }
 
-__device__ uint32_t top_p_key(Shared& sh, const float* p, int64_t n, uint64_t target) {
+__device__ uint32_t top_p_key(Shared& sh, const float* p, int64_t n, uint64_t target,
+                              uint32_t floor) {
   th::Search s;
+  s.floor = floor;
   if (threadIdx.x == 0) sh.above = 0;
   for (int pass = 0; pass < th::kPasses; ++pass) {
     histogram(sh, p, n, s, true);
@@ -156,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) threshold_kernel(ThresholdParams prm
       if (th::key_of(p[i]) >= k_key) kept += th::mass_of(p[i]);
     kept = block_sum(sh, kept);
     const uint64_t target = th::top_p_target(top_p, kept);
-    threshold = fmaxf(threshold, th::value_of(top_p_key(sh, p, n, target)));
+    threshold = fmaxf(threshold, th::value_of(top_p_key(sh, p, n, target, k_key)));
   }
   if (min_p > 0.0f) {
     float top = 0.0f;
