@@ -95,9 +95,7 @@ struct ChunkStream {
   __device__ __forceinline__ StageLayout layout() const {
     return StageLayout{bp.row_stride, bp.swz, bp.box_bytes};
   }
-  __device__ __forceinline__ unsigned char* stage(int s) const {
-    return ring + s * bp.stage_bytes;
-  }
+  __device__ __forceinline__ unsigned char* stage(int s) const { return ring + s * bp.stage_bytes; }
 
   // Block id of chunk c's key (key_of); 0 outside the range (a row of block 0 is copied and
   // ignored). The id is loaded a chunk ahead of its copies and checked only when they are issued

@@ -44,11 +44,11 @@ __device__ __forceinline__ void accumulate_pv(OutAcc<SH>& o, const float (&s)[2]
     if (np * 16 < D) {
       uint32_t b[4];
       if (mp.v_trans) {
-        ldmatrix_x4(b, vt + (np * 16 + (lane & 7) + (lane >> 4) * 8) * mp.v_pitch +
-                           ((lane >> 3) & 1) * 8);
+        ldmatrix_x4(
+            b, vt + (np * 16 + (lane & 7) + (lane >> 4) * 8) * mp.v_pitch + ((lane >> 3) & 1) * 8);
       } else {
-        ldmatrix_x4_trans(b, vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * mp.v_pitch + np * 16 +
-                                 (lane >> 4) * 8);
+        ldmatrix_x4_trans(
+            b, vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * mp.v_pitch + np * 16 + (lane >> 4) * 8);
       }
       mma_16816<QT>(o[2 * np], pa, b[0], b[1]);
       mma_16816<QT>(o[2 * np + 1], pa, b[2], b[3]);
@@ -63,8 +63,8 @@ template <typename SH>
 __device__ __forceinline__ void merge_and_store(const MmaDecodeParams& mp, unsigned char* smem,
                                                 unsigned char* wbase, SoftmaxState& st,
                                                 const OutAcc<SH>& o, float (&sm_m)[kWarps][16],
-                                                float (&sm_l)[kWarps][16], int seq, int kvh,
-                                                int g0, int ng, int part) {
+                                                float (&sm_l)[kWarps][16], int seq, int kvh, int g0,
+                                                int ng, int part) {
   using QT = typename SH::Q;
   const AttnParams& p = mp.a;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

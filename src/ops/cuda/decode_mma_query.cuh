@@ -39,7 +39,8 @@ struct QueryFragments {
     if constexpr (SH::kQRegs) {
 #pragma unroll
       for (int ks = 0; ks < SH::KD; ++ks) {
-        if (ks * 16 < D) ldmatrix_x4(reg[ks], qs + (lane & 15) * k_pitch + ks * 16 + (lane >> 4) * 8);
+        if (ks * 16 < D)
+          ldmatrix_x4(reg[ks], qs + (lane & 15) * k_pitch + ks * 16 + (lane >> 4) * 8);
       }
     }
   }
@@ -48,8 +49,8 @@ struct QueryFragments {
 // S = Q·Kᵀ of one chunk from its 16-bit K tile kt: s[nt][e] is row r0 + 8 * (e >> 1), key
 // 8 * nt + 2 * (lane % 4) + (e & 1) of the chunk.
 template <typename SH>
-__device__ __forceinline__ void chunk_scores(const QueryFragments<SH>& qf,
-                                             const typename SH::Q* kt, float (&s)[2][4]) {
+__device__ __forceinline__ void chunk_scores(const QueryFragments<SH>& qf, const typename SH::Q* kt,
+                                             float (&s)[2][4]) {
   using QT = typename SH::Q;
   const int lane = qf.lane, D = qf.D, k_pitch = qf.k_pitch;
 #pragma unroll
@@ -58,7 +59,8 @@ __device__ __forceinline__ void chunk_scores(const QueryFragments<SH>& qf,
   for (int ks = 0; ks < SH::KD; ++ks) {
     if (ks * 16 < D) {
       uint32_t b[4];
-      ldmatrix_x4(b, kt + ((lane & 7) + (lane >> 4) * 8) * k_pitch + ks * 16 + ((lane >> 3) & 1) * 8);
+      ldmatrix_x4(b,
+                  kt + ((lane & 7) + (lane >> 4) * 8) * k_pitch + ks * 16 + ((lane >> 3) & 1) * 8);
       if constexpr (SH::kQRegs) {
         mma_16816<QT>(s[0], qf.reg[ks], b[0], b[1]);
         mma_16816<QT>(s[1], qf.reg[ks], b[2], b[3]);

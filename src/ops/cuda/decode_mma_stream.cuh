@@ -61,10 +61,10 @@ struct ChunkCopier {
   int lane, k_lo, k_hi, D;
   const CT* kc;  // the KV head's caches
   const CT* vc;
-  const int* bt;        // the sequence's block-table row
-  int kt_bytes;         // the 16-bit K tile; the V tile follows it
-  int R, rinv;          // runs per key row; idx / R as (idx * rinv) >> 16 (idx < 512)
-  bool one_block;       // a chunk's 16 keys share one block (see the constructor)
+  const int* bt;   // the sequence's block-table row
+  int kt_bytes;    // the 16-bit K tile; the V tile follows it
+  int R, rinv;     // runs per key row; idx / R as (idx * rinv) >> 16 (idx < 512)
+  bool one_block;  // a chunk's 16 keys share one block (see the constructor)
   int ks_slot, vs_slot, k_run, v_run;
   unsigned char* tile;  // fp8: the warp's dequantised 16-bit K + V tile
 
@@ -200,8 +200,8 @@ struct ChunkCopier {
           kd[0] = w[0];
           kd[1] = w[1];
           if (!mp.v_trans) {
-            dequant16<QT, SH::kKind>(
-                *reinterpret_cast<const uint4*>(st + 16 * D + j * D + r * 16), w);
+            dequant16<QT, SH::kKind>(*reinterpret_cast<const uint4*>(st + 16 * D + j * D + r * 16),
+                                     w);
             uint4* vd = reinterpret_cast<uint4*>(tile + kt_bytes + (j * mp.v_pitch + r * 16) * 2);
             vd[0] = w[0];
             vd[1] = w[1];
