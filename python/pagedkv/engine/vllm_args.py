@@ -52,7 +52,6 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "tokenizer_mode": Refused("pagedkv uses the Hugging Face fast tokenizer",
                               (None, "auto", "hf")),
     "model_impl": Refused("pagedkv runs its own model code", (None, "auto")),
-    "quantization": Refused("pagedkv reads the quantization from the checkpoint"),
     "rope_scaling": Refused("rope settings come from the checkpoint's config", (None, {})),
     "rope_theta": Refused("rope settings come from the checkpoint's config"),
     "max_parallel_loading_workers": Refused(_LOADER),
