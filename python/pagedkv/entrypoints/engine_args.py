@@ -185,6 +185,8 @@ def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
     """Every vLLM engine flag that pagedkv refuses, hidden from --help (the table in
     pagedkv.engine.vllm_args says why for each)."""
     for name in VLLM_ONLY_ARGS:
+        if name in ENGINE_FLAG:  # honoured since (an engine flag of its own): not refused
+            continue
         parser.add_argument("--" + name.replace("_", "-"), dest=name, action=_VllmOnly,
                             nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
