@@ -4,7 +4,11 @@
 
 #include "pagedkv/block_allocator.h"
 #include "pagedkv/error.h"
+#include "pagedkv/layer_ops.h"
+#include "pagedkv/moe.h"
 #include "pagedkv/ops.h"
+#include "pagedkv/quant.h"
+#include "pagedkv/sampling_ops.h"
 #include "pagedkv/scheduler.h"
 #include "pagedkv/scheduler_config.h"
 #include "pagedkv/step_plan.h"

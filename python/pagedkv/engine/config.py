@@ -9,9 +9,13 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-# vLLM's --kv-cache-dtype choices. "auto": the cache holds the model dtype; the fp8 kinds store
-# one byte per element (uint8 arrays of the same shape), "fp8" meaning e4m3 as in vLLM.
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+from pagedkv import ops
+from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
+
+# vLLM's --kv-cache-dtype choices, the kernels' one list (include/pagedkv/ops.h). "auto": the
+# cache holds the model dtype; the fp8 kinds store one byte per element (uint8 arrays of the same
+# shape), "fp8" meaning e4m3 as in vLLM.
+KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 
 # Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -32,6 +36,9 @@ class EngineConfig:
     model: Optional[str] = None  # None / "smollm2": the embedded default model
     tokenizer: Optional[str] = None  # defaults to the model's own tokenizer
     dtype: Union[str, torch.dtype] = "auto"
+    # vLLM's quantization: None (the checkpoint's quantization_config, if any), "fp8", "awq",
+    # "gptq" (models/quantization); "fp8" also quantises an unquantised checkpoint.
+    quantization: Optional[str] = None
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -66,6 +73,8 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
+        for name in sorted(set(kwargs) & set(VLLM_ONLY_ARGS) - names):
+            check_vllm_arg(name, kwargs.pop(name))  # vLLM's: accepted if harmless, or refused
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unexpected engine argument(s): {', '.join(unknown)}")

@@ -110,7 +110,7 @@ def _build_rest(cfg: EngineConfig, device: torch.device, model: Any, mc: Any, ex
                 "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s",
                 time.perf_counter() - t0, max_model_len, cfg.max_num_seqs, batched,
                 cfg.enable_prefix_caching, cfg.enable_chunked_prefill)
-    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed),
+    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed or 0),
                        num_blocks, num_cpu, eos)
 
 
@@ -123,11 +123,11 @@ _LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     from pagedkv.models import load_model
 
-    key = (cfg.model, str(cfg.dtype), str(device))
-    model = _LOADED.get(key)
+    key = (cfg.model, str(cfg.dtype), str(device), cfg.quantization)
+    model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
-    model, mc = load_model(cfg.model, cfg.dtype, device)
+    model, mc = load_model(cfg.model, cfg.dtype, device, quantization=cfg.quantization)
     model.pagedkv_config = mc
     _LOADED[key] = model
     return model, mc

@@ -95,6 +95,9 @@ class MultiprocExecutor:
             init_distributed_environment(world, rank, backend, "env://", COLLECTIVE_TIMEOUT_S)
             initialize_model_parallel(tp, pp, device)
             if rank != 0:
+                # torchrun forwards SIGTERM to every rank; only the driver decides what it means
+                # (the server drains, then shuts the workers down), as with Ctrl-C below.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 _serve_as_worker(cfg, device)  # until the driver shuts down; never returns
             self._finalizer = weakref.finalize(self, _shutdown, self._state)
         else:

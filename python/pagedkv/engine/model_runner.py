@@ -26,7 +26,7 @@ _GiB = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: torch.nn.Module, model_config: Any,
+    def __init__(self, cfg: EngineConfig, model: Any, model_config: Any,
                  device: torch.device, dtype: torch.dtype, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         self.cfg, self.model, self.mc = cfg, model, model_config
@@ -105,7 +105,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_run(self) -> None:
-        tokens, seqs = self.max_num_batched_tokens, []
+        tokens, seqs = self.max_num_batched_tokens, list[int]()
         while tokens > 0 and len(seqs) < self.cfg.max_num_seqs:
             seqs.append(min(tokens, self.max_model_len))
             tokens -= seqs[-1]

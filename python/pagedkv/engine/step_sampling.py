@@ -31,7 +31,7 @@ class StepSampling:
     def _row(self, req: RequestState, seq: SeqState) -> SamplingRow:
         p = req.params
         return SamplingRow(p, req.prompt_token_ids, seq.token_ids, seq.generator,
-                           req.banned_tokens(seq), need_logprob=p.best_of > p.n)
+                           req.banned_tokens(seq), need_logprob=(p.best_of or p.n) > p.n)
 
     def run(self, hidden: torch.Tensor) -> np.ndarray:
         plan, n = self.plan, len(self.entries)

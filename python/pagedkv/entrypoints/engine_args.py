@@ -10,12 +10,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
+from pagedkv import ops
+from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
 
-# vLLM's --kv-cache-dtype choices (pagedkv.engine.config.KV_CACHE_DTYPES; spelled out here so
-# building the parser does not import torch).
-KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM's --kv-cache-dtype choices: the kernels' one list (include/pagedkv/ops.h, read through
+# pagedkv.ops, which does not import torch).
+KV_CACHE_DTYPE_CHOICES = ops.KV_CACHE_DTYPES
 KV_CACHE_DTYPE_HELP = ("KV-cache element type: 'auto' (the model dtype), or fp8 at 1 byte per "
                        "element, which doubles the cached tokens of a 16-bit model: 'fp8' = "
                        "'fp8_e4m3' (3-bit mantissa) or 'fp8_e5m2' (wider range, 2-bit mantissa); "
@@ -68,6 +70,9 @@ ENGINE_FLAGS = (
          shown="4 GiB"),
     Flag("kv_cache_dtype", "auto", KV_CACHE_DTYPE_HELP, type=t.choice_of(KV_CACHE_DTYPE_CHOICES),
          metavar="{" + ",".join(KV_CACHE_DTYPE_CHOICES) + "}"),
+    Flag("quantization", None, "weight quantization, as vLLM's: 'fp8' (also quantises an "
+         "unquantised checkpoint at load), 'awq' or 'gptq'; other methods are refused by name",
+         shown="the checkpoint's quantization_config, if any"),
     Flag("max_num_seqs", 256, "most sequences in one engine step", type=t.int_at_least(1)),
     Flag("max_num_batched_tokens", None, "token budget of one engine step (32k-style counts "
          "too)", type=t.token_count_at_least(1), shown="2048 on the CPU, 8192 on a GPU; at "
@@ -150,6 +155,38 @@ def add_engine_arguments(parser: argparse.ArgumentParser, suppress: bool = False
     g = parser.add_argument_group("engine")
     for flag in ENGINE_FLAGS:
         add_flag(g, flag, suppress)
+    add_vllm_only_flags(parser)
+
+
+class _VllmOnly(argparse.Action):
+    """A vLLM engine flag pagedkv does not have (pagedkv.engine.vllm_args): accepted with a
+    value that changes nothing (its vLLM default), refused with the reason otherwise. Never
+    stored: the engine has no such setting."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        value: Any = True if values is None else _json_or_text(values)
+        try:
+            check_vllm_arg(self.dest, value)
+        except ValueError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+
+
+def _json_or_text(text: str) -> Any:
+    """A flag's value as vLLM reads JSON-valued flags ('{}', '0', 'false'), else the text."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
+    """Every vLLM engine flag that pagedkv refuses, hidden from --help (the table in
+    pagedkv.engine.vllm_args says why for each)."""
+    for name in VLLM_ONLY_ARGS:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, action=_VllmOnly,
+                            nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def engine_kwargs(args: argparse.Namespace) -> Dict[str, Any]:

@@ -10,12 +10,18 @@ from typing import Any, Optional, Union
 
 import torch
 
+from pagedkv.models.moe import MoEConfig
+
 # HF architecture name -> the family our code implements it with.
 _HF_FAMILIES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "OPTForCausalLM": "opt",
+    # Llama-style decoders with sparse MoE blocks (models/moe.py).
+    "MixtralForCausalLM": "llama",
+    "Qwen2MoeForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "llama",
 }
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
@@ -53,6 +59,9 @@ class ModelConfig:
     word_embed_proj_dim: Optional[int] = None
     do_layer_norm_before: bool = True
     layer_norm_elementwise_affine: bool = True
+    moe: Optional[MoEConfig] = None  # the experts of Mixtral / Qwen-MoE (models/moe.py)
+    # config.json's quantization_config, as written (models/quantization reads it).
+    quantization_config: Optional[dict[str, Any]] = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -84,7 +93,9 @@ class ModelConfig:
         if arch is None:
             model_type = d.get("model_type", "")
             arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                    "qwen2": "Qwen2ForCausalLM", "opt": "OPTForCausalLM"}.get(model_type)
+                    "qwen2": "Qwen2ForCausalLM", "opt": "OPTForCausalLM",
+                    "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                    "qwen3_moe": "Qwen3MoeForCausalLM"}.get(model_type)
         if arch is None:
             raise ValueError(
                 f"config.json: unsupported architecture {archs or d.get('model_type')!r}; "
@@ -103,10 +114,13 @@ class ModelConfig:
             rope_scaling=scaling,
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             # Qwen2 always has q/k/v biases and no config key for them.
-            attention_bias=d.get("attention_bias", arch == "Qwen2ForCausalLM"),
+            attention_bias=d.get("attention_bias", d.get(
+                "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"))),
             mlp_bias=d.get("mlp_bias", False),
             hidden_act=d.get("hidden_act", "silu"),
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
+            moe=MoEConfig.from_hf_dict(arch, d),
+            quantization_config=d.get("quantization_config"),
         )
 
     @classmethod

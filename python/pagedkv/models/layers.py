@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pagedkv import ops
+
+# dtypes and devices the fused ops take; anything else (float64, meta, mps) runs the eager math.
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def fused_ok(x: torch.Tensor) -> bool:
+    """The fused ops take x: a float32 / float16 / bfloat16 CPU or CUDA array of rank 1 to 3
+    with a contiguous last dimension (the ops' rows); the eager math serves anything else."""
+    return (x.dtype in _FUSED_DTYPES and x.device.type in ("cpu", "cuda")
+            and 1 <= x.dim() <= 3 and (x.stride(-1) == 1 or x.shape[-1] == 1))
 
 # Inference-only layers: parameters start uninitialised (torch.empty) because every one of them
 # is overwritten by the checkpoint; torch.nn's random init of a 1B model costs seconds.
@@ -47,16 +59,51 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    """RMSNorm over the last dimension through the fused ops (pagedkv.ops.rms_norm /
+    fused_add_rms_norm). ``weight_offset=1.0`` is Gemma's ``1 + w`` form (whose product is
+    rounded once, as HF Gemma does). Inputs of rank 1 to 3 (per-head q/k norms: [T, H, D]).
+
+    ``norm(x)`` returns a new normalised tensor; ``norm(x, residual)`` is the fused residual
+    step: ``residual += x`` and x normalised, both in place, returned as (x, residual).
+    """
+
+    def __init__(self, hidden_size: int, eps: float, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
         self.eps = eps
+        self.weight_offset = weight_offset
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, like the reference models.
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        fused = fused_ok(x) and self.weight.dtype == x.dtype
+        if residual is not None:
+            if fused and residual.dtype == x.dtype:
+                ops.fused_add_rms_norm(x, residual, self.weight, self.eps,
+                                       weight_offset=self.weight_offset)
+                return x, residual
+            residual.add_(x)
+            return self._eager(residual), residual
+        if fused:
+            out = torch.empty_like(x)
+            ops.rms_norm(out, x, self.weight, self.eps, weight_offset=self.weight_offset)
+            return out
+        return self._eager(x)
+
+    def _eager(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, like the reference models (Llama: cast back before the weight;
+        # Gemma: the offset weight applied in float32).
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight_offset:
+            return (xf * (self.weight_offset + self.weight.float())).to(dtype)
         return self.weight * xf.to(dtype)
 
 
@@ -88,6 +135,35 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name not in ACTIVATIONS:
         raise ValueError(f"hidden_act {name!r} is not supported; supported: {sorted(ACTIVATIONS)}")
     return ACTIVATIONS[name]
+
+
+# hidden_act -> the fused gated op computing act(gate) * up.
+_GATED_OPS: dict[str, Callable[..., None]] = {
+    "silu": ops.silu_and_mul,
+    "swish": ops.silu_and_mul,
+    "gelu": ops.gelu_and_mul,
+    "gelu_new": ops.gelu_tanh_and_mul,
+    "gelu_pytorch_tanh": ops.gelu_tanh_and_mul,
+}
+
+
+def act_and_mul(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [..., 2d] (a fused gate | up projection) -> act(x[..., :d]) * x[..., d:] [..., d]: the
+    fused op where there is one for `name` (relu has none: eager math), like HF's
+    ``act(gate) * up``."""
+    act = activation(name)
+    fused_op = _GATED_OPS.get(name)
+
+    def gated(x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        if fused_op is not None and fused_ok(x):
+            out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
+            fused_op(out, x)
+            return out
+        gate, up = x.split(d, dim=-1)
+        return act(gate) * up
+
+    return gated
 
 
 # (checkpoint name fragment, our fused parameter fragment, shard index)

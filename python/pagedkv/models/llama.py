@@ -6,7 +6,8 @@ owns the KV cache. q/k/v and gate/up projections are fused into one matmul each.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from functools import partial
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -16,11 +17,12 @@ from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import (
     CausalLM,
     RMSNorm,
-    activation,
+    act_and_mul,
     check_all_loaded,
     load_weights_into,
 )
 from pagedkv.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedkv.models.moe import sparse_moe_block
 from pagedkv.models.pipeline_stage import (
     PPMissingLayer,
     is_first_stage,
@@ -28,8 +30,11 @@ from pagedkv.models.pipeline_stage import (
     stage_input,
     stage_layers,
 )
-from pagedkv.models.rotary import RotaryEmbedding, apply_rotary
+from pagedkv.models.rotary import RotaryEmbedding
 from pagedkv.models.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+
+# Rotates a layer's q [T, Hq, D] and k [T, Hk, D] in place (the step's positions are bound).
+Rope = Callable[[torch.Tensor, torch.Tensor], object]
 
 _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
           (".v_proj.", ".qkv_proj.", 2), (".gate_proj.", ".gate_up_proj.", 0),
@@ -50,14 +55,13 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
                                         bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        rope(q, k)  # in place on the views of the qkv projection
         out = attn.forward(self.layer_idx, q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -70,25 +74,35 @@ class LlamaMLP(nn.Module):
         self.intermediate = self.gate_up_proj.output_size_per_partition // 2
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size,
                                            bias=cfg.mlp_bias)
-        self.act = activation(cfg.hidden_act)
+        self.act_and_mul = act_and_mul(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cache_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, cache_idx: int, layer_idx: Optional[int] = None) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, cache_idx)
-        self.mlp = LlamaMLP(cfg)
+        # Mixtral / Qwen-MoE: a sparse MoE block where the config makes the layer sparse
+        # (decided by the model's layer index, which differs from cache_idx on later stages).
+        moe = sparse_moe_block(cfg, cache_idx if layer_idx is None else layer_idx)
+        self.mlp = moe if moe is not None else LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream rides beside the block (vLLM's form): each norm adds the previous
+        block's output into it in place (fused_add_rms_norm), the same sums as HF's
+        ``x = x + block(norm(x))``. Returns (this layer's MLP output, residual)."""
+        if residual is None:  # first layer: the embeddings are the residual
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -103,7 +117,7 @@ class LlamaModel(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling)
         self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda _, cache_idx: LlamaDecoderLayer(cfg, cache_idx))
+            cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, cache_idx, i))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() \
             else PPMissingLayer()
 
@@ -132,16 +146,21 @@ class LlamaForCausalLM(CausalLM):
         m = self.model
         x = m.embed_tokens(input_ids) if is_first_stage() else stage_input(intermediate,
                                                                             "hidden states")
-        cos, sin = m.rotary.cos_sin(positions)
-        # Cast once for all layers (apply_rotary would cast q's and k's copy in every layer:
-        # 4 kernels per layer saved, the same values).
-        rope = (cos.to(x.dtype), sin.to(x.dtype))
+        rope = partial(m.rotary, positions)
+        residual: Optional[torch.Tensor] = None
         for layer in m.layers[m.start_layer:m.end_layer]:
-            x = layer(x, rope, attn)
-        return m.norm(x) if is_last_stage() else x
+            x, residual = layer(x, residual, rope, attn)
+        if not is_last_stage():  # hand the whole residual stream to the next stage
+            return x if residual is None else x + residual
+        if residual is None:  # no layers
+            return m.norm(x)
+        return m.norm(x, residual)[0]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                     loaded_elsewhere: Optional[set[str]] = None) -> None:
+        """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...).
+        ``loaded_elsewhere``: parameters a subclass fills itself while ``weights`` is consumed
+        (the MoE experts), counted as loaded."""
         cfg = self.config
         # A tied head on a last stage that is not the first has its own copy of the matrix.
         head_from_embedding = cfg.tie_word_embeddings and not is_first_stage()
@@ -156,4 +175,5 @@ class LlamaForCausalLM(CausalLM):
             return name
 
         written = load_weights_into(self, weights, _FUSED, rename=rename)
-        check_all_loaded(self, written, {".qkv_proj.": 3, ".gate_up_proj.": 2})
+        check_all_loaded(self, written | (loaded_elsewhere or set()),
+                         {".qkv_proj.": 3, ".gate_up_proj.": 2})

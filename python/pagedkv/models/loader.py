@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -99,12 +99,22 @@ def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -
 
 
 def load_model(model: Optional[str] = None, dtype: DTypeLike = "auto",
-               device: Union[torch.device, str] = "cpu") -> tuple[nn.Module, ModelConfig]:
-    """Loads ``model`` (see resolve_model) -> (torch module on ``device``, its ModelConfig)."""
+               device: Union[torch.device, str] = "cpu",
+               quantization: Optional[str] = None) -> tuple[nn.Module, ModelConfig]:
+    """Loads ``model`` (see resolve_model) -> (torch module on ``device``, its ModelConfig).
+    ``quantization``: vLLM's argument (models/quantization); the checkpoint's own
+    quantization_config is applied without it."""
+    from pagedkv.models import quantization as quant
+
     device = torch.device(device)
     source = resolve_model(model)
     config = load_config(source)
-    net = build_empty(config, resolve_dtype(dtype, config, device), device)
+    method = quant.resolve_quantization(config.quantization_config, quantization)
+    net: Any = build_empty(config, resolve_dtype(dtype, config, device), device)
+    if method is not None:
+        quant.quantize_model(net, method)
     net.load_weights(checkpoint_weights(source, config))
+    if method is not None:
+        quant.finish_quantization(net)
     net.source = source
     return net, config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, cast
 
 import torch
 from torch import nn
@@ -115,15 +115,19 @@ class OPTForCausalLM(CausalLM):
         if cfg.tie_word_embeddings and is_first_stage() and is_last_stage():
             self.tie_weights()
 
+    @property
+    def decoder(self) -> OPTDecoder:  # typed: nn.Module attributes read as Tensor | Module
+        return cast(OPTDecoder, self.model.decoder)
+
     def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.decoder.embed_tokens.weight
+        self.lm_head.weight = self.decoder.embed_tokens.weight
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionBackend,
                 intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
-        dec = self.model.decoder
+        dec = self.decoder
         if is_first_stage():
             x = dec.embed_tokens(input_ids)
             if dec.project_in is not None:

@@ -72,13 +72,18 @@ def resolve_model(model: Optional[str]) -> ModelSource:
 
 def model_class(architecture: str) -> type[nn.Module]:
     from pagedkv.models.llama import LlamaForCausalLM
+    from pagedkv.models.mixtral import MixtralForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
+    from pagedkv.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
     classes: dict[str, type[nn.Module]] = {
         "LlamaForCausalLM": LlamaForCausalLM,
         "MistralForCausalLM": LlamaForCausalLM,
         "Qwen2ForCausalLM": LlamaForCausalLM,
         "OPTForCausalLM": OPTForCausalLM,
+        "MixtralForCausalLM": MixtralForCausalLM,
+        "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+        "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     }
     if architecture not in classes:
         raise ValueError(f"architecture {architecture!r} is not supported; supported: "

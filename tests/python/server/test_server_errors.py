@@ -53,6 +53,12 @@ COMMON = [
     ({"n": 2.5}, "n"),
     ({"n": MAX_N + 1}, "n"),
     ({"n": 100_000, "max_tokens": 1}, "n"),
+    # issue #25: integers past int64 and floats past float32 never reach the sampler
+    ({"top_k": 2**64}, "top_k"),
+    ({"temperature": 1e39}, "temperature"),
+    ({"repetition_penalty": 1e-46}, "repetition_penalty"),
+    ({"prompt_logprobs": 2**64}, "prompt_logprobs"),
+    ({"request_id": "a\r\nInjected: 1"}, "request_id"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -3}, "max_tokens"),
     ({"max_tokens": MAX_MODEL_LEN + 1}, "max_tokens"),
@@ -137,6 +143,23 @@ def test_chat_max_completion_tokens_wins_over_max_tokens(server: RemoteServer) -
     assert out["usage"]["completion_tokens"] == 3
     out = post(server, "/v1/chat/completions", {**body, "max_tokens": 4}).json()
     assert out["usage"]["completion_tokens"] == 4
+
+
+def test_invalid_unicode_is_a_400_on_a_connection_that_stays_open(server: RemoteServer) -> None:
+    """A lone surrogate ("\\ud800") used to give a 500 and reset the keep-alive connection."""
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for route, body, param in (
+                ("/v1/completions", {"prompt": "a\ud800"}, "prompt"),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]},
+                 "messages.0.content"),
+                ("/tokenize", {"prompt": "\ud800"}, "prompt")):
+            r = client.post(route, content=json.dumps({"model": MODEL, **body}),
+                            headers={"Content-Type": "application/json"})
+            check_400(r, param)
+            # A server about to drop the connection says "Connection: close"; this one keeps it.
+            assert r.headers.get("connection", "keep-alive").lower() != "close", r.headers
+        r = client.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
+        assert r.status_code == 200, r.text
 
 
 def test_zz_server_alive_and_idle(server: RemoteServer) -> None:

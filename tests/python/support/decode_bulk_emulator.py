@@ -1,5 +1,6 @@
 """A lane-level Python model of the Hopper decode kernel's arithmetic on one warp's chunks
-(src/ops/cuda/decode_bulk.cuh, `compute` and the output store), for checking its fragment index
+(src/ops/cuda/decode_bulk*.cuh: `compute_chunk`'s scores, softmax state and PV, and the epilogue's
+output store), for checking its fragment index
 expressions without a GPU: S^T = K Q^T with keys as rows, the per-head online softmax on the
 accumulator fragments, the movmatrix transposes of P^T, O^T += V^T P^T, the fp8 path's permuted
 head dimension (ldmatrix of fp8 byte pairs, byte regrouping), out_dim, the per-lane ldmatrix
@@ -11,6 +12,7 @@ conversion is exact)."""
 from __future__ import annotations
 
 import numpy as np
+
 from support.ptx_fragments import byte_perm, ldmatrix_x4, ldmatrix_x4_b8, mma_16816, movmatrix_trans
 
 KEYS, L2E = 16, 1.4426950408889634
