@@ -47,16 +47,22 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    """RMSNorm; ``unit_offset`` (Gemma) scales by ``1 + weight``, in float32 before the cast
+    back, as Gemma's reference does (the others cast first, then scale by the weight)."""
+
+    def __init__(self, hidden_size: int, eps: float, unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 and cast back before the weight, like the reference models.
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (xf * (1.0 + self.weight.float())).to(dtype)
         return self.weight * xf.to(dtype)
 
 

@@ -1,4 +1,6 @@
-"""The Llama family: Llama 2/3, Mistral, Qwen2 (q/k/v biases), SmolLM2 (tied embeddings), GQA.
+"""The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (q/k/v biases, windows from
+max_window_layers on), Qwen3 (q/k RMSNorm), SmolLM2 (tied embeddings), GQA. Phi-3 and Gemma
+build on these classes (phi3.py, gemma.py).
 
 Inference only, over a flat batch of tokens: the attention backend separates the sequences and
 owns the KV cache. q/k/v and gate/up projections are fused into one matmul each.
@@ -30,9 +32,10 @@ _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, unit_offset_norm: bool = False) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.spec = cfg.attention_spec(layer_idx)
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
@@ -40,6 +43,11 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
+        # Qwen3 / Gemma 3: each head's q and k normalised before rotary.
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit_offset_norm)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit_offset_norm)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 attn: AttentionBackend) -> torch.Tensor:
@@ -48,8 +56,10 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = attn.forward(self.layer_idx, q, k, v)  # [T, Hq, D]
+        out = attn.forward(self.layer_idx, q, k, v, self.spec)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -81,13 +91,18 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def rotary_dim(cfg: ModelConfig) -> int:
+    """The dims of each head that rotary turns (all but for partial rotary)."""
+    return int(cfg.head_dim * cfg.partial_rotary_factor)
+
+
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         # cos/sin are looked up once per forward and shared by all layers.
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(rotary_dim(cfg), cfg.max_position_embeddings,
+                                      cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

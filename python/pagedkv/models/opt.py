@@ -28,6 +28,7 @@ class OPTAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.spec = cfg.attention_spec(layer_idx)
         self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
         self.out_proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
@@ -35,7 +36,7 @@ class OPTAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)
-        out = attn.forward(self.layer_idx, q, k, v)
+        out = attn.forward(self.layer_idx, q, k, v, self.spec)
         return self.out_proj(out.reshape(t, -1))
 
 

@@ -1,5 +1,6 @@
 """Rotary position embedding (neox / rotate-half layout, as in HF checkpoints) with the
-llama3, linear, dynamic-NTK and YaRN frequency scalings."""
+llama3, linear, dynamic-NTK, YaRN and LongRoPE (Phi-3) frequency scalings, over all of a head's
+dims or its first ones (partial rotary: GPT-NeoX, Phi-4-mini)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,23 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(medium, smoothed, scaled)
+
+
+def _longrope_inv_freq(dim: int, base: float, s: dict[str, Any]
+                       ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(short inv_freq, long inv_freq, attention factor) of LongRoPE: per-frequency divisors,
+    the long ones for positions past the original training length."""
+    orig = s["original_max_position_embeddings"]
+    factor = s.get("factor") or s["max_position_embeddings"] / orig
+    attn_factor = s.get("attention_factor")
+    if attn_factor is None:
+        attn_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+
+    def inv(factors: list[float]) -> torch.Tensor:
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** exponents)
+
+    return inv(s["short_factor"]), inv(s["long_factor"]), float(attn_factor)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -71,6 +89,7 @@ class RotaryEmbedding(nn.Module):
         rope_type = self.scaling["rope_type"] if self.scaling else "default"
         self.rope_type = rope_type
         self.attention_factor = 1.0
+        self.long_inv_freq: Optional[torch.Tensor] = None  # LongRoPE, from original_max on
         with torch.device("cpu"):  # also when the model is built under torch.device("meta")
             inv_freq = _base_inv_freq(head_dim, base)
             if rope_type == "linear":
@@ -82,6 +101,12 @@ class RotaryEmbedding(nn.Module):
             elif rope_type == "yarn":
                 inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, base, self.scaling,
                                                                  max_position)
+            elif rope_type == "longrope":
+                # Chosen per position, not per batch: a sequence's rotation then never depends on
+                # its batch-mates. (HF generate re-encodes the whole sequence with the long factors
+                # once it passes the original length; a paged cache keeps the earlier keys.)
+                inv_freq, self.long_inv_freq, self.attention_factor = _longrope_inv_freq(
+                    head_dim, base, self.scaling)
         self.inv_freq = inv_freq  # [head_dim / 2] float32, CPU
         self._table: Optional[torch.Tensor] = None  # [len, 2, head_dim / 2] float32
 
@@ -100,6 +125,10 @@ class RotaryEmbedding(nn.Module):
             size = max(length, self.max_position, 1)
             freqs = torch.outer(torch.arange(size, dtype=torch.float32, device="cpu"),
                                 self.inv_freq)
+            if self.long_inv_freq is not None:
+                orig = self.scaling["original_max_position_embeddings"]
+                freqs[orig:] = torch.outer(torch.arange(orig, size, dtype=torch.float32),
+                                           self.long_inv_freq)
             table = torch.stack([freqs.cos(), freqs.sin()], dim=1) * self.attention_factor
             self._table = table = table.to(device)
         return table
@@ -130,7 +159,12 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary on x [T, H, D] with float32 cos/sin [T, D/2]."""
+    """Rotate-half rotary on x [T, H, D] with float32 cos/sin [T, R/2]: the first R dims turn
+    (R = D but for partial rotary), the rest pass through."""
+    rotary_dim = 2 * cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        turned = apply_rotary(x[..., :rotary_dim], cos, sin)
+        return torch.cat([turned, x[..., rotary_dim:]], dim=-1)
     half = x.shape[-1] // 2
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)

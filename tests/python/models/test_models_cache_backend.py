@@ -9,11 +9,11 @@ from support.deps import need
 torch = need("torch")
 
 from pagedkv.models import load_model  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
 from pagedkv.models.reference_backend import (  # noqa: E402
     ContiguousCacheBackend,
     DenseAttentionBackend,
 )
+from pagedkv.testing import save_random_model  # noqa: E402
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-opt"])

@@ -10,8 +10,8 @@ torch = need("torch")
 transformers = need("transformers")
 
 from pagedkv.models import load_model  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
 from pagedkv.models.reference_backend import DenseAttentionBackend  # noqa: E402
+from pagedkv.testing import save_random_model  # noqa: E402
 
 VOCAB = 512
 CASES = {
@@ -26,6 +26,9 @@ CASES = {
         "rope_type": "dynamic", "factor": 2.0}}),
     "qwen2-bias-tied": ("tiny-qwen2", {}),
     "mistral": ("tiny-mistral", {}),
+    "mistral-window": ("tiny-mistral", {"sliding_window": 5}),
+    "qwen2-window-layers": ("tiny-qwen2", {"use_sliding_window": True, "sliding_window": 6,
+                                           "max_window_layers": 1}),
     "opt": ("tiny-opt", {}),
     "opt-post-norm-proj": ("tiny-opt", {"do_layer_norm_before": False,
                                         "word_embed_proj_dim": 32}),
