@@ -163,10 +163,13 @@ class ModelConfig:
         family = _HF_FAMILIES[causal]
         parse = {"opt": _opt_fields, "gpt2": _gpt2_fields, "gpt_neox": _gpt_neox_fields,
                  "gemma": _gemma_fields}.get(family, _llama_fields)
-        fields = parse(causal, d)
-        if arch in SEQUENCE_CLASSIFIERS:
-            fields["num_labels"] = _num_labels(d)
-        return cls(**_hf_common(arch, d), **fields)
+        try:
+            fields = parse(causal, d)
+            if arch in SEQUENCE_CLASSIFIERS:
+                fields["num_labels"] = _num_labels(d)
+            return cls(**_hf_common(arch, d), **fields)
+        except KeyError as e:
+            raise ValueError(f"config.json: {e} is missing (required for {arch})") from None
 
     # ---------------------------------------------------------------- GGUF metadata
     @classmethod

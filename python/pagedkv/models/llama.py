@@ -18,6 +18,7 @@ from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import (
     CausalLM,
     Embedding,
+    FusedMapping,
     Linear,
     RMSNorm,
     activation,
@@ -42,7 +43,9 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
                                   bias=cfg.attention_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
+        # Qwen2 alone has q/k/v biases without an o_proj one.
+        o_bias = cfg.attention_bias and cfg.causal_architecture != "Qwen2ForCausalLM"
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=o_bias)
         # Qwen3 / Gemma 3: each head's q and k normalised before rotary.
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
@@ -109,16 +112,16 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
+    # Checkpoint tensors sliced into our fused parameters (Phi-3 stores them fused already).
+    fused_weights: FusedMapping = _FUSED
+    fused_parts: dict[str, int] = {".qkv_proj.": 3, ".gate_up_proj.": 2}
+    model_class: type[nn.Module] = LlamaModel  # Gemma: GemmaModel
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.tie_weights()
-
-    def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.embed_tokens.weight
+        self.model = self.model_class(cfg)
+        self.make_head(cfg, cfg.hidden_size, self.model.embed_tokens)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -148,5 +151,5 @@ class LlamaForCausalLM(CausalLM):
                 return None  # some tied checkpoints store the shared matrix twice
             return name
 
-        written = load_weights_into(self, weights, _FUSED, shard_sizes, rename)
-        check_all_loaded(self, written, {".qkv_proj.": 3, ".gate_up_proj.": 2})
+        written = load_weights_into(self, weights, self.fused_weights, shard_sizes, rename)
+        check_all_loaded(self, written, self.fused_parts)

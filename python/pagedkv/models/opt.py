@@ -86,13 +86,8 @@ class OPTForCausalLM(CausalLM):
         self.config = cfg
         self.model = nn.Module()
         self.model.decoder = OPTDecoder(cfg)
-        self.lm_head = Linear(cfg.word_embed_proj_dim or cfg.hidden_size, cfg.vocab_size,
-                                 bias=False)
-        if cfg.tie_word_embeddings:
-            self.tie_weights()
-
-    def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.decoder.embed_tokens.weight
+        self.make_head(cfg, cfg.word_embed_proj_dim or cfg.hidden_size,
+                       self.model.decoder.embed_tokens)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

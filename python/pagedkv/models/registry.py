@@ -71,16 +71,30 @@ def resolve_model(model: Optional[str]) -> ModelSource:
 
 
 def model_class(architecture: str) -> type[nn.Module]:
+    """The class for an HF architecture name; a ``*ForSequenceClassification`` one is its
+    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head)."""
+    from pagedkv.models.config import SEQUENCE_CLASSIFIERS
+    from pagedkv.models.gemma import GemmaForCausalLM
+    from pagedkv.models.gpt2 import GPT2LMHeadModel
+    from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
     from pagedkv.models.llama import LlamaForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
+    from pagedkv.models.phi3 import Phi3ForCausalLM
 
     classes: dict[str, type[nn.Module]] = {
         "LlamaForCausalLM": LlamaForCausalLM,
         "MistralForCausalLM": LlamaForCausalLM,
         "Qwen2ForCausalLM": LlamaForCausalLM,
+        "Qwen3ForCausalLM": LlamaForCausalLM,
+        "Phi3ForCausalLM": Phi3ForCausalLM,
+        "Gemma2ForCausalLM": GemmaForCausalLM,
+        "Gemma3ForCausalLM": GemmaForCausalLM,
+        "GPT2LMHeadModel": GPT2LMHeadModel,
+        "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
         "OPTForCausalLM": OPTForCausalLM,
     }
-    if architecture not in classes:
+    causal = SEQUENCE_CLASSIFIERS.get(architecture, architecture)
+    if causal not in classes:
         raise ValueError(f"architecture {architecture!r} is not supported; supported: "
-                         f"{sorted(classes)}")
-    return classes[architecture]
+                         f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS)}")
+    return classes[causal]

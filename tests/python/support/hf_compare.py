@@ -46,7 +46,11 @@ def engine_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> Greedy
 
 
 def assert_same_greedy(got: Greedy, expected: Greedy, tol: float = 1e-4) -> float:
-    """Token for token equal, logprobs within ``tol``; returns the largest logprob gap."""
+    """Token for token equal, logprobs within ``tol``; returns the largest logprob gap. The
+    reference must be informative: a model whose every greedy token has probability ~1 would
+    agree with a wrong implementation too."""
+    ref_lps = [lp for _, lps in expected for lp in lps]
+    assert sum(ref_lps) / len(ref_lps) < -0.05, "the reference's greedy tokens are all certain"
     worst = 0.0
     for i, ((tokens, lps), (ref_tokens, ref_lps)) in enumerate(zip(got, expected, strict=True)):
         assert tokens == ref_tokens, f"prompt {i}: {tokens} != HF {ref_tokens}"
