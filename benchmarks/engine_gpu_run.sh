@@ -6,7 +6,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 # Full log kept; the console shows the failures' short tracebacks and the summary (torch's
 # per-graph CUDA warnings, if any, are counted rather than allowed to bury them).
-timeout 180 python3 -m pytest tests/python/test_engine_cuda.py -q -p no:cacheprovider \
+timeout 180 python3 -m pytest tests/python/engine/test_engine_cuda.py -q -p no:cacheprovider \
   --tb=short -rfE > "$OUT/engine_cuda_tests.log" 2>&1
 echo "CUDAGraph.cpp warnings: $(grep -c CUDAGraph.cpp "$OUT/engine_cuda_tests.log")"
 grep -v "CUDAGraph.cpp" "$OUT/engine_cuda_tests.log" | tail -60

@@ -4,6 +4,7 @@
 
 #include "pagedkv/block_allocator.h"
 #include "pagedkv/error.h"
+#include "pagedkv/layer_ops.h"
 #include "pagedkv/ops.h"
 #include "pagedkv/scheduler.h"
 #include "pagedkv/scheduler_config.h"

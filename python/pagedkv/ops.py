@@ -29,6 +29,17 @@ from typing import Any, Optional, Sequence
 from pagedkv import _C
 from pagedkv._tensor import check_array, is_cuda, stream_handle
 
+# The fused layer ops (norms, rotary, gated activations) live in their own module; they are
+# re-exported here, beside the attention ops, under vLLM's names.
+from pagedkv.layer_ops import (
+    fused_add_rms_norm,
+    gelu_and_mul,
+    gelu_tanh_and_mul,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+)
+
 __all__ = [
     "reshape_and_cache",
     "reshape_and_cache_flash",
@@ -40,6 +51,12 @@ __all__ = [
     "copy_blocks",
     "swap_blocks",
     "PARTITION_SIZE",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
 ]
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).

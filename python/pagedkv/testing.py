@@ -128,6 +128,8 @@ def _llama_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor
             if c.attention_bias:
                 t[p + f"self_attn.{name}.bias"] = _bias(g, out_f)
         t[p + "self_attn.o_proj.weight"] = _linear(g, h, q)
+        if c.attention_bias and c.architecture != "Qwen2ForCausalLM":  # as HF Llama/Mistral
+            t[p + "self_attn.o_proj.bias"] = _bias(g, h)
         t[p + "mlp.gate_proj.weight"] = _linear(g, c.intermediate_size, h)
         t[p + "mlp.up_proj.weight"] = _linear(g, c.intermediate_size, h)
         t[p + "mlp.down_proj.weight"] = _linear(g, h, c.intermediate_size)

@@ -9,5 +9,6 @@ void bind_info(nanobind::module_& m);       // version, build_info, cuda_availab
 void bind_allocator(nanobind::module_& m);  // BlockAllocator, prefix cache
 void bind_scheduler(nanobind::module_& m);  // SchedulerConfig, Scheduler, StepPlan
 void bind_ops(nanobind::module_& m);        // the paged KV-cache ops (CPU and CUDA)
+void bind_layer_ops(nanobind::module_& m);  // the fused layer ops (norms, rotary, activations)
 
 }  // namespace pagedkv::python

@@ -22,4 +22,5 @@ NB_MODULE(_C, m) {
   pagedkv::python::bind_allocator(m);
   pagedkv::python::bind_scheduler(m);
   pagedkv::python::bind_ops(m);
+  pagedkv::python::bind_layer_ops(m);
 }

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pagedkv import ops
+
+# dtypes and devices the fused ops take; anything else (float64, meta, mps) runs the eager math.
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def fused_ok(x: torch.Tensor) -> bool:
+    return x.dtype in _FUSED_DTYPES and x.device.type in ("cpu", "cuda")
 
 # Inference-only layers: parameters start uninitialised (torch.empty) because every one of them
 # is overwritten by the checkpoint; torch.nn's random init of a 1B model costs seconds.
@@ -47,22 +56,51 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm; ``unit_offset`` (Gemma) scales by ``1 + weight``, in float32 before the cast
-    back, as Gemma's reference does (the others cast first, then scale by the weight)."""
+    """RMSNorm over the last dimension through the fused ops (pagedkv.ops.rms_norm /
+    fused_add_rms_norm). ``weight_offset=1.0`` is Gemma's ``1 + w`` form (whose product is
+    rounded once, as HF Gemma does). Inputs of rank 1 to 3 (per-head q/k norms: [T, H, D]).
 
-    def __init__(self, hidden_size: int, eps: float, unit_offset: bool = False) -> None:
+    ``norm(x)`` returns a new normalised tensor; ``norm(x, residual)`` is the fused residual
+    step: ``residual += x`` and x normalised, both in place, returned as (x, residual).
+    """
+
+    def __init__(self, hidden_size: int, eps: float, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
         self.eps = eps
-        self.unit_offset = unit_offset
+        self.weight_offset = weight_offset
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and cast back before the weight, like the reference models.
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        fused = fused_ok(x) and self.weight.dtype == x.dtype
+        if residual is not None:
+            if fused and residual.dtype == x.dtype:
+                ops.fused_add_rms_norm(x, residual, self.weight, self.eps,
+                                       weight_offset=self.weight_offset)
+                return x, residual
+            residual.add_(x)
+            return self._eager(residual), residual
+        if fused:
+            out = torch.empty_like(x)
+            ops.rms_norm(out, x, self.weight, self.eps, weight_offset=self.weight_offset)
+            return out
+        return self._eager(x)
+
+    def _eager(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, like the reference models (Llama: cast back before the weight;
+        # Gemma: the offset weight applied in float32).
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.unit_offset:
-            return (xf * (1.0 + self.weight.float())).to(dtype)
+        if self.weight_offset:
+            return (xf * (self.weight_offset + self.weight.float())).to(dtype)
         return self.weight * xf.to(dtype)
 
 
@@ -89,13 +127,20 @@ class CausalLM(nn.Module):
     final_logit_softcap: float = 0.0
 
     def make_head(self, cfg: Any, in_features: int, embedding: nn.Module) -> None:
-        """lm_head (tied to ``embedding`` when the config says so), or the classifier's score."""
+        """lm_head (tied to ``embedding`` when the config says so, on a stage that has both),
+        or the classifier's score; only the last pipeline stage has one."""
+        from pagedkv.models.linear import ReplicatedLinear
+        from pagedkv.models.pipeline_stage import PPMissingLayer, is_first_stage, is_last_stage
+        from pagedkv.models.vocab_embedding import ParallelLMHead
+
         self.lm_head = self.score = None
         if cfg.is_classifier:
-            self.score = Linear(in_features, cfg.num_labels, bias=False)
+            self.score = ReplicatedLinear(in_features, cfg.num_labels, bias=False) \
+                if is_last_stage() else PPMissingLayer()
             return
-        self.lm_head = Linear(in_features, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
+        self.lm_head = ParallelLMHead(cfg.vocab_size, in_features) if is_last_stage() \
+            else PPMissingLayer()
+        if cfg.tie_word_embeddings and is_first_stage() and is_last_stage():
             self.lm_head.weight = embedding.weight
 
     @torch.inference_mode()
@@ -127,17 +172,54 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return ACTIVATIONS[name]
 
 
+# hidden_act -> the fused gated op computing act(gate) * up.
+_GATED_OPS: dict[str, Callable[..., None]] = {
+    "silu": ops.silu_and_mul,
+    "swish": ops.silu_and_mul,
+    "gelu": ops.gelu_and_mul,
+    "gelu_new": ops.gelu_tanh_and_mul,
+    "gelu_pytorch_tanh": ops.gelu_tanh_and_mul,
+}
+
+
+def act_and_mul(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [..., 2d] (a fused gate | up projection) -> act(x[..., :d]) * x[..., d:] [..., d]: the
+    fused op where there is one for `name` (relu has none: eager math), like HF's
+    ``act(gate) * up``."""
+    act = activation(name)
+    fused_op = _GATED_OPS.get(name)
+
+    def gated(x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        if fused_op is not None and fused_ok(x):
+            out = torch.empty(*x.shape[:-1], d, dtype=x.dtype, device=x.device)
+            fused_op(out, x)
+            return out
+        gate, up = x.split(d, dim=-1)
+        return act(gate) * up
+
+    return gated
+
+
 # (checkpoint name fragment, our fused parameter fragment, shard index)
 FusedMapping = list[tuple[str, str, int]]
 
 
 def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                      fused: FusedMapping, shard_sizes: Callable[[str], list[int]],
+                      fused: FusedMapping,
+                      shard_sizes: Optional[Callable[[str], list[int]]] = None,
                       rename: Callable[[str], str | None] = lambda n: n) -> set[str]:
-    """Copies checkpoint tensors into ``module``'s parameters, slicing the separate q/k/v (or
-    gate/up) tensors of a checkpoint into our fused ones. Returns the parameter names that were
-    written; raises on unknown names and shape mismatches."""
+    """Copies checkpoint tensors into ``module``'s parameters. A checkpoint's separate q/k/v
+    (or gate/up) tensors go into our fused parameter as its parts (``fused``). A parameter with
+    a ``weight_loader`` (the tensor-parallel layers of linear.py / vocab_embedding.py) takes its
+    rank's slice itself; a plain one gets the whole tensor (or the part ``shard_sizes`` places).
+    Tensors of layers on other pipeline stages are skipped. Returns the parameter names that
+    were written; raises on unknown names and shape mismatches."""
+    from pagedkv.models.linear import default_weight_loader
+    from pagedkv.models.pipeline_stage import other_stage_prefixes
+
     params = dict(module.named_parameters())
+    elsewhere = other_stage_prefixes(module)
     written: set[str] = set()
     for ckpt_name, tensor in weights:
         name = rename(ckpt_name)
@@ -149,21 +231,35 @@ def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tens
                 target, shard = name.replace(src, dst), idx
                 break
         if target not in params:
+            if elsewhere and target.startswith(elsewhere):
+                continue  # another pipeline stage holds it
             raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in the model "
                              f"(looked for {target!r})")
         param = params[target]
-        dst_tensor = param.data
-        if shard is not None:
-            sizes = shard_sizes(target)
-            start = sum(sizes[:shard])
-            dst_tensor = dst_tensor.narrow(0, start, sizes[shard])
-        if tuple(dst_tensor.shape) != tuple(tensor.shape):
-            raise ValueError(f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, "
-                             f"expected {tuple(dst_tensor.shape)}")
-        with torch.no_grad():
-            dst_tensor.copy_(tensor.to(dst_tensor.dtype))
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is not None:
+                loader(param, tensor, shard)
+            elif shard is None:
+                default_weight_loader(param, tensor)
+            else:
+                _load_part(param, tensor, shard, shard_sizes, target)
+        except ValueError as e:
+            raise ValueError(f"checkpoint tensor {ckpt_name!r} {e}") from None
         written.add(target if shard is None else f"{target}#{shard}")
     return written
+
+
+def _load_part(param: torch.Tensor, tensor: torch.Tensor, shard: int,
+               shard_sizes: Optional[Callable[[str], list[int]]], target: str) -> None:
+    """Part ``shard`` of a plain fused parameter, placed by ``shard_sizes`` (one rank only)."""
+    from pagedkv.models.linear import copy_checked
+
+    if shard_sizes is None:
+        raise ValueError(f"is a part of {target!r}, which has no weight_loader and no "
+                         "shard_sizes were given")
+    sizes = shard_sizes(target)
+    copy_checked(param.data.narrow(0, sum(sizes[:shard]), sizes[shard]), tensor)
 
 
 def check_all_loaded(module: nn.Module, written: set[str],

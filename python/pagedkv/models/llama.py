@@ -8,7 +8,8 @@ owns the KV cache. q/k/v and gate/up projections are fused into one matmul each.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from functools import partial
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -17,15 +18,25 @@ from pagedkv.models.attention_backend import AttentionBackend
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import (
     CausalLM,
-    Embedding,
     FusedMapping,
-    Linear,
     RMSNorm,
-    activation,
+    act_and_mul,
     check_all_loaded,
     load_weights_into,
 )
-from pagedkv.models.rotary import RotaryEmbedding, apply_rotary
+from pagedkv.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedkv.models.pipeline_stage import (
+    PPMissingLayer,
+    is_first_stage,
+    is_last_stage,
+    stage_input,
+    stage_layers,
+)
+from pagedkv.models.rotary import RotaryEmbedding
+from pagedkv.models.vocab_embedding import VocabParallelEmbedding
+
+# Rotates a layer's q [T, Hq, D] and k [T, Hk, D] in place (the step's positions are bound).
+Rope = Callable[[torch.Tensor, torch.Tensor], object]
 
 _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
           (".v_proj.", ".qkv_proj.", 2), (".gate_proj.", ".gate_up_proj.", 0),
@@ -33,27 +44,29 @@ _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, unit_offset_norm: bool = False) -> None:
+    """This rank's heads (all of them with one tensor-parallel rank)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int,
+                 norm_offset: float = 0.0) -> None:
         super().__init__()
-        self.layer_idx = layer_idx
-        self.spec = cfg.attention_spec(layer_idx)
-        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.spec = cfg.attention_spec(layer_idx)  # by the model's (global) layer index
+        self.layer_idx = cache_idx  # the layer's KV cache on this rank (pipeline-stage local)
         self.head_dim = cfg.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=cfg.attention_bias)
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
+                                          cfg.num_key_value_heads, bias=cfg.attention_bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         # Qwen2 alone has q/k/v biases without an o_proj one.
         o_bias = cfg.attention_bias and cfg.causal_architecture != "Qwen2ForCausalLM"
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=o_bias)
-        # Qwen3 / Gemma 3: each head's q and k normalised before rotary.
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
+                                        bias=o_bias)
+        # Qwen3 / Gemma 3: each head's q and k normalised before rotary (Gemma: 1 + w).
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit_offset_norm)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, unit_offset_norm)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, norm_offset)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                attn: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -61,7 +74,7 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        rope(q, k)  # in place (on the views of the qkv projection, or the normed copies)
         out = attn.forward(self.layer_idx, q, k, v, self.spec)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -69,29 +82,37 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size,
-                                      bias=cfg.mlp_bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.act = activation(cfg.hidden_act)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            cfg.hidden_size, [cfg.intermediate_size] * 2, bias=cfg.mlp_bias)
+        self.intermediate = self.gate_up_proj.output_size_per_partition // 2
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size,
+                                           bias=cfg.mlp_bias)
+        self.act_and_mul = act_and_mul(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer_idx)
+        self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream rides beside the block (vLLM's form): each norm adds the previous
+        block's output into it in place (fused_add_rms_norm), the same sums as HF's
+        ``x = x + block(norm(x))``. Returns (this layer's MLP output, residual)."""
+        if residual is None:  # first layer: the embeddings are the residual
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 def rotary_dim(cfg: ModelConfig) -> int:
@@ -100,19 +121,24 @@ def rotary_dim(cfg: ModelConfig) -> int:
 
 
 class LlamaModel(nn.Module):
+    """On a pipeline stage: the embedding on the first, the final norm on the last, and the
+    stage's range of layers (the others are placeholders)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size) \
+            if is_first_stage() else PPMissingLayer()
         # cos/sin are looked up once per forward and shared by all layers.
-        self.rotary = RotaryEmbedding(rotary_dim(cfg), cfg.max_position_embeddings,
-                                      cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                      cfg.rope_scaling, rotary_dim(cfg))
+        self.layers, self.start_layer, self.end_layer = stage_layers(
+            cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, i, cache_idx))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() \
+            else PPMissingLayer()
 
 
 class LlamaForCausalLM(CausalLM):
-    # Checkpoint tensors sliced into our fused parameters (Phi-3 stores them fused already).
+    # Checkpoint tensors loaded into our fused parameters part by part (Phi-3 stores them fused).
     fused_weights: FusedMapping = _FUSED
     fused_parts: dict[str, int] = {".qkv_proj.": 3, ".gate_up_proj.": 2}
     model_class: type[nn.Module] = LlamaModel  # Gemma: GemmaModel
@@ -123,33 +149,49 @@ class LlamaForCausalLM(CausalLM):
         self.model = self.model_class(cfg)
         self.make_head(cfg, cfg.hidden_size, self.model.embed_tokens)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def layer_ropes(self, positions: torch.Tensor) -> Callable[[nn.Module], Rope]:
+        """layer -> its rotary (bound to the step's positions): one for every layer here."""
+        rope = partial(self.model.rotary, positions)
+        return lambda _: rope
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions: [T] -> final hidden states [T, hidden] (after the last norm)."""
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary.cos_sin(positions)
-        # Cast once for all layers (apply_rotary would cast q's and k's copy in every layer:
-        # 4 kernels per layer saved, the same values).
-        rope = (cos.to(x.dtype), sin.to(x.dtype))
-        for layer in self.model.layers:
-            x = layer(x, rope, attn)
-        return self.model.norm(x)
+                attn: AttentionBackend,
+                intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden] (after the last norm).
+        On a pipeline stage after the first, ``intermediate`` holds the previous stage's output
+        (the residual stream: each layer adds to it) and the input ids are not read; a stage
+        before the last returns its residual stream, un-normalised."""
+        m = self.model
+        x = self.embed(input_ids) if is_first_stage() else stage_input(intermediate,
+                                                                        "hidden states")
+        rope_of = self.layer_ropes(positions)
+        residual: Optional[torch.Tensor] = None
+        for layer in m.layers[m.start_layer:m.end_layer]:
+            x, residual = layer(x, residual, rope_of(layer), attn)
+        if not is_last_stage():  # hand the whole residual stream to the next stage
+            return x if residual is None else x + residual
+        if residual is None:  # no layers
+            return m.norm(x)
+        return m.norm(x, residual)[0]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""
         cfg = self.config
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-
-        def shard_sizes(name: str) -> list[int]:
-            return [q, kv, kv] if ".qkv_proj." in name else [cfg.intermediate_size] * 2
+        # A tied head on a last stage that is not the first has its own copy of the matrix.
+        head_from_embedding = cfg.tie_word_embeddings and not is_first_stage()
 
         def rename(name: str) -> Optional[str]:
             if "rotary_emb.inv_freq" in name:
                 return None
             if name == "lm_head.weight" and cfg.tie_word_embeddings:
                 return None  # some tied checkpoints store the shared matrix twice
+            if name == "model.embed_tokens.weight" and head_from_embedding:
+                return "lm_head.weight" if is_last_stage() else None
             return name
 
-        written = load_weights_into(self, weights, self.fused_weights, shard_sizes, rename)
+        written = load_weights_into(self, weights, self.fused_weights, rename=rename)
         check_all_loaded(self, written, self.fused_parts)

@@ -1,6 +1,11 @@
-"""Rotary position embedding (neox / rotate-half layout, as in HF checkpoints) with the
-llama3, linear, dynamic-NTK, YaRN and LongRoPE (Phi-3) frequency scalings, over all of a head's
-dims or its first ones (partial rotary: GPT-NeoX, Phi-4-mini)."""
+"""Rotary position embedding (NeoX / rotate-half or GPT-J / interleaved pairs, partial rotary)
+with the llama3, linear, dynamic-NTK, YaRN and LongRoPE (Phi-3) frequency scalings.
+
+The frequencies (all the scaling math) are computed here once; the rotation itself is the fused
+``pagedkv.ops.rotary_embedding`` op over a [max_position, rotary_dim] cos | sin table in the
+model's dtype, in place on q and k. ``cos_sin`` / ``apply_rotary`` keep the eager formula: the
+fallback for dtypes the op refuses, and the reference of the tests.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,11 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
+
+from pagedkv import ops
+
+# dtypes the fused op takes; anything else (float64) rotates with the eager formula.
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _base_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -79,19 +89,31 @@ def _yarn_inv_freq(dim: int, base: float, s: dict[str, Any], max_pos: int
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds a cos/sin table grown on demand; ``forward`` rotates q and k in place of copies."""
+    """Holds a cos/sin table grown on demand; ``forward`` rotates q and k in place.
+
+    rotary_dim (default head_dim): only the first rotary_dim dims of each head rotate (partial
+    rotary, e.g. GPT-NeoX / Phi); the frequencies are those of a rotary_dim-wide rotation.
+    is_neox: pairs (i, i + rotary_dim / 2) as HF's rotate_half; False: GPT-J's (2i, 2i + 1).
+    """
 
     def __init__(self, head_dim: int, max_position: int, base: float,
-                 scaling: Optional[dict[str, Any]] = None) -> None:
+                 scaling: Optional[dict[str, Any]] = None, rotary_dim: Optional[int] = None,
+                 is_neox: bool = True) -> None:
         super().__init__()
         self.head_dim, self.max_position, self.base = head_dim, max_position, base
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if self.rotary_dim % 2 or not 2 <= self.rotary_dim <= head_dim:
+            raise ValueError(f"rotary_dim = {self.rotary_dim} must be even and in "
+                             f"[2, head_dim = {head_dim}]")
+        self.is_neox = is_neox
+        dim = self.rotary_dim
         self.scaling = dict(scaling) if scaling else None
         rope_type = self.scaling["rope_type"] if self.scaling else "default"
         self.rope_type = rope_type
         self.attention_factor = 1.0
         self.long_inv_freq: Optional[torch.Tensor] = None  # LongRoPE, from original_max on
         with torch.device("cpu"):  # also when the model is built under torch.device("meta")
-            inv_freq = _base_inv_freq(head_dim, base)
+            inv_freq = _base_inv_freq(dim, base)
             if rope_type == "linear":
                 inv_freq = inv_freq / self.scaling["factor"]
             elif rope_type == "llama3":
@@ -99,25 +121,27 @@ class RotaryEmbedding(nn.Module):
             elif rope_type == "freq_factors":  # GGUF rope_freqs tensor (llama.cpp's form)
                 inv_freq = inv_freq / torch.tensor(self.scaling["factors"], dtype=torch.float32)
             elif rope_type == "yarn":
-                inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, base, self.scaling,
+                inv_freq, self.attention_factor = _yarn_inv_freq(dim, base, self.scaling,
                                                                  max_position)
             elif rope_type == "longrope":
                 # Chosen per position, not per batch: a sequence's rotation then never depends on
                 # its batch-mates. (HF generate re-encodes the whole sequence with the long factors
                 # once it passes the original length; a paged cache keeps the earlier keys.)
                 inv_freq, self.long_inv_freq, self.attention_factor = _longrope_inv_freq(
-                    head_dim, base, self.scaling)
-        self.inv_freq = inv_freq  # [head_dim / 2] float32, CPU
-        self._table: Optional[torch.Tensor] = None  # [len, 2, head_dim / 2] float32
+                    dim, base, self.scaling)
+        self.inv_freq = inv_freq  # [rotary_dim / 2] float32, CPU
+        self._table: Optional[torch.Tensor] = None  # [len, 2, rotary_dim / 2] float32
+        self._cache: Optional[torch.Tensor] = None  # [len, rotary_dim] cos | sin, op's dtype
 
     def _dynamic_inv_freq(self, seq_len: int) -> torch.Tensor:
         # Dynamic NTK: the base grows once a sequence passes the trained length (as HF does,
         # from the longest position in the batch).
         factor = self.scaling["factor"]
+        dim = self.rotary_dim
         base = self.base * ((factor * seq_len / self.max_position) - (factor - 1)) ** (
-            self.head_dim / (self.head_dim - 2))
+            dim / (dim - 2))
         with torch.device("cpu"):
-            return _base_inv_freq(self.head_dim, base)
+            return _base_inv_freq(dim, base)
 
     def _cos_sin_table(self, length: int, device: torch.device) -> torch.Tensor:
         table = self._table
@@ -134,7 +158,7 @@ class RotaryEmbedding(nn.Module):
         return table
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin, each [T, head_dim / 2]."""
+        """float32 cos and sin, each [T, rotary_dim / 2]."""
         if self.rope_type == "dynamic":
             seq_len = int(positions.max()) + 1 if positions.numel() else 0
             if seq_len > self.max_position:
@@ -151,23 +175,60 @@ class RotaryEmbedding(nn.Module):
         cs = table[positions]
         return cs[:, 0], cs[:, 1]
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k [T, Hkv, D] -> rotated copies (same dtype)."""
-        cos, sin = self.cos_sin(positions)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    def _op_cache(self, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The op's [length >= max_position, rotary_dim] cos | sin table in `dtype` (the op rounds
+        cos and sin to the query's dtype anyway: a table in it holds the same values in half the
+        bytes)."""
+        cache = self._cache
+        if cache is None or cache.shape[0] < length or cache.dtype != dtype or \
+                cache.device != device:
+            table = self._cos_sin_table(max(length, self.max_position), device)
+            self._cache = cache = table.flatten(1).to(dtype).contiguous()
+        return cache
+
+    def _table_for(self, positions: torch.Tensor, dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions, table) for the op: the shared table, or for dynamic NTK past the trained
+        length a table of this call's own positions (its frequencies depend on the batch)."""
+        need = 0
+        # Position checks only on the CPU: on the GPU they would synchronise every step (the
+        # engine keeps positions below max_position_embeddings there).
+        if positions.numel() and (positions.device.type == "cpu" or self.rope_type == "dynamic"):
+            need = int(positions.max()) + 1
+        if self.rope_type == "dynamic" and need > self.max_position:
+            cos, sin = self.cos_sin(positions)
+            table = torch.cat([cos, sin], dim=1).to(dtype).contiguous()
+            return torch.arange(len(positions), device=positions.device), table
+        return positions, self._op_cache(need, dtype, positions.device)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor]
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Rotates q [T, Hq, head_dim] and k [T, Hk, head_dim] (or None) in place (views of a
+        fused qkv projection are fine) and returns them."""
+        if q.dtype not in _FUSED_DTYPES or k is not None and k.dtype != q.dtype:
+            cos, sin = self.cos_sin(positions)
+            q.copy_(apply_rotary(q, cos, sin, self.rotary_dim, self.is_neox))
+            if k is not None:
+                k.copy_(apply_rotary(k, cos, sin, self.rotary_dim, self.is_neox))
+            return q, k
+        pos, table = self._table_for(positions, q.dtype)
+        ops.rotary_embedding(pos, q, k, self.head_dim, table, self.is_neox)
+        return q, k
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary on x [T, H, D] with float32 cos/sin [T, R/2]: the first R dims turn
-    (R = D but for partial rotary), the rest pass through."""
-    rotary_dim = 2 * cos.shape[-1]
-    if rotary_dim < x.shape[-1]:
-        turned = apply_rotary(x[..., :rotary_dim], cos, sin)
-        return torch.cat([turned, x[..., rotary_dim:]], dim=-1)
-    half = x.shape[-1] // 2
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 rotary_dim: Optional[int] = None, is_neox: bool = True) -> torch.Tensor:
+    """The eager rotary of HF's models on x [T, H, D] with float32 cos/sin [T, rotary_dim / 2]
+    (a rotated copy; the dims past rotary_dim are kept)."""
+    rot = x.shape[-1] if rotary_dim is None else rotary_dim
+    half = rot // 2
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     cos, sin = cos[:, None, :], sin[:, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    if is_neox:
+        x1, x2 = x[..., :half], x[..., half:rot]
+    else:
+        x1, x2 = x[..., 0:rot:2], x[..., 1:rot:2]
+    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    rotated = torch.cat([o1, o2], dim=-1) if is_neox else torch.stack([o1, o2], -1).flatten(-2)
+    return torch.cat([rotated, x[..., rot:]], dim=-1) if rot < x.shape[-1] else rotated
