@@ -61,6 +61,14 @@ class EngineConfig:
     disable_log_stats: bool = False
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Where the model comes from and how its config is read (vLLM's names).
+    revision: Optional[str] = None  # hub branch / tag / commit of the model
+    tokenizer_revision: Optional[str] = None
+    download_dir: Optional[str] = None  # HF cache folder instead of HF_HUB_CACHE
+    hf_overrides: Optional[Dict[str, Any]] = None  # config.json keys replaced
+    rope_scaling: Optional[Dict[str, Any]] = None  # config.json's rope_scaling replaced
+    rope_theta: Optional[float] = None
+    generation_config: str = "auto"  # "auto" | "vllm" | a folder with generation_config.json
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -130,6 +138,31 @@ class EngineConfig:
             if getattr(self, name) != 1:
                 raise ValueError(f"{name}={getattr(self, name)} is not supported: pagedkv runs "
                                  "the model in one process on one device (use 1)")
+        self._check_model_source()
+
+    def _check_model_source(self) -> None:
+        for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise TypeError(f"{name} must be a str, got {type(v).__name__} {v!r}")
+        for name in ("hf_overrides", "rope_scaling"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, dict):
+                # vLLM also takes a function of its HF config object; pagedkv has none to pass.
+                raise TypeError(f"{name} must be a dict of config.json keys, got "
+                                f"{type(v).__name__}")
+        if self.rope_theta is not None and (isinstance(self.rope_theta, bool) or not isinstance(
+                self.rope_theta, numbers.Real) or not self.rope_theta > 0):
+            raise ValueError(f"rope_theta must be a number > 0, got {self.rope_theta!r}")
+
+    def config_overrides(self) -> Dict[str, Any]:
+        """hf_overrides with rope_scaling / rope_theta folded in (they win, as in vLLM)."""
+        out = dict(self.hf_overrides or {})
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = dict(self.rope_scaling)
+        if self.rope_theta is not None:
+            out["rope_theta"] = float(self.rope_theta)
+        return out
 
     def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The element type of the KV-cache arrays: fp8 caches are bytes (the ops' contract)."""

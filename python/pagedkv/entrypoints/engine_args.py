@@ -89,6 +89,22 @@ ENGINE_FLAGS = (
          "or 'priority' (the request's priority, lower first, then arrival; a server request "
          "with a priority other than 0 is refused under fcfs)",
          type=t.choice_of(("fcfs", "priority")), metavar="{fcfs,priority}"),
+    # Where the model comes from and how its config is read.
+    Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),
+    Flag("tokenizer_revision", None, "hub revision of the tokenizer", shown="--revision for "
+         "the model's own tokenizer"),
+    Flag("download_dir", None, "Hugging Face cache folder to read and download models into",
+         shown="HF_HUB_CACHE, or HF_HOME/hub"),
+    Flag("hf_overrides", None, "JSON object of config.json keys to replace, e.g. "
+         "'{\"max_position_embeddings\": 4096}'", type=t.json_object, shown="none"),
+    Flag("rope_scaling", None, "JSON object replacing config.json's rope_scaling, e.g. "
+         "'{\"rope_type\": \"yarn\", \"factor\": 4.0, "
+         "\"original_max_position_embeddings\": 32768}'", type=t.json_object,
+         shown="the config's"),
+    Flag("rope_theta", None, "rope base replacing config.json's rope_theta",
+         type=t.float_in(0.0, lo_open=True), shown="the config's"),
+    Flag("generation_config", "auto", "sampling defaults: 'auto' reads the model's "
+         "generation_config.json, 'vllm' ignores it, or a folder holding one"),
     # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
     Flag("tensor_parallel_size", 1, "accepted for vLLM compatibility: one device, so 1 only",
          type=t.only_one),

@@ -231,10 +231,17 @@ def _merge(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """config.json keys replaced by hf_overrides; nested dicts (rope_scaling) are merged."""
     out = dict(d)
     for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if key == "rope_scaling":  # replaced whole (vLLM's --rope-scaling), in either spelling
+            params = out.pop("rope_parameters", None)
+            if isinstance(params, dict) and "rope_theta" in params:
+                out.setdefault("rope_theta", params["rope_theta"])
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
+    if "rope_theta" in overrides and isinstance(out.get("rope_parameters"), dict):
+        out["rope_parameters"] = {**out["rope_parameters"], "rope_theta": overrides["rope_theta"]}
     return out
 
 
