@@ -48,9 +48,10 @@ class Flag:
 
 
 ENGINE_FLAGS = (
-    Flag("model", None, "model: 'smollm2', a Hugging Face checkpoint directory or a .gguf file",
+    Flag("model", None, "model: 'smollm2', a Hugging Face checkpoint directory, a .gguf file or "
+         "a hub id (org/name: the HF cache first, else downloaded)",
          shown="smollm2, the packaged SmolLM2-135M-Instruct"),
-    Flag("tokenizer", None, "tokenizer path", shown="the model's"),
+    Flag("tokenizer", None, "tokenizer path or hub id", shown="the model's"),
     Flag("device", "auto", "'auto' (a CUDA GPU if usable, else the CPU), 'cpu', 'cuda' or "
          "'cuda:N'", type=t.device),
     Flag("dtype", "auto", "weights and activations type: 'auto' is float32 on the CPU and on "

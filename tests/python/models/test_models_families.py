@@ -79,6 +79,8 @@ CLASSIFIERS = {
     "gemma2": ("tiny-gemma2", "Gemma2ForSequenceClassification"),
     "gpt2": ("tiny-gpt2", "GPT2ForSequenceClassification"),
     "gpt-neox": ("tiny-gpt-neox", "GPTNeoXForSequenceClassification"),
+    "phi3": ("tiny-phi3", "Phi3ForSequenceClassification"),
+    "opt": ("tiny-opt", "OPTForSequenceClassification"),
 }
 
 
