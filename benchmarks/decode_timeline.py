@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import gpu_attention as ga
 import numpy as np
+import pagedkv
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -116,12 +117,15 @@ def report(b: int, length: int, kv: str, calls: int, cupti: bool,
     ours = ga.decode_calls(x, length, kv)[0]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "timeline.bin")
-        os.environ["PAGEDKV_DECODE_TIMELINE_FILE"] = path
+        try:
+            pagedkv._C.ops_set_decode_timeline_file(path)
+        except ValueError as e:  # not a profiling build
+            raise SystemExit(f"{e}: build with -Ccmake.define.PAGEDKV_DECODE_TIMELINE=ON") from e
         try:
             for _ in range(calls):
                 ours()
         finally:
-            del os.environ["PAGEDKV_DECODE_TIMELINE_FILE"]
+            pagedkv._C.ops_set_decode_timeline_file("")
         if not os.path.exists(path):
             raise SystemExit("no timeline written: build with "
                              "-Ccmake.define.PAGEDKV_DECODE_TIMELINE=ON (Hopper decode only)")

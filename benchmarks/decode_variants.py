@@ -1,12 +1,11 @@
 """Decode kernels side by side on benchmarks/gpu_attention.py's shapes (bf16, Hq=32, Hkv=8, D=128,
 block 16), bf16 and fp8 caches, each against cuDNN SDPA on the same data measured in the same run:
-the tensor-core kernel (decode_mma) and the Hopper bulk-copy kernel (decode_bulk) with its own
-occupancy choice and with these changed (KERNELS): rings sized for 1 to 4 CTAs per SM, row copies
-instead of tensor-map copies, no L2 evict-first policy, one KV head's sequences launched next to
-each other (seqs-first: the order before a sequence's KV heads went first), no programmatic
-dependent launches (no-pdl). Each variant uses the split-K partition the library would pick for
-its kernel. --layouts: the default kernel with blocks in random and in sequential order;
---partitions: the default kernel at fixed split-K partition sizes.
+the Hopper bulk-copy kernel (decode_bulk), the tensor-core kernel (decode_mma) and the CUDA-core
+kernel, each named through the ops' `kernel` argument and with the split-K partition the library
+picks for it. --layouts: the default kernel with blocks in random and in sequential order;
+--partitions: the default kernel at fixed split-K partition sizes. (The occupancy, copy-form,
+L2-policy, grid-order and launch variants measured here before are in RESULTS.md's "tried and not
+kept" list.)
 
     python benchmarks/decode_variants.py [--quick] [--variants a,b] [--layouts |
                                          --partitions [--every-shape] [--sizes 0,672,...]
@@ -16,28 +15,12 @@ its kernel. --layouts: the default kernel with blocks in random and in sequentia
 from __future__ import annotations
 
 import argparse
-import os
 
 import gpu_attention as ga
 import torch
 
-# (name, environment): PAGEDKV_DECODE_BULK / PAGEDKV_DECODE_MMA pick the kernel (Hopper bulk-copy,
-# tensor-core, CUDA-core), PAGEDKV_DECODE_CTAS_PER_SM / PAGEDKV_DECODE_SMEM_KB their occupancy,
-# PAGEDKV_DECODE_EVICT_FIRST=0 no L2 evict-first policy on the bulk copies, PAGEDKV_DECODE_TMA=0
-# row copies instead of tensor-map copies.
-KERNELS = [("mma-auto", {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"}),
-           ("bulk-auto", {"PAGEDKV_DECODE_BULK": "1"}),
-           ("bulk-2/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "2"}),
-           ("bulk-3/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "3"}),
-           ("bulk-rows", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_TMA": "0"}),
-           ("bulk-no-evict", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_EVICT_FIRST": "0"}),
-           ("bulk-1/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "1"}),
-           ("bulk-4/SM", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_CTAS_PER_SM": "4"}),
-           ("seqs-first", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_HEADS_FIRST": "0"}),
-           ("no-pdl", {"PAGEDKV_DECODE_BULK": "1", "PAGEDKV_DECODE_PDL": "0"})]
-KNOBS = ("PAGEDKV_DECODE_BULK", "PAGEDKV_DECODE_MMA", "PAGEDKV_DECODE_SMEM_KB",
-         "PAGEDKV_DECODE_CTAS_PER_SM", "PAGEDKV_DECODE_EVICT_FIRST", "PAGEDKV_DECODE_TMA",
-         "PAGEDKV_DECODE_HEADS_FIRST", "PAGEDKV_DECODE_PDL")
+# (name, the ops' kernel argument).
+KERNELS = [("hopper", "hopper"), ("tensor_core", "tensor_core"), ("cuda_core", "cuda_core")]
 
 
 _make_cache = ga.make_cache  # the benchmark's own cache (NHD, randomly permuted blocks)
@@ -51,12 +34,6 @@ def cache_sequential(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
 
 # (name, cache maker) for --layouts: the library's default kernel on differently stored caches.
 LAYOUTS = [("nhd-permuted", _make_cache), ("nhd-in-order", cache_sequential)]
-
-
-def _set_env(env: dict) -> None:
-    for k in KNOBS:
-        os.environ.pop(k, None)
-    os.environ.update(env)
 
 
 def partitions(every_shape: bool = False, sizes: list[int] | None = None,
@@ -119,31 +96,28 @@ def main() -> None:
     unknown = set(wanted) - {n for n, _ in KERNELS}
     if unknown:
         ap.error(f"--variants: unknown {sorted(unknown)}")
-    variants = ([(n, {}, maker) for n, maker in LAYOUTS] if args.layouts
-                else [(n, env, _make_cache) for n, env in KERNELS if not wanted or n in wanted])
+    variants = ([(n, "auto", maker) for n, maker in LAYOUTS] if args.layouts
+                else [(n, k, _make_cache) for n, k in KERNELS if not wanted or n in wanted])
     head = " ".join(f"{n + ' bf16':>22} {'fp8':>7}" for n, _, _ in variants)
     print(f"{'B*L':>10} {'cuDNN':>8} {head}")
     shapes = ga.DECODE_SHAPES[:2] if args.quick else ga.DECODE_SHAPES
     for b, length in shapes:
-        _set_env({})
         ref = ga.bench_decode(b, length, sms)
         # A throwaway sample: the first of our kernel after the reference (which copies GBs for
         # the contiguous and gathered peers) ran ~15 % slow at 32*8192 in five of seven runs on
         # the H100, whichever variant came first; the table's columns should not depend on order.
         ga.bench_decode_ours(b, length, sms, "auto")
         cells = []
-        for _, env, maker in variants:
-            _set_env(env)
+        for _, kernel, maker in variants:
             ga.make_cache = maker
-            t16 = ga.bench_decode_ours(b, length, sms, "auto")
-            t8 = ga.bench_decode_ours(b, length, sms, "fp8")
+            t16 = ga.bench_decode_ours(b, length, sms, "auto", kernel)
+            t8 = ga.bench_decode_ours(b, length, sms, "fp8", kernel)
             ga.make_cache = _make_cache
             x = "n/a" if ref["cudnn"] is None else f"{ref['cudnn'] / t16:.2f}x"
             cells.append(f"{t16 * 1e6:10.1f} {x:>6} {ref['bytes'] / t16 / bw:4.2f} "
                          f"{t8 * 1e6:7.1f}")
         print(f"{b:>4}*{length:<5} {ga.fmt(ref['cudnn'])[-8:]} " + " ".join(cells), flush=True)
         torch.cuda.empty_cache()
-    _set_env({})
 
 
 if __name__ == "__main__":

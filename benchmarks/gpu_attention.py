@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import math
 import os
 import statistics
@@ -97,11 +98,18 @@ def _probe(num_seqs: int, kv_dtype: str = "auto") -> tuple:
     return q, torch.empty(1, BS, HKV, D, dtype=cdt, device="cuda")
 
 
-def decode_partition(num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto") -> int:
+def _kernel_kw(kernel: str) -> dict:
+    """The ops' kernel argument, left out for "auto" (builds before it had no such argument)."""
+    return {} if kernel == "auto" else {"kernel": kernel}
+
+
+def decode_partition(num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto",
+                     kernel: str = "auto") -> int:
     """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA) for this
-    benchmark's bf16 queries over an NHD cache."""
+    benchmark's bf16 queries over an NHD cache, on `kernel`."""
     q, cache = _probe(num_seqs, kv_dtype)
-    return ops.decode_partition_size(q, cache, cache, HKV, max_len, kv_dtype)
+    return ops.decode_partition_size(q, cache, cache, HKV, max_len, kv_dtype,
+                                     **_kernel_kw(kernel))
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
@@ -117,30 +125,31 @@ def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
     return kc, vc, tables
 
 
-def _decode_inputs(b: int, length: int, sms: int, kv_dtype: str) -> dict:
+def _decode_inputs(b: int, length: int, sms: int, kv_dtype: str, kernel: str = "auto") -> dict:
     kv_bytes = 2 * b * length * HKV * D * (2 if kv_dtype == "auto" else 1)
     n_sets = max(1, min(8, ROTATE_BYTES // kv_bytes))
-    ps = decode_partition(b, length, sms, kv_dtype)
+    ps = decode_partition(b, length, sms, kv_dtype, kernel)
     parts = math.ceil(length / ps) if ps else 1
     es = torch.empty(b, HQ, parts, device="cuda")
     return {"caches": [make_cache(b, length, kv_dtype) for _ in range(n_sets)],
             "q": torch.randn(b, HQ, D, dtype=DTYPE, device="cuda"),
             "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
             "ps": ps, "es": es, "ml": torch.empty_like(es),
-            "tmp": torch.empty(b, HQ, parts, D, device="cuda"), "bytes": kv_bytes}
+            "tmp": torch.empty(b, HQ, parts, D, device="cuda"), "bytes": kv_bytes,
+            "kernel": kernel}
 
 
 def decode_calls(x: dict, length: int, kv_dtype: str) -> list[Callable[[], None]]:
     """Our decode on _decode_inputs' data, one call per cache set (v2 where it splits)."""
-    q, sl, ps = x["q"], x["sl"], x["ps"]
+    q, sl, ps, kw = x["q"], x["sl"], x["ps"], _kernel_kw(x["kernel"])
     out = torch.empty_like(q)
 
     def ours(kc, vc, bt):
         args = (q, kc, vc, HKV, D ** -0.5, bt, sl, BS, length, None, kv_dtype, 1.0, 1.0)
         if ps:
             return lambda: ops.paged_attention_v2(out, x["es"], x["ml"], x["tmp"], *args,
-                                                  partition_size=ps)
-        return lambda: ops.paged_attention_v1(out, *args)
+                                                  partition_size=ps, **kw)
+        return lambda: ops.paged_attention_v1(out, *args, **kw)
 
     return [ours(*c) for c in x["caches"]]
 
@@ -156,9 +165,10 @@ def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
     return time_graph(decode_calls(x, length, kv_dtype))
 
 
-def bench_decode_ours(b: int, length: int, sms: int, kv_dtype: str = "auto") -> float:
-    """Seconds per call of our decode alone."""
-    return _time_ours(_decode_inputs(b, length, sms, kv_dtype), length, kv_dtype)
+def bench_decode_ours(b: int, length: int, sms: int, kv_dtype: str = "auto",
+                      kernel: str = "auto") -> float:
+    """Seconds per call of our decode alone (on `kernel`)."""
+    return _time_ours(_decode_inputs(b, length, sms, kv_dtype, kernel), length, kv_dtype)
 
 
 def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
@@ -200,8 +210,7 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
 def decode_kernel_name() -> str:
     """Which decode kernel the library runs on this benchmark's calls (NHD cache, bf16)."""
     q, cache = _probe(1)
-    return {"hopper": "Hopper bulk-copy (decode_bulk; PAGEDKV_DECODE_BULK=0 turns it off)",
-            "tensor_core": "tensor-core (decode_mma; PAGEDKV_DECODE_MMA=0 turns it off)",
+    return {"hopper": "Hopper bulk-copy (decode_bulk)", "tensor_core": "tensor-core (decode_mma)",
             "cuda_core": "CUDA-core"}[ops.decode_kernel(q, cache, cache, HKV)]
 
 
@@ -217,11 +226,12 @@ def _prefill_inputs(b: int, length: int) -> dict:
             "bt": torch.zeros(b, 1, dtype=torch.int32, device="cuda")}
 
 
-def _prefill_calls(x: dict, length: int) -> list[Callable[[], None]]:
+def _prefill_calls(x: dict, length: int, kernel: str = "auto") -> list[Callable[[], None]]:
     out = torch.empty_like(x["q"])
+    kw = _kernel_kw(kernel)
     return [lambda: ops.context_attention_fwd(
         x["q"], x["k"], x["v"], out, "auto", x["kc"], x["kc"], x["bt"], x["qsl"], x["sl"], None,
-        length)] * 3
+        length, **kw)] * 3
 
 
 def _time_prefill_ours(x: dict, length: int) -> float:
@@ -230,8 +240,8 @@ def _time_prefill_ours(x: dict, length: int) -> float:
 
 @contextlib.contextmanager
 def _env(name: str, value: str) -> Iterator[None]:
-    """Sets an environment variable for the block (our ops read their knobs per call, so the
-    setting holds for the calls captured inside)."""
+    """Sets an environment variable for the block (builds before kernels were chosen by argument
+    read their knobs per call, so the setting holds for the calls captured inside)."""
     old = os.environ.get(name)
     os.environ[name] = value
     try:
@@ -243,25 +253,28 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
+def _takes_kernel() -> bool:
+    """Whether the installed pagedkv chooses kernels by argument (the A/B runs of
+    gpu_kernels_run.sh time this script against builds from before that too)."""
+    return "kernel" in inspect.signature(ops.context_attention_fwd).parameters
+
+
 def _time_prefill_wgmma(x: dict, length: int) -> Optional[float]:
-    """Our prefill on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2: an error, reported as n/a,
-    instead of a silent fallback); None off compute capability 9.x."""
+    """Our prefill on the Hopper wgmma kernel, named (a call it does not cover is an error,
+    reported as n/a, instead of a silent fallback); None off compute capability 9.x."""
     if torch.cuda.get_device_capability()[0] != 9:
         return None
-    with _env("PAGEDKV_PREFILL_WGMMA", "2"):
+    if _takes_kernel():
+        return try_time(lambda: _prefill_calls(x, length, "hopper"))
+    with _env("PAGEDKV_PREFILL_WGMMA", "2"):  # the older builds' "required" switch
         return try_time(lambda: _prefill_calls(x, length))
 
 
 def _default_prefill_kernel() -> str:
-    """The prefill kernel the library picks for the benchmark's calls (src/ops/cuda/README.md)."""
-    def env(name: str) -> str:
-        return os.environ.get(name, "").strip()
-
-    mma = env("PAGEDKV_PREFILL_MMA") != "0"
-    wgmma = env("PAGEDKV_PREFILL_WGMMA") or ("1" if mma else "0")
-    if wgmma != "0" and torch.cuda.get_device_capability()[0] == 9:
-        return "Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA)"
-    return "tensor-core mma.sync kernel" if mma else "CUDA-core kernel (PAGEDKV_PREFILL_MMA=0)"
+    """The prefill kernel the library picks for the benchmark's calls (docs/kernels.md)."""
+    if torch.cuda.get_device_capability()[0] == 9:
+        return "Hopper wgmma kernel"
+    return "tensor-core mma.sync kernel"
 
 
 def bench_prefill_ours(b: int, length: int) -> float:
@@ -409,14 +422,8 @@ def main() -> None:
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
     print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; ours = the library's "
           f"choice: {_default_prefill_kernel()})")
-    tma = os.environ.get("PAGEDKV_PREFILL_WGMMA_TMA", "").strip() != "0"
-    box = os.environ.get("PAGEDKV_PREFILL_WGMMA_TILE_BOX", "").strip() or "128"
-    chunk = os.environ.get("PAGEDKV_PREFILL_PAIR_CHUNK", "").strip() or "1"
-    print(f"  wgmma = ours on the Hopper wgmma kernel (PAGEDKV_PREFILL_WGMMA=2; n/a off sm_90; "
-          f"where it is the choice, a second sample of the same kernel), "
-          f"{'TMA' if tma else 'cp.async'} copies (PAGEDKV_PREFILL_WGMMA_TMA) in {box}-token "
-          f"boxes for new tokens (PAGEDKV_PREFILL_WGMMA_TILE_BOX), query tiles of {chunk} "
-          f"(sequence, KV head) pair(s) at a time (PAGEDKV_PREFILL_PAIR_CHUNK, 0 = all)")
+    print("  wgmma = ours on the Hopper wgmma kernel, named (n/a off sm_90; where it is the "
+          "choice, a second sample of the same kernel)")
     print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
           f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}")
     for b, length in pre:

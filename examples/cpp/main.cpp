@@ -1,6 +1,6 @@
 // Uses the installed pagedkv library from C++: prints the version and build, schedules two
-// prompts with the continuous-batching scheduler (seed 000's trace: chunked prefill under a
-// 512-token budget), then writes a few tokens into a paged KV cache (NHD layout) and runs decode
+// prompts with the continuous-batching scheduler (docs/metadata.md's worked example: chunked
+// prefill under a 512-token budget), then writes a few tokens into a paged KV cache (NHD layout) and runs decode
 // attention over them on the CPU.
 #include <pagedkv/pagedkv.h>
 

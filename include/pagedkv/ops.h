@@ -1,4 +1,4 @@
-// Paged KV-cache operations — the vLLM-named kernels (seed 000/001).
+// Paged KV-cache operations — the vLLM-named kernels (layouts and dtypes: docs/layouts.md).
 //
 // Every function validates its arguments (shapes, dtypes, devices, ids in range) and throws
 // pagedkv::ValueError / TypeError naming the offending argument, then dispatches on the device
@@ -25,7 +25,8 @@
 //                  x = 16 / element_size(cache dtype)
 //   NHD  (rank 4): key_cache = value_cache = [num_blocks, block_size, num_kv_heads, head_size]
 // Cache dtype: the query dtype (kv_cache_dtype "auto"), or uint8 holding fp8 e4m3 / e5m2 values
-// scaled by k_scale / v_scale (stored = value / scale; read = stored * scale).
+// scaled by k_scale / v_scale (stored = value / scale; read = stored * scale). A scale is a number
+// or a 1-element float32 array on the op's device, read by the kernels themselves (Scale).
 // Block tables are int32 [num_seqs, max_blocks_per_seq]; entries past a sequence's last block are
 // never read (any value, conventionally 0, pads them). Slots are int64
 // block_id * block_size + offset; a negative slot marks a padding token and is skipped.
@@ -42,17 +43,55 @@ namespace pagedkv {
 
 enum class KVCacheDType : uint8_t { kAuto, kFp8E4M3, kFp8E5M2 };
 
-// "auto" | "fp8" (= e4m3) | "fp8_e4m3" | "fp8_e5m2"; throws ValueError naming kv_cache_dtype.
+// The kv_cache_dtype names, in the order vLLM lists them ("fp8" = "fp8_e4m3"); the one list every
+// layer reads (the bindings export it as pagedkv.ops.KV_CACHE_DTYPES).
+inline constexpr std::string_view kKVCacheDTypeNames[] = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2"};
+
+// One of kKVCacheDTypeNames; throws ValueError naming kv_cache_dtype.
 KVCacheDType parse_kv_cache_dtype(std::string_view name);
 
 enum class KVLayout : uint8_t { kVLLM, kNHD };
 
-// Partition length of paged_attention_v2 (seed 001's _PARTITION_SIZE).
+// Partition length of paged_attention_v2 (vLLM's _PARTITION_SIZE): the CPU's split and the
+// default partition_size (pagedkv.ops.PARTITION_SIZE).
 inline constexpr int kPartitionSize = 512;
 
-// Head sizes every attention op supports.
+// Head sizes every attention op supports (pagedkv.ops.SUPPORTED_HEAD_SIZES).
 inline constexpr int kSupportedHeadSizes[] = {32, 64, 80, 96, 112, 120, 128, 192, 256};
 bool is_supported_head_size(int head_size);
+
+// The kernels an attention call can run on (docs/kernels.md). On a GPU each op has three:
+//   decode (paged_attention_v1 / v2): kHopper = the bulk-copy decode (sm_90; fp16 / bf16 queries,
+//     head sizes multiples of 16, row (NHD) caches), kTensorCore = the mma.sync decode (fp16 /
+//     bf16 queries, both layouts), kCudaCore = the scalar kernel (everything);
+//   prefill (context_attention_fwd): kHopper = the wgmma kernel (sm_90a; fp16 / bf16, head sizes
+//     64 and 128, NHD caches), kTensorCore = the mma.sync kernel (fp16 / bf16), kCudaCore.
+// kAuto (the default) runs the first that covers the call; naming one makes it required: a call
+// it does not cover raises ValueError saying why (tests prove which kernel ran, benchmarks compare
+// them). kCpu is the one kernel for host arrays.
+enum class AttentionKernel : uint8_t { kAuto, kCpu, kHopper, kTensorCore, kCudaCore };
+
+// The kernel names (pagedkv.ops.ATTENTION_KERNELS), indexed by AttentionKernel.
+inline constexpr std::string_view kAttentionKernelNames[] = {"auto", "cpu", "hopper",
+                                                             "tensor_core", "cuda_core"};
+
+// One of kAttentionKernelNames; throws ValueError naming `kernel`.
+AttentionKernel parse_attention_kernel(std::string_view name);
+std::string_view attention_kernel_name(AttentionKernel kernel);
+
+// An fp8 dequantisation scale: a number, or a 1-element float32 array on the op's device (vLLM
+// passes tensors) that the kernels read on that device: no host synchronisation, and a captured
+// CUDA graph reads the value current at each replay. Host arrays are checked like numbers
+// (positive, finite, finite reciprocal); device arrays cannot be read without a synchronisation,
+// so their value is the caller's responsibility. Ignored (neither read nor checked beyond its
+// dtype, size and device) by "auto" caches.
+struct Scale {
+  float value = 1.0f;
+  std::optional<TensorView> array;  // when set, the scale (value unused)
+
+  Scale(float v = 1.0f) : value(v) {}              // NOLINT(google-explicit-constructor)
+  Scale(const TensorView& a) : array(a) {}         // NOLINT(google-explicit-constructor)
+};
 
 // Options shared by the attention ops. Defaults mean "off".
 struct AttentionOptions {
@@ -61,8 +100,9 @@ struct AttentionOptions {
   float logits_soft_cap = 0.0f;            // > 0: logits = cap * tanh(logits / cap)
   int sliding_window = -1;                 // > 0: attend to the last `sliding_window` keys
   KVCacheDType kv_cache_dtype = KVCacheDType::kAuto;
-  float k_scale = 1.0f;
-  float v_scale = 1.0f;
+  Scale k_scale;
+  Scale v_scale;
+  AttentionKernel kernel = AttentionKernel::kAuto;  // kAuto: the first kernel covering the call
 };
 
 namespace ops {
@@ -71,14 +111,14 @@ namespace ops {
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache,
                        const TensorView& slot_mapping,  // [num_tokens] int64
-                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale,
+                       KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
                        Stream stream = nullptr);
 
 // Same for the NHD layout (rank 4).
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                             float k_scale, float v_scale, Stream stream = nullptr);
+                             const Scale& k_scale, const Scale& v_scale, Stream stream = nullptr);
 
 // Decode attention, one query token per sequence, single pass over the context.
 //   out, query: [num_seqs, num_heads, head_size]; seq_lens: [num_seqs] int32
@@ -99,18 +139,14 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const AttentionOptions& opts, int partition_size = kPartitionSize,
                         Stream stream = nullptr);
 
-// The decode kernels paged_attention_v1 / v2 run: the CPU one, and on a GPU the first that
-// covers the call of the Hopper kernel (sm_90; fp16 / bf16 queries, head sizes that are
-// multiples of 16, NHD caches), the tensor-core kernel (fp16 / bf16 queries) and the CUDA-core
-// kernel (everything else); PAGEDKV_DECODE_BULK / PAGEDKV_DECODE_MMA switch them
-// (src/ops/cuda/README.md).
-enum class DecodeKernel : uint8_t { kCpu, kHopper, kTensorCore, kCudaCore };
-
-// The kernel paged_attention_v1 / v2 run for this query and these caches on their device.
+// The kernel paged_attention_v1 / v2 run for this query and these caches on their device under
+// the choice `kernel` (AttentionKernel): never kAuto; ValueError when a named kernel does not
+// cover the call or does not run on the arrays' device.
 //   query: [num_seqs, num_heads, head_size]; caches as for paged_attention_v1
-DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
-                           const TensorView& value_cache, int num_kv_heads,
-                           KVCacheDType kv_cache_dtype);
+AttentionKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              KVCacheDType kv_cache_dtype,
+                              AttentionKernel kernel = AttentionKernel::kAuto);
 
 // The split-K choice: the partition (keys) for paged_attention_v2, or 0 where the single pass
 // (paged_attention_v1) is better. On a GPU every kernel runs one CTA per (sequence, KV head,
@@ -125,14 +161,16 @@ DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
 // Each within 2 % of the best fixed size on the H100 benchmark shapes (benchmarks/RESULTS.md).
 // On the CPU, vLLM's rule: kPartitionSize-key partitions (rounded up to whole blocks) when the
 // context spans several and the batch is small (num_seqs * num_heads <= 512), or past 8192 keys.
-int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int num_kv_heads,
+int decode_partition_size(AttentionKernel kernel, int num_seqs, int num_heads, int num_kv_heads,
                           int max_seq_len, int block_size, int num_sms,
                           KVCacheDType kv_cache_dtype);
 
-// The same for a call: decode_kernel's kernel and the query's GPU (its multiprocessors).
+// The same for a call: decode_kernel's kernel (under the choice `kernel`) and the query's GPU
+// (its multiprocessors).
 int decode_partition_size(const TensorView& query, const TensorView& key_cache,
                           const TensorView& value_cache, int num_kv_heads, int max_seq_len,
-                          KVCacheDType kv_cache_dtype);
+                          KVCacheDType kv_cache_dtype,
+                          AttentionKernel kernel = AttentionKernel::kAuto);
 
 // Prefill / extend attention (chunked prefill, prefix reuse): the query tokens of each sequence
 // attend causally to the sequence's cached context (from the paged cache) and to themselves.
@@ -162,6 +200,11 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
 // block_mapping [n, 2] int64 (src block in `src`, dst block in `dst`), on the CPU.
 void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping,
                  Stream stream = nullptr);
+
+// Profiling builds (CMake option PAGEDKV_DECODE_TIMELINE) only: the file each Hopper decode call
+// appends its CTAs' timer stamps to, synchronising its stream ("" stops; read by
+// benchmarks/decode_timeline.py). Other builds raise ValueError.
+void set_decode_timeline_file(std::string_view path);
 
 }  // namespace ops
 }  // namespace pagedkv

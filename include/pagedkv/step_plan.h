@@ -1,4 +1,5 @@
-// StepPlan: what one engine step runs, as flat metadata (DESIGN.md "The metadata contract").
+// StepPlan: what one engine step runs, as flat metadata (docs/metadata.md: every array's shape,
+// dtype, meaning and padding, and what the engine must do with a plan).
 //
 // Batch order: prefill entries first, then decode entries. Buffers are preallocated once with
 // their maximum size; only the first num_tokens / num_seqs elements of this step are valid, and

@@ -362,20 +362,28 @@ class Scheduler:
     def kv_cache_usage(self) -> float:
         """Fraction of device blocks in use (0..1)"""
 
-def ops_reshape_and_cache(key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, slot_mapping: NDArray, kv_cache_dtype: str, k_scale: float, v_scale: float, flash: bool, stream: int = 0) -> None:
+KV_CACHE_DTYPES: tuple = ('auto', 'fp8', 'fp8_e4m3', 'fp8_e5m2')
+
+ATTENTION_KERNELS: tuple = ...
+
+SUPPORTED_HEAD_SIZES: tuple = (32, 64, 80, 96, 112, 120, 128, 192, 256)
+
+PARTITION_SIZE: int = 512
+
+def ops_reshape_and_cache(key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, slot_mapping: NDArray, kv_cache_dtype: str, k_scale: float, v_scale: float, flash: bool, stream: int = 0, k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """
     Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at slot_mapping (vLLM layout, or NHD when flash=True).
     """
 
-def ops_paged_attention_v1(out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0) -> None:
+def ops_paged_attention_v1(out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """Decode attention over a paged KV cache, single pass; writes `out`."""
 
-def ops_paged_attention_v2(out: NDArray, exp_sums: NDArray, max_logits: NDArray, tmp_out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, partition_size: int = 512, stream: int = 0) -> None:
+def ops_paged_attention_v2(out: NDArray, exp_sums: NDArray, max_logits: NDArray, tmp_out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, partition_size: int = 512, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """
     Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.
     """
 
-def ops_context_attention_fwd(out: NDArray, query: NDArray, key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, block_tables: NDArray, query_start_loc: NDArray, seq_lens: NDArray, max_query_len: int, scale: float, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0) -> None:
+def ops_context_attention_fwd(out: NDArray, query: NDArray, key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, block_tables: NDArray, query_start_loc: NDArray, seq_lens: NDArray, max_query_len: int, scale: float, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """
     Prefill/extend attention: new tokens attend causally to the cached context and themselves; writes `out`.
     """
@@ -386,12 +394,12 @@ def ops_copy_blocks(key_caches: Sequence[NDArray], value_caches: Sequence[NDArra
 def ops_swap_blocks(src: NDArray, dst: NDArray, block_mapping: NDArray, stream: int = 0) -> None:
     """Copies blocks from src to dst (host <-> device or host <-> host)."""
 
-def ops_decode_kernel(query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, kv_cache_dtype: str) -> str:
+def ops_decode_kernel(query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, kv_cache_dtype: str, kernel: str = 'auto') -> str:
     """
-    The decode kernel paged_attention_v1 / v2 run for this call: 'cpu', 'hopper', 'tensor_core' or 'cuda_core'.
+    The decode kernel paged_attention_v1 / v2 run for this call under the choice `kernel`: 'cpu', 'hopper', 'tensor_core' or 'cuda_core'.
     """
 
-def ops_decode_partition_size(query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, max_seq_len: int, kv_cache_dtype: str) -> int:
+def ops_decode_partition_size(query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, max_seq_len: int, kv_cache_dtype: str, kernel: str = 'auto') -> int:
     """
     The split-K partition for paged_attention_v2 on this call's kernel and device, or 0 for the single pass (paged_attention_v1).
     """
@@ -401,7 +409,40 @@ def ops_decode_partition_rule(kernel: str, num_seqs: int, num_heads: int, num_kv
 
 def ops_num_threads() -> int:
     """
-    Threads used by the CPU kernels (PAGEDKV_NUM_THREADS, else the usable CPUs).
+    Threads used by the CPU kernels (ops_set_num_threads's count, else the usable CPUs).
+    """
+
+def ops_set_num_threads(n: int) -> None:
+    """
+    Fixes the CPU kernels' thread count before their first use (ValueError afterwards unless it is the count in use).
+    """
+
+def ops_set_decode_timeline_file(path: str) -> None:
+    """
+    Profiling builds (PAGEDKV_DECODE_TIMELINE=ON): the file each Hopper decode call appends its per-CTA timer stamps to ('' stops); ValueError in other builds.
+    """
+
+def moe_topk_softmax(topk_weights: NDArray, topk_ids: NDArray, gating_output: NDArray, renormalize: bool, stream: int = 0) -> None:
+    """
+    Softmax over the experts, then the top-k weights [T, k] float32 and ids [T, k] int32.
+    """
+
+def moe_max_padded_tokens(num_pairs: int, num_experts: int, block_size: int) -> int:
+    """Length of sorted_token_ids for moe_align_block_size."""
+
+def moe_align_block_size(topk_ids: NDArray, num_experts: int, block_size: int, sorted_token_ids: NDArray, expert_ids: NDArray, num_tokens_post_pad: NDArray, stream: int = 0) -> None:
+    """
+    Sorts the (token, slot) pairs by expert into groups padded to block_size.
+    """
+
+def moe_grouped_gemm(out: NDArray, a: NDArray, w: NDArray, sorted_token_ids: NDArray, expert_ids: NDArray, num_tokens_post_pad: NDArray, top_k: int, block_size: int, topk_weights: NDArray | None, stream: int = 0) -> None:
+    """
+    Grouped GEMM over the expert blocks: out[i] = a[i / top_k] . w[expert]^T (* topk_weights[i]).
+    """
+
+def quant_int4_gemm(out: NDArray, x: NDArray, qweight: NDArray, scales: NDArray, zeros: NDArray, group_size: int, stream: int = 0) -> None:
+    """
+    out [M, N] = x [M, K] . W^T with W[n, k] = (q[n, k] - zeros[n, k / G]) * scales[n, k / G] (qweight [N, K / 2] uint8, two 4-bit codes per byte, low nibble first).
     """
 
 def ops_rms_norm(out: NDArray, input: NDArray, weight: NDArray, epsilon: float, weight_offset: float = 0.0, stream: int = 0) -> None:
@@ -418,4 +459,14 @@ def ops_rotary_embedding(positions: NDArray, query: NDArray, key: NDArray | None
 def ops_act_and_mul(activation: str, out: NDArray, input: NDArray, stream: int = 0) -> None:
     """
     out[..., d] = act(input[..., :d]) * input[..., d:] (act: silu, gelu, gelu_tanh).
+    """
+
+def ops_top_k_top_p_threshold(thresholds: NDArray, probs: NDArray, top_k: NDArray, top_p: NDArray, min_p: NDArray, stream: int = 0) -> None:
+    """
+    Per row of probs, the value above which top-k / top-p / min-p sampling keeps tokens.
+    """
+
+def ops_sample_exponential_race(tokens: NDArray, probs: NDArray, thresholds: NDArray, keys: NDArray, stream: int = 0) -> None:
+    """
+    One token per row of probs (those >= thresholds), by the exponential race keyed by keys.
     """

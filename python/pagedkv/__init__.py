@@ -9,8 +9,10 @@ server. Only numpy is needed to import it; the engine needs torch, and is import
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
+from pagedkv import _C
 from pagedkv._C import __version__, build_info, cuda_available, cuda_device_count
 
 if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run)
@@ -61,6 +63,20 @@ _LAZY = {
     "LLMEngine": "pagedkv.engine.llm_engine",
     "AsyncLLMEngine": "pagedkv.engine.async_llm_engine",
 }
+
+
+def _set_cpu_threads() -> None:
+    """PAGEDKV_NUM_THREADS: the CPU kernels' thread count (default: the usable CPUs), read here
+    once, before any kernel runs; the C++ library reads no environment variables."""
+    value = os.environ.get("PAGEDKV_NUM_THREADS", "").strip()
+    if not value:
+        return
+    if not value.isdigit() or int(value) == 0:
+        raise ValueError(f"PAGEDKV_NUM_THREADS must be a positive integer, got {value!r}")
+    _C.ops_set_num_threads(int(value))
+
+
+_set_cpu_threads()
 
 
 def __getattr__(name: str) -> Any:

@@ -1,27 +1,32 @@
-"""``PagedAttention``: vLLM's paged-attention front end (seed 001) over pagedkv's kernels.
+"""``PagedAttention``: vLLM's paged-attention front end over pagedkv's kernels.
 
 The static methods keep vLLM's names and argument order, so model code written for vLLM's
 ``PagedAttention`` runs unchanged. They accept torch tensors (CPU now, CUDA when built), numpy
 and cupy arrays; outputs are allocated in the caller's framework on the caller's device.
-Keyword-only extras (``logits_soft_cap``, ``sliding_window``, ``scale``, ``stream``) come last.
+Keyword-only extras (``logits_soft_cap``, ``sliding_window``, ``scale``, ``stream``, ``kernel``:
+see pagedkv.ops) come last. The caches may use either layout (vLLM 5-D or NHD 4-D, told apart by
+the key cache's rank) in every method.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, List, Optional, Tuple
 
 from pagedkv import _C, _tensor, ops
 
 _PARTITION_SIZE = ops.PARTITION_SIZE
+_CACHE_LAYOUTS = ("vLLM [num_blocks, num_kv_heads, head_size/x, block_size, x] or NHD "
+                  "[num_blocks, block_size, num_kv_heads, head_size]")
 
 
 def decode_partition_size(num_seqs: int, num_heads: int, num_kv_heads: int, max_seq_len: int,
                           block_size: int, num_sms: int, kernel: str,
                           kv_cache_dtype: str = "auto") -> int:
     """The library's split-K rule (C++ ``pagedkv::ops::decode_partition_size``, documented in
-    include/pagedkv/ops.h) for a given decode kernel ("cpu", "hopper", "tensor_core",
-    "cuda_core"; see ops.decode_kernel) on a GPU of ``num_sms`` multiprocessors: the
+    include/pagedkv/ops.h) for a given decode kernel (one of ops.ATTENTION_KERNELS but "auto";
+    see ops.decode_kernel) on a GPU of ``num_sms`` multiprocessors: the
     partition for paged_attention_v2, or 0 for the single pass. A call's own choice is
     ops.decode_partition_size(query, key_cache, value_cache, ...)."""
     if not isinstance(kernel, str):
@@ -59,12 +64,22 @@ def _view(x: Any, shape: Tuple[int, ...]) -> Any:
 class PagedAttention:
     @staticmethod
     def get_supported_head_sizes() -> List[int]:
-        return [32, 64, 80, 96, 112, 120, 128, 192, 256]
+        return list(ops.SUPPORTED_HEAD_SIZES)
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
                            head_size: int) -> Tuple[int, ...]:
-        return (2, num_blocks, block_size * num_kv_heads * head_size)
+        """(2, num_blocks, block_size * num_kv_heads * head_size); every size a positive
+        integer (a float, zero or a negative size would give a shape no cache can have)."""
+        sizes = {"num_blocks": num_blocks, "block_size": block_size,
+                 "num_kv_heads": num_kv_heads, "head_size": head_size}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, got {type(value).__name__} "
+                                f"{value!r}")
+            if value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        return (2, int(num_blocks), int(block_size) * int(num_kv_heads) * int(head_size))
 
     @staticmethod
     def split_kv_cache(kv_cache: Any, num_kv_heads: int, head_size: int) -> Tuple[Any, Any]:
@@ -94,9 +109,14 @@ class PagedAttention:
     def write_to_paged_cache(key: Any, value: Any, key_cache: Any, value_cache: Any,
                              slot_mapping: Any, kv_cache_dtype: str, k_scale: Any, v_scale: Any,
                              *, stream: Any = None) -> None:
+        """Writes key/value [num_tokens, num_kv_heads, head_size] at slot_mapping into caches of
+        either layout (vLLM 5-D: reshape_and_cache; NHD 4-D: reshape_and_cache_flash)."""
         _tensor.check_array(slot_mapping, "slot_mapping")
-        ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping.reshape(-1),
-                              kv_cache_dtype, k_scale, v_scale, stream=stream)
+        _tensor.check_array(key_cache, "key_cache")
+        _check_rank(key_cache, "key_cache", (5, 4), _CACHE_LAYOUTS)
+        write = ops.reshape_and_cache if len(key_cache.shape) == 5 else ops.reshape_and_cache_flash
+        write(key, value, key_cache, value_cache, slot_mapping.reshape(-1), kv_cache_dtype,
+              k_scale, v_scale, stream=stream)
 
     @staticmethod
     def forward_decode(query: Any, key_cache: Any, value_cache: Any, block_tables: Any,
@@ -106,7 +126,7 @@ class PagedAttention:
                        blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
                        blocksparse_head_sliding_step: int = 0, *,
                        logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
-                       stream: Any = None) -> Any:
+                       stream: Any = None, kernel: str = "auto") -> Any:
         """Decode attention; returns the output [num_seqs, num_heads, head_size] like query.
         The split-K partition is the library's (ops.decode_partition_size): on CUDA, split only
         when the batch leaves the GPU under-filled, for the kernel that runs; on the CPU,
@@ -115,20 +135,18 @@ class PagedAttention:
         _tensor.check_array(query, "query")
         _tensor.check_array(key_cache, "key_cache")
         _check_rank(query, "query", (3,), "[num_seqs, num_heads, head_size]")
-        _check_rank(key_cache, "key_cache", (5, 4),
-                    "vLLM [num_blocks, num_kv_heads, head_size/x, block_size, x] or NHD "
-                    "[num_blocks, block_size, num_kv_heads, head_size]")
+        _check_rank(key_cache, "key_cache", (5, 4), _CACHE_LAYOUTS)
         max_seq_len = ops._int(max_seq_len, "max_seq_len")
         num_kv_heads = ops._int(num_kv_heads, "num_kv_heads")
         output = _tensor.empty(query.shape, _tensor.dtype_name(query), like=query)
         block_size = int(key_cache.shape[3] if len(key_cache.shape) == 5 else key_cache.shape[1])
         num_seqs, num_heads, head_size = (int(s) for s in query.shape)
         partition_size = ops.decode_partition_size(query, key_cache, value_cache, num_kv_heads,
-                                                   max_seq_len, kv_cache_dtype)
+                                                   max_seq_len, kv_cache_dtype, kernel)
         use_v1 = partition_size == 0
         max_num_partitions = (max_seq_len + partition_size - 1) // max(1, partition_size)
         common = dict(logits_soft_cap=logits_soft_cap, sliding_window=sliding_window,
-                      stream=stream)
+                      stream=stream, kernel=kernel)
         if use_v1:
             ops.paged_attention_v1(output, query, key_cache, value_cache, num_kv_heads, scale,
                                    block_tables, seq_lens, block_size, max_seq_len, alibi_slopes,
@@ -160,7 +178,7 @@ class PagedAttention:
                        seq_lens_tensor: Any, max_query_len: int, alibi_slopes: Optional[Any],
                        sliding_window: Optional[int], k_scale: Any, v_scale: Any, *,
                        scale: Optional[float] = None, logits_soft_cap: float = 0.0,
-                       stream: Any = None) -> Any:
+                       stream: Any = None, kernel: str = "auto") -> Any:
         """Prefill / extend attention: the new tokens (query/key/value [num_tokens, heads,
         head_size]) attend causally to their sequence's cached context and to themselves.
         Returns the output like query. scale defaults to 1/sqrt(head_size)."""
@@ -173,7 +191,7 @@ class PagedAttention:
                                   value_cache, block_tables, query_start_loc, seq_lens_tensor,
                                   None, max_query_len, k_scale, v_scale, alibi_slopes,
                                   sliding_window, sm_scale, logits_soft_cap=logits_soft_cap,
-                                  stream=stream)
+                                  stream=stream, kernel=kernel)
         return _tensor.finish(output, query)
 
     @staticmethod

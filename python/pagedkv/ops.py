@@ -6,8 +6,10 @@ the device of the arrays: the C++ CPU kernels for host arrays, the CUDA kernels 
 (on ``stream``: an int handle, a ``torch.cuda.Stream`` or a cupy stream of the arrays' GPU; by
 default the caller's current torch / cupy stream).
 
-``k_scale`` / ``v_scale`` may be Python floats or 1-element arrays; they are read on the host,
-so a CUDA tensor scale costs one device synchronisation per call (pass floats in hot loops).
+``k_scale`` / ``v_scale`` (fp8 caches) may be numbers or 1-element arrays. A float32 array is
+handed to the kernels, which read it on its device: a CUDA tensor scale (what vLLM passes) costs
+no host synchronisation, and a captured CUDA graph reads its value at each replay. Host arrays of
+other float dtypes are read on the host; CUDA arrays must be float32.
 
 Arrays an op only reads may be read-only (numpy ``setflags(write=False)``, ``np.broadcast_to``,
 a read-only memmap); what it writes (``out``, the caches of the cache writes, ``dst``, ...) must
@@ -17,6 +19,13 @@ view): ValueError naming both. On CUDA the 1-D metadata (seq_lens, query_start_l
 slot_mapping, alibi_slopes) and block-table rows must be contiguous. Integer arguments take
 ints, integer scalars or integral floats that fit in int32. Empty batches (0 sequences /
 tokens / mapping rows) are no-ops. Errors name the argument.
+
+The attention ops take ``kernel`` (one of ``ATTENTION_KERNELS``): ``"auto"`` runs the first
+kernel that covers the call; a named one (``"hopper"``, ``"tensor_core"``, ``"cuda_core"`` on a
+GPU, ``"cpu"`` on the host) is required, and a call it does not cover raises ValueError saying
+why (docs/kernels.md). The vocabularies the ops share (``KV_CACHE_DTYPES``,
+``SUPPORTED_HEAD_SIZES``, ``PARTITION_SIZE``, ``ATTENTION_KERNELS``) are defined once in
+include/pagedkv/ops.h and read from there.
 """
 
 from __future__ import annotations
@@ -29,8 +38,8 @@ from typing import Any, Optional, Sequence
 from pagedkv import _C
 from pagedkv._tensor import check_array, is_cuda, stream_handle
 
-# The fused layer ops (norms, rotary, gated activations) live in their own module; they are
-# re-exported here, beside the attention ops, under vLLM's names.
+# The fused layer ops (norms, rotary, gated activations) and the sampling thresholds live in
+# their own modules; they are re-exported here, beside the attention ops.
 from pagedkv.layer_ops import (
     fused_add_rms_norm,
     gelu_and_mul,
@@ -39,6 +48,7 @@ from pagedkv.layer_ops import (
     rotary_embedding,
     silu_and_mul,
 )
+from pagedkv.sampling_ops import sample_exponential_race, top_k_top_p_threshold
 
 __all__ = [
     "reshape_and_cache",
@@ -57,10 +67,21 @@ __all__ = [
     "silu_and_mul",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "KV_CACHE_DTYPES",
+    "SUPPORTED_HEAD_SIZES",
+    "ATTENTION_KERNELS",
+    "top_k_top_p_threshold",
+    "sample_exponential_race",
 ]
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).
-PARTITION_SIZE = 512
+PARTITION_SIZE: int = _C.PARTITION_SIZE
+#: kv_cache_dtype names ("fp8" = "fp8_e4m3"), in vLLM's order.
+KV_CACHE_DTYPES: tuple[str, ...] = _C.KV_CACHE_DTYPES
+#: Head sizes every attention op supports.
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = _C.SUPPORTED_HEAD_SIZES
+#: Values of the attention ops' ``kernel`` argument ("auto" first).
+ATTENTION_KERNELS: tuple[str, ...] = _C.ATTENTION_KERNELS
 
 
 def _scalar(x: Any, name: str) -> float:
@@ -76,6 +97,35 @@ def _scalar(x: Any, name: str) -> float:
                              f"{tuple(x.shape)}")
         return float(x.reshape(()).item() if hasattr(x, "reshape") else x.item())
     raise TypeError(f"{name} must be a float or a 1-element array, got {type(x).__name__}")
+
+
+def _scale(x: Any, name: str) -> tuple[float, Any]:
+    """An fp8 scale as the ops take it: (number, None), or (1.0, a 1-element float32 array) that
+    the kernels read on the array's device (no host synchronisation)."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):  # numpy scalars too
+        return float(x), None
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TypeError(f"{name} must be a number or a 1-element array, got {type(x).__name__}")
+    size = 1
+    for s in x.shape:
+        size *= int(s)
+    if size != 1:
+        raise ValueError(f"{name} must be a number or a 1-element array, got shape "
+                         f"{tuple(int(s) for s in x.shape)}")
+    if str(x.dtype).rsplit(".", 1)[-1] == "float32":
+        check_array(x, name)
+        return 1.0, x
+    if is_cuda(x):
+        raise TypeError(f"{name} on the GPU must be float32 (the kernels read it there), got "
+                        f"{x.dtype}")
+    return float(x.reshape(()).item() if hasattr(x, "reshape") else x.item()), None
+
+
+def _scale_args(k_scale: Any, v_scale: Any) -> tuple[float, float, dict]:
+    """k_scale / v_scale for the bindings: the two numbers, and the arrays as keywords."""
+    k, k_array = _scale(k_scale, "k_scale")
+    v, v_array = _scale(v_scale, "v_scale")
+    return k, v, {"k_scale_array": k_array, "v_scale_array": v_array}
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -121,10 +171,10 @@ def _arrays(**arrays: Any) -> None:
         check_array(a, name)
         dtype = str(getattr(a, "dtype", ""))
         if "float8" in dtype:  # torch.float8_e4m3fn, ml_dtypes.float8_e5m2, ...
+            fp8_names = ", ".join(repr(n) for n in KV_CACHE_DTYPES if n != "auto")
             raise TypeError(f"{name} has dtype {dtype}: fp8 KV caches are uint8 arrays holding "
                             f"the fp8 bytes (torch: cache.view(torch.uint8), numpy: "
-                            f"cache.view(np.uint8)) with kv_cache_dtype='fp8', 'fp8_e4m3' or "
-                            f"'fp8_e5m2'")
+                            f"cache.view(np.uint8)) with kv_cache_dtype {fp8_names}")
 
 
 def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
@@ -135,10 +185,10 @@ def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, sl
     num_kv_heads, head_size, block_size]) at ``slot_mapping`` (int64; negative = skip)."""
     _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
             slot_mapping=slot_mapping)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                             _str(kv_cache_dtype, "kv_cache_dtype"), _scalar(k_scale, "k_scale"),
-                             _scalar(v_scale, "v_scale"), False,
-                             stream_handle(stream, key))
+                             _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs, False,
+                             stream_handle(stream, key), **arrays)
 
 
 def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: Any,
@@ -148,10 +198,10 @@ def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: A
     head_size]."""
     _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
             slot_mapping=slot_mapping)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                             _str(kv_cache_dtype, "kv_cache_dtype"), _scalar(k_scale, "k_scale"),
-                             _scalar(v_scale, "v_scale"), True,
-                             stream_handle(stream, key))
+                             _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs, True,
+                             stream_handle(stream, key), **arrays)
 
 
 def _block_size(key_cache: Any, block_size: Optional[int]) -> None:
@@ -174,20 +224,21 @@ def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
                        blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
                        blocksparse_head_sliding_step: int = 0, *,
                        logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
-                       stream: Any = None) -> None:
+                       stream: Any = None, kernel: str = "auto") -> None:
     """Decode attention (one query token per sequence), written into ``out``
     [num_seqs, num_heads, head_size]. Blocksparse attention is not supported."""
     _arrays(out=out, query=query, key_cache=key_cache, value_cache=value_cache,
             block_tables=block_tables, seq_lens=seq_lens, alibi_slopes=alibi_slopes)
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_paged_attention_v1(out, query, key_cache, value_cache,
                               _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
                               block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
-                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"),
-                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
                               _scalar(logits_soft_cap, "logits_soft_cap"),
-                              _window(sliding_window), stream_handle(stream, query))
+                              _window(sliding_window), stream_handle(stream, query),
+                              _str(kernel, "kernel"), **arrays)
 
 
 def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, query: Any,
@@ -199,7 +250,7 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
                        blocksparse_block_size: int = 64, blocksparse_head_sliding_step: int = 0,
                        *, logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
                        partition_size: int = PARTITION_SIZE,
-                       stream: Any = None) -> None:
+                       stream: Any = None, kernel: str = "auto") -> None:
     """Partitioned decode attention. exp_sums / max_logits [num_seqs, num_heads, partitions]
     float32 receive each partition's sum of exp(logit - max) and max logit, tmp_out
     [num_seqs, num_heads, partitions, head_size] (float32, or the query dtype) its normalised
@@ -209,36 +260,40 @@ def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, q
             seq_lens=seq_lens, alibi_slopes=alibi_slopes)
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
                               _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
                               block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
-                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"),
-                              _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
                               _scalar(logits_soft_cap, "logits_soft_cap"),
                               _window(sliding_window), _int(partition_size, "partition_size"),
-                              stream_handle(stream, query))
+                              stream_handle(stream, query), _str(kernel, "kernel"), **arrays)
 
 
 def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
-                  kv_cache_dtype: str = "auto") -> str:
-    """The kernel paged_attention_v1 / v2 run for this query and these caches on their device:
-    ``"cpu"``, or on a GPU ``"hopper"`` (sm_90, NHD caches), ``"tensor_core"`` or
-    ``"cuda_core"`` (the first that covers the call; src/ops/cuda/README.md)."""
+                  kv_cache_dtype: str = "auto", kernel: str = "auto") -> str:
+    """The kernel paged_attention_v1 / v2 run for this query and these caches on their device
+    under the choice ``kernel``: ``"cpu"``, or on a GPU ``"hopper"`` (sm_90, NHD caches),
+    ``"tensor_core"`` or ``"cuda_core"`` (with "auto", the first that covers the call;
+    docs/kernels.md). A named kernel that does not cover the call raises ValueError."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
     return _C.ops_decode_kernel(query, key_cache, value_cache, _int(num_kv_heads, "num_kv_heads"),
-                                _str(kv_cache_dtype, "kv_cache_dtype"))
+                                _str(kv_cache_dtype, "kv_cache_dtype"), _str(kernel, "kernel"))
 
 
 def decode_partition_size(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
-                          max_seq_len: int, kv_cache_dtype: str = "auto") -> int:
-    """The split-K partition (keys) for paged_attention_v2 on this call's kernel and device, or 0
-    where the single pass (paged_attention_v1) is better. It depends on the shapes, dtypes and
-    device alone (not on array values), so a captured CUDA graph keeps its choice valid."""
+                          max_seq_len: int, kv_cache_dtype: str = "auto",
+                          kernel: str = "auto") -> int:
+    """The split-K partition (keys) for paged_attention_v2 on this call's kernel (under the
+    choice ``kernel``) and device, or 0 where the single pass (paged_attention_v1) is better. It
+    depends on the shapes, dtypes and device alone (not on array values), so a captured CUDA
+    graph keeps its choice valid."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
     return _C.ops_decode_partition_size(query, key_cache, value_cache,
                                         _int(num_kv_heads, "num_kv_heads"),
                                         _int(max_seq_len, "max_seq_len"),
-                                        _str(kv_cache_dtype, "kv_cache_dtype"))
+                                        _str(kv_cache_dtype, "kv_cache_dtype"),
+                                        _str(kernel, "kernel"))
 
 
 def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k_cache: Any,
@@ -247,7 +302,7 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
                           v_scale: Any = 1.0, alibi_slopes: Optional[Any] = None,
                           sliding_window: Optional[int] = None, sm_scale: Optional[float] = None,
                           skip_decode: bool = False, *, logits_soft_cap: float = 0.0,
-                          stream: Any = None) -> None:
+                          stream: Any = None, kernel: str = "auto") -> None:
     """Prefill / extend attention with a paged prefix (vLLM's prefix_prefill signature).
 
     q, o: [num_tokens, num_heads, head_size]; k, v: the new tokens [num_tokens, num_kv_heads,
@@ -265,12 +320,13 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
         scale = 1.0 / math.sqrt(max(1, int(q.shape[-1]))) if len(q.shape) else 1.0
     else:
         scale = _scalar(sm_scale, "sm_scale")
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_context_attention_fwd(o, q, k, v, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
                                  _int(max_input_len, "max_input_len"), scale, alibi_slopes,
-                                 _str(kv_cache_dtype, "kv_cache_dtype"),
-                                 _scalar(k_scale, "k_scale"), _scalar(v_scale, "v_scale"),
+                                 _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
                                  _scalar(logits_soft_cap, "logits_soft_cap"),
-                                 _window(sliding_window), stream_handle(stream, q))
+                                 _window(sliding_window), stream_handle(stream, q),
+                                 _str(kernel, "kernel"), **arrays)
 
 
 def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
@@ -300,3 +356,16 @@ def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Any = None) -
 def _no_blocksparse(vert_stride: Optional[int]) -> None:
     if vert_stride is not None and vert_stride > 1:
         raise ValueError("blocksparse_vert_stride > 1: blocksparse attention is not supported")
+
+
+# The mixture-of-experts and int4 kernels live in their own modules (one concept per file).
+from pagedkv.moe_ops import (  # noqa: E402
+    moe_align_block_size,
+    moe_grouped_gemm,
+    moe_max_padded_tokens,
+    topk_softmax,
+)
+from pagedkv.quant_ops import int4_gemm  # noqa: E402
+
+__all__ += ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens",
+            "int4_gemm"]

@@ -32,7 +32,7 @@ class TraceRequest:
     arrival_time: float
     prompt_len: int
     output_len: int
-    prefix_group: Optional[int] = None
+    prefix_group: Optional[Union[int, str]] = None
     prefix_len: Optional[int] = None
     priority: int = 0
 

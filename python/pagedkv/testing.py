@@ -90,6 +90,31 @@ PRESETS: dict[str, dict[str, Any]] = {
                      max_position_embeddings=256, do_layer_norm_before=True,
                      word_embed_proj_dim=64, activation_function="relu", enable_bias=True,
                      layer_norm_elementwise_affine=True, tie_word_embeddings=True),
+    "tiny-mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                         hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, intermediate_size=96,
+                         num_local_experts=4, num_experts_per_tok=2,
+                         max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False, hidden_act="silu", sliding_window=None),
+    # Layer 1 stays dense (mlp_only_layers), with its own intermediate size.
+    "tiny-qwen3-moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                           hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=32, intermediate_size=128,
+                           moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                           max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
+                           tie_word_embeddings=False, hidden_act="silu",
+                           use_sliding_window=False, attention_bias=False),
+    # A sigmoid-gated shared expert, q/k/v biases, top-k weights not renormalised.
+    "tiny-qwen2-moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
+                           hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128,
+                           moe_intermediate_size=48, shared_expert_intermediate_size=96,
+                           num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
+                           decoder_sparse_step=1, mlp_only_layers=[],
+                           max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
+                           tie_word_embeddings=True, hidden_act="silu",
+                           use_sliding_window=False),
 }
 
 
@@ -128,16 +153,45 @@ def _llama_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor
             if c.attention_bias:
                 t[p + f"self_attn.{name}.bias"] = _bias(g, out_f)
         t[p + "self_attn.o_proj.weight"] = _linear(g, h, q)
-        if c.attention_bias and c.architecture != "Qwen2ForCausalLM":  # as HF Llama/Mistral
-            t[p + "self_attn.o_proj.bias"] = _bias(g, h)
-        t[p + "mlp.gate_proj.weight"] = _linear(g, c.intermediate_size, h)
-        t[p + "mlp.up_proj.weight"] = _linear(g, c.intermediate_size, h)
-        t[p + "mlp.down_proj.weight"] = _linear(g, h, c.intermediate_size)
+        if c.qk_norm:  # Qwen3-MoE
+            t[p + "self_attn.q_norm.weight"] = _norm(g, c.head_dim)
+            t[p + "self_attn.k_norm.weight"] = _norm(g, c.head_dim)
+        if c.attention_bias and c.architecture not in ("Qwen2ForCausalLM",
+                                                       "Qwen2MoeForCausalLM"):
+            t[p + "self_attn.o_proj.bias"] = _bias(g, h)  # as HF Llama / Mistral
+        if c.moe is not None and c.moe.is_sparse(i):
+            t.update(_moe_tensors(c, g, p))
+        else:
+            t[p + "mlp.gate_proj.weight"] = _linear(g, c.intermediate_size, h)
+            t[p + "mlp.up_proj.weight"] = _linear(g, c.intermediate_size, h)
+            t[p + "mlp.down_proj.weight"] = _linear(g, h, c.intermediate_size)
         t[p + "input_layernorm.weight"] = _norm(g, h)
         t[p + "post_attention_layernorm.weight"] = _norm(g, h)
     t["model.norm.weight"] = _norm(g, h)
     if not c.tie_word_embeddings:
         t["lm_head.weight"] = _linear(g, c.vocab_size, h)
+    return t
+
+
+def _moe_tensors(c: ModelConfig, g: torch.Generator, p: str) -> dict[str, torch.Tensor]:
+    """A sparse layer's router and experts in the checkpoint layout of its architecture
+    (Mixtral: block_sparse_moe.experts.{e}.w1/w3/w2; Qwen: mlp.experts.{e}.gate/up/down_proj)."""
+    assert c.moe is not None
+    h, inter = c.hidden_size, c.moe.intermediate_size
+    mixtral = c.architecture == "MixtralForCausalLM"
+    block = p + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    t = {block + "gate.weight": _linear(g, c.moe.num_experts, h)}
+    for e in range(c.moe.num_experts):
+        t[f"{block}experts.{e}.{names[0]}.weight"] = _linear(g, inter, h)
+        t[f"{block}experts.{e}.{names[1]}.weight"] = _linear(g, inter, h)
+        t[f"{block}experts.{e}.{names[2]}.weight"] = _linear(g, h, inter)
+    shared = c.moe.shared_expert_intermediate_size
+    if shared:
+        t[block + "shared_expert.gate_proj.weight"] = _linear(g, shared, h)
+        t[block + "shared_expert.up_proj.weight"] = _linear(g, shared, h)
+        t[block + "shared_expert.down_proj.weight"] = _linear(g, h, shared)
+        t[block + "shared_expert_gate.weight"] = _linear(g, 1, h)
     return t
 
 
@@ -206,7 +260,8 @@ def _hand_written(config: ModelConfig) -> bool:
     """The families whose tensors this module lists itself (no transformers needed: GPU runs
     of the llama-1b preset)."""
     return not config.is_classifier and config.architecture in (
-        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM")
+        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM",
+        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def random_tensors(config: ModelConfig, seed: int = 0,

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ops/cpu/layer_ops.h"
+#include "ops/dispatch.h"
 #include "ops/validate.h"
 #ifdef PAGEDKV_WITH_CUDA
 #include "ops/cuda/layer_ops.h"
@@ -14,22 +15,7 @@
 namespace pagedkv::ops {
 namespace {
 
-// Runs `cuda` for arrays on the GPU, `cpu` otherwise (nothing for an empty call).
-template <typename Cpu, typename Cuda>
-void dispatch(const TensorView& first, int64_t items, const char* op, Cpu&& cpu, Cuda&& cuda) {
-#ifdef PAGEDKV_WITH_CUDA
-  if (first.device().is_cuda()) {
-    if (items > 0) cuda();
-    return;
-  }
-  (void)op;
-#else
-  (void)cuda;
-  PAGEDKV_CHECK(!first.device().is_cuda(), op, ": the arrays are on ", first.device().str(),
-                " but pagedkv was built without CUDA");
-#endif
-  if (items > 0) cpu();
-}
+using detail::dispatch;
 
 // A rank-1..3 float array with a contiguous last dimension (the rows of layer_rows.h).
 void check_layer_rows(const TensorView& t, std::string_view name) {

@@ -3,6 +3,7 @@
 #include "pagedkv/ops.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 #include <string>
 
@@ -15,14 +16,43 @@
 
 namespace pagedkv {
 
+namespace {
+
+// "'a', 'b' or 'c'" from a list of names (the error messages quote the one list).
+template <size_t N>
+std::string quoted_choices(const std::string_view (&names)[N]) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i) {
+    s += i == 0 ? "'" : i + 1 == N ? " or '" : ", '";
+    s += names[i];
+    s += "'";
+  }
+  return s;
+}
+
+}  // namespace
+
 KVCacheDType parse_kv_cache_dtype(std::string_view name) {
-  if (name == "auto") return KVCacheDType::kAuto;
-  if (name == "fp8" || name == "fp8_e4m3") return KVCacheDType::kFp8E4M3;
-  if (name == "fp8_e5m2") return KVCacheDType::kFp8E5M2;
-  throw ValueError(
-      ::pagedkv::detail::concat("kv_cache_dtype must be 'auto', 'fp8', 'fp8_e4m3' or "
-                                "'fp8_e5m2', got '",
-                                name, "'"));
+  static_assert(std::size(kKVCacheDTypeNames) == 4, "the parse below covers every name");
+  if (name == kKVCacheDTypeNames[0]) return KVCacheDType::kAuto;
+  if (name == kKVCacheDTypeNames[1] || name == kKVCacheDTypeNames[2]) {
+    return KVCacheDType::kFp8E4M3;
+  }
+  if (name == kKVCacheDTypeNames[3]) return KVCacheDType::kFp8E5M2;
+  throw ValueError(::pagedkv::detail::concat(
+      "kv_cache_dtype must be ", quoted_choices(kKVCacheDTypeNames), ", got '", name, "'"));
+}
+
+AttentionKernel parse_attention_kernel(std::string_view name) {
+  for (size_t i = 0; i < std::size(kAttentionKernelNames); ++i) {
+    if (name == kAttentionKernelNames[i]) return static_cast<AttentionKernel>(i);
+  }
+  throw ValueError(::pagedkv::detail::concat(
+      "kernel must be ", quoted_choices(kAttentionKernelNames), ", got '", name, "'"));
+}
+
+std::string_view attention_kernel_name(AttentionKernel kernel) {
+  return kAttentionKernelNames[static_cast<size_t>(kernel)];
 }
 
 bool is_supported_head_size(int head_size) {
@@ -69,7 +99,8 @@ bool no_work(const TensorView& first, int64_t items) {
 
 void check_cache_write(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       KVCacheDType kv_dtype, float k_scale, float v_scale, KVLayout layout) {
+                       KVCacheDType kv_dtype, const Scale& k_scale, const Scale& v_scale,
+                       KVLayout layout) {
   detail::check_devices({{&key, "key"},
                          {&value, "value"},
                          {&key_cache, "key_cache"},
@@ -84,7 +115,7 @@ void check_cache_write(const TensorView& key, const TensorView& value, const Ten
   PAGEDKV_CHECK(g.num_kv_heads == key.size(1) && g.head_size == key.size(2), "key has shape ",
                 key.shape_str(), " but key_cache holds ", g.num_kv_heads, " heads of size ",
                 g.head_size);
-  detail::check_scales(k_scale, v_scale);
+  detail::check_scales(k_scale, v_scale, key.device());
   check_dtype(slot_mapping, "slot_mapping", {DType::kInt64});
   check_ndim(slot_mapping, "slot_mapping", 1);
   detail::check_cuda_dense(slot_mapping, "slot_mapping");
@@ -144,7 +175,7 @@ CacheGeometry check_decode(const TensorView& out, const TensorView& query,
   check_dtype(seq_lens, "seq_lens", {DType::kInt32});
   check_shape(seq_lens, "seq_lens", {S});
   PAGEDKV_CHECK(max_seq_len >= 0, "max_seq_len must be >= 0, got ", max_seq_len);
-  detail::check_attention_options(opts, H);
+  detail::check_attention_options(opts, H, query.device());
   detail::check_cuda_dense(block_tables, "block_tables");
   detail::check_cuda_dense(seq_lens, "seq_lens");
   const TensorView none;
@@ -172,13 +203,15 @@ CacheGeometry check_decode(const TensorView& out, const TensorView& query,
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream) {
+                       KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
+                       Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kVLLM);
   if (no_work(key, slot_mapping.size(0))) return;
   PAGEDKV_DISPATCH(
       key, reshape_and_cache,
-      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+       cpu_ops::host_scale(k_scale), cpu_ops::host_scale(v_scale)),
       (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, stream));
   (void)stream;
 }
@@ -186,13 +219,14 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                             float k_scale, float v_scale, Stream stream) {
+                             const Scale& k_scale, const Scale& v_scale, Stream stream) {
   check_cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale,
                     v_scale, KVLayout::kNHD);
   if (no_work(key, slot_mapping.size(0))) return;
   PAGEDKV_DISPATCH(
       key, reshape_and_cache_flash,
-      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale),
+      (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
+       cpu_ops::host_scale(k_scale), cpu_ops::host_scale(v_scale)),
       (key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale, stream));
   (void)stream;
 }
@@ -281,16 +315,22 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
 
 namespace {
 
-// Validates a decode call's query and caches, then asks the backend which kernel runs it.
-DecodeKernel choose_decode(const TensorView& query, const TensorView& key_cache,
-                           const TensorView& value_cache, int num_kv_heads,
-                           KVCacheDType kv_cache_dtype, CacheGeometry& g) {
+// Validates a decode call's query and caches, then asks the backend which kernel runs it under
+// the choice `kernel`.
+AttentionKernel choose_decode(const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              KVCacheDType kv_cache_dtype, AttentionKernel kernel,
+                              CacheGeometry& g) {
   detail::check_devices(
       {{&query, "query"}, {&key_cache, "key_cache"}, {&value_cache, "value_cache"}});
   g = check_decode_query(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
-  if (!query.device().is_cuda()) return DecodeKernel::kCpu;
+  AttentionOptions o;
+  o.kernel = kernel;
+  detail::check_attention_options(o, query.size(1), query.device());
+  if (!query.device().is_cuda()) return AttentionKernel::kCpu;
 #ifdef PAGEDKV_WITH_CUDA
-  return cuda_ops::decode_kernel(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype);
+  return cuda_ops::decode_kernel(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype,
+                                 kernel);
 #else
   throw ValueError(::pagedkv::detail::concat("decode_kernel: the arrays are on ",
                                              query.device().str(),
@@ -300,14 +340,14 @@ DecodeKernel choose_decode(const TensorView& query, const TensorView& key_cache,
 
 }  // namespace
 
-DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
-                           const TensorView& value_cache, int num_kv_heads,
-                           KVCacheDType kv_cache_dtype) {
+AttentionKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              KVCacheDType kv_cache_dtype, AttentionKernel kernel) {
   CacheGeometry g;
-  return choose_decode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, g);
+  return choose_decode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel, g);
 }
 
-int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int num_kv_heads,
+int decode_partition_size(AttentionKernel kernel, int num_seqs, int num_heads, int num_kv_heads,
                           int max_seq_len, int block_size, int num_sms,
                           KVCacheDType kv_cache_dtype) {
   PAGEDKV_CHECK(num_seqs >= 0 && num_heads > 0 && num_kv_heads > 0 && num_sms >= 0,
@@ -319,17 +359,19 @@ int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int 
   PAGEDKV_CHECK(num_heads % num_kv_heads == 0, "num_kv_heads = ", num_kv_heads,
                 " must divide num_heads = ", num_heads);
   if (max_seq_len <= 0) return 0;
-  if (kernel == DecodeKernel::kCpu) {  // vLLM's rule, in whole blocks
+  PAGEDKV_CHECK(kernel != AttentionKernel::kAuto,
+                "kernel: the rule needs the kernel that runs ('auto' is a choice, not a kernel)");
+  if (kernel == AttentionKernel::kCpu) {  // vLLM's rule, in whole blocks
     const int parts = (max_seq_len + kPartitionSize - 1) / kPartitionSize;
     const bool v1 = max_seq_len <= 8192 && (parts == 1 || int64_t(num_seqs) * num_heads > 512);
     const int64_t size = (kPartitionSize + block_size - 1) / block_size * int64_t(block_size);
     return v1 || size >= max_seq_len ? 0 : static_cast<int>(size);
   }
   const bool fp8 = kv_cache_dtype != KVCacheDType::kAuto;
-  const bool hopper = kernel == DecodeKernel::kHopper;
-  const int heads_per_cta = kernel == DecodeKernel::kCudaCore ? 8 : 16;
+  const bool hopper = kernel == AttentionKernel::kHopper;
+  const int heads_per_cta = kernel == AttentionKernel::kCudaCore ? 8 : 16;
   const int per_sm = hopper                                ? (fp8 ? 4 : 1)
-                     : kernel == DecodeKernel::kTensorCore ? (fp8 ? 4 : 2)
+                     : kernel == AttentionKernel::kTensorCore ? (fp8 ? 4 : 2)
                                                            : 8;
   const int group = std::max(1, num_heads / num_kv_heads);
   const int64_t ctas = std::max<int64_t>(
@@ -349,16 +391,16 @@ int decode_partition_size(DecodeKernel kernel, int num_seqs, int num_heads, int 
 
 int decode_partition_size(const TensorView& query, const TensorView& key_cache,
                           const TensorView& value_cache, int num_kv_heads, int max_seq_len,
-                          KVCacheDType kv_cache_dtype) {
+                          KVCacheDType kv_cache_dtype, AttentionKernel kernel) {
   CacheGeometry g;
-  const DecodeKernel kernel =
-      choose_decode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, g);
+  const AttentionKernel runs =
+      choose_decode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel, g);
   PAGEDKV_CHECK(max_seq_len >= 0, "max_seq_len must be >= 0, got ", max_seq_len);
   int sms = 0;
 #ifdef PAGEDKV_WITH_CUDA
-  if (kernel != DecodeKernel::kCpu) sms = cuda_ops::sm_count(query.device().id);
+  if (runs != AttentionKernel::kCpu) sms = cuda_ops::sm_count(query.device().id);
 #endif
-  return decode_partition_size(kernel, static_cast<int>(query.size(0)),
+  return decode_partition_size(runs, static_cast<int>(query.size(0)),
                                static_cast<int>(query.size(1)), num_kv_heads, max_seq_len,
                                static_cast<int>(g.block_size), sms, kv_cache_dtype);
 }
@@ -405,7 +447,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   check_dtype(block_tables, "block_tables", {DType::kInt32});
   check_shape(block_tables, "block_tables", {n, -1});
   PAGEDKV_CHECK(max_query_len >= 0, "max_query_len must be >= 0, got ", max_query_len);
-  detail::check_attention_options(opts, H);
+  detail::check_attention_options(opts, H, query.device());
   detail::check_cuda_dense(block_tables, "block_tables");
   detail::check_cuda_dense(query_start_loc, "query_start_loc");
   detail::check_cuda_dense(seq_lens, "seq_lens");
@@ -509,6 +551,17 @@ void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView&
   }
   cpu_ops::swap_blocks(src, dst, block_mapping);
   (void)stream;
+}
+
+void set_decode_timeline_file(std::string_view path) {
+#ifdef PAGEDKV_WITH_CUDA
+  PAGEDKV_CHECK(cuda_ops::set_decode_timeline_file(path),
+                "set_decode_timeline_file: this build has no decode timeline (CMake option "
+                "PAGEDKV_DECODE_TIMELINE=ON)");
+#else
+  (void)path;
+  throw ValueError("set_decode_timeline_file: pagedkv was built without CUDA (no decode timeline)");
+#endif
 }
 
 }  // namespace ops

@@ -119,19 +119,40 @@ void check_rows(const TensorView& t, std::string_view name, int64_t n0, int64_t 
 }
 
 void check_head_size(int64_t head_size, std::string_view name) {
-  PAGEDKV_CHECK(is_supported_head_size(static_cast<int>(head_size)), name, ": head size ",
-                head_size,
-                " is not supported (supported: 32, 64, 80, 96, 112, 120, 128, 192, 256)");
+  if (is_supported_head_size(static_cast<int>(head_size))) return;
+  std::string sizes;
+  for (const int s : kSupportedHeadSizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(s);
+  PAGEDKV_CHECK(false, name, ": head size ", head_size, " is not supported (supported: ", sizes,
+                ")");
 }
 
-void check_scales(float k_scale, float v_scale) {
+namespace {
+
+void check_scale(const Scale& s, std::string_view name, const Device& device) {
+  float v = s.value;
+  if (s.array) {
+    const TensorView& a = *s.array;
+    check_data({{&a, name}});
+    check_dtype(a, name, {DType::kFloat32});
+    PAGEDKV_CHECK(a.numel() == 1, name, " must be a number or a 1-element array, got shape ",
+                  a.shape_str());
+    PAGEDKV_CHECK(same_device(a.device(), device), name, " is on ", a.device().str(),
+                  " but the op's arrays are on ", device.str());
+    if (a.device().is_cuda()) return;  // read by the kernels: checking it would synchronise
+    v = *a.data_as<const float>();
+  }
   // The fp8 writes store value / scale (the CPU as value * (1 / scale)): a scale whose
   // reciprocal overflows (below ~2.9e-39, denormals) would store 0 * inf = NaN for every zero on
   // the CPU and saturate on the GPU, so it is refused like 0.
-  PAGEDKV_CHECK(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(1.0f / k_scale),
-                "k_scale must be a positive finite number with a finite reciprocal, got ", k_scale);
-  PAGEDKV_CHECK(std::isfinite(v_scale) && v_scale > 0 && std::isfinite(1.0f / v_scale),
-                "v_scale must be a positive finite number with a finite reciprocal, got ", v_scale);
+  PAGEDKV_CHECK(std::isfinite(v) && v > 0 && std::isfinite(1.0f / v), name,
+                " must be a positive finite number with a finite reciprocal, got ", v);
+}
+
+}  // namespace
+
+void check_scales(const Scale& k_scale, const Scale& v_scale, const Device& device) {
+  check_scale(k_scale, "k_scale", device);
+  check_scale(v_scale, "v_scale", device);
 }
 
 CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCacheDType kv_dtype,
@@ -183,16 +204,20 @@ CacheGeometry check_kv_caches(const TensorView& kc, const TensorView& vc, KVCach
   return g;
 }
 
-void check_attention_options(const AttentionOptions& o, int64_t num_heads) {
+void check_attention_options(const AttentionOptions& o, int64_t num_heads, const Device& device) {
   PAGEDKV_CHECK(std::isfinite(o.scale), "scale must be finite, got ", o.scale);
   PAGEDKV_CHECK(std::isfinite(o.logits_soft_cap) && o.logits_soft_cap >= 0,
                 "logits_soft_cap must be >= 0 (0 = off), got ", o.logits_soft_cap);
-  check_scales(o.k_scale, o.v_scale);
+  check_scales(o.k_scale, o.v_scale, device);
   if (o.alibi_slopes) {
     check_dtype(*o.alibi_slopes, "alibi_slopes", {DType::kFloat32});
     check_shape(*o.alibi_slopes, "alibi_slopes", {num_heads});
     check_cuda_dense(*o.alibi_slopes, "alibi_slopes");
   }
+  const bool gpu_kernel = o.kernel != AttentionKernel::kAuto && o.kernel != AttentionKernel::kCpu;
+  PAGEDKV_CHECK(o.kernel == AttentionKernel::kAuto || gpu_kernel == device.is_cuda(), "kernel '",
+                attention_kernel_name(o.kernel), "' runs on ", gpu_kernel ? "CUDA" : "host",
+                " arrays, but the arrays are on ", device.str());
 }
 
 int64_t host_int(const TensorView& t, int64_t i) {

@@ -76,7 +76,9 @@ void check_float(const TensorView& t, std::string_view name);
 void check_rows(const TensorView& t, std::string_view name, int64_t n0, int64_t n1, int64_t d);
 
 void check_head_size(int64_t head_size, std::string_view name);
-void check_scales(float k_scale, float v_scale);
+// fp8 scales (Scale): numbers and host arrays positive and finite with a finite reciprocal; arrays
+// float32 with one element, on `device` (the op's arrays' device).
+void check_scales(const Scale& k_scale, const Scale& v_scale, const Device& device);
 
 // Validates key_cache / value_cache: layout (rank 5 = vLLM, rank 4 = NHD; `want` forces one),
 // dtype (the `dtype` of the data for "auto", uint8 for fp8), x = 16 / element_size, contiguity
@@ -84,8 +86,9 @@ void check_scales(float k_scale, float v_scale);
 CacheGeometry check_kv_caches(const TensorView& key_cache, const TensorView& value_cache,
                               KVCacheDType kv_dtype, DType dtype, const KVLayout* want);
 
-// Scale, soft-cap, ALiBi slopes ([num_heads] float32), fp8 scales.
-void check_attention_options(const AttentionOptions& o, int64_t num_heads);
+// Scale, soft-cap, ALiBi slopes ([num_heads] float32), fp8 scales, and a named kernel against the
+// device of the arrays (`device`: the query's).
+void check_attention_options(const AttentionOptions& o, int64_t num_heads, const Device& device);
 
 // Host-side value checks of the paged metadata for one sequence: its visible token range
 // [first, end) must lie inside its block-table row and its block ids inside [0, num_blocks).

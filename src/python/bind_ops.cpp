@@ -9,6 +9,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,9 +25,16 @@ using namespace nb::literals;
 namespace pagedkv::python {
 namespace {
 
+// A Scale from the Python layer's pair: the number, or the array when one is given.
+Scale make_scale(float value, const std::optional<InArray>& array, const char* name) {
+  if (array) return Scale(to_view(*array, name));
+  return Scale(value);
+}
+
 AttentionOptions make_options(float scale, const std::optional<InArray>& alibi_slopes,
                               float logits_soft_cap, int sliding_window,
-                              const std::string& kv_cache_dtype, float k_scale, float v_scale) {
+                              const std::string& kv_cache_dtype, const Scale& k_scale,
+                              const Scale& v_scale, const std::string& kernel) {
   AttentionOptions o;
   o.scale = scale;
   o.alibi_slopes = to_view(alibi_slopes, "alibi_slopes");
@@ -34,6 +43,7 @@ AttentionOptions make_options(float scale, const std::optional<InArray>& alibi_s
   o.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
   o.k_scale = k_scale;
   o.v_scale = v_scale;
+  o.kernel = parse_attention_kernel(kernel);
   return o;
 }
 
@@ -45,49 +55,52 @@ std::vector<TensorView> to_views(const std::vector<OutArray>& arrays, const char
   return views;
 }
 
-// Decode kernels by their Python names.
-constexpr std::pair<ops::DecodeKernel, const char*> kDecodeKernels[] = {
-    {ops::DecodeKernel::kCpu, "cpu"},
-    {ops::DecodeKernel::kHopper, "hopper"},
-    {ops::DecodeKernel::kTensorCore, "tensor_core"},
-    {ops::DecodeKernel::kCudaCore, "cuda_core"}};
-
-const char* kernel_name(ops::DecodeKernel k) {
-  for (const auto& [kernel, name] : kDecodeKernels) {
-    if (kernel == k) return name;
+// A C++ list as a Python tuple (the shared vocabularies of include/pagedkv/ops.h).
+template <typename T, size_t N>
+nb::tuple as_tuple(const T (&items)[N]) {
+  nb::list l;
+  for (const T& item : items) {
+    if constexpr (std::is_same_v<T, std::string_view>) {
+      l.append(nb::str(item.data(), item.size()));
+    } else {
+      l.append(item);
+    }
   }
-  return "cpu";
-}
-
-ops::DecodeKernel parse_kernel(const std::string& s) {
-  for (const auto& [kernel, name] : kDecodeKernels) {
-    if (s == name) return kernel;
-  }
-  throw ValueError("kernel must be 'cpu', 'hopper', 'tensor_core' or 'cuda_core', got '" + s + "'");
+  return nb::tuple(l);
 }
 
 }  // namespace
 
 void bind_ops(nb::module_& m) {
+  // The shared vocabularies, defined once in include/pagedkv/ops.h (pagedkv.ops re-exports them).
+  m.attr("KV_CACHE_DTYPES") = as_tuple(kKVCacheDTypeNames);
+  m.attr("ATTENTION_KERNELS") = as_tuple(kAttentionKernelNames);
+  m.attr("SUPPORTED_HEAD_SIZES") = as_tuple(kSupportedHeadSizes);
+  m.attr("PARTITION_SIZE") = kPartitionSize;
+
   m.def(
       "ops_reshape_and_cache",
       [](InArray key, InArray value, OutArray key_cache, OutArray value_cache, InArray slot_mapping,
          const std::string& kv_cache_dtype, float k_scale, float v_scale, bool flash,
-         uintptr_t stream) {
+         uintptr_t stream, std::optional<InArray> k_scale_array,
+         std::optional<InArray> v_scale_array) {
         const TensorView k = to_view(key, "key"), v = to_view(value, "value");
         const TensorView kc = to_view(key_cache, "key_cache");
         const TensorView vc = to_view(value_cache, "value_cache");
         const TensorView sm = to_view(slot_mapping, "slot_mapping");
         const KVCacheDType dt = parse_kv_cache_dtype(kv_cache_dtype);
+        const Scale ks = make_scale(k_scale, k_scale_array, "k_scale");
+        const Scale vs = make_scale(v_scale, v_scale_array, "v_scale");
         nb::gil_scoped_release release;
         if (flash) {
-          ops::reshape_and_cache_flash(k, v, kc, vc, sm, dt, k_scale, v_scale, to_stream(stream));
+          ops::reshape_and_cache_flash(k, v, kc, vc, sm, dt, ks, vs, to_stream(stream));
         } else {
-          ops::reshape_and_cache(k, v, kc, vc, sm, dt, k_scale, v_scale, to_stream(stream));
+          ops::reshape_and_cache(k, v, kc, vc, sm, dt, ks, vs, to_stream(stream));
         }
       },
       "key"_a, "value"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(), "slot_mapping"_a,
       "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a, "flash"_a, "stream"_a = 0,
+      "k_scale_array"_a.none() = nb::none(), "v_scale_array"_a.none() = nb::none(),
       "Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at "
       "slot_mapping (vLLM layout, or NHD when flash=True).");
 
@@ -96,9 +109,13 @@ void bind_ops(nb::module_& m) {
       [](OutArray out, InArray query, InArray key_cache, InArray value_cache, int num_kv_heads,
          float scale, InArray block_tables, InArray seq_lens, int max_seq_len,
          std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
-         float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream) {
-        const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
-                                                sliding_window, kv_cache_dtype, k_scale, v_scale);
+         float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream,
+         const std::string& kernel, std::optional<InArray> k_scale_array,
+         std::optional<InArray> v_scale_array) {
+        const AttentionOptions o = make_options(
+            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+            make_scale(k_scale, k_scale_array, "k_scale"),
+            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView kc = to_view(key_cache, "key_cache");
         const TensorView vc = to_view(value_cache, "value_cache");
@@ -111,7 +128,8 @@ void bind_ops(nb::module_& m) {
       "out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
       "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "max_seq_len"_a,
       "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
-      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
+      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0, "kernel"_a = "auto",
+      "k_scale_array"_a.none() = nb::none(), "v_scale_array"_a.none() = nb::none(),
       "Decode attention over a paged KV cache, single pass; writes `out`.");
 
   m.def(
@@ -121,9 +139,12 @@ void bind_ops(nb::module_& m) {
          InArray block_tables, InArray seq_lens, int max_seq_len,
          std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype, float k_scale,
          float v_scale, float logits_soft_cap, int sliding_window, int partition_size,
-         uintptr_t stream) {
-        const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
-                                                sliding_window, kv_cache_dtype, k_scale, v_scale);
+         uintptr_t stream, const std::string& kernel, std::optional<InArray> k_scale_array,
+         std::optional<InArray> v_scale_array) {
+        const AttentionOptions o = make_options(
+            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+            make_scale(k_scale, k_scale_array, "k_scale"),
+            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView es = to_view(exp_sums, "exp_sums");
         const TensorView ml = to_view(max_logits, "max_logits");
@@ -141,7 +162,8 @@ void bind_ops(nb::module_& m) {
       "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "max_seq_len"_a,
       "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
       "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "partition_size"_a = kPartitionSize,
-      "stream"_a = 0,
+      "stream"_a = 0, "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
+      "v_scale_array"_a.none() = nb::none(),
       "Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.");
 
   m.def(
@@ -150,9 +172,12 @@ void bind_ops(nb::module_& m) {
          InArray value_cache, InArray block_tables, InArray query_start_loc, InArray seq_lens,
          int max_query_len, float scale, std::optional<InArray> alibi_slopes,
          const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
-         int sliding_window, uintptr_t stream) {
-        const AttentionOptions o = make_options(scale, alibi_slopes, logits_soft_cap,
-                                                sliding_window, kv_cache_dtype, k_scale, v_scale);
+         int sliding_window, uintptr_t stream, const std::string& kernel,
+         std::optional<InArray> k_scale_array, std::optional<InArray> v_scale_array) {
+        const AttentionOptions o = make_options(
+            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+            make_scale(k_scale, k_scale_array, "k_scale"),
+            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView vk = to_view(key, "key"), vv = to_view(value, "value");
         const TensorView kc = to_view(key_cache, "key_cache");
@@ -168,6 +193,8 @@ void bind_ops(nb::module_& m) {
       "value_cache"_a.noconvert(), "block_tables"_a, "query_start_loc"_a, "seq_lens"_a,
       "max_query_len"_a, "scale"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a,
       "v_scale"_a, "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
+      "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
+      "v_scale_array"_a.none() = nb::none(),
       "Prefill/extend attention: new tokens attend causally to the cached context and "
       "themselves; writes `out`.");
 
@@ -198,28 +225,31 @@ void bind_ops(nb::module_& m) {
   m.def(
       "ops_decode_kernel",
       [](InArray query, InArray key_cache, InArray value_cache, int num_kv_heads,
-         const std::string& kv_cache_dtype) -> std::string {
+         const std::string& kv_cache_dtype, const std::string& kernel) -> std::string {
         // Views made in argument order, so the first bad argument is the one reported.
         const TensorView q = to_view(query, "query"), kc = to_view(key_cache, "key_cache");
         const TensorView vc = to_view(value_cache, "value_cache");
-        return kernel_name(
-            ops::decode_kernel(q, kc, vc, num_kv_heads, parse_kv_cache_dtype(kv_cache_dtype)));
+        return std::string(attention_kernel_name(
+            ops::decode_kernel(q, kc, vc, num_kv_heads, parse_kv_cache_dtype(kv_cache_dtype),
+                               parse_attention_kernel(kernel))));
       },
       "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "kv_cache_dtype"_a,
-      "The decode kernel paged_attention_v1 / v2 run for this call: 'cpu', 'hopper', "
-      "'tensor_core' or 'cuda_core'.");
+      "kernel"_a = "auto",
+      "The decode kernel paged_attention_v1 / v2 run for this call under the choice `kernel`: "
+      "'cpu', 'hopper', 'tensor_core' or 'cuda_core'.");
 
   m.def(
       "ops_decode_partition_size",
       [](InArray query, InArray key_cache, InArray value_cache, int num_kv_heads, int max_seq_len,
-         const std::string& kv_cache_dtype) {
+         const std::string& kv_cache_dtype, const std::string& kernel) {
         const TensorView q = to_view(query, "query"), kc = to_view(key_cache, "key_cache");
         const TensorView vc = to_view(value_cache, "value_cache");
         return ops::decode_partition_size(q, kc, vc, num_kv_heads, max_seq_len,
-                                          parse_kv_cache_dtype(kv_cache_dtype));
+                                          parse_kv_cache_dtype(kv_cache_dtype),
+                                          parse_attention_kernel(kernel));
       },
       "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "max_seq_len"_a,
-      "kv_cache_dtype"_a,
+      "kv_cache_dtype"_a, "kernel"_a = "auto",
       "The split-K partition for paged_attention_v2 on this call's kernel and device, or 0 "
       "for the single pass (paged_attention_v1).");
 
@@ -227,7 +257,7 @@ void bind_ops(nb::module_& m) {
       "ops_decode_partition_rule",
       [](const std::string& kernel, int num_seqs, int num_heads, int num_kv_heads, int max_seq_len,
          int block_size, int num_sms, const std::string& kv_cache_dtype) {
-        return ops::decode_partition_size(parse_kernel(kernel), num_seqs, num_heads, num_kv_heads,
+        return ops::decode_partition_size(parse_attention_kernel(kernel), num_seqs, num_heads, num_kv_heads,
                                           max_seq_len, block_size, num_sms,
                                           parse_kv_cache_dtype(kv_cache_dtype));
       },
@@ -236,7 +266,15 @@ void bind_ops(nb::module_& m) {
       "ops_decode_partition_size's rule for a given kernel and GPU size.");
 
   m.def("ops_num_threads", &cpu_ops::num_threads,
-        "Threads used by the CPU kernels (PAGEDKV_NUM_THREADS, else the usable CPUs).");
+        "Threads used by the CPU kernels (ops_set_num_threads's count, else the usable CPUs).");
+  m.def("ops_set_num_threads", &cpu_ops::set_num_threads, "n"_a,
+        "Fixes the CPU kernels' thread count before their first use (ValueError afterwards unless "
+        "it is the count in use).");
+  m.def(
+      "ops_set_decode_timeline_file",
+      [](const std::string& path) { ops::set_decode_timeline_file(path); }, "path"_a,
+      "Profiling builds (PAGEDKV_DECODE_TIMELINE=ON): the file each Hopper decode call appends "
+      "its per-CTA timer stamps to ('' stops); ValueError in other builds.");
 }
 
 }  // namespace pagedkv::python

@@ -98,6 +98,10 @@ void bind_prefix_cache(nb::class_<BlockAllocator>& cls) {
         TokenSpan t = to_tokens(tokens, "tokens");
         PAGEDKV_CHECK(t.size == static_cast<size_t>(a.block_size()),
                       "tokens must hold block_size (", a.block_size(), ") ids, got ", t.size);
+        // A negative id is no token: caching it would make a prefix no prompt can match.
+        for (size_t i = 0; i < t.size; ++i)
+          PAGEDKV_CHECK(t.data[i] >= 0, "tokens must be non-negative token ids, got ", t.data[i],
+                        " at index ", i);
         BlockHash h;
         Status s = a.try_cache_full_block(v[0], to_parent(parent), t.data, extra_key, &h);
         if (s == Status::kInvalidArgument)

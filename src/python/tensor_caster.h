@@ -24,7 +24,7 @@
 
 namespace pagedkv::python {
 
-enum class ArrayStatus : uint8_t { kOk, kReadOnly, kNotArray };
+enum class ArrayStatus : uint8_t { kOk, kReadOnly, kNotArray, kBigEndian };
 
 // An array argument as received from Python. `Writable`: the op writes it, so a read-only
 // array (numpy setflags(write=False), np.broadcast_to, a read-only memmap, a DLPack >= 1.0
@@ -65,6 +65,14 @@ TensorView to_view(const ArrayArg<Writable>& a, std::string_view arg) {
         " must be an array (numpy, torch, cupy, jax or any __dlpack__ / buffer-protocol "
         "object), got ",
         a.type_name, " (it could not be imported through DLPack or the buffer protocol)"));
+  }
+  if (a.status == ArrayStatus::kBigEndian) {
+    // DLPack has no byte order, so such an array cannot be imported; say so rather than
+    // "must be an array".
+    throw TypeError(
+        ::pagedkv::detail::concat(arg, " is a big-endian array (dtype ", a.type_name,
+                                  "): the ops take native byte order; convert it first, e.g. "
+                                  "arr.astype(arr.dtype.newbyteorder('='))"));
   }
   if (a.status == ArrayStatus::kReadOnly) {
     throw ValueError(::pagedkv::detail::concat(arg,
@@ -123,6 +131,10 @@ struct type_caster<pagedkv::python::ArrayArg<Writable>> {
       return true;
     }
     PyErr_Clear();
+    if (big_endian_dtype(src.ptr(), &value.type_name)) {
+      value.status = ArrayStatus::kBigEndian;
+      return true;
+    }
     value.status = ArrayStatus::kNotArray;
     PyObject* name =
         PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(src.ptr())), "__name__");
@@ -134,6 +146,26 @@ struct type_caster<pagedkv::python::ArrayArg<Writable>> {
   }
 
   static handle from_cpp(const Arg&, rv_policy, cleanup_list*) noexcept { return handle(); }
+
+  // True if `obj` has a numpy-style dtype whose byteorder is '>' (big-endian); `dtype_str`
+  // gets the dtype's str() ('>i4'). Never raises: any failure means "no".
+  static bool big_endian_dtype(PyObject* obj, std::string* dtype_str) noexcept {
+    PyObject* dtype = PyObject_GetAttrString(obj, "dtype");
+    PyObject* order = dtype ? PyObject_GetAttrString(dtype, "byteorder") : nullptr;
+    const char* o =
+        order && PyUnicode_Check(order) ? PyUnicode_AsUTF8AndSize(order, nullptr) : nullptr;
+    const bool big = o != nullptr && o[0] == '>' && o[1] == '\0';
+    if (big) {
+      PyObject* text = PyObject_Str(dtype);
+      const char* s = text ? PyUnicode_AsUTF8AndSize(text, nullptr) : nullptr;
+      *dtype_str = s ? s : ">";
+      Py_XDECREF(text);
+    }
+    Py_XDECREF(order);
+    Py_XDECREF(dtype);
+    PyErr_Clear();
+    return big;
+  }
 };
 
 }  // namespace nanobind::detail

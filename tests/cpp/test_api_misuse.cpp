@@ -162,7 +162,7 @@ TEST(ApiMisuse, OutputsMustNotOverlap) {
 
 // The split-K rule took any head counts: 2 query heads over 8 KV heads gave a partition (1008).
 TEST(ApiMisuse, PartitionRuleNeedsWholeGroups) {
-  using K = ops::DecodeKernel;
+  using K = AttentionKernel;
   const std::string msg = error_of([] {
     ops::decode_partition_size(K::kTensorCore, 1, 2, 8, 32768, 16, 132, KVCacheDType::kAuto);
   });

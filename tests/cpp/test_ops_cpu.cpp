@@ -68,11 +68,16 @@ TEST(DecodeSplit, KernelAndRule) {
   std::vector<float> q(4 * 8 * 64), cache(6 * 16 * 2 * 64);
   const TensorView qv(q.data(), DType::kFloat32, {4, 8, 64});
   const TensorView cv(cache.data(), DType::kFloat32, {6, 16, 2, 64});
-  EXPECT_EQ(ops::decode_kernel(qv, cv, cv, 2, KVCacheDType::kAuto), ops::DecodeKernel::kCpu);
+  EXPECT_EQ(ops::decode_kernel(qv, cv, cv, 2, KVCacheDType::kAuto), AttentionKernel::kCpu);
+  EXPECT_EQ(ops::decode_kernel(qv, cv, cv, 2, KVCacheDType::kAuto, AttentionKernel::kCpu),
+            AttentionKernel::kCpu);
+  // A GPU kernel named for host arrays is refused, not ignored.
+  EXPECT_THROW(ops::decode_kernel(qv, cv, cv, 2, KVCacheDType::kAuto, AttentionKernel::kHopper),
+               ValueError);
   EXPECT_EQ(ops::decode_partition_size(qv, cv, cv, 2, 4096, KVCacheDType::kAuto), kPartitionSize);
   EXPECT_EQ(ops::decode_partition_size(qv, cv, cv, 2, 512, KVCacheDType::kAuto), 0);
   EXPECT_THROW(ops::decode_kernel(qv, cv, cv, 3, KVCacheDType::kAuto), ValueError);
-  using K = ops::DecodeKernel;
+  using K = AttentionKernel;
   constexpr auto kAuto = KVCacheDType::kAuto, kFp8 = KVCacheDType::kFp8E4M3;
   // H100 (132 SMs), 32 query / 8 KV heads, 16-token blocks.
   EXPECT_EQ(ops::decode_partition_size(K::kHopper, 1, 32, 8, 32768, 16, 132, kAuto), 2048);

@@ -23,7 +23,7 @@ def test_quickstart_has_the_two_commands() -> None:
     commands = [ln for b in re.findall(r"```bash\n(.*?)```", quick, re.S)
                 for ln in b.splitlines() if ln.strip() and not ln.startswith("#")]
     assert commands == [
-        'python3 scripts/install_deps.py && pip install --no-build-isolation . && '
+        'python3 scripts/install_deps.py && pip install -v --no-build-isolation . && '
         'pagedkv generate "The capital of France is"',
         "bash scripts/test.sh",
     ]

@@ -14,10 +14,12 @@ from pagedkv.distributed.communication import (
 )
 from pagedkv.distributed.parallel_state import (
     GroupCoordinator,
+    abort_model_parallel,
     destroy_model_parallel,
     get_pp_group,
     get_tp_group,
     get_world_group,
+    heads_per_rank,
     init_distributed_environment,
     initialize_model_parallel,
     model_parallel_is_initialized,
@@ -26,10 +28,12 @@ from pagedkv.distributed.parallel_state import (
 
 __all__ = [
     "GroupCoordinator",
+    "abort_model_parallel",
     "destroy_model_parallel",
     "get_pp_group",
     "get_tp_group",
     "get_world_group",
+    "heads_per_rank",
     "init_distributed_environment",
     "initialize_model_parallel",
     "model_parallel_is_initialized",

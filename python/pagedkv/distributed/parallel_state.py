@@ -12,6 +12,7 @@ torch.distributed process group at all (TP = PP = 1 needs none).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
@@ -95,6 +96,7 @@ _WORLD: GroupCoordinator = _local_group()
 _TP: GroupCoordinator = _local_group()
 _PP: GroupCoordinator = _local_group()
 _INITIALIZED = False
+_IDLE_TIMEOUT = datetime.timedelta(days=365)
 
 
 def get_world_group() -> GroupCoordinator:
@@ -138,8 +140,10 @@ def initialize_model_parallel(tensor_parallel_size: int, pipeline_parallel_size:
         raise ValueError(f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} "
                          f"ranks, but the world has {world}")
     backend = dist.get_backend()
-    default_cpu = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
-    _WORLD = GroupCoordinator(list(range(world)), rank, device, dist.group.WORLD, default_cpu)
+    # The world's host group carries the driver's commands, which idle workers wait for as
+    # long as the engine is idle: no timeout worth the name (a dead driver closes the sockets).
+    control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
+    _WORLD = GroupCoordinator(list(range(world)), rank, device, dist.group.WORLD, control)
     tp_groups = [[p * tp + t for t in range(tp)] for p in range(pp)]
     pp_groups = [[p * tp + t for p in range(pp)] for t in range(tp)]
     _TP = _make_group(tp_groups, rank, device, backend)
@@ -165,6 +169,39 @@ def destroy_model_parallel() -> None:
     _WORLD, _TP, _PP = _local_group(), _local_group(), _local_group()
     _INITIALIZED = False
     if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def heads_per_rank(num_heads: int, num_kv_heads: int) -> Tuple[int, int]:
+    """(query heads, KV heads) on each tensor-parallel rank: the heads split evenly; with fewer
+    KV heads than ranks, each rank holds one KV head (replicated over tp / num_kv_heads ranks)."""
+    tp = get_tp_group().world_size
+    if num_heads % tp:
+        raise ValueError(f"the number of attention heads ({num_heads}) is not divisible by "
+                         f"tensor_parallel_size {tp}")
+    if num_kv_heads >= tp:
+        if num_kv_heads % tp:
+            raise ValueError(f"the number of key/value heads ({num_kv_heads}) is not divisible "
+                             f"by tensor_parallel_size {tp}")
+        return num_heads // tp, num_kv_heads // tp
+    if tp % num_kv_heads:
+        raise ValueError(f"tensor_parallel_size {tp} is not a multiple of the number of "
+                         f"key/value heads ({num_kv_heads}): they cannot be replicated evenly")
+    return num_heads // tp, 1
+
+
+def abort_model_parallel() -> None:
+    """Back to local groups after a failure: aborts the process groups, so that a collective
+    blocked on a dead peer fails now (any thread may call this)."""
+    global _WORLD, _TP, _PP, _INITIALIZED
+    _WORLD, _TP, _PP = _local_group(), _local_group(), _local_group()
+    _INITIALIZED = False
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    # Either may fail on a group already torn down (or an older torch): nothing left to do.
+    with contextlib.suppress(Exception):
+        dist.distributed_c10d._abort_process_group()
+    with contextlib.suppress(Exception):
         dist.destroy_process_group()
 
 

@@ -9,10 +9,16 @@ Lifetimes: a request's stream lives from ``generate()`` until its final output. 
 stops iterating early (client disconnect, task cancellation, ``aclose()``) aborts the request,
 which frees its KV blocks. If a step raises, LLMEngine aborts the requests that step was
 running and stays usable: their callers get :class:`StepFailedError` (the server's 500), the
-other requests go on. Only after ``_MAX_FAILED_STEPS`` failed steps in a row (a broken device,
-not one bad request), or a BaseException such as SystemExit, is the engine marked dead: every
-pending request gets :class:`EngineDeadError` (instead of hanging) and new requests are refused;
-the server's ``/health`` then answers 503.
+other requests go on; such a failure is the requests' and never kills the engine, however often
+it happens. The engine is marked dead only for faults that are not a request's: a device error
+(CUDA), ``_MAX_FAILED_STEPS`` failed steps in a row that aborted no request (the loop itself is
+broken), or a BaseException such as SystemExit. Then every pending request gets
+:class:`EngineDeadError` (instead of hanging), new requests are refused, and the server's
+``/health`` answers 503 with the reason.
+
+Requests are checked and tokenized (the engine's InputProcessor) in a worker thread of their
+own before they reach the engine thread: a huge prompt or bad_words list costs its own caller
+time, never a step of the others.
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ import concurrent.futures
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import logging
 import queue
 import threading
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Union
+
+from pagedkv.engine.input_processor import EngineRequest
 
 logger = logging.getLogger("pagedkv.engine")
 
@@ -58,7 +67,21 @@ class StepFailedError(RuntimeError):
     """The engine step running this request raised; the request was aborted (others go on)."""
 
 
-_MAX_FAILED_STEPS = 3  # consecutive failed steps after which the engine is declared dead
+_MAX_FAILED_STEPS = 3  # consecutive failed steps, none aborting a request, that kill the loop
+# Text of the errors torch raises for a broken device (its error types vary by version).
+_DEVICE_ERROR_MARKS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error",
+                       "device-side assert", "NCCL error", "an illegal memory access")
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """A fault of the device, not of a request: the engine cannot go on after it."""
+    import torch
+
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return any(mark in text for mark in _DEVICE_ERROR_MARKS)
 
 
 class RequestStream:
@@ -160,6 +183,13 @@ class AsyncLLMEngine:
         self._dead: Optional[BaseException] = None
         self._stopping = False
         self._stats: Dict[str, Any] = dict(engine.get_stats())
+        # Called on the engine thread after each step with the tokens it processed (the
+        # server's iteration_tokens_total histogram).
+        self._step_observers: List[Callable[[int], None]] = []
+        # Checks and tokenizes requests off the engine thread (the fast tokenizer releases the
+        # GIL); two threads so that one huge request does not hold up every other one.
+        self._inputs = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="pagedkv-inputs")
         self._thread = threading.Thread(target=self._run, name="pagedkv-engine", daemon=True)
         self._thread.start()
 
@@ -183,6 +213,12 @@ class AsyncLLMEngine:
         return self.engine.model_config
 
     @property
+    def input_processor(self) -> Any:
+        """The engine's InputProcessor (the server runs it in its own threads, with its
+        limits); None for an engine without one."""
+        return getattr(self.engine, "input_processor", None)
+
+    @property
     def is_dead(self) -> bool:
         return self._dead is not None
 
@@ -190,13 +226,26 @@ class AsyncLLMEngine:
     def dead_error(self) -> Optional[BaseException]:
         return self._dead
 
+    @property
+    def dead_reason(self) -> Optional[str]:
+        """Why the engine died (what /health reports), or None while it runs."""
+        if self._dead is None:
+            return None
+        kind = " (device error)" if is_device_error(self._dead) else ""
+        return f"engine loop died{kind}: {self._dead!r}"
+
     def check_health(self) -> None:
         if self._dead is not None:
-            raise EngineDeadError(f"engine loop died: {self._dead!r}")
+            raise EngineDeadError(self.dead_reason)
 
     def get_stats(self) -> Dict[str, Any]:
         """The engine's counters as of its last loop iteration (read without blocking)."""
         return dict(self._stats)
+
+    def add_step_observer(self, observer: Callable[[int], None]) -> None:
+        """``observer(num_tokens)`` after every engine step: the prompt and generated tokens
+        the step added to the engine's counters (a prompt counts at the step completing it)."""
+        self._step_observers.append(observer)
 
     def num_active_requests(self) -> int:
         with self._lock:
@@ -217,9 +266,17 @@ class AsyncLLMEngine:
         anything is streamed, so a server can still answer 400. ``prompt`` may be text or a
         list of token ids.
         """
-        if prompt is not None and not isinstance(prompt, (str, dict)):
-            prompt, prompt_token_ids = None, list(prompt)
+        if prompt is not None and not isinstance(prompt, (str, dict, EngineRequest)):
+            prompt_token_ids = list(prompt)
+            prompt = None
         self.check_health()
+        processor = getattr(self.engine, "input_processor", None)
+        if processor is not None and not isinstance(prompt, EngineRequest):
+            prompt = await asyncio.get_running_loop().run_in_executor(
+                self._inputs, functools.partial(
+                    processor.process, request_id, prompt, sampling_params,
+                    prompt_token_ids=prompt_token_ids, priority=priority))
+            prompt_token_ids = None
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
         with self._lock:
             if request_id in self._streams:
@@ -271,6 +328,7 @@ class AsyncLLMEngine:
         self._stopping = True
         self._commands.put(("wake",))
         self._thread.join(timeout)
+        self._inputs.shutdown(wait=False)
 
     # ------------------------------------------------------------------ engine thread
 
@@ -278,7 +336,7 @@ class AsyncLLMEngine:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._dead is not None:
-                fut.set_exception(EngineDeadError(f"engine loop died: {self._dead!r}"))
+                fut.set_exception(EngineDeadError(self.dead_reason))
                 return fut
             self._commands.put((*command, fut))
         return fut
@@ -297,19 +355,34 @@ class AsyncLLMEngine:
                 try:
                     outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
                 except Exception as exc:
-                    failures += 1
+                    if is_device_error(exc):
+                        raise
+                    # A step that aborted requests failed because of them: they fail alone.
+                    failures = 0 if self._fail_dropped(exc) else failures + 1
                     if failures >= _MAX_FAILED_STEPS:
                         raise
-                    logger.exception("an engine step failed (%d in a row)", failures)
-                    self._fail_dropped(exc)
+                    logger.exception("an engine step failed")
                     continue
                 failures = 0
                 self._dispatch(outputs)
-                self._stats = dict(self.engine.get_stats())
+                self._after_step(dict(self.engine.get_stats()))
                 stalled = busy and not outputs
         except BaseException as exc:  # noqa: BLE001 - any failure kills the loop; report it
             logger.exception("engine loop died")
             self._die(exc)
+
+    def _after_step(self, stats: Dict[str, Any]) -> None:
+        """New stats snapshot; the step observers learn how many tokens the step added."""
+        before, self._stats = self._stats, stats
+        if not self._step_observers:
+            return
+        keys = ("prompt_tokens", "generation_tokens")
+        added = sum(int(stats.get(k, 0)) - int(before.get(k, 0)) for k in keys)
+        for observer in self._step_observers:
+            try:
+                observer(added)
+            except Exception:  # noqa: BLE001 - a metrics hook must never stop the engine
+                logger.exception("a step observer failed")
 
     def _drain_commands(self, timeout: float) -> None:
         """Runs queued commands, first waiting up to ``timeout`` s for one (0: no wait)."""
@@ -353,9 +426,10 @@ class AsyncLLMEngine:
                 stream.last = _snapshot(out, stream.last)
                 stream.put(stream.last)
 
-    def _fail_dropped(self, exc: Exception) -> None:
+    def _fail_dropped(self, exc: Exception) -> int:
         """After a failed step: the streams of requests the engine no longer holds (it aborted
-        the step's requests) get StepFailedError, unless their final output was already sent."""
+        the step's requests) get StepFailedError, unless their final output was already sent.
+        Returns how many requests failed."""
         with self._lock:
             dropped = [s for rid, s in self._streams.items()
                        if rid not in self.engine.requests
@@ -363,12 +437,13 @@ class AsyncLLMEngine:
         for stream in dropped:
             stream.put(StepFailedError(f"request {stream.request_id!r} failed: the engine step "
                                        f"running it raised {exc!r}"))
+        return len(dropped)
 
     def _die(self, exc: BaseException) -> None:
         with self._lock:
             self._dead = exc
             streams = list(self._streams.values())
-        error = EngineDeadError(f"engine loop died: {exc!r}")
+        error = EngineDeadError(self.dead_reason)
         for stream in streams:
             stream.put(error)
         while True:  # commands queued before death: their callers must not wait forever

@@ -9,9 +9,13 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-# vLLM's --kv-cache-dtype choices. "auto": the cache holds the model dtype; the fp8 kinds store
-# one byte per element (uint8 arrays of the same shape), "fp8" meaning e4m3 as in vLLM.
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+from pagedkv import ops
+from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
+
+# vLLM's --kv-cache-dtype choices, the kernels' one list (include/pagedkv/ops.h). "auto": the
+# cache holds the model dtype; the fp8 kinds store one byte per element (uint8 arrays of the same
+# shape), "fp8" meaning e4m3 as in vLLM.
+KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 
 # Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -32,6 +36,9 @@ class EngineConfig:
     model: Optional[str] = None  # None / "smollm2": the embedded default model
     tokenizer: Optional[str] = None  # defaults to the model's own tokenizer
     dtype: Union[str, torch.dtype] = "auto"
+    # vLLM's quantization: None (the checkpoint's quantization_config, if any), "fp8", "awq",
+    # "gptq" (models/quantization); "fp8" also quantises an unquantised checkpoint.
+    quantization: Optional[str] = None
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -56,9 +63,10 @@ class EngineConfig:
     max_logprobs: int = 20
     # vLLM arguments accepted so that vLLM code runs unchanged. pagedkv runs its own model code,
     # never a checkpoint's, so trust_remote_code changes nothing; there are no periodic stats
-    # logs to disable; and one process serves the model, so parallel sizes other than 1 fail.
+    # logs to disable.
     trust_remote_code: bool = False
     disable_log_stats: bool = False
+    # Ranks = tensor x pipeline parallel size, one process each (engine/executor_mp.py).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     # Where the model comes from and how its config is read (vLLM's names).
@@ -69,10 +77,13 @@ class EngineConfig:
     rope_scaling: Optional[Dict[str, Any]] = None  # config.json's rope_scaling replaced
     rope_theta: Optional[float] = None
     generation_config: str = "auto"  # "auto" | "vllm" | a folder with generation_config.json
+    override_generation_config: Optional[Dict[str, Any]] = None  # its keys replaced
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
         names = {f.name for f in dataclasses.fields(cls)}
+        for name in sorted(set(kwargs) & set(VLLM_ONLY_ARGS) - names):
+            check_vllm_arg(name, kwargs.pop(name))  # vLLM's: accepted if harmless, or refused
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"unexpected engine argument(s): {', '.join(unknown)}")
@@ -135,9 +146,8 @@ class EngineConfig:
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no cap) or >= 0, got {self.max_logprobs}")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            if getattr(self, name) != 1:
-                raise ValueError(f"{name}={getattr(self, name)} is not supported: pagedkv runs "
-                                 "the model in one process on one device (use 1)")
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._check_model_source()
 
     def _check_model_source(self) -> None:
@@ -145,7 +155,7 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
                 raise TypeError(f"{name} must be a str, got {type(v).__name__} {v!r}")
-        for name in ("hf_overrides", "rope_scaling"):
+        for name in ("hf_overrides", "rope_scaling", "override_generation_config"):
             v = getattr(self, name)
             if v is not None and not isinstance(v, dict):
                 # vLLM also takes a function of its HF config object; pagedkv has none to pass.
@@ -155,6 +165,13 @@ class EngineConfig:
                 self.rope_theta, numbers.Real) or not self.rope_theta > 0):
             raise ValueError(f"rope_theta must be a number > 0, got {self.rope_theta!r}")
 
+    def model_load_kwargs(self) -> Dict[str, Any]:
+        """load_model's keyword arguments from this config (the engine and every worker load
+        the same checkpoint the same way)."""
+        overrides = self.config_overrides()
+        return dict(quantization=self.quantization, revision=self.revision,
+                    download_dir=self.download_dir, hf_overrides=overrides or None)
+
     def config_overrides(self) -> Dict[str, Any]:
         """hf_overrides with rope_scaling / rope_theta folded in (they win, as in vLLM)."""
         out = dict(self.hf_overrides or {})
@@ -163,6 +180,11 @@ class EngineConfig:
         if self.rope_theta is not None:
             out["rope_theta"] = float(self.rope_theta)
         return out
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the model runs on (one process each)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The element type of the KV-cache arrays: fp8 caches are bytes (the ops' contract)."""

@@ -15,6 +15,11 @@ failed capture_end). For the same reason this runner holds no reference back to 
 ModelRunner that owns it: a dropped engine is freed by reference counting, not left for the
 collector. (The collection before capture also takes the start-up heap off the collector's
 pending count, so a full collection, tens of ms, does not fall into the first steps.)
+
+Under pipeline parallelism a stage after the first starts from the previous stage's hidden
+states: its graphs read them from one more static buffer, refilled each step like the others.
+Under tensor parallelism the graphs capture the layers' NCCL all-reduces (every rank captures
+the same sizes in the same order, so the collectives meet).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class CudaGraphRunner:
         # What capture needs from the ModelRunner, copied out (no back-reference: see above).
         self.model = runner.model
         self.kv_caches = runner.kv_caches
-        self.num_heads, self.num_kv_heads = runner.mc.num_attention_heads, runner.num_kv_heads
+        self.num_heads, self.num_kv_heads = runner.num_heads, runner.num_kv_heads  # this rank's
         self.head_dim, self.block_size = runner.head_dim, runner.block_size
         self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
         self.batch_sizes = capture_sizes(max_num_seqs)
@@ -60,6 +65,9 @@ class CudaGraphRunner:
         self._dev32.copy_(self._host32)
         self._copied = torch.cuda.Event()  # the last host -> device copy of the mirrors
         self.query_start_loc = torch.zeros(1, dtype=torch.int32, device=dev)
+        # A later pipeline stage's input: the previous stage's hidden states (else None).
+        self.intermediate = None if runner.is_first_stage else torch.zeros(
+            max_bs, runner.mc.hidden_size, dtype=runner.dtype, device=dev)
         self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = 0  # decode steps served by a graph (tests and logs read it)
         self._capture_all()
@@ -86,18 +94,20 @@ class CudaGraphRunner:
     def _capture(self, model: Any, bs: int, pool: Any) -> Any:
         backend = self._backend(bs)
         ids, pos = self.input_ids[:bs], self.positions[:bs]
-        model.forward(ids, pos, backend)  # warm-up: lazy inits must not happen in capture
+        extra = [] if self.intermediate is None else [self.intermediate[:bs]]
+        model.forward(ids, pos, backend, *extra)  # warm-up: lazy inits must not happen in capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            out = model.forward(ids, pos, backend)
+            out = model.forward(ids, pos, backend, *extra)
         self.graphs[bs] = (graph, out)
         return graph.pool()
 
     def can_run(self, num_seqs: int, max_seq_len: int) -> bool:
         return num_seqs <= self.batch_sizes[-1] and max_seq_len <= self.max_len
 
-    def run(self, plan: Any) -> torch.Tensor:
+    def run(self, plan: Any, intermediate: Any = None) -> torch.Tensor:
+        """``intermediate``: the previous stage's hidden states [n, hidden] (later stages)."""
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
@@ -116,6 +126,8 @@ class CudaGraphRunner:
         end = max_bs + n * width
         self._dev32[:end].copy_(self._host32[:end], non_blocking=True)
         self._copied.record()
+        if self.intermediate is not None:
+            self.intermediate[:n].copy_(intermediate)  # padding rows keep finite old values
         graph, out = self.graphs[bs]
         graph.replay()
         self.num_replays += 1

@@ -44,7 +44,7 @@ class EngineModelConfig:
 class EngineParts:
     tokenizer: Any
     model_config: EngineModelConfig
-    runner: ModelRunner
+    runner: Any  # ModelRunner, or a MultiprocExecutor with its interface over all ranks
     scheduler: Any
     sampler: Sampler
     num_blocks: int
@@ -53,14 +53,31 @@ class EngineParts:
 
 
 def build_engine_parts(cfg: EngineConfig) -> EngineParts:
-    import pagedkv
-    from pagedkv.engine.tokenizer import Tokenizer
     device = cfg.resolve_device()
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     logger.info("loading model %r on %s (dtype %s)", cfg.model or "smollm2 (default)", device,
                 cfg.dtype)
-    model, mc = _load_shared(cfg, device)
+    executor = None
+    if cfg.world_size > 1:  # one process per rank; this one is rank 0 and holds its shard
+        from pagedkv.engine.executor_mp import MultiprocExecutor
+
+        executor = MultiprocExecutor(cfg, device)
+        model, mc = executor.model, executor.model_config
+    else:
+        model, mc = _load_shared(cfg, device)
+    try:
+        return _build_rest(cfg, device, model, mc, executor, t0)
+    except BaseException:
+        if executor is not None:
+            executor.shutdown()
+        raise
+
+
+def _build_rest(cfg: EngineConfig, device: torch.device, model: Any, mc: Any, executor: Any,
+                t0: float) -> EngineParts:
+    import pagedkv
+    from pagedkv.engine.tokenizer import Tokenizer
     dtype = next(model.parameters()).dtype
     logger.info("model loaded in %.1f s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s",
                 time.perf_counter() - t0, mc.architecture, mc.num_hidden_layers, mc.hidden_size,
@@ -74,7 +91,11 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
                                         if model.source.kind == "hf" else None)
     max_model_len = _max_model_len(cfg, mc)
     batched = cfg.max_num_batched_tokens or _default_batched_tokens(cfg, device, max_model_len)
-    runner = ModelRunner(cfg, model, mc, device, dtype, max_model_len, batched)
+    if executor is not None:
+        executor.make_runner(max_model_len, batched)
+        runner = executor
+    else:
+        runner = ModelRunner(cfg, model, mc, device, dtype, max_model_len, batched)
     num_blocks, num_cpu = runner.determine_num_blocks()
     capacity = num_blocks * cfg.block_size
     if capacity < max_model_len:
@@ -96,12 +117,13 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     name = cfg.model or "smollm2"
     model_config = EngineModelConfig(name, cfg.served_model_name or name, max_model_len,
                                      mc.vocab_size, dtype, device, mc,
-                                     sampling_defaults(generation))
+                                     {**sampling_defaults(generation),
+                                      **sampling_defaults(cfg.override_generation_config or {})})
     logger.info("engine ready in %.1f s: max_model_len %d, max_num_seqs %d, "
                 "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s",
                 time.perf_counter() - t0, max_model_len, cfg.max_num_seqs, batched,
                 cfg.enable_prefix_caching, cfg.enable_chunked_prefill)
-    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed),
+    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed or 0),
                        num_blocks, num_cpu, eos)
 
 
@@ -115,13 +137,12 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     from pagedkv.models import load_model
 
     overrides = cfg.config_overrides()
-    key = (cfg.model, str(cfg.dtype), str(device), cfg.revision, cfg.download_dir,
-           json.dumps(overrides, sort_keys=True))
-    model = _LOADED.get(key)
+    key = (cfg.model, str(cfg.dtype), str(device), cfg.quantization, cfg.revision,
+           cfg.download_dir, json.dumps(overrides, sort_keys=True))
+    model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
-    model, mc = load_model(cfg.model, cfg.dtype, device, revision=cfg.revision,
-                           download_dir=cfg.download_dir, hf_overrides=overrides or None,
+    model, mc = load_model(cfg.model, cfg.dtype, device, **cfg.model_load_kwargs(),
                            check=check_servable)
     model.pagedkv_config = mc
     _LOADED[key] = model

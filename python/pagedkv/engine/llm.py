@@ -1,4 +1,4 @@
-"""LLM: offline batched inference with vLLM's user API (seed 003).
+"""LLM: offline batched inference with vLLM's user API.
 
     llm = LLM()                                  # the embedded SmolLM2-135M-Instruct
     outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0))
@@ -33,8 +33,8 @@ Message = Dict[str, Any]
 
 def _ensure_log_handler() -> None:
     """Show pagedkv's INFO logs (loading progress, KV-cache size) unless the app set logging up.
-    PAGEDKV_LOGGING_LEVEL overrides the level, as VLLM_LOGGING_LEVEL does for vLLM."""
-    import os
+    PAGEDKV_LOGGING_LEVEL (or vLLM's VLLM_LOGGING_LEVEL) overrides the level."""
+    from pagedkv import envs
 
     if logger.handlers:
         return
@@ -42,7 +42,7 @@ def _ensure_log_handler() -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s pagedkv: %(message)s",
                                            "%m-%d %H:%M:%S"))
     logger.addHandler(handler)
-    logger.setLevel(os.environ.get("PAGEDKV_LOGGING_LEVEL", "INFO").upper())
+    logger.setLevel((envs.getenv("PAGEDKV_LOGGING_LEVEL") or "INFO").upper())
     logger.propagate = False
 
 
@@ -132,12 +132,10 @@ class LLM:
         bar = _progress(len(ids), use_tqdm)
         try:
             while engine.has_unfinished_requests():
-                for out in engine.step():
-                    if out.finished and out.request_id in wanted:
-                        results[out.request_id] = out
-                        if bar is not None:
-                            bar.update(1)
-                            _bar_postfix(bar, out)
+                done = [o for o in engine.step() if o.finished and o.request_id in wanted]
+                results.update((o.request_id, o) for o in done)
+                if bar is not None and done:
+                    _bar_advance(bar, done)
         except BaseException:
             engine.abort_request(list(wanted - set(results)))
             raise
@@ -160,8 +158,13 @@ def _progress(total: int, use_tqdm: bool) -> Any:
     return progress_bar(total=total, desc="Processed prompts") if use_tqdm else None
 
 
-def _bar_postfix(bar: Any, out: RequestOutput) -> None:
+def _bar_advance(bar: Any, done: List[RequestOutput]) -> None:
+    """One update per engine step, however many requests it finished: a bar advanced one by one
+    redraws on the first of a wave only (tqdm's mininterval), and then shows the rate of a single
+    request over the whole wave until the next one (an ETA of hours for a one-minute run)."""
+    bar.total_out = getattr(bar, "total_out", 0) + sum(
+        len(o.token_ids) for out in done for o in out.outputs)
     elapsed = bar.format_dict.get("elapsed") or 0.0
-    bar.total_out = getattr(bar, "total_out", 0) + sum(len(o.token_ids) for o in out.outputs)
     if elapsed > 0:
         bar.set_postfix_str(f"output: {bar.total_out / elapsed:.1f} toks/s", refresh=False)
+    bar.update(len(done))

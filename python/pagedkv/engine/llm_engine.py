@@ -10,7 +10,6 @@ n > 1 samples fork from the parent right after its prompt completes, sharing its
 from __future__ import annotations
 
 import logging
-import numbers
 import time
 import zlib
 from typing import Any, Dict, Iterable, List, Optional, Union
@@ -21,9 +20,9 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.direct_decoder import DirectDecoder
 from pagedkv.engine.engine_setup import build_engine_parts
-from pagedkv.engine.llm_inputs import prompt_item
+from pagedkv.engine.input_processor import EngineRequest, InputProcessor
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
-from pagedkv.engine.request_state import RequestState, SeqState, tokenize_bad_words
+from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.engine.step_sampling import StepSampling
 
@@ -40,6 +39,9 @@ class LLMEngine:
         self.runner, self.scheduler, self.sampler = parts.runner, parts.scheduler, parts.sampler
         self.num_gpu_blocks, self.num_cpu_blocks = parts.num_blocks, parts.num_cpu_blocks
         self.eos_token_ids = parts.eos_token_ids
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.model_config.vocab_size, self.model_config.max_model_len,
+            self.config.max_logprobs, self.config.scheduling_policy)
         self.decoder = DirectDecoder(self.tokenizer) if self.tokenizer is not None else None
         self._token_text: Dict[int, str] = {}  # token id -> its text alone (logprob entries)
         self.requests: Dict[str, RequestState] = {}
@@ -60,80 +62,30 @@ class LLMEngine:
         return self.tokenizer
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt: Union[str, List[int], Dict[str, Any], None],
+    def add_request(self, request_id: str,
+                    prompt: Union[str, List[int], Dict[str, Any], EngineRequest, None],
                     params: Optional[SamplingParams] = None,
                     arrival_time: Optional[float] = None, *,
                     prompt_token_ids: Optional[List[int]] = None, priority: int = 0) -> None:
         """vLLM's signature: ``prompt`` is text, a list of token ids, or a dict with "prompt"
         and / or "prompt_token_ids" (TextPrompt / TokensPrompt); ``prompt_token_ids=`` is the
-        older keyword and wins over what ``prompt`` holds."""
-        if prompt is not None and not isinstance(prompt, str):
-            item = prompt_item(prompt, "prompt")
-            prompt = item.get("prompt")
-            if prompt_token_ids is None:
-                prompt_token_ids = item.get("prompt_token_ids")
-        params = params if params is not None else SamplingParams()
-        priority = self._check_priority(priority)
-        self._check_logprobs(params)
-        if self.tokenizer is None:
-            if params.stop:
-                raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True)")
-            if params.bad_words:
-                raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True)")
-            if params.detokenize:
-                params = params.clone()
-                params.detokenize = False
+        older keyword and wins over what ``prompt`` holds. An EngineRequest (checked and
+        tokenized off the engine thread by ``self.input_processor``) is taken as is."""
+        if isinstance(prompt, EngineRequest):
+            checked = prompt
+        else:
+            checked = self.input_processor.process(request_id, prompt, params, arrival_time,
+                                                   prompt_token_ids=prompt_token_ids,
+                                                   priority=priority)
+        if checked.request_id != request_id:
+            raise ValueError(f"request_id {request_id!r} differs from the processed "
+                             f"request's {checked.request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if prompt_token_ids is None:
-            if prompt is None:
-                raise ValueError("prompt or prompt_token_ids must be given")
-            if self.tokenizer is None:
-                raise ValueError("skip_tokenizer_init=True: pass prompt_token_ids, not text")
-            prompt_token_ids = self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt_token_ids]
-        if not ids:
-            raise ValueError("prompt must not be empty (it encodes to no tokens)")
-        max_len = self.model_config.max_model_len
-        keep = params.truncate_prompt_tokens
-        if keep is not None:
-            if keep > max_len:
-                raise ValueError(f"truncate_prompt_tokens value ({keep}) is greater than "
-                                 f"max_model_len ({max_len}). Please, select a smaller "
-                                 "truncation size.")
-            # -1: all the model takes, which here leaves room for one generated token.
-            ids = ids[-(max_len - 1 if keep == -1 else keep):]
-        vocab = self.model_config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt_token_ids must be in [0, {vocab}), got "
-                             f"{min(ids)}..{max(ids)}")
-        # As vLLM: such an id can never be sampled, and banning stop ids before min_tokens (or
-        # adding a bias) indexes the logits with it, inside a step.
-        for name, given in (("stop_token_ids", params.stop_token_ids),
-                            ("logit_bias", params.logit_bias),
-                            ("allowed_token_ids", params.allowed_token_ids)):
-            bad = [t for t in given or () if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"{name} must be in [0, {vocab}) (the vocabulary size), "
-                                 f"got out-of-vocab id(s) {bad}")
-        if len(ids) >= max_len:
-            raise ValueError(f"prompt is {len(ids)} tokens long, which does not leave room for "
-                             f"one generated token within max_model_len={max_len}")
-        max_tokens = max_len - len(ids)
-        if params.max_tokens is not None:
-            max_tokens = min(params.max_tokens, max_tokens)
-        bad_words: List[List[int]] = []
-        if params.bad_words:
-            tok = self.tokenizer
-            bad_words = tokenize_bad_words(
-                params.bad_words, lambda text: tok.encode(text, add_special_tokens=False))
-            wrong = sorted({t for w in bad_words for t in w if not 0 <= t < vocab})
-            if wrong:
-                raise ValueError(f"bad_words encode to token ids outside the model's "
-                                 f"vocabulary [0, {vocab}): {wrong}")
-        req = RequestState(request_id, prompt, ids, params,
-                           RequestMetrics(arrival_time or time.time()), max_tokens,
-                           self.eos_token_ids, bad_words)
+        params = checked.params
+        req = RequestState(request_id, checked.prompt, checked.prompt_token_ids, params,
+                           RequestMetrics(checked.arrival_time), checked.max_tokens,
+                           self.eos_token_ids, checked.bad_words_token_ids)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         for i in range(params.best_of):  # type: ignore[arg-type]
@@ -142,34 +94,8 @@ class LLMEngine:
                 gen = self.sampler.make_generator(params.seed + 1_000_003 * i)
             req.seqs.append(SeqState(index=i, generator=gen,
                                      logprobs=[] if params.logprobs is not None else None))
-        self._add_to_scheduler(req, priority)
+        self._add_to_scheduler(req, checked.priority)
         self.requests[request_id] = req
-
-    def _check_priority(self, priority: Any) -> int:
-        """ValueError (the server's 400) for a priority the scheduler cannot hold or ignores."""
-        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
-            raise TypeError(f"priority must be an integer, got {type(priority).__name__} "
-                            f"{priority!r}")
-        priority = int(priority)
-        if not -(2**31) <= priority < 2**31:
-            raise ValueError(f"priority must be in [-2**31, 2**31 - 1] (int32), got {priority}")
-        if priority != 0 and self.config.scheduling_policy != "priority":
-            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled. "
-                             "(Start the engine with scheduling_policy='priority'.)")
-        return priority
-
-    def _check_logprobs(self, params: SamplingParams) -> None:
-        """vLLM's max_logprobs cap, checked here so that a huge request fails alone, at once,
-        rather than inside a step; never more than the vocabulary (-1: the vocabulary)."""
-        vocab = self.model_config.vocab_size
-        cap = self.config.max_logprobs
-        cap = vocab if cap == -1 else min(cap, vocab)
-        for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
-            k = getattr(params, name)
-            if k is not None and k > cap:
-                raise ValueError(f"Requested {kind} logprobs of {k}, which is greater than max "
-                                 f"allowed: {cap} (parameter={name}, value={k}; the engine "
-                                 "argument max_logprobs sets the cap)")
 
     def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
         p = req.params
@@ -348,7 +274,7 @@ class LLMEngine:
         hide = (sched_finished and seq.finish_reason == "stop"
                 and not req.params.include_stop_str_in_output)
         if not req.incremental_text:
-            if seq.finished and req.params.detokenize:
+            if seq.finished and req.params.detokenize and self.decoder is not None:
                 shown = seq.token_ids[:-1] if hide else seq.token_ids
                 p = req.params
                 seq.text = self.decoder.decode(shown, p.skip_special_tokens,
@@ -386,7 +312,8 @@ class LLMEngine:
     def _collect_outputs(self, touched: Dict[str, RequestState]) -> List[RequestOutput]:
         outs = []
         for req in touched.values():
-            if not req.finished and (req.final_only or req.params.best_of > req.params.n):
+            best_of = req.params.best_of or req.params.n  # set by SamplingParams.__post_init__
+            if not req.finished and (req.final_only or best_of > req.params.n):
                 continue  # best_of picks the winners at the end only
             outs.append(req.to_output())
             if req.finished:

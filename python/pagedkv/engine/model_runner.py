@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from pagedkv import ops
+from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
@@ -25,7 +26,7 @@ _GiB = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: torch.nn.Module, model_config: Any,
+    def __init__(self, cfg: EngineConfig, model: Any, model_config: Any,
                  device: torch.device, dtype: torch.dtype, max_model_len: int,
                  max_num_batched_tokens: int) -> None:
         self.cfg, self.model, self.mc = cfg, model, model_config
@@ -36,8 +37,13 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.block_size = cfg.block_size
-        self.num_layers = model_config.num_hidden_layers
-        self.num_kv_heads, self.head_dim = model_config.num_key_value_heads, model_config.head_dim
+        # This rank's share: its pipeline stage's layers, its tensor-parallel heads.
+        start, end = pp_layer_range(model_config.num_hidden_layers)
+        self.num_layers = end - start
+        self.is_first_stage = get_pp_group().is_first_rank
+        self.num_heads, self.num_kv_heads = heads_per_rank(model_config.num_attention_heads,
+                                                           model_config.num_key_value_heads)
+        self.head_dim = model_config.head_dim
         self.kv_caches: List[torch.Tensor] = []
         self.cpu_caches: List[torch.Tensor] = []
         self.backend: Optional[PagedAttentionBackend] = None
@@ -99,7 +105,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_run(self) -> None:
-        tokens, seqs = self.max_num_batched_tokens, []
+        tokens, seqs = self.max_num_batched_tokens, list[int]()
         while tokens > 0 and len(seqs) < self.cfg.max_num_seqs:
             seqs.append(min(tokens, self.max_model_len))
             tokens -= seqs[-1]
@@ -119,10 +125,15 @@ class ModelRunner:
             max_query_len=max(seqs), max_decode_seq_len=0))
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(s, device=self.device) for s in seqs])
-        hidden = self.model.forward(ids, pos, backend)
-        # The sampler's worst case: logits of max_num_seqs rows, sorted for top-k / top-p.
-        rows = hidden[:1].expand(self.cfg.max_num_seqs, -1)
-        self.model.compute_logits(rows).sort(dim=-1, descending=True)
+        pp = get_pp_group()
+        # A later pipeline stage starts from hidden states (any values: this is a profile).
+        inter = None if pp.is_first_rank else torch.zeros(n, self.mc.hidden_size,
+                                                          dtype=self.dtype, device=self.device)
+        hidden = self._forward(ids, pos, backend, inter)
+        if pp.is_last_rank:
+            # The sampler's worst case: logits of max_num_seqs rows, sorted for top-k / top-p.
+            rows = hidden[:1].expand(self.cfg.max_num_seqs, -1)
+            self.model.compute_logits(rows).sort(dim=-1, descending=True)
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
@@ -144,7 +155,7 @@ class ModelRunner:
                     num_blocks * self.block_bytes() / _GiB, self._cache_dtype_name())
 
     def _make_backend(self, kv_caches: List[torch.Tensor]) -> PagedAttentionBackend:
-        return PagedAttentionBackend(kv_caches, self.mc.num_attention_heads, self.num_kv_heads,
+        return PagedAttentionBackend(kv_caches, self.num_heads, self.num_kv_heads,
                                      self.head_dim, self.block_size, self.kv_cache_dtype)
 
     def _cache_dtype_name(self) -> str:
@@ -195,13 +206,14 @@ class ModelRunner:
             ops.swap_blocks(s[1], d[1], mapping)
 
     @torch.inference_mode()
-    def execute(self, plan: Any) -> torch.Tensor:
-        """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden]."""
+    def execute(self, plan: Any, intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
+        On a pipeline stage after the first, ``intermediate`` is the previous stage's output."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
         if (self.graphs is not None and plan.num_prefills == 0
                 and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))):
-            return self.graphs.run(plan)
+            return self.graphs.run(plan, intermediate)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self.device
@@ -219,7 +231,22 @@ class ModelRunner:
         self.backend.set_metadata(meta)
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
         pos = _dev(plan.positions[:n_tok], torch.int64, dev)
-        return self.model.forward(ids, pos, self.backend)
+        return self._forward(ids, pos, self.backend, intermediate)
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, backend: PagedAttentionBackend,
+                 intermediate: Optional[torch.Tensor]) -> torch.Tensor:
+        if intermediate is None:  # (models without pipeline stages take three arguments)
+            return self.model.forward(ids, pos, backend)
+        return self.model.forward(ids, pos, backend, intermediate)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                       upcast: bool = True) -> torch.Tensor:
+        """Logits of ``hidden``'s ``rows`` (all rows when None), float32 unless ``upcast`` is
+        False (see CausalLM.compute_logits). The engine's one way to logits: an executor over
+        several ranks computes them where the LM head lives."""
+        picked = hidden if rows is None else hidden.index_select(0, rows)
+        return self.model.compute_logits(picked, upcast=upcast)
 
 
 def _dev(arr: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -19,9 +19,9 @@ import torch
 from pagedkv import ops
 from pagedkv.models.attention_backend import AttentionSpec
 
-# Keys per partition of paged_attention_v2 on the CPU (pagedkv.ops' default; seed 001's
-# _PARTITION_SIZE). On CUDA the split comes from ops.decode_partition_size.
-_PARTITION_SIZE = 512
+# Keys per partition of paged_attention_v2 on the CPU (vLLM's _PARTITION_SIZE, the kernels' one
+# constant). On CUDA the split comes from ops.decode_partition_size.
+_PARTITION_SIZE = ops.PARTITION_SIZE
 
 
 @dataclass

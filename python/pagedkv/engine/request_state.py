@@ -218,8 +218,9 @@ class RequestState:
     def to_output(self) -> RequestOutput:
         finished = self.finished
         seqs = self.seqs
-        want_logprob = self.params.logprobs is not None or self.params.best_of > self.params.n
-        if finished and self.params.best_of > self.params.n:
+        best_of = self.params.best_of or self.params.n  # set by SamplingParams.__post_init__
+        want_logprob = self.params.logprobs is not None or best_of > self.params.n
+        if finished and best_of > self.params.n:
             seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[:self.params.n]
         if self.delta:
             outs = [c for c in (self._delta(s, i if len(seqs) < len(self.seqs) else s.index,

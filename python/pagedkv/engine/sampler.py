@@ -4,20 +4,31 @@ Order, as vLLM defines it: allowed_token_ids mask, logit_bias, min_tokens maskin
 penalties (repetition over prompt + output, presence / frequency over output) -> greedy argmax,
 or temperature -> top-k -> top-p -> min-p -> random draw. Log-probabilities returned to the
 user are those of the raw model logits (vLLM V1's default), so they do not depend on the
-sampling knobs.
+sampling knobs; they are computed only for the rows that ask.
 
-The draw uses the exponential race (argmax of p / E with E ~ Exp(1)), which samples exactly
-from p. A request with a seed has its own generator that draws a full vocabulary of noise
-every step, so its tokens depend only on its seed and logits, not on who shares the batch.
+Every knob runs for the whole batch at once: the rows' parameters and token lists go to the
+device as a few flat arrays (one copy each), and the masks, biases and penalties are scatters
+over the [rows, vocab] logits, never a per-row kernel. Top-k / top-p / min-p truncate at a
+per-row probability threshold found by ``pagedkv.ops.top_k_top_p_threshold`` (a radix search
+over the probabilities, no vocabulary sort).
+
+The draw is ``pagedkv.ops.sample_exponential_race``: argmax of p / E with E ~ Exp(1), which
+samples exactly from p, for the whole batch in one kernel whose noise is a counter-based hash of
+a per-row 64-bit key and the token id (never stored). Each row's key is one draw per step from
+a host generator: the request's own (seeded: its tokens depend only on its seed and logits,
+not on who shares the batch) or the sampler's (unseeded).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 
+from pagedkv import ops
 from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.sampling_params import SamplingParams
 
@@ -43,17 +54,31 @@ class SamplerOutput:
     logprobs: List[Optional[Dict[int, Logprob]]] = field(default_factory=list)
 
 
+# Race keys are drawn in [0, 2^62): plenty of distinct streams, and a valid torch.randint range.
+_KEY_RANGE = 1 << 62
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = torch.device(device)
-        # Noise for unseeded requests: reproducible run to run for the same batch order.
-        self.generator = torch.Generator(device=self.device)
+        # Keys of unseeded requests: reproducible run to run for the same batch order. Host
+        # generators: a key is one host draw, never a device launch or synchronisation.
+        self.generator = torch.Generator()
         self.generator.manual_seed(seed)
 
     def make_generator(self, seed: int) -> torch.Generator:
-        g = torch.Generator(device=self.device)
+        """A seeded request's generator (host): one race key per step."""
+        g = torch.Generator()
         g.manual_seed(seed)
         return g
+
+    def _race_keys(self, rows: List[SamplingRow]) -> torch.Tensor:
+        keys = torch.randint(0, _KEY_RANGE, (len(rows),), generator=self.generator)
+        for i, r in enumerate(rows):
+            if r.generator is not None:
+                keys[i] = torch.randint(0, _KEY_RANGE, (1,), generator=r.generator,
+                                        device=r.generator.device).item()
+        return keys.to(self.device, non_blocking=True)
 
     def __call__(self, logits: torch.Tensor, rows: List[SamplingRow]) -> SamplerOutput:
         """logits: [len(rows), vocab] float32 on self.device."""
@@ -82,26 +107,19 @@ class Sampler:
 
     def _sample_random(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
         dev = logits.device
-        temps = torch.tensor([r.params.temperature for r in rows], device=dev)
-        logits = logits / temps.unsqueeze(1)
+        temps = _column([r.params.temperature for r in rows], torch.float32, dev)
+        probs = (logits / temps.unsqueeze(1)).softmax(dim=-1)
         top_k = [r.params.top_k for r in rows]
         top_p = [r.params.top_p for r in rows]
-        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-            logits = _top_k_top_p(logits, top_k, top_p)
         min_p = [r.params.min_p for r in rows]
-        if any(m > 0.0 for m in min_p):
-            probs = logits.softmax(dim=-1)
-            thresh = torch.tensor(min_p, device=dev).unsqueeze(1) * probs.amax(-1, keepdim=True)
-            logits = logits.masked_fill(probs < thresh, float("-inf"))
-        probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs)
-        unseeded = [i for i, r in enumerate(rows) if r.generator is None]
-        if unseeded:
-            noise.exponential_(generator=self.generator)
-        for i, r in enumerate(rows):
-            if r.generator is not None:
-                noise[i].exponential_(generator=r.generator)
-        return (probs / noise).argmax(dim=-1)
+        thresholds = torch.zeros(len(rows), dtype=torch.float32, device=dev)
+        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p) or any(min_p):
+            ops.top_k_top_p_threshold(thresholds, probs, _column(top_k, torch.int32, dev),
+                                      _column(top_p, torch.float32, dev),
+                                      _column(min_p, torch.float32, dev))
+        tokens = torch.empty(len(rows), dtype=torch.int64, device=dev)
+        ops.sample_exponential_race(tokens, probs, thresholds, self._race_keys(rows))
+        return tokens
 
     @staticmethod
     def prompt_logprobs(logits: torch.Tensor, next_token_ids: Sequence[int],
@@ -113,33 +131,55 @@ class Sampler:
         return _logprob_dicts(logits.float().log_softmax(-1), ids, [num_logprobs] * len(ids))
 
 
+def _column(values: Sequence[float], dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """One per-row parameter as a device array (one host-to-device copy)."""
+    return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+
+def _flat(lists: Sequence[Sequence[int]], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row index, token id) of every entry of the rows' token lists, as two device arrays built
+    on the host in one pass (no per-row device work)."""
+    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+    ids = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64,
+                      count=int(lengths.sum()))
+    pairs = torch.from_numpy(np.stack([np.repeat(np.arange(len(lists)), lengths), ids]))
+    pairs = pairs.to(dev, non_blocking=True)
+    return pairs[0], pairs[1]
+
+
 def _apply_allowed(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
     """Every token outside a row's allowed_token_ids gets -inf (ids were checked against the
     vocabulary when the request came in)."""
-    for i, r in enumerate(rows):
-        allowed = r.params.allowed_token_ids
-        if allowed is not None:
-            keep = torch.tensor(allowed, dtype=torch.long, device=logits.device)
-            row = torch.full_like(logits[i], float("-inf"))
-            row[keep] = logits[i, keep]
-            logits[i] = row
+    pick = [i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None]
+    if not pick:
+        return
+    dev = logits.device
+    r, ids = _flat([rows[i].params.allowed_token_ids for i in pick], dev)  # type: ignore[misc]
+    keep = torch.zeros(len(pick), logits.shape[1], dtype=torch.bool, device=dev)
+    keep[r, ids] = True
+    idx = torch.tensor(pick, device=dev)
+    logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
 
 
 def _apply_logit_bias(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
     """Adds each row's logit_bias (ids were checked against the vocabulary when the request
     came in). Before the min_tokens mask, so that a bias cannot lift a banned token."""
-    for i, r in enumerate(rows):
-        bias = r.params.logit_bias
-        if bias:
-            ids = torch.tensor(list(bias.keys()), dtype=torch.long, device=logits.device)
-            values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
-            logits[i].index_add_(0, ids, values)
+    pick = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    if not pick:
+        return
+    biases = [rows[i].params.logit_bias for i in pick]
+    r, ids = _flat([list(b.keys()) for b in biases], logits.device)  # type: ignore[union-attr]
+    values = torch.tensor([v for b in biases for v in b.values()],  # type: ignore[union-attr]
+                          dtype=logits.dtype).to(logits.device, non_blocking=True)
+    rows_idx = torch.tensor(pick, device=logits.device)[r]
+    logits.index_put_((rows_idx, ids), values, accumulate=True)
 
 
 def _mask_banned(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
-    for i, r in enumerate(rows):
-        if r.banned_token_ids:
-            logits[i, list(r.banned_token_ids)] = float("-inf")
+    if not any(r.banned_token_ids for r in rows):
+        return
+    r, ids = _flat([r.banned_token_ids for r in rows], logits.device)
+    logits.index_put_((r, ids), torch.tensor(float("-inf"), device=logits.device))
 
 
 def _has_penalty(p: SamplingParams) -> bool:
@@ -155,44 +195,24 @@ def _apply_penalties(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
     sub = logits[idx]
     out_counts = _token_counts([rows[i].output_token_ids for i in pick], vocab, dev)
     prompt_counts = _token_counts([rows[i].prompt_token_ids for i in pick], vocab, dev)
-    rep = torch.tensor([rows[i].params.repetition_penalty for i in pick], device=dev).unsqueeze(1)
+    params = torch.tensor([[rows[i].params.repetition_penalty, rows[i].params.frequency_penalty,
+                            rows[i].params.presence_penalty] for i in pick]).to(dev)
+    rep, freq, pres = params[:, 0:1], params[:, 1:2], params[:, 2:3]
     seen = (out_counts > 0) | (prompt_counts > 0)
     # Repetition penalty (CTRL paper, as vLLM applies it): shrink seen tokens towards zero.
     penalised = torch.where(sub > 0, sub / rep, sub * rep)
     sub = torch.where(seen, penalised, sub)
-    freq = torch.tensor([rows[i].params.frequency_penalty for i in pick], device=dev)
-    pres = torch.tensor([rows[i].params.presence_penalty for i in pick], device=dev)
-    sub = sub - freq.unsqueeze(1) * out_counts - pres.unsqueeze(1) * (out_counts > 0).float()
+    sub = sub - freq * out_counts - pres * (out_counts > 0).float()
     logits[idx] = sub
 
 
 def _token_counts(seqs: List[Sequence[int]], vocab: int, dev: torch.device) -> torch.Tensor:
-    counts = torch.zeros(len(seqs), vocab + 1, device=dev)
-    width = max((len(s) for s in seqs), default=0)
-    if width == 0:
-        return counts[:, :vocab]
-    # Pad with `vocab` (a spare column dropped below) so one scatter_add handles every row.
-    padded = torch.full((len(seqs), width), vocab, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            padded[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-    padded = padded.to(dev)
-    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
-    return counts[:, :vocab]
-
-
-def _top_k_top_p(logits: torch.Tensor, top_k: List[int], top_p: List[float]) -> torch.Tensor:
-    dev, vocab = logits.device, logits.shape[1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=dev).unsqueeze(1)
-    ranks = torch.arange(vocab, device=dev).unsqueeze(0)
-    sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
-    p = torch.tensor(top_p, device=dev).unsqueeze(1)
-    probs = sorted_logits.softmax(dim=-1)
-    # Drop a token when the mass strictly before it already reaches p (the top one always stays).
-    drop = (probs.cumsum(dim=-1) - probs) > p
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    """[len(seqs), vocab] float32 occurrence counts, one scatter-add for all rows."""
+    counts = torch.zeros(len(seqs), vocab, device=dev)
+    r, ids = _flat(seqs, dev)
+    if len(ids):
+        counts.index_put_((r, ids), torch.ones(len(ids), device=dev), accumulate=True)
+    return counts
 
 
 def _gather_logprobs(raw: torch.Tensor, tokens: torch.Tensor,

@@ -25,6 +25,18 @@ _FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", 
 _BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens",
                 "spaces_between_special_tokens", "include_stop_str_in_output")
 
+# The sampler works in float32 and its tensors hold int64: a value outside these ranges would
+# overflow there (top_k = 2**64: "Overflow when unpacking long long") or silently become inf /
+# 0 (temperature 1e39, repetition_penalty 1e-46), turning every logit into NaN.
+_INT64 = (-(2**63), 2**63 - 1)
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32 (a subnormal)
+# repetition_penalty divides or multiplies logits; within these bounds a logit (with a
+# logit_bias of at most LOGIT_BIAS_MAX, then divided by a sampling temperature >= 1e-5) stays
+# far inside float32's range, so no row of logits turns into inf / NaN.
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)
+LOGIT_BIAS_MAX = 1e10
+
 
 class RequestOutputKind(str, enum.Enum):
     """What each RequestOutput of a request carries (vLLM's enum, same member names). A str
@@ -35,12 +47,33 @@ class RequestOutputKind(str, enum.Enum):
     FINAL_ONLY = "final_only"  # one output, when the request finishes
 
 
+def _shown(value: Any, limit: int = 80) -> str:
+    """repr of a value, cut to ``limit`` characters: an error message must stay short when a
+    request sends a huge list."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _type_error(name: str, want: str, value: Any) -> TypeError:
-    return TypeError(f"{name} must be {want}, got {type(value).__name__} {value!r}")
+    return TypeError(f"{name} must be {want}, got {type(value).__name__} {_shown(value)}")
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _float32(name: str, v: float) -> float:
+    """``v`` if float32 holds it (finite, not overflowing, not rounding to zero), else a
+    ValueError naming the field."""
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if abs(v) > FLOAT32_MAX:
+        raise ValueError(f"{name} must be at most {FLOAT32_MAX:.4g} in magnitude (float32's "
+                         f"range, which the sampler computes in), got {v!r}")
+    if v != 0.0 and abs(v) < FLOAT32_TINY:
+        raise ValueError(f"{name} is too close to zero for float32 (which the sampler "
+                         f"computes in): {v!r} would become 0")
+    return v
 
 
 @dataclass
@@ -121,12 +154,15 @@ class SamplingParams:
             if not _is_int(v):
                 want = "an integer or None" if name in _OPTIONAL_INT_FIELDS else "an integer"
                 raise _type_error(name, want, v)
+            if not _INT64[0] <= v <= _INT64[1]:
+                raise ValueError(f"{name} must be in [-2**63, 2**63 - 1] (int64, as vLLM's "
+                                 f"server bounds seeds), got {v!r}")
             setattr(self, name, int(v))
         for name in _FLOAT_FIELDS:
             v = getattr(self, name)
             if not isinstance(v, numbers.Real) or isinstance(v, bool):
                 raise _type_error(name, "a number", v)
-            setattr(self, name, float(v))
+            setattr(self, name, _float32(name, float(v)))
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise _type_error(name, "True or False", getattr(self, name))
@@ -149,7 +185,7 @@ class SamplingParams:
 
     def _verify(self) -> None:
         def bad(name: str, msg: str) -> ValueError:
-            return ValueError(f"{name} {msg}, got {getattr(self, name)!r}")
+            return ValueError(f"{name} {msg}, got {_shown(getattr(self, name))}")
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "must be an integer >= 1")
@@ -158,8 +194,10 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(name, "must be in [-2, 2]")
-        if not self.repetition_penalty > 0.0:
-            raise bad("repetition_penalty", "must be > 0")
+        lo, hi = REPETITION_PENALTY_RANGE
+        if not lo <= self.repetition_penalty <= hi:
+            raise bad("repetition_penalty", f"must be in [{lo:g}, {hi:g}] (> 0; the bounds keep "
+                      "penalised logits finite in float32)")
         if not self.temperature >= 0.0:
             raise bad("temperature", "must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
@@ -180,9 +218,6 @@ class SamplingParams:
         if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
                                                  or self.prompt_logprobs < 0):
             raise bad("prompt_logprobs", "must be an integer >= 0")
-        if self.seed is not None and (not isinstance(self.seed, int)
-                                      or not -(2**63) <= self.seed <= 2**63 - 1):
-            raise bad("seed", "must be in [-2**63, 2**63 - 1] (int64, as vLLM's server bounds it)")
         if any(not isinstance(s, str) or not s for s in self.stop):  # type: ignore[union-attr]
             raise bad("stop", "must be a non-empty string or a list of non-empty strings")
         if self.stop and not self.detokenize:  # stop strings are found in the text
@@ -214,9 +249,13 @@ class SamplingParams:
             raise _type_error("logit_bias", "a dict of integer token ids to numbers", bias)
         self.logit_bias = {int(t): float(v) for t, v in bias.items()}
         if any(t < 0 for t in self.logit_bias):
-            raise ValueError(f"logit_bias token ids must be non-negative, got {bias!r}")
+            raise ValueError(f"logit_bias has out-of-vocab (negative) token ids: {_shown(bias)}")
         if not all(math.isfinite(v) for v in self.logit_bias.values()):
-            raise ValueError(f"logit_bias values must be finite, got {bias!r}")
+            raise ValueError(f"logit_bias values must be finite, got {_shown(bias)}")
+        if any(abs(v) > LOGIT_BIAS_MAX for v in self.logit_bias.values()):
+            raise ValueError(f"logit_bias values must be in [-{LOGIT_BIAS_MAX:g}, "
+                             f"{LOGIT_BIAS_MAX:g}] (logits stay finite in float32), got "
+                             f"{_shown(bias)}")
 
     def clone(self) -> SamplingParams:
         import copy

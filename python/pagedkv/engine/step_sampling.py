@@ -31,7 +31,7 @@ class StepSampling:
     def _row(self, req: RequestState, seq: SeqState) -> SamplingRow:
         p = req.params
         return SamplingRow(p, req.prompt_token_ids, seq.token_ids, seq.generator,
-                           req.banned_tokens(seq), need_logprob=p.best_of > p.n)
+                           req.banned_tokens(seq), need_logprob=(p.best_of or p.n) > p.n)
 
     def run(self, hidden: torch.Tensor) -> np.ndarray:
         plan, n = self.plan, len(self.entries)
@@ -56,7 +56,7 @@ class StepSampling:
         prompt_rows, prompt_next, prompt_owner = self._prompt_logprob_rows()
         all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long,
                                 device=hidden.device)
-        logits = self.engine.runner.model.compute_logits(hidden.index_select(0, all_rows))
+        logits = self.engine.runner.compute_logits(hidden, all_rows)
         sampled = np.full(n, -1, dtype=np.int64)
         if rows:
             self._assign(self._sample(logits, rows, row_src), owners, sampled)
@@ -93,12 +93,10 @@ class StepSampling:
         if not len(rows):
             return sampled
         idx = sample_idx[rows]
-        if len(idx) == hidden.shape[0] and np.array_equal(idx, np.arange(len(idx))):
-            picked = hidden  # decode-only step: every hidden row is sampled, in order
-        else:
-            picked = hidden.index_select(0, torch.from_numpy(idx.astype(np.int64))
-                                         .to(hidden.device))
-        logits = self.engine.runner.model.compute_logits(picked, upcast=False)
+        picked = None  # decode-only step: every hidden row is sampled, in order
+        if not (len(idx) == hidden.shape[0] and np.array_equal(idx, np.arange(len(idx)))):
+            picked = torch.from_numpy(idx.astype(np.int64)).to(hidden.device)
+        logits = self.engine.runner.compute_logits(hidden, picked, upcast=False)
         sampled[rows] = logits.argmax(dim=-1).cpu().numpy()
         return sampled
 

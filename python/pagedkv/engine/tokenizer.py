@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
+from pagedkv import envs
 from pagedkv.engine.detokenizer import added_token_ids, join_added_tokens
 
 Message = dict[str, Any]
@@ -18,7 +19,7 @@ Conversation = list[Message]
 
 
 def cache_dir() -> str:
-    return os.environ.get("PAGEDKV_CACHE_DIR") or os.path.join(
+    return envs.getenv("PAGEDKV_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "pagedkv")
 
 

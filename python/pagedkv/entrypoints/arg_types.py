@@ -149,17 +149,6 @@ def choice_of(choices: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
-def only_one(text: str) -> int:
-    """vLLM's --tensor-parallel-size / --pipeline-parallel-size: pagedkv runs the model in one
-    process on one device, so 1 is the only value (accepted so that vLLM command lines run)."""
-    if str(text).strip() != "1":
-        raise _bad("must be 1: pagedkv runs the model in one process on one device", text)
-    return 1
-
-
-only_one.__name__ = "1"
-
-
 def json_list(text: Union[str, List[Any]]) -> List[str]:
     """vLLM's list flags (``--allowed-origins '["https://a.example"]'``): a JSON list of
     strings; a config file may give a YAML list instead (``takes_list``)."""

@@ -50,7 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except CLIError as e:
         # A bad flag value found after parsing (or while the engine was set up): reported as
         # argparse reports one, usage + "error: argument --flag: ...", exit code 2.
-        args._parser.error(str(e))
+        sub_parser: argparse.ArgumentParser = args._parser  # its usage line names the command
+        sub_parser.error(str(e))
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
+from pagedkv import ops
+from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
 
-# vLLM's --kv-cache-dtype choices (pagedkv.engine.config.KV_CACHE_DTYPES; spelled out here so
-# building the parser does not import torch).
-KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM's --kv-cache-dtype choices: the kernels' one list (include/pagedkv/ops.h, read through
+# pagedkv.ops, which does not import torch).
+KV_CACHE_DTYPE_CHOICES = ops.KV_CACHE_DTYPES
 KV_CACHE_DTYPE_HELP = ("KV-cache element type: 'auto' (the model dtype), or fp8 at 1 byte per "
                        "element, which doubles the cached tokens of a 16-bit model: 'fp8' = "
                        "'fp8_e4m3' (3-bit mantissa) or 'fp8_e5m2' (wider range, 2-bit mantissa); "
@@ -90,6 +92,11 @@ ENGINE_FLAGS = (
          "or 'priority' (the request's priority, lower first, then arrival; a server request "
          "with a priority other than 0 is refused under fcfs)",
          type=t.choice_of(("fcfs", "priority")), metavar="{fcfs,priority}"),
+    Flag("tensor_parallel_size", 1, "ranks each layer is split over (one process per rank, "
+         "each on its own GPU, or on the CPU with gloo)", type=t.int_at_least(1)),
+    Flag("pipeline_parallel_size", 1, "pipeline stages the layers are split into (ranks = "
+         "tensor x pipeline parallel size; under torchrun, its WORLD_SIZE)",
+         type=t.int_at_least(1)),
     # Where the model comes from and how its config is read.
     Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),
     Flag("tokenizer_revision", None, "hub revision of the tokenizer", shown="--revision for "
@@ -106,11 +113,9 @@ ENGINE_FLAGS = (
          type=t.float_in(0.0, lo_open=True), shown="the config's"),
     Flag("generation_config", "auto", "sampling defaults: 'auto' reads the model's "
          "generation_config.json, 'vllm' ignores it, or a folder holding one"),
+    Flag("override_generation_config", None, "JSON object of generation-config keys replaced "
+         "(e.g. '{\"temperature\": 0.5}')", type=t.json_object, shown="none"),
     # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
-    Flag("tensor_parallel_size", 1, "accepted for vLLM compatibility: one device, so 1 only",
-         type=t.only_one),
-    Flag("pipeline_parallel_size", 1, "accepted for vLLM compatibility: one process, so 1 only",
-         type=t.only_one),
     Flag("trust_remote_code", False, "accepted for vLLM compatibility: pagedkv runs its own "
          "model code, never a checkpoint's, so this changes nothing", kind="switch"),
     Flag("disable_log_stats", False, "accepted for vLLM compatibility: pagedkv logs no "
@@ -166,6 +171,38 @@ def add_engine_arguments(parser: argparse.ArgumentParser, suppress: bool = False
     g = parser.add_argument_group("engine")
     for flag in ENGINE_FLAGS:
         add_flag(g, flag, suppress)
+    add_vllm_only_flags(parser)
+
+
+class _VllmOnly(argparse.Action):
+    """A vLLM engine flag pagedkv does not have (pagedkv.engine.vllm_args): accepted with a
+    value that changes nothing (its vLLM default), refused with the reason otherwise. Never
+    stored: the engine has no such setting."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        value: Any = True if values is None else _json_or_text(values)
+        try:
+            check_vllm_arg(self.dest, value)
+        except ValueError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+
+
+def _json_or_text(text: str) -> Any:
+    """A flag's value as vLLM reads JSON-valued flags ('{}', '0', 'false'), else the text."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
+    """Every vLLM engine flag that pagedkv refuses, hidden from --help (the table in
+    pagedkv.engine.vllm_args says why for each)."""
+    for name in VLLM_ONLY_ARGS:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, action=_VllmOnly,
+                            nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def engine_kwargs(args: argparse.Namespace) -> Dict[str, Any]:

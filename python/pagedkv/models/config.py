@@ -11,6 +11,7 @@ from typing import Any, Optional, Union
 import torch
 
 from pagedkv.models.attention_backend import AttentionSpec
+from pagedkv.models.moe import MoEConfig
 
 # HF architecture name -> the model file (family) that implements it.
 _HF_FAMILIES = {
@@ -24,6 +25,10 @@ _HF_FAMILIES = {
     "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox",
     "OPTForCausalLM": "opt",
+    # Llama-style decoders with sparse MoE blocks (models/moe.py).
+    "MixtralForCausalLM": "llama",
+    "Qwen2MoeForCausalLM": "llama",
+    "Qwen3MoeForCausalLM": "llama",
 }
 # `*ForSequenceClassification` heads on the families above: HF name -> the causal LM it wraps.
 SEQUENCE_CLASSIFIERS = {
@@ -43,7 +48,9 @@ _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                 "gemma3_text": "Gemma3ForCausalLM", "gpt2": "GPT2LMHeadModel",
-                "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM"}
+                "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
+                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                "qwen3_moe": "Qwen3MoeForCausalLM"}
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -93,6 +100,9 @@ class ModelConfig:
     word_embed_proj_dim: Optional[int] = None
     do_layer_norm_before: bool = True
     layer_norm_elementwise_affine: bool = True
+    moe: Optional[MoEConfig] = None  # the experts of Mixtral / Qwen-MoE (models/moe.py)
+    # config.json's quantization_config, as written (models/quantization reads it).
+    quantization_config: Optional[dict[str, Any]] = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -264,6 +274,7 @@ def _hf_common(arch: str, d: dict[str, Any]) -> dict[str, Any]:
         bos_token_id=d.get("bos_token_id"),
         eos_token_id=d.get("eos_token_id"),
         torch_dtype=_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None,
+        quantization_config=d.get("quantization_config"),
     )
 
 
@@ -274,6 +285,8 @@ _WINDOW_KEYS = {  # architecture -> (default window, needs use_sliding_window)
     "MistralForCausalLM": (4096, False), "Qwen2ForCausalLM": (4096, True),
     "Qwen3ForCausalLM": (4096, True), "Phi3ForCausalLM": (None, False),
     "Gemma2ForCausalLM": (4096, False), "Gemma3ForCausalLM": (4096, False),
+    "MixtralForCausalLM": (None, False), "Qwen2MoeForCausalLM": (4096, True),
+    "Qwen3MoeForCausalLM": (4096, True),
 }
 
 
@@ -292,12 +305,14 @@ def _llama_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
         partial_rotary_factor=_partial_rotary(d, 1.0),
         tie_word_embeddings=d.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT),
         # Qwen2 always has q/k/v biases and no config key for them.
-        attention_bias=d.get("attention_bias", arch == "Qwen2ForCausalLM"),
+        attention_bias=d.get("attention_bias", d.get(
+            "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"))),
         mlp_bias=d.get("mlp_bias", False),
         hidden_act=d.get("hidden_act", "silu"),
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
         sliding_window=window,
         layer_types=layer_types,
+        moe=MoEConfig.from_hf_dict(arch, d),
     )
 
 
@@ -375,8 +390,9 @@ def _opt_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sliding_window(arch: str, d: dict[str, Any]) -> tuple[Optional[int], Optional[list[str]]]:
-    """(window, layer types) as transformers reads them: Mistral and Phi-3 slide on every layer;
-    Qwen2/3 only with use_sliding_window, on layers from max_window_layers on; Gemma 2 on every
+    """(window, layer types) as transformers reads them: Mistral, Mixtral and Phi-3 slide on
+    every layer; Qwen2/3 only with use_sliding_window, on layers from max_window_layers on
+    (Qwen3-MoE on all, Qwen2-MoE on every other one below it); Gemma 2 on every
     other layer from the first, Gemma 3 on five of each six; an explicit layer_types wins."""
     if arch not in _WINDOW_KEYS:
         return None, None  # Llama: transformers ignores a sliding_window key
@@ -390,6 +406,9 @@ def _sliding_window(arch: str, d: dict[str, Any]) -> tuple[Optional[int], Option
         if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
             first = d.get("max_window_layers", 28)
             types = [SLIDING if i >= first else FULL for i in range(n)]
+        elif arch == "Qwen2MoeForCausalLM":  # every other layer below max_window_layers
+            last = d.get("max_window_layers", 28)
+            types = [SLIDING if (i + 1) % 2 and i < last else FULL for i in range(n)]
         elif arch == "Gemma2ForCausalLM":
             types = [SLIDING if (i + 1) % 2 else FULL for i in range(n)]
         elif arch == "Gemma3ForCausalLM":

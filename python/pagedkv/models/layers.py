@@ -15,7 +15,10 @@ _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def fused_ok(x: torch.Tensor) -> bool:
-    return x.dtype in _FUSED_DTYPES and x.device.type in ("cpu", "cuda")
+    """The fused ops take x: a float32 / float16 / bfloat16 CPU or CUDA array of rank 1 to 3
+    with a contiguous last dimension (the ops' rows); the eager math serves anything else."""
+    return (x.dtype in _FUSED_DTYPES and x.device.type in ("cpu", "cuda")
+            and 1 <= x.dim() <= 3 and (x.stride(-1) == 1 or x.shape[-1] == 1))
 
 # Inference-only layers: parameters start uninitialised (torch.empty) because every one of them
 # is overwritten by the checkpoint; torch.nn's random init of a 1B model costs seconds.

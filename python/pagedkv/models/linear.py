@@ -16,13 +16,13 @@ Parameters start uninitialised: every one is overwritten by the checkpoint.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedkv.distributed import get_tp_group
+from pagedkv.distributed import get_tp_group, heads_per_rank
 
 ShardId = Union[int, str, None]
 WeightLoader = Callable[..., None]
@@ -77,10 +77,10 @@ class ColumnParallelLinear(nn.Module):
         self.gather_output = gather_output
         self.tp_rank = get_tp_group().rank_in_group
         self.weight = _param(self.output_size_per_partition, input_size)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.bias = _param(self.output_size_per_partition) if bias else None
         if self.bias is not None:
-            self.bias.weight_loader = self.weight_loader
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: ShardId = None) -> None:
@@ -140,14 +140,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         kv = total_num_kv_heads or total_num_heads
         self.head_dim = head_dim
         self.total_num_heads, self.total_num_kv_heads = total_num_heads, kv
-        self.num_heads = _split(total_num_heads, "the number of attention heads")
-        if kv >= tp:
-            self.num_kv_heads = _split(kv, "the number of key/value heads")
-        elif tp % kv:
-            raise ValueError(f"tensor_parallel_size {tp} is not a multiple of the number of "
-                             f"key/value heads ({kv}): the heads cannot be replicated evenly")
-        else:
-            self.num_kv_heads = 1
+        self.num_heads, self.num_kv_heads = heads_per_rank(total_num_heads, kv)
         self.q_size = self.num_heads * head_dim
         self.kv_size = self.num_kv_heads * head_dim
         # Build as a column-parallel layer of this rank's size (the replicated KV heads make the
@@ -168,7 +161,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             for i, (start, size) in enumerate(((0, q), (q, kv), (q + kv, kv))):
                 self.weight_loader(param, loaded.narrow(0, start, size), i)
             return
-        idx = {"q": 0, "k": 1, "v": 2}.get(shard_id, shard_id) if isinstance(shard_id, str) \
+        idx: Any = {"q": 0, "k": 1, "v": 2}.get(shard_id, shard_id) if isinstance(shard_id, str) \
             else int(shard_id)
         if idx == 0:
             full, offset, size, head = self.total_num_heads * d, 0, self.q_size, \
@@ -196,10 +189,10 @@ class RowParallelLinear(nn.Module):
         self.reduce_results = reduce_results
         self.tp_rank = get_tp_group().rank_in_group
         self.weight = _param(output_size, self.input_size_per_partition)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.bias = _param(output_size) if bias else None
         if self.bias is not None:
-            self.bias.weight_loader = default_weight_loader
+            self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: ShardId = None) -> None:
@@ -228,10 +221,10 @@ class ReplicatedLinear(nn.Module):
     def __init__(self, input_size: int, output_size: int, bias: bool = True) -> None:
         super().__init__()
         self.weight = _param(output_size, input_size)
-        self.weight.weight_loader = default_weight_loader
+        self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
         self.bias = _param(output_size) if bias else None
         if self.bias is not None:
-            self.bias.weight_loader = default_weight_loader
+            self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)

@@ -25,6 +25,7 @@ from pagedkv.models.layers import (
     load_weights_into,
 )
 from pagedkv.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedkv.models.moe import sparse_moe_block
 from pagedkv.models.pipeline_stage import (
     PPMissingLayer,
     is_first_stage,
@@ -97,7 +98,10 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
-        self.mlp = LlamaMLP(cfg)
+        # Mixtral / Qwen-MoE: a sparse MoE block where the config makes the layer sparse
+        # (decided by the model's layer index, which differs from cache_idx on later stages).
+        moe = sparse_moe_block(cfg, layer_idx)
+        self.mlp = moe if moe is not None else LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -178,8 +182,11 @@ class LlamaForCausalLM(CausalLM):
             return m.norm(x)
         return m.norm(x, residual)[0]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...)."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
+                     loaded_elsewhere: Optional[set[str]] = None) -> None:
+        """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...).
+        ``loaded_elsewhere``: parameters a subclass fills itself while ``weights`` is consumed
+        (the MoE experts), counted as loaded."""
         cfg = self.config
         # A tied head on a last stage that is not the first has its own copy of the matrix.
         head_from_embedding = cfg.tie_word_embeddings and not is_first_stage()
@@ -194,4 +201,4 @@ class LlamaForCausalLM(CausalLM):
             return name
 
         written = load_weights_into(self, weights, self.fused_weights, rename=rename)
-        check_all_loaded(self, written, self.fused_parts)
+        check_all_loaded(self, written | (loaded_elsewhere or set()), self.fused_parts)

@@ -104,20 +104,30 @@ def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -
 
 
 def load_model(model: Optional[str] = None, dtype: DTypeLike = "auto",
-               device: Union[torch.device, str] = "cpu", *, revision: Optional[str] = None,
+               device: Union[torch.device, str] = "cpu",
+               quantization: Optional[str] = None, *, revision: Optional[str] = None,
                download_dir: Optional[str] = None,
                hf_overrides: Optional[dict[str, Any]] = None,
                check: Optional[Callable[[ModelConfig], None]] = None
                ) -> tuple[nn.Module, ModelConfig]:
     """Loads ``model`` (see resolve_model: a path, the packaged default or a hub id at
     ``revision``, cached in ``download_dir``) -> (torch module on ``device``, its ModelConfig).
-    ``check`` may refuse the config before any weight is read (the engine's head sizes)."""
+    ``quantization``: vLLM's argument (models/quantization); the checkpoint's own
+    quantization_config is applied without it. ``check`` may refuse the config before any
+    weight is read (the engine's head sizes)."""
+    from pagedkv.models import quantization as quant
+
     device = torch.device(device)
     source = resolve_model(model, revision, download_dir)
     config = load_config(source, hf_overrides)
     if check is not None:
         check(config)
-    net = build_empty(config, resolve_dtype(dtype, config, device), device)
+    method = quant.resolve_quantization(config.quantization_config, quantization)
+    net: Any = build_empty(config, resolve_dtype(dtype, config, device), device)
+    if method is not None:
+        quant.quantize_model(net, method)
     net.load_weights(checkpoint_weights(source, config))
+    if method is not None:
+        quant.finish_quantization(net)
     net.source = source
     return net, config

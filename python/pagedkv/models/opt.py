@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, cast
 
 import torch
 from torch import nn
@@ -114,12 +114,16 @@ class OPTForCausalLM(CausalLM):
         self.make_head(cfg, cfg.word_embed_proj_dim or cfg.hidden_size,
                        self.model.decoder.embed_tokens)
 
+    @property
+    def decoder(self) -> OPTDecoder:  # typed: nn.Module attributes read as Tensor | Module
+        return cast(OPTDecoder, self.model.decoder)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionBackend,
                 intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
-        dec = self.model.decoder
+        dec = self.decoder
         if is_first_stage():
             x = dec.embed_tokens(input_ids)
             if dec.project_in is not None:

@@ -89,8 +89,10 @@ def model_class(architecture: str) -> type[nn.Module]:
     from pagedkv.models.gpt2 import GPT2LMHeadModel
     from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
     from pagedkv.models.llama import LlamaForCausalLM
+    from pagedkv.models.mixtral import MixtralForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
     from pagedkv.models.phi3 import Phi3ForCausalLM
+    from pagedkv.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
     classes: dict[str, type[nn.Module]] = {
         "LlamaForCausalLM": LlamaForCausalLM,
@@ -103,6 +105,9 @@ def model_class(architecture: str) -> type[nn.Module]:
         "GPT2LMHeadModel": GPT2LMHeadModel,
         "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
         "OPTForCausalLM": OPTForCausalLM,
+        "MixtralForCausalLM": MixtralForCausalLM,
+        "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+        "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     }
     causal = SEQUENCE_CLASSIFIERS.get(architecture, architecture)
     if causal not in classes:

@@ -1,5 +1,5 @@
 """Rotary position embedding (NeoX / rotate-half or GPT-J / interleaved pairs, partial rotary)
-with the llama3, linear, dynamic-NTK, YaRN and LongRoPE (Phi-3) frequency scalings.
+with the llama3, linear, dynamic-NTK, YaRN and LongRoPE frequency scalings.
 
 The frequencies (all the scaling math) are computed here once; the rotation itself is the fused
 ``pagedkv.ops.rotary_embedding`` op over a [max_position, rotary_dim] cos | sin table in the
@@ -37,23 +37,6 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def _longrope_inv_freq(dim: int, base: float, s: dict[str, Any]
-                       ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(short inv_freq, long inv_freq, attention factor) of LongRoPE: per-frequency divisors,
-    the long ones for positions past the original training length."""
-    orig = s["original_max_position_embeddings"]
-    factor = s.get("factor") or s["max_position_embeddings"] / orig
-    attn_factor = s.get("attention_factor")
-    if attn_factor is None:
-        attn_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-
-    def inv(factors: list[float]) -> torch.Tensor:
-        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** exponents)
-
-    return inv(s["short_factor"]), inv(s["long_factor"]), float(attn_factor)
-
-
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -88,6 +71,23 @@ def _yarn_inv_freq(dim: int, base: float, s: dict[str, Any], max_pos: int
     return inv_freq, float(attn_factor)
 
 
+def _longrope(dim: int, base: float, s: dict[str, Any], max_pos: int
+              ) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+    """LongRoPE (Phi-3): per-frequency short / long factors, the long ones once a sequence passes
+    original_max_position_embeddings; attention factor sqrt(1 + ln(factor) / ln(original))."""
+    orig = s.get("original_max_position_embeddings") or max_pos
+    factor = s.get("factor") or max_pos / orig
+    attn = s.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+
+    def inv(factors: Any) -> torch.Tensor:
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** shape)
+
+    return inv(s["short_factor"]), inv(s["long_factor"]), float(attn), int(orig)
+
+
 class RotaryEmbedding(nn.Module):
     """Holds a cos/sin table grown on demand; ``forward`` rotates q and k in place.
 
@@ -101,17 +101,18 @@ class RotaryEmbedding(nn.Module):
                  is_neox: bool = True) -> None:
         super().__init__()
         self.head_dim, self.max_position, self.base = head_dim, max_position, base
+        self.long_inv_freq: Optional[torch.Tensor] = None  # LongRoPE's long factors
+        self.original_max = 0
         self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if self.rotary_dim % 2 or not 2 <= self.rotary_dim <= head_dim:
             raise ValueError(f"rotary_dim = {self.rotary_dim} must be even and in "
                              f"[2, head_dim = {head_dim}]")
         self.is_neox = is_neox
         dim = self.rotary_dim
-        self.scaling = dict(scaling) if scaling else None
+        self.scaling: dict[str, Any] = dict(scaling) if scaling else {}
         rope_type = self.scaling["rope_type"] if self.scaling else "default"
         self.rope_type = rope_type
         self.attention_factor = 1.0
-        self.long_inv_freq: Optional[torch.Tensor] = None  # LongRoPE, from original_max on
         with torch.device("cpu"):  # also when the model is built under torch.device("meta")
             inv_freq = _base_inv_freq(dim, base)
             if rope_type == "linear":
@@ -124,14 +125,16 @@ class RotaryEmbedding(nn.Module):
                 inv_freq, self.attention_factor = _yarn_inv_freq(dim, base, self.scaling,
                                                                  max_position)
             elif rope_type == "longrope":
-                # Chosen per position, not per batch: a sequence's rotation then never depends on
-                # its batch-mates. (HF generate re-encodes the whole sequence with the long factors
-                # once it passes the original length; a paged cache keeps the earlier keys.)
-                inv_freq, self.long_inv_freq, self.attention_factor = _longrope_inv_freq(
-                    dim, base, self.scaling)
+                inv_freq, self.long_inv_freq, self.attention_factor, self.original_max = \
+                    _longrope(dim, base, self.scaling, max_position)
         self.inv_freq = inv_freq  # [rotary_dim / 2] float32, CPU
-        self._table: Optional[torch.Tensor] = None  # [len, 2, rotary_dim / 2] float32
-        self._cache: Optional[torch.Tensor] = None  # [len, rotary_dim] cos | sin, op's dtype
+        # Tables over positions [0, covered): [rows, 2, rotary_dim / 2] float32, and the op's
+        # [rows, rotary_dim] cos | sin in its dtype. LongRoPE stacks two: rows [0, original) of
+        # the short factors, then row original + p for position p with the long ones.
+        self._table: Optional[torch.Tensor] = None
+        self._table_covers = 0
+        self._cache: Optional[torch.Tensor] = None
+        self._cache_covers = 0
 
     def _dynamic_inv_freq(self, seq_len: int) -> torch.Tensor:
         # Dynamic NTK: the base grows once a sequence passes the trained length (as HF does,
@@ -143,19 +146,31 @@ class RotaryEmbedding(nn.Module):
         with torch.device("cpu"):
             return _base_inv_freq(dim, base)
 
+    def _freq_table(self, inv_freq: torch.Tensor, size: int) -> torch.Tensor:
+        freqs = torch.outer(torch.arange(size, dtype=torch.float32, device="cpu"), inv_freq)
+        return torch.stack([freqs.cos(), freqs.sin()], dim=1) * self.attention_factor
+
     def _cos_sin_table(self, length: int, device: torch.device) -> torch.Tensor:
+        """The float32 table covering positions [0, >= length) on `device`."""
         table = self._table
-        if table is None or table.shape[0] < length or table.device != device:
+        if table is None or self._table_covers < length or table.device != device:
             size = max(length, self.max_position, 1)
-            freqs = torch.outer(torch.arange(size, dtype=torch.float32, device="cpu"),
-                                self.inv_freq)
+            table = self._freq_table(self.inv_freq, size)
             if self.long_inv_freq is not None:
-                orig = self.scaling["original_max_position_embeddings"]
-                freqs[orig:] = torch.outer(torch.arange(orig, size, dtype=torch.float32),
-                                           self.long_inv_freq)
-            table = torch.stack([freqs.cos(), freqs.sin()], dim=1) * self.attention_factor
-            self._table = table = table.to(device)
+                table = torch.cat([table[:self.original_max],
+                                   self._freq_table(self.long_inv_freq, size)])
+            self._table, self._table_covers = table.to(device), size
+            table = self._table
         return table
+
+    def _rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """Table rows of the positions: themselves, or for LongRoPE the long-factor rows when any
+        position of the batch is past the original length (HF's rule, from the batch's longest
+        sequence), decided on the device (no synchronisation, CUDA-graph safe)."""
+        if self.long_inv_freq is None:
+            return positions
+        past = (positions >= self.original_max).any().to(positions.dtype)
+        return positions + past * self.original_max
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin, each [T, rotary_dim / 2]."""
@@ -165,14 +180,12 @@ class RotaryEmbedding(nn.Module):
                 inv = self._dynamic_inv_freq(seq_len).to(positions.device)
                 freqs = positions.float()[:, None] * inv[None, :]
                 return freqs.cos(), freqs.sin()
-        table = self._cos_sin_table(self.max_position, positions.device)
+        need = self.max_position
         # Only on the CPU: a GPU check would synchronise every step (the engine keeps positions
         # below max_position_embeddings there).
         if positions.numel() and positions.device.type == "cpu":
-            need = int(positions.max()) + 1
-            if need > table.shape[0]:
-                table = self._cos_sin_table(need, positions.device)
-        cs = table[positions]
+            need = max(need, int(positions.max()) + 1)
+        cs = self._cos_sin_table(need, positions.device)[self._rows(positions)]
         return cs[:, 0], cs[:, 1]
 
     def _op_cache(self, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -180,10 +193,11 @@ class RotaryEmbedding(nn.Module):
         cos and sin to the query's dtype anyway: a table in it holds the same values in half the
         bytes)."""
         cache = self._cache
-        if cache is None or cache.shape[0] < length or cache.dtype != dtype or \
+        if cache is None or self._cache_covers < length or cache.dtype != dtype or \
                 cache.device != device:
-            table = self._cos_sin_table(max(length, self.max_position), device)
+            table = self._cos_sin_table(length, device)
             self._cache = cache = table.flatten(1).to(dtype).contiguous()
+            self._cache_covers = self._table_covers
         return cache
 
     def _table_for(self, positions: torch.Tensor, dtype: torch.dtype
@@ -199,7 +213,7 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self.cos_sin(positions)
             table = torch.cat([cos, sin], dim=1).to(dtype).contiguous()
             return torch.arange(len(positions), device=positions.device), table
-        return positions, self._op_cache(need, dtype, positions.device)
+        return self._rows(positions), self._op_cache(need, dtype, positions.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor]
                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -29,7 +29,7 @@ class VocabParallelEmbedding(nn.Module):
                                         num_embeddings - self.vocab_start))
         self.weight = nn.Parameter(torch.empty(self.rows_per_partition, embedding_dim),
                                    requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                       shard_id: ShardId = None) -> None:
@@ -63,7 +63,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(self.rows_per_partition), requires_grad=False)
-            self.bias.weight_loader = self._bias_loader
+            self.bias.weight_loader = self._bias_loader  # type: ignore[attr-defined]
 
     def _bias_loader(self, param: nn.Parameter, loaded: torch.Tensor,
                      shard_id: ShardId = None) -> None:

@@ -10,6 +10,12 @@
 
 namespace pagedkv::cpu_ops {
 
+// The scale's value: the number, or its host array's element (the dispatcher checked the array is
+// a 1-element float32 array on the host).
+inline float host_scale(const Scale& s) {
+  return s.array ? *s.array->data_as<const float>() : s.value;
+}
+
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
                        KVCacheDType kv_cache_dtype, float k_scale, float v_scale);

@@ -215,8 +215,8 @@ DecodeProblem make_problem(const TensorView& out, const TensorView& query,
   const bool vllm = key_cache.ndim() == 5;
   p.query = RowArray(query);
   p.out = RowArray(out);
-  p.k = PagedCache::make(key_cache, true, vllm, opts.kv_cache_dtype, opts.k_scale);
-  p.v = PagedCache::make(value_cache, false, vllm, opts.kv_cache_dtype, opts.v_scale);
+  p.k = PagedCache::make(key_cache, true, vllm, opts.kv_cache_dtype, host_scale(opts.k_scale));
+  p.v = PagedCache::make(value_cache, false, vllm, opts.kv_cache_dtype, host_scale(opts.v_scale));
   p.tables = BlockTable(block_tables);
   p.seq_lens = IntArray(seq_lens);
   p.transform = make_transform(opts);

@@ -7,22 +7,22 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "pagedkv/error.h"
 
 namespace pagedkv::cpu_ops {
 namespace {
 
 thread_local bool t_in_parallel = false;
 
+std::atomic<int> g_requested{0};  // set_num_threads's count; 0: the usable CPUs
+
 int detect_threads() {
-  if (const char* env = std::getenv("PAGEDKV_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+  if (const int n = g_requested.load(); n > 0) return n;
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
@@ -122,6 +122,13 @@ Pool& pool() {
 int num_threads() {
   static const int n = detect_threads();
   return n;
+}
+
+void set_num_threads(int n) {
+  PAGEDKV_CHECK(n > 0, "num_threads must be > 0, got ", n);
+  g_requested.store(n);
+  PAGEDKV_CHECK(num_threads() == n, "num_threads: the CPU kernels already run on ", num_threads(),
+                " threads; the count is fixed at their first use");
 }
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& fn, int64_t work) {

@@ -12,8 +12,13 @@
 
 namespace pagedkv::cpu_ops {
 
-// Threads used by parallel_for: PAGEDKV_NUM_THREADS if set, else the CPUs this process may use.
+// Threads used by parallel_for: set_num_threads's count, else the CPUs this process may use; fixed
+// at the first call (the pool is sized once).
 int num_threads();
+
+// Fixes num_threads() to n (> 0) before the first use (pagedkv reads PAGEDKV_NUM_THREADS into it
+// at import); ValueError afterwards unless n is the count already in use.
+void set_num_threads(int n);
 
 // `work` estimates the total cost (roughly multiply-adds or bytes moved); below
 // kMinParallelWork the items run on the calling thread, since waking the workers costs more

@@ -189,8 +189,8 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   p.out = RowArray(out);
   p.key = RowArray(key);
   p.value = RowArray(value);
-  p.k = PagedCache::make(key_cache, true, vllm, opts.kv_cache_dtype, opts.k_scale);
-  p.v = PagedCache::make(value_cache, false, vllm, opts.kv_cache_dtype, opts.v_scale);
+  p.k = PagedCache::make(key_cache, true, vllm, opts.kv_cache_dtype, host_scale(opts.k_scale));
+  p.v = PagedCache::make(value_cache, false, vllm, opts.kv_cache_dtype, host_scale(opts.v_scale));
   p.tables = BlockTable(block_tables);
   p.query_start = IntArray(query_start_loc);
   p.seq_lens = IntArray(seq_lens);

@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
   attend_range<CT, KIND, GC, U, S, true>(
       p, reinterpret_cast<Raw<CT>*>(smem), static_cast<const CT*>(p.k_cache),
       static_cast<const CT*>(p.v_cache), p.kl, p.vl, p.kv_vec, bt, 0, k_lo, min(k_hi, ctx_len), ln,
-      kvh, q_pos, q, slope, p.qk_scale * p.k_scale, p.v_scale, m, l, acc);
+      kvh, q_pos, q, slope, p.qk_scale * p.k_scale.get(), p.v_scale.get(), m, l, acc);
   // The new tokens' ring holds Raw<QT>, whose slots overlap other lanes' Raw<CT> slots: wait
   // for every lane to finish the cached context first (uniform per CTA).
   if (sizeof(Raw<QT>) != sizeof(Raw<CT>)) __syncthreads();

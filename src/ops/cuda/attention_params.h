@@ -28,15 +28,13 @@ struct AttnParams {
   const void* k_new;           // [num_q, num_kv_heads, head_size]
   const void* v_new;
   CacheLayout knl, vnl;  // the new keys/values addressed as (token, 0, head, d)
-  int pair_chunk;        // tensor-core prefill: (sequence, KV head) pairs walked together
-                         // (prefill_order.cuh)
 
   int num_seqs, num_q, num_heads, num_kv_heads, group, head_size;
   int block_size, bs_shift;  // bs_shift >= 0 when block_size is a power of two
   int n_gchunks;             // CTAs per KV head (query heads of a group split over them)
   float qk_scale;            // softmax scale
   float softcap;             // > 0: cap * tanh(logit / cap)
-  float k_scale, v_scale;    // fp8 cache dequantisation (1 otherwise); new tokens are unscaled
+  DeviceScale k_scale, v_scale;  // fp8 cache dequantisation (1 otherwise); new tokens unscaled
   const float* alibi;        // [num_heads] float32 or nullptr
   int window;                // > 0: keys with q_pos - key_pos < window
   bool kv_vec;               // cache runs can be read with 16-byte loads

@@ -29,8 +29,8 @@ AttnParams make_attn_shape(const TensorView& query, const TensorView& key_cache,
   const int cache_fp8 = fp8_kind(opts.kv_cache_dtype);
   p.n_gchunks = ceil_div(p.group, heads_per_cta(p.group));
   p.qk_scale = opts.scale;
-  p.k_scale = cache_fp8 ? opts.k_scale : 1.0f;
-  p.v_scale = cache_fp8 ? opts.v_scale : 1.0f;
+  p.k_scale = device_scale(opts.k_scale, cache_fp8 != kNoFp8);
+  p.v_scale = device_scale(opts.v_scale, cache_fp8 != kNoFp8);
   p.softcap = opts.logits_soft_cap > 0.f ? opts.logits_soft_cap : 0.f;
   p.alibi = opts.alibi_slopes ? opts.alibi_slopes->data_as<const float>() : nullptr;
   p.window = opts.sliding_window > 0 ? opts.sliding_window : 0;

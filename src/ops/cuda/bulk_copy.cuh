@@ -59,21 +59,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
-// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared
-// memory; completion is counted on `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
-                                              uint64_t* bar) {
-#if PAGEDKV_SM90
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-#endif
-}
-
-// The same with an L2 eviction policy (make_evict_first_policy): data read once should not push
-// data read again (queries, block tables, other CTAs' rows) out of L2.
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
+// with an L2 eviction policy (make_evict_first_policy: data read once should not push data read
+// again out of L2); completion is counted on `bar`.
 __device__ __forceinline__ void bulk_copy_g2s_hint(void* dst, const void* src, uint32_t bytes,
                                                    uint64_t* bar, uint64_t policy) {
 #if PAGEDKV_SM90

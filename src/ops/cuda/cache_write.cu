@@ -23,7 +23,7 @@ struct CacheWriteParams {
   const int64_t* slot_mapping;  // [num_tokens] int64, negative = padding
   int64_t num_tokens, num_slots;
   int num_heads, head_size, block_size;
-  float k_scale, v_scale;  // fp8: stored = x / scale
+  DeviceScale k_scale, v_scale;  // fp8: stored = x / scale
   int fp8;                 // Fp8Kind of the cache
   bool src_vec;            // key/value rows can be read 16 bytes at a time
   bool dst_vec;            // cache runs can be written as vectors
@@ -107,11 +107,11 @@ __global__ void cache_write_kernel(CacheWriteParams p) {
   float f[kRun];
   const T* k = static_cast<const T*>(p.key) + t * p.k_s_tok + h * p.k_s_head + d0;
   load_run(k, p.src_vec, f);
-  store_run<T>(static_cast<CT*>(p.key_cache), p.kl, block, off, h, d0, f, p.k_scale, p.fp8,
+  store_run<T>(static_cast<CT*>(p.key_cache), p.kl, block, off, h, d0, f, p.k_scale.get(), p.fp8,
                p.dst_vec);
   const T* v = static_cast<const T*>(p.value) + t * p.v_s_tok + h * p.v_s_head + d0;
   load_run(v, p.src_vec, f);
-  store_run<T>(static_cast<CT*>(p.value_cache), p.vl, block, off, h, d0, f, p.v_scale, p.fp8,
+  store_run<T>(static_cast<CT*>(p.value_cache), p.vl, block, off, h, d0, f, p.v_scale.get(), p.fp8,
                p.dst_vec);
 }
 
@@ -129,8 +129,8 @@ void launch_typed(const CacheWriteParams& p, cudaStream_t stream) {
 
 void cache_write(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                  const TensorView& value_cache, const TensorView& slot_mapping,
-                 KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream,
-                 bool vllm) {
+                 KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
+                 Stream stream, bool vllm) {
   if (slot_mapping.size(0) == 0) return;
   DeviceGuard guard(key.device());
   CacheWriteParams p{};
@@ -150,9 +150,9 @@ void cache_write(const TensorView& key, const TensorView& value, const TensorVie
   p.head_size = static_cast<int>(key.size(2));
   p.block_size = static_cast<int>(vllm ? key_cache.size(3) : key_cache.size(1));
   p.num_slots = key_cache.size(0) * p.block_size;
-  p.k_scale = k_scale;
-  p.v_scale = v_scale;
   p.fp8 = fp8_kind(kv_cache_dtype);
+  p.k_scale = device_scale(k_scale, p.fp8 != kNoFp8);
+  p.v_scale = device_scale(v_scale, p.fp8 != kNoFp8);
   p.src_vec = vector_ok(key, 16) && vector_ok(value, 16);
   const int run_bytes = kRun * static_cast<int>(key_cache.element_size());
   const int dst_align = run_bytes > 16 ? 16 : run_bytes;
@@ -171,7 +171,8 @@ void cache_write(const TensorView& key, const TensorView& value, const TensorVie
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream) {
+                       KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
+                       Stream stream) {
   cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
               stream, /*vllm=*/true);
 }
@@ -179,7 +180,7 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                             float k_scale, float v_scale, Stream stream) {
+                             const Scale& k_scale, const Scale& v_scale, Stream stream) {
   cache_write(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale,
               stream, /*vllm=*/false);
 }

@@ -112,6 +112,24 @@ inline int log2_int(int64_t v) {
 }
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// An fp8 scale as the kernels receive it (ops.h's Scale): a number, or a device pointer to the
+// float32 the kernel reads itself (no host synchronisation; a CUDA graph reads it at each replay).
+// A kernel launched as a programmatic dependent reads it after pdl_wait(), like any input.
+struct DeviceScale {
+  const float* ptr = nullptr;  // when set, the scale (value unused)
+  float value = 1.0f;
+
+  __device__ __forceinline__ float get() const { return ptr != nullptr ? __ldg(ptr) : value; }
+};
+
+// The kernels' form of a scale (an array is one the dispatcher checked: 1-element float32 on the
+// op's device); 1 when `used` is false ("auto" caches ignore their scales).
+inline DeviceScale device_scale(const Scale& s, bool used) {
+  if (!used) return {};
+  if (s.array) return {s.array->data_as<const float>(), 1.0f};
+  return {nullptr, s.value};
+}
+
 // fp8 formats of a uint8 cache (0 = the cache holds the query dtype itself).
 enum Fp8Kind : int { kNoFp8 = 0, kE4M3 = 1, kE5M2 = 2 };
 inline int fp8_kind(KVCacheDType d) {

@@ -4,6 +4,7 @@
 // synchronisation or allocation (CUDA-graph safe).
 #pragma once
 
+#include <string_view>
 #include <vector>
 
 #include "pagedkv/ops.h"
@@ -12,12 +13,13 @@ namespace pagedkv::cuda_ops {
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       KVCacheDType kv_cache_dtype, float k_scale, float v_scale, Stream stream);
+                       KVCacheDType kv_cache_dtype, const Scale& k_scale, const Scale& v_scale,
+                       Stream stream);
 
 void reshape_and_cache_flash(const TensorView& key, const TensorView& value,
                              const TensorView& key_cache, const TensorView& value_cache,
                              const TensorView& slot_mapping, KVCacheDType kv_cache_dtype,
-                             float k_scale, float v_scale, Stream stream);
+                             const Scale& k_scale, const Scale& v_scale, Stream stream);
 
 void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,
                         const TensorView& value_cache, int num_kv_heads,
@@ -31,9 +33,11 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
                         const AttentionOptions& opts, int partition_size, Stream stream);
 
-ops::DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
-                                const TensorView& value_cache, int num_kv_heads,
-                                KVCacheDType kv_cache_dtype);
+// The kernel the decode runs under the choice `kernel` (ValueError when a named one does not
+// cover the call).
+AttentionKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              KVCacheDType kv_cache_dtype, AttentionKernel kernel);
 
 void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
                            const TensorView& value, const TensorView& key_cache,
@@ -47,5 +51,8 @@ void copy_blocks(const std::vector<TensorView>& key_caches,
 
 void swap_blocks(const TensorView& src, const TensorView& dst, const TensorView& block_mapping,
                  Stream stream);
+
+// False in builds without the decode timeline (decode_timeline.h).
+bool set_decode_timeline_file(std::string_view path);
 
 }  // namespace pagedkv::cuda_ops

@@ -1,37 +1,47 @@
 // paged_attention_v1 (single pass: one CTA per sequence and KV group) and paged_attention_v2
 // (split-K: one CTA per partition of `partition_size` keys, then an fp32 log-sum-exp reduction),
 // with vLLM's semantics for exp_sums / max_logits / tmp_out. Three kernels, the first that covers
-// the call runs: the Hopper one (decode_bulk.cuh: bulk copies, transposed tensor-core tiles; sm_90,
-// row layouts), the tensor-core one (decode_mma.cuh: fp16/bf16 queries with head sizes that are
-// multiples of 16, both layouts) and the CUDA-core one (attention_kernel.cuh: everything else,
-// fp32 queries included, or PAGEDKV_DECODE_MMA=0).
+// the call runs unless the caller names one (AttentionOptions::kernel): the Hopper one
+// (decode_bulk.cuh: bulk copies, transposed tensor-core tiles; sm_90, row layouts), the
+// tensor-core one (decode_mma.cuh: fp16/bf16 queries with head sizes that are multiples of 16,
+// both layouts) and the CUDA-core one (attention_kernel.cuh: everything, fp32 queries included).
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/decode_reduce.h"
+#include "ops/cuda/kernel_choice.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
 
-// The first kernel that covers the call (the one place that decides; ops::decode_kernel asks
-// it too, so the split-K choice follows the kernel that runs).
-ops::DecodeKernel pick_kernel(const AttnParams& p, DType qdtype, KVCacheDType cache,
-                              const TensorView& key_cache, const TensorView& value_cache) {
+// The kernel that serves the call under the caller's choice (the one place that decides;
+// ops::decode_kernel asks it too, so the split-K choice follows the kernel that runs).
+AttentionKernel pick_kernel(const AttnParams& p, DType qdtype, KVCacheDType cache,
+                            const TensorView& key_cache, const TensorView& value_cache,
+                            AttentionKernel choice, const char* op) {
   const bool vec16 = vector_ok(key_cache, 16) && vector_ok(value_cache, 16);
-  if (decode_bulk_supported(p, qdtype, cache, vec16)) return ops::DecodeKernel::kHopper;
-  if (decode_mma_supported(p, qdtype, cache, vec16)) return ops::DecodeKernel::kTensorCore;
-  return ops::DecodeKernel::kCudaCore;
+  using K = AttentionKernel;
+  return choose_kernel(choice, op, {K::kHopper, K::kTensorCore, K::kCudaCore},
+                       [&](K k) -> const char* {
+                         switch (k) {
+                           case K::kHopper: return decode_bulk_uncovered(p, qdtype, cache, vec16);
+                           case K::kTensorCore: return decode_mma_uncovered(p, qdtype, cache, vec16);
+                           default: return nullptr;  // the CUDA-core kernel covers every call
+                         }
+                       });
 }
 
 void launch_decode(const AttnParams& p, const TensorView& query, const TensorView& key_cache,
                    const TensorView& value_cache, const AttentionOptions& opts, cudaStream_t s,
                    const char* op) {
-  if (p.num_q == 0) return;
   const KVCacheDType cache = opts.kv_cache_dtype;
-  switch (pick_kernel(p, query.dtype(), cache, key_cache, value_cache)) {
-    case ops::DecodeKernel::kHopper: launch_decode_bulk(p, query.dtype(), cache, s); break;
-    case ops::DecodeKernel::kTensorCore: launch_decode_mma(p, query.dtype(), cache, s); break;
+  const AttentionKernel k =
+      pick_kernel(p, query.dtype(), cache, key_cache, value_cache, opts.kernel, op);
+  if (p.num_q == 0) return;
+  switch (k) {
+    case AttentionKernel::kHopper: launch_decode_bulk(p, query.dtype(), cache, s); break;
+    case AttentionKernel::kTensorCore: launch_decode_mma(p, query.dtype(), cache, s); break;
     default: launch_attention(p, query.dtype(), cache, s, op); return;  // checks its launch
   }
   check_launch(op);
@@ -39,14 +49,15 @@ void launch_decode(const AttnParams& p, const TensorView& query, const TensorVie
 
 }  // namespace
 
-ops::DecodeKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
-                                const TensorView& value_cache, int num_kv_heads,
-                                KVCacheDType kv_cache_dtype) {
+AttentionKernel decode_kernel(const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              KVCacheDType kv_cache_dtype, AttentionKernel kernel) {
   DeviceGuard guard(query.device());
   AttentionOptions opts;
   opts.kv_cache_dtype = kv_cache_dtype;
   const AttnParams p = make_attn_shape(query, key_cache, value_cache, num_kv_heads, opts);
-  return pick_kernel(p, query.dtype(), kv_cache_dtype, key_cache, value_cache);
+  return pick_kernel(p, query.dtype(), kv_cache_dtype, key_cache, value_cache, kernel,
+                     "decode_kernel");
 }
 
 void paged_attention_v1(const TensorView& out, const TensorView& query, const TensorView& key_cache,

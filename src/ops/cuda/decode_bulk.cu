@@ -2,7 +2,6 @@
 // depth, CTAs per SM) and the launch.
 #include <algorithm>
 #include <atomic>
-#include <string>
 
 #include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/decode_timeline.h"
@@ -15,17 +14,6 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kSmemPerSm = 228 * 1024;  // sm_90: shared memory per SM, 1 KB of it per CTA reserved
 constexpr int kCtaMax = 227 * 1024;     // sm_90: the most one CTA may use
-// On: faster than decode_mma on every benchmark shape on an H100, bf16 and fp8 (RESULTS.md).
-// PAGEDKV_DECODE_BULK=0/1/2 overrides (2: required, an uncovered call raises);
-// PAGEDKV_DECODE_CTAS_PER_SM fixes the CTAs per SM the rings are sized for (default:
-// cta_target); PAGEDKV_DECODE_EVICT_FIRST=0 drops the copies' L2 evict-first policy (on: 1-7 %
-// faster on the benchmark shapes); PAGEDKV_DECODE_HEADS_FIRST=0 launches the sequences of one KV
-// head next to each other instead of a sequence's KV heads (the default, 0-5 % faster on the
-// benchmark shapes: the interleaved (slot, head) rows of a cache block are read by CTAs that run
-// at the same time).
-// PAGEDKV_DECODE_LAZY_MAX=0 moves the softmax's reference maximum at every chunk (the lazy one,
-// the default, skips the cross-lane reduction on most chunks: 1-2 % at batch 1 on an H100).
-constexpr int kBulkDefault = 1;
 
 // Dynamic shared memory of a launch: 1 KB of slack to align the rings to 1024 bytes, the rings,
 // the query tile, the mbarriers.
@@ -37,8 +25,6 @@ int smem_bytes(const BulkDecodeParams& bp) {
 // 4 (16 warps; registers cap there). On an H100 that beat fewer, deeper rings on every benchmark
 // shape (decode_variants.py: 3 vs 2 per SM for bf16, 4 vs 3 for fp8), wave tails included.
 int cta_target(int per_cta_min, int most) {
-  const int knob = env_int("PAGEDKV_DECODE_CTAS_PER_SM", 0);
-  if (knob > 0) return std::clamp(knob, 1, 8);
   return std::clamp(kSmemPerSm / (per_cta_min + 2048), 1, most);
 }
 
@@ -58,8 +44,8 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
   bp.head_tiles = a.group > 8 ? 2 : 1;
   bp.gchunks = ceil_div(a.group, 8 * bp.head_tiles);
   bp.row_bytes = D * (fp8 ? 1 : 2);
-  bp.tma = tma && bp.row_bytes % 128 == 0 && a.block_size % 16 == 0 &&
-           env_int("PAGEDKV_DECODE_TMA", 1) != 0;
+  // Tensor copies where the rows allow them: 2-8 % faster than row copies (RESULTS.md).
+  bp.tma = tma && bp.row_bytes % 128 == 0 && a.block_size % 16 == 0;
   bp.row_stride = bp.tma ? 128 : bp.row_bytes + 16;
   bp.box_bytes = bp.tma ? 16 * 128 : 128;
   bp.swz = bp.tma ? 7 : 0;
@@ -74,9 +60,10 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
   bp.stages = std::clamp((budget - fixed) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
   bp.warp_bytes = round_up(
       std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * bulk_out_pitch(D) * 4), 1024);
-  bp.evict_first = env_int("PAGEDKV_DECODE_EVICT_FIRST", 1) != 0;
-  bp.heads_first = a.num_q <= 65535 && env_int("PAGEDKV_DECODE_HEADS_FIRST", 1) != 0;
-  bp.lazy_max = env_int("PAGEDKV_DECODE_LAZY_MAX", 1) != 0;
+  // A sequence's KV heads launch together (0-5 % faster than a KV head's sequences: the
+  // interleaved (slot, head) rows of a cache block are read by CTAs running at the same time),
+  // where the sequences fit the grid's y dimension.
+  bp.heads_first = a.num_q <= 65535;
   if (smem_bytes(bp) > kCtaMax) return "the rings do not fit shared memory";
   return nullptr;
 }
@@ -87,7 +74,10 @@ int binary_version(int device) {
   return cached_per_device(cache, device, [] { return std::max(1, decode_bulk_binary_version()); });
 }
 
-const char* uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {
+}  // namespace
+
+const char* decode_bulk_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache,
+                                  bool vec16) {
   const int dev = current_device();
   if (compute_major(dev) < 9) return "needs a compute capability 9.x (Hopper) device";
   if (binary_version(dev) < 90) return "not compiled for sm_90a (PAGEDKV_CUDA_ARCHS)";
@@ -99,20 +89,6 @@ const char* uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache, boo
   if (!vec16) return "cache rows must be 16-byte aligned";
   BulkDecodeParams bp;
   return plan(p, cache, false, bp);
-}
-
-}  // namespace
-
-bool decode_bulk_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {
-  const int mode = env_int("PAGEDKV_DECODE_BULK", kBulkDefault);
-  if (mode == 0) return false;
-  const char* why = uncovered(p, qdtype, cache, vec16);
-  if (why != nullptr && mode == 2) {
-    throw ValueError(std::string("PAGEDKV_DECODE_BULK=2 requires the Hopper decode, which does "
-                                 "not cover this call: ") +
-                     why);
-  }
-  return why == nullptr;
 }
 
 void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s) {

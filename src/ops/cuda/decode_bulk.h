@@ -35,9 +35,7 @@ struct BulkDecodeParams {
   int stage_bytes;  // one ring stage (a multiple of 1024 with tma: the swizzle's alignment)
   int warp_bytes;   // a warp's shared memory (its ring; later its fp32 output for the merge)
   int q_bytes;      // the 16-bit query tile, [8 * head_tiles][head_size + 8]
-  int evict_first;  // 1: the copies carry an L2 evict-first policy (PAGEDKV_DECODE_EVICT_FIRST)
   int heads_first;  // 1: grid (heads x chunks, seqs, parts), a sequence's KV heads launch together
-  int lazy_max;     // 1: the running maximum moves only past a slack (PAGEDKV_DECODE_LAZY_MAX)
   uint64_t* timeline;  // profiling builds: per-CTA stamps (decode_timeline.h), else nullptr
 };
 
@@ -66,13 +64,13 @@ constexpr int bulk_min_ctas(bool fp8, int head_size, int head_tiles) {
                                          : 1;
 }
 
-// True when the Hopper decode covers the call: a compute capability 9.x device with the kernel
-// compiled for it, fp16/bf16 queries, head size a multiple of 16 (of 32 for fp8 caches) up to 256,
-// key and value caches in row layouts (NHD, or any layout whose (slot, head) rows are contiguous
-// and 16-byte aligned), not disabled by PAGEDKV_DECODE_BULK=0. PAGEDKV_DECODE_BULK=2 makes an
-// uncovered call an error instead (tests use it to prove the kernel ran).
+// nullptr when the Hopper decode covers the call, else why not. It covers: a compute capability
+// 9.x device with the kernel compiled for it, fp16/bf16 queries, head size a multiple of 16 (of 32
+// for fp8 caches) up to 256, key and value caches in row layouts (NHD, or any layout whose
+// (slot, head) rows are contiguous and 16-byte aligned).
 // vec16: both caches' rows can be moved as 16-byte vectors (vector_ok(cache, 16)).
-bool decode_bulk_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16);
+const char* decode_bulk_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache,
+                                  bool vec16);
 
 // Launches on `s`; p.partition_size > 0 selects split mode (v2 partial results).
 void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s);

@@ -16,15 +16,6 @@ constexpr int kBudget3 = 72 * 1024, kBudget2 = 110 * 1024;
 // 256 x 512, eight waves, 230 vs 266 us).
 constexpr double kSpeed3 = 1.15;
 constexpr int kCtaMax = 227 * 1024;  // the sm_90 limit per CTA
-// The default since it passed the CUDA tests on an H100 and beat the CUDA-core kernel on every
-// benchmark shape (benchmarks/RESULTS.md); python/pagedkv/attention.py mirrors it
-// (_MMA_DECODE_DEFAULT) to size its split-K partitions.
-constexpr int kMmaDecodeDefault = 1;
-
-// Tuning and comparison knobs (env_int, read per call): PAGEDKV_DECODE_MMA=0/1 picks the
-// CUDA-core / tensor-core kernel; PAGEDKV_DECODE_SMEM_KB fixes the per-CTA shared-memory budget
-// (ring depth and CTAs per SM) instead of cta_budget's choice.
-
 int element_bytes(KVCacheDType cache) { return fp8_kind(cache) != kNoFp8 ? 1 : 2; }
 
 // The shared-memory budget, i.e. 2 or 3 CTAs per SM: 3 stream faster, but a grid just past one
@@ -38,8 +29,8 @@ int cta_budget(int64_t ctas) {
   return cost(3, kSpeed3) <= cost(2, 1.0) ? kBudget3 : kBudget2;
 }
 
-// Fills everything but `a`; returns false when a layout is not covered.
-bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
+// Fills everything but `a`; returns why the call is not covered, or nullptr.
+const char* plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
   const int D = a.head_size, esz = element_bytes(cache), epr = 16 / esz;
   mp.a = a;
   mp.gchunks = ceil_div(a.group, 16);
@@ -49,7 +40,7 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
   } else if (a.kl.x == epr) {
     mp.k_run = a.kl.s_chunk;
   } else {
-    return false;
+    return "key_cache rows must be NHD rows or vLLM 16-byte chunks";
   }
   // Values: NHD rows, or vLLM's [d][slot] (runs of epr slots must stay inside one block).
   if (a.vl.whole_rows(D)) {
@@ -59,7 +50,7 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
     mp.v_trans = 1;
     mp.v_run = 0;
   } else {
-    return false;
+    return "value_cache rows must be NHD rows, or vLLM columns whose 16-byte runs stay in a block";
   }
   // Offsets of a chunk's runs from its first key: below 16 slots + one row of runs.
   const int64_t k_span = 16 * a.kl.s_slot + (D / epr) * mp.k_run;
@@ -76,21 +67,26 @@ bool plan(const AttnParams& a, KVCacheDType cache, MmaDecodeParams& mp) {
   mp.q_bytes = kt;
   const int64_t ctas =
       int64_t(a.num_q) * a.num_kv_heads * mp.gchunks * (a.partition_size > 0 ? a.max_parts : 1);
-  const int smem_kb = env_int("PAGEDKV_DECODE_SMEM_KB", 0);
-  const int budget = smem_kb > 0 ? smem_kb * 1024 : cta_budget(ctas);
+  const int budget = cta_budget(ctas);
   const int per_warp = (budget - mp.q_bytes) / kWarps - mp.tile_bytes;
   mp.stages = std::clamp(per_warp / mp.stage_bytes, 2, kMmaMaxStages);
   mp.warp_bytes = std::max(mp.stages * mp.stage_bytes + mp.tile_bytes, 16 * D * 4);
-  return mp.q_bytes + kWarps * mp.warp_bytes <= kCtaMax;
+  return mp.q_bytes + kWarps * mp.warp_bytes <= kCtaMax ? nullptr : "the rings do not fit";
 }
 
 }  // namespace
 
-bool decode_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16) {
-  if (!vec16 || env_int("PAGEDKV_DECODE_MMA", kMmaDecodeDefault) == 0) return false;
-  if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) return false;
-  if (p.query_start_loc != nullptr || p.num_blocks < 1) return false;
-  if (p.head_size % 16 != 0 || p.head_size > 256) return false;
+const char* decode_mma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache,
+                                 bool vec16) {
+  if (!vec16) return "cache runs must be 16-byte aligned";
+  if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) {
+    return "queries must be float16 or bfloat16";
+  }
+  if (p.query_start_loc != nullptr) return "decode only";
+  if (p.num_blocks < 1) return "empty cache";
+  if (p.head_size % 16 != 0 || p.head_size > 256) {
+    return "head_size must be a multiple of 16 up to 256";
+  }
   MmaDecodeParams mp;
   return plan(p, cache, mp);
 }

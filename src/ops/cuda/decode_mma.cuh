@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
     const int g = r0 + 8 * i;
     slope[i] = (p.alibi != nullptr && g < ng) ? p.alibi[kvh * p.group + g0 + g] * kL2e : 0.f;
   }
-  const float kmul = p.qk_scale * p.k_scale;
+  const float kmul = p.qk_scale * p.k_scale.get();
   const bool capped = p.softcap > 0.f;
   const float c_in = capped ? kmul / p.softcap : 0.f;
   const float c_out = capped ? p.softcap * kL2e : kmul * kL2e;
@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
   for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
     const int g = idx / D, d = idx - g * D;
     merge_store<QT, kWarps>(
-        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale, [&](int w) { return sm_m[w][g]; },
+        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale.get(), [&](int w) { return sm_m[w][g]; },
         [&](int w) { return sm_l[w][g]; },
         [&](int w) {
           return reinterpret_cast<const float*>(smem + mp.q_bytes + w * mp.warp_bytes)[g * D + d];

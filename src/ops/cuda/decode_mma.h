@@ -24,11 +24,12 @@ struct MmaDecodeParams {
 
 constexpr int kMmaMaxStages = 8;
 
-// True when the tensor-core decode covers this call: fp16/bf16 queries, head size a multiple of
-// 16 (<= 256), 16-byte aligned runs, NHD or vLLM layouts, block sizes whose value runs stay
-// within one block. Everything else keeps the CUDA-core kernel.
+// nullptr when the tensor-core decode covers this call, else why not. It covers: fp16/bf16
+// queries, head size a multiple of 16 (<= 256), 16-byte aligned runs, NHD or vLLM layouts, block
+// sizes whose value runs stay within one block. Everything else keeps the CUDA-core kernel.
 // vec16: both caches' runs can be moved as 16-byte vectors (vector_ok(cache, 16)).
-bool decode_mma_supported(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16);
+const char* decode_mma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache,
+                                 bool vec16);
 
 // Launches on `s`; p.partition_size > 0 selects split mode (v2 partial results).
 void launch_decode_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s);

@@ -1,8 +1,8 @@
 // Per-CTA timelines of the Hopper decode, for profiling builds (CMake option
 // PAGEDKV_DECODE_TIMELINE): thread 0 of every CTA stamps the GPU's global timer (ns) at its
 // entry, after the programmatic wait, when warp 0's first stage has landed, when warp 0's loop is
-// done and when the CTA is done, and each call appends its CTAs' stamps to the file named by the
-// environment variable PAGEDKV_DECODE_TIMELINE_FILE (synchronising the stream: eager calls only).
+// done and when the CTA is done, and each call appends its CTAs' stamps to the file set by
+// ops::set_decode_timeline_file (synchronising the stream: eager calls only).
 // benchmarks/decode_timeline.py runs the calls and summarises the stamps. In other builds the
 // stamps compile to nothing and the host hooks to no-ops.
 #pragma once
@@ -44,7 +44,7 @@ struct Timeline {
 #endif
 
 // The device buffer a launch of `ctas` CTAs on `s` writes its records to, zeroed (a CTA that
-// returns early leaves zeros), or nullptr (no profiling build, or the file variable unset).
+// returns early leaves zeros), or nullptr (no profiling build, or no file set).
 uint64_t* decode_timeline_buffer(uint64_t ctas, cudaStream_t s);
 // After the launch: waits for `s` and appends the records to the file (no-op for nullptr).
 void decode_timeline_dump(uint64_t* buffer, uint64_t ctas, cudaStream_t s);

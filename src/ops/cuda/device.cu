@@ -3,8 +3,6 @@
 // device_props.h.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/device_props.h"
 
@@ -48,14 +46,7 @@ int compute_major(int device) {
   return cached_attribute(g_major, cudaDevAttrComputeCapabilityMajor, device);
 }
 
-bool decode_pdl() {
-  return compute_major(current_device()) >= 9 && env_int("PAGEDKV_DECODE_PDL", 1) != 0;
-}
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
+bool decode_pdl() { return compute_major(current_device()) >= 9; }
 
 }  // namespace cuda_ops
 }  // namespace pagedkv

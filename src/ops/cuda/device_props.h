@@ -1,6 +1,5 @@
 // Device properties the launchers consult on every call (queried once per device, then cached:
-// a cudaDeviceGetAttribute per launch is measurable next to a 5 us kernel), and the
-// environment's tuning knobs.
+// a cudaDeviceGetAttribute per launch is measurable next to a 5 us kernel).
 #pragma once
 
 #include <atomic>
@@ -28,11 +27,8 @@ int sm_count(int device);       // streaming multiprocessors
 int compute_major(int device);  // 9 on Hopper
 
 // Whether the decode kernels launch as programmatic dependents of the stream's previous kernel
-// (launch_dependent): compute 9.x and PAGEDKV_DECODE_PDL not 0.
+// (launch_dependent): on compute 9.x, where the prologue then runs under the previous kernel's
+// tail (RESULTS.md).
 bool decode_pdl();
-
-// An integer knob from the environment, read per call (a getenv is nothing next to a launch);
-// `fallback` when unset or empty.
-int env_int(const char* name, int fallback);
 
 }  // namespace pagedkv::cuda_ops

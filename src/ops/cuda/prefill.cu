@@ -1,13 +1,15 @@
 // context_attention_fwd: prefill / extend attention over a paged prefix (chunked prefill, prefix
 // reuse). Query token t of sequence s sits at position ctx_len(s) + (t - query_start_loc[s]) and
 // attends causally to the cached context (from the paged cache) and to the new tokens up to
-// itself (from key/value). fp16/bf16 with an unquantised cache run on Hopper on the wgmma kernel
-// (prefill_wgmma_kernel.cuh) where it applies, else on the mma.sync tensor-core kernel
-// (prefill_mma_kernel.cuh); other cases use the CUDA-core kernel with one query token per CTA.
+// itself (from key/value). Three kernels, the first that covers the call runs unless the caller
+// names one (AttentionOptions::kernel): on Hopper the wgmma kernel (prefill_wgmma_kernel.cuh;
+// fp16/bf16, head sizes 64 and 128, NHD caches in the query dtype or fp8), the mma.sync
+// tensor-core kernel (prefill_mma_kernel.cuh; fp16/bf16) and the CUDA-core kernel with one query
+// token per CTA (everything).
 #include "ops/cuda/attention_setup.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kernel_choice.h"
 #include "ops/cuda/prefill_mma.h"
-#include "ops/cuda/prefill_order.cuh"
 #include "ops/cuda/prefill_wgmma.h"
 
 namespace pagedkv::cuda_ops {
@@ -34,26 +36,25 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
     l->x_shift = pow2_shift(l->x);
   }
   p.new_vec = vector_ok(key, 16) && vector_ok(value, 16);
-  p.pair_chunk = prefill::pair_chunk(p);
   const cudaStream_t s = op_stream(stream, query.device());
-  if (const int wg_mode = prefill_wgmma_mode(); wg_mode != 0) {
-    const char* why = prefill_wgmma_uncovered(p, query.dtype(), opts.kv_cache_dtype);
-    if (why == nullptr) {
-      launch_prefill_wgmma(p, query.dtype(), opts.kv_cache_dtype, max_query_len, s);
-      check_launch("context_attention_fwd");
-      return;
-    }
-    PAGEDKV_CHECK(wg_mode != 2,
-                  "context_attention_fwd: PAGEDKV_PREFILL_WGMMA=2 but the wgmma "
-                  "kernel does not cover this call: ",
-                  why);
+  const KVCacheDType cache = opts.kv_cache_dtype;
+  const DType qdtype = query.dtype();
+  constexpr const char* kOp = "context_attention_fwd";
+  using K = AttentionKernel;
+  const K k = choose_kernel(opts.kernel, kOp, {K::kHopper, K::kTensorCore, K::kCudaCore},
+                            [&](K kernel) -> const char* {
+                              switch (kernel) {
+                                case K::kHopper: return prefill_wgmma_uncovered(p, qdtype, cache);
+                                case K::kTensorCore: return prefill_mma_uncovered(p, qdtype);
+                                default: return nullptr;  // the CUDA-core kernel covers all
+                              }
+                            });
+  switch (k) {
+    case K::kHopper: launch_prefill_wgmma(p, qdtype, cache, max_query_len, s); break;
+    case K::kTensorCore: launch_prefill_mma(p, qdtype, cache, max_query_len, s); break;
+    default: launch_attention(p, qdtype, cache, s, kOp); return;  // checks its launch
   }
-  if (prefill_mma_supported(p, query.dtype())) {
-    launch_prefill_mma(p, query.dtype(), opts.kv_cache_dtype, max_query_len, s);
-    check_launch("context_attention_fwd");
-    return;
-  }
-  launch_attention(p, query.dtype(), opts.kv_cache_dtype, s, "context_attention_fwd");
+  check_launch(kOp);
 }
 
 }  // namespace pagedkv::cuda_ops

@@ -1,20 +1,10 @@
 // Host side of the tensor-core prefill: which calls it serves, and which operands can be moved with
 // 16-byte copies; the kernels are instantiated per query dtype in prefill_mma_{f16,bf16}.cu.
-#include <cstdlib>
-
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/device_props.h"
 #include "ops/cuda/prefill_mma.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
-
-// PAGEDKV_PREFILL_MMA=0 sends every prefill to the CUDA-core kernel (a comparison knob, read per
-// call: a getenv is nothing next to a launch); unset or any other value: the tensor-core kernel.
-bool tensor_core_prefill() {
-  const char* v = std::getenv("PAGEDKV_PREFILL_MMA");
-  return v == nullptr || *v == '\0' || std::atoi(v) != 0;
-}
 
 // 16-byte runs along d: base aligned and both outer strides multiples of 8 (2-byte) elements.
 bool rows16(const void* base, int64_t s0, int64_t s1) {
@@ -23,9 +13,12 @@ bool rows16(const void* base, int64_t s0, int64_t s1) {
 
 }  // namespace
 
-bool prefill_mma_supported(const AttnParams& p, DType qdtype) {
-  return (qdtype == DType::kFloat16 || qdtype == DType::kBFloat16) && p.head_size % 8 == 0 &&
-         p.head_size <= 256 && tensor_core_prefill();
+const char* prefill_mma_uncovered(const AttnParams& p, DType qdtype) {
+  if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) {
+    return "queries must be float16 or bfloat16";
+  }
+  if (p.head_size % 8 != 0 || p.head_size > 256) return "head_size must be a multiple of 8";
+  return nullptr;
 }
 
 prefill::VecFlags prefill::vec_flags(const AttnParams& p) {
@@ -38,7 +31,6 @@ prefill::VecFlags prefill::vec_flags(const AttnParams& p) {
   vf.v_cache = p.kv_vec && p.vl.x % 8 == 0;
   vf.fresh = p.new_vec;
   vf.cache_fp8 = kNoFp8;  // set by the launch from the call's cache dtype
-  vf.fp8_staged = false;
   return vf;
 }
 
@@ -47,7 +39,6 @@ void launch_prefill_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, i
   if (p.num_seqs == 0 || max_query_len <= 0) return;
   prefill::VecFlags vf = prefill::vec_flags(p);
   vf.cache_fp8 = fp8_kind(cache);
-  vf.fp8_staged = vf.cache_fp8 != kNoFp8 && env_int("PAGEDKV_PREFILL_MMA_FP8_STAGED", 1) != 0;
   if (qdtype == DType::kFloat16) {
     prefill::launch_f16(p, vf, max_query_len, s);
   } else {

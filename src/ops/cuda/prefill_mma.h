@@ -7,9 +7,9 @@
 
 namespace pagedkv::cuda_ops {
 
-// Any cache dtype (the query dtype or fp8). False also when PAGEDKV_PREFILL_MMA=0 (every prefill
-// on the CUDA-core kernel).
-bool prefill_mma_supported(const AttnParams& p, DType qdtype);
+// nullptr when the kernel covers the call (fp16/bf16 queries, head sizes multiples of 8 up to
+// 256, any cache dtype: the query dtype or fp8), else why not.
+const char* prefill_mma_uncovered(const AttnParams& p, DType qdtype);
 void launch_prefill_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, int max_query_len,
                         cudaStream_t s);
 
@@ -20,12 +20,11 @@ namespace prefill {
 // parameter: only the cached context's loads differ, so fp8 caches add no instantiations.
 struct VecFlags {
   bool q, out, k_cache, v_cache, fresh;
+  // fp8 caches with 8-byte runs (k_cache / v_cache) stage: the cached rows' bytes land by
+  // cp.async and are widened in shared memory once landed (prefill_tile.cuh, widen_rows), instead
+  // of passing through registers at issue time (a load the issuing warp waits for), which only
+  // vLLM's value layout (elements strided along d) still does.
   int cache_fp8;
-  // fp8 caches with 8-byte runs (k_cache / v_cache): the cached rows' bytes land by cp.async and
-  // are widened in shared memory once landed (prefill_tile.cuh, widen_rows), instead of passing
-  // through registers at issue time (a load the issuing warp waits for). Off with
-  // PAGEDKV_PREFILL_MMA_FP8_STAGED=0 (a comparison knob).
-  bool fp8_staged;
 };
 
 // The flags for this call's operands (prefill_mma.cu).

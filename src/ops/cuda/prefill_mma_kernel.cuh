@@ -44,17 +44,18 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
   const int k_hi = ctx + (min(r0 + BM, rows) - 1) / G + 1;
   const int k_lo = p.window > 0 ? max(0, ctx + r0 / G - p.window + 1) : 0;
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
-  // fp8 caches with 8-byte runs stage their bytes (VecFlags::fp8_staged); vLLM's value layout,
+  // fp8 caches with 8-byte runs stage their bytes (VecFlags::cache_fp8); vLLM's value layout,
   // whose elements stride along d, dequantises through registers.
-  const bool stage_k = vf.fp8_staged && vf.k_cache, stage_v = vf.fp8_staged && vf.v_cache;
+  const bool stage_k = vf.cache_fp8 != kNoFp8 && vf.k_cache;
+  const bool stage_v = vf.cache_fp8 != kNoFp8 && vf.v_cache;
   auto load_k = [&](int kt, int stage) {
     load_rows<T, DP>(sK + stage * BN * LD, p.k_cache, p.kl, vf.k_cache, vf.cache_fp8, stage_k,
-                     p.k_scale, static_cast<const T*>(p.k_new), p.knl, vf.fresh, p, bt, kt, k_hi,
+                     p.k_scale.get(), static_cast<const T*>(p.k_new), p.knl, vf.fresh, p, bt, kt, k_hi,
                      ctx, qs, kvh);
   };
   auto load_v = [&](int kt, int stage) {
     load_rows<T, DP>(sV + stage * BN * LD, p.v_cache, p.vl, vf.v_cache, vf.cache_fp8, stage_v,
-                     p.v_scale, static_cast<const T*>(p.v_new), p.vnl, vf.fresh, p, bt, kt, k_hi,
+                     p.v_scale.get(), static_cast<const T*>(p.v_new), p.vnl, vf.fresh, p, bt, kt, k_hi,
                      ctx, qs, kvh);
   };
   // Staged rows of tile kt (cached keys [kt, min(ctx, k_hi)), a prefix of the tile) widened in
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
       load_v(kt + BN, stage ^ 1);
       cp_async_commit();
     }
-    widen(stage_k, sK + stage * BN * LD, kt, p.k_scale);
+    widen(stage_k, sK + stage * BN * LD, kt, p.k_scale.get());
     // Warp-uniform: does the tile touch this warp's rows, and does it need per-element masks?
     const bool live =
         warp_live && kt <= w_qmax && !(p.window > 0 && kt + BN - 1 <= w_qmin - p.window);
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
       cp_async_wait<0>();
     }
     __syncthreads();
-    widen(stage_v, sV + stage * BN * LD, kt, p.v_scale);
+    widen(stage_v, sV + stage * BN * LD, kt, p.v_scale.get());
     if (live) {
       // O += P V, P from the S accumulators (the C layout of two n-tiles is one A fragment).
       const T* tv = sV + stage * BN * LD;

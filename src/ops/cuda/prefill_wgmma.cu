@@ -1,4 +1,4 @@
-// Host side of the Hopper wgmma prefill: the opt-in switch, which calls the kernel covers, and the
+// Host side of the Hopper wgmma prefill: which calls the kernel covers, its tensor maps, and the
 // per-dtype launch (kernels instantiated in prefill_wgmma_{f16,bf16}.cu).
 #include <algorithm>
 #include <atomic>
@@ -53,10 +53,13 @@ bool encode_o_map(CUtensorMap* map, const AttnParams& p) {
 
 // Whether the k / v scales of an fp8 cache are normal numbers of the query dtype (fp16 when
 // `half`), as the producer's in-place dequantisation multiplies by them in that dtype
-// (Fp8Dequant); other scales leave the cached groups to the fp32 path through registers.
+// (Fp8Dequant); other scales leave the cached groups to the fp32 path through registers, and so
+// do scales in device arrays, whose values the host does not read (that would synchronise).
 bool scales_fit(const AttnParams& p, bool half) {
   const float lo = half ? 6.2e-5f : 1.2e-38f, hi = half ? 65504.f : 3.3e38f;
-  auto fits = [&](float v) { return std::fabs(v) >= lo && std::fabs(v) <= hi; };
+  auto fits = [&](const DeviceScale& s) {
+    return s.ptr == nullptr && std::fabs(s.value) >= lo && std::fabs(s.value) <= hi;
+  };
   return fits(p.k_scale) && fits(p.v_scale);
 }
 
@@ -64,9 +67,8 @@ bool scales_fit(const AttnParams& p, bool half) {
 // half: fp16 queries (else bf16).
 void encode_maps(prefill_wg::WgParams& wp, bool half) {
   const AttnParams& p = wp.a;
-  const bool tma = env_int("PAGEDKV_PREFILL_WGMMA_TMA", 1) != 0;
   const bool rows16 =
-      tma && p.block_size % 16 == 0 && p.kl.whole_rows(p.head_size) && p.vl.whole_rows(p.head_size);
+      p.block_size % 16 == 0 && p.kl.whole_rows(p.head_size) && p.vl.whole_rows(p.head_size);
   // An fp8 cache's boxes land raw bytes, not the query dtype wgmma reads: the cache maps then
   // hold the rows unswizzled, and the producer dequantises them in place (raw_tma).
   const bool fp8 = wp.vf.cache_fp8 != kNoFp8;
@@ -79,45 +81,28 @@ void encode_maps(prefill_wg::WgParams& wp, bool half) {
   // consumers both halves (1.01-1.23x the producer alone, 0.96-1.08x V only), for 128 V only
   // (1.05-1.16x the producer alone; K too 5-9 % slower). benchmarks/RESULTS.md, "fp8 tiles
   // dequantised by the consumers".
-  const int consumers = p.head_size == 64 ? 2 : 1;
-  wp.consumer_dequant =
-      wp.raw_tma ? std::clamp(env_int("PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS", consumers), 0, 2) : 0;
-  wp.q_tma = tma && wp.vf.q && encode_q_map(&wp.q_map, p);
-  wp.o_tma = tma && wp.vf.out && encode_o_map(&wp.o_map, p);
-  // Turn-taking consumers (prefill_wgmma_consume.cuh) in CTAs without a cached prefix: on an H100
-  // 4 % faster at 32x512, 1 % at 8x2048, level at 1x8192; over a long prefix 1-1.5 % slower
-  // (benchmarks/RESULTS.md), hence not there.
-  wp.turns = std::clamp(env_int("PAGEDKV_PREFILL_WGMMA_TURNS", 1), 0, 2);
-  wp.new_tma = tma && encode_new_map(&wp.k_new_map, p.k_new, p.knl, p, 16) &&
+  wp.consumer_dequant = wp.raw_tma ? (p.head_size == 64 ? 2 : 1) : 0;
+  wp.q_tma = wp.vf.q && encode_q_map(&wp.q_map, p);
+  wp.o_tma = wp.vf.out && encode_o_map(&wp.o_map, p);
+  wp.new_tma = encode_new_map(&wp.k_new_map, p.k_new, p.knl, p, 16) &&
                encode_new_map(&wp.v_new_map, p.v_new, p.vnl, p, 16);
-  // Cached blocks of more than 16 slots in one box each (PAGEDKV_PREFILL_WGMMA_BLOCK_BOX=0: 16-slot
-  // boxes), where a block divides the key tile.
+  // Cached blocks of more than 16 slots in one box each, where a block divides the key tile.
   const int bs = p.block_size;
   wp.block_rows = wp.cache_tma && bs > 16 && prefill_wg::kTileKeys % bs == 0 &&
-                          env_int("PAGEDKV_PREFILL_WGMMA_BLOCK_BOX", 1) != 0 &&
                           encode_cache_map(&wp.k_block_map, p.k_cache, p.kl, p, 2, bs) &&
                           encode_cache_map(&wp.v_block_map, p.v_cache, p.vl, p, 2, bs)
                       ? bs
                       : 0;
-  // Tiles of new tokens in few large boxes: the TMA unit's cost is per box, and 16-token boxes
+  // Tiles of new tokens in whole-tile boxes: the TMA unit's cost is per box, and 16-token boxes
   // (2 KB each) kept the consumers waiting for data in the H100 profile.
-  int rows = env_int("PAGEDKV_PREFILL_WGMMA_TILE_BOX", prefill_wg::kTileKeys);
-  rows = rows >= 32 && prefill_wg::kTileKeys % rows == 0 ? rows : 0;
-  wp.tile_rows = wp.new_tma && rows > 0 &&
-                         encode_new_map(&wp.k_tile_map, p.k_new, p.knl, p, rows) &&
-                         encode_new_map(&wp.v_tile_map, p.v_new, p.vnl, p, rows)
-                     ? rows
+  constexpr int kRows = prefill_wg::kTileKeys;
+  wp.tile_rows = wp.new_tma && encode_new_map(&wp.k_tile_map, p.k_new, p.knl, p, kRows) &&
+                         encode_new_map(&wp.v_tile_map, p.v_new, p.vnl, p, kRows)
+                     ? kRows
                      : 0;
 }
 
 }  // namespace
-
-// On by default since its H100 run (faster than the mma.sync kernel on every benchmark shape:
-// benchmarks/RESULTS.md); PAGEDKV_PREFILL_MMA=0 (the CUDA-core kernel) turns it off too unless
-// PAGEDKV_PREFILL_WGMMA says otherwise.
-int prefill_wgmma_mode() {
-  return env_int("PAGEDKV_PREFILL_WGMMA", env_int("PAGEDKV_PREFILL_MMA", 1) != 0 ? 1 : 0);
-}
 
 const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache) {
   const int dev = current_device();
@@ -125,11 +110,6 @@ const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDT
   if (!sm90a_code(dev)) return "not compiled for sm_90a (PAGEDKV_CUDA_ARCHS)";
   if (qdtype != DType::kFloat16 && qdtype != DType::kBFloat16) {
     return "queries must be float16 or bfloat16";
-  }
-  // fp8 caches: a separate instantiation (its run-time twin slowed the 16-bit kernel by 5-10 %,
-  // benchmarks/RESULTS.md); PAGEDKV_PREFILL_WGMMA_FP8=0 leaves them to the mma.sync kernel.
-  if (cache != KVCacheDType::kAuto && env_int("PAGEDKV_PREFILL_WGMMA_FP8", 1) == 0) {
-    return "fp8 caches are switched off by PAGEDKV_PREFILL_WGMMA_FP8=0";
   }
   if (p.head_size != 64 && p.head_size != 128) return "head size must be 64 or 128";
   // The producer copies whole 16-byte runs of keys and values (cache and new tokens; 8-byte runs

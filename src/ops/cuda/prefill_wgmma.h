@@ -1,16 +1,9 @@
 // Hopper wgmma prefill kernel (prefill_wgmma_kernel.cuh): fp16/bf16 queries with a cache in the
-// query dtype or in fp8 (the producer dequantises the cached context into the tiles; off with
-// PAGEDKV_PREFILL_WGMMA_FP8=0), whose K/V rows (cache and new tokens)
-// allow 16-byte (fp8: 8-byte) loads, head sizes 64 and 128, every mask / soft-cap / alibi /
-// window option of the mma.sync kernel. PAGEDKV_PREFILL_WGMMA:
-//   1 (the default, unless PAGEDKV_PREFILL_MMA=0): used on compute capability 9.x devices (with
-//      sm_90a code) for the calls it covers, the mma.sync / CUDA-core kernels serve the rest;
-//   0: never used;
-//   2: required: a call it does not cover throws (tests use this to catch a silent fallback).
-// PAGEDKV_PREFILL_WGMMA_TMA=0 makes the producer copy every tile with cp.async instead of TMA
-// tensor copies (and the consumers store their output rows themselves),
-// PAGEDKV_PREFILL_WGMMA_TILE_BOX=16 copies tiles of new tokens in 16-token boxes like the cache's
-// instead of whole-tile boxes (comparison and diagnosis knobs).
+// query dtype or in fp8 (dequantised into the tiles; fp8 is a separate instantiation: its run-time
+// twin slowed the 16-bit kernel by 5-10 %, benchmarks/RESULTS.md), whose K/V rows (cache and new
+// tokens) allow 16-byte (fp8: 8-byte) loads, head sizes 64 and 128, every mask / soft-cap / alibi
+// / window option of the mma.sync kernel. It serves the calls it covers on compute capability 9.x
+// devices with sm_90a code (AttentionKernel::kHopper of context_attention_fwd).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a plain struct; the driver is reached at run time)
@@ -20,9 +13,7 @@
 
 namespace pagedkv::cuda_ops {
 
-int prefill_wgmma_mode();  // read per call
-// nullptr when the kernel covers this call on the current device, else why not (the mode is not
-// consulted).
+// nullptr when the kernel covers this call on the current device, else why not.
 const char* prefill_wgmma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache);
 void launch_prefill_wgmma(const AttnParams& p, DType qdtype, KVCacheDType cache, int max_query_len,
                           cudaStream_t s);
@@ -55,13 +46,11 @@ struct WgParams {
   int tile_rows;   // 0, or boxes of that many new tokens (a divisor of the key tile, >= 32)
   int block_rows;  // 0, or the block size (32, 64, 128): a cached block that lies whole in a
                    // key tile and in the context goes in one box per slice
-  int turns;       // the consumers take turns issuing S = Q K^T: 0 never, 1 in CTAs without a
-                   // cached prefix, 2 always (PAGEDKV_PREFILL_WGMMA_TURNS; prefill_wgmma.cu)
   int raw_tma;     // fp8 cache: k/v_cache_map copy 16-slot boxes of its bytes unswizzled into the
                    // stage, which are dequantised in place (prefill_wgmma_fp8.cuh)
-  int consumer_dequant;  // raw_tma: who dequantises the raw groups: 0 the producer, 1 the
-                         // consumers V and the producer K, 2 the consumers both
-                         // (PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS; prefill_wgmma.cu)
+  int consumer_dequant;  // raw_tma: who dequantises the raw groups: 1 the consumers V and the
+                         // producer K (head size 128), 2 the consumers both (64); 0 without
+                         // raw_tma (prefill_wgmma.cu)
 };
 
 constexpr int kTileKeys = 128;  // keys per K/V tile (Tile<DP>::BN)

@@ -235,7 +235,7 @@ __device__ __forceinline__ void consume(const WgParams& wp, const CtaWork& w, ui
       return consumer_dequant_group<T, DP>(
           wp, w, sbase + (is_v ? C::kVOff : C::kKOff) + st * C::kKVBytes,
           bars + C::kRawBar + (is_v ? C::kStages : 0) + st, (j / C::kStages) & 1,
-          w.k_lo + j * C::BN, is_v ? p.v_scale : p.k_scale);
+          w.k_lo + j * C::BN, is_v ? p.v_scale.get() : p.k_scale.get());
     }
     return false;
   };

@@ -256,7 +256,7 @@ __device__ __forceinline__ void finish_half_fp8(const WgParams& wp, bool is_v, b
                                                 const CtaWork& w, int ptid) {
   using C = Tile<DP>;
   const AttnParams& p = wp.a;
-  const float scale = is_v ? p.v_scale : p.k_scale;
+  const float scale = is_v ? p.v_scale.get() : p.k_scale.get();
   // Whether some group of the tile is left to the threads (warpgroup-uniform): mostly the
   // sequence's last tiles.
   bool rest = false;

@@ -8,10 +8,10 @@ tests/python/support/allocator_harness.py runs them on both and checks every inv
 
 from __future__ import annotations
 
-from support.allocator_harness import Harness
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
+from support.allocator_harness import Harness
 
 TOTAL_OPS = {"n": 0}
 BURST = 200

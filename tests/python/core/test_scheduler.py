@@ -6,8 +6,8 @@ import gc
 
 import numpy as np
 import pytest
-from support.deps import need
 from pagedkv import Scheduler, SchedulerConfig, StepPlan
+from support.deps import need
 from support.scheduler_checks import Driver, check_plan
 
 

@@ -1,7 +1,8 @@
 """Scheduler policy rules on small hand-traced cases, each written so that breaking the rule
 changes the plan (found by mutation testing: these rules survived every other test).
 
-Every expectation below is derived by hand from the documented rules (scheduler.h, DESIGN.md):
+Every expectation below is derived by hand from the documented rules (scheduler.h,
+docs/metadata.md):
 block size 4, so a sequence of n tokens holds ceil(n / 4) blocks.
 """
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from support.deps import need
 from pagedkv.entrypoints.cli import main
 from pagedkv.simulator import TraceRequest, load_trace, simulate
+from support.deps import need
 
 SAMPLE = Path(__file__).resolve().parents[3] / "benchmarks" / "traces" / "sample.jsonl"
 

@@ -18,8 +18,8 @@ torch = need("torch")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.models import load_model  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
 from pagedkv.models.reference_backend import DenseAttentionBackend  # noqa: E402
+from pagedkv.testing import save_random_model  # noqa: E402
 
 VOCAB = 256
 

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.cuda
 
 @pytest.mark.parametrize("partition_size", [0, 128])
 @pytest.mark.parametrize("layout", ["vllm", "nhd"])
-def test_decode_graph_replay(layout, partition_size):
+def test_decode_graph_replay(layout, partition_size, kernel="auto"):
+    """`kernel`: the decode kernel the calls must run on (other test files pass theirs)."""
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     num_seqs, hkv, group, d, bs, max_len = 4, 2, 4, 128, 16, 600
@@ -38,9 +39,10 @@ def test_decode_graph_replay(layout, partition_size):
         args = (q, kv.key_cache, kv.value_cache, hkv, d ** -0.5, kv.block_tables, seq_lens, bs,
                 max_len)
         if partition_size:
-            ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=partition_size)
+            ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=partition_size,
+                                   kernel=kernel)
         else:
-            ops.paged_attention_v1(out, *args)
+            ops.paged_attention_v1(out, *args, kernel=kernel)
 
     q.copy_(torch.randn(q.shape, generator=gen).to(dtype))
     seq_lens.fill_(max_len)

@@ -16,22 +16,18 @@ from support.deps import need
 torch = need("torch")
 
 import test_cuda_graph  # noqa: E402
-from support.cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
 from pagedkv import ops  # noqa: E402
 from pagedkv._C import build_info  # noqa: E402
 from pagedkv.attention import PagedAttention, decode_partition_size  # noqa: E402
+from support.cuda_cases import TOL, make_paged_kv, rel_err  # noqa: E402
 from test_ops_cuda import decode_ref, run_decode  # noqa: E402
 
-MMA_HEAD_SIZES = [32, 64, 80, 96, 112, 128, 192, 256]
+MMA_HEAD_SIZES = [h for h in ops.SUPPORTED_HEAD_SIZES if h % 16 == 0]  # what it covers
 
 
-@pytest.fixture(autouse=True)
-def _tensor_core_decode(monkeypatch):
-    """These tests are the tensor-core kernel's: a PAGEDKV_DECODE_MMA=0 in the caller's
-    environment must not turn them into CUDA-core ones, nor may the Hopper kernel
-    (test_decode_bulk_cuda.py) take their row-layout cases."""
-    monkeypatch.setenv("PAGEDKV_DECODE_MMA", "1")
-    monkeypatch.setenv("PAGEDKV_DECODE_BULK", "0")
+# These tests are the tensor-core kernel's: they name it, so the Hopper kernel
+# (test_decode_bulk_cuda.py) cannot take their row-layout cases nor a fallback pass silently.
+KERNEL = "tensor_core"
 
 
 def _case(r: random.Random, gen: torch.Generator, kv_dtype: str, layout: str, dtype,
@@ -62,7 +58,8 @@ def test_decode_mma_random(dtype, layout, kv_dtype):
     for _ in range(3):
         q, kv, seq_lens, hkv, opts, ks, vs, partition = _case(r, gen, kv_dtype, layout, dtype)
         scale = q.shape[-1] ** -0.5
-        out = run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition)
+        out = run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition,
+                         kernel=KERNEL)
         torch.cuda.synchronize()
         ref = decode_ref(q, kv, seq_lens, scale, opts)
         err = rel_err(out, ref)
@@ -150,12 +147,18 @@ def test_decode_kernel_choice():
     small = torch.zeros(4, 16, 2, 32, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head size"):
         ops.decode_kernel(q, small, small, 2)
+    # A kernel is chosen by argument: the host's own, or a refusal naming why.
+    assert ops.decode_kernel(q, cache, cache, 2, kernel="cpu") == "cpu"
+    with pytest.raises(ValueError, match="kernel 'hopper' runs on CUDA arrays"):
+        ops.decode_kernel(q, cache, cache, 2, kernel="hopper")
+    with pytest.raises(ValueError, match="kernel must be 'auto', 'cpu'"):
+        ops.decode_kernel(q, cache, cache, 2, kernel="bulk")
+    with pytest.raises(ValueError, match="'auto' is a choice"):
+        decode_partition_size(1, 32, 8, 4096, 16, 132, kernel="auto")
 
 
 @pytest.mark.cuda
-def test_decode_kernel_choice_on_cuda(monkeypatch):
-    monkeypatch.delenv("PAGEDKV_DECODE_BULK")  # the defaults (this file's fixture sets both)
-    monkeypatch.delenv("PAGEDKV_DECODE_MMA")
+def test_decode_kernel_choice_on_cuda():
     q = torch.zeros(2, 8, 128, dtype=torch.bfloat16, device="cuda")
     nhd = torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16, device="cuda")
     vllm_k = torch.zeros(4, 2, 16, 16, 8, dtype=torch.bfloat16, device="cuda")
@@ -164,17 +167,21 @@ def test_decode_kernel_choice_on_cuda(monkeypatch):
     assert ops.decode_kernel(q, nhd, nhd, 2) == ("hopper" if hopper else "tensor_core")
     assert ops.decode_kernel(q, vllm_k, vllm_v, 2) == "tensor_core"  # no Hopper kernel there
     assert ops.decode_kernel(q.float(), nhd.float(), nhd.float(), 2) == "cuda_core"
-    monkeypatch.setenv("PAGEDKV_DECODE_BULK", "0")
-    assert ops.decode_kernel(q, nhd, nhd, 2) == "tensor_core"
-    monkeypatch.setenv("PAGEDKV_DECODE_MMA", "0")
-    assert ops.decode_kernel(q, nhd, nhd, 2) == "cuda_core"
-    monkeypatch.delenv("PAGEDKV_DECODE_BULK")
-    monkeypatch.delenv("PAGEDKV_DECODE_MMA")
+    assert ops.decode_kernel(q, nhd, nhd, 2, kernel="tensor_core") == "tensor_core"
+    assert ops.decode_kernel(q, nhd, nhd, 2, kernel="cuda_core") == "cuda_core"
+    with pytest.raises(ValueError, match="kernel 'tensor_core' does not cover.*float16"):
+        ops.decode_kernel(q.float(), nhd.float(), nhd.float(), 2, kernel="tensor_core")
+    with pytest.raises(ValueError, match="kernel 'cpu' runs on host arrays"):
+        ops.decode_kernel(q, nhd, nhd, 2, kernel="cpu")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n in (1, 2, 64):
         kernel = ops.decode_kernel(q[:1].repeat(n, 1, 1), nhd, nhd, 2)
         want = decode_partition_size(n, 8, 2, 32768, 16, sms, kernel=kernel)
         assert ops.decode_partition_size(q[:1].repeat(n, 1, 1), nhd, nhd, 2, 32768) == want
+        # The split follows a named kernel too.
+        want = decode_partition_size(n, 8, 2, 32768, 16, sms, kernel="cuda_core")
+        assert ops.decode_partition_size(q[:1].repeat(n, 1, 1), nhd, nhd, 2, 32768,
+                                         kernel="cuda_core") == want
 
 
 @pytest.mark.cuda
@@ -207,7 +214,8 @@ def test_decode_mma_matches_cuda_core_kernel():
     kv = make_paged_kv(gen, seq_lens, hkv, d, 16, torch.bfloat16, "nhd")
     q = torch.randn(2, hkv * group, d, generator=gen).to(torch.bfloat16).cuda()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
-    fast = run_decode(q, kv, seq_lens, hkv, d ** -0.5, opts, "auto", 1.0, 1.0, 256)
+    fast = run_decode(q, kv, seq_lens, hkv, d ** -0.5, opts, "auto", 1.0, 1.0, 256,
+                      kernel=KERNEL)
     kv32 = dataclasses.replace(kv, key_cache=kv.key_cache.float(),
                                value_cache=kv.value_cache.float())
     slow = run_decode(q.float(), kv32, seq_lens, hkv, d ** -0.5, opts, "auto", 1.0, 1.0, 256)
@@ -221,4 +229,4 @@ def test_decode_mma_matches_cuda_core_kernel():
 @pytest.mark.parametrize("layout", ["vllm", "nhd"])
 def test_decode_mma_graph_replay(layout, partition_size):
     """The CUDA-graph replay test of test_cuda_graph.py on the tensor-core kernel."""
-    test_cuda_graph.test_decode_graph_replay(layout, partition_size)
+    test_cuda_graph.test_decode_graph_replay(layout, partition_size, KERNEL)

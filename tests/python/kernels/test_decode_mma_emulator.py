@@ -9,7 +9,14 @@ import random
 
 import numpy as np
 import pytest
-from support.decode_mma_emulator import ceil_div, chunk_fragments, layout_of, plan, reference, run_cta
+from support.decode_mma_emulator import (
+    ceil_div,
+    chunk_fragments,
+    layout_of,
+    plan,
+    reference,
+    run_cta,
+)
 
 
 def _cache(rng, nb, bs, hkv, D, layout, is_value, esz):

@@ -24,7 +24,8 @@ SPECIALS = {"fp8": [0x7F, 0xFF], "fp8_e5m2": [0x7C, 0xFC, 0x7E, 0xFD]}
 HEAD_SIZE = 128
 
 
-def _poison(kv, kv_dtype: str, seq: int, n: int, r: random.Random, ks: float, vs: float) -> None:
+def _poison(kv, kv_dtype: str, seq: int, n: int, r: random.Random, ks: float, vs: float,
+            head_size: int) -> None:
     """Writes special bytes into cached tokens of sequence `seq` (first n tokens): one in a key
     (every query of that KV head's group then sees a NaN or infinite logit) and a few in values
     (one output dimension each), in the GPU cache and in the float64 reference alike."""
@@ -32,7 +33,7 @@ def _poison(kv, kv_dtype: str, seq: int, n: int, r: random.Random, ks: float, vs
     hkv = kv.k_logical.shape[2]
 
     def put(cache: torch.Tensor, ref: torch.Tensor, scale: float, byte: int) -> None:
-        tok, h, d = r.randrange(n), r.randrange(hkv), r.randrange(HEAD_SIZE)
+        tok, h, d = r.randrange(n), r.randrange(hkv), r.randrange(head_size)
         blk, slot = int(table[tok // kv.block_size]), tok % kv.block_size
         cache[blk, slot, h, d] = byte
         value = torch.tensor([byte], dtype=torch.uint8).view(FP8[kv_dtype]).double() * scale
@@ -54,27 +55,31 @@ def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert err < 6e-2, err
 
 
-def _case(device: str, kv_dtype: str, dtype: torch.dtype, prefill: bool, seed: int) -> tuple:
+def _case(device: str, kv_dtype: str, dtype: torch.dtype, prefill: bool, seed: int,
+          kernel: str = "auto", head_size: int = HEAD_SIZE) -> tuple:
+    """Poisoned caches and queries drawn from `seed`, run on `kernel` (required unless "auto");
+    returns (outputs, float64 reference)."""
     r, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     hkv, group, bs = 2, 4, r.choice([16, 32])
     ks, vs = r.choice([(1.0, 1.0), (r.uniform(0.2, 2.0), r.uniform(0.2, 2.0))])
     ctx = [r.randint(200, 500) for _ in range(2)]
-    kv = make_paged_kv(gen, ctx, hkv, HEAD_SIZE, bs, dtype, "nhd", kv_dtype, ks, vs,
+    kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, "nhd", kv_dtype, ks, vs,
                        device=device)
     for seq in range(2):
-        _poison(kv, kv_dtype, seq, ctx[seq], r, ks, vs)
-    scale = HEAD_SIZE ** -0.5
+        _poison(kv, kv_dtype, seq, ctx[seq], r, ks, vs, head_size)
+    scale = head_size ** -0.5
     if not prefill:
-        q = torch.randn(2, hkv * group, HEAD_SIZE, generator=gen).to(dtype).to(device)
-        outs = [run_decode(q, kv, ctx, hkv, scale, NO_OPTS, kv_dtype, ks, vs, part, device)
-                for part in (0, 64)]
+        q = torch.randn(2, hkv * group, head_size, generator=gen).to(dtype).to(device)
+        outs = [run_decode(q, kv, ctx, hkv, scale, NO_OPTS, kv_dtype, ks, vs, part, device,
+                           kernel) for part in (0, 64)]
         return outs, decode_ref(q, kv, ctx, scale, NO_OPTS)
     qlen = [r.randint(1, 200) for _ in ctx]
     qsl = [0, *itertools.accumulate(qlen)]
-    q, k, v = (torch.randn(qsl[-1], h, HEAD_SIZE, generator=gen).to(dtype).to(device)
+    q, k, v = (torch.randn(qsl[-1], h, head_size, generator=gen).to(dtype).to(device)
                for h in (hkv * group, hkv, hkv))
     seq_lens = [c + x for c, x in zip(ctx, qlen)]
-    out = run_prefill(q, k, v, kv, qsl, seq_lens, scale, NO_OPTS, kv_dtype, ks, vs, device)
+    out = run_prefill(q, k, v, kv, qsl, seq_lens, scale, NO_OPTS, kv_dtype, ks, vs, device,
+                      kernel)
     return [out], prefill_ref(q, k, v, kv, qsl, ctx, scale, NO_OPTS)
 
 
@@ -88,39 +93,24 @@ def test_fp8_specials_cpu(kv_dtype, prefill):
         _check(out, ref)
 
 
-# (kernel, environment). The wgmma paths need a compute capability 9.x GPU (=2: required).
-DECODE = {"bulk": {"PAGEDKV_DECODE_BULK": "2"},
-          "mma": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"},
-          "cuda-core": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "0"}}
-PREFILL = {"mma-staged": {"PAGEDKV_PREFILL_WGMMA": "0"},
-           "mma-registers": {"PAGEDKV_PREFILL_WGMMA": "0", "PAGEDKV_PREFILL_MMA_FP8_STAGED": "0"},
-           "cuda-core": {"PAGEDKV_PREFILL_WGMMA": "0", "PAGEDKV_PREFILL_MMA": "0"},
-           "wgmma-producer": {"PAGEDKV_PREFILL_WGMMA": "2",
-                              "PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "0"},
-           "wgmma-consumers-v": {"PAGEDKV_PREFILL_WGMMA": "2",
-                                 "PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "1"},
-           "wgmma-consumers-kv": {"PAGEDKV_PREFILL_WGMMA": "2",
-                                  "PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "2"},
-           "wgmma-no-maps": {"PAGEDKV_PREFILL_WGMMA": "2", "PAGEDKV_PREFILL_WGMMA_TMA": "0"}}
+# (op, kernel, head size): every CUDA kernel, named (required). The Hopper ones need a compute
+# capability 9.x GPU; the wgmma prefill dequantises in place by the producer (K) and the consumers
+# (V) at head size 128, by the consumers alone at 64.
+CASES = [("decode", "hopper", 128), ("decode", "tensor_core", 128), ("decode", "cuda_core", 128),
+         ("prefill", "tensor_core", 128), ("prefill", "cuda_core", 128),
+         ("prefill", "hopper", 128), ("prefill", "hopper", 64)]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
-@pytest.mark.parametrize("kernel", [f"decode-{k}" for k in DECODE] +
-                         [f"prefill-{k}" for k in PREFILL])
-def test_fp8_specials_cuda(kernel, kv_dtype, dtype, monkeypatch):
-    prefill = kernel.startswith("prefill-")
-    name = kernel.split("-", 1)[1]
-    env = (PREFILL if prefill else DECODE)[name]
-    needs_hopper = name == "bulk" or name.startswith("wgmma")
-    if needs_hopper and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip(f"{kernel} needs a compute capability 9.x GPU")
-    for var, value in env.items():
-        monkeypatch.setenv(var, value)
+@pytest.mark.parametrize(("op", "kernel", "head_size"), CASES)
+def test_fp8_specials_cuda(op, kernel, head_size, kv_dtype, dtype):
+    if kernel == "hopper" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip(f"the {op} kernel '{kernel}' needs a compute capability 9.x GPU")
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")  # shown with a failure: _case(..., seed) reproduces it
-    outs, ref = _case("cuda", kv_dtype, dtype, prefill, seed)
+    outs, ref = _case("cuda", kv_dtype, dtype, op == "prefill", seed, kernel, head_size)
     torch.cuda.synchronize()
     for out in outs:
         _check(out, ref)

@@ -28,12 +28,12 @@ from support.cuda_cases import (  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
-HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = ["vllm", "nhd"]
 
 
 ops = pagedkv.ops
+HEAD_SIZES = list(ops.SUPPORTED_HEAD_SIZES)
 
 
 def _cpu(x):
@@ -55,8 +55,9 @@ def _options(r: random.Random, num_heads: int, prefill: bool) -> dict:
 
 
 def run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition_size,
-               device="cuda"):
-    """Decode through v1 (partition_size 0) or v2 on `device`; returns the output."""
+               device="cuda", kernel="auto"):
+    """Decode through v1 (partition_size 0) or v2 on `device` (on `kernel`, required unless
+    "auto"); returns the output."""
     mv = (lambda x: x.to(device)) if device == "cpu" else (lambda x: x)
     q = mv(q)
     out = torch.full_like(q, float("nan"))
@@ -65,7 +66,8 @@ def run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition_si
     args = (q, mv(kv.key_cache), mv(kv.value_cache), hkv, scale, mv(kv.block_tables), sl,
             kv.block_size, max_len, None if opts["alibi"] is None else mv(opts["alibi"]),
             kv_dtype, ks, vs)
-    kw = {"logits_soft_cap": opts["softcap"], "sliding_window": opts["window"] or None}
+    kw = {"logits_soft_cap": opts["softcap"], "sliding_window": opts["window"] or None,
+          "kernel": kernel}
     if partition_size:
         parts = math.ceil(max_len / partition_size)
         n, h, d = q.shape
@@ -158,7 +160,8 @@ def test_decode_v2_partials():
                                        (seg - mx[:, None]).exp().sum(-1), rtol=1e-4, atol=1e-4)
 
 
-def run_prefill(q, k, v, kv, qsl, seq_lens, scale, opts, kv_dtype, ks, vs, device="cuda"):
+def run_prefill(q, k, v, kv, qsl, seq_lens, scale, opts, kv_dtype, ks, vs, device="cuda",
+                kernel="auto"):
     mv = (lambda x: x.to(device)) if device == "cpu" else (lambda x: x)
     q, k, v = mv(q), mv(k), mv(v)
     out = torch.full_like(q, float("nan"))
@@ -168,7 +171,8 @@ def run_prefill(q, k, v, kv, qsl, seq_lens, scale, opts, kv_dtype, ks, vs, devic
     alibi = None if opts["alibi"] is None else mv(opts["alibi"])
     ops.context_attention_fwd(q, k, v, out, kv_dtype, mv(kv.key_cache), mv(kv.value_cache),
                               mv(kv.block_tables), qsl_t, sl, None, max_q, ks, vs, alibi,
-                              opts["window"] or None, scale, logits_soft_cap=opts["softcap"])
+                              opts["window"] or None, scale, logits_soft_cap=opts["softcap"],
+                              kernel=kernel)
     return out
 
 
@@ -215,10 +219,9 @@ def test_prefill(head_size, dtype, layout):
 @pytest.mark.parametrize("kernel", ["tensor_core", "cuda_core"])
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_fp8(kv_dtype, dtype, kernel, monkeypatch):
-    """fp8 caches on the default prefill path (the tensor-core kernel dequantises the context into
-    its tiles) and on the CUDA-core kernel (PAGEDKV_PREFILL_MMA=0)."""
-    monkeypatch.setenv("PAGEDKV_PREFILL_MMA", "1" if kernel == "tensor_core" else "0")
+def test_prefill_fp8(kv_dtype, dtype, kernel):
+    """fp8 caches on the tensor-core prefill (it dequantises the context into its tiles) and on
+    the CUDA-core kernel, each named (required)."""
     r, gen = _rng()
     for layout in LAYOUTS:
         head_size = r.choice([64, 128, 256])
@@ -233,7 +236,7 @@ def test_prefill_fp8(kv_dtype, dtype, kernel, monkeypatch):
         kv = make_paged_kv(gen, ctx, hkv, head_size, 16, dtype, layout, kv_dtype, ks, vs)
         opts = {"alibi": None, "softcap": 0.0, "window": 0}
         out = run_prefill(q, k, v, kv, qsl, [c + x for c, x in zip(ctx, qlen)],
-                          head_size ** -0.5, opts, kv_dtype, ks, vs)
+                          head_size ** -0.5, opts, kv_dtype, ks, vs, kernel=kernel)
         torch.cuda.synchronize()
         err = rel_err(out, prefill_ref(q, k, v, kv, qsl, ctx, head_size ** -0.5, opts))
         assert err < TOL[dtype], (err, layout, head_size, ctx, qlen)

@@ -3,9 +3,8 @@ long, ragged sequences (several 128-row query tiles and 64-key tiles per sequenc
 new tokens), GQA groups that split tokens across tiles, windows ending mid-tile, alibi / soft-cap,
 and strided (padded) query / key / value / output rows that take the 16-byte and the scalar copy
 paths. Outputs are NaN-poisoned (the padding around strided rows too, which must stay untouched)
-and every element is compared with a float64 reference. The Hopper wgmma kernel
-(PAGEDKV_PREFILL_WGMMA) runs the same cases where it applies, required so that a silent fallback
-fails."""
+and every element is compared with a float64 reference. The Hopper wgmma kernel (kernel="hopper")
+runs the same cases where it applies, required so that a silent fallback fails."""
 
 from __future__ import annotations
 
@@ -24,30 +23,15 @@ from test_ops_cuda import prefill_ref  # noqa: E402
 pytestmark = pytest.mark.cuda
 ops = pagedkv.ops
 ROW_TOL = {torch.float16: 1e-2, torch.bfloat16: 6e-2}  # max |out - ref| over all elements
-HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256]
+HEAD_SIZES = list(ops.SUPPORTED_HEAD_SIZES)
 
 
-@pytest.fixture(autouse=True)
-def _tensor_core_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every call here runs the mma.sync tensor-core kernel unless a test picks the CUDA-core one
-    or the Hopper wgmma one (the default on Hopper, so it is switched off here)."""
-    monkeypatch.delenv("PAGEDKV_PREFILL_MMA", raising=False)
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "0")
-    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TMA", raising=False)
-    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", raising=False)
-    monkeypatch.delenv("PAGEDKV_PREFILL_PAIR_CHUNK", raising=False)
-    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_FP8", raising=False)
-    monkeypatch.delenv("PAGEDKV_PREFILL_MMA_FP8_STAGED", raising=False)
-    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS", raising=False)
-    monkeypatch.delenv("PAGEDKV_PREFILL_WGMMA_TURNS", raising=False)
-
-
-def _require_wgmma(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs the calls on the wgmma kernel, with PAGEDKV_PREFILL_WGMMA=2 so that a call it does not
-    cover raises instead of silently taking another kernel; skips off Hopper (compute 9.x)."""
+def _hopper() -> str:
+    """The wgmma kernel's name, skipping off Hopper (compute 9.x). Naming it makes it required:
+    a call it does not cover raises instead of silently taking another kernel."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wgmma prefill kernel needs a compute capability 9.x GPU")
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "2")
+    return "hopper"
 
 
 def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
@@ -64,13 +48,14 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
 def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int],
                       kv_pads: list[int] | None = None, block_size: int | None = None,
                       ctx_lens: list[int] | None = None, kv_dtype: str = "auto",
-                      kv_scales: tuple[float, float] | None = None) -> None:
+                      kv_scales: tuple[float, float] | None = None,
+                      kernel: str = "tensor_core") -> None:
     """One random case: 1-3 sequences with or without a cached prefix, random GQA group, block
     size, options and row padding (query / output from `pads`, new keys / values from `kv_pads`,
     default the same), against the float64 reference. `block_size` / `ctx_lens` fix the block
     size / the cached prefixes (one sequence each) instead of drawing them; an fp8 `kv_dtype`
     quantises the cache with random scales, or `kv_scales` (the reference reads the dequantised
-    values)."""
+    values). `kernel` is the one the call must run on (ops.ATTENTION_KERNELS)."""
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     pad = r.choice(pads)  # 4: rows not 16-byte aligned -> the scalar copy paths
@@ -97,7 +82,7 @@ def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: lis
                               torch.tensor([c + x for c, x in zip(ctx, qlen)],
                                            dtype=torch.int32).cuda(),
                               None, max(qlen), ks, vs, opts["alibi"], opts["window"] or None,
-                              scale, logits_soft_cap=opts["softcap"])
+                              scale, logits_soft_cap=opts["softcap"], kernel=kernel)
     torch.cuda.synchronize()
     ref = prefill_ref(q, k, v, kv, qsl, ctx, scale, opts)
     case = (kv_dtype, pad, kv_pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"],
@@ -136,126 +121,85 @@ def test_prefill_mma_fp8_cache(head_size, layout, kv_dtype, dtype):
     _long_ragged_case(head_size, dtype, layout, [0, 0, 4], ctx_lens=ctx, kv_dtype=kv_dtype)
 
 
-@pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
-@pytest.mark.parametrize(("head_size", "layout"), [(64, "vllm"), (120, "nhd"), (128, "nhd"),
-                                                   (256, "nhd")])
-def test_prefill_mma_fp8_cache_registers(head_size, layout, kv_dtype, monkeypatch):
-    """PAGEDKV_PREFILL_MMA_FP8_STAGED=0: every cached row dequantised through registers when its
-    load is issued (the comparison path of benchmarks/prefill_fp8_prefix.py)."""
-    monkeypatch.setenv("PAGEDKV_PREFILL_MMA_FP8_STAGED", "0")
-    r = random.Random()
-    ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
-    _long_ragged_case(head_size, torch.bfloat16, layout, [0, 0, 4], ctx_lens=ctx,
-                      kv_dtype=kv_dtype)
-
-
-@pytest.mark.parametrize("turns", ["1", "0", "2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_long_ragged(head_size, dtype, turns, monkeypatch):
+def test_prefill_wgmma_long_ragged(head_size, dtype):
     """The same random cases on the wgmma kernel (NHD cache, 16-byte key / value rows: what it
     covers; query / output rows may take its scalar paths); a few per parametrisation, since each
-    draws new options and shapes. PAGEDKV_PREFILL_WGMMA_TURNS: the consumers' turn-taking in CTAs
-    without a cached prefix (1, the default), never (0), everywhere (2)."""
-    _require_wgmma(monkeypatch)
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TURNS", turns)
+    draws new options and shapes. Sequences without a cached prefix take the consumers'
+    turn-taking, the others not."""
+    kernel = _hopper()
     for _ in range(8):
-        _long_ragged_case(head_size, dtype, "nhd", [0, 8, 4], kv_pads=[0, 8])
+        _long_ragged_case(head_size, dtype, "nhd", [0, 8, 4], kv_pads=[0, 8], kernel=kernel)
 
 
-@pytest.mark.parametrize("tma", ["1", "0"])
 @pytest.mark.parametrize("block_size", [16, 32, 24, 64, 128])
-def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size, tma, monkeypatch):
+def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size):
     """Every sequence has a cached paged prefix and new tokens, so the producer's 16-key groups
     come from both TMA maps (cache: 16-slot boxes, and whole-block boxes for blocks of 32, 64 and
     128 that lie whole in a tile and in the context; 24 is not a multiple of 16 and takes cp.async
     for the cache) and from cp.async where a group holds the context's end (prefixes not
-    multiples of 16); windows start tiles mid-block. PAGEDKV_PREFILL_WGMMA_TMA=0: all cp.async.
-    The cache's unused slots are NaN, so a group read past the context shows."""
-    _require_wgmma(monkeypatch)
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TMA", tma)
+    multiples of 16); windows start tiles mid-block. The cache's unused slots are NaN, so a group
+    read past the context shows."""
+    kernel = _hopper()
     for head_size, dtype, ctx in [(128, torch.bfloat16, [37, 300, 16]),
                                   (64, torch.float16, [129, 5]),
                                   (128, torch.float16, [700])]:
         _long_ragged_case(head_size, dtype, "nhd", [0, 8], kv_pads=[0, 8],
-                          block_size=block_size, ctx_lens=ctx)
+                          block_size=block_size, ctx_lens=ctx, kernel=kernel)
 
 
-# fp8 paths of the wgmma kernel: (name, environment).
-WGMMA_FP8_PATHS = {"maps": {},
-                   "maps-producer": {"PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "0"},
-                   "maps-consumers-v": {"PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "1"},
-                   "maps-consumers-kv": {"PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS": "2"},
-                   "maps-turns": {"PAGEDKV_PREFILL_WGMMA_TURNS": "2"},
-                   "no-maps": {"PAGEDKV_PREFILL_WGMMA_TMA": "0"}}
-
-
-@pytest.mark.parametrize("path", list(WGMMA_FP8_PATHS))
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_fp8_cache(head_size, kv_dtype, path, monkeypatch):
+def test_prefill_wgmma_fp8_cache(head_size, kv_dtype):
     """The wgmma kernel with an fp8 cache (its own instantiation), required (a fallback fails).
-    With maps, whole cached groups land as raw bytes and are dequantised in place by the
-    producer a tile later or by the consumers under the wgmma before the one that reads them
-    (PAGEDKV_PREFILL_WGMMA_FP8_CONSUMERS: 0 the producer, 1 the consumers V, 2 K and V; "turns":
-    the consumers also take turns issuing S, so their named barriers interleave); the group
-    holding the context's end passes through the producer's registers; without maps
-    (PAGEDKV_PREFILL_WGMMA_TMA=0) every cached group does, and new tokens go by cp.async."""
-    _require_wgmma(monkeypatch)
-    for name, value in WGMMA_FP8_PATHS[path].items():
-        monkeypatch.setenv(name, value)
+    Whole cached groups land as raw bytes and are dequantised in place: by the consumers under
+    the wgmma before the one that reads them (K and V for head size 64, V for 128) or by the
+    producer a tile later (K for 128); the group holding the context's end passes through the
+    producer's registers, and so does every cached group of blocks of 24 (no maps)."""
+    kernel = _hopper()
     r = random.Random()
-    for bs in (16, 32):
+    for bs in (16, 32, 24):
         # Scales of 1 and 0.5 (exact in fp16 / bf16: the one-multiply path) and random ones.
         ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
         _long_ragged_case(head_size, r.choice([torch.float16, torch.bfloat16]), "nhd", [0, 8],
                           kv_pads=[0, 8], block_size=bs, ctx_lens=ctx, kv_dtype=kv_dtype,
-                          kv_scales=(1.0, 0.5) if bs == 16 else None)
+                          kv_scales=(1.0, 0.5) if bs == 16 else None, kernel=kernel)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
 @pytest.mark.parametrize("head_size", [64, 128])
-def test_prefill_wgmma_fp8_subnormals(head_size, kv_dtype, monkeypatch):
+def test_prefill_wgmma_fp8_subnormals(head_size, kv_dtype):
     """Scales so large that most cached bytes are fp8 subnormals (|x| / scale below 2^-6 for
     e4m3, 2^-14 for e5m2): the wgmma producer's in-place dequantisation, which reads the bytes
     as 16-bit subnormals, must keep them (the reference reads them exactly)."""
-    _require_wgmma(monkeypatch)
+    kernel = _hopper()
     big = 2.0 ** 9 if kv_dtype == "fp8" else 2.0 ** 14
     for bs in (16, 32):
         _long_ragged_case(head_size, random.choice([torch.float16, torch.bfloat16]), "nhd", [0],
                           block_size=bs, ctx_lens=[random.randint(200, 700)], kv_dtype=kv_dtype,
-                          kv_scales=(big, big / 2))
+                          kv_scales=(big, big / 2), kernel=kernel)
 
 
-def test_prefill_wgmma_fallback(monkeypatch):
+def test_prefill_wgmma_fallback():
     """A call the wgmma kernel does not cover (head size 96, vLLM value layout) takes the other
-    kernels under PAGEDKV_PREFILL_WGMMA=1 and raises under =2 (on any GPU)."""
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "1")
-    _long_ragged_case(96, torch.float16, "nhd", [0])
-    _long_ragged_case(128, torch.bfloat16, "vllm", [0])
-    monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA", "2")
-    with pytest.raises(ValueError, match="PAGEDKV_PREFILL_WGMMA=2"):
-        _long_ragged_case(96, torch.float16, "nhd", [0])
+    kernels by default and raises when the wgmma kernel is named (on any GPU)."""
+    _long_ragged_case(96, torch.float16, "nhd", [0], kernel="auto")
+    _long_ragged_case(128, torch.bfloat16, "vllm", [0], kernel="auto")
+    with pytest.raises(ValueError, match="kernel 'hopper' does not cover this call"):
+        _long_ragged_case(96, torch.float16, "nhd", [0], kernel="hopper")
 
 
-def _use_kernel(monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
-    """Picks the prefill kernel: "0" CUDA-core, "1" mma.sync, "wgmma" the Hopper one (required;
-    "-box16": 16-token boxes for new tokens)."""
-    if kernel.startswith("wgmma"):
-        _require_wgmma(monkeypatch)
-        box = "16" if kernel.endswith("16") else "128"
-        monkeypatch.setenv("PAGEDKV_PREFILL_WGMMA_TILE_BOX", box)
-    else:
-        monkeypatch.setenv("PAGEDKV_PREFILL_MMA", kernel)
+def _kernel(name: str) -> str:
+    """The kernel argument of a parametrised test: the wgmma one skips off Hopper."""
+    return _hopper() if name == "hopper" else name
 
 
-# CUDA-core, mma.sync, wgmma, wgmma with 16-token boxes
-# for tiles of new tokens instead of whole-tile boxes
-@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-box16"])
+@pytest.mark.parametrize("kernel", ["cuda_core", "tensor_core", "hopper"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
+def test_prefill_mma_pure_causal(dtype, kernel):
     """No cached prefix (the benchmark's shape, smaller): plain tiles below the diagonal."""
-    _use_kernel(monkeypatch, kernel)
+    kernel = _kernel(kernel)
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     b, length, hkv, group, d = 2, r.randint(900, 1300), 2, 4, 128
@@ -268,7 +212,8 @@ def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     qsl = list(range(0, n + 1, length))
     ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
                               kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
-                              torch.full((b,), length, dtype=torch.int32).cuda(), None, length)
+                              torch.full((b,), length, dtype=torch.int32).cuda(), None, length,
+                              kernel=kernel)
     torch.cuda.synchronize()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
     ref = prefill_ref(q, k, v, kv, qsl, [0] * b, d ** -0.5, opts)
@@ -276,13 +221,12 @@ def test_prefill_mma_pure_causal(dtype, kernel, monkeypatch):
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype]
 
 
-# CUDA-core, mma.sync, wgmma (whole-tile and 16-token boxes)
-@pytest.mark.parametrize("kernel", ["0", "1", "wgmma", "wgmma-box16"])
-def test_prefill_next_sequence_does_not_leak(kernel, monkeypatch):
+@pytest.mark.parametrize("kernel", ["cuda_core", "tensor_core", "hopper"])
+def test_prefill_next_sequence_does_not_leak(kernel):
     """The second sequence's keys and values are inf; the first sequence's outputs must not see
     them (its last tiles reach past its end, where causality gives P = 0, but 0 * inf is NaN):
     the copies of those rows must be zeros, not the next sequence's data."""
-    _use_kernel(monkeypatch, kernel)
+    kernel = _kernel(kernel)
     r = random.Random()
     gen = torch.Generator().manual_seed(r.randrange(1 << 30))
     hkv, group, d, dtype = 2, 4, 128, torch.bfloat16
@@ -298,7 +242,8 @@ def test_prefill_next_sequence_does_not_leak(kernel, monkeypatch):
     qsl = [0, lens[0], n]
     ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
                               kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
-                              torch.tensor(lens, dtype=torch.int32).cuda(), None, max(lens))
+                              torch.tensor(lens, dtype=torch.int32).cuda(), None, max(lens),
+                              kernel=kernel)
     torch.cuda.synchronize()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
     first = slice(0, lens[0])
@@ -307,15 +252,12 @@ def test_prefill_next_sequence_does_not_leak(kernel, monkeypatch):
     assert rel_err(out[first], ref) < TOL[dtype], lens
 
 
-# CTA orders: one (sequence, KV head) pair at a time (the default), three, every pair at once
-@pytest.mark.parametrize("chunk", ["1", "3", "0"])
-@pytest.mark.parametrize("kernel", ["1", "wgmma"])
-def test_prefill_tile_orders(kernel, chunk, monkeypatch):
-    """Every query tile is served exactly once whatever the order the CTAs take them in: five
-    ragged sequences (some with a cached prefix) x KV heads, so chunks of pairs end mid-sequence,
-    the last chunk is short and short sequences leave CTAs without a tile."""
-    _use_kernel(monkeypatch, kernel)
-    monkeypatch.setenv("PAGEDKV_PREFILL_PAIR_CHUNK", chunk)
+@pytest.mark.parametrize("kernel", ["tensor_core", "hopper"])
+def test_prefill_tile_order(kernel):
+    """Every query tile is served exactly once in the CTAs' order (prefill_order.cuh: one
+    (sequence, KV head) pair at a time, longest tile first): five ragged sequences (some with a
+    cached prefix) x KV heads, where short sequences leave CTAs without a tile."""
+    kernel = _kernel(kernel)
     for _ in range(2):
         _long_ragged_case(128, torch.bfloat16, "nhd", [0], block_size=16,
-                          ctx_lens=[0, 300, 0, 17, 0])
+                          ctx_lens=[0, 300, 0, 17, 0], kernel=kernel)

@@ -79,6 +79,12 @@ def test_act_and_mul_matches_eager(name, dtype):
 def test_refused_dtypes_fall_back_to_the_eager_math():
     """float64 is no dtype of the ops: the layers compute it eagerly instead of failing."""
     assert not layers.fused_ok(torch.zeros(2, dtype=torch.float64))
+    assert not layers.fused_ok(torch.zeros(2, 2, 2, 8))  # rank 4: more than the ops' rows
+    assert not layers.fused_ok(torch.zeros(8, 4).t())  # strided last dimension
+    x4 = torch.randn(2, 3, 4, 8)
+    norm4 = RMSNorm(8, 1e-6)
+    norm4.weight.data = torch.rand(8)
+    assert torch.equal(norm4(x4), norm4._eager(x4))
     norm = RMSNorm(8, 1e-6)
     norm.weight.data = torch.rand(8, dtype=torch.float64)
     x = torch.randn(3, 8, dtype=torch.float64)

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import reference_attention as ref
 import torch
 from pagedkv import ops
+from support import reference_attention as ref
 
 F32 = np.float32
 

@@ -1,4 +1,4 @@
-"""CPU paged KV-cache ops against the float64 reference (tests/python/support/reference_attention.py).
+"""CPU paged KV-cache ops against the float64 reference (support/reference_attention.py).
 
 Each case draws fresh random data from its own seed. Outputs are poisoned with NaN before the
 call, so an element the kernel forgot to write fails the check, and unused cache slots are
@@ -12,10 +12,18 @@ import math
 import numpy as np
 import pagedkv
 import pytest
+from pagedkv import PagedAttention, ops
 from support import reference_attention as ref
 from support.deps import need
-from support.paged_cases import alibi, empty_like_fw, make_paged_kv, rand_array, to_fw, to_np, tolerance
-from pagedkv import PagedAttention, ops
+from support.paged_cases import (
+    alibi,
+    empty_like_fw,
+    make_paged_kv,
+    rand_array,
+    to_fw,
+    to_np,
+    tolerance,
+)
 
 torch = need("torch")
 

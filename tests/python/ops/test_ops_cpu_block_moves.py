@@ -1,6 +1,6 @@
 """copy_blocks / swap_blocks: pairs run in the order given, as a sequential loop would.
 
-The scheduler's plan lists copies in the order they were recorded (tests/python/support/scheduler_checks
+The scheduler's plan lists copies in the order they were recorded (support/scheduler_checks
 replays them that way), and cache_ops.cpp promises chained pairs (a -> b, then b -> c) behave
 like a loop. test_ops_cpu.py's mappings never chain, so mutation testing found that running the
 pairs backwards passed it.

@@ -1,5 +1,5 @@
 """CPU attention ops with every logit feature at once (ALiBi + sliding window + soft-cap) and
-with strided ALiBi slopes, against the float64 reference (tests/python/support/reference_attention.py).
+with strided ALiBi slopes, against the float64 reference (support/reference_attention.py).
 
 test_ops_cpu.py turns each feature on at random in 30 % of its cases, so combinations are rare:
 mutation testing found that an ALiBi bias measured from the tile start instead of the first
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pagedkv import PagedAttention, ops
 from support import reference_attention as ref
 from support.deps import need
 from support.paged_cases import empty_like_fw, make_paged_kv, rand_array, to_fw, to_np
-from pagedkv import PagedAttention, ops
 
 torch = need("torch")
 

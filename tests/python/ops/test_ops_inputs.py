@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from support.deps import need
 from pagedkv import PagedAttention, ops
+from support.deps import need
 
 F32 = np.float32
 

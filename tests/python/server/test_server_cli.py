@@ -125,8 +125,8 @@ def test_logging_level_from_environment(env, level, monkeypatch: pytest.MonkeyPa
 
 
 def test_vllm_flags_that_change_nothing_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM command lines run unchanged: --trust-remote-code, parallel sizes of 1,
-    --disable-log-stats; a parallel size of 2 is an argparse error naming the flag."""
+    """vLLM command lines run unchanged: --trust-remote-code, parallel sizes,
+    --disable-log-stats; a parallel size of 0 is an argparse error naming the flag."""
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
 
     argv = ["--trust-remote-code", "--tensor-parallel-size", "1", "--pipeline-parallel-size",
@@ -138,8 +138,9 @@ def test_vllm_flags_that_change_nothing_are_accepted(monkeypatch: pytest.MonkeyP
     assert given["tensor_parallel_size"] == 1 and given["scheduling_policy"] == "priority"
     assert parse([]).scheduling_policy == "fcfs"
     for flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):
+        assert vars(parse([flag, "2"]))[flag[2:].replace("-", "_")] == 2
         with pytest.raises(SystemExit):
-            parse([flag, "2"])
+            parse([flag, "0"])
 
 
 def test_server_flags_of_vllm(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from support.allocator_reference import ROOT, AllocatorModel, Hash, ModelError
 from pagedkv import BlockAllocator
+
+from support.allocator_reference import ROOT, AllocatorModel, Hash, ModelError
 
 
 @dataclass

@@ -11,6 +11,7 @@ conversion is exact)."""
 from __future__ import annotations
 
 import numpy as np
+
 from support.ptx_fragments import byte_perm, ldmatrix_x4, ldmatrix_x4_b8, mma_16816, movmatrix_trans
 
 KEYS, L2E = 16, 1.4426950408889634

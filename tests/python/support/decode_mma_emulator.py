@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
 from support.ptx_fragments import ldmatrix_x4, mma_16816
 
 KEYS, WARPS, L2E = 16, 4, 1.4426950408889634

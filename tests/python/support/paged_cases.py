@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
+
 from support import reference_attention as ref
 
 FP8_NAN = {"e4m3": 0x7F, "e5m2": 0x7E}

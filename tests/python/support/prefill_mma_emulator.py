@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+
 from support.ptx_fragments import ldmatrix_x4, mma_16816
 
 L2E = 1.4426950408889634
@@ -58,20 +59,15 @@ def bf16(x: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32)
 
 
-def tile_slot(cta: int, pairs: int, ranks: int, pair_chunk: int) -> tuple[int, int]:
-    """prefill_order.cuh: the (sequence, KV head) pair and rank (0 = last tile) of CTA `cta`."""
-    per_chunk = pair_chunk * ranks
-    chunk = cta // per_chunk
-    first = chunk * pair_chunk
-    in_chunk = min(pair_chunk, pairs - first)
-    off = cta - chunk * per_chunk
-    return first + off % in_chunk, off // in_chunk
+def tile_slot(cta: int, ranks: int) -> tuple[int, int]:
+    """prefill_order.cuh: the (sequence, KV head) pair and rank (0 = last tile) of CTA `cta`,
+    the pairs taken one at a time."""
+    return cta // ranks, cta % ranks
 
 
-def run(pb: Problem, max_query_len: int,
-        pair_chunk: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def run(pb: Problem, max_query_len: int) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's output (NaN where unwritten) and how often each (token, head) was written,
-    with CTAs taking `pair_chunk` (sequence, KV head) pairs at a time (prefill_order.cuh)."""
+    with CTAs taking the (sequence, KV head) pairs one at a time (prefill_order.cuh)."""
     num_q, _, d = pb.q.shape
     dp = padded_head(d)
     mt_, bm, bn = tile_shape(dp)
@@ -82,7 +78,7 @@ def run(pb: Problem, max_query_len: int,
     pairs = nseq * hkv
     extras = pb.softcap > 0 or pb.alibi is not None or not pb.scale > 0
     for bid in range(tiles * pairs):  # blockIdx.x
-        pair, rank = tile_slot(bid, pairs, tiles, min(pair_chunk, pairs))
+        pair, rank = tile_slot(bid, tiles)
         seq, kvh = pair // hkv, pair % hkv
         qs = min(max(pb.qsl[seq], 0), num_q)
         qlen = min(pb.qsl[seq + 1], num_q) - qs

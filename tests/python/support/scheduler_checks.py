@@ -1,5 +1,5 @@
 """Shared helpers of the scheduler tests: a plan checker written from the metadata contract
-(DESIGN.md) and a driver that plays the model and remembers every request's tokens."""
+(docs/metadata.md) and a driver that plays the model and remembers every request's tokens."""
 
 from __future__ import annotations
 

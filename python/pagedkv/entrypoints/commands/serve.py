@@ -14,9 +14,11 @@ import os
 import sys
 from typing import Any, Dict
 
+from pagedkv import envs
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
 from pagedkv.entrypoints.engine_args import ENGINE_DEFAULTS, add_engine_arguments
+from pagedkv.entrypoints.openai.limits import LIMIT_DEFAULTS
 
 NAME = "serve"
 HELP = "Start the OpenAI-compatible API server (like `vllm serve`)."
@@ -33,6 +35,8 @@ DEFAULTS: Dict[str, Any] = {
     "allow_credentials": False, "enable_request_id_headers": False,
     "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
     "enable_log_requests": False, "max_log_len": None, "trust_request_chat_template": False,
+    "shutdown_timeout": 20.0,
+    **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
 }
 
@@ -51,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=t.port, default=s, help="TCP port (default: 8000)")
     g.add_argument("--api-key", default=s,
                    help="require 'Authorization: Bearer <key>' on /v1 routes "
-                        f"(default: ${API_KEY_ENV}, else none)")
+                        f"(default: ${API_KEY_ENV}, else $VLLM_API_KEY, else none)")
     g.add_argument("--served-model-name", nargs="+", default=s,
                    help="name(s) clients use in the 'model' field; the first is reported "
                         "(default: the MODEL argument or the model's own name)")
@@ -75,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="do not log uvicorn's line per HTTP request")
     g.add_argument("--response-role", default=s,
                    help="the role of the chat answers' messages (default: assistant)")
+    g.add_argument("--shutdown-timeout", type=t.float_in(0.0), default=s, metavar="SECONDS",
+                   help="on SIGTERM, how long requests in flight may run before their streams "
+                        "are ended (new requests get 503 meanwhile); then exit 0 (default: 20)")
     g.add_argument("--root-path", default=s,
                    help="the path prefix of the server behind a path-based proxy, as "
                         "FastAPI's root_path (default: none)")
@@ -89,7 +96,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help='CORS: request headers allowed, a JSON list (default: ["*"])')
     g.add_argument("--allow-credentials", action="store_true", default=s,
                    help="CORS: allow credentials (cookies, authorization) in cross-origin calls")
+    _add_limit_arguments(parser)
     add_engine_arguments(parser, suppress=True)
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one request may ask for (limits.py): a request over a limit gets a 400 (413 for
+    the body) naming it, instead of slowing every other request down."""
+    g = parser.add_argument_group("request limits")
+    s, d = argparse.SUPPRESS, LIMIT_DEFAULTS
+    g.add_argument("--max-stop-strings", type=t.int_at_least(0), default=s,
+                   help=f"most stop strings per request (default: {d['max_stop_strings']})")
+    g.add_argument("--max-bad-words", type=t.int_at_least(0), default=s,
+                   help=f"most bad_words per request (default: {d['max_bad_words']})")
+    g.add_argument("--max-word-chars", type=t.int_at_least(1), default=s,
+                   help="most characters of one stop string or bad word (default: "
+                        f"{d['max_word_chars']})")
+    g.add_argument("--max-logit-bias", type=t.int_at_least(0), default=s,
+                   help=f"most logit_bias entries per request (default: {d['max_logit_bias']})")
+    g.add_argument("--max-request-body-size", type=t.int_at_least(1), default=s,
+                   help="most bytes of one request body, on every route (default: "
+                        f"{d['max_request_body_size']}, 16 MiB)")
 
 
 def _config_value(action: argparse.Action, value: Any) -> Any:
@@ -105,21 +132,22 @@ def _config_value(action: argparse.Action, value: Any) -> Any:
         if not items or not all(isinstance(v, str) for v in items):
             raise ValueError(f"must be a string or a list of strings, got {value!r}")
         return items
-    if isinstance(value, list) and getattr(action.type, "takes_list", False):
+    convert: Any = action.type  # a callable here (argparse types it with FileType and str)
+    if isinstance(value, list) and getattr(convert, "takes_list", False):
         try:
-            return action.type(value)
+            return convert(value)
         except argparse.ArgumentTypeError as e:
             raise ValueError(str(e)) from None
     if isinstance(value, (bool, list, dict)) or value is None:
         raise ValueError(f"must be a single value, got {value!r}")
-    if action.type is None:
+    if convert is None:
         return str(value)
     try:
-        return action.type(str(value))
+        return convert(str(value))
     except argparse.ArgumentTypeError as e:
         raise ValueError(str(e)) from None
     except ValueError:
-        raise ValueError(f"must be {getattr(action.type, '__name__', 'valid')}, "
+        raise ValueError(f"must be {getattr(convert, '__name__', 'valid')}, "
                          f"got {value!r}") from None
 
 
@@ -152,10 +180,10 @@ def load_config(path: str) -> Dict[str, Any]:
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
-    """defaults < $PAGEDKV_API_KEY < config file < command line."""
+    """defaults < $PAGEDKV_API_KEY (else vLLM's $VLLM_API_KEY) < config file < command line."""
     merged = dict(DEFAULTS)
-    if os.environ.get(API_KEY_ENV):
-        merged["api_key"] = os.environ[API_KEY_ENV]
+    if envs.getenv(API_KEY_ENV):
+        merged["api_key"] = envs.getenv(API_KEY_ENV)
     if getattr(args, "config", None):
         merged.update(load_config(args.config))
     merged.update({k: v for k, v in vars(args).items() if k in DEFAULTS})
@@ -179,8 +207,8 @@ def load_chat_template(value: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     opts = resolve(args)
-    # PAGEDKV_LOGGING_LEVEL sets the level, as VLLM_LOGGING_LEVEL does for vLLM (and as LLM does).
-    level = os.environ.get("PAGEDKV_LOGGING_LEVEL", "INFO").upper()
+    # PAGEDKV_LOGGING_LEVEL (else vLLM's VLLM_LOGGING_LEVEL) sets the level, as for LLM.
+    level = (envs.getenv("PAGEDKV_LOGGING_LEVEL") or "INFO").upper()
     if not isinstance(logging.getLevelName(level), int):  # an unknown name: the default
         level = "INFO"
     logging.basicConfig(level=level, stream=sys.stderr,

@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv import SchedulerConfig
     from pagedkv.simulator import load_trace, plot, simulate
 
+    if args.plot:
+        _need_matplotlib()  # before the simulation, not after minutes of it
     try:
         config = SchedulerConfig(
             args.num_blocks, args.block_size, max_num_seqs=args.max_num_seqs,
@@ -82,6 +84,14 @@ def run(args: argparse.Namespace) -> int:
         plot(res, args.plot)
         print(f"{'plot':>22}: {args.plot}")
     return 0
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CLIError("--plot", "needs matplotlib, which is not installed "
+                       "(pip install matplotlib)") from None
 
 
 def _flag_error(err: Exception, args: argparse.Namespace) -> CLIError:

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedkv.engine.async_llm_engine import EngineDeadError
+from pagedkv.entrypoints.openai.protocol import InvalidUnicode
 
 _TYPES = {
     400: "invalid_request_error",
@@ -75,6 +76,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, Optional[str]
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('msg', '')}", None
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidUnicode):  # the message must not repeat the bad string
+        return str(cause), cause.param or None
     param = ".".join(_field_path([e.get("loc", ()) for e in errors])) or None
     msgs = []
     for e in errors[:5]:

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -23,6 +23,49 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class InvalidUnicode(ValueError):
+    """A string of the body holds a lone surrogate (JSON's "\\ud800"): no tokenizer, log or
+    UTF-8 response can take it. ``param``: where it is, as errors name fields."""
+
+    def __init__(self, param: str) -> None:
+        super().__init__(f"{param or 'the body'} is not valid Unicode: it holds a lone "
+                         "surrogate (\\ud800-\\udfff), which UTF-8 cannot encode")
+        self.param = param
+
+
+def lone_surrogate_at(data: Any) -> Optional[str]:
+    """The dotted path of the first string (value or key) in ``data`` that UTF-8 cannot
+    encode, or None. Iterative: a deep body cannot exhaust the stack."""
+    stack: List[tuple] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return ".".join(str(p) for p in path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append(((*path, key), item))
+                stack.append((path, key))  # a bad key: named by where it is (checked first)
+        elif isinstance(value, list):
+            stack.extend(((*path, i), item) for i, item in enumerate(value))
+    return None
+
+
+class _Body(_Request):
+    """A whole request body: refused (400) if any string in it is not valid Unicode, before a
+    tokenizer or a log line sees it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate_at(data)
+        if where is not None:
+            raise InvalidUnicode(where)
+        return data
+
+
 class StreamOptions(BaseModel):
     # vLLM's defaults: a stream_options object that does not mention include_usage asks for
     # the usage chunk; null is "no" (vLLM tests the value's truth).
@@ -30,7 +73,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: Optional[bool] = False
 
 
-class _SamplingFields(_Request):
+class _SamplingFields(_Body):
     """Sampling knobs shared by /v1/completions and /v1/chat/completions."""
 
     model: Optional[str] = None
@@ -128,7 +171,7 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = None
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(_Body):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[List[ChatMessage]] = None
@@ -144,7 +187,7 @@ class TokenizeRequest(_Request):
     return_token_strs: Optional[bool] = False  # vLLM's extension: each token's text too
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(_Body):
     model: Optional[str] = None
     tokens: List[int]
 
@@ -245,13 +288,33 @@ class ChatStreamChoice(BaseModel):
     stop_reason: Optional[Union[int, str]] = None
 
 
+class ModelPermission(BaseModel):
+    """vLLM's (and the legacy OpenAI API's) permission entry of a model card: clients that
+    read it (older openai packages, UIs) find the same fields."""
+
+    id: str = Field(default_factory=lambda: random_id("modelperm"))
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: Optional[str] = None
+    is_blocking: bool = False
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "pagedkv"
     root: Optional[str] = None
+    parent: Optional[str] = None  # vLLM: the base model of a LoRA adapter; None for a base
     max_model_len: Optional[int] = None
+    permission: List[ModelPermission] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):

@@ -20,13 +20,10 @@ from pagedkv.entrypoints.openai.protocol import (
     UsageInfo,
     dump,
 )
-from pagedkv.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    RequestTimer,
-    cancel_on_disconnect,
-    is_unset,
-    no_tool_choice,
-)
+from pagedkv.entrypoints.openai.request_checks import is_unset, no_tool_choice
+from pagedkv.entrypoints.openai.request_timer import RequestTimer
+from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
+from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
 
 
 def _text_only(value: Any) -> bool:
@@ -78,6 +75,12 @@ class OpenAIServingChat(OpenAIServing):
             raise bad_request("Chat template is passed with request, but "
                               "--trust-request-chat-template is not set. Refused request with "
                               "untrusted chat template.", param="chat_template")
+
+    @staticmethod
+    def messages_chars(messages: List[ChatMessage]) -> int:
+        """Characters of the conversation's text: its rendered prompt has at least as many."""
+        return sum(len(m.content) if isinstance(m.content, str) else
+                   sum(len(p.text or "") for p in m.content or []) for m in messages)
 
     def render(self, messages: List[ChatMessage], template: Optional[str],
                add_generation_prompt: bool = True,
@@ -145,9 +148,7 @@ class OpenAIServingChat(OpenAIServing):
         # that cannot fit before rendering and tokenizing it.
         keep_last = self.truncation(req)
         if keep_last is None:
-            self.check_length(sum(len(m.content) if isinstance(m.content, str) else
-                                  sum(len(p.text or "") for p in m.content or [])
-                                  for m in req.messages), "messages")
+            self.check_length(self.messages_chars(req.messages), "messages")
         template, template_vars = self.template_settings(req)
         # Off the event loop: /health and the streams keep going while a template renders.
         prompt = await self.in_tokenizer_thread(self.render, req.messages, template,
@@ -168,7 +169,7 @@ class OpenAIServingChat(OpenAIServing):
                                       fields={"logprobs": "top_logprobs",
                                               "max_tokens": length_field})
         request_id, engine_id = self.request_ids(raw, req, "chatcmpl")
-        self.log_request(request_id, [len(ids)], params, req.stream)
+        self.log_request(request_id, [len(ids)], params, bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
                                        prompt_param="messages")
@@ -206,7 +207,7 @@ class OpenAIServingChat(OpenAIServing):
                    for c in sorted(out.outputs, key=lambda c: c.index)]
         usage = self.usage([out])
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
-                   usage.prompt_tokens)
+                   usage.prompt_tokens, [out])
         return ChatCompletionResponse(
             id=request_id, model=self.state.model_name, choices=choices, usage=usage,
             prompt_logprobs=lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
@@ -218,7 +219,8 @@ class OpenAIServingChat(OpenAIServing):
         base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        continuous = include_usage and bool(req.stream_options
+                                             and req.stream_options.continuous_usage_stats)
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
         bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous,

@@ -16,11 +16,9 @@ from pagedkv.entrypoints.openai.protocol import (
     CompletionResponse,
     dump,
 )
-from pagedkv.entrypoints.openai.serving_engine import (
-    OpenAIServing,
-    RequestTimer,
-    cancel_on_disconnect,
-)
+from pagedkv.entrypoints.openai.request_timer import RequestTimer
+from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
+from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
 
 Prompt = Tuple[List[int], Optional[str]]  # token ids, text (None when given as ids)
 
@@ -46,7 +44,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                  req.logprobs, prompt_lp, fields))
                 for ids, text in prompts]
         request_id, engine_id = self.request_ids(raw, req, "cmpl")
-        self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], req.stream)
+        self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, jobs, req.priority)
         if req.stream:
@@ -126,7 +124,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choices.sort(key=lambda ch: ch.index)
         usage = self.usage(finals)
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
-                   usage.prompt_tokens)
+                   usage.prompt_tokens, finals)
         return CompletionResponse(id=request_id, model=self.state.model_name, choices=choices,
                                   usage=usage)
 
@@ -135,7 +133,8 @@ class OpenAIServingCompletion(OpenAIServing):
         base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        continuous = include_usage and bool(req.stream_options
+                                             and req.stream_options.continuous_usage_stats)
         reasons: List[Optional[str]] = [None] * (len(prompts) * req.n)  # by choice index
         latest: List[Any] = [None] * len(streams)
         bodies = self._chunks(req, base, prompts, streams, timer, latest, reasons, continuous)

@@ -1,0 +1,289 @@
+"""MultiprocExecutor: the driver's side of a tensor/pipeline-parallel engine (vLLM's ``mp``).
+
+The engine process is global rank 0 (the driver): it runs the scheduler and sampler and its own
+Worker. Single node, it spawns one process per other rank and sets up the process group itself
+(gloo on the CPU, NCCL on CUDA; a TCP rendezvous on localhost). Under ``torchrun`` (RANK,
+WORLD_SIZE, MASTER_ADDR in the environment: vLLM's ``external_launcher``) the launcher started
+every rank: rank 0 becomes the driver and the other ranks serve its commands, then exit.
+
+Each call of the runner interface (execute, compute_logits, apply_block_ops, set-up steps) is
+broadcast to the workers as a command with the plan as flat arrays (PlanArrays), then run
+locally: all ranks run the same Worker method together (see worker.py).
+
+Failure: a monitor thread watches the worker processes; when one dies, the others are killed
+and the process groups aborted, so the driver's pending collective fails at once and the engine
+raises naming the dead rank. Every collective has a timeout. Ctrl-C or any error in the middle
+of a command leaves the ranks out of step: the executor then shuts the workers down and refuses
+further calls. Workers end with the driver (shutdown command, or they notice their parent is
+gone); finalisers and atexit make sure none is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import threading
+import time
+import weakref
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from pagedkv.distributed import (
+    abort_model_parallel,
+    destroy_model_parallel,
+    get_world_group,
+    init_distributed_environment,
+    initialize_model_parallel,
+    model_parallel_is_initialized,
+)
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.plan_arrays import PlanArrays
+from pagedkv.engine.worker import SHUTDOWN, Worker, worker_loop
+
+logger = logging.getLogger("pagedkv")
+
+# Bounds each collective on the device groups (a stage waits for the previous one's forward,
+# so this is far above a step): a peer that hangs ends the engine with an error, not a hang.
+COLLECTIVE_TIMEOUT_S = 600.0
+_JOIN_TIMEOUT_S = 10.0
+
+
+def launched_by_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+class _Procs:
+    """The spawned worker processes and the executor's health (shared with the finaliser and
+    the monitor thread, which must not hold the executor itself)."""
+
+    def __init__(self) -> None:
+        self.procs: List[Any] = []
+        self.dead: Optional[str] = None  # why the executor can no longer run steps
+        self.closing = False
+        self.lock = threading.Lock()
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(_JOIN_TIMEOUT_S)
+
+
+class MultiprocExecutor:
+    def __init__(self, cfg: EngineConfig, device: torch.device) -> None:
+        if model_parallel_is_initialized():
+            raise RuntimeError("a tensor/pipeline-parallel engine is already running in this "
+                               "process; shut it down (del the LLM) before starting another")
+        tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+        self.world_size = tp * pp
+        self.block_size = cfg.block_size
+        self._state = _Procs()
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if launched_by_torchrun():
+            rank, world, local_rank = _torchrun_ranks(self.world_size)
+            device = _rank_device(device, local_rank)
+            init_distributed_environment(world, rank, backend, "env://", COLLECTIVE_TIMEOUT_S)
+            initialize_model_parallel(tp, pp, device)
+            if rank != 0:
+                # torchrun forwards SIGTERM to every rank; only the driver decides what it means
+                # (the server drains, then shuts the workers down), as with Ctrl-C below.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                _serve_as_worker(cfg, device)  # until the driver shuts down; never returns
+        else:
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            self._spawn(cfg, device, init_method)
+            device = _rank_device(device, 0)
+            init_distributed_environment(self.world_size, 0, backend, init_method,
+                                         COLLECTIVE_TIMEOUT_S)
+            initialize_model_parallel(tp, pp, device)
+        self._finalizer = weakref.finalize(self, _shutdown, self._state)
+        self.device = device
+        try:
+            self.worker = Worker(cfg, device)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.model, self.model_config = self.worker.model, self.worker.model_config
+        self.max_model_len = 0
+        self.max_num_batched_tokens = 0
+        logger.info("tensor parallel %d x pipeline parallel %d: %d ranks (%s)", tp, pp,
+                    self.world_size, backend)
+
+    def _spawn(self, cfg: EngineConfig, device: torch.device, init_method: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        for rank in range(1, self.world_size):
+            p = ctx.Process(target=_worker_process, name=f"pagedkv-worker-{rank}",
+                            args=(cfg, rank, self.world_size, device, init_method,
+                                  os.getpid()), daemon=True)
+            p.start()
+            self._state.procs.append(p)
+        threading.Thread(target=_monitor, args=(self._state,), name="pagedkv-worker-monitor",
+                         daemon=True).start()
+
+    # ------------------------------------------------------------------ the runner interface
+    def _run_all(self, name: str, *args: Any) -> Any:
+        """Runs Worker.<name>(*args) on every rank: the command to the others, then here."""
+        state = self._state
+        if state.dead is not None:
+            raise RuntimeError(f"the parallel engine is down: {state.dead}")
+        try:
+            get_world_group().broadcast_object((name, args), src=0)
+            return getattr(self.worker, name)(*args)
+        except BaseException as exc:
+            time.sleep(0.2)  # let the monitor name a dead worker, if that is what happened
+            why = state.dead or f"{type(exc).__name__} during {name}() left the ranks out of step"
+            state.dead = why
+            _shutdown(state)
+            if isinstance(exc, Exception):
+                raise RuntimeError(f"the parallel engine is down: {why}") from exc
+            raise
+
+    def determine_num_blocks(self) -> Tuple[int, int]:
+        return self._run_all("determine_num_blocks")
+
+    def make_runner(self, max_model_len: int, max_num_batched_tokens: int) -> None:
+        self.max_model_len, self.max_num_batched_tokens = max_model_len, max_num_batched_tokens
+        self._run_all("make_runner", max_model_len, max_num_batched_tokens)
+
+    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
+        # max_model_len / max_num_batched_tokens may have been lowered since make_runner.
+        self._run_all("allocate_kv_cache", num_blocks, num_cpu_blocks, self.max_model_len,
+                      self.max_num_batched_tokens)
+
+    def capture_cuda_graphs(self, max_num_seqs: int) -> None:
+        self._run_all("capture_cuda_graphs", max_num_seqs)
+
+    def execute(self, plan: Any) -> torch.Tensor:
+        """Hidden states [num_tokens, hidden] when the driver is on the last stage; otherwise
+        a [num_tokens, 0] placeholder (the last stage keeps them for compute_logits)."""
+        out = self._run_all("execute", self._arrays(plan))
+        if out is None:
+            return torch.empty(int(plan.num_tokens), 0, device=self.device)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None,
+                       upcast: bool = True) -> torch.Tensor:
+        idx = None if rows is None else rows.cpu().numpy().astype(np.int64)
+        num_rows = hidden.shape[0] if idx is None else len(idx)
+        return self._run_all("compute_logits", idx, num_rows, upcast)
+
+    def apply_block_ops(self, plan: Any) -> None:
+        self._run_all("apply_block_ops", self._arrays(plan))
+
+    def finish_swap_out(self, plan: Any) -> None:
+        if self._state.dead is None:  # a dead engine has no cache left to save
+            self._run_all("finish_swap_out", self._arrays(plan))
+
+    def _arrays(self, plan: Any) -> PlanArrays:
+        return plan if isinstance(plan, PlanArrays) else PlanArrays.from_plan(plan,
+                                                                             self.block_size)
+
+    def __getattr__(self, name: str) -> Any:
+        # The rest of ModelRunner's surface (kv_caches, graphs, block_bytes, ...), as the
+        # driver's own rank has it.
+        worker = self.__dict__.get("worker")
+        if worker is None or worker.runner is None:
+            raise AttributeError(name)
+        return getattr(worker.runner, name)
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._state.dead is None and not self._state.closing
+
+
+def _shutdown(state: _Procs) -> None:
+    """Ends the workers (a polite command first, while they are in step), then the groups."""
+    with state.lock:
+        if state.closing:
+            return
+        state.closing = True
+    if state.dead is None:
+        try:
+            get_world_group().broadcast_object((SHUTDOWN, ()), src=0)
+        except Exception as exc:  # noqa: BLE001 (a broken group: killing them follows)
+            logger.warning("could not tell the workers to stop (%r); killing them", exc)
+            state.dead = "shut down"
+    for p in state.procs:
+        p.join(_JOIN_TIMEOUT_S)
+    state.kill_all()
+    if state.dead is not None:
+        abort_model_parallel()
+    else:
+        destroy_model_parallel()
+
+
+def _monitor(state: _Procs) -> None:
+    """Waits for any worker to exit; one that exits while the engine runs takes it down."""
+    procs = list(state.procs)
+    ready = multiprocessing.connection.wait([p.sentinel for p in procs])
+    if state.closing:
+        return
+    dead = next(p for p in procs if p.sentinel in ready)
+    dead.join(1.0)
+    rank = procs.index(dead) + 1
+    state.dead = (f"worker rank {rank} (pid {dead.pid}) exited unexpectedly with exit code "
+                  f"{dead.exitcode}")
+    logger.error("%s; stopping the other workers", state.dead)
+    state.kill_all()
+    abort_model_parallel()  # the driver's pending collective fails now, not at its timeout
+
+
+def _worker_process(cfg: EngineConfig, rank: int, world_size: int, device: torch.device,
+                    init_method: str, parent_pid: int) -> None:
+    """Entry point of a spawned rank."""
+    # Ctrl-C reaches the whole process group: the driver alone decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    device = _rank_device(device, rank)
+    init_distributed_environment(world_size, rank, "nccl" if device.type == "cuda" else "gloo",
+                                 init_method, COLLECTIVE_TIMEOUT_S)
+    initialize_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, device)
+    _serve_as_worker(cfg, device)
+
+
+def _serve_as_worker(cfg: EngineConfig, device: torch.device) -> None:
+    try:
+        worker_loop(Worker(cfg, device))
+    finally:
+        destroy_model_parallel()
+    raise SystemExit(0)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """A worker whose driver is gone (killed, say) exits rather than linger as an orphan."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _rank_device(device: torch.device, local_rank: int) -> torch.device:
+    if device.type != "cuda":
+        return device
+    dev = torch.device("cuda", (device.index or 0) + local_rank)
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def _torchrun_ranks(world_size: int) -> Tuple[int, int, int]:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != world_size:
+        raise ValueError(f"torchrun started {world} processes, but tensor_parallel_size x "
+                         f"pipeline_parallel_size = {world_size}")
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,122 @@
+"""vLLM's EngineArgs that pagedkv does not take as its own, each refused by name with the reason.
+
+Every engine argument of vLLM is either honoured (an EngineConfig field with vLLM's name and
+meaning) or listed here. An argument listed here set to a value that changes nothing in pagedkv
+(vLLM's default, e.g. ``load_format="auto"``) is accepted, so that vLLM scripts run unchanged;
+any other value is refused with a ValueError saying why, instead of being ignored. The CLI
+(entrypoints/engine_args.py) builds hidden flags from the same table, so ``pagedkv serve
+--load-format dummy`` is refused the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Tuple
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str
+    harmless: Tuple[Any, ...] = (None,)  # values that change nothing here (vLLM's defaults)
+
+    def accepts(self, value: Any) -> bool:
+        return any(value is h or (type(value) is type(h) and value == h)
+                   for h in self.harmless)
+
+
+_ONE_DEVICE = "pagedkv runs the model in one process on one device"
+_NO_LORA = "LoRA adapters are not supported yet"
+_NO_MM = "pagedkv serves text-only models"
+_NO_SPEC = "speculative decoding is not supported yet"
+_NO_COMPILE = "pagedkv runs its own kernels and CUDA graphs, not torch.compile"
+_LOADER = "pagedkv loads safetensors / GGUF checkpoints with its own loader"
+_OFF = (None, False)
+
+# vLLM EngineArgs name -> why pagedkv refuses it (and which values are harmless).
+VLLM_ONLY_ARGS: Dict[str, Refused] = {
+    # Loading (revision, tokenizer_revision, download_dir, hf_overrides, rope_scaling,
+    # rope_theta, generation_config and override_generation_config are EngineConfig fields).
+    "code_revision": Refused("pagedkv never runs a checkpoint's code"),
+    "hf_token": Refused("hub downloads read the token from HF_TOKEN (or huggingface-cli "
+                        "login)", _OFF),
+    "hf_config_path": Refused("the config is read from the model folder"),
+    "load_format": Refused(_LOADER, (None, "auto", "safetensors", "gguf")),
+    "config_format": Refused("the config is read as Hugging Face's config.json (or GGUF "
+                             "metadata)", (None, "auto", "hf")),
+    "model_loader_extra_config": Refused(_LOADER, (None, {})),
+    "ignore_patterns": Refused(_LOADER, (None, [], "original/**/*")),
+    "tokenizer_mode": Refused("pagedkv uses the Hugging Face fast tokenizer",
+                              (None, "auto", "hf")),
+    "model_impl": Refused("pagedkv runs its own model code", (None, "auto")),
+    "quantization": Refused("pagedkv reads the quantization from the checkpoint"),
+    "max_parallel_loading_workers": Refused(_LOADER),
+    "use_tqdm_on_load": Refused("loading progress follows the log level", (None, True)),
+    "task": Refused("pagedkv runs generation only", (None, "auto", "generate")),
+    "runner": Refused("pagedkv runs generation only", (None, "auto", "generate")),
+    "convert": Refused("pagedkv runs generation only", (None, "auto", "none")),
+    "enable_prompt_embeds": Refused("prompts are text or token ids", _OFF),
+    # Parallelism and placement.
+    "data_parallel_size": Refused(_ONE_DEVICE, (None, 1)),
+    "distributed_executor_backend": Refused(_ONE_DEVICE, (None, "mp", "uni")),
+    "enable_expert_parallel": Refused(_ONE_DEVICE, _OFF),
+    "disable_custom_all_reduce": Refused(_ONE_DEVICE, (None, False, True)),
+    "worker_cls": Refused(_ONE_DEVICE, (None, "auto")),
+    "worker_extension_cls": Refused(_ONE_DEVICE, (None, "")),
+    "kv_transfer_config": Refused("KV transfer between instances is not supported"),
+    "kv_events_config": Refused("KV-cache events are not published"),
+    # Memory and cache.
+    "cpu_offload_gb": Refused("weights stay on the device", (None, 0, 0.0)),
+    "kv_cache_memory_bytes": Refused("use gpu_memory_utilization or kv_cache_space"),
+    "calculate_kv_scales": Refused("fp8 KV caches use scales of 1.0", _OFF),
+    "prefix_caching_hash_algo": Refused("prefix-cache keys use pagedkv's own hash",
+                                        (None, "builtin", "sha256")),
+    "disable_sliding_window": Refused("sliding windows are applied as the model defines them",
+                                      _OFF),
+    "disable_cascade_attn": Refused("pagedkv has no cascade attention to disable",
+                                    (None, False, True)),
+    "enable_sleep_mode": Refused("sleep mode (offloading weights while idle) is not "
+                                 "supported", _OFF),
+    # Scheduling.
+    "num_lookahead_slots": Refused(_NO_SPEC, (None, 0)),
+    "scheduler_delay_factor": Refused("the scheduler runs every step at once", (None, 0, 0.0)),
+    "max_num_partial_prefills": Refused("one partial prefill per step", (None, 1)),
+    "max_long_partial_prefills": Refused("one partial prefill per step", (None, 1)),
+    "long_prefill_token_threshold": Refused("one partial prefill per step", (None, 0)),
+    "scheduler_cls": Refused("the scheduler is pagedkv's C++ one"),
+    "async_scheduling": Refused("asynchronous scheduling is not supported yet", _OFF),
+    "cuda_graph_sizes": Refused("CUDA graphs cover decode batches up to "
+                                "max_seq_len_to_capture", (None, [])),
+    "compilation_config": Refused(_NO_COMPILE, (None, {}, 0)),
+    "logits_processors": Refused("custom logits processors are not supported", (None, [])),
+    "logprobs_mode": Refused("logprobs are those of the raw model logits (vLLM's default)",
+                             (None, "raw_logprobs")),
+    "structured_outputs_config": Refused("structured outputs are not supported yet"),
+    "guided_decoding_backend": Refused("structured outputs are not supported yet",
+                                       (None, "auto")),
+    "reasoning_parser": Refused("reasoning parsers are not supported", (None, "")),
+    "speculative_config": Refused(_NO_SPEC),
+    # LoRA and multimodal.
+    "enable_lora": Refused(_NO_LORA, _OFF),
+    "max_loras": Refused(_NO_LORA, (None, 1)),
+    "max_lora_rank": Refused(_NO_LORA, (None, 16)),
+    "max_cpu_loras": Refused(_NO_LORA),
+    "lora_dtype": Refused(_NO_LORA, (None, "auto")),
+    "fully_sharded_loras": Refused(_NO_LORA, _OFF),
+    "limit_mm_per_prompt": Refused(_NO_MM, (None, {})),
+    "mm_processor_kwargs": Refused(_NO_MM, (None, {})),
+    # Observability.
+    "otlp_traces_endpoint": Refused("OpenTelemetry tracing is not supported"),
+    "collect_detailed_traces": Refused("OpenTelemetry tracing is not supported"),
+    "show_hidden_metrics_for_version": Refused("pagedkv has no hidden metrics"),
+    "additional_config": Refused("pagedkv has no platform plugins", (None, {})),
+}
+
+
+def check_vllm_arg(name: str, value: Any) -> None:
+    """Nothing if ``value`` changes nothing; ValueError naming ``name`` and the reason else."""
+    rule = VLLM_ONLY_ARGS[name]
+    if not rule.accepts(value):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ValueError(f"{name}={shown} is not supported: {rule.reason} (vLLM engine "
+                         "argument; pagedkv accepts only its default)")

@@ -1,0 +1,141 @@
+"""Worker: one rank of a tensor/pipeline-parallel engine (its model shard, KV cache, steps).
+
+Every rank, the driver's included, runs the same Worker methods in the same order: the driver
+calls them directly, the other ranks when the driver's command arrives (worker_loop). So the
+collectives inside (the model's all-reduces, the KV-block minimum, the stages' send/recv, the
+logits' all-gather) always meet their partners. The scheduler, sampler and tokenizer exist on
+the driver only.
+
+A step on rank r of stage s: receive the previous stage's hidden states (s > 0), run the
+stage's layers over its heads' slice of the KV cache, send the result on (s < last); the last
+stage keeps its final hidden states until the driver asks for the logits of some rows, which
+the last stage's LM head computes (vocab-parallel, all-gathered) and its first rank sends to the
+driver (global rank 0) when the driver is not on that stage.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import torch
+
+from pagedkv.distributed import get_pp_group, get_tp_group, get_world_group
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.model_runner import ModelRunner
+
+logger = logging.getLogger("pagedkv")
+
+# The driver's command that ends worker_loop.
+SHUTDOWN = "shutdown"
+
+
+class Worker:
+    def __init__(self, cfg: EngineConfig, device: torch.device) -> None:
+        from pagedkv.engine.engine_setup import check_servable
+        from pagedkv.models import load_model
+
+        self.cfg, self.device = cfg, device
+        self.model, self.model_config = load_model(cfg.model, cfg.dtype, device,
+                                                   **cfg.model_load_kwargs(),
+                                                   check=check_servable)
+        self.dtype = next(self.model.parameters()).dtype
+        _check_parallel_support(self.model, self.model_config.architecture)
+        self.runner: Optional[ModelRunner] = None
+        self._hidden: Optional[torch.Tensor] = None  # the last stage's latest hidden states
+
+    # ------------------------------------------------------------------ set-up
+    def make_runner(self, max_model_len: int, max_num_batched_tokens: int) -> None:
+        self.runner = ModelRunner(self.cfg, self.model, self.model_config, self.device,
+                                  self.dtype, max_model_len, max_num_batched_tokens)
+
+    def determine_num_blocks(self) -> Tuple[int, int]:
+        """The blocks every rank can hold: each rank sizes its own slice, the minimum wins (the
+        one scheduler hands out block ids valid on all ranks)."""
+        num, num_cpu = self._runner.determine_num_blocks()
+        world = get_world_group()
+        return world.all_reduce_min(num), world.all_reduce_min(num_cpu)
+
+    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int, max_model_len: int,
+                          max_num_batched_tokens: int) -> None:
+        runner = self._runner
+        runner.max_model_len, runner.max_num_batched_tokens = max_model_len, max_num_batched_tokens
+        runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
+
+    def capture_cuda_graphs(self, max_num_seqs: int) -> None:
+        self._runner.capture_cuda_graphs(max_num_seqs)
+
+    @property
+    def _runner(self) -> ModelRunner:
+        if self.runner is None:
+            raise RuntimeError("make_runner() must come first")
+        return self.runner
+
+    # ------------------------------------------------------------------ one step
+    def apply_block_ops(self, plan: Any) -> None:
+        self._runner.apply_block_ops(plan)
+
+    def finish_swap_out(self, plan: Any) -> None:
+        self._runner.finish_swap_out(plan)
+
+    def execute(self, plan: Any) -> Optional[torch.Tensor]:
+        """The stage's forward; the final hidden states on the last stage, else None."""
+        pp = get_pp_group()
+        inter = None
+        if not pp.is_first_rank:
+            shape = (int(plan.num_tokens), self.model_config.hidden_size)
+            inter = pp.recv(shape, self.dtype, pp.rank_in_group - 1)
+        out = self._runner.execute(plan, inter)
+        if not pp.is_last_rank:
+            pp.send(out, pp.rank_in_group + 1)
+            return None
+        self._hidden = out
+        return out
+
+    def compute_logits(self, rows: Optional[np.ndarray], num_rows: int,
+                       upcast: bool) -> Optional[torch.Tensor]:
+        """Logits [num_rows, vocab] of the last step's hidden ``rows`` (all when None), on the
+        driver; None on the other ranks."""
+        pp, world = get_pp_group(), get_world_group()
+        last_first = world.world_size - get_tp_group().world_size  # the last stage's rank 0
+        dtype = torch.float32 if upcast else self.dtype
+        if not pp.is_last_rank:
+            if world.rank != 0:
+                return None
+            out = torch.empty(num_rows, self.model_config.vocab_size, dtype=dtype,
+                              device=self.device)
+            torch.distributed.recv(out, src=last_first, group=world.device_group)
+            return out
+        assert self._hidden is not None, "compute_logits() before execute()"
+        idx = None if rows is None else torch.from_numpy(rows).to(self.device)
+        logits = self._runner.compute_logits(self._hidden, idx, upcast)
+        if world.rank == last_first and world.rank != 0:
+            torch.distributed.send(logits.contiguous(), dst=0, group=world.device_group)
+        return logits
+
+
+def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
+    """Refuses, by name, a model whose code cannot be split as asked (rather than computing a
+    wrong or unsharded result)."""
+    from pagedkv.models.linear import ColumnParallelLinear, RowParallelLinear
+
+    if get_tp_group().world_size > 1 and not any(
+            isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for m in model.modules()):
+        raise ValueError(f"{architecture} does not support tensor parallelism (its layers are "
+                         "not tensor-parallel); use tensor_parallel_size=1")
+    if (get_pp_group().world_size > 1
+            and "intermediate" not in inspect.signature(model.forward).parameters):
+        raise ValueError(f"{architecture} does not support pipeline parallelism; use "
+                         "pipeline_parallel_size=1")
+
+
+def worker_loop(worker: Worker) -> None:
+    """A non-driver rank: runs the driver's commands until it says stop (or dies)."""
+    world = get_world_group()
+    while True:
+        name, args = world.broadcast_object(None, src=0)
+        if name == SHUTDOWN:
+            return
+        getattr(worker, name)(*args)

@@ -1,0 +1,198 @@
+"""Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE) over the fused MoE ops.
+
+The experts of a layer are stacked tensors, ``w13_weight`` [E, 2 * I, H] (each expert's gate
+rows, then its up rows) and ``w2_weight`` [E, H, I], so one grouped GEMM per projection runs
+every expert at once (pagedkv.ops.moe_grouped_gemm), never a Python loop over experts. Each
+stacked parameter has a ``weight_loader(param, tensor, expert_id, shard)`` that places one
+checkpoint expert (an expert-parallel layer can override it to keep its own experts).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from pagedkv import moe_ops
+from pagedkv.models.layers import act_and_mul
+from pagedkv.models.linear import (
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+
+# HF architectures with sparse MoE layers and the experts' normalisation rule.
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of each expert
+    # Mixtral: always (a softmax over the top-k logits); Qwen: the config's norm_topk_prob.
+    renormalize: bool
+    decoder_sparse_step: int = 1  # Qwen: every step-th layer is sparse
+    mlp_only_layers: tuple[int, ...] = ()  # Qwen: layers that stay dense
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert, sigmoid-gated
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        return (layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
+
+    @classmethod
+    def from_hf_dict(cls, arch: str, d: dict[str, Any]) -> Optional[MoEConfig]:
+        """The MoE fields of a config.json, None for a dense architecture."""
+        if arch == "MixtralForCausalLM":
+            return cls(num_experts=d["num_local_experts"], top_k=d["num_experts_per_tok"],
+                       intermediate_size=d["intermediate_size"], renormalize=True)
+        if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+            return cls(num_experts=d["num_experts"], top_k=d["num_experts_per_tok"],
+                       intermediate_size=d["moe_intermediate_size"],
+                       renormalize=bool(d.get("norm_topk_prob", arch != "Qwen2MoeForCausalLM")),
+                       decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+                       mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
+                       shared_expert_intermediate_size=int(
+                           d.get("shared_expert_intermediate_size") or 0))
+        return None
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  act: str = "silu") -> torch.Tensor:
+    """x [T, H] through each token's top-k experts, weighted and summed -> [T, H]."""
+    t, k = topk_ids.shape
+    num_experts = w13.shape[0]
+    block = moe_ops.moe_block_size(t * k, num_experts)
+    sorted_ids, expert_ids, used = moe_ops.moe_align_block_size(topk_ids, block, num_experts)
+    h = moe_ops.moe_grouped_gemm(x, w13, sorted_ids, expert_ids, used, k, block)  # [T*k, 2I]
+    h = act_and_mul(act)(h)  # [T*k, I]
+    y = moe_ops.moe_grouped_gemm(h, w2, sorted_ids, expert_ids, used, 1, block,
+                                 topk_weights)  # [T*k, H], weighted
+    return y.view(t, k, -1).sum(dim=1)
+
+
+class FusedMoE(nn.Module):
+    """The experts of one layer as stacked weights, routed by the router logits."""
+
+    def __init__(self, moe: MoEConfig, hidden_size: int, hidden_act: str) -> None:
+        super().__init__()
+        e, inter = moe.num_experts, moe.intermediate_size
+        self.top_k, self.renormalize, self.act = moe.top_k, moe.renormalize, hidden_act
+        act_and_mul(hidden_act)  # an unknown activation is refused when the model is built
+        self.w13_weight = nn.Parameter(torch.empty(e, 2 * inter, hidden_size),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, inter), requires_grad=False)
+        for p in (self.w13_weight, self.w2_weight):
+            p.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    @staticmethod
+    def weight_loader(param: torch.Tensor, tensor: torch.Tensor, expert_id: int,
+                      shard: int) -> None:
+        """One expert's checkpoint matrix into ``param``: shard 0 / 1 = gate / up rows of
+        w13_weight, shard 2 = w2_weight."""
+        dst = param.data[expert_id]
+        if shard in (0, 1):
+            half = dst.shape[0] // 2
+            dst = dst.narrow(0, shard * half, half)
+        if tuple(dst.shape) != tuple(tensor.shape):
+            raise ValueError(f"has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
+        with torch.no_grad():
+            dst.copy_(tensor.to(dst.dtype))
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = moe_ops.topk_softmax(router_logits, self.top_k, self.renormalize)
+        return fused_experts(x, self.w13_weight, self.w2_weight, weights, ids, self.act)
+
+
+class GatedMLP(nn.Module):
+    """A dense gated MLP with fused gate/up rows (Qwen2-MoE's shared expert)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2,
+                                                       bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
+        self.act_and_mul = act_and_mul(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (``gate``) + experts, plus Qwen2-MoE's sigmoid-gated shared expert."""
+
+    def __init__(self, moe: MoEConfig, hidden_size: int, hidden_act: str) -> None:
+        super().__init__()
+        self.gate = ReplicatedLinear(hidden_size, moe.num_experts, bias=False)
+        self.experts = FusedMoE(moe, hidden_size, hidden_act)
+        self.shared_expert: Optional[GatedMLP] = None
+        self.shared_expert_gate: Optional[ReplicatedLinear] = None
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = GatedMLP(hidden_size, moe.shared_expert_intermediate_size,
+                                          hidden_act)
+            self.shared_expert_gate = ReplicatedLinear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, self.gate(x))
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def sparse_moe_block(cfg: Any, layer_idx: int) -> Optional[SparseMoeBlock]:
+    """The MoE block of layer ``layer_idx`` of a ModelConfig, None where the layer is dense."""
+    moe: Optional[MoEConfig] = getattr(cfg, "moe", None)
+    if moe is None or not moe.is_sparse(layer_idx):
+        return None
+    return SparseMoeBlock(moe, cfg.hidden_size, cfg.hidden_act)
+
+
+# ------------------------------------------------------------------------- checkpoint loading
+# model.layers.{L}.mlp.experts.{e}.{w1|w3|w2|gate_proj|up_proj|down_proj}.weight
+_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w1|w3|w2|gate_proj|up_proj|down_proj)\.weight$")
+_SHARDS = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": 2, "down_proj": 2}
+
+
+def canonical_name(name: str) -> str:
+    """Checkpoint names as our modules spell them (Mixtral's block_sparse_moe is ``mlp``)."""
+    return name.replace(".block_sparse_moe.", ".mlp.")
+
+
+def split_expert_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                         written: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Loads the per-expert tensors of ``weights`` into the stacked FusedMoE parameters (adding
+    each complete parameter's name to ``written``) and yields every other tensor, renamed by
+    canonical_name."""
+    params = dict(model.named_parameters())
+    seen: dict[str, set[tuple[int, int]]] = {}
+    for ckpt_name, tensor in weights:
+        name = canonical_name(ckpt_name)
+        m = _EXPERT.match(name)
+        if m is None:
+            yield name, tensor
+            continue
+        prefix, expert, shard = m.group(1), int(m.group(2)), _SHARDS[m.group(3)]
+        target = f"{prefix}.{'w2_weight' if shard == 2 else 'w13_weight'}"
+        if target not in params:
+            raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in the model "
+                             f"(looked for {target!r})")
+        param = params[target]
+        if not 0 <= expert < param.shape[0]:
+            raise ValueError(f"checkpoint tensor {ckpt_name!r} names expert {expert} but the "
+                             f"layer has {param.shape[0]} experts")
+        try:
+            param.weight_loader(param, tensor, expert, shard)  # type: ignore[attr-defined]
+        except ValueError as e:
+            raise ValueError(f"checkpoint tensor {ckpt_name!r} {e}") from None
+        got = seen.setdefault(target, set())
+        got.add((expert, shard))
+        if len(got) == param.shape[0] * (1 if shard == 2 else 2):
+            written.add(target)
+
+
+__all__ = ["MOE_ARCHITECTURES", "MoEConfig", "FusedMoE", "SparseMoeBlock", "fused_experts",
+           "sparse_moe_block", "split_expert_weights", "canonical_name"]
