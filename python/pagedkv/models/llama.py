@@ -57,8 +57,9 @@ class LlamaAttention(nn.Module):
                                           cfg.num_key_value_heads, bias=cfg.attention_bias)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
-        # Qwen2 alone has q/k/v biases without an o_proj one.
-        o_bias = cfg.attention_bias and cfg.causal_architecture != "Qwen2ForCausalLM"
+        # Qwen2 (and Qwen2-MoE) have q/k/v biases without an o_proj one.
+        o_bias = cfg.attention_bias and cfg.causal_architecture not in (
+            "Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
                                         bias=o_bias)
         # Qwen3 / Gemma 3: each head's q and k normalised before rotary (Gemma: 1 + w).
