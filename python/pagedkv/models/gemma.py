@@ -37,11 +37,13 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(h, eps, weight_offset=1.0)
         self.post_feedforward_layernorm = RMSNorm(h, eps, weight_offset=1.0)
         # Gemma 3's sliding layers turn q/k with the local rope (GemmaModel.rotary_local).
-        self.local_rope = cfg.rope_local_theta is not None and \
-            cfg.layer_sliding_window(layer_idx) is not None
+        self.local_rope = (
+            cfg.rope_local_theta is not None and cfg.layer_sliding_window(layer_idx) is not None
+        )
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope,
-                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope, attn: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """As LlamaDecoderLayer.forward, each sublayer's output normalised once more before it
         joins the residual stream."""
         if residual is None:
@@ -56,19 +58,27 @@ class GemmaDecoderLayer(nn.Module):
 class GemmaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size) \
-            if is_first_stage() else PPMissingLayer()
+        self.embed_tokens = (
+            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+            if is_first_stage()
+            else PPMissingLayer()
+        )
         dim, max_pos = rotary_dim(cfg), cfg.max_position_embeddings
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_pos, cfg.rope_theta, cfg.rope_scaling,
-                                      dim)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_pos, cfg.rope_theta, cfg.rope_scaling, dim)
         # Gemma 3: the sliding layers' rope has its own base and no scaling.
-        self.rotary_local = RotaryEmbedding(cfg.head_dim, max_pos, cfg.rope_local_theta,
-                                            None, dim) \
-            if cfg.rope_local_theta is not None else None
+        self.rotary_local = (
+            RotaryEmbedding(cfg.head_dim, max_pos, cfg.rope_local_theta, None, dim)
+            if cfg.rope_local_theta is not None
+            else None
+        )
         self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda i, cache_idx: GemmaDecoderLayer(cfg, i, cache_idx))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, weight_offset=1.0) \
-            if is_last_stage() else PPMissingLayer()
+            cfg.num_hidden_layers, lambda i, cache_idx: GemmaDecoderLayer(cfg, i, cache_idx)
+        )
+        self.norm = (
+            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, weight_offset=1.0)
+            if is_last_stage()
+            else PPMissingLayer()
+        )
 
 
 class GemmaForCausalLM(LlamaForCausalLM):
@@ -84,7 +94,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         # The normaliser is rounded to the model dtype first, as in the reference.
-        return x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
+        return x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype)
 
     def layer_ropes(self, positions: torch.Tensor) -> Callable[[nn.Module], Rope]:
         m = self.model

@@ -9,9 +9,14 @@ import os
 from typing import Any, Optional
 
 # generation_config.json key -> SamplingParams field (vLLM's get_diff_sampling_param).
-SAMPLING_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature",
-                 "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                 "max_new_tokens": "max_tokens"}
+SAMPLING_KEYS = {
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+}
 FILE = "generation_config.json"
 
 
@@ -36,8 +41,7 @@ def load_generation_config(mode: str, model_dir: Optional[str]) -> dict[str, Any
 
 def sampling_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """SamplingParams keyword arguments the generation config sets (None values skipped)."""
-    return {ours: config[key] for key, ours in SAMPLING_KEYS.items()
-            if config.get(key) is not None}
+    return {ours: config[key] for key, ours in SAMPLING_KEYS.items() if config.get(key) is not None}
 
 
 def eos_token_ids(config: dict[str, Any]) -> list[int]:

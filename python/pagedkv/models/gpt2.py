@@ -83,7 +83,8 @@ class GPT2Model(nn.Module):
         # Learned positions: small, and looked up by position ids: every rank holds them all.
         self.wpe = Embedding(cfg.max_position_embeddings, h) if first else PPMissingLayer()
         self.h, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda i, cache_idx: GPT2Block(cfg, i, cache_idx))
+            cfg.num_hidden_layers, lambda i, cache_idx: GPT2Block(cfg, i, cache_idx)
+        )
         self.ln_f = LayerNorm(h, cfg.layer_norm_eps) if is_last_stage() else PPMissingLayer()
 
 
@@ -95,16 +96,20 @@ class GPT2LMHeadModel(CausalLM):
         self.make_head(cfg, cfg.hidden_size, self.transformer.wte)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend,
-                intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        intermediate: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
         m = self.transformer
         if is_first_stage():
             x = m.wte(input_ids) + m.wpe(positions)
         else:
             x = stage_input(intermediate, "hidden states")
-        for block in m.h[m.start_layer:m.end_layer]:
+        for block in m.h[m.start_layer : m.end_layer]:
             x = block(x, attn)
         return m.ln_f(x) if is_last_stage() else x
 
@@ -127,7 +132,6 @@ class GPT2LMHeadModel(CausalLM):
         check_all_loaded(self, written, {})
 
 
-def _transposed(weights: Iterable[tuple[str, torch.Tensor]]
-                ) -> Iterator[tuple[str, torch.Tensor]]:
+def _transposed(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in weights:
         yield name, (tensor.t() if name.endswith(_CONV1D) else tensor)

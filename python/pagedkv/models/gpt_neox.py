@@ -87,14 +87,24 @@ class GPTNeoXLayer(nn.Module):
 class GPTNeoXModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_in = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size) \
-            if is_first_stage() else PPMissingLayer()
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling, rotary_dim(cfg))
+        self.embed_in = (
+            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+            if is_first_stage()
+            else PPMissingLayer()
+        )
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim,
+            cfg.max_position_embeddings,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            rotary_dim(cfg),
+        )
         self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda i, cache_idx: GPTNeoXLayer(cfg, i, cache_idx))
-        self.final_layer_norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps) \
-            if is_last_stage() else PPMissingLayer()
+            cfg.num_hidden_layers, lambda i, cache_idx: GPTNeoXLayer(cfg, i, cache_idx)
+        )
+        self.final_layer_norm = (
+            LayerNorm(cfg.hidden_size, cfg.layer_norm_eps) if is_last_stage() else PPMissingLayer()
+        )
 
 
 class GPTNeoXForCausalLM(CausalLM):
@@ -105,15 +115,22 @@ class GPTNeoXForCausalLM(CausalLM):
         self.make_head(cfg, cfg.hidden_size, self.gpt_neox.embed_in)  # HF's embed_out
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend,
-                intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        intermediate: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
         m = self.gpt_neox
-        x = m.embed_in(input_ids) if is_first_stage() else stage_input(intermediate,
-                                                                        "hidden states")
+        x = (
+            m.embed_in(input_ids)
+            if is_first_stage()
+            else stage_input(intermediate, "hidden states")
+        )
         rope = partial(m.rotary, positions)
-        for layer in m.layers[m.start_layer:m.end_layer]:
+        for layer in m.layers[m.start_layer : m.end_layer]:
             x = layer(x, rope, attn)
         return m.final_layer_norm(x) if is_last_stage() else x
 

@@ -11,8 +11,15 @@ from typing import Optional
 # What serving reads: config and generation config, safetensors weights (and their index),
 # tokenizer files and chat templates. Not: *.bin / *.pt / *.h5 copies of the same weights,
 # ONNX / GGUF exports, images.
-ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt",
-                  "vocab.txt", "*.jinja"]
+ALLOW_PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "tokenizer.model",
+    "*.tiktoken",
+    "merges.txt",
+    "vocab.txt",
+    "*.jinja",
+]
 _REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
@@ -27,8 +34,9 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def snapshot(repo_id: str, revision: Optional[str] = None,
-             download_dir: Optional[str] = None) -> str:
+def snapshot(
+    repo_id: str, revision: Optional[str] = None, download_dir: Optional[str] = None
+) -> str:
     """The local folder of ``repo_id`` at ``revision`` (a branch, tag or commit; default main):
     from the cache when it is there, else downloaded (only ALLOW_PATTERNS files)."""
     from huggingface_hub import snapshot_download
@@ -37,8 +45,13 @@ def snapshot(repo_id: str, revision: Optional[str] = None,
     where = f"{repo_id!r}" + (f" (revision {revision!r})" if revision else "")
     cache = download_dir or _default_cache()
     try:
-        path = snapshot_download(repo_id, revision=revision, cache_dir=download_dir,
-                                 local_files_only=True, allow_patterns=ALLOW_PATTERNS)
+        path = snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=download_dir,
+            local_files_only=True,
+            allow_patterns=ALLOW_PATTERNS,
+        )
         if os.path.isfile(os.path.join(path, "config.json")):
             return path
     except LocalEntryNotFoundError:
@@ -48,15 +61,18 @@ def snapshot(repo_id: str, revision: Optional[str] = None,
             f"model {where} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE=1 "
             "forbids downloading it: download it first (huggingface-cli download "
             f"{repo_id}), point HF_HOME / HF_HUB_CACHE / download_dir at a cache that has it, "
-            "or pass a local checkpoint directory")
+            "or pass a local checkpoint directory"
+        )
     try:
-        return snapshot_download(repo_id, revision=revision, cache_dir=download_dir,
-                                 allow_patterns=ALLOW_PATTERNS)
+        return snapshot_download(
+            repo_id, revision=revision, cache_dir=download_dir, allow_patterns=ALLOW_PATTERNS
+        )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         raise FileNotFoundError(
             f"model {where} is neither in the Hugging Face cache ({cache}) nor downloadable "
             f"({type(e).__name__}: {e}); pass a local checkpoint directory, or set HF_TOKEN for "
-            "a gated repository") from e
+            "a gated repository"
+        ) from e
 
 
 def _default_cache() -> str:

@@ -123,6 +123,7 @@ class CausalLM(nn.Module):
     then compute_logits on the sampled rows); a ``*ForSequenceClassification`` checkpoint has a
     ``score`` head instead, read by ``classify`` on each sequence's last token."""
 
+    config: Any  # the ModelConfig
     # (Set by make_head: a class-level None would shadow the registered submodules.)
     lm_head: Optional[nn.Module]
     score: Optional[nn.Module]

@@ -9,7 +9,7 @@ owns the KV cache. q/k/v and gate/up projections are fused into one matmul each.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -147,6 +147,7 @@ class LlamaForCausalLM(CausalLM):
     fused_weights: FusedMapping = _FUSED
     fused_parts: dict[str, int] = {".qkv_proj.": 3, ".gate_up_proj.": 2}
     model_class: type[nn.Module] = LlamaModel  # Gemma: GemmaModel
+    model: Any  # an instance of model_class
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

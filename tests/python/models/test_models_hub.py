@@ -28,9 +28,16 @@ def _fake_cache(root: str) -> str:
     and dev hold checkpoints of different vocabularies (so a test can tell which it read)."""
     repo = os.path.join(root, "models--" + REPO.replace("/", "--"))
     for branch, commit, vocab in (("main", MAIN, 256), ("dev", DEV, 320)):
-        save_random_model(os.path.join(repo, "snapshots", commit), "tiny-llama", seed=1,
-                          tokenizer=False, vocab_size=vocab, head_dim=32,
-                          num_attention_heads=2, num_key_value_heads=1)
+        save_random_model(
+            os.path.join(repo, "snapshots", commit),
+            "tiny-llama",
+            seed=1,
+            tokenizer=False,
+            vocab_size=vocab,
+            head_dim=32,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
         os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
         with open(os.path.join(repo, "refs", branch), "w") as f:
             f.write(commit)
@@ -49,8 +56,15 @@ def test_download_dir_and_revision(tmp_path) -> None:
 
 def test_llm_serves_a_cached_hub_id(tmp_path) -> None:
     cache = _fake_cache(str(tmp_path / "hub"))
-    llm = LLM(REPO, download_dir=cache, revision="dev", skip_tokenizer_init=True,
-              device="cpu", num_gpu_blocks_override=16, max_model_len=64)
+    llm = LLM(
+        REPO,
+        download_dir=cache,
+        revision="dev",
+        skip_tokenizer_init=True,
+        device="cpu",
+        num_gpu_blocks_override=16,
+        max_model_len=64,
+    )
     assert llm.llm_engine.model_config.vocab_size == 320
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) > 0
@@ -60,19 +74,22 @@ def _run_offline(home: str, code: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HOME": home, "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_CACHE", None)
     env.pop("HUGGINGFACE_HUB_CACHE", None)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_hf_home_offline_cache_first(tmp_path) -> None:
     home = str(tmp_path / "home")
     _fake_cache(os.path.join(home, "hub"))  # HF_HOME/hub is the default cache
-    code = ("from pagedkv.models import resolve_model\n"
-            f"print(resolve_model({REPO!r}).path)\n"
-            "try:\n"
-            "    resolve_model('tiny-org/absent')\n"
-            "except FileNotFoundError as e:\n"
-            "    print('ERROR', e)\n")
+    code = (
+        "from pagedkv.models import resolve_model\n"
+        f"print(resolve_model({REPO!r}).path)\n"
+        "try:\n"
+        "    resolve_model('tiny-org/absent')\n"
+        "except FileNotFoundError as e:\n"
+        "    print('ERROR', e)\n"
+    )
     done = _run_offline(home, code)
     assert done.returncode == 0, done.stderr
     found, error = done.stdout.strip().splitlines()

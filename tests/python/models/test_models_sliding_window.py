@@ -18,9 +18,16 @@ from pagedkv.testing import save_random_model  # noqa: E402
 
 VOCAB = 256
 WINDOW = 7  # not a multiple of the block size: the window's edge falls inside a block
-SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-             intermediate_size=96, num_hidden_layers=3, vocab_size=VOCAB,
-             max_position_embeddings=512)
+SHAPE = dict(
+    hidden_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    vocab_size=VOCAB,
+    max_position_embeddings=512,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -37,15 +44,25 @@ def _prompts(n: int, seed: int, lo: int, hi: int) -> list[list[int]]:
 
 
 def _llm(path: str, **kw) -> LLM:
-    return LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", seed=0,
-               block_size=4, num_gpu_blocks_override=256, max_model_len=256, **kw)
+    return LLM(
+        path,
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        seed=0,
+        block_size=4,
+        num_gpu_blocks_override=256,
+        max_model_len=256,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("mistral_window"))
-    return save_random_model(out, "tiny-mistral", seed=11, tokenizer=False,
-                             sliding_window=WINDOW, **SHAPE)
+    return save_random_model(
+        out, "tiny-mistral", seed=11, tokenizer=False, sliding_window=WINDOW, **SHAPE
+    )
 
 
 def test_config_reads_windows_as_transformers_does() -> None:
@@ -58,8 +75,11 @@ def test_config_reads_windows_as_transformers_does() -> None:
     assert ModelConfig.from_hf_dict({**qwen, "use_sliding_window": False}).sliding_window is None
     q = ModelConfig.from_hf_dict({**qwen, "use_sliding_window": True})
     assert [q.layer_sliding_window(i) for i in range(4)] == [None, 5, 5, 5]
-    explicit = {**qwen, "use_sliding_window": True,
-                "layer_types": ["full_attention", "sliding_attention"] * 2}
+    explicit = {
+        **qwen,
+        "use_sliding_window": True,
+        "layer_types": ["full_attention", "sliding_attention"] * 2,
+    }
     e = ModelConfig.from_hf_dict(explicit)
     assert [e.layer_sliding_window(i) for i in range(4)] == [None, 5, None, 5]
     with pytest.raises(ValueError, match="layer_types"):
@@ -78,8 +98,9 @@ def test_window_is_not_ignored(mistral: str, tmp_path) -> None:
     import json
 
     full = str(tmp_path / "full")
-    save_random_model(full, "tiny-mistral", seed=11, tokenizer=False, sliding_window=WINDOW,
-                      **SHAPE)
+    save_random_model(
+        full, "tiny-mistral", seed=11, tokenizer=False, sliding_window=WINDOW, **SHAPE
+    )
     with open(f"{full}/config.json") as f:
         cfg = json.load(f)
     cfg["sliding_window"] = None
@@ -111,8 +132,16 @@ def test_prefix_cache_hits_across_the_window_edge(mistral: str) -> None:
 
 
 def test_qwen2_window_from_max_window_layers_matches_hf(tmp_path) -> None:
-    path = save_random_model(str(tmp_path / "qwen2"), "tiny-qwen2", seed=5, tokenizer=False,
-                             use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
-                             tie_word_embeddings=False, **SHAPE)  # (tied: near one-hot logits)
+    path = save_random_model(
+        str(tmp_path / "qwen2"),
+        "tiny-qwen2",
+        seed=5,
+        tokenizer=False,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=1,
+        tie_word_embeddings=False,
+        **SHAPE,
+    )  # (tied: near one-hot logits)
     prompts = _prompts(3, 6, 20, 40)
     assert_same_greedy(engine_greedy(_llm(path), prompts, 16), hf_greedy(path, prompts, 16))

@@ -9,8 +9,7 @@ from typing import Any
 Greedy = list[tuple[list[int], list[float]]]  # per prompt: (tokens, logprob of each token)
 
 
-def hf_greedy(path: str, prompts: list[list[int]], max_tokens: int,
-              dtype: Any = None) -> Greedy:
+def hf_greedy(path: str, prompts: list[list[int]], max_tokens: int, dtype: Any = None) -> Greedy:
     """HF ``generate`` (greedy, its own KV cache) from each prompt alone, EOS disabled; the
     logprobs are the log-softmax of its raw logits."""
     import torch
@@ -22,12 +21,19 @@ def hf_greedy(path: str, prompts: list[list[int]], max_tokens: int,
     out: Greedy = []
     for prompt in prompts:
         with torch.no_grad():
-            gen = ref.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_tokens,
-                               min_new_tokens=max_tokens, output_logits=True,
-                               return_dict_in_generate=True, pad_token_id=0)
-        tokens = gen.sequences[0, len(prompt):].tolist()
-        logprobs = [float(torch.log_softmax(step[0].double(), -1)[t])
-                    for step, t in zip(gen.logits, tokens)]
+            gen = ref.generate(
+                torch.tensor([prompt]),
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+        tokens = gen.sequences[0, len(prompt) :].tolist()
+        logprobs = [
+            float(torch.log_softmax(step[0].double(), -1)[t]) for step, t in zip(gen.logits, tokens)
+        ]
         out.append((tokens, logprobs))
     return out
 
@@ -40,8 +46,9 @@ def engine_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> Greedy
     result: Greedy = []
     for o in outs:
         c = o.outputs[0]
-        result.append((list(c.token_ids),
-                       [c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)]))
+        result.append(
+            (list(c.token_ids), [c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)])
+        )
     return result
 
 
