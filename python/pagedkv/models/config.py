@@ -144,10 +144,13 @@ class ModelConfig:
     def derived_max_model_len(self) -> int:
         """The longest context the model supports, as vLLM derives it: max_position_embeddings,
         times the rope scaling factor for the types that stretch it (llama3 and longrope
-        checkpoints state their extended length already; yarn scales its original length)."""
+        checkpoints, and Gemma 3, state their extended length already; yarn scales its original
+        length)."""
         length = self.max_position_embeddings
         s = self.rope_scaling
-        if s and s["rope_type"] in ("linear", "dynamic", "yarn"):
+        # Gemma 3 states its scaled length already (vLLM skips the factor for it too).
+        if s and s["rope_type"] in ("linear", "dynamic", "yarn") and \
+                self.causal_architecture != "Gemma3ForCausalLM":
             if s["rope_type"] == "yarn" and s.get("original_max_position_embeddings"):
                 length = int(s["original_max_position_embeddings"])
             length = int(length * float(s["factor"]))

@@ -34,6 +34,16 @@ _LONGROPE = {
     "long_factor": [1.0 + 0.3 * i for i in range(32)],
 }
 CASES = {
+    # Positions past max_position_embeddings (the context stretched by linear rope scaling):
+    # the rotary table must cover them before the first step (no per-step check on a GPU).
+    "llama-linear-rope-past-max-pos": (
+        "tiny-llama",
+        dict(
+            LLAMA_SHAPE,
+            max_position_embeddings=64,
+            rope_scaling={"rope_type": "linear", "factor": 4.0},
+        ),
+    ),
     "mistral-window": ("tiny-mistral", dict(LLAMA_SHAPE, sliding_window=24)),
     "qwen2-window-layers": (
         "tiny-qwen2",
@@ -88,7 +98,7 @@ def _llm(path: str, dtype: str) -> LLM:
         dtype=dtype,
         seed=0,
         num_gpu_blocks_override=256,
-        max_model_len=512,
+        max_model_len=256,
         max_num_batched_tokens=32,
     )
 

@@ -126,6 +126,9 @@ def test_max_model_len_from_rope_scaling(tmp_path, scaling: dict, expected: int)
     )
     llm = _llm(path, num_gpu_blocks_override=128)
     assert llm.llm_engine.model_config.max_model_len == expected
+    # The rotary tables already cover the stretched context (a GPU never checks positions).
+    rotary = llm.llm_engine.runner.model.model.rotary
+    assert rotary._table_covers >= expected and rotary._cache_covers >= expected
     with pytest.raises(ValueError, match=f"context length {expected}"):
         _llm(path, max_model_len=expected + 1)
 
