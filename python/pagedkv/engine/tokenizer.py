@@ -63,7 +63,7 @@ class Tokenizer:
         id (at ``revision``)."""
         from pagedkv.models.registry import resolve_model
 
-        source = resolve_model(model, revision, download_dir)
+        source = resolve_model(model, revision, download_dir, tokenizer_only=True)
         if source.kind == "gguf":
             return cls(_load_gguf_tokenizer(source.path))
         from transformers import AutoTokenizer

@@ -20,6 +20,8 @@ ALLOW_PATTERNS = [
     "vocab.txt",
     "*.jinja",
 ]
+# A tokenizer from another repository (tokenizer=...): its files only, never its weights.
+TOKENIZER_PATTERNS = [p for p in ALLOW_PATTERNS if p != "*.safetensors"]
 _REPO_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
@@ -35,24 +37,31 @@ def offline() -> bool:
 
 
 def snapshot(
-    repo_id: str, revision: Optional[str] = None, download_dir: Optional[str] = None
+    repo_id: str,
+    revision: Optional[str] = None,
+    download_dir: Optional[str] = None,
+    tokenizer_only: bool = False,
 ) -> str:
     """The local folder of ``repo_id`` at ``revision`` (a branch, tag or commit; default main):
-    from the cache when it is there, else downloaded (only ALLOW_PATTERNS files)."""
+    from the cache when it is there, else downloaded (only ALLOW_PATTERNS files, or
+    TOKENIZER_PATTERNS for a tokenizer)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     where = f"{repo_id!r}" + (f" (revision {revision!r})" if revision else "")
     cache = download_dir or _default_cache()
+    patterns = TOKENIZER_PATTERNS if tokenizer_only else ALLOW_PATTERNS
+    # What a usable snapshot holds (a cached revision may lack files a download would fetch).
+    markers = ("tokenizer_config.json", "tokenizer.json") if tokenizer_only else ("config.json",)
     try:
         path = snapshot_download(
             repo_id,
             revision=revision,
             cache_dir=download_dir,
             local_files_only=True,
-            allow_patterns=ALLOW_PATTERNS,
+            allow_patterns=patterns,
         )
-        if os.path.isfile(os.path.join(path, "config.json")):
+        if any(os.path.isfile(os.path.join(path, m)) for m in markers):
             return path
     except LocalEntryNotFoundError:
         pass  # not cached: download below
@@ -65,7 +74,7 @@ def snapshot(
         )
     try:
         return snapshot_download(
-            repo_id, revision=revision, cache_dir=download_dir, allow_patterns=ALLOW_PATTERNS
+            repo_id, revision=revision, cache_dir=download_dir, allow_patterns=patterns
         )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         raise FileNotFoundError(

@@ -48,11 +48,13 @@ def smollm2_path() -> str:
 
 
 def resolve_model(model: Optional[str], revision: Optional[str] = None,
-                  download_dir: Optional[str] = None) -> ModelSource:
+                  download_dir: Optional[str] = None, tokenizer_only: bool = False
+                  ) -> ModelSource:
     """None / "smollm2" -> the packaged SmolLM2 GGUF; a directory with config.json -> HF
     checkpoint; a *.gguf file -> GGUF; a hub id ("Qwen/Qwen2.5-1.5B-Instruct") -> its snapshot
     in the HF cache, downloaded when missing (hub.py; ``revision``, ``download_dir``); anything
-    else raises a clear error."""
+    else raises a clear error. ``tokenizer_only``: a hub id's tokenizer files, not its
+    weights."""
     if model is None or model.lower() in _DEFAULT_ALIASES:
         return ModelSource("gguf", smollm2_path(), model or DEFAULT_MODEL)
     path = os.path.expanduser(model)
@@ -64,7 +66,8 @@ def resolve_model(model: Optional[str], revision: Optional[str] = None,
         raise ValueError(f"model file {model!r} is not a .gguf file; pass a GGUF file or a "
                          "Hugging Face checkpoint directory")
     if hub.looks_like_repo_id(model):
-        return ModelSource("hf", hub.snapshot(model, revision, download_dir), model)
+        return ModelSource("hf", hub.snapshot(model, revision, download_dir, tokenizer_only),
+                           model)
     raise FileNotFoundError(
         f"model {model!r} not found: pass 'smollm2' (the packaged default), a local Hugging Face "
         "checkpoint directory (config.json + *.safetensors), a .gguf file, or a Hugging Face "

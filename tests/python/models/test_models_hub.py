@@ -98,8 +98,10 @@ def test_hf_home_offline_cache_first(tmp_path) -> None:
     assert "HF_HUB_OFFLINE=1" in error
 
 
-def test_tokenizer_revision(tmp_path) -> None:
-    """The tokenizer comes from its own revision of the repository."""
+def test_tokenizer_revision(tmp_path, monkeypatch) -> None:
+    """The tokenizer comes from its own revision of the repository (offline: a revision
+    without tokenizer files is an error, not a download of the weights)."""
+    from huggingface_hub import constants
     from pagedkv.engine.tokenizer import Tokenizer
 
     cache = _fake_cache(str(tmp_path / "hub"))
@@ -110,7 +112,8 @@ def test_tokenizer_revision(tmp_path) -> None:
             os.replace(tmp_path / "tok" / name, os.path.join(snap, name))
     tok = Tokenizer.from_pretrained(REPO, revision="dev", download_dir=cache)
     assert tok.encode("hello world")
-    with pytest.raises(ValueError, match="no usable tokenizer"):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match="not in the Hugging Face cache"):
         Tokenizer.from_pretrained(REPO, revision="main", download_dir=cache)
 
 
