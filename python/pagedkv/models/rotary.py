@@ -192,6 +192,14 @@ class RotaryEmbedding(nn.Module):
         cs = self._cos_sin_table(need, positions.device)[self._rows(positions)]
         return cs[:, 0], cs[:, 1]
 
+    def reserve(self, length: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Builds the tables for positions below ``length`` now: the engine's max_model_len may
+        pass max_position (rope scaling stretches the context), and on a GPU positions are not
+        checked per step (nor may a captured CUDA graph grow a table)."""
+        self._cos_sin_table(length, device)
+        if dtype in _FUSED_DTYPES:
+            self._op_cache(length, dtype, device)
+
     def _op_cache(self, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The op's [length >= max_position, rotary_dim] cos | sin table in `dtype` (the op rounds
         cos and sin to the query's dtype anyway: a table in it holds the same values in half the
