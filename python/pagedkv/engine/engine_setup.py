@@ -152,9 +152,9 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
 def check_servable(mc: Any) -> None:
     """Refuses, before any weight is read, a model the engine cannot serve: a head size the
     attention kernels lack (it would fail at the first step), or a classifier (no lm_head)."""
-    from pagedkv.attention import PagedAttention
+    from pagedkv import ops
 
-    sizes = PagedAttention.get_supported_head_sizes()
+    sizes = list(ops.SUPPORTED_HEAD_SIZES)  # the kernels' one list (include/pagedkv/ops.h)
     if mc.head_dim not in sizes:
         raise ValueError(f"{mc.architecture} has head size {mc.head_dim}, which the paged "
                          f"attention kernels do not support; supported head sizes: {sizes}")
