@@ -166,7 +166,18 @@ def check_servable(mc: Any) -> None:
 
 def _max_model_len(cfg: EngineConfig, mc: Any) -> int:
     limit = int(mc.derived_max_model_len())  # max_position_embeddings, stretched by rope
+    batch_rule = _batch_wide_rope_length(mc)
     if cfg.max_model_len is None:
+        if batch_rule is not None and batch_rule < limit:
+            # Below it, every sequence of a batch rotates alike; past it one long sequence would
+            # switch its batch-mates' factors too (HF's and vLLM's rule): outputs would depend
+            # on who shares the batch. Ask for max_model_len explicitly to go further.
+            logger.warning("max_model_len defaults to %d, the original context of this %s rope "
+                           "(past it the rope factors switch for a whole batch, so a request's "
+                           "output would depend on its batch-mates); pass max_model_len up to "
+                           "%d to allow longer contexts", batch_rule,
+                           mc.rope_scaling["rope_type"], limit)
+            return batch_rule
         return limit
     if cfg.max_model_len > limit:
         raise ValueError(f"max_model_len={cfg.max_model_len} is larger than the model's "
@@ -174,7 +185,25 @@ def _max_model_len(cfg: EngineConfig, mc: Any) -> int:
                          f"{mc.max_position_embeddings}, with its rope scaling)")
     if cfg.max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {cfg.max_model_len}")
+    if batch_rule is not None and cfg.max_model_len > batch_rule:
+        logger.warning("max_model_len=%d is past the original context %d of this %s rope: once "
+                       "a sequence passes it the whole batch switches rope factors (as in HF "
+                       "and vLLM), so outputs can depend on batch-mates", cfg.max_model_len,
+                       batch_rule, mc.rope_scaling["rope_type"])
     return int(cfg.max_model_len)
+
+
+def _batch_wide_rope_length(mc: Any) -> Optional[int]:
+    """The length past which a rope's factors are chosen for the whole batch (LongRoPE's long
+    factors, dynamic NTK's grown base), or None for ropes that are position-wise."""
+    s = mc.rope_scaling
+    if not s:
+        return None
+    if s["rope_type"] == "longrope":
+        return int(s.get("original_max_position_embeddings") or mc.max_position_embeddings)
+    if s["rope_type"] == "dynamic":
+        return int(mc.max_position_embeddings)
+    return None
 
 
 def _default_batched_tokens(cfg: EngineConfig, device: torch.device, max_model_len: int) -> int:

@@ -6,6 +6,7 @@ kernels lack, classifiers)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -101,7 +102,6 @@ def test_rope_overrides_change_the_model(model_dir: str, tmp_path) -> None:
     "scaling,expected",
     [
         ({"rope_type": "linear", "factor": 2.0}, 512),
-        ({"rope_type": "dynamic", "factor": 3.0}, 768),
         ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, 256),
         (
             {
@@ -131,6 +131,44 @@ def test_max_model_len_from_rope_scaling(tmp_path, scaling: dict, expected: int)
     assert rotary._table_covers >= expected and rotary._cache_covers >= expected
     with pytest.raises(ValueError, match=f"context length {expected}"):
         _llm(path, max_model_len=expected + 1)
+
+
+@pytest.mark.parametrize(
+    "scaling,original,limit",
+    [
+        ({"rope_type": "dynamic", "factor": 3.0}, 256, 768),
+        ({"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
+          "original_max_position_embeddings": 64}, 64, 256),
+    ],
+)
+def test_batch_wide_rope_defaults_to_its_original_context(
+    tmp_path, caplog, scaling: dict, original: int, limit: int
+) -> None:
+    """Past its original context a dynamic-NTK or LongRoPE rope switches factors for the whole
+    batch (HF's and vLLM's rule): a request's output would depend on its batch-mates. So the
+    default max_model_len stops there, with a warning naming the way further; asking for more
+    is allowed (warned) up to the stretched length."""
+    path = save_random_model(
+        str(tmp_path / "m"),
+        "tiny-llama",
+        tokenizer=False,
+        max_position_embeddings=256,
+        rope_scaling=scaling,
+        **SHAPE,
+    )
+    log = logging.getLogger("pagedkv")  # LLM stops it propagating: listen on it directly
+    log.addHandler(caplog.handler)
+    try:
+        llm = _llm(path, num_gpu_blocks_override=128)
+        assert llm.llm_engine.model_config.max_model_len == original
+        assert "depend on its batch-mates" in caplog.text
+        caplog.clear()
+        llm = _llm(path, num_gpu_blocks_override=128, max_model_len=limit)
+        assert llm.llm_engine.model_config.max_model_len == limit
+        assert "depend on batch-mates" in caplog.text
+    finally:
+        log.removeHandler(caplog.handler)
+
 
 
 def test_unsupported_head_size_refused_before_weights(tmp_path) -> None:
