@@ -26,6 +26,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 if TYPE_CHECKING:  # SamplingParams imports this module: it must not need torch
     import torch
 
+# The longest whitespace run a JSON answer may hold between tokens (unless
+# disable_any_whitespace): room for newlines and nested indentation, yet a model cannot loop on
+# whitespace until max_tokens (a known failure of unbounded JSON whitespace).
+MAX_JSON_WHITESPACE = 12
+
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
@@ -153,11 +158,13 @@ class GrammarCache:
         if kind == "json":
             schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
             # strict_mode: no properties or items beyond what the schema names.
-            return c.compile_json_schema(schema, any_whitespace=whitespace, strict_mode=True)
+            return c.compile_json_schema(schema, any_whitespace=whitespace, strict_mode=True,
+                                         max_whitespace_cnt=MAX_JSON_WHITESPACE)
         if kind == "json_object":
             # Any JSON object (OpenAI's json_object), not any JSON value.
             return c.compile_json_schema('{"type": "object"}', any_whitespace=whitespace,
-                                         strict_mode=False)
+                                         strict_mode=False,
+                                         max_whitespace_cnt=MAX_JSON_WHITESPACE)
         if kind == "regex":
             return c.compile_regex(spec.regex)
         if kind == "choice":

@@ -206,12 +206,6 @@ def test_bad_prompt_logprobs_400(server: RemoteServer, route: str, body: dict,
 
 
 UNSUPPORTED = [
-    {"response_format": {"type": "json_object"}},
-    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-    {"guided_json": {"type": "object"}},
-    {"guided_regex": "a+"},
-    {"guided_choice": ["yes", "no"]},
-    {"structured_outputs": {"choice": ["a"]}},
     {"use_beam_search": True},
 ]
 CHAT_UNSUPPORTED = [

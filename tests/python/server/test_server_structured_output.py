@@ -1,0 +1,114 @@
+"""Structured outputs through `pagedkv serve`, with the official openai client: response_format
+json_object / json_schema, vLLM's guided_* and structured_outputs fields, on completions and
+chat, streamed and not. A tiny random Llama with the SmolLM2 tokenizer picks arbitrary tokens,
+so only the constraint can make the answers valid; each is checked independently (jsonschema,
+re, membership)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from support.deps import need
+from support.server import RemoteServer, small_server
+
+need("xgrammar")
+openai = need("openai")
+jsonschema = need("jsonschema")
+
+from pagedkv.testing import save_random_model  # noqa: E402
+
+MODEL = "tiny"
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
+                   "temp": {"type": "integer", "minimum": -50, "maximum": 50},
+                   "rain": {"type": "boolean"}},
+    "required": ["city", "temp", "rain"],
+}
+MESSAGES = [{"role": "user", "content": "Weather report as JSON please."}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = save_random_model(str(tmp_path_factory.mktemp("so_model")), "tiny-llama",
+                                  seed=5, num_attention_heads=2, num_key_value_heads=1,
+                                  head_dim=32)
+    srv = small_server(tmp_path_factory, "server_structured", model=MODEL, max_num_seqs=16,
+                       extra_args=["--model", model_dir])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: RemoteServer):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+
+def _schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}}
+
+
+def test_chat_json_schema_n4_validates(client) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, n=4, max_tokens=200, temperature=1.0, seed=3,
+        response_format=_schema_format(SCHEMA),
+        extra_body={"structured_outputs": None})
+    assert len(r.choices) == 4
+    for c in r.choices:
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content), SCHEMA)
+
+
+def test_completion_guided_fields(client) -> None:
+    pattern = r"[A-Z]{2}-[0-9]{2,4}"
+    r = client.completions.create(model=MODEL, prompt="Code:", max_tokens=20, n=3, seed=1,
+                                  extra_body={"guided_regex": pattern})
+    assert all(re.fullmatch(pattern, c.text) for c in r.choices), [c.text for c in r.choices]
+    choices = ["left", "right", "up down"]
+    r = client.completions.create(model=MODEL, prompt="Go:", max_tokens=20, n=3, seed=2,
+                                  extra_body={"guided_choice": choices})
+    assert all(c.text in choices for c in r.choices)
+    r = client.completions.create(model=MODEL, prompt="Obj:", max_tokens=200, seed=2,
+                                  extra_body={"guided_json": SCHEMA})
+    jsonschema.validate(json.loads(r.choices[0].text), SCHEMA)
+    r = client.completions.create(
+        model=MODEL, prompt="Sum:", max_tokens=20, seed=4,
+        extra_body={"structured_outputs": {"grammar": 'root ::= [1-9] ("+" [1-9])*'}})
+    assert re.fullmatch(r"[1-9](\+[1-9])*", r.choices[0].text)
+
+
+def test_streamed_chat_json_schema(client) -> None:
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=200, seed=9, stream=True,
+        response_format=_schema_format(SCHEMA))
+    text, finish = "", None
+    for ch in chunks:
+        for c in ch.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert finish == "stop"
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_json_object(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, seed=5,
+                                       response_format={"type": "json_object"})
+    c = r.choices[0]
+    assert c.message.content.lstrip().startswith("{")
+    if c.finish_reason == "stop":
+        assert isinstance(json.loads(c.message.content), dict)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"guided_regex": "(unclosed"}, "structured_outputs"),
+    ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs"),
+    ({"structured_outputs": {"colour": "red"}}, "structured_outputs"),
+])
+def test_bad_constraints_are_400(client, extra: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body=extra)
+    assert param in str(err.value)
