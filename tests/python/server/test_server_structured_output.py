@@ -34,9 +34,9 @@ MESSAGES = [{"role": "user", "content": "Weather report as JSON please."}]
 def server(tmp_path_factory: pytest.TempPathFactory):
     model_dir = save_random_model(str(tmp_path_factory.mktemp("so_model")), "tiny-llama",
                                   seed=5, num_attention_heads=2, num_key_value_heads=1,
-                                  head_dim=32)
+                                  head_dim=32, max_position_embeddings=1024)
     srv = small_server(tmp_path_factory, "server_structured", model=MODEL, max_num_seqs=16,
-                       extra_args=["--model", model_dir])
+                       max_model_len=1024, extra_args=["--model", model_dir])
     yield srv
     srv.stop()
 
@@ -112,3 +112,90 @@ def test_bad_constraints_are_400(client, extra: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body=extra)
     assert param in str(err.value)
+
+
+# ---------------------------------------------------------------- tools
+
+WEATHER = {"type": "object",
+           "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"]}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Clock.",
+                                           "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+
+
+def _check_calls(calls) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_named_tool_choice(client) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=200, seed=1, n=2,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    for c in r.choices:
+        assert c.finish_reason == "stop" and c.message.content is None
+        assert [t.function.name for t in c.message.tool_calls] == ["get_time"]
+        _check_calls(c.message.tool_calls)
+
+
+def test_required_tool_choice(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, n=3,
+                                       max_tokens=300, seed=2, tool_choice="required")
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls"
+        _check_calls(c.message.tool_calls)
+
+
+@pytest.mark.parametrize("choice", ["required",
+                                    {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_tool_calls(client, choice) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                            max_tokens=700, seed=4, tool_choice=choice,
+                                            stream=True)
+    calls: dict = {}
+    finish = None
+    for ch in stream:
+        for c in ch.choices:
+            finish = c.finish_reason or finish
+            for t in c.delta.tool_calls or []:
+                if t.id:  # a call opens with its id, type and name
+                    assert t.index not in calls and t.type == "function"
+                    calls[t.index] = {"id": t.id, "name": t.function.name, "arguments": ""}
+                calls[t.index]["arguments"] += t.function.arguments or ""
+    assert finish == ("tool_calls" if choice == "required" else "stop")
+    assert calls
+    for call in calls.values():
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+
+
+def test_tool_choice_none_and_history(client) -> None:
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
+                                       tool_choice="none", max_tokens=5, temperature=0)
+    c = r.choices[0]
+    assert isinstance(c.message.content, str) and not c.message.tool_calls
+    assert c.finish_reason == "length"
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": TOOLS},  # OpenAI's default is "auto": needs a tool-call parser
+    {"tools": TOOLS, "tool_choice": "auto"},
+    {"tool_choice": "required"},
+    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+    {"tools": [{"type": "function", "function": {}}], "tool_choice": "required"},
+])
+def test_bad_tool_requests_are_400(client, extra: dict) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4,
+                                       extra_body=extra)
+    assert "tool" in str(err.value)
