@@ -17,6 +17,9 @@ need("xgrammar")
 openai = need("openai")
 jsonschema = need("jsonschema")
 
+from pagedkv.entrypoints.openai.errors import APIError  # noqa: E402
+from pagedkv.entrypoints.openai.protocol import ChatCompletionRequest  # noqa: E402
+from pagedkv.entrypoints.openai.tool_calls import tool_choice_of  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
 MODEL = "tiny"
@@ -36,7 +39,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                                   seed=5, num_attention_heads=2, num_key_value_heads=1,
                                   head_dim=32, max_position_embeddings=1024)
     srv = small_server(tmp_path_factory, "server_structured", model=MODEL, max_num_seqs=16,
-                       max_model_len=1024, extra_args=["--model", model_dir])
+                       max_model_len=1024,
+                       extra_args=["--model", model_dir, "--enable-auto-tool-choice",
+                                   "--tool-call-parser", "hermes"])
     yield srv
     srv.stop()
 
@@ -188,8 +193,6 @@ def test_tool_choice_none_and_history(client) -> None:
 
 
 @pytest.mark.parametrize("extra", [
-    {"tools": TOOLS},  # OpenAI's default is "auto": needs a tool-call parser
-    {"tools": TOOLS, "tool_choice": "auto"},
     {"tool_choice": "required"},
     {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
     {"tools": [{"type": "function", "function": {}}], "tool_choice": "required"},
@@ -199,3 +202,39 @@ def test_bad_tool_requests_are_400(client, extra: dict) -> None:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4,
                                        extra_body=extra)
     assert "tool" in str(err.value)
+
+
+# A hermes tool call the random model must write (the regex forces it); the server's hermes
+# parser (--tool-call-parser hermes) must find it, streamed or not.
+HERMES = (r'Checking\. <tool_call>\{"name": "get_time", "arguments": \{"zone": "(UTC|CET)"\}\}'
+          r'</tool_call>')
+
+
+def test_auto_tool_choice_with_parser(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                       max_tokens=100, seed=1, extra_body={"guided_regex": HERMES})
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content == "Checking. "
+    _check_calls(c.message.tool_calls)
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                            tool_choice="auto", max_tokens=100, seed=1,
+                                            stream=True, extra_body={"guided_regex": HERMES})
+    content, calls, finish = "", [], None
+    for ch in stream:
+        for ci in ch.choices:
+            content += ci.delta.content or ""
+            calls += ci.delta.tool_calls or []
+            finish = ci.finish_reason or finish
+    assert (content, finish) == ("Checking. ", "tool_calls")
+    assert [t.function.name for t in calls] == ["get_time"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), TIME)
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                           max_tokens=8, temperature=0)
+    assert plain.choices[0].message.content and not plain.choices[0].message.tool_calls
+
+
+def test_auto_needs_the_server_flags() -> None:
+    req = ChatCompletionRequest(messages=MESSAGES, tools=TOOLS)
+    with pytest.raises(APIError, match="--enable-auto-tool-choice"):
+        tool_choice_of(req, None)
+    assert tool_choice_of(req, "hermes").mode == "auto"

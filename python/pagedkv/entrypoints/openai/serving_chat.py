@@ -155,7 +155,7 @@ class OpenAIServingChat(OpenAIServing):
         if keep_last is None:
             self.check_length(self.messages_chars(req.messages), "messages")
         template, template_vars = self.template_settings(req)
-        tools = tool_choice_of(req)
+        tools = tool_choice_of(req, self.state.tool_call_parser)
         if tools is not None:  # the template shows the tools, whatever the choice
             template_vars["tools"] = [{"type": "function", "function": f} for f in tools.tools]
         # Off the event loop: /health and the streams keep going while a template renders.
@@ -206,9 +206,10 @@ class OpenAIServingChat(OpenAIServing):
 
     def _message(self, req: ChatCompletionRequest, text: str,
                  tools: Optional[ToolChoice]) -> ResponseMessage:
-        if tools is None or not tools.calls:
+        if tools is None:
             return ResponseMessage(role=self.role(req), content=text)
-        return ResponseMessage(role=self.role(req), content=None, tool_calls=tools.parse(text))
+        content, calls = tools.answer(text)
+        return ResponseMessage(role=self.role(req), content=content, tool_calls=calls)
 
     async def _full(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
                     timer: RequestTimer, tools: Optional[ToolChoice] = None
@@ -221,9 +222,7 @@ class OpenAIServingChat(OpenAIServing):
         echo = self.echoed(req)
         choices = [ChatChoice(index=c.index, message=self._message(req, echo + c.text, tools),
                               logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                              finish_reason=(tools.finish_reason(c.finish_reason)
-                                             if tools is not None and tools.calls
-                                             else c.finish_reason),
+                              finish_reason=_finish(tools, c.finish_reason, c.text),
                               stop_reason=getattr(c, "stop_reason", None),
                               token_ids=list(c.token_ids) if req.return_token_ids else None)
                    for c in sorted(out.outputs, key=lambda c: c.index)]
@@ -276,15 +275,14 @@ class OpenAIServingChat(OpenAIServing):
                 body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
                                           total_tokens=prompt_tokens).model_dump()
             yield body
-        calls = _StreamedCalls(tools) if tools is not None and tools.calls else None
+        calls = _StreamedCalls(tools) if tools is not None and tools.mode != "none" else None
         async for d in self.deltas(streams, req.n, timer):
             latest[0] = d.output
             logprobs = self._logprobs(req, d.token_ids, d.logprobs)
             delta = {"content": d.text} if d.text or d.finish_reason is None else {}
             finish_reason = d.finish_reason
             if calls is not None:
-                delta = calls.delta(d.index, d.text, d.finish_reason)
-                finish_reason = calls.tools.finish_reason(d.finish_reason)
+                delta, finish_reason = calls.delta(d.index, d.text, d.finish_reason)
             choice = {"index": d.index, "delta": delta,
                       "logprobs": logprobs.model_dump() if logprobs else None,
                       "finish_reason": finish_reason}
@@ -300,26 +298,52 @@ class OpenAIServingChat(OpenAIServing):
             yield body
 
 
+def _finish(tools: Optional[ToolChoice], reason: Optional[str], text: str) -> Optional[str]:
+    if tools is None or tools.mode == "none":
+        return reason
+    return tools.finish_reason(reason, bool(tools.answer(text)[1]))
+
+
 class _StreamedCalls:
-    """Streamed tool calls, as OpenAI sends them: a named function's call opens with its id and
-    name (empty arguments), then its arguments arrive piece by piece; `required` answers (a
-    JSON array, parsed only when complete) arrive whole, one entry per call, at the end."""
+    """Streamed tool calls, as OpenAI sends them. A named function's call opens with its id
+    and name (empty arguments), then its arguments arrive piece by piece. `required` answers (a
+    JSON array, parsed only when complete) arrive whole at the end, one entry per call. `auto`:
+    text streams as content until the parser sees where tool calls may begin; from there it is
+    held back, and at the end goes out as tool calls (or as content, when it holds none)."""
 
     def __init__(self, tools: ToolChoice) -> None:
         self.tools = tools
         self.opened: set = set()  # choice indexes whose named call has begun
         self.text: Dict[int, str] = {}
+        self.sent: Dict[int, int] = {}  # auto: characters already sent as content
 
-    def delta(self, index: int, text: str, finish: Optional[str]) -> Dict[str, Any]:
-        if self.tools.mode == "named":
+    def delta(self, index: int, text: str, finish: Optional[str]
+              ) -> tuple[Dict[str, Any], Optional[str]]:
+        """(the chunk's delta, its finish_reason) for new text of choice ``index``."""
+        tools = self.tools
+        if tools.mode == "named":
             call: Dict[str, Any] = {"index": 0, "function": {"arguments": text}}
             if index not in self.opened:
                 self.opened.add(index)
                 call.update(id=tool_call_id(), type="function")
-                call["function"]["name"] = self.tools.name
-            return {"tool_calls": [call]} if text or len(call) > 2 else {}
-        self.text[index] = self.text.get(index, "") + text
+                call["function"]["name"] = tools.name
+            return ({"tool_calls": [call]} if text or len(call) > 2 else {},
+                    tools.finish_reason(finish, True))
+        full = self.text[index] = self.text.get(index, "") + text
         if finish is None:
-            return {}
-        parsed = self.tools.parse(self.text.pop(index))
-        return {"tool_calls": [{"index": i, **c} for i, c in enumerate(parsed)]}
+            if tools.mode == "required":
+                return {}, None
+            start = tools.parser.calls_start(full)  # type: ignore[union-attr]
+            safe = len(full) if start is None else start
+            sent = self.sent.get(index, 0)
+            self.sent[index] = max(sent, safe)
+            return ({"content": full[sent:safe]} if safe > sent else {}), None
+        content, found = tools.answer(full)
+        sent = self.sent.get(index, 0)
+        delta: Dict[str, Any] = {}
+        rest = (content or "")[sent:] if found else full[sent:]
+        if rest:
+            delta["content"] = rest
+        if found:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(found)]
+        return delta, tools.finish_reason(finish, bool(found))

@@ -6,8 +6,8 @@ the chat template.
 ``tool_choice``: ``none`` (the tools are shown to the template, no call is made), a named
 function (the output is that function's arguments, under a JSON-schema grammar of its
 parameters), ``required`` (the output is a non-empty JSON array of {name, parameters} objects,
-under a grammar over every tool). ``auto`` needs a tool-call parser (--tool-call-parser), which
-pagedkv does not have yet: refused with a 400 naming it.
+under a grammar over every tool), ``auto`` (the model answers freely; the server's
+--tool-call-parser finds calls in its text; needs --enable-auto-tool-choice, else a 400).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import contextlib
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from pagedkv.engine.structured_output import StructuredOutputsParams
 from pagedkv.entrypoints.openai.errors import bad_request
+from pagedkv.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
 
 # A function whose "parameters" is missing takes an empty JSON object (OpenAI's rule).
 _NO_PARAMETERS: Dict[str, Any] = {"type": "object", "properties": {}}
@@ -31,11 +32,12 @@ def tool_call_id() -> str:
 
 @dataclass
 class ToolChoice:
-    """What a request asks of its tools: mode is 'none', 'required' or 'named'."""
+    """What a request asks of its tools: mode is 'none', 'auto', 'required' or 'named'."""
 
     tools: List[Dict[str, Any]]  # the function objects, as the template sees them
     mode: str
     name: Optional[str] = None  # of the named function
+    parser: Optional[ToolParser] = None  # auto: finds the calls in the text
 
     @property
     def calls(self) -> bool:
@@ -70,10 +72,21 @@ class ToolChoice:
         return [_call(i["name"], json.dumps(i["parameters"], ensure_ascii=False))
                 for i in items if isinstance(i, dict) and "name" in i]
 
-    def finish_reason(self, reason: Optional[str]) -> Optional[str]:
-        """OpenAI's: a complete `required` answer ends with "tool_calls"; a named choice keeps
-        "stop" (the caller forced that call)."""
-        return "tool_calls" if self.mode == "required" and reason == "stop" else reason
+    def answer(self, text: str) -> Tuple[Optional[str], List[Dict[str, Any]]]:
+        """(content, tool calls) of a finished answer."""
+        if self.calls:
+            return None, self.parse(text)
+        if self.parser is not None:
+            found = self.parser.extract(text)
+            return found.content, found.calls
+        return text, []
+
+    def finish_reason(self, reason: Optional[str], made_calls: bool) -> Optional[str]:
+        """OpenAI's: an answer that ends in tool calls the model chose (auto, required) ends
+        with "tool_calls"; a named choice keeps "stop" (the caller forced that call)."""
+        if reason == "stop" and made_calls and self.mode in ("auto", "required"):
+            return "tool_calls"
+        return reason
 
 
 def _call(name: str, arguments: str) -> Dict[str, Any]:
@@ -81,29 +94,26 @@ def _call(name: str, arguments: str) -> Dict[str, Any]:
             "function": {"name": name, "arguments": arguments}}
 
 
-def tool_choice_of(req: Any) -> Optional[ToolChoice]:
-    """The request's tool choice, or None when it sends no tools (tool_choice none or unset)."""
+def tool_choice_of(req: Any, parser: Optional[str] = None) -> Optional[ToolChoice]:
+    """The request's tool choice, or None when it sends no tools (tool_choice none or unset).
+    ``parser``: the server's --tool-call-parser when --enable-auto-tool-choice is on."""
     tools, choice = req.tools, req.tool_choice
     if not tools:
         if choice not in (None, "none"):
             raise bad_request("tool_choice needs tools", param="tool_choice")
         return None
     functions = [_function(i, t) for i, t in enumerate(tools)]
-    if choice is None or choice == "none":
-        # OpenAI's default with tools is "auto"; without a parser pagedkv cannot extract calls
-        # from free text, so an unset choice means "none" only when said so.
-        if choice is None:
-            raise bad_request('tool_choice "auto" (the default when tools are given) needs a '
-                              'tool-call parser, which this server does not have; set '
-                              'tool_choice to "none", "required" or a named function',
-                              param="tool_choice")
+    if choice == "none":
         return ToolChoice(functions, "none")
     if choice == "required":
         return ToolChoice(functions, "required")
-    if choice == "auto":
-        raise bad_request('"auto" tool choice needs a tool-call parser, which this server does '
-                          'not have; use "none", "required" or a named function',
-                          param="tool_choice")
+    if choice is None or choice == "auto":  # OpenAI's default when tools are given
+        if parser is None:
+            raise bad_request('tool_choice "auto" (the default when tools are given) needs the '
+                              'server started with --enable-auto-tool-choice and '
+                              '--tool-call-parser; or set tool_choice to "none", "required" or '
+                              'a named function', param="tool_choice")
+        return ToolChoice(functions, "auto", parser=TOOL_PARSERS[parser]())
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
             choice.get("function"), dict):
         name = choice["function"].get("name")
