@@ -4,7 +4,6 @@ content of the finished text, and streamed pieces that only ever grow (no tag sh
 from __future__ import annotations
 
 import pytest
-
 from pagedkv.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 
 CASES = [
