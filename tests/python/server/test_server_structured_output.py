@@ -41,7 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     srv = small_server(tmp_path_factory, "server_structured", model=MODEL, max_num_seqs=16,
                        max_model_len=1024,
                        extra_args=["--model", model_dir, "--enable-auto-tool-choice",
-                                   "--tool-call-parser", "hermes"])
+                                   "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"])
     yield srv
     srv.stop()
 
@@ -238,3 +238,24 @@ def test_auto_needs_the_server_flags() -> None:
     with pytest.raises(APIError, match="--enable-auto-tool-choice"):
         tool_choice_of(req, None)
     assert tool_choice_of(req, "hermes").mode == "auto"
+
+
+THINK = r"<think>[a-z]{1,8}( [a-z]{1,8}){0,3}</think>Answer: (yes|no)"
+
+
+def test_reasoning_parser_splits_reasoning(client) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=80, seed=2,
+                                       extra_body={"guided_regex": THINK})
+    msg = r.choices[0].message.model_dump()
+    assert re.fullmatch(r"[a-z]{1,8}( [a-z]{1,8}){0,3}", msg["reasoning_content"])
+    assert msg["content"] in ("Answer: yes", "Answer: no")
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=80,
+                                            seed=2, stream=True,
+                                            extra_body={"guided_regex": THINK})
+    thought, content = "", ""
+    for ch in stream:
+        for c in ch.choices:
+            delta = c.delta.model_dump()
+            thought += delta.get("reasoning_content") or ""
+            content += delta.get("content") or ""
+    assert (thought, content) == (msg["reasoning_content"], msg["content"])

@@ -36,6 +36,7 @@ DEFAULTS: Dict[str, Any] = {
     "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
     "enable_log_requests": False, "max_log_len": None, "trust_request_chat_template": False,
     "shutdown_timeout": 20.0, "enable_auto_tool_choice": False, "tool_call_parser": None,
+    "reasoning_parser": None,
     **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
 }
@@ -45,6 +46,12 @@ def _tool_parser_names() -> list:
     from pagedkv.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
     return list(TOOL_PARSERS)
+
+
+def _reasoning_parser_names() -> list:
+    from pagedkv.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+
+    return list(REASONING_PARSERS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help='let chat requests use tool_choice "auto" (needs --tool-call-parser)')
     g.add_argument("--tool-call-parser", default=s, choices=sorted(_tool_parser_names()),
                    help="how tool calls are found in the model's text for tool_choice auto "
+                        "(default: none)")
+    g.add_argument("--reasoning-parser", default=s, choices=sorted(_reasoning_parser_names()),
+                   help="split chat answers' reasoning (reasoning_content) from their content "
                         "(default: none)")
     g.add_argument("--response-role", default=s,
                    help="the role of the chat answers' messages (default: assistant)")

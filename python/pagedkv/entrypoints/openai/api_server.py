@@ -201,7 +201,8 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         response_role=getattr(args, "response_role", None) or "assistant",
         max_logprobs=_max_logprobs(engine),
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
-        tool_call_parser=auto_tool_parser(args))
+        tool_call_parser=auto_tool_parser(args),
+        reasoning_parser=getattr(args, "reasoning_parser", None))
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)

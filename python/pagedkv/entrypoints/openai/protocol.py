@@ -253,6 +253,7 @@ class ChatLogProbs(BaseModel):
 class ResponseMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None  # with --reasoning-parser (vLLM's field)
     # OpenAI tool calls ({id, type: "function", function: {name, arguments}}), see tool_calls.py
     tool_calls: List[Dict[str, Any]] = Field(default_factory=list)
 

@@ -20,6 +20,7 @@ from pagedkv.entrypoints.openai.protocol import (
     UsageInfo,
     dump,
 )
+from pagedkv.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from pagedkv.entrypoints.openai.request_checks import is_unset, no_tool_choice
 from pagedkv.entrypoints.openai.request_timer import RequestTimer
 from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
@@ -206,10 +207,15 @@ class OpenAIServingChat(OpenAIServing):
 
     def _message(self, req: ChatCompletionRequest, text: str,
                  tools: Optional[ToolChoice]) -> ResponseMessage:
+        reasoning = None
+        if self.state.reasoning_parser is not None:
+            reasoning, text = REASONING_PARSERS[self.state.reasoning_parser]().split(text)
+            text = text or ""
         if tools is None:
-            return ResponseMessage(role=self.role(req), content=text)
+            return ResponseMessage(role=self.role(req), content=text, reasoning_content=reasoning)
         content, calls = tools.answer(text)
-        return ResponseMessage(role=self.role(req), content=content, tool_calls=calls)
+        return ResponseMessage(role=self.role(req), content=content, tool_calls=calls,
+                               reasoning_content=reasoning)
 
     async def _full(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
                     timer: RequestTimer, tools: Optional[ToolChoice] = None
@@ -276,13 +282,21 @@ class OpenAIServingChat(OpenAIServing):
                                           total_tokens=prompt_tokens).model_dump()
             yield body
         calls = _StreamedCalls(tools) if tools is not None and tools.mode != "none" else None
+        name = self.state.reasoning_parser
+        thoughts = _StreamedReasoning(REASONING_PARSERS[name]()) if name else None
         async for d in self.deltas(streams, req.n, timer):
             latest[0] = d.output
             logprobs = self._logprobs(req, d.token_ids, d.logprobs)
-            delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+            text, thought = d.text, ""
+            if thoughts is not None:
+                thought, text = thoughts.delta(d.index, d.text, d.finish_reason is not None)
+            delta: Dict[str, Any] = ({"content": text} if text or (
+                d.finish_reason is None and not thought) else {})
             finish_reason = d.finish_reason
             if calls is not None:
-                delta, finish_reason = calls.delta(d.index, d.text, d.finish_reason)
+                delta, finish_reason = calls.delta(d.index, text, d.finish_reason)
+            if thought:
+                delta["reasoning_content"] = thought
             choice = {"index": d.index, "delta": delta,
                       "logprobs": logprobs.model_dump() if logprobs else None,
                       "finish_reason": finish_reason}
@@ -296,6 +310,23 @@ class OpenAIServingChat(OpenAIServing):
             if continuous:
                 body["usage"] = self.usage(latest).model_dump()
             yield body
+
+
+class _StreamedReasoning:
+    """Per choice: the (reasoning, content) pieces new in each streamed chunk."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+        self.text: Dict[int, str] = {}
+        self.sent: Dict[int, tuple] = {}
+
+    def delta(self, index: int, text: str, final: bool) -> tuple[str, str]:
+        full = self.text[index] = self.text.get(index, "") + text
+        reasoning, content = self.parser.split(full, final=final)
+        r_sent, c_sent = self.sent.get(index, (0, 0))
+        reasoning, content = reasoning or "", content or ""
+        self.sent[index] = (max(r_sent, len(reasoning)), max(c_sent, len(content)))
+        return reasoning[r_sent:], content[c_sent:]
 
 
 def _finish(tools: Optional[ToolChoice], reason: Optional[str], text: str) -> Optional[str]:

@@ -48,6 +48,7 @@ class ServerState:
     trust_request_chat_template: bool = False  # --trust-request-chat-template
     # --enable-auto-tool-choice + --tool-call-parser: tool_choice "auto" (tool_calls.py)
     tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None  # --reasoning-parser
     started: float = field(default_factory=time.time)
 
     @property
