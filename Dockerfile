@@ -56,11 +56,10 @@ RUN pip wheel -v --no-build-isolation --no-deps -w /wheels .
 # ---- CPU-only image ------------------------------------------------------------------------
 FROM python:3.12-slim AS cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# torch's CPU wheels (the pinned version, without the CUDA libraries) from PyTorch's index.
-ENV PIP_INDEX_URL=https://download.pytorch.org/whl/cpu \
-    PIP_EXTRA_INDEX_URL=https://pypi.org/simple
 COPY scripts/install_deps.py /tmp/install_deps.py
-RUN python /tmp/install_deps.py && rm /tmp/install_deps.py && rm -rf /root/.cache/pip
+# torch's CPU wheel (the pinned version, without the CUDA libraries) from PyTorch's index.
+RUN PIP_INDEX_URL=https://download.pytorch.org/whl/cpu PIP_EXTRA_INDEX_URL=https://pypi.org/simple \
+    python /tmp/install_deps.py && rm /tmp/install_deps.py && rm -rf /root/.cache/pip
 COPY --from=cpu-build /wheels /wheels
 RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
 RUN useradd --create-home --uid 1000 pagedkv

@@ -102,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the role of the chat answers' messages (default: assistant)")
     g.add_argument("--shutdown-timeout", type=t.float_in(0.0), default=s, metavar="SECONDS",
                    help="on SIGTERM, how long requests in flight may run before their streams "
-                        "are ended (new requests get 503 meanwhile); then exit 0 (default: 20)")
+                        "are ended (new requests get 503 meanwhile); then exit 0 (default: 20.0)")
     g.add_argument("--root-path", default=s,
                    help="the path prefix of the server behind a path-based proxy, as "
                         "FastAPI's root_path (default: none)")
