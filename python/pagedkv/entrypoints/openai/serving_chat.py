@@ -209,8 +209,8 @@ class OpenAIServingChat(OpenAIServing):
                  tools: Optional[ToolChoice]) -> ResponseMessage:
         reasoning = None
         if self.state.reasoning_parser is not None:
-            reasoning, text = REASONING_PARSERS[self.state.reasoning_parser]().split(text)
-            text = text or ""
+            reasoning, rest = REASONING_PARSERS[self.state.reasoning_parser]().split(text)
+            text = rest or ""
         if tools is None:
             return ResponseMessage(role=self.role(req), content=text, reasoning_content=reasoning)
         content, calls = tools.answer(text)

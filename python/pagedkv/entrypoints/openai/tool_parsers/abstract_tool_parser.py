@@ -49,7 +49,8 @@ def json_objects(text: str) -> List[Any]:
     """The JSON values written one after the other in ``text`` (separated by whitespace, ';'
     or ','); raises ValueError when something else is there."""
     decoder = json.JSONDecoder()
-    out, i = [], 0
+    out: List[Any] = []
+    i = 0
     while True:
         while i < len(text) and text[i] in " \t\r\n;,":
             i += 1
