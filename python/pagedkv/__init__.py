@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run
     from pagedkv.engine.llm_engine import LLMEngine
     from pagedkv.engine.outputs import CompletionOutput, RequestOutput
     from pagedkv.engine.sampling_params import RequestOutputKind, SamplingParams
+    from pagedkv.engine.structured_output import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = [
     "__version__",
@@ -40,6 +41,8 @@ __all__ = [
     "LLM",
     "SamplingParams",
     "RequestOutputKind",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
     "RequestOutput",
     "CompletionOutput",
     "LLMEngine",
@@ -58,6 +61,8 @@ _LAZY = {
     "LLM": "pagedkv.engine.llm",
     "SamplingParams": "pagedkv.engine.sampling_params",
     "RequestOutputKind": "pagedkv.engine.sampling_params",
+    "StructuredOutputsParams": "pagedkv.engine.structured_output",
+    "GuidedDecodingParams": "pagedkv.engine.structured_output",
     "RequestOutput": "pagedkv.engine.outputs",
     "CompletionOutput": "pagedkv.engine.outputs",
     "LLMEngine": "pagedkv.engine.llm_engine",

@@ -84,6 +84,8 @@ class EngineRequest:
     priority: int = 0
     arrival_time: float = field(default_factory=time.time)
     bad_words_token_ids: List[List[int]] = field(default_factory=list)
+    # The compiled xgrammar grammar of params.structured_outputs (structured_output.py).
+    grammar: Any = None
 
 
 def check_request_id(
@@ -120,6 +122,9 @@ class InputProcessor:
         )
         self.scheduling_policy = scheduling_policy
         self.limits = limits or RequestLimits()
+        # structured_output.GrammarCache, set by the engine: grammars compile here, off the
+        # engine thread when the caller runs process() in a worker (AsyncLLMEngine, server).
+        self.grammars: Any = None
 
     # ------------------------------------------------------------------ the one entry point
     def process(
@@ -161,7 +166,15 @@ class InputProcessor:
             priority,
             arrival_time or time.time(),
             self._bad_words(params),
+            self._grammar(params),
         )
+
+    def _grammar(self, params: SamplingParams) -> Any:
+        if params.structured_outputs is None:
+            return None
+        if self.grammars is None:
+            raise ValueError("structured_outputs needs a tokenizer (skip_tokenizer_init=True)")
+        return self.grammars.get(params.structured_outputs)
 
     # ------------------------------------------------------------------ parameters
     def check_params(self, params: SamplingParams, limits: RequestLimits) -> SamplingParams:

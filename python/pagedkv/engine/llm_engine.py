@@ -25,6 +25,7 @@ from pagedkv.engine.outputs import RequestMetrics, RequestOutput
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.engine.step_sampling import StepSampling
+from pagedkv.engine.structured_output import GrammarCache, advance
 
 logger = logging.getLogger("pagedkv")
 
@@ -43,6 +44,10 @@ class LLMEngine:
             self.tokenizer, self.model_config.vocab_size, self.model_config.max_model_len,
             self.config.max_logprobs, self.config.scheduling_policy)
         self.decoder = DirectDecoder(self.tokenizer) if self.tokenizer is not None else None
+        self.structured = (GrammarCache(self.tokenizer.hf, self.model_config.vocab_size,
+                                        self.eos_token_ids)
+                           if self.tokenizer is not None else None)
+        self.input_processor.grammars = self.structured
         self._token_text: Dict[int, str] = {}  # token id -> its text alone (logprob entries)
         self.requests: Dict[str, RequestState] = {}
         self.seq_owner: Dict[str, tuple[RequestState, SeqState]] = {}  # scheduler id -> seq
@@ -88,12 +93,15 @@ class LLMEngine:
                            self.eos_token_ids, checked.bad_words_token_ids)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
+        req.grammar = checked.grammar
         for i in range(params.best_of):  # type: ignore[arg-type]
             gen = None
             if params.seed is not None:
                 gen = self.sampler.make_generator(params.seed + 1_000_003 * i)
             req.seqs.append(SeqState(index=i, generator=gen,
                                      logprobs=[] if params.logprobs is not None else None))
+            if req.grammar is not None:  # each sample follows the grammar on its own
+                req.seqs[-1].matcher = self.structured.matcher(req.grammar)  # type: ignore
         self._add_to_scheduler(req, checked.priority)
         self.requests[request_id] = req
 
@@ -260,6 +268,12 @@ class LLMEngine:
             self.stats["prompt_tokens"] += len(req.prompt_token_ids)
         metrics.last_token_time = now
         seq.token_ids.append(tok)
+        if seq.matcher is not None and advance(seq.matcher, tok) and not sched_finished:
+            # The grammar has ended (its stop token sampled with ignore_eos, or a stop token
+            # the scheduler does not know): the sample is complete.
+            self.scheduler.abort_request(seq.sched_id)
+            seq.finish_reason, seq.stop_reason = "stop", None
+            self.seq_owner.pop(seq.sched_id or "", None)
         if lp is not None:
             if lp[0] is not None:
                 seq.cumulative_logprob += lp[0]
@@ -268,7 +282,7 @@ class LLMEngine:
         if sched_finished:
             req.finish_by_scheduler(seq)
             self.seq_owner.pop(seq.sched_id or "", None)
-        elif not req.incremental_text:
+        elif not req.incremental_text and not seq.finished:
             return  # the common running case: nothing to show or check yet
         # A stop token / EOS ends the text without being shown (vLLM's rule).
         hide = (sched_finished and seq.finish_reason == "stop"

@@ -38,6 +38,7 @@ class SeqState:
     text: str = ""
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    matcher: Any = None  # xgrammar GrammarMatcher of a structured-output request
 
     @property
     def finished(self) -> bool:
@@ -74,6 +75,7 @@ class RequestState:
     prompt_logprobs: Optional[PromptLogprobs] = None
     forked: bool = False  # the n > 1 samples exist in the scheduler (or finished at once)
     num_cached_tokens: int = 0
+    grammar: Any = None  # compiled xgrammar grammar (structured outputs); a matcher per sample
 
     # Derived from params once (params do not change after add_request); the per-step loops
     # read these for every sequence of the batch.
@@ -107,7 +109,8 @@ class RequestState:
                              and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
                              and p.frequency_penalty == 0.0 and not p.logit_bias
                              and p.allowed_token_ids is None
-                             and not self.bad_words_token_ids)
+                             and not self.bad_words_token_ids
+                             and p.structured_outputs is None and not p.logits_processors)
         self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
 
     @property

@@ -11,7 +11,9 @@ import enum
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from pagedkv.engine.structured_output import GuidedDecodingParams, StructuredOutputsParams
 
 # Below this temperature sampling is greedy (vLLM uses the same threshold).
 _GREEDY_EPS = 1e-5
@@ -115,10 +117,18 @@ class SamplingParams:
     # the text and after a space; the last token of such a sequence is banned whenever the
     # output ends with the others.
     bad_words: Optional[List[str]] = None
+    # Constrained decoding (xgrammar): a JSON schema, regex, choice list or grammar the output
+    # must follow. guided_decoding is vLLM's older spelling, folded into structured_outputs.
+    structured_outputs: Optional[StructuredOutputsParams] = None
+    guided_decoding: Optional[GuidedDecodingParams] = None
+    # vLLM's per-request logits processors: f(output_ids, logits) or f(prompt_ids, output_ids,
+    # logits) -> logits, on each row of this request (offline API only: not serializable).
+    logits_processors: Optional[List[Callable[..., Any]]] = None
 
     def __post_init__(self) -> None:
         if self.top_k is None:
             self.top_k = 0
+        self._check_structured()
         self._check_types()
         self._check_logit_bias()
         if self.best_of is None:
@@ -239,6 +249,24 @@ class SamplingParams:
         if self.best_of > self.n and self.sampling_type_greedy:
             raise bad("best_of", "must equal n for greedy sampling (all sequences would match)")
 
+    def _check_structured(self) -> None:
+        so, gd = self.structured_outputs, self.guided_decoding
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise _type_error("structured_outputs", "a StructuredOutputsParams", so)
+        if gd is not None:
+            if not isinstance(gd, GuidedDecodingParams):
+                raise _type_error("guided_decoding", "a GuidedDecodingParams", gd)
+            if so is not None:
+                raise ValueError("guided_decoding and structured_outputs are two spellings of "
+                                 "one field; set only structured_outputs")
+            self.structured_outputs, self.guided_decoding = gd.to_structured(), None
+        lps = self.logits_processors
+        if lps is not None and not (isinstance(lps, (list, tuple))
+                                    and all(callable(f) for f in lps)):
+            raise _type_error("logits_processors", "a list of callables", lps)
+        if lps is not None:
+            self.logits_processors = list(lps)
+
     def _check_logit_bias(self) -> None:
         bias = self.logit_bias
         if bias is None:
@@ -260,4 +288,6 @@ class SamplingParams:
     def clone(self) -> SamplingParams:
         import copy
 
-        return copy.deepcopy(self)
+        # Logits processors may hold state or models: shared, not copied (as in vLLM).
+        memo = {id(f): f for f in self.logits_processors or ()}
+        return copy.deepcopy(self, memo)

@@ -16,6 +16,7 @@ import torch
 from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import SamplerOutput, SamplingRow
+from pagedkv.engine.structured_output import apply_logits_processors
 
 Entry = Tuple[RequestState, SeqState]
 
@@ -27,6 +28,8 @@ class StepSampling:
         self.forks: Dict[int, List[Tuple[SeqState, int]]] = {}
         # id(seq) -> (sampled token's logprob or None, top-k dict or None)
         self.logprobs: Dict[int, Tuple[Optional[float], Optional[dict]]] = {}
+        # Structured outputs: allowed tokens of each sampling row (None: no row constrained).
+        self.bitmask: Optional[torch.Tensor] = None
 
     def _row(self, req: RequestState, seq: SeqState) -> SamplingRow:
         p = req.params
@@ -54,6 +57,9 @@ class StepSampling:
                 row_src.append(len(logit_rows) - 1)
                 owners.append((i, s))
         prompt_rows, prompt_next, prompt_owner = self._prompt_logprob_rows()
+        grammars = self.engine.structured
+        if grammars is not None:  # on the CPU, while the device may still run the forward
+            self.bitmask = grammars.fill_bitmask([s.matcher for _, s in owners])
         all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long,
                                 device=hidden.device)
         logits = self.engine.runner.compute_logits(hidden, all_rows)
@@ -71,18 +77,36 @@ class StepSampling:
         max_num_seqs rows: memory stays bounded by the batch limit, as in a decode step. A
         seeded sample draws from its own generator, so chunking does not change its tokens."""
         chunk = self.engine.config.max_num_seqs
-        if row_src[-1] == len(rows) - 1 and len(rows) <= chunk:
-            return self.engine.sampler(logits[:len(rows)], rows)  # no fan-out: one batch
+        if row_src[-1] == len(rows) - 1 and len(rows) <= chunk:  # no fan-out: one batch
+            return self.engine.sampler(self._constrain(logits[:len(rows)], rows, 0), rows)
         src = torch.tensor(row_src, dtype=torch.long, device=logits.device)
         merged = SamplerOutput([], [], [])
         for a in range(0, len(rows), chunk):
             # Indexing, not index_select: on CPU, index_select of repeated rows (all the n
             # samples read one row) runs about 60x slower (torch 2.13).
-            out = self.engine.sampler(logits[src[a:a + chunk]], rows[a:a + chunk])
+            part = self._constrain(logits[src[a:a + chunk]], rows[a:a + chunk], a)
+            out = self.engine.sampler(part, rows[a:a + chunk])
             merged.token_ids += out.token_ids
             merged.sampled_logprobs += out.sampled_logprobs
             merged.logprobs += out.logprobs
         return merged
+
+    def _constrain(self, logits: torch.Tensor, rows: List[SamplingRow],
+                   first: int) -> torch.Tensor:
+        """Applies the grammar bitmask and the logits processors of sampling rows
+        [first, first + len(rows)) to their logits (own rows: a fan-out copies them)."""
+        mask = self.bitmask
+        procs = [i for i, r in enumerate(rows) if r.params.logits_processors]
+        if mask is None and not procs:
+            return logits
+        logits = logits.float() if logits.dtype != torch.float32 else logits
+        if mask is not None:
+            self.engine.structured.apply_bitmask(logits, mask[first:first + len(rows)])
+        for i in procs:
+            r = rows[i]
+            apply_logits_processors(logits[i], r.params.logits_processors or (),
+                                    r.prompt_token_ids, r.output_token_ids)
+        return logits
 
     def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> np.ndarray:
         """Every row is a plain argmax (the common greedy batch): no per-row Python objects,

@@ -92,10 +92,12 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "logits_processors": Refused("custom logits processors are not supported", (None, [])),
     "logprobs_mode": Refused("logprobs are those of the raw model logits (vLLM's default)",
                              (None, "raw_logprobs")),
-    "structured_outputs_config": Refused("structured outputs are not supported yet"),
-    "guided_decoding_backend": Refused("structured outputs are not supported yet",
-                                       (None, "auto")),
-    "reasoning_parser": Refused("reasoning parsers are not supported", (None, "")),
+    # Structured outputs run on xgrammar with its defaults (engine/structured_output.py);
+    # reasoning parsers are the server's (serve --reasoning-parser).
+    "structured_outputs_config": Refused("structured outputs use xgrammar with its defaults",
+                                         (None, {})),
+    "guided_decoding_backend": Refused("structured outputs use xgrammar",
+                                       (None, "auto", "xgrammar")),
     "speculative_config": Refused(_NO_SPEC),
     # LoRA and multimodal.
     "enable_lora": Refused(_NO_LORA, _OFF),

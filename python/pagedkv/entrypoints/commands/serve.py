@@ -35,10 +35,23 @@ DEFAULTS: Dict[str, Any] = {
     "allow_credentials": False, "enable_request_id_headers": False,
     "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
     "enable_log_requests": False, "max_log_len": None, "trust_request_chat_template": False,
-    "shutdown_timeout": 20.0,
+    "shutdown_timeout": 20.0, "enable_auto_tool_choice": False, "tool_call_parser": None,
+    "reasoning_parser": None,
     **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
 }
+
+
+def _tool_parser_names() -> list:
+    from pagedkv.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
+    return list(TOOL_PARSERS)
+
+
+def _reasoning_parser_names() -> list:
+    from pagedkv.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+
+    return list(REASONING_PARSERS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "prompt text to shorten (default: unlimited)")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", default=s,
                    help="do not log uvicorn's line per HTTP request")
+    g.add_argument("--enable-auto-tool-choice", action="store_true", default=s,
+                   help='let chat requests use tool_choice "auto" (needs --tool-call-parser)')
+    g.add_argument("--tool-call-parser", default=s, choices=sorted(_tool_parser_names()),
+                   help="how tool calls are found in the model's text for tool_choice auto "
+                        "(default: none)")
+    g.add_argument("--reasoning-parser", default=s, choices=sorted(_reasoning_parser_names()),
+                   help="split chat answers' reasoning (reasoning_content) from their content "
+                        "(default: none)")
     g.add_argument("--response-role", default=s,
                    help="the role of the chat answers' messages (default: assistant)")
     g.add_argument("--shutdown-timeout", type=t.float_in(0.0), default=s, metavar="SECONDS",

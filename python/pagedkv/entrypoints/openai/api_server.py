@@ -192,6 +192,16 @@ def _max_logprobs(engine: Any) -> int:
     return vocab if cap == -1 else min(cap, vocab) if vocab else cap
 
 
+def auto_tool_parser(args: Any) -> Optional[str]:
+    """The --tool-call-parser that tool_choice "auto" uses, when --enable-auto-tool-choice."""
+    parser = getattr(args, "tool_call_parser", None)
+    if getattr(args, "enable_auto_tool_choice", False):
+        if parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+        return str(parser)
+    return None
+
+
 def build_app(engine: Any, args: Any = None) -> FastAPI:
     """The FastAPI app serving ``engine`` (an AsyncLLMEngine)."""
     args = args if args is not None else argparse.Namespace()
@@ -204,7 +214,9 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         limits=request_limits(args),
         response_role=getattr(args, "response_role", None) or "assistant",
         max_logprobs=_max_logprobs(engine),
-        trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)))
+        trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
+        tool_call_parser=auto_tool_parser(args),
+        reasoning_parser=getattr(args, "reasoning_parser", None))
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)

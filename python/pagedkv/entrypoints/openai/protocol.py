@@ -163,8 +163,8 @@ class ChatCompletionRequest(_SamplingFields):
     add_special_tokens: bool = False
     tools: Optional[Any] = None
     tool_choice: Optional[Any] = None
-    # Without tools (refused, see serving_chat.py) there are no tool calls to run in parallel:
-    # accepted and without effect, as in vLLM.
+    # Tool calls are made in one answer (tool_calls.py): accepted and without effect, as in
+    # vLLM.
     parallel_tool_calls: Optional[bool] = None
     # Handed to the chat template as a variable (templates of reasoning models read it; others,
     # SmolLM2's included, ignore it); checked against OpenAI's values.
@@ -253,6 +253,9 @@ class ChatLogProbs(BaseModel):
 class ResponseMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None  # with --reasoning-parser (vLLM's field)
+    # OpenAI tool calls ({id, type: "function", function: {name, arguments}}), see tool_calls.py
+    tool_calls: List[Dict[str, Any]] = Field(default_factory=list)
 
 
 class DeltaMessage(BaseModel):

@@ -10,6 +10,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from pagedkv.engine.input_processor import check_truncation
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, field_named_in
+from pagedkv.entrypoints.openai.structured_request import FIELDS as STRUCTURED_FIELDS
+from pagedkv.entrypoints.openai.structured_request import structured_outputs_of
 
 logger = logging.getLogger("pagedkv.server")
 
@@ -42,15 +44,9 @@ def no_tool_choice(value: Any) -> bool:
 # that silently ignores it. Field -> "this value is harmless" (unset / the default behaviour).
 # Fields of both endpoints; the chat endpoint adds its own (serving_chat.py).
 UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
-    "response_format": text_format,
     "use_beam_search": is_unset,
     "logits_processors": is_unset,
     "prompt_embeds": is_unset,
-    "structured_outputs": is_unset,
-    "guided_json": is_unset,
-    "guided_regex": is_unset,
-    "guided_choice": is_unset,
-    "guided_grammar": is_unset,
     "structural_tag": is_unset,
     # vLLM isolates the prefix cache of requests with a salt; ignoring it would share cached
     # prompts across the tenants it is meant to separate.
@@ -107,7 +103,8 @@ class RequestChecks:
         self.check_supported(req)
         # Fields pagedkv does not know are ignored; vLLM logs them, so a client can see why a
         # setting had no effect (e.g. OpenAI's `verbosity`, which vLLM does not implement).
-        ignored = sorted(set(req.model_extra or ()) - set(UNSUPPORTED) - set(handled))
+        ignored = sorted(set(req.model_extra or ()) - set(UNSUPPORTED) - set(handled)
+                         - set(STRUCTURED_FIELDS))
         if ignored:
             logger.warning("The following fields were present in the request but ignored: %s",
                            ", ".join(ignored))
@@ -207,6 +204,9 @@ class RequestChecks:
         bias = self.logit_bias(getattr(req, "logit_bias", None))
         if bias:
             kwargs["logit_bias"] = bias
+        structured = structured_outputs_of(req)
+        if structured is not None:
+            kwargs["structured_outputs"] = structured
         self.check_n(req.n)
         names = {name: name for name in kwargs}
         names.update(fields or {})

@@ -20,24 +20,29 @@ from pagedkv.entrypoints.openai.protocol import (
     UsageInfo,
     dump,
 )
+from pagedkv.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from pagedkv.entrypoints.openai.request_checks import is_unset, no_tool_choice
 from pagedkv.entrypoints.openai.request_timer import RequestTimer
 from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
 from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
+from pagedkv.entrypoints.openai.tool_calls import (
+    ToolChoice,
+    history_fields,
+    tool_call_id,
+    tool_choice_of,
+)
 
 
 def _text_only(value: Any) -> bool:
     return value is None or value == ["text"]
 
 
-# Chat fields pagedkv does not implement (see UNSUPPORTED in serving_engine.py): tools and the
-# legacy functions need a tool parser, and audio output / web search are not there at all.
+# Chat fields pagedkv does not implement (see UNSUPPORTED in serving_engine.py): the legacy
+# functions, audio output and web search (tools: tool_calls.py).
 _CHAT_UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
     "modalities": _text_only,
     "audio": is_unset,
     "web_search_options": lambda value: value is None,  # {} asks for the default search
-    "tools": is_unset,
-    "tool_choice": no_tool_choice,
     "functions": is_unset,
     "function_call": no_tool_choice,
 }
@@ -62,6 +67,7 @@ def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
         entry: Dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name:
             entry["name"] = m.name
+        entry.update(history_fields(m))
         result.append(entry)
     return result
 
@@ -138,7 +144,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         self.check_n(req.n)
-        self.check_request(req, handled=tuple(_CHAT_UNSUPPORTED))
+        self.check_request(req, handled=(*_CHAT_UNSUPPORTED, "tools", "tool_choice"))
         self.check_supported(req, _CHAT_UNSUPPORTED)
         self.check_logprobs(req.top_logprobs, "top_logprobs")
         if req.top_logprobs and not req.logprobs:  # vLLM's rule and words
@@ -150,6 +156,9 @@ class OpenAIServingChat(OpenAIServing):
         if keep_last is None:
             self.check_length(self.messages_chars(req.messages), "messages")
         template, template_vars = self.template_settings(req)
+        tools = tool_choice_of(req, self.state.tool_call_parser)
+        if tools is not None:  # the template shows the tools, whatever the choice
+            template_vars["tools"] = [{"type": "function", "function": f} for f in tools.tools]
         # Off the event loop: /health and the streams keep going while a template renders.
         prompt = await self.in_tokenizer_thread(self.render, req.messages, template,
                                                 req.add_generation_prompt, template_vars,
@@ -168,15 +177,21 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(req, max_tokens, logprobs, req.prompt_logprobs,
                                       fields={"logprobs": "top_logprobs",
                                               "max_tokens": length_field})
+        if tools is not None and tools.calls:
+            if params.structured_outputs is not None:
+                raise bad_request("tool_choice required / named cannot be combined with "
+                                  "response_format or structured outputs", param="tool_choice")
+            params.structured_outputs = tools.constraint()
         request_id, engine_id = self.request_ids(raw, req, "chatcmpl")
         self.log_request(request_id, [len(ids)], params, bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
                                        prompt_param="messages")
         if req.stream:
-            return StreamingResponse(self._stream(req, request_id, streams, timer, ids),
+            return StreamingResponse(self._stream(req, request_id, streams, timer, ids, tools),
                                      media_type="text/event-stream")
-        result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer))
+        result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer,
+                                                            tools))
         if result is None:
             return Response(status_code=499)
         return JSONResponse(dump(result))
@@ -190,18 +205,30 @@ class OpenAIServingChat(OpenAIServing):
                            as_ids=bool(req.return_tokens_as_token_ids))
         return ChatLogProbs(content=lp.chat_logprobs(items))
 
+    def _message(self, req: ChatCompletionRequest, text: str,
+                 tools: Optional[ToolChoice]) -> ResponseMessage:
+        reasoning = None
+        if self.state.reasoning_parser is not None:
+            reasoning, rest = REASONING_PARSERS[self.state.reasoning_parser]().split(text)
+            text = rest or ""
+        if tools is None:
+            return ResponseMessage(role=self.role(req), content=text, reasoning_content=reasoning)
+        content, calls = tools.answer(text)
+        return ResponseMessage(role=self.role(req), content=content, tool_calls=calls,
+                               reasoning_content=reasoning)
+
     async def _full(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
-                    timer: RequestTimer) -> ChatCompletionResponse:
+                    timer: RequestTimer, tools: Optional[ToolChoice] = None
+                    ) -> ChatCompletionResponse:
         try:
             (out,) = await self.finals(streams, timer)
         finally:
             for s in streams:
                 s.close()
         echo = self.echoed(req)
-        choices = [ChatChoice(index=c.index, message=ResponseMessage(role=self.role(req),
-                                                                     content=echo + c.text),
+        choices = [ChatChoice(index=c.index, message=self._message(req, echo + c.text, tools),
                               logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                              finish_reason=c.finish_reason,
+                              finish_reason=_finish(tools, c.finish_reason, c.text),
                               stop_reason=getattr(c, "stop_reason", None),
                               token_ids=list(c.token_ids) if req.return_token_ids else None)
                    for c in sorted(out.outputs, key=lambda c: c.index)]
@@ -215,7 +242,8 @@ class OpenAIServingChat(OpenAIServing):
             prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None)
 
     def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
-                timer: RequestTimer, prompt_ids: List[int]) -> AsyncIterator[str]:
+                timer: RequestTimer, prompt_ids: List[int],
+                tools: Optional[ToolChoice] = None) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.model_name}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -224,14 +252,14 @@ class OpenAIServingChat(OpenAIServing):
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
         bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous,
-                              prompt_ids)
+                              prompt_ids, tools)
         return self.sse(request_id, bodies, streams, timer, latest, reasons,
                         base if include_usage else None)
 
     async def _chunks(self, req: ChatCompletionRequest, base: Dict[str, Any], streams: List[Any],
                       timer: RequestTimer, latest: List[Any], reasons: List[Optional[str]],
-                      continuous: bool, prompt_ids: List[int]
-                      ) -> AsyncIterator[Dict[str, Any]]:
+                      continuous: bool, prompt_ids: List[int],
+                      tools: Optional[ToolChoice] = None) -> AsyncIterator[Dict[str, Any]]:
         prompt_tokens = len(prompt_ids)
         # The role comes first, in a chunk of its own per choice, as OpenAI sends it; with
         # continuous usage stats it carries the prompt's usage, as vLLM's does.
@@ -253,20 +281,100 @@ class OpenAIServingChat(OpenAIServing):
                 body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
                                           total_tokens=prompt_tokens).model_dump()
             yield body
+        calls = _StreamedCalls(tools) if tools is not None and tools.mode != "none" else None
+        name = self.state.reasoning_parser
+        thoughts = _StreamedReasoning(REASONING_PARSERS[name]()) if name else None
         async for d in self.deltas(streams, req.n, timer):
             latest[0] = d.output
             logprobs = self._logprobs(req, d.token_ids, d.logprobs)
-            delta = {"content": d.text} if d.text or d.finish_reason is None else {}
+            text, thought = d.text, ""
+            if thoughts is not None:
+                thought, text = thoughts.delta(d.index, d.text, d.finish_reason is not None)
+            delta: Dict[str, Any] = ({"content": text} if text or (
+                d.finish_reason is None and not thought) else {})
+            finish_reason = d.finish_reason
+            if calls is not None:
+                delta, finish_reason = calls.delta(d.index, text, d.finish_reason)
+            if thought:
+                delta["reasoning_content"] = thought
             choice = {"index": d.index, "delta": delta,
                       "logprobs": logprobs.model_dump() if logprobs else None,
-                      "finish_reason": d.finish_reason}
+                      "finish_reason": finish_reason}
             if req.return_token_ids:
                 choice["token_ids"] = list(d.token_ids)
             if d.finish_reason is not None:
                 # As in the non-streamed answer and streamed completions.
                 choice["stop_reason"] = d.stop_reason
-                reasons[d.index] = d.finish_reason
+                reasons[d.index] = finish_reason
             body = dict(base, choices=[choice])
             if continuous:
                 body["usage"] = self.usage(latest).model_dump()
             yield body
+
+
+class _StreamedReasoning:
+    """Per choice: the (reasoning, content) pieces new in each streamed chunk."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+        self.text: Dict[int, str] = {}
+        self.sent: Dict[int, tuple] = {}
+
+    def delta(self, index: int, text: str, final: bool) -> tuple[str, str]:
+        full = self.text[index] = self.text.get(index, "") + text
+        reasoning, content = self.parser.split(full, final=final)
+        r_sent, c_sent = self.sent.get(index, (0, 0))
+        reasoning, content = reasoning or "", content or ""
+        self.sent[index] = (max(r_sent, len(reasoning)), max(c_sent, len(content)))
+        return reasoning[r_sent:], content[c_sent:]
+
+
+def _finish(tools: Optional[ToolChoice], reason: Optional[str], text: str) -> Optional[str]:
+    if tools is None or tools.mode == "none":
+        return reason
+    return tools.finish_reason(reason, bool(tools.answer(text)[1]))
+
+
+class _StreamedCalls:
+    """Streamed tool calls, as OpenAI sends them. A named function's call opens with its id
+    and name (empty arguments), then its arguments arrive piece by piece. `required` answers (a
+    JSON array, parsed only when complete) arrive whole at the end, one entry per call. `auto`:
+    text streams as content until the parser sees where tool calls may begin; from there it is
+    held back, and at the end goes out as tool calls (or as content, when it holds none)."""
+
+    def __init__(self, tools: ToolChoice) -> None:
+        self.tools = tools
+        self.opened: set = set()  # choice indexes whose named call has begun
+        self.text: Dict[int, str] = {}
+        self.sent: Dict[int, int] = {}  # auto: characters already sent as content
+
+    def delta(self, index: int, text: str, finish: Optional[str]
+              ) -> tuple[Dict[str, Any], Optional[str]]:
+        """(the chunk's delta, its finish_reason) for new text of choice ``index``."""
+        tools = self.tools
+        if tools.mode == "named":
+            call: Dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+            if index not in self.opened:
+                self.opened.add(index)
+                call.update(id=tool_call_id(), type="function")
+                call["function"]["name"] = tools.name
+            return ({"tool_calls": [call]} if text or len(call) > 2 else {},
+                    tools.finish_reason(finish, True))
+        full = self.text[index] = self.text.get(index, "") + text
+        if finish is None:
+            if tools.mode == "required":
+                return {}, None
+            start = tools.parser.calls_start(full)  # type: ignore[union-attr]
+            safe = len(full) if start is None else start
+            sent = self.sent.get(index, 0)
+            self.sent[index] = max(sent, safe)
+            return ({"content": full[sent:safe]} if safe > sent else {}), None
+        content, found = tools.answer(full)
+        sent = self.sent.get(index, 0)
+        delta: Dict[str, Any] = {}
+        rest = (content or "")[sent:] if found else full[sent:]
+        if rest:
+            delta["content"] = rest
+        if found:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(found)]
+        return delta, tools.finish_reason(finish, bool(found))

@@ -46,6 +46,9 @@ class ServerState:
     response_role: str = "assistant"  # --response-role
     max_logprobs: int = MAX_LOGPROBS  # the engine's cap (--max-logprobs; -1 resolved)
     trust_request_chat_template: bool = False  # --trust-request-chat-template
+    # --enable-auto-tool-choice + --tool-call-parser: tool_choice "auto" (tool_calls.py)
+    tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None  # --reasoning-parser
     started: float = field(default_factory=time.time)
 
     @property
