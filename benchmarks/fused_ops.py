@@ -64,19 +64,22 @@ def copy_bandwidth() -> float:
 
 # ---- the eager math the fused ops replace (as the models computed it) ----------------------
 
+
 def eager_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     xf = x.float()
     return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
 
-def eager_add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def eager_add_rms_norm(
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     r = x + r
     return eager_rms_norm(r, w), r
 
 
-def eager_rotary(pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def eager_rotary(
+    pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     half = cache.shape[1] // 2
     cs = cache[pos]
     cos, sin = cs[:, None, :half], cs[:, None, half:]
@@ -98,8 +101,13 @@ def eager_gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
 
 
-_EAGER = (eager_rms_norm, eager_add_rms_norm, eager_rotary, eager_silu_and_mul,
-          eager_gelu_tanh_and_mul)
+_EAGER = (
+    eager_rms_norm,
+    eager_add_rms_norm,
+    eager_rotary,
+    eager_silu_and_mul,
+    eager_gelu_tanh_and_mul,
+)
 # One compiled function per op, shared by the shapes (torch.compile specialises per shape).
 compiled = {f: torch.compile(f) for f in _EAGER}
 
@@ -113,8 +121,8 @@ def cases(tokens: int, model: str) -> list[tuple[str, int, Callable, Callable, C
     out = torch.empty_like(x)
     w = torch.rand(hidden, dtype=DTYPE, device="cuda")
     qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
-    q = qkv[:, :hq * d].view(tokens, hq, d)
-    k = qkv[:, hq * d:(hq + hk) * d].view(tokens, hk, d)
+    q = qkv[:, : hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(tokens, hk, d)
     pos = torch.randint(0, 4096, (tokens,), device="cuda")
     inv = 1.0 / 500000.0 ** (torch.arange(0, d, 2, device="cuda").float() / d)
     freqs = torch.outer(torch.arange(8192, device="cuda").float(), inv)
@@ -123,16 +131,41 @@ def cases(tokens: int, model: str) -> list[tuple[str, int, Callable, Callable, C
     act = torch.empty(tokens, inter, dtype=DTYPE, device="cuda")
     n, qk = tokens * hidden * es, tokens * (hq + hk) * d * es
     return [
-        ("rms_norm", 2 * n, lambda: ops.rms_norm(out, x, w, 1e-6),
-         lambda: eager_rms_norm(x, w), lambda: compiled[eager_rms_norm](x, w)),
-        ("fused_add_rms_norm", 4 * n, lambda: ops.fused_add_rms_norm(x, r, w, 1e-6),
-         lambda: eager_add_rms_norm(x, r, w), lambda: compiled[eager_add_rms_norm](x, r, w)),
-        ("rotary_embedding", 2 * qk, lambda: ops.rotary_embedding(pos, q, k, d, cache),
-         lambda: eager_rotary(pos, q, k, cache), lambda: compiled[eager_rotary](pos, q, k, cache)),
-        ("silu_and_mul", 3 * tokens * inter * es, lambda: ops.silu_and_mul(act, gu),
-         lambda: eager_silu_and_mul(gu), lambda: compiled[eager_silu_and_mul](gu)),
-        ("gelu_tanh_and_mul", 3 * tokens * inter * es, lambda: ops.gelu_tanh_and_mul(act, gu),
-         lambda: eager_gelu_tanh_and_mul(gu), lambda: compiled[eager_gelu_tanh_and_mul](gu)),
+        (
+            "rms_norm",
+            2 * n,
+            lambda: ops.rms_norm(out, x, w, 1e-6),
+            lambda: eager_rms_norm(x, w),
+            lambda: compiled[eager_rms_norm](x, w),
+        ),
+        (
+            "fused_add_rms_norm",
+            4 * n,
+            lambda: ops.fused_add_rms_norm(x, r, w, 1e-6),
+            lambda: eager_add_rms_norm(x, r, w),
+            lambda: compiled[eager_add_rms_norm](x, r, w),
+        ),
+        (
+            "rotary_embedding",
+            2 * qk,
+            lambda: ops.rotary_embedding(pos, q, k, d, cache),
+            lambda: eager_rotary(pos, q, k, cache),
+            lambda: compiled[eager_rotary](pos, q, k, cache),
+        ),
+        (
+            "silu_and_mul",
+            3 * tokens * inter * es,
+            lambda: ops.silu_and_mul(act, gu),
+            lambda: eager_silu_and_mul(gu),
+            lambda: compiled[eager_silu_and_mul](gu),
+        ),
+        (
+            "gelu_tanh_and_mul",
+            3 * tokens * inter * es,
+            lambda: ops.gelu_tanh_and_mul(act, gu),
+            lambda: eager_gelu_tanh_and_mul(gu),
+            lambda: compiled[eager_gelu_tanh_and_mul](gu),
+        ),
     ]
 
 
@@ -162,8 +195,11 @@ def sampling_rows(rows: int, vocab: int) -> tuple[str, float, float]:
         ops.top_k_top_p_threshold(thr, probs, k, p, min_p)
         probs.masked_fill_(probs < thr[:, None], 0.0)
 
-    return (f"top-k/top-p {rows}x{vocab}", time_graph(threshold, reps=10),
-            time_graph(lambda: sort_top_k_top_p(logits, k.long(), p), reps=10))
+    return (
+        f"top-k/top-p {rows}x{vocab}",
+        time_graph(threshold, reps=10),
+        time_graph(lambda: sort_top_k_top_p(logits, k.long(), p), reps=10),
+    )
 
 
 def sampling_draw(rows: int, vocab: int) -> tuple[str, float, float]:
@@ -178,9 +214,11 @@ def sampling_draw(rows: int, vocab: int) -> tuple[str, float, float]:
     def torch_draw() -> None:
         (probs / noise.exponential_()).argmax(dim=-1)
 
-    return (f"draw {rows}x{vocab}",
-            time_graph(lambda: ops.sample_exponential_race(tokens, probs, thr, keys), reps=10),
-            time_graph(torch_draw, reps=10))
+    return (
+        f"draw {rows}x{vocab}",
+        time_graph(lambda: ops.sample_exponential_race(tokens, probs, thr, keys), reps=10),
+        time_graph(torch_draw, reps=10),
+    )
 
 
 def try_time(fn: Callable[[], object]) -> Optional[float]:
@@ -198,12 +236,26 @@ def main() -> None:
     args = ap.parse_args()
     bw = copy_bandwidth()
     props = torch.cuda.get_device_properties(0)
-    print(f"device: {props.name}; copy bandwidth (read + write) {bw / 1e12:.2f} TB/s; "
-          f"{DTYPE}, torch {torch.__version__}\n")
-    print("| model | tokens | op | pagedkv us | eager us | compile us | vs eager | vs compile "
-          "| bw |")
+    print(
+        f"device: {props.name}; copy bandwidth (read + write) {bw / 1e12:.2f} TB/s; "
+        f"{DTYPE}, torch {torch.__version__}\n"
+    )
+    rows: list[dict] = []
+    # The sampling table first: it needs no compilation, so a slow torch.compile cannot lose it.
+    print("| sampling step | pagedkv op us | torch us | speed-up |")
+    print("|---|---|---|---|")
+    for b, v in [(64, 128256)] if args.quick else [(64, 128256), (256, 128256), (256, 32000)]:
+        for name, t_op, t_torch in (sampling_rows(b, v), sampling_draw(b, v)):
+            print(
+                f"| {name} | {t_op * 1e6:.1f} | {t_torch * 1e6:.1f} | {t_torch / t_op:.2f}x |",
+                flush=True,
+            )
+            rows.append({"op": name, "pagedkv_s": t_op, "torch_s": t_torch})
+    print(
+        "\n| model | tokens | op | pagedkv us | eager us | compile us | vs eager | vs compile "
+        "| bw |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
-    rows = []
     shapes = [("1B", 256)] if args.quick else [("1B", 256), ("8B", 256), ("8B", 4096)]
     for model, tokens in shapes:
         for name, nbytes, fused, eager, comp in cases(tokens, model):
@@ -213,17 +265,23 @@ def main() -> None:
                 return f"{t * 1e6:.1f}" if t else "n/a"
 
             ratio_c = f"{tc / tf:.2f}x" if tc else "n/a"
-            print(f"| {model} | {tokens} | {name} | {us(tf)} | {us(te)} | {us(tc)} | "
-                  f"{te / tf:.2f}x | {ratio_c} | {nbytes / tf / bw:.0%} |", flush=True)
-            rows.append({"model": model, "tokens": tokens, "op": name, "pagedkv_s": tf,
-                         "eager_s": te, "compile_s": tc, "bytes": nbytes, "copy_bw": bw})
-    print("\n| sampling step | pagedkv op us | torch us | speed-up |")
-    print("|---|---|---|---|")
-    for b, v in [(64, 128256)] if args.quick else [(64, 128256), (256, 128256), (256, 32000)]:
-        for name, t_op, t_torch in (sampling_rows(b, v), sampling_draw(b, v)):
-            print(f"| {name} | {t_op * 1e6:.1f} | {t_torch * 1e6:.1f} | "
-                  f"{t_torch / t_op:.2f}x |", flush=True)
-            rows.append({"op": name, "pagedkv_s": t_op, "torch_s": t_torch})
+            print(
+                f"| {model} | {tokens} | {name} | {us(tf)} | {us(te)} | {us(tc)} | "
+                f"{te / tf:.2f}x | {ratio_c} | {nbytes / tf / bw:.0%} |",
+                flush=True,
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "tokens": tokens,
+                    "op": name,
+                    "pagedkv_s": tf,
+                    "eager_s": te,
+                    "compile_s": tc,
+                    "bytes": nbytes,
+                    "copy_bw": bw,
+                }
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": props.name, "rows": rows}, f, indent=1)

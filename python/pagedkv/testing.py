@@ -13,6 +13,7 @@ import os
 from typing import Any, Optional
 
 import torch
+from torch import nn
 
 from pagedkv.models.config import ModelConfig
 
@@ -43,6 +44,47 @@ PRESETS: dict[str, dict[str, Any]] = {
                          num_key_value_heads=2, head_dim=8, intermediate_size=96,
                          max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-5,
                          tie_word_embeddings=False, hidden_act="silu", sliding_window=None),
+    # The families below get their tensors from transformers' own module tree (_hf_tensors).
+    "tiny-qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=32, intermediate_size=96, max_position_embeddings=256,
+                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       hidden_act="silu", use_sliding_window=False, attention_bias=False),
+    # Soft caps small enough to bite, a query scale other than 1/sqrt(head_dim), three layers
+    # (sliding, full, sliding).
+    "tiny-gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_size=64,
+                        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=32, intermediate_size=96, max_position_embeddings=256,
+                        rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+                        sliding_window=6, attn_logit_softcapping=5.0,
+                        final_logit_softcapping=3.0),
+    # Layers sliding, sliding, full, sliding; a local rope base and a scaled global rope.
+    "tiny-gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                        hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=32, intermediate_size=96,
+                        max_position_embeddings=256, rope_theta=1e6, rope_local_base_freq=1e4,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0},
+                        rms_norm_eps=1e-6, tie_word_embeddings=True,
+                        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=40,
+                        sliding_window=6, sliding_window_pattern=3),
+    "tiny-phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=64,
+                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      intermediate_size=96, max_position_embeddings=256,
+                      original_max_position_embeddings=64, rope_theta=10000.0,
+                      rope_scaling={"type": "longrope",
+                                    "short_factor": [1.0 + 0.1 * i for i in range(16)],
+                                    "long_factor": [1.0 + 0.5 * i for i in range(16)]},
+                      rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
+                      sliding_window=None),
+    "tiny-gpt2": dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", n_embd=64, n_layer=2,
+                      n_head=2, n_positions=256, activation_function="gelu_new",
+                      layer_norm_epsilon=1e-5, tie_word_embeddings=True),
+    "tiny-gpt-neox": dict(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox",
+                          hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=128, max_position_embeddings=256, rotary_pct=0.25,
+                          rotary_emb_base=10000, use_parallel_residual=True,
+                          layer_norm_eps=1e-5, hidden_act="gelu", tie_word_embeddings=False),
     "tiny-opt": dict(architectures=["OPTForCausalLM"], model_type="opt", hidden_size=64,
                      num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
                      max_position_embeddings=256, do_layer_norm_before=True,
@@ -111,6 +153,12 @@ def _llama_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor
             if c.attention_bias:
                 t[p + f"self_attn.{name}.bias"] = _bias(g, out_f)
         t[p + "self_attn.o_proj.weight"] = _linear(g, h, q)
+        if c.qk_norm:  # Qwen3-MoE
+            t[p + "self_attn.q_norm.weight"] = _norm(g, c.head_dim)
+            t[p + "self_attn.k_norm.weight"] = _norm(g, c.head_dim)
+        if c.attention_bias and c.architecture not in ("Qwen2ForCausalLM",
+                                                       "Qwen2MoeForCausalLM"):
+            t[p + "self_attn.o_proj.bias"] = _bias(g, h)  # as HF Llama / Mistral
         if c.moe is not None and c.moe.is_sparse(i):
             t.update(_moe_tensors(c, g, p))
         else:
@@ -172,6 +220,50 @@ def _opt_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor]:
     return t
 
 
+def _hf_tensors(cfg_dict: dict[str, Any], g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Tensors named and shaped as transformers' own model of ``cfg_dict`` (built on the meta
+    device), drawn by module kind: embeddings N(0, 1/dim) (a tied head then gives logits of
+    about unit spread, not a one-hot softmax that cannot tell two models apart), linear maps
+    (Conv1D too) scaled by 1/sqrt(fan_in), biases and norm weights random and non-zero (Gemma's
+    norms store the w of 1 + w)."""
+    import transformers
+    from transformers.pytorch_utils import Conv1D
+
+    hf_cfg = transformers.AutoConfig.for_model(**cfg_dict)
+    with torch.device("meta"):
+        model = getattr(transformers, cfg_dict["architectures"][0])(hf_cfg)
+    params = dict(model.named_parameters())  # tied copies appear once
+    t: dict[str, torch.Tensor] = {}
+    for module_name, module in model.named_modules():
+        prefix = module_name + "." if module_name else ""
+        for pname, p in module.named_parameters(recurse=False):
+            name = prefix + pname
+            if name not in params:
+                continue
+            shape = tuple(p.shape)
+            if pname == "bias":
+                t[name] = _bias(g, shape[0])
+            elif isinstance(module, nn.Embedding):
+                t[name] = torch.randn(*shape, generator=g) / math.sqrt(shape[1])
+            elif isinstance(module, Conv1D):  # weight [in, out]
+                t[name] = _linear(g, shape[1], shape[0]).t().contiguous()
+            elif len(shape) == 2:
+                t[name] = _linear(g, shape[0], shape[1])
+            elif "Gemma" in type(module).__name__:  # (1 + w) norms
+                t[name] = 0.1 * torch.randn(shape[0], generator=g)
+            else:
+                t[name] = _norm(g, shape[0])
+    return t
+
+
+def _hand_written(config: ModelConfig) -> bool:
+    """The families whose tensors this module lists itself (no transformers needed: GPU runs
+    of the llama-1b preset)."""
+    return not config.is_classifier and config.architecture in (
+        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM",
+        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+
+
 def random_tensors(config: ModelConfig, seed: int = 0,
                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """HF-named tensors for ``config`` drawn from a generator seeded with ``seed``."""
@@ -203,8 +295,12 @@ def save_random_model(out_dir: str, preset: str = "tiny-llama", seed: int = 0,
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg_dict, f, indent=2)
-    save_file(random_tensors(config, seed, dtype), os.path.join(out_dir, "model.safetensors"),
-              metadata={"format": "pt"})
+    if _hand_written(config):
+        tensors = random_tensors(config, seed, dtype)
+    else:
+        g = torch.Generator().manual_seed(seed)
+        tensors = {k: v.to(dtype).contiguous() for k, v in _hf_tensors(cfg_dict, g).items()}
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     if tok is not None:
         tok.hf.save_pretrained(out_dir)
     return out_dir

@@ -40,12 +40,15 @@ PAGEDKV_HD uint64_t mass_of(float p) {
   return p > 0.0f ? static_cast<uint64_t>(static_cast<double>(p) * 4294967296.0) : 0;
 }
 
-// The state of one search: keys whose bits above `shift + 8` equal `prefix` are still in.
+// The state of one search: keys >= floor whose bits above `shift + 8` equal `prefix` are still
+// in. (Top-p searches above the top-k threshold only: the result is their maximum anyway, and
+// below it nothing changes the mass above a key that is above it.)
 struct Search {
   uint32_t prefix = 0;
+  uint32_t floor = 0;
   int shift = 24;  // the pass's bin is (key >> shift) & 255
   PAGEDKV_HD bool in_range(uint32_t key) const {
-    return shift == 24 || (key >> (shift + 8)) == (prefix >> (shift + 8));
+    return key >= floor && (shift == 24 || (key >> (shift + 8)) == (prefix >> (shift + 8)));
   }
   PAGEDKV_HD int bin(uint32_t key) const { return static_cast<int>((key >> shift) & 255u); }
   PAGEDKV_HD void descend(int b) {

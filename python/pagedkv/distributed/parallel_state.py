@@ -116,13 +116,14 @@ def model_parallel_is_initialized() -> bool:
 
 
 def init_distributed_environment(world_size: int, rank: int, backend: str,
-                                 init_method: str = "env://",
-                                 timeout_s: float = 300.0) -> None:
-    """Joins the default process group. ``timeout_s`` bounds every collective on the device
-    groups: a peer that died mid-collective ends the step with an error, not a hang."""
+                                 init_method: Optional[str] = "env://",
+                                 timeout_s: float = 300.0, store: Any = None) -> None:
+    """Joins the default process group (rendezvous at ``init_method``, or through ``store``).
+    ``timeout_s`` bounds every collective on the device groups: a peer that died
+    mid-collective ends the step with an error, not a hang."""
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, init_method=init_method,
-                                world_size=world_size, rank=rank,
+        dist.init_process_group(backend=backend, init_method=None if store else init_method,
+                                store=store, world_size=world_size, rank=rank,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     elif dist.get_world_size() != world_size:
         raise RuntimeError(f"torch.distributed is already initialised with world size "

@@ -69,6 +69,15 @@ class EngineConfig:
     # Ranks = tensor x pipeline parallel size, one process each (engine/executor_mp.py).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Where the model comes from and how its config is read (vLLM's names).
+    revision: Optional[str] = None  # hub branch / tag / commit of the model
+    tokenizer_revision: Optional[str] = None
+    download_dir: Optional[str] = None  # HF cache folder instead of HF_HUB_CACHE
+    hf_overrides: Optional[Dict[str, Any]] = None  # config.json keys replaced
+    rope_scaling: Optional[Dict[str, Any]] = None  # config.json's rope_scaling replaced
+    rope_theta: Optional[float] = None
+    generation_config: str = "auto"  # "auto" | "vllm" | a folder with generation_config.json
+    override_generation_config: Optional[Dict[str, Any]] = None  # its keys replaced
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -139,6 +148,38 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self._check_model_source()
+
+    def _check_model_source(self) -> None:
+        for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise TypeError(f"{name} must be a str, got {type(v).__name__} {v!r}")
+        for name in ("hf_overrides", "rope_scaling", "override_generation_config"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, dict):
+                # vLLM also takes a function of its HF config object; pagedkv has none to pass.
+                raise TypeError(f"{name} must be a dict of config.json keys, got "
+                                f"{type(v).__name__}")
+        if self.rope_theta is not None and (isinstance(self.rope_theta, bool) or not isinstance(
+                self.rope_theta, numbers.Real) or not self.rope_theta > 0):
+            raise ValueError(f"rope_theta must be a number > 0, got {self.rope_theta!r}")
+
+    def model_load_kwargs(self) -> Dict[str, Any]:
+        """load_model's keyword arguments from this config (the engine and every worker load
+        the same checkpoint the same way)."""
+        overrides = self.config_overrides()
+        return dict(quantization=self.quantization, revision=self.revision,
+                    download_dir=self.download_dir, hf_overrides=overrides or None)
+
+    def config_overrides(self) -> Dict[str, Any]:
+        """hf_overrides with rope_scaling / rope_theta folded in (they win, as in vLLM)."""
+        out = dict(self.hf_overrides or {})
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = dict(self.rope_scaling)
+        if self.rope_theta is not None:
+            out["rope_theta"] = float(self.rope_theta)
+        return out
 
     @property
     def world_size(self) -> int:

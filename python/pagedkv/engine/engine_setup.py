@@ -6,17 +6,20 @@ user can follow a slow load and see how large the KV cache came out.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.sampler import Sampler
+from pagedkv.models.generation_config import eos_token_ids as gen_eos_token_ids
+from pagedkv.models.generation_config import load_generation_config, sampling_defaults
 
 logger = logging.getLogger("pagedkv")
 
@@ -32,6 +35,9 @@ class EngineModelConfig:
     dtype: torch.dtype
     device: torch.device
     hf_config: Any  # pagedkv.models.ModelConfig
+    # SamplingParams fields set by the model's generation_config.json (--generation-config):
+    # the defaults of requests that set none (vLLM's get_default_sampling_params).
+    generation_defaults: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,8 +82,13 @@ def _build_rest(cfg: EngineConfig, device: torch.device, model: Any, mc: Any, ex
     logger.info("model loaded in %.1f s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s",
                 time.perf_counter() - t0, mc.architecture, mc.num_hidden_layers, mc.hidden_size,
                 mc.num_attention_heads, mc.num_key_value_heads, mc.vocab_size, dtype)
+    # vLLM: the model's own tokenizer follows the model's revision unless told otherwise.
+    tok_revision = cfg.tokenizer_revision or (None if cfg.tokenizer else cfg.revision)
     tokenizer = (None if cfg.skip_tokenizer_init
-                 else Tokenizer.from_pretrained(cfg.tokenizer or cfg.model))
+                 else Tokenizer.from_pretrained(cfg.tokenizer or cfg.model, tok_revision,
+                                                cfg.download_dir))
+    generation = load_generation_config(cfg.generation_config, model.source.directory
+                                        if model.source.kind == "hf" else None)
     max_model_len = _max_model_len(cfg, mc)
     batched = cfg.max_num_batched_tokens or _default_batched_tokens(cfg, device, max_model_len)
     if executor is not None:
@@ -102,10 +113,12 @@ def _build_rest(cfg: EngineConfig, device: torch.device, model: Any, mc: Any, ex
         max_model_len=max_model_len)
     scheduler = pagedkv.Scheduler(sched_cfg)
     runner.capture_cuda_graphs(cfg.max_num_seqs)
-    eos = _eos_ids(tokenizer, mc)
+    eos = _eos_ids(tokenizer, mc, gen_eos_token_ids(generation))
     name = cfg.model or "smollm2"
     model_config = EngineModelConfig(name, cfg.served_model_name or name, max_model_len,
-                                     mc.vocab_size, dtype, device, mc)
+                                     mc.vocab_size, dtype, device, mc,
+                                     {**sampling_defaults(generation),
+                                      **sampling_defaults(cfg.override_generation_config or {})})
     logger.info("engine ready in %.1f s: max_model_len %d, max_num_seqs %d, "
                 "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s",
                 time.perf_counter() - t0, max_model_len, cfg.max_num_seqs, batched,
@@ -123,23 +136,42 @@ _LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     from pagedkv.models import load_model
 
-    key = (cfg.model, str(cfg.dtype), str(device), cfg.quantization)
+    overrides = cfg.config_overrides()
+    key = (cfg.model, str(cfg.dtype), str(device), cfg.quantization, cfg.revision,
+           cfg.download_dir, json.dumps(overrides, sort_keys=True))
     model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
-    model, mc = load_model(cfg.model, cfg.dtype, device, quantization=cfg.quantization)
+    model, mc = load_model(cfg.model, cfg.dtype, device, **cfg.model_load_kwargs(),
+                           check=check_servable)
     model.pagedkv_config = mc
     _LOADED[key] = model
     return model, mc
 
 
+def check_servable(mc: Any) -> None:
+    """Refuses, before any weight is read, a model the engine cannot serve: a head size the
+    attention kernels lack (it would fail at the first step), or a classifier (no lm_head)."""
+    from pagedkv.attention import PagedAttention
+
+    sizes = PagedAttention.get_supported_head_sizes()
+    if mc.head_dim not in sizes:
+        raise ValueError(f"{mc.architecture} has head size {mc.head_dim}, which the paged "
+                         f"attention kernels do not support; supported head sizes: {sizes}")
+    if mc.is_classifier:
+        raise ValueError(f"{mc.architecture} is a sequence-classification model: it scores "
+                         "text and cannot generate; the engine serves causal LMs only "
+                         "(pooling / classify is not served yet)")
+
+
 def _max_model_len(cfg: EngineConfig, mc: Any) -> int:
-    limit = int(mc.max_position_embeddings)
+    limit = int(mc.derived_max_model_len())  # max_position_embeddings, stretched by rope
     if cfg.max_model_len is None:
         return limit
     if cfg.max_model_len > limit:
         raise ValueError(f"max_model_len={cfg.max_model_len} is larger than the model's "
-                         f"max_position_embeddings={limit}")
+                         f"context length {limit} (max_position_embeddings="
+                         f"{mc.max_position_embeddings}, with its rope scaling)")
     if cfg.max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {cfg.max_model_len}")
     return int(cfg.max_model_len)
@@ -152,12 +184,14 @@ def _default_batched_tokens(cfg: EngineConfig, device: torch.device, max_model_l
     return 8192 if device.type == "cuda" else 2048
 
 
-def _eos_ids(tokenizer: Any, mc: Any) -> List[int]:
+def _eos_ids(tokenizer: Any, mc: Any, generation_eos: List[int]) -> List[int]:
+    """The tokenizer's EOS, then config.json's and generation_config.json's (Llama 3 Instruct
+    ends turns with <|eot_id|>, listed only in the generation config)."""
     ids: List[int] = []
     tok_eos: Optional[int] = tokenizer.eos_token_id if tokenizer is not None else None
     if tok_eos is not None:
         ids.append(int(tok_eos))
-    for t in mc.eos_token_ids:
+    for t in list(mc.eos_token_ids) + generation_eos:
         if int(t) not in ids:
             ids.append(int(t))
     return ids

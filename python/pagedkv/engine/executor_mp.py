@@ -20,6 +20,7 @@ gone); finalisers and atexit make sure none is left behind.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -52,6 +53,8 @@ logger = logging.getLogger("pagedkv")
 # so this is far above a step): a peer that hangs ends the engine with an error, not a hang.
 COLLECTIVE_TIMEOUT_S = 600.0
 _JOIN_TIMEOUT_S = 10.0
+# Start-up: how long spawned ranks may take to import and reach the rendezvous.
+_STORE_TIMEOUT = datetime.timedelta(seconds=300)
 
 
 def launched_by_torchrun() -> bool:
@@ -96,14 +99,18 @@ class MultiprocExecutor:
                 # (the server drains, then shuts the workers down), as with Ctrl-C below.
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 _serve_as_worker(cfg, device)  # until the driver shuts down; never returns
+            self._finalizer = weakref.finalize(self, _shutdown, self._state)
         else:
-            init_method = f"tcp://127.0.0.1:{_free_port()}"
-            self._spawn(cfg, device, init_method)
+            port = _free_port()
+            store = torch.distributed.TCPStore("127.0.0.1", port, self.world_size, True,
+                                               _STORE_TIMEOUT, wait_for_workers=False)
+            self._spawn(cfg, device, port)
+            self._finalizer = weakref.finalize(self, _shutdown, self._state)
+            _wait_until_ready(store, self._state)
             device = _rank_device(device, 0)
-            init_distributed_environment(self.world_size, 0, backend, init_method,
-                                         COLLECTIVE_TIMEOUT_S)
+            init_distributed_environment(self.world_size, 0, backend, None,
+                                         COLLECTIVE_TIMEOUT_S, store)
             initialize_model_parallel(tp, pp, device)
-        self._finalizer = weakref.finalize(self, _shutdown, self._state)
         self.device = device
         try:
             self.worker = Worker(cfg, device)
@@ -116,12 +123,12 @@ class MultiprocExecutor:
         logger.info("tensor parallel %d x pipeline parallel %d: %d ranks (%s)", tp, pp,
                     self.world_size, backend)
 
-    def _spawn(self, cfg: EngineConfig, device: torch.device, init_method: str) -> None:
+    def _spawn(self, cfg: EngineConfig, device: torch.device, port: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         for rank in range(1, self.world_size):
             p = ctx.Process(target=_worker_process, name=f"pagedkv-worker-{rank}",
-                            args=(cfg, rank, self.world_size, device, init_method,
-                                  os.getpid()), daemon=True)
+                            args=(cfg, rank, self.world_size, device, port, os.getpid()),
+                            daemon=True)
             p.start()
             self._state.procs.append(p)
         threading.Thread(target=_monitor, args=(self._state,), name="pagedkv-worker-monitor",
@@ -210,12 +217,12 @@ def _shutdown(state: _Procs) -> None:
     if state.dead is None:
         try:
             get_world_group().broadcast_object((SHUTDOWN, ()), src=0)
+            for p in state.procs:
+                p.join(_JOIN_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 (a broken group: killing them follows)
             logger.warning("could not tell the workers to stop (%r); killing them", exc)
             state.dead = "shut down"
-    for p in state.procs:
-        p.join(_JOIN_TIMEOUT_S)
-    state.kill_all()
+    state.kill_all()  # (out of step, the workers wait for collectives that will not come)
     if state.dead is not None:
         abort_model_parallel()
     else:
@@ -238,16 +245,34 @@ def _monitor(state: _Procs) -> None:
     abort_model_parallel()  # the driver's pending collective fails now, not at its timeout
 
 
+def _wait_until_ready(store: Any, state: _Procs) -> None:
+    """Waits for every spawned rank to reach the rendezvous; one that dies on the way (an
+    import error, a bad device) ends the wait at once instead of the rendezvous' timeout."""
+    keys = [f"ready/{p.name}" for p in state.procs]
+    deadline = time.monotonic() + _STORE_TIMEOUT.total_seconds()
+    while not store.check(keys):
+        dead = [p for p in state.procs if not p.is_alive()]
+        if dead or time.monotonic() > deadline:
+            state.dead = (f"{dead[0].name} (pid {dead[0].pid}) exited with code "
+                          f"{dead[0].exitcode} while starting (its error is above)" if dead
+                          else "the workers did not start in time")
+            _shutdown(state)
+            raise RuntimeError(f"the parallel engine could not start: {state.dead}")
+        time.sleep(0.05)
+
+
 def _worker_process(cfg: EngineConfig, rank: int, world_size: int, device: torch.device,
-                    init_method: str, parent_pid: int) -> None:
+                    port: int, parent_pid: int) -> None:
     """Entry point of a spawned rank."""
     # Ctrl-C reaches the whole process group: the driver alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     device = _rank_device(device, rank)
+    store = torch.distributed.TCPStore("127.0.0.1", port, world_size, False, _STORE_TIMEOUT)
+    store.set(f"ready/{multiprocessing.current_process().name}", "1")
     init_distributed_environment(world_size, rank, "nccl" if device.type == "cuda" else "gloo",
-                                 init_method, COLLECTIVE_TIMEOUT_S)
+                                 None, COLLECTIVE_TIMEOUT_S, store)
     initialize_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, device)
     _serve_as_worker(cfg, device)
 

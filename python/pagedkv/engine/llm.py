@@ -56,6 +56,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (temperature, top_p,
+        top_k, min_p, repetition_penalty, max_new_tokens -> max_tokens) unless the engine was
+        built with generation_config="vllm"; vLLM's defaults otherwise."""
+        return SamplingParams(**self.llm_engine.model_config.generation_defaults)
+
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -69,6 +75,8 @@ class LLM:
         items = normalise_prompts(prompts, prompt_token_ids)
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
         params = []
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         for p in per_prompt_params(sampling_params, len(items)):
             if id(p) not in finals:
                 finals[id(p)] = _final_only(p)

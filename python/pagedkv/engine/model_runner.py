@@ -35,6 +35,7 @@ class ModelRunner:
         self.kv_cache_dtype = cfg.kv_cache_dtype
         self.cache_dtype = cfg.kv_cache_torch_dtype(dtype)
         self.max_model_len = max_model_len
+        _reserve_rotary(model, max_model_len, dtype, device)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.block_size = cfg.block_size
         # This rank's share: its pipeline stage's layers, its tensor-parallel heads.
@@ -254,3 +255,14 @@ def _dev(arr: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if t.dtype != dtype:
         t = t.to(dtype)
     return t.to(device, non_blocking=True) if device.type != "cpu" else t
+
+
+def _reserve_rotary(model: torch.nn.Module, max_model_len: int, dtype: torch.dtype,
+                    device: torch.device) -> None:
+    """Rotary tables covering every position the engine may reach (past max_position_embeddings
+    under rope scaling), built before any step or graph capture."""
+    from pagedkv.models.rotary import RotaryEmbedding
+
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.reserve(max_model_len, dtype, device)

@@ -2,7 +2,8 @@
 
 Per layer and step: write the new keys/values into the cache (reshape_and_cache_flash; in the
 model dtype, or as fp8 bytes with kv_cache_dtype "fp8" / "fp8_e4m3" / "fp8_e5m2"), then
-attend — prefill / extend tokens (which come first in the batch) with context_attention_fwd,
+attend as the layer's AttentionSpec says (scale, sliding window, soft cap) — prefill / extend
+tokens (which come first in the batch) with context_attention_fwd,
 which reads the cached context from the pages and the new tokens from k/v; decode tokens (one
 per sequence, after the prefills) with paged_attention_v1/v2. The step's metadata is set once
 per forward by the model runner (``set_metadata``), so the model code stays cache-agnostic.
@@ -10,13 +11,13 @@ per forward by the model runner (``set_metadata``), so the model code stays cach
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
 
 from pagedkv import ops
+from pagedkv.models.attention_backend import AttentionSpec
 
 # Keys per partition of paged_attention_v2 on the CPU (vLLM's _PARTITION_SIZE, the kernels' one
 # constant). On CUDA the split comes from ops.decode_partition_size.
@@ -51,14 +52,13 @@ class PagedAttentionBackend:
         self.k_scale = self.v_scale = 1.0
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim, self.block_size = head_dim, block_size
-        self.scale = 1.0 / math.sqrt(head_dim)
         self.meta: Optional[AttentionMetadata] = None
 
     def set_metadata(self, meta: AttentionMetadata) -> None:
         self.meta = meta
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor) -> torch.Tensor:
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                spec: AttentionSpec) -> torch.Tensor:
         meta = self.meta
         assert meta is not None, "set_metadata() must be called before the forward"
         key_cache, value_cache = self.kv_caches[layer_idx][0], self.kv_caches[layer_idx][1]
@@ -68,30 +68,33 @@ class PagedAttentionBackend:
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
         if meta.num_prefills:
-            self._prefill(meta, out[:p], q[:p], k[:p], v[:p], key_cache, value_cache)
+            self._prefill(meta, spec, out[:p], q[:p], k[:p], v[:p], key_cache, value_cache)
         if meta.num_decode_tokens:
-            self._decode(meta, out[p:], q[p:], key_cache, value_cache)
+            self._decode(meta, spec, out[p:], q[p:], key_cache, value_cache)
         return out
 
-    def _prefill(self, meta: AttentionMetadata, out: torch.Tensor, q: torch.Tensor,
-                 k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+    def _prefill(self, meta: AttentionMetadata, spec: AttentionSpec, out: torch.Tensor,
+                 q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor) -> None:
         n = meta.num_prefills
         ops.context_attention_fwd(
             q, k, v, out, self.kv_cache_dtype, key_cache, value_cache, meta.block_tables[:n],
             meta.query_start_loc[:n + 1], meta.seq_lens[:n], None, meta.max_query_len,
-            k_scale=self.k_scale, v_scale=self.v_scale, sm_scale=self.scale)
+            k_scale=self.k_scale, v_scale=self.v_scale, sliding_window=spec.sliding_window,
+            sm_scale=spec.scale, logits_soft_cap=spec.logits_soft_cap)
 
-    def _decode(self, meta: AttentionMetadata, out: torch.Tensor, q: torch.Tensor,
-                key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    def _decode(self, meta: AttentionMetadata, spec: AttentionSpec, out: torch.Tensor,
+                q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
         n = meta.num_prefills
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len
         partition_size = self._partition_size(q, key_cache, value_cache, max_len)
         if partition_size == 0:
-            ops.paged_attention_v1(out, q, key_cache, value_cache, self.num_kv_heads, self.scale,
+            ops.paged_attention_v1(out, q, key_cache, value_cache, self.num_kv_heads, spec.scale,
                                    block_tables, seq_lens, self.block_size, max_len, None,
-                                   self.kv_cache_dtype, self.k_scale, self.v_scale)
+                                   self.kv_cache_dtype, self.k_scale, self.v_scale,
+                                   logits_soft_cap=spec.logits_soft_cap,
+                                   sliding_window=spec.sliding_window)
             return
         num_partitions = (max_len + partition_size - 1) // partition_size
         num_seqs = q.shape[0]
@@ -101,9 +104,11 @@ class PagedAttentionBackend:
         tmp_out = torch.empty(num_seqs, self.num_heads, num_partitions, self.head_dim,
                               dtype=torch.float32, device=q.device)
         ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, q, key_cache, value_cache,
-                               self.num_kv_heads, self.scale, block_tables, seq_lens,
+                               self.num_kv_heads, spec.scale, block_tables, seq_lens,
                                self.block_size, max_len, None, self.kv_cache_dtype,
-                               self.k_scale, self.v_scale, partition_size=partition_size)
+                               self.k_scale, self.v_scale, logits_soft_cap=spec.logits_soft_cap,
+                               sliding_window=spec.sliding_window,
+                               partition_size=partition_size)
 
     def _partition_size(self, q: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, max_len: int) -> int:

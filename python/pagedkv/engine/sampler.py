@@ -109,7 +109,8 @@ class Sampler:
         dev = logits.device
         temps = _column([r.params.temperature for r in rows], torch.float32, dev)
         probs = (logits / temps.unsqueeze(1)).softmax(dim=-1)
-        top_k = [r.params.top_k for r in rows]
+        # A top_k past the vocabulary is no truncation (and must fit the op's int32).
+        top_k = [min(r.params.top_k, logits.shape[1]) for r in rows]
         top_p = [r.params.top_p for r in rows]
         min_p = [r.params.min_p for r in rows]
         thresholds = torch.zeros(len(rows), dtype=torch.float32, device=dev)

@@ -57,11 +57,13 @@ class Tokenizer:
         self._added: Optional[frozenset[int]] = None  # added token ids, read on first need
 
     @classmethod
-    def from_pretrained(cls, model: Optional[str] = None) -> Tokenizer:
-        """``model`` as for load_model: None/"smollm2", an HF directory, or a .gguf file."""
+    def from_pretrained(cls, model: Optional[str] = None, revision: Optional[str] = None,
+                        download_dir: Optional[str] = None) -> Tokenizer:
+        """``model`` as for load_model: None/"smollm2", an HF directory, a .gguf file or a hub
+        id (at ``revision``)."""
         from pagedkv.models.registry import resolve_model
 
-        source = resolve_model(model)
+        source = resolve_model(model, revision, download_dir, tokenizer_only=True)
         if source.kind == "gguf":
             return cls(_load_gguf_tokenizer(source.path))
         from transformers import AutoTokenizer

@@ -34,15 +34,11 @@ _OFF = (None, False)
 
 # vLLM EngineArgs name -> why pagedkv refuses it (and which values are harmless).
 VLLM_ONLY_ARGS: Dict[str, Refused] = {
-    # Loading: the models engineer wires revision / download_dir / hf_overrides (hub ids).
-    "revision": Refused("checkpoint revisions (Hugging Face hub) are not supported yet"),
+    # Loading (revision, tokenizer_revision, download_dir, hf_overrides, rope_scaling,
+    # rope_theta, generation_config and override_generation_config are EngineConfig fields).
     "code_revision": Refused("pagedkv never runs a checkpoint's code"),
-    "tokenizer_revision": Refused("tokenizer revisions (Hugging Face hub) are not supported "
-                                  "yet"),
-    "download_dir": Refused("downloading from the Hugging Face hub is not supported yet"),
-    "hf_overrides": Refused("config overrides are not supported yet", (None, {})),
-    "hf_token": Refused("downloading from the Hugging Face hub is not supported yet",
-                        _OFF),
+    "hf_token": Refused("hub downloads read the token from HF_TOKEN (or huggingface-cli "
+                        "login)", _OFF),
     "hf_config_path": Refused("the config is read from the model folder"),
     "load_format": Refused(_LOADER, (None, "auto", "safetensors", "gguf")),
     "config_format": Refused("the config is read as Hugging Face's config.json (or GGUF "
@@ -52,14 +48,8 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "tokenizer_mode": Refused("pagedkv uses the Hugging Face fast tokenizer",
                               (None, "auto", "hf")),
     "model_impl": Refused("pagedkv runs its own model code", (None, "auto")),
-    "rope_scaling": Refused("rope settings come from the checkpoint's config", (None, {})),
-    "rope_theta": Refused("rope settings come from the checkpoint's config"),
     "max_parallel_loading_workers": Refused(_LOADER),
     "use_tqdm_on_load": Refused("loading progress follows the log level", (None, True)),
-    "generation_config": Refused("generation defaults come from the request only",
-                                 (None, "vllm")),
-    "override_generation_config": Refused("generation defaults come from the request only",
-                                          (None, {})),
     "task": Refused("pagedkv runs generation only", (None, "auto", "generate")),
     "runner": Refused("pagedkv runs generation only", (None, "auto", "generate")),
     "convert": Refused("pagedkv runs generation only", (None, "auto", "none")),

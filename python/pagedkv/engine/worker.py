@@ -34,10 +34,13 @@ SHUTDOWN = "shutdown"
 
 class Worker:
     def __init__(self, cfg: EngineConfig, device: torch.device) -> None:
+        from pagedkv.engine.engine_setup import check_servable
         from pagedkv.models import load_model
 
         self.cfg, self.device = cfg, device
-        self.model, self.model_config = load_model(cfg.model, cfg.dtype, device)
+        self.model, self.model_config = load_model(cfg.model, cfg.dtype, device,
+                                                   **cfg.model_load_kwargs(),
+                                                   check=check_servable)
         self.dtype = next(self.model.parameters()).dtype
         _check_parallel_support(self.model, self.model_config.architecture)
         self.runner: Optional[ModelRunner] = None

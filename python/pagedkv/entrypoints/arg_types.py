@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 # vLLM's --dtype choices; the loader also takes fp32 / fp16 / bf16, kept as quiet aliases.
 DTYPE_CHOICES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -165,6 +165,23 @@ def json_list(text: Union[str, List[Any]]) -> List[str]:
 
 json_list.__name__ = "JSON list"
 json_list.takes_list = True  # type: ignore[attr-defined]
+
+
+def json_object(text: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """vLLM's dict flags (``--hf-overrides '{"max_position_embeddings": 4096}'``): a JSON
+    object; a config file may give a YAML mapping instead."""
+    value: Any = text
+    if isinstance(text, str):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise _bad("must be a JSON object, e.g. '{\"rope_theta\": 1000000}'", text) from None
+    if not isinstance(value, dict):
+        raise _bad("must be a JSON object, e.g. '{\"rope_theta\": 1000000}'", str(text))
+    return value
+
+
+json_object.__name__ = "JSON object"
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -50,9 +50,10 @@ class Flag:
 
 
 ENGINE_FLAGS = (
-    Flag("model", None, "model: 'smollm2', a Hugging Face checkpoint directory or a .gguf file",
+    Flag("model", None, "model: 'smollm2', a Hugging Face checkpoint directory, a .gguf file or "
+         "a hub id (org/name: the HF cache first, else downloaded)",
          shown="smollm2, the packaged SmolLM2-135M-Instruct"),
-    Flag("tokenizer", None, "tokenizer path", shown="the model's"),
+    Flag("tokenizer", None, "tokenizer path or hub id", shown="the model's"),
     Flag("device", "auto", "'auto' (a CUDA GPU if usable, else the CPU), 'cpu', 'cuda' or "
          "'cuda:N'", type=t.device),
     Flag("dtype", "auto", "weights and activations type: 'auto' is float32 on the CPU and on "
@@ -99,6 +100,24 @@ ENGINE_FLAGS = (
     Flag("pipeline_parallel_size", 1, "pipeline stages the layers are split into (ranks = "
          "tensor x pipeline parallel size; under torchrun, its WORLD_SIZE)",
          type=t.int_at_least(1)),
+    # Where the model comes from and how its config is read.
+    Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),
+    Flag("tokenizer_revision", None, "hub revision of the tokenizer", shown="--revision for "
+         "the model's own tokenizer"),
+    Flag("download_dir", None, "Hugging Face cache folder to read and download models into",
+         shown="HF_HUB_CACHE, or HF_HOME/hub"),
+    Flag("hf_overrides", None, "JSON object of config.json keys to replace, e.g. "
+         "'{\"max_position_embeddings\": 4096}'", type=t.json_object, shown="none"),
+    Flag("rope_scaling", None, "JSON object replacing config.json's rope_scaling, e.g. "
+         "'{\"rope_type\": \"yarn\", \"factor\": 4.0, "
+         "\"original_max_position_embeddings\": 32768}'", type=t.json_object,
+         shown="the config's"),
+    Flag("rope_theta", None, "rope base replacing config.json's rope_theta",
+         type=t.float_in(0.0, lo_open=True), shown="the config's"),
+    Flag("generation_config", "auto", "sampling defaults: 'auto' reads the model's "
+         "generation_config.json, 'vllm' ignores it, or a folder holding one"),
+    Flag("override_generation_config", None, "JSON object of generation-config keys replaced "
+         "(e.g. '{\"temperature\": 0.5}')", type=t.json_object, shown="none"),
     # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
     Flag("trust_remote_code", False, "accepted for vLLM compatibility: pagedkv runs its own "
          "model code, never a checkpoint's, so this changes nothing", kind="switch"),
@@ -185,6 +204,8 @@ def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
     """Every vLLM engine flag that pagedkv refuses, hidden from --help (the table in
     pagedkv.engine.vllm_args says why for each)."""
     for name in VLLM_ONLY_ARGS:
+        if name in ENGINE_FLAG:  # honoured since (an engine flag of its own): not refused
+            continue
         parser.add_argument("--" + name.replace("_", "-"), dest=name, action=_VllmOnly,
                             nargs="?", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 

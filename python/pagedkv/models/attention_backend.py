@@ -2,9 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import math
+from dataclasses import dataclass
+from typing import Optional, Protocol, runtime_checkable
 
 import torch
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How one layer attends, fixed by the model's config: every backend must honour all of it.
+
+    scale: the softmax scale (1/sqrt(head_dim) for most models; Gemma's query_pre_attn_scalar).
+    sliding_window: each query sees only the last ``sliding_window`` keys (itself included), as HF
+    transformers masks them (``kv_idx > q_idx - sliding_window``); None: the whole context.
+    logits_soft_cap: ``cap * tanh(logit / cap)`` on the scaled logits (Gemma 2); 0: none.
+    """
+
+    scale: float
+    sliding_window: Optional[int] = None
+    logits_soft_cap: float = 0.0
+
+    @classmethod
+    def default(cls, head_dim: int) -> AttentionSpec:
+        return cls(scale=1.0 / math.sqrt(head_dim))
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        if self.logits_soft_cap < 0:
+            raise ValueError(f"logits_soft_cap must be >= 0, got {self.logits_soft_cap}")
 
 
 @runtime_checkable
@@ -13,9 +40,9 @@ class AttentionBackend(Protocol):
 
     The engine sets the step metadata (query_start_loc, slot_mapping, block tables, ...) on the
     backend before calling ``model.forward``; the model only hands over each layer's projections
-    after rotary embedding. The backend writes k/v into its cache, attends causally over each
-    sequence's cached context plus its new tokens, and applies the softmax scale itself
-    (``1/sqrt(head_dim)`` for every model here).
+    after rotary embedding, and the layer's AttentionSpec. The backend writes k/v into its cache
+    and attends causally over each sequence's cached context plus its new tokens, as the spec
+    says (scale, sliding window, soft cap).
     """
 
     def forward(
@@ -24,5 +51,6 @@ class AttentionBackend(Protocol):
         q: torch.Tensor,  # [T, num_heads, head_dim]
         k: torch.Tensor,  # [T, num_kv_heads, head_dim]
         v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        spec: AttentionSpec,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
         ...

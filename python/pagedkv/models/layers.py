@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Union, overload
+from typing import Any, Callable, Iterable, Optional, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -118,17 +118,56 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class CausalLM(nn.Module):
-    """What every model class shares: an ``lm_head`` that turns final hidden states into logits
-    (the engine calls forward(...) for hidden states, then compute_logits on the sampled rows)."""
+    """What every model class shares: a head on the final hidden states. A causal LM has an
+    ``lm_head`` whose logits the engine samples from (it calls forward(...) for hidden states,
+    then compute_logits on the sampled rows); a ``*ForSequenceClassification`` checkpoint has a
+    ``score`` head instead, read by ``classify`` on each sequence's last token."""
 
-    lm_head: nn.Module
+    config: Any  # the ModelConfig
+    # (Set by make_head: a class-level None would shadow the registered submodules.)
+    lm_head: Optional[nn.Module]
+    score: Optional[nn.Module]
+    # Gemma 2: logits squashed into (-cap, cap) as ``cap * tanh(logits / cap)``; 0: none.
+    final_logit_softcap: float = 0.0
+
+    def make_head(self, cfg: Any, in_features: int, embedding: nn.Module) -> None:
+        """lm_head (tied to ``embedding`` when the config says so, on a stage that has both),
+        or the classifier's score; only the last pipeline stage has one."""
+        from pagedkv.models.linear import ReplicatedLinear
+        from pagedkv.models.pipeline_stage import PPMissingLayer, is_first_stage, is_last_stage
+        from pagedkv.models.vocab_embedding import ParallelLMHead
+
+        self.lm_head = self.score = None
+        if cfg.is_classifier:
+            self.score = ReplicatedLinear(in_features, cfg.num_labels, bias=False) \
+                if is_last_stage() else PPMissingLayer()
+            return
+        self.lm_head = ParallelLMHead(cfg.vocab_size, in_features) if is_last_stage() \
+            else PPMissingLayer()
+        if cfg.tie_word_embeddings and is_first_stage() and is_last_stage():
+            self.lm_head.weight = embedding.weight
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, upcast: bool = True) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
         model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
+        if self.lm_head is None:
+            raise ValueError(f"{self.config.architecture} is a sequence classifier: it scores "
+                             "sequences (classify) and does not generate text")
         logits = self.lm_head(hidden)
-        return logits.float() if upcast else logits
+        logits = logits.float() if upcast else logits
+        if self.final_logit_softcap:
+            logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
+        return logits
+
+    @torch.inference_mode()
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states of each sequence's last token [N, hidden] -> float32 class
+        logits [N, num_labels] (HF's ``*ForSequenceClassification`` logits)."""
+        if self.score is None:
+            raise ValueError(f"{self.config.architecture} has no classification head; load a "
+                             "*ForSequenceClassification checkpoint")
+        return self.score(hidden).float()
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,4 +1,6 @@
-"""The Llama family: Llama 2/3, Mistral, Qwen2 (q/k/v biases), SmolLM2 (tied embeddings), GQA.
+"""The Llama family: Llama 2/3, Mistral (sliding window), Qwen2 (q/k/v biases, windows from
+max_window_layers on), Qwen3 (q/k RMSNorm), SmolLM2 (tied embeddings), GQA. Phi-3 and Gemma
+build on these classes (phi3.py, gemma.py).
 
 Inference only, over a flat batch of tokens: the attention backend separates the sequences and
 owns the KV cache. q/k/v and gate/up projections are fused into one matmul each.
@@ -7,7 +9,7 @@ owns the KV cache. q/k/v and gate/up projections are fused into one matmul each.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -16,6 +18,7 @@ from pagedkv.models.attention_backend import AttentionBackend
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import (
     CausalLM,
+    FusedMapping,
     RMSNorm,
     act_and_mul,
     check_all_loaded,
@@ -31,7 +34,7 @@ from pagedkv.models.pipeline_stage import (
     stage_layers,
 )
 from pagedkv.models.rotary import RotaryEmbedding
-from pagedkv.models.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedkv.models.vocab_embedding import VocabParallelEmbedding
 
 # Rotates a layer's q [T, Hq, D] and k [T, Hk, D] in place (the step's positions are bound).
 Rope = Callable[[torch.Tensor, torch.Tensor], object]
@@ -44,16 +47,26 @@ _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
 class LlamaAttention(nn.Module):
     """This rank's heads (all of them with one tensor-parallel rank)."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int,
+                 norm_offset: float = 0.0) -> None:
         super().__init__()
-        self.layer_idx = layer_idx  # the layer's KV cache on this rank (pipeline-stage local)
+        self.spec = cfg.attention_spec(layer_idx)  # by the model's (global) layer index
+        self.layer_idx = cache_idx  # the layer's KV cache on this rank (pipeline-stage local)
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
                                           cfg.num_key_value_heads, bias=cfg.attention_bias)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        # Qwen2 (and Qwen2-MoE) have q/k/v biases without an o_proj one.
+        o_bias = cfg.attention_bias and cfg.causal_architecture not in (
+            "Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
         self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
-                                        bias=False)
+                                        bias=o_bias)
+        # Qwen3 / Gemma 3: each head's q and k normalised before rotary (Gemma: 1 + w).
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, norm_offset)
 
     def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
@@ -61,8 +74,10 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        rope(q, k)  # in place on the views of the qkv projection
-        out = attn.forward(self.layer_idx, q, k, v)  # [T, Hq, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rope(q, k)  # in place (on the views of the qkv projection, or the normed copies)
+        out = attn.forward(self.layer_idx, q, k, v, self.spec)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -81,12 +96,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cache_idx: int, layer_idx: Optional[int] = None) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, cache_idx)
+        self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
         # Mixtral / Qwen-MoE: a sparse MoE block where the config makes the layer sparse
         # (decided by the model's layer index, which differs from cache_idx on later stages).
-        moe = sparse_moe_block(cfg, cache_idx if layer_idx is None else layer_idx)
+        moe = sparse_moe_block(cfg, layer_idx)
         self.mlp = moe if moe is not None else LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -105,6 +120,11 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+def rotary_dim(cfg: ModelConfig) -> int:
+    """The dims of each head that rotary turns (all but for partial rotary)."""
+    return int(cfg.head_dim * cfg.partial_rotary_factor)
+
+
 class LlamaModel(nn.Module):
     """On a pipeline stage: the embedding on the first, the final norm on the last, and the
     stage's range of layers (the others are placeholders)."""
@@ -115,25 +135,33 @@ class LlamaModel(nn.Module):
             if is_first_stage() else PPMissingLayer()
         # cos/sin are looked up once per forward and shared by all layers.
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling)
+                                      cfg.rope_scaling, rotary_dim(cfg))
         self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, cache_idx, i))
+            cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, i, cache_idx))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() \
             else PPMissingLayer()
 
 
 class LlamaForCausalLM(CausalLM):
+    # Checkpoint tensors loaded into our fused parameters part by part (Phi-3 stores them fused).
+    fused_weights: FusedMapping = _FUSED
+    fused_parts: dict[str, int] = {".qkv_proj.": 3, ".gate_up_proj.": 2}
+    model_class: type[nn.Module] = LlamaModel  # Gemma: GemmaModel
+    model: Any  # an instance of model_class
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size) if is_last_stage() \
-            else PPMissingLayer()
-        if cfg.tie_word_embeddings and is_first_stage() and is_last_stage():
-            self.tie_weights()
+        self.model = self.model_class(cfg)
+        self.make_head(cfg, cfg.hidden_size, self.model.embed_tokens)
 
-    def tie_weights(self) -> None:
-        self.lm_head.weight = self.model.embed_tokens.weight
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def layer_ropes(self, positions: torch.Tensor) -> Callable[[nn.Module], Rope]:
+        """layer -> its rotary (bound to the step's positions): one for every layer here."""
+        rope = partial(self.model.rotary, positions)
+        return lambda _: rope
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -144,12 +172,12 @@ class LlamaForCausalLM(CausalLM):
         (the residual stream: each layer adds to it) and the input ids are not read; a stage
         before the last returns its residual stream, un-normalised."""
         m = self.model
-        x = m.embed_tokens(input_ids) if is_first_stage() else stage_input(intermediate,
-                                                                            "hidden states")
-        rope = partial(m.rotary, positions)
+        x = self.embed(input_ids) if is_first_stage() else stage_input(intermediate,
+                                                                        "hidden states")
+        rope_of = self.layer_ropes(positions)
         residual: Optional[torch.Tensor] = None
         for layer in m.layers[m.start_layer:m.end_layer]:
-            x, residual = layer(x, residual, rope, attn)
+            x, residual = layer(x, residual, rope_of(layer), attn)
         if not is_last_stage():  # hand the whole residual stream to the next stage
             return x if residual is None else x + residual
         if residual is None:  # no layers
@@ -174,6 +202,5 @@ class LlamaForCausalLM(CausalLM):
                 return "lm_head.weight" if is_last_stage() else None
             return name
 
-        written = load_weights_into(self, weights, _FUSED, rename=rename)
-        check_all_loaded(self, written | (loaded_elsewhere or set()),
-                         {".qkv_proj.": 3, ".gate_up_proj.": 2})
+        written = load_weights_into(self, weights, self.fused_weights, rename=rename)
+        check_all_loaded(self, written | (loaded_elsewhere or set()), self.fused_parts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -35,9 +35,14 @@ def resolve_dtype(dtype: DTypeLike, config: ModelConfig, device: torch.device) -
     return _DTYPE_NAMES[dtype]
 
 
-def load_config(source: ModelSource) -> ModelConfig:
+def load_config(source: ModelSource, hf_overrides: Optional[dict[str, Any]] = None
+                ) -> ModelConfig:
+    """The checkpoint's ModelConfig; ``hf_overrides`` (vLLM's) replace config.json keys."""
     if source.kind == "hf":
-        return ModelConfig.from_hf_dir(source.path)
+        return ModelConfig.from_hf_dir(source.path, hf_overrides)
+    if hf_overrides:
+        raise ValueError("hf_overrides apply to Hugging Face checkpoints (config.json); this "
+                         f"model is a GGUF file ({source.path})")
     from pagedkv.models.gguf_reader import gguf_config, open_gguf
 
     return gguf_config(open_gguf(source.path))
@@ -100,15 +105,23 @@ def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -
 
 def load_model(model: Optional[str] = None, dtype: DTypeLike = "auto",
                device: Union[torch.device, str] = "cpu",
-               quantization: Optional[str] = None) -> tuple[nn.Module, ModelConfig]:
-    """Loads ``model`` (see resolve_model) -> (torch module on ``device``, its ModelConfig).
+               quantization: Optional[str] = None, *, revision: Optional[str] = None,
+               download_dir: Optional[str] = None,
+               hf_overrides: Optional[dict[str, Any]] = None,
+               check: Optional[Callable[[ModelConfig], None]] = None
+               ) -> tuple[nn.Module, ModelConfig]:
+    """Loads ``model`` (see resolve_model: a path, the packaged default or a hub id at
+    ``revision``, cached in ``download_dir``) -> (torch module on ``device``, its ModelConfig).
     ``quantization``: vLLM's argument (models/quantization); the checkpoint's own
-    quantization_config is applied without it."""
+    quantization_config is applied without it. ``check`` may refuse the config before any
+    weight is read (the engine's head sizes)."""
     from pagedkv.models import quantization as quant
 
     device = torch.device(device)
-    source = resolve_model(model)
-    config = load_config(source)
+    source = resolve_model(model, revision, download_dir)
+    config = load_config(source, hf_overrides)
+    if check is not None:
+        check(config)
     method = quant.resolve_quantization(config.quantization_config, quantization)
     net: Any = build_empty(config, resolve_dtype(dtype, config, device), device)
     if method is not None:

@@ -30,7 +30,7 @@ from pagedkv.models.pipeline_stage import (
     stage_input,
     stage_layers,
 )
-from pagedkv.models.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedkv.models.vocab_embedding import VocabParallelEmbedding
 
 _FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
           (".v_proj.", ".qkv_proj.", 2)]
@@ -38,9 +38,10 @@ _POSITION_OFFSET = 2  # OPT's position table starts with two unused rows (a fair
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
         super().__init__()
-        self.layer_idx = layer_idx  # the layer's KV cache on this rank (pipeline-stage local)
+        self.spec = cfg.attention_spec(layer_idx)
+        self.layer_idx = cache_idx  # the layer's KV cache on this rank (pipeline-stage local)
         self.head_dim = cfg.head_dim
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
                                           bias=cfg.attention_bias)
@@ -51,16 +52,16 @@ class OPTAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)
-        out = attn.forward(self.layer_idx, q, k, v)
+        out = attn.forward(self.layer_idx, q, k, v, self.spec)
         return self.out_proj(out.reshape(t, -1))
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, cache_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
         super().__init__()
         affine = cfg.layer_norm_elementwise_affine
         self.pre_norm = cfg.do_layer_norm_before
-        self.self_attn = OPTAttention(cfg, cache_idx)
+        self.self_attn = OPTAttention(cfg, layer_idx, cache_idx)
         self.self_attn_layer_norm = LayerNorm(cfg.hidden_size, affine=affine)
         self.fc1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size,
                                         bias=cfg.mlp_bias)
@@ -101,7 +102,7 @@ class OPTDecoder(nn.Module):
             cfg.hidden_size, affine=cfg.layer_norm_elementwise_affine) if has_final and last \
             else None
         self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda _, cache_idx: OPTDecoderLayer(cfg, cache_idx))
+            cfg.num_hidden_layers, lambda i, cache_idx: OPTDecoderLayer(cfg, i, cache_idx))
 
 
 class OPTForCausalLM(CausalLM):
@@ -110,17 +111,12 @@ class OPTForCausalLM(CausalLM):
         self.config = cfg
         self.model = nn.Module()
         self.model.decoder = OPTDecoder(cfg)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.word_embed_proj_dim or cfg.hidden_size) \
-            if is_last_stage() else PPMissingLayer()
-        if cfg.tie_word_embeddings and is_first_stage() and is_last_stage():
-            self.tie_weights()
+        self.make_head(cfg, cfg.word_embed_proj_dim or cfg.hidden_size,
+                       self.model.decoder.embed_tokens)
 
     @property
     def decoder(self) -> OPTDecoder:  # typed: nn.Module attributes read as Tensor | Module
         return cast(OPTDecoder, self.model.decoder)
-
-    def tie_weights(self) -> None:
-        self.lm_head.weight = self.decoder.embed_tokens.weight
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

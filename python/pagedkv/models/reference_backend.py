@@ -1,4 +1,5 @@
-"""Reference attention backends: plain torch, no paging. For tests and HF comparisons.
+"""Reference attention backends: plain torch, no paging. For tests and HF comparisons; they
+honour every AttentionSpec field (scale, sliding window, soft cap) like the paged backend.
 
 DenseAttentionBackend: each forward sees whole sequences (no cache) laid end to end.
 ContiguousCacheBackend: a growing per-sequence K/V cache, for step-by-step decoding.
@@ -6,29 +7,36 @@ ContiguousCacheBackend: a growing per-sequence K/V cache, for step-by-step decod
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
+
+from pagedkv.models.attention_backend import AttentionSpec
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
-                     scale: Optional[float] = None,
-                     compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     spec: AttentionSpec, compute_dtype: torch.dtype = torch.float32
+                     ) -> torch.Tensor:
     """q [Tq, Hq, D] are the tokens at positions context_len.., k/v [Tk, Hkv, D] all keys of the
-    sequence (Tk = context_len + Tq). Returns [Tq, Hq, D] in q's dtype."""
-    tq, hq, d = q.shape
+    sequence (Tk = context_len + Tq). Returns [Tq, Hq, D] in q's dtype. Plain matmul and softmax
+    (no fused kernel): the soft cap sits between the two."""
+    tq, hq = q.shape[0], q.shape[1]
     tk, hkv = k.shape[0], k.shape[1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
     group = hq // hkv
     qh = q.to(compute_dtype).transpose(0, 1)  # [Hq, Tq, D]
     kh = k.to(compute_dtype).transpose(0, 1).repeat_interleave(group, dim=0)
     vh = v.to(compute_dtype).transpose(0, 1).repeat_interleave(group, dim=0)
+    logits = torch.matmul(qh, kh.transpose(1, 2)) * spec.scale  # [Hq, Tq, Tk]
+    if spec.logits_soft_cap > 0:
+        logits = spec.logits_soft_cap * torch.tanh(logits / spec.logits_soft_cap)
     rows = torch.arange(tq, device=q.device)[:, None] + context_len
-    mask = torch.arange(tk, device=q.device)[None, :] <= rows  # [Tq, Tk] True = attend
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    cols = torch.arange(tk, device=q.device)[None, :]
+    visible = cols <= rows  # [Tq, Tk]
+    if spec.sliding_window is not None:
+        visible &= cols > rows - spec.sliding_window
+    logits = logits.masked_fill(~visible, float("-inf"))
+    out = torch.matmul(torch.softmax(logits, dim=-1), vh)
     return out.transpose(0, 1).to(q.dtype)
 
 
@@ -40,20 +48,18 @@ class DenseAttentionBackend:
     """
 
     def __init__(self, query_start_loc: Optional[Sequence[int]] = None,
-                 compute_dtype: torch.dtype = torch.float32,
-                 scale: Optional[float] = None) -> None:
+                 compute_dtype: torch.dtype = torch.float32) -> None:
         self.query_start_loc = None if query_start_loc is None else [int(x) for x in
                                                                       query_start_loc]
         self.compute_dtype = compute_dtype
-        self.scale = scale
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                spec: AttentionSpec) -> torch.Tensor:
         loc = self.query_start_loc or [0, q.shape[0]]
         if loc[-1] != q.shape[0]:
             raise ValueError(f"query_start_loc ends at {loc[-1]} but the batch has "
                              f"{q.shape[0]} tokens")
-        outs = [causal_attention(q[a:b], k[a:b], v[a:b], 0, self.scale, self.compute_dtype)
+        outs = [causal_attention(q[a:b], k[a:b], v[a:b], 0, spec, self.compute_dtype)
                 for a, b in zip(loc[:-1], loc[1:])]
         return torch.cat(outs, dim=0)
 
@@ -65,11 +71,9 @@ class ContiguousCacheBackend:
     sequences' new tokens laid end to end in that order, appended after what each already has.
     """
 
-    def __init__(self, num_layers: int, compute_dtype: torch.dtype = torch.float32,
-                 scale: Optional[float] = None) -> None:
+    def __init__(self, num_layers: int, compute_dtype: torch.dtype = torch.float32) -> None:
         self.num_layers = num_layers
         self.compute_dtype = compute_dtype
-        self.scale = scale
         self.cache: dict[int, list[Optional[tuple[torch.Tensor, torch.Tensor]]]] = {}
         self._seq_ids: list[int] = []
         self._loc: list[int] = [0]
@@ -92,8 +96,8 @@ class ContiguousCacheBackend:
     def free(self, seq_id: int) -> None:
         self.cache.pop(seq_id, None)
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                spec: AttentionSpec) -> torch.Tensor:
         if self._loc[-1] != q.shape[0]:
             raise ValueError(f"begin_step announced {self._loc[-1]} tokens, got {q.shape[0]}")
         outs = []
@@ -104,5 +108,5 @@ class ContiguousCacheBackend:
             kk = k[a:b] if old is None else torch.cat([old[0], k[a:b]])
             vv = v[a:b] if old is None else torch.cat([old[1], v[a:b]])
             self.cache[s][layer_idx] = (kk, vv)
-            outs.append(causal_attention(q[a:b], kk, vv, ctx, self.scale, self.compute_dtype))
+            outs.append(causal_attention(q[a:b], kk, vv, ctx, spec, self.compute_dtype))
         return torch.cat(outs, dim=0)

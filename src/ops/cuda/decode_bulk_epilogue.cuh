@@ -13,9 +13,9 @@ namespace pagedkv::cuda_ops::bulk_decode {
 // The CTA's static shared memory for the merge (and the queries' largest |value| with fp8).
 template <int NR>
 struct MergeShared {
-  float m[kWarps][NR], l[kWarps][NR];  // each warp's reference maximum and sum per head
-  float wmax[kWarps];                  // fp8: each warp's largest |query| (load_query_tile)
-  float t[kWarps][NR];                 // each warp's true maximum per head (split mode)
+  float m[kWarps][NR], l[kWarps][NR];       // each warp's reference maximum and sum per head
+  float wmax[kWarps];                       // fp8: each warp's largest |query| (load_query_tile)
+  float t[kWarps][NR];                      // each warp's true maximum per head (split mode)
   float a[kWarps][NR], lsum[NR], mmax[NR];  // the merge: warp weights, total sum and maximum
 };
 

@@ -13,9 +13,8 @@ namespace pagedkv::cuda_ops::bulk_decode {
 // that factor (1 otherwise), by which the logits are scaled back. wmax: kWarps floats of shared
 // memory for the CTA's largest |query|.
 template <typename SH>
-__device__ __forceinline__ float load_query_tile(const AttnParams& p, typename SH::MT* qs,
-                                                 int seq, int kvh, int g0, int ng,
-                                                 float* wmax) {
+__device__ __forceinline__ float load_query_tile(const AttnParams& p, typename SH::MT* qs, int seq,
+                                                 int kvh, int g0, int ng, float* wmax) {
   using QT = typename SH::Q;
   using MT = typename SH::MT;
   constexpr int D = SH::D, NR = SH::NR;

@@ -12,8 +12,8 @@ namespace pagedkv::cuda_ops::bulk_decode {
 // Even and odd k steps accumulate apart (two shorter MMA dependency chains): S^T = sa + sb.
 template <typename SH>
 __device__ __forceinline__ void chunk_scores(const ChunkFragments<SH>& frags,
-                                             const QueryFragments<SH>& qf,
-                                             float (&sa)[SH::kNH][4], float (&sb)[SH::kNH][4]) {
+                                             const QueryFragments<SH>& qf, float (&sa)[SH::kNH][4],
+                                             float (&sb)[SH::kNH][4]) {
   using MT = typename SH::MT;
   constexpr int KD = SH::KD, NH = SH::kNH, KIND = SH::kKind;
 #pragma unroll

@@ -26,7 +26,7 @@ struct Shape {
   static constexpr int kOutPitch = bulk_out_pitch(HD);
   static constexpr bool kFp8 = KIND != kNoFp8;
   static constexpr bool kEarly = bulk_early_release(HD, NH);
-  static constexpr int NR = 8 * NH;           // query heads (S^T columns) per CTA
+  static constexpr int NR = 8 * NH;              // query heads (S^T columns) per CTA
   static constexpr bool kQRegs = KD * NH <= 16;  // query fragments live in registers
   // ldmatrix.x4 per K (or V) tile: one per k step, or per two with fp8 (byte pairs as b16).
   static constexpr int NK = kFp8 ? KD / 2 : KD;

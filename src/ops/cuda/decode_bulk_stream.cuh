@@ -15,12 +15,14 @@ namespace pagedkv::cuda_ops::bulk_decode {
 
 // Where the bytes of a staged K or V tile lie. The byte of (row j, 16-byte unit u, offset o) is
 // at (u / 8) * box_bytes + j * row_stride + ((u % 8) ^ (j & swz)) * 16 + o.
+// The row stride and swizzle mask are read once, at the kernel's start (BulkDecodeParams).
 struct StageLayout {
-  int rs, swz, box_bytes;
+  const BulkDecodeParams& bp;
+  int rs, swz;
 
   // Byte of (row j, 16-byte unit u) of a staged tile.
   __device__ __forceinline__ unsigned char* at(unsigned char* tile, int j, int u) const {
-    return tile + (u >> 3) * box_bytes + j * rs + (((u & 7) ^ (j & swz)) << 4);
+    return tile + (u >> 3) * bp.box_bytes + j * rs + (((u & 7) ^ (j & swz)) << 4);
   }
 
   // The row a lane supplies to an ldmatrix.x4: row `row` of unit U + hi for an even unit U (a
@@ -34,7 +36,7 @@ struct StageLayout {
   }
   __device__ __forceinline__ unsigned char* ld_at(unsigned char* tile, const LdLane& l,
                                                   int u) const {
-    return tile + l.base + (u >> 3) * box_bytes + (((u & 7) << 4) ^ l.x);
+    return tile + l.base + (u >> 3) * bp.box_bytes + (((u & 7) << 4) ^ l.x);
   }
 };
 
@@ -64,6 +66,7 @@ struct ChunkStream {
   using CT = typename SH::CT;
   const BulkDecodeParams& bp;
   BlockIds ids;
+  StageLayout sl;
   int lane, kvh, k_lo, k_hi;
   uint64_t* bars;       // the stages' mbarriers
   unsigned char* ring;  // the warp's stages
@@ -73,10 +76,12 @@ struct ChunkStream {
   // is read again (queries, block tables, other CTAs' rows) out of L2 (1-7 % faster, RESULTS.md).
   uint64_t policy;
 
-  __device__ __forceinline__ ChunkStream(const BlockIds& block_ids, int head, int lo, int hi,
-                                         uint64_t* barriers, unsigned char* warp_ring)
+  __device__ __forceinline__ ChunkStream(const BlockIds& block_ids, const StageLayout& layout,
+                                         int head, int lo, int hi, uint64_t* barriers,
+                                         unsigned char* warp_ring)
       : bp(block_ids.bp),
         ids(block_ids),
+        sl(layout),
         lane(block_ids.lane),
         kvh(head),
         k_lo(lo),
@@ -92,12 +97,8 @@ struct ChunkStream {
     const AttnParams& p = bp.a;
     return p.bs_shift >= 0 ? tok & (p.block_size - 1) : tok % p.block_size;
   }
-  __device__ __forceinline__ StageLayout layout() const {
-    return StageLayout{bp.row_stride, bp.swz, bp.box_bytes};
-  }
-  __device__ __forceinline__ unsigned char* stage(int s) const {
-    return ring + s * bp.stage_bytes;
-  }
+  __device__ __forceinline__ const StageLayout& layout() const { return sl; }
+  __device__ __forceinline__ unsigned char* stage(int s) const { return ring + s * bp.stage_bytes; }
 
   // Block id of chunk c's key (key_of); 0 outside the range (a row of block 0 is copied and
   // ignored). The id is loaded a chunk ahead of its copies and checked only when they are issued
@@ -130,7 +131,7 @@ struct ChunkStream {
       const int64_t slot = slot_of(key0 + (lane & 15));
       const CT* src = lane < 16 ? kc + int64_t(blk) * p.kl.s_block + slot * p.kl.s_slot
                                 : vc + int64_t(blk) * p.vl.s_block + slot * p.vl.s_slot;
-      unsigned char* dst = dst_stage + (lane < 16 ? 0 : bp.v_off) + (lane & 15) * bp.row_stride;
+      unsigned char* dst = dst_stage + (lane < 16 ? 0 : bp.v_off) + (lane & 15) * sl.rs;
       bulk_copy_g2s_hint(dst, src, bp.row_bytes, bar, policy);
     }
   }
@@ -138,7 +139,6 @@ struct ChunkStream {
   // Zeroes the V rows of keys outside the range in an edge chunk (0 * a stale NaN would be NaN).
   __device__ __forceinline__ void clear_edge(unsigned char* vt, int key0) const {
     const int j = lane & 15, half = bp.row_bytes / 2;
-    const StageLayout sl = layout();
     if (!valid(key0 + j)) {
       for (int b = (lane >> 4) * half; b < (lane >> 4) * half + half; b += 16) {
         // Whole 16-byte units of row j: the swizzle only permutes units within the row.

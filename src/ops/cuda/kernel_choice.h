@@ -23,8 +23,8 @@ AttentionKernel choose_kernel(AttentionKernel choice, const char* op,
     PAGEDKV_CHECK(choice == AttentionKernel::kAuto, op, ": kernel '", attention_kernel_name(k),
                   "' does not cover this call: ", reason);
   }
-  throw ValueError(::pagedkv::detail::concat(op, ": no CUDA kernel '",
-                                             attention_kernel_name(choice), "'"));
+  throw ValueError(
+      ::pagedkv::detail::concat(op, ": no CUDA kernel '", attention_kernel_name(choice), "'"));
 }
 
 }  // namespace pagedkv::cuda_ops

@@ -3,8 +3,9 @@
 // fixed-point masses for top-p: integer sums, so the thresholds are exact and equal to the CPU
 // kernel's); thread 0 picks the bin and the CTA descends into it. Most of a vocabulary's
 // probabilities share a few bins of the first pass, so a warp first merges its lanes by bin
-// (__match_any_sync) and one lane per bin adds the group's count and mass: at most one atomic
-// per warp and bin instead of 32 colliding ones.
+// (__match_any_sync, then a warp reduction of the group's masses) and one lane per bin adds the
+// group's count and mass: at most one atomic per warp and bin instead of 32 colliding ones.
+// Later passes skip the warps whose 32 values are all outside the range.
 #include <cstdint>
 
 #include "ops/cuda/common.cuh"
@@ -40,6 +41,25 @@ struct Shared {
   u64 above;
 };
 
+// The sum of `mass` over the lanes of `peers` (a __match_any_sync group; every lane of the warp
+// calls this with its own group). A mass is < 2^33, so its 16-bit halves sum over 32 lanes in
+// 32 bits: two hardware reductions (sm_80+); older GPUs go through shared memory.
+__device__ __forceinline__ u64 group_sum(unsigned peers, uint64_t mass, u64* stage, int lane) {
+#if __CUDA_ARCH__ >= 800
+  (void)stage;
+  (void)lane;
+  const auto hi = static_cast<unsigned>(mass >> 16), lo = static_cast<unsigned>(mass & 0xffffu);
+  return (static_cast<u64>(__reduce_add_sync(peers, hi)) << 16) + __reduce_add_sync(peers, lo);
+#else
+  stage[lane] = mass;
+  __syncwarp();
+  u64 sum = 0;
+  for (unsigned rest = peers; rest; rest &= rest - 1) sum += stage[__ffs(rest) - 1];
+  __syncwarp();
+  return sum;
+#endif
+}
+
 // The histogram of the keys of `p` in the search's range (masses too when `with_mass`).
 __device__ void histogram(Shared& sh, const float* p, int64_t n, const th::Search& s,
                           bool with_mass) {
@@ -55,18 +75,14 @@ __device__ void histogram(Shared& sh, const float* p, int64_t n, const th::Searc
     const float v = i < n ? p[i] : 0.0f;
     const uint32_t key = th::key_of(v);
     const int bin = i < n && s.in_range(key) ? s.bin(key) : -1;
+    if (__all_sync(0xffffffffu, bin < 0)) continue;  // later passes: most of the row is out
     const unsigned peers = __match_any_sync(0xffffffffu, bin);
-    if (with_mass) sh.stage[warp][lane] = th::mass_of(v);
-    __syncwarp();
+    u64 group_mass = 0;
+    if (with_mass) group_mass = group_sum(peers, th::mass_of(v), sh.stage[warp], lane);
     if (bin >= 0 && lane == __ffs(peers) - 1) {
       atomicAdd(&sh.count[bin], static_cast<uint32_t>(__popc(peers)));
-      if (with_mass) {
-        u64 sum = 0;
-        for (unsigned rest = peers; rest; rest &= rest - 1) sum += sh.stage[warp][__ffs(rest) - 1];
-        atomicAdd(&sh.mass[bin], sum);
-      }
+      if (with_mass) atomicAdd(&sh.mass[bin], group_mass);
     }
-    __syncwarp();
   }
   __syncthreads();
 }
@@ -106,8 +122,10 @@ __device__ uint32_t kth_key(Shared& sh, const float* p, int64_t n, int64_t k) {
   return s.prefix;
 }
 
-__device__ uint32_t top_p_key(Shared& sh, const float* p, int64_t n, uint64_t target) {
+__device__ uint32_t top_p_key(Shared& sh, const float* p, int64_t n, uint64_t target,
+                              uint32_t floor) {
   th::Search s;
+  s.floor = floor;
   if (threadIdx.x == 0) sh.above = 0;
   for (int pass = 0; pass < th::kPasses; ++pass) {
     histogram(sh, p, n, s, true);
@@ -140,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) threshold_kernel(ThresholdParams prm
       if (th::key_of(p[i]) >= k_key) kept += th::mass_of(p[i]);
     kept = block_sum(sh, kept);
     const uint64_t target = th::top_p_target(top_p, kept);
-    threshold = fmaxf(threshold, th::value_of(top_p_key(sh, p, n, target)));
+    threshold = fmaxf(threshold, th::value_of(top_p_key(sh, p, n, target, k_key)));
   }
   if (min_p > 0.0f) {
     float top = 0.0f;

@@ -125,10 +125,22 @@ def test_vllm_engine_arguments_are_honoured_or_refused_with_the_reason():
                                 ("compilation_config", {"level": 3}, "torch.compile"),
                                 ("logits_processors", [print], "logits processors"),
                                 ("tokenizer_mode", "mistral", "fast tokenizer"),
-                                ("revision", "v2", "not supported yet")):
+<<<<<<< HEAD
+                                ("enable_lora", True, "LoRA adapters")):
+=======
+                                ("code_revision", "v2", "checkpoint's code")):
+>>>>>>> models
         with pytest.raises(ValueError, match=rf"^{name}=.* is not supported: .*{reason}"):
             EngineConfig.from_kwargs(**{name: value})
     assert all(rule.reason for rule in VLLM_ONLY_ARGS.values())
+
+
+def test_an_argument_is_either_honoured_or_refused_never_both():
+    """An EngineConfig field (honoured) must leave the refusal table when it lands."""
+    import dataclasses
+
+    honoured = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert not honoured & set(VLLM_ONLY_ARGS), sorted(honoured & set(VLLM_ONLY_ARGS))
 
 
 def test_vllm_engine_flags_are_refused_on_the_command_line(capsys):

@@ -175,3 +175,63 @@ def test_torchrun_launches_the_ranks(models: dict[str, str], tmp_path: Any) -> N
     want = llm.generate([{"prompt_token_ids": [3, 1, 4, 1, 5, 9]}],
                         SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     assert json.loads(lines[0][len("TOKENS"):]) == want[0].outputs[0].token_ids
+
+
+_CTRL_C_SCRIPT = """
+import signal, sys
+import torch
+from pagedkv import LLM, SamplingParams
+
+
+def main():
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
+    torch.set_num_threads(1)
+    llm = LLM(sys.argv[1], device="cpu", skip_tokenizer_init=True, max_model_len=128,
+              kv_cache_space=0.01, tensor_parallel_size=2)
+    print("PIDS", *[p.pid for p in llm.llm_engine.runner._state.procs], flush=True)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    try:
+        while True:
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 4, params, use_tqdm=False)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+
+
+if __name__ == "__main__":  # spawned workers import this file: they must not run it
+    main()
+"""
+
+
+def test_ctrl_c_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
+    """Ctrl-C in the middle of a step: the driver gets its KeyboardInterrupt, the workers (which
+    ignore SIGINT) are stopped, and the program exits with none left behind."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(_CTRL_C_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, str(script), models["tiny-llama"]],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line
+        workers = [int(p) for p in line.split()[1:]]
+        time.sleep(1.0)  # generating now
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "INTERRUPTED" in out and proc.returncode == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in workers):
+        time.sleep(0.1)
+    assert not any(_pid_alive(p) for p in workers), "a worker outlived Ctrl-C"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -25,13 +25,16 @@ def test_threshold_kernel_is_the_cpu_kernel(vocab):
     seed = r.randrange(1 << 30)
     g = torch.Generator().manual_seed(seed)
     rows = 48
-    logits = torch.randn(rows, vocab, generator=g) * torch.tensor(
-        [r.choice([0.5, 2.0, 8.0]) for _ in range(rows)])[:, None]
+    logits = (
+        torch.randn(rows, vocab, generator=g)
+        * torch.tensor([r.choice([0.5, 2.0, 8.0]) for _ in range(rows)])[:, None]
+    )
     logits[::3] = logits[::3].round()  # ties
     probs = logits.softmax(-1)
     probs[1::4, : vocab // 3] = 0.0
-    top_k = torch.tensor([r.choice([0, 1, 7, 50, vocab - 1, vocab]) for _ in range(rows)],
-                         dtype=torch.int32)
+    top_k = torch.tensor(
+        [r.choice([0, 1, 7, 50, vocab - 1, vocab]) for _ in range(rows)], dtype=torch.int32
+    )
     top_p = torch.tensor([r.choice([1.0, 0.95, 0.5, 1e-6]) for _ in range(rows)])
     min_p = torch.tensor([r.choice([0.0, 0.0, 0.1]) for _ in range(rows)])
     cpu = torch.empty(rows)
@@ -45,8 +48,9 @@ def _row(params: SamplingParams, gen=None) -> SamplingRow:
     return SamplingRow(params, [], [], gen, ())
 
 
-@pytest.mark.parametrize("t,k,p,min_p", [(0.8, 0, 1.0, 0.0), (1.0, 4, 0.9, 0.0),
-                                         (1.2, 0, 0.6, 0.1)])
+@pytest.mark.parametrize(
+    "t,k,p,min_p", [(0.8, 0, 1.0, 0.0), (1.0, 4, 0.9, 0.0), (1.2, 0, 0.6, 0.1)]
+)
 def test_cuda_sampler_matches_the_cpu_distribution(t, k, p, min_p):
     logits = torch.randn(1, 16, generator=torch.Generator().manual_seed(5)) * 1.5
     params = SamplingParams(temperature=t, top_k=k, top_p=p, min_p=min_p)
@@ -54,8 +58,9 @@ def test_cuda_sampler_matches_the_cpu_distribution(t, k, p, min_p):
     freqs = []
     for dev in ("cpu", "cuda"):
         rows = [_row(params) for _ in range(n)]
-        toks = Sampler(torch.device(dev), seed=1)(logits.to(dev).expand(n, -1).contiguous(),
-                                                  rows).token_ids
+        toks = Sampler(torch.device(dev), seed=1)(
+            logits.to(dev).expand(n, -1).contiguous(), rows
+        ).token_ids
         freqs.append(np.bincount(toks, minlength=16) / n)
     assert np.all((freqs[0] == 0) == (freqs[1] == 0))  # the same tokens truncated
     assert np.abs(freqs[0] - freqs[1]).max() < 0.02
@@ -85,8 +90,10 @@ def test_race_kernel_agrees_with_the_cpu_kernel():
     probs = torch.softmax(torch.randn(200, 32000, generator=g) * 2, -1)
     thresholds = torch.where(torch.arange(200) % 2 == 0, 0.0, 1e-5).float()
     keys = torch.randint(0, 1 << 62, (200,), generator=g)
-    cpu, gpu = torch.empty(200, dtype=torch.int64), torch.empty(200, dtype=torch.int64,
-                                                                 device="cuda")
+    cpu, gpu = (
+        torch.empty(200, dtype=torch.int64),
+        torch.empty(200, dtype=torch.int64, device="cuda"),
+    )
     ops.sample_exponential_race(cpu, probs, thresholds, keys)
     ops.sample_exponential_race(gpu, probs.cuda(), thresholds.cuda(), keys.cuda())
     # The same noise and scores; only a 1-ulp difference of log1pf between the CPU and CUDA

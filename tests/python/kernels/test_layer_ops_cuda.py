@@ -58,8 +58,13 @@ def test_rotary_cuda_is_the_cpu_kernel_bit_for_bit(dtype):
 def test_rotary_cuda_leaves_out_of_range_positions_unrotated():
     x = torch.randn(2, 1, 8, device="cuda")
     before = x.clone()
-    ops.rotary_embedding(torch.tensor([1, 99], device="cuda"), x, None, 8,
-                         cos_sin_cache(4, 8, 10000.0, torch.float32, "cuda"))
+    ops.rotary_embedding(
+        torch.tensor([1, 99], device="cuda"),
+        x,
+        None,
+        8,
+        cos_sin_cache(4, 8, 10000.0, torch.float32, "cuda"),
+    )
     assert not torch.equal(x[0], before[0]) and torch.equal(x[1], before[1])
 
 

@@ -23,12 +23,27 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rotary_dim,is_neox,scaling", [
-    (None, True, None), (16, True, None), (None, False, None), (24, False, None),
-    (None, True, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
-    (None, True, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
-])
+@pytest.mark.parametrize(
+    "rotary_dim,is_neox,scaling",
+    [
+        (None, True, None),
+        (16, True, None),
+        (None, False, None),
+        (24, False, None),
+        (
+            None,
+            True,
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        (None, True, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ],
+)
 def test_rotary_forward_is_the_eager_formula(dtype, rotary_dim, is_neox, scaling):
     rope = RotaryEmbedding(64, 256, 10000.0, scaling, rotary_dim=rotary_dim, is_neox=is_neox)
     g = torch.Generator().manual_seed(0)

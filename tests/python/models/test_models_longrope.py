@@ -21,10 +21,17 @@ def _hf_inv_freq(short: list, long: list, seq_len: int) -> tuple[torch.Tensor, f
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     cfg = transformers.Phi3Config(
-        hidden_size=2 * HEAD, num_attention_heads=2, max_position_embeddings=MAX,
+        hidden_size=2 * HEAD,
+        num_attention_heads=2,
+        max_position_embeddings=MAX,
         original_max_position_embeddings=ORIG,
-        rope_parameters={"rope_type": "longrope", "short_factor": short, "long_factor": long,
-                         "rope_theta": 10000.0})
+        rope_parameters={
+            "rope_type": "longrope",
+            "short_factor": short,
+            "long_factor": long,
+            "rope_theta": 10000.0,
+        },
+    )
     return ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu", seq_len=seq_len)
 
 
@@ -35,9 +42,17 @@ def test_longrope_matches_transformers(longest):
     long = (2 + 4 * torch.rand(HEAD // 2, generator=g)).tolist()
     inv, attn = _hf_inv_freq(short, long, longest)
     assert attn == pytest.approx(math.sqrt(1 + math.log(MAX / ORIG) / math.log(ORIG)))
-    rope = RotaryEmbedding(HEAD, MAX, 10000.0, {
-        "rope_type": "longrope", "short_factor": short, "long_factor": long,
-        "original_max_position_embeddings": ORIG})
+    rope = RotaryEmbedding(
+        HEAD,
+        MAX,
+        10000.0,
+        {
+            "rope_type": "longrope",
+            "short_factor": short,
+            "long_factor": long,
+            "original_max_position_embeddings": ORIG,
+        },
+    )
     pos = torch.cat([torch.randint(0, longest, (9,), generator=g), torch.tensor([longest - 1])])
     freqs = pos.double()[:, None] * inv.double()[None, :]
     cos, sin = rope.cos_sin(pos)

@@ -50,12 +50,15 @@ def test_bad_paths_raise_clear_errors(tmp_path) -> None:
 
 def test_unsupported_architecture(tmp_path) -> None:
     with pytest.raises(ValueError, match="unsupported architecture"):
-        ModelConfig.from_hf_dict({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+        ModelConfig.from_hf_dict({"architectures": ["FalconForCausalLM"], "model_type": "falcon"})
+    with pytest.raises(ValueError, match="'n_embd' is missing"):
+        ModelConfig.from_hf_dict({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                  "vocab_size": 8})
     with pytest.raises(ValueError, match="rope scaling type"):
         ModelConfig.from_hf_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 8,
                                   "hidden_size": 8, "num_hidden_layers": 1,
                                   "num_attention_heads": 2, "intermediate_size": 8,
-                                  "rope_scaling": {"rope_type": "longrope"}})
+                                  "rope_scaling": {"rope_type": "mrope"}})
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
     from pagedkv.models import load_model
 

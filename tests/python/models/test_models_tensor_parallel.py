@@ -67,11 +67,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# The other families: Phi-3's fused checkpoint tensors, Gemma 2's replicated KV head and soft
+# caps, GPT-NeoX's head-interleaved q/k/v, GPT-2's Conv1D weights across two stages.
 @pytest.mark.parametrize("preset,tp,pp", [("tiny-llama", 2, 1), ("tiny-qwen2", 2, 1),
-                                           ("tiny-qwen2", 1, 2)])
+                                           ("tiny-qwen2", 1, 2), ("tiny-phi3", 2, 1),
+                                           ("tiny-gemma2", 2, 1), ("tiny-gpt-neox", 2, 1),
+                                           ("tiny-gpt2", 1, 2)])
 def test_sharded_logits_match_unsharded(preset: str, tp: int, pp: int, tmp_path) -> None:
+    bias = {"attention_bias": True} if preset == "tiny-llama" else {}
     path = save_random_model(str(tmp_path / preset), preset, seed=3, tokenizer=False,
-                             vocab_size=VOCAB, attention_bias=preset == "tiny-llama")
+                             vocab_size=VOCAB, **bias)
     model, _ = load_model(path, torch.float32, "cpu")
     ids, pos, loc = _inputs()
     expected = model.compute_logits(model(ids, pos, DenseAttentionBackend(loc)))

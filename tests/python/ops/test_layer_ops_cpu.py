@@ -114,38 +114,84 @@ def test_empty_batches_are_no_ops():
     w = torch.ones(8)
     ops.rms_norm(torch.empty(0, 8), torch.empty(0, 8), w, 1e-6)
     ops.fused_add_rms_norm(torch.empty(0, 8), torch.empty(0, 8), w, 1e-6)
-    ops.rotary_embedding(torch.empty(0, dtype=torch.long), torch.empty(0, 2, 8), None, 8,
-                         torch.zeros(4, 8))
+    ops.rotary_embedding(
+        torch.empty(0, dtype=torch.long), torch.empty(0, 2, 8), None, 8, torch.zeros(4, 8)
+    )
     ops.silu_and_mul(torch.empty(0, 4), torch.empty(0, 8))
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: ops.rms_norm(torch.empty(2, 8), torch.empty(2, 8), torch.ones(7), 1e-6), "weight"),
-    (lambda: ops.rms_norm(torch.empty(2, 8), torch.empty(2, 8, dtype=torch.half),
-                          torch.ones(8), 1e-6), "out"),
-    (lambda: ops.rms_norm(torch.empty(2, 8), torch.empty(2, 8).int(), torch.ones(8), 1e-6),
-     "input"),
-    (lambda: ops.rms_norm(torch.empty(2, 8), torch.empty(2, 8), torch.ones(8), float("nan")),
-     "epsilon"),
-    (lambda: ops.rms_norm(torch.empty(2, 2, 2, 8), torch.empty(2, 2, 2, 8), torch.ones(8),
-                          1e-6), "rank"),
-    (lambda: ops.rms_norm(torch.empty(4, 8).t(), torch.empty(8, 4), torch.ones(4), 1e-6),
-     "contiguous"),
-    (lambda: ops.fused_add_rms_norm(torch.empty(2, 8), torch.empty(3, 8), torch.ones(8), 1e-6),
-     "residual"),
-    (lambda: ops.rotary_embedding(torch.tensor([0, 9]), torch.empty(2, 1, 8), None, 8,
-                                  torch.zeros(9, 8)), "positions"),
-    (lambda: ops.rotary_embedding(torch.tensor([0]), torch.empty(1, 1, 8), None, 8,
-                                  torch.zeros(9, 10)), "rotary dim"),
-    (lambda: ops.rotary_embedding(torch.tensor([0]), torch.empty(1, 1, 8), None, 8,
-                                  torch.zeros(9, 8, dtype=torch.float64)), "cos_sin_cache"),
-    (lambda: ops.rotary_embedding(torch.tensor([0]), torch.empty(1, 1, 8),
-                                  torch.empty(1, 1, 4), 8, torch.zeros(9, 8)), "key"),
-    (lambda: ops.rotary_embedding(torch.tensor([0]), torch.empty(1, 12), None, 8,
-                                  torch.zeros(9, 8)), "head_size"),
-    (lambda: ops.silu_and_mul(torch.empty(2, 5), torch.empty(2, 8)), "half"),
-    (lambda: ops.gelu_and_mul(torch.empty(2, 4), torch.empty(2, 9)), "even"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: ops.rms_norm(torch.empty(2, 8), torch.empty(2, 8), torch.ones(7), 1e-6), "weight"),
+        (
+            lambda: ops.rms_norm(
+                torch.empty(2, 8), torch.empty(2, 8, dtype=torch.half), torch.ones(8), 1e-6
+            ),
+            "out",
+        ),
+        (
+            lambda: ops.rms_norm(torch.empty(2, 8), torch.empty(2, 8).int(), torch.ones(8), 1e-6),
+            "input",
+        ),
+        (
+            lambda: ops.rms_norm(torch.empty(2, 8), torch.empty(2, 8), torch.ones(8), float("nan")),
+            "epsilon",
+        ),
+        (
+            lambda: ops.rms_norm(
+                torch.empty(2, 2, 2, 8), torch.empty(2, 2, 2, 8), torch.ones(8), 1e-6
+            ),
+            "rank",
+        ),
+        (
+            lambda: ops.rms_norm(torch.empty(4, 8).t(), torch.empty(8, 4), torch.ones(4), 1e-6),
+            "contiguous",
+        ),
+        (
+            lambda: ops.fused_add_rms_norm(
+                torch.empty(2, 8), torch.empty(3, 8), torch.ones(8), 1e-6
+            ),
+            "residual",
+        ),
+        (
+            lambda: ops.rotary_embedding(
+                torch.tensor([0, 9]), torch.empty(2, 1, 8), None, 8, torch.zeros(9, 8)
+            ),
+            "positions",
+        ),
+        (
+            lambda: ops.rotary_embedding(
+                torch.tensor([0]), torch.empty(1, 1, 8), None, 8, torch.zeros(9, 10)
+            ),
+            "rotary dim",
+        ),
+        (
+            lambda: ops.rotary_embedding(
+                torch.tensor([0]),
+                torch.empty(1, 1, 8),
+                None,
+                8,
+                torch.zeros(9, 8, dtype=torch.float64),
+            ),
+            "cos_sin_cache",
+        ),
+        (
+            lambda: ops.rotary_embedding(
+                torch.tensor([0]), torch.empty(1, 1, 8), torch.empty(1, 1, 4), 8, torch.zeros(9, 8)
+            ),
+            "key",
+        ),
+        (
+            lambda: ops.rotary_embedding(
+                torch.tensor([0]), torch.empty(1, 12), None, 8, torch.zeros(9, 8)
+            ),
+            "head_size",
+        ),
+        (lambda: ops.silu_and_mul(torch.empty(2, 5), torch.empty(2, 8)), "half"),
+        (lambda: ops.gelu_and_mul(torch.empty(2, 4), torch.empty(2, 9)), "even"),
+    ],
+)
 def test_bad_arguments_are_named(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()

@@ -4,7 +4,10 @@ chosen by argument, and the C++ code reads no environment variable."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +91,15 @@ def test_no_environment_switches_in_the_library() -> None:
             for i, line in enumerate(p.read_text(errors="replace").splitlines())
             if re.search(r"\bgetenv\s*\(", line)]
     assert not hits, hits
+
+
+def test_num_threads_from_environment() -> None:
+    """PAGEDKV_NUM_THREADS is read once, by the package at import (not by the C++ library); a
+    value that is not a positive integer is refused by name."""
+    code = "import pagedkv; print(pagedkv._C.ops_num_threads())"
+    env = {**os.environ, "PAGEDKV_NUM_THREADS": "3"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "3", out.stderr
+    env["PAGEDKV_NUM_THREADS"] = "two"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "PAGEDKV_NUM_THREADS must be a positive integer" in out.stderr

@@ -34,10 +34,12 @@ def test_thresholds_match_the_sorted_reference(trial):
     r.seed(seed)
     rows, vocab = r.choice([1, 3, 7]), r.choice([2, 17, 300, 1000])
     probs = _probs(r, rows, vocab)
-    top_k = np.array([r.choice([0, 1, 2, 5, vocab - 1, vocab, vocab + 3]) for _ in range(rows)],
-                     dtype=np.int32)
-    top_p = np.array([r.choice([1.0, 0.9, 0.5, 0.01, 0.999]) for _ in range(rows)],
-                     dtype=np.float32)
+    top_k = np.array(
+        [r.choice([0, 1, 2, 5, vocab - 1, vocab, vocab + 3]) for _ in range(rows)], dtype=np.int32
+    )
+    top_p = np.array(
+        [r.choice([1.0, 0.9, 0.5, 0.01, 0.999]) for _ in range(rows)], dtype=np.float32
+    )
     min_p = np.array([r.choice([0.0, 0.0, 0.05, 0.5]) for _ in range(rows)], dtype=np.float32)
     out = np.full(rows, np.nan, dtype=np.float32)
     ops.top_k_top_p_threshold(out, probs, top_k, top_p, min_p)
@@ -51,8 +53,9 @@ def test_kept_sets_are_the_textbook_ones():
 
     def thr(k: int, tp: float, mp: float) -> float:
         out = np.zeros(1, dtype=np.float32)
-        ops.top_k_top_p_threshold(out, p, np.array([k], np.int32), np.array([tp], np.float32),
-                                  np.array([mp], np.float32))
+        ops.top_k_top_p_threshold(
+            out, p, np.array([k], np.int32), np.array([tp], np.float32), np.array([mp], np.float32)
+        )
         return float(out[0])
 
     assert thr(0, 1.0, 0.0) == 0.0  # everything
@@ -109,7 +112,7 @@ def test_exponential_race_rows_depend_only_on_their_key():
     keys = torch.randint(0, 1 << 62, (9,), generator=g)
     zero = torch.zeros(9)
     batch = _race(probs, zero, keys)
-    alone = torch.cat([_race(probs[i:i + 1], zero[:1], keys[i:i + 1]) for i in range(9)])
+    alone = torch.cat([_race(probs[i : i + 1], zero[:1], keys[i : i + 1]) for i in range(9)])
     assert torch.equal(batch, alone)
     other = _race(probs, zero, keys + 1)
     assert not torch.equal(batch, other)  # a different key, a different draw (9 rows of 500)

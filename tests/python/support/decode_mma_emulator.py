@@ -1,4 +1,4 @@
-"""A lane-level Python model of the tensor-core decode kernel (src/ops/cuda/decode_mma*.cuh), for
+"""A lane-level Python model of the tensor-core decode kernel (src/ops/cuda/decode_mma.cuh), for
 checking its index arithmetic without a GPU: the 16-byte copies of each lane (run mapping,
 block-table shuffles, zero-fill, [d][slot] value runs), the fp8 dequantisation pass, the
 sanitising of straddling runs, the per-warp stage ring and the cross-warp merge. The tensor-core
@@ -319,9 +319,9 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
 
 def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pitch: int,
                     v_pitch: int, v_trans: bool):
-    """One warp's chunk through decode_mma.cuh's compute_chunk(): ldmatrix addresses of the query
-    (A), key (B) and value (B, .trans for [key][d], plain for [d][key]) tiles, mma operand order,
-    the (row, key) of each S element, P re-packing and the [16][D] output staging. qs [16][k_pitch],
+    """One warp's chunk through decode_mma.cuh's compute(): ldmatrix addresses of the query (A),
+    key (B) and value (B, .trans for [key][d], plain for [d][key]) tiles, mma operand order, the
+    (row, key) of each S element, P re-packing and the [16][D] output staging. qs [16][k_pitch],
     kt [16][k_pitch], vt [16][v_pitch] or [D][v_pitch]. Returns (S [16, 16], staged O [16, D])
     with P = S (unnormalised) so that O = S V."""
     fq, fk, fv = qs.reshape(-1), kt.reshape(-1), vt.reshape(-1)

@@ -17,8 +17,11 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     scale = float(ref.abs().max()) if ref.numel() else 1.0
-    return float((out.double().cpu() - ref.cpu()).abs().max()) / max(scale, 1e-30) \
-        if ref.numel() else 0.0
+    return (
+        float((out.double().cpu() - ref.cpu()).abs().max()) / max(scale, 1e-30)
+        if ref.numel()
+        else 0.0
+    )
 
 
 def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
@@ -27,8 +30,9 @@ def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) ->
     return xd * inv * (offset + w.double())
 
 
-def rotary_ref(positions: torch.Tensor, x: torch.Tensor, cache: torch.Tensor,
-               is_neox: bool) -> torch.Tensor:
+def rotary_ref(
+    positions: torch.Tensor, x: torch.Tensor, cache: torch.Tensor, is_neox: bool
+) -> torch.Tensor:
     """x [T, H, D] rotated by cache[positions] ([max_pos, rot]: cos | sin) in float64."""
     xd = x.double().clone()
     rot = cache.shape[1]
@@ -56,22 +60,24 @@ def act_ref(name: str, x: torch.Tensor) -> torch.Tensor:
     elif name == "gelu":
         a = 0.5 * g * (1 + torch.erf(g / math.sqrt(2)))
     else:
-        a = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+        a = 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)))
     return a * u
 
 
-def strided_rows(r: random.Random, shape: tuple[int, ...], dtype: torch.dtype, device: str,
-                 gen: torch.Generator) -> torch.Tensor:
+def strided_rows(
+    r: random.Random, shape: tuple[int, ...], dtype: torch.dtype, device: str, gen: torch.Generator
+) -> torch.Tensor:
     """A random array of `shape` that is, by a coin flip, a strided view (padding in the last
     dimension of a wider buffer, as a slice of a fused projection is)."""
     pad = r.choice([0, 0, 3, 8])
     full = torch.randn(*shape[:-1], shape[-1] + pad, generator=gen, dtype=torch.float32)
     full = (full * r.choice([0.5, 1.0, 4.0])).to(dtype).to(device)
-    return full[..., pad:] if pad and r.random() < 0.5 else full[..., :shape[-1]]
+    return full[..., pad:] if pad and r.random() < 0.5 else full[..., : shape[-1]]
 
 
-def cos_sin_cache(max_pos: int, rot: int, base: float, dtype: torch.dtype,
-                  device: str) -> torch.Tensor:
+def cos_sin_cache(
+    max_pos: int, rot: int, base: float, dtype: torch.dtype, device: str
+) -> torch.Tensor:
     inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
     freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv)
     return torch.cat([freqs.cos(), freqs.sin()], dim=1).to(dtype).to(device)
@@ -84,14 +90,16 @@ def random_case_rng(seed: Optional[int] = None) -> tuple[random.Random, torch.Ge
 
 # ---- one random case per op, run on `device` (the CPU and CUDA tests share them) -------------
 
+
 def _shape(r: random.Random, width: int) -> tuple[int, ...]:
     rank = r.choice([1, 2, 2, 3])
     lead = [r.choice([1, 2, 5, 17]) for _ in range(rank - 1)]
     return (*lead, width)
 
 
-def check_rms_norm(device: str, dtype: torch.dtype, fused: bool, seed: Optional[int] = None
-                   ) -> None:
+def check_rms_norm(
+    device: str, dtype: torch.dtype, fused: bool, seed: Optional[int] = None
+) -> None:
     from pagedkv import ops
 
     r, g, seed = random_case_rng(seed)
@@ -126,9 +134,9 @@ def check_rotary(device: str, dtype: torch.dtype, seed: Optional[int] = None) ->
     cache = cos_sin_cache(max_pos, rot, r.choice([10000.0, 500000.0]), cache_dtype, device)
     # q and k as views of one fused projection, like a model's qkv output.
     qkv = (torch.randn(tokens, (hq + 2 * hk) * head, generator=g) * 2).to(dtype).to(device)
-    q = qkv[:, :hq * head].view(tokens, hq, head)
-    k = qkv[:, hq * head:(hq + hk) * head].view(tokens, hk, head)
-    v_before = qkv[:, (hq + hk) * head:].clone()
+    q = qkv[:, : hq * head].view(tokens, hq, head)
+    k = qkv[:, hq * head : (hq + hk) * head].view(tokens, hk, head)
+    v_before = qkv[:, (hq + hk) * head :].clone()
     positions = torch.randint(0, max_pos, (tokens,), generator=g).to(device)
     is_neox = r.random() < 0.7
     q_ref = rotary_ref(positions.cpu(), q.cpu(), cache.cpu(), is_neox)
@@ -140,13 +148,15 @@ def check_rotary(device: str, dtype: torch.dtype, seed: Optional[int] = None) ->
     if with_key:
         assert rel_err(k, k_ref) <= TOL[dtype], where
     else:
-        assert torch.equal(k.cpu(), qkv[:, hq * head:(hq + hk) * head].view(tokens, hk, head)
-                           .cpu()), where
-    assert torch.equal(qkv[:, (hq + hk) * head:], v_before), f"{where}: v was touched"
+        assert torch.equal(
+            k.cpu(), qkv[:, hq * head : (hq + hk) * head].view(tokens, hk, head).cpu()
+        ), where
+    assert torch.equal(qkv[:, (hq + hk) * head :], v_before), f"{where}: v was touched"
 
 
-def check_act_and_mul(device: str, dtype: torch.dtype, name: str,
-                      seed: Optional[int] = None) -> None:
+def check_act_and_mul(
+    device: str, dtype: torch.dtype, name: str, seed: Optional[int] = None
+) -> None:
     from pagedkv import ops
 
     r, g, seed = random_case_rng(seed)

@@ -185,7 +185,15 @@ class RequestChecks:
         that a rejected value's 400 names the field the client sent."""
         from pagedkv.engine.sampling_params import SamplingParams
 
-        kwargs: Dict[str, Any] = {"max_tokens": max_tokens}
+        # The model's generation_config.json defaults (--generation-config), under what the
+        # request sets; its max_new_tokens caps a request that names no length (vLLM's rule).
+        defaults = dict(getattr(getattr(self.engine, "model_config", None),
+                                "generation_defaults", None) or {})
+        default_max = defaults.pop("max_tokens", None)
+        if default_max is not None and all(getattr(req, f, None) is None
+                                           for f in ("max_tokens", "max_completion_tokens")):
+            max_tokens = min(max_tokens, int(default_max))
+        kwargs: Dict[str, Any] = {**defaults, "max_tokens": max_tokens}
         for name in _SAMPLING_FIELDS:
             value = getattr(req, name, None)
             if value is not None:

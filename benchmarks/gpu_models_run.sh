@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The models' GPU run (#27): every family and sliding-window case on the CUDA engine (kernels,
+# CUDA graphs, chunked prefill) against HF transformers — float32 vs HF float32 (same tokens,
+# logprobs within 2e-3) and bf16 vs HF bf16 (agreement reported). Logs go to $OUT.
+#   SKIP_BUILD=1 bash benchmarks/gpu_models_run.sh    (reuses an installed CUDA build)
+set -uo pipefail
+source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
+timeout 220 python3 -m pytest tests/python/models/test_models_cuda.py -q -s -p no:cacheprovider \
+  --tb=short -rfE > "$OUT/models_cuda_tests.log" 2>&1
+grep -E "max logprob gap|tokens before divergence|passed|failed|Error" \
+  "$OUT/models_cuda_tests.log" | tail -60

@@ -1,0 +1,67 @@
+"""Greedy generation by HF transformers and by the pagedkv engine on the same checkpoint, and
+the comparison the model tests share: the same tokens, and logprobs of those tokens within a
+tolerance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Greedy = list[tuple[list[int], list[float]]]  # per prompt: (tokens, logprob of each token)
+
+
+def hf_greedy(path: str, prompts: list[list[int]], max_tokens: int, dtype: Any = None) -> Greedy:
+    """HF ``generate`` (greedy, its own KV cache) from each prompt alone, EOS disabled; the
+    logprobs are the log-softmax of its raw logits."""
+    import torch
+    import transformers
+
+    dtype = dtype or torch.float32
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    ref.generation_config.eos_token_id = None
+    out: Greedy = []
+    for prompt in prompts:
+        with torch.no_grad():
+            gen = ref.generate(
+                torch.tensor([prompt]),
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+        tokens = gen.sequences[0, len(prompt) :].tolist()
+        logprobs = [
+            float(torch.log_softmax(step[0].double(), -1)[t]) for step, t in zip(gen.logits, tokens)
+        ]
+        out.append((tokens, logprobs))
+    return out
+
+
+def engine_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> Greedy:
+    from pagedkv import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    result: Greedy = []
+    for o in outs:
+        c = o.outputs[0]
+        result.append(
+            (list(c.token_ids), [c.logprobs[j][t].logprob for j, t in enumerate(c.token_ids)])
+        )
+    return result
+
+
+def assert_same_greedy(got: Greedy, expected: Greedy, tol: float = 1e-4) -> float:
+    """Token for token equal, logprobs within ``tol``; returns the largest logprob gap. The
+    reference must be informative: a model whose every greedy token has probability ~1 would
+    agree with a wrong implementation too."""
+    ref_lps = [lp for _, lps in expected for lp in lps]
+    assert sum(ref_lps) / len(ref_lps) < -0.05, "the reference's greedy tokens are all certain"
+    worst = 0.0
+    for i, ((tokens, lps), (ref_tokens, ref_lps)) in enumerate(zip(got, expected, strict=True)):
+        assert tokens == ref_tokens, f"prompt {i}: {tokens} != HF {ref_tokens}"
+        for j, (a, b) in enumerate(zip(lps, ref_lps)):
+            worst = max(worst, abs(a - b))
+            assert abs(a - b) < tol, f"prompt {i}, token {j}: logprob {a} vs HF {b}"
+    return worst
