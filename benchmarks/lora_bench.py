@@ -24,10 +24,15 @@ def write_adapter(out: str, cfg: dict, rank: int, seed: int) -> str:
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    shapes = {"self_attn.q_proj": (h, q), "self_attn.k_proj": (h, kv),
-              "self_attn.v_proj": (h, kv), "self_attn.o_proj": (q, h),
-              "mlp.gate_proj": (h, inter), "mlp.up_proj": (h, inter),
-              "mlp.down_proj": (inter, h)}
+    shapes = {
+        "self_attn.q_proj": (h, q),
+        "self_attn.k_proj": (h, kv),
+        "self_attn.v_proj": (h, kv),
+        "self_attn.o_proj": (q, h),
+        "mlp.gate_proj": (h, inter),
+        "mlp.up_proj": (h, inter),
+        "mlp.down_proj": (inter, h),
+    }
     tensors = {}
     for layer in range(cfg["num_hidden_layers"]):
         for mod, (fin, fout) in shapes.items():
@@ -35,11 +40,21 @@ def write_adapter(out: str, cfg: dict, rank: int, seed: int) -> str:
             tensors[f"{p}.lora_A.weight"] = torch.randn(rank, fin, generator=g) / fin**0.5
             tensors[f"{p}.lora_B.weight"] = torch.randn(fout, rank, generator=g) * 0.01
     os.makedirs(out, exist_ok=True)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
-              os.path.join(out, "adapter_model.safetensors"))
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+        os.path.join(out, "adapter_model.safetensors"),
+    )
     with open(os.path.join(out, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "bias": "none",
-                   "target_modules": [m.split(".")[1] for m in shapes]}, f)
+        json.dump(
+            {
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "bias": "none",
+                "target_modules": [m.split(".")[1] for m in shapes],
+            },
+            f,
+        )
     return out
 
 
@@ -61,17 +76,24 @@ def main() -> None:
         save_random_model(args.model_dir, "llama-1b", dtype=torch.bfloat16, tokenizer=False)
     with open(os.path.join(args.model_dir, "config.json")) as f:
         cfg = json.load(f)
-    loras = [LoRARequest(f"a{i}", i + 1,
-                         write_adapter(f"{args.model_dir}_lora{i}", cfg, args.rank, i))
-             for i in range(args.num_adapters)]
-    llm = LLM(args.model_dir, skip_tokenizer_init=True, enable_lora=True,
-              max_loras=args.num_adapters, max_lora_rank=args.rank,
-              enable_prefix_caching=False)
+    loras = [
+        LoRARequest(f"a{i}", i + 1, write_adapter(f"{args.model_dir}_lora{i}", cfg, args.rank, i))
+        for i in range(args.num_adapters)
+    ]
+    llm = LLM(
+        args.model_dir,
+        skip_tokenizer_init=True,
+        enable_lora=True,
+        max_loras=args.num_adapters,
+        max_lora_rank=args.rank,
+        enable_prefix_caching=False,
+    )
     g = torch.Generator().manual_seed(0)
     vocab = cfg["vocab_size"]
-    prompts = [{"prompt_token_ids": torch.randint(10, vocab, (args.prompt_len,),
-                                                   generator=g).tolist()}
-               for _ in range(args.num_prompts)]
+    prompts = [
+        {"prompt_token_ids": torch.randint(10, vocab, (args.prompt_len,), generator=g).tolist()}
+        for _ in range(args.num_prompts)
+    ]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompts[:8], params, use_tqdm=False, lora_request=loras[:8])  # warm-up
 
@@ -86,8 +108,12 @@ def main() -> None:
     result = {"base_tok_s": run(None), "lora_tok_s": run(per_prompt)}
     result["base_tok_s_again"] = run(None)
     result["ratio"] = result["lora_tok_s"] / max(result["base_tok_s"], result["base_tok_s_again"])
-    result.update(adapters=args.num_adapters, rank=args.rank, prompts=args.num_prompts,
-                  device=torch.cuda.get_device_name())
+    result.update(
+        adapters=args.num_adapters,
+        rank=args.rank,
+        prompts=args.num_prompts,
+        device=torch.cuda.get_device_name(),
+    )
     print(json.dumps(result, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -22,8 +22,9 @@ class LoRAAdmission:
         """True if the request may go to the scheduler now (then counted as resident); False
         if it waits (``item`` is returned later by release()). A new adapter also waits behind
         earlier waiting requests, so that they are not starved."""
-        if (self.waiting and lora_id != 0 and lora_id not in self.resident) or \
-                not self._fits(lora_id):
+        if (self.waiting and lora_id != 0 and lora_id not in self.resident) or not self._fits(
+            lora_id
+        ):
             self.waiting.append((lora_id, key, item))
             return False
         if lora_id:

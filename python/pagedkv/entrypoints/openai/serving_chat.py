@@ -172,7 +172,7 @@ class OpenAIServingChat(OpenAIServing):
         self.log_request(request_id, [len(ids)], params, bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
-                                       prompt_param="messages")
+                                       prompt_param="messages", model=req.model)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, streams, timer, ids),
                                      media_type="text/event-stream")

@@ -46,7 +46,7 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id, engine_id = self.request_ids(raw, req, "cmpl")
         self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
-        streams = await self.start_all(engine_id, jobs, req.priority)
+        streams = await self.start_all(engine_id, jobs, req.priority, model=req.model)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, prompts, streams, timer),
                                      media_type="text/event-stream")
