@@ -45,6 +45,9 @@ class LoRAStep:
 class LoRALinear(nn.Module):
     """``base`` (a column-, row-, QKV- or merged-parallel linear) plus the adapters' deltas."""
 
+    a_stack: torch.Tensor
+    b_stack: torch.Tensor
+
     def __init__(
         self,
         base: nn.Module,
@@ -58,17 +61,19 @@ class LoRALinear(nn.Module):
         self.base = base
         self.slice_names, self.slice_sizes = slice_names, slice_sizes
         self.max_rank, self.step = max_rank, step
-        weight = base.weight
+        weight: torch.Tensor = base.weight  # type: ignore[assignment]
         out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
         self.in_features = in_features
-        kw = {"dtype": weight.dtype, "device": weight.device}
+        dt, dev = weight.dtype, weight.device
         self.register_buffer(
             "a_stack",
-            torch.zeros(max_loras, len(slice_names) * max_rank, in_features, **kw),
+            torch.zeros(max_loras, len(slice_names) * max_rank, in_features, dtype=dt, device=dev),
             persistent=False,
         )
         self.register_buffer(
-            "b_stack", torch.zeros(max_loras, out_features, max_rank, **kw), persistent=False
+            "b_stack",
+            torch.zeros(max_loras, out_features, max_rank, dtype=dt, device=dev),
+            persistent=False,
         )
 
     def set_slot(self, slot: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -113,7 +118,8 @@ def _slices(name: str, layer: nn.Module) -> tuple[list[str], list[int]]:
     if isinstance(layer, MergedColumnParallelLinear):
         names = PACKED_MODULES.get(name) or [f"{name}.{i}" for i in range(len(layer.output_sizes))]
         return names, list(layer.output_sizes)
-    return [name], [int(layer.weight.shape[0])]
+    weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+    return [name], [int(weight.shape[0])]
 
 
 @dataclass
