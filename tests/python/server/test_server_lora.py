@@ -94,6 +94,7 @@ def test_adapters_by_name(world, monkeypatch) -> None:
             )
             assert r.status_code == 200, r.text
             texts[name] = r.json()["choices"][0]["text"]
+            assert r.json()["model"] == name
         assert len(set(texts.values())) == 3, texts
         hf_tok = transformers.AutoTokenizer.from_pretrained(base)
         assert texts["first"] == _merged_text(base, adapters[0], hf_tok, 5)

@@ -103,6 +103,13 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
         except ValueError as exc:
             raise self._as_400(exc, prompt_param) from exc
 
+    def response_model(self, model: Optional[str]) -> str:
+        """The model a response names: the LoRA adapter the request named (vLLM), else the
+        first served name."""
+        lora = self.state.lora
+        return model if model and lora is not None and lora.get(model) is not None \
+            else self.state.model_name
+
     @staticmethod
     def _as_400(exc: Exception, prompt_param: str) -> APIError:
         """The InputProcessor's / engine's error as a 400 naming the request field its
