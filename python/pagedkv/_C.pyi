@@ -440,6 +440,16 @@ def moe_grouped_gemm(out: NDArray, a: NDArray, w: NDArray, sorted_token_ids: NDA
     Grouped GEMM over the expert blocks: out[i] = a[i / top_k] . w[expert]^T (* topk_weights[i]).
     """
 
+def lora_shrink(buf: NDArray, x: NDArray, a: NDArray, token_lora_indices: NDArray, stream: int = 0) -> None:
+    """
+    buf[t] = x[t] . a[token_lora_indices[t]]^T (zeros where the index is -1).
+    """
+
+def lora_expand(out: NDArray, buf: NDArray, b: NDArray, token_lora_indices: NDArray, slice_sizes: Sequence[int], stream: int = 0) -> None:
+    """
+    out[t, n] += buf[t, slice(n)] . b[token_lora_indices[t], n] (rows with index -1 kept).
+    """
+
 def quant_int4_gemm(out: NDArray, x: NDArray, qweight: NDArray, scales: NDArray, zeros: NDArray, group_size: int, stream: int = 0) -> None:
     """
     out [M, N] = x [M, K] . W^T with W[n, k] = (q[n, k] - zeros[n, k / G]) * scales[n, k / G] (qweight [N, K / 2] uint8, two 4-bit codes per byte, low nibble first).

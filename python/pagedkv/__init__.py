@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run
     from pagedkv.engine.outputs import CompletionOutput, RequestOutput
     from pagedkv.engine.sampling_params import RequestOutputKind, SamplingParams
     from pagedkv.engine.structured_output import GuidedDecodingParams, StructuredOutputsParams
+    from pagedkv.lora.request import LoRARequest
 
 __all__ = [
     "__version__",
@@ -47,6 +48,7 @@ __all__ = [
     "CompletionOutput",
     "LLMEngine",
     "AsyncLLMEngine",
+    "LoRARequest",
 ]
 
 # Public names and the module that defines each; imported on first use so that `import pagedkv`
@@ -67,6 +69,7 @@ _LAZY = {
     "CompletionOutput": "pagedkv.engine.outputs",
     "LLMEngine": "pagedkv.engine.llm_engine",
     "AsyncLLMEngine": "pagedkv.engine.async_llm_engine",
+    "LoRARequest": "pagedkv.lora.request",
 }
 
 

@@ -16,6 +16,7 @@ VLLM_TWINS: Dict[str, str] = {
     "PAGEDKV_API_KEY": "VLLM_API_KEY",  # the server's API key (--api-key)
     "PAGEDKV_LOGGING_LEVEL": "VLLM_LOGGING_LEVEL",  # the log level of LLM and the server
     "PAGEDKV_MAX_N_SEQUENCES": "VLLM_MAX_N_SEQUENCES",  # the most samples one prompt asks for
+    "PAGEDKV_ALLOW_RUNTIME_LORA_UPDATING": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",  # /v1/*_lora_adapter
     "PAGEDKV_CACHE_DIR": "VLLM_CACHE_ROOT",  # where pagedkv keeps files it derives (GGUF)
 }
 

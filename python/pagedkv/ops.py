@@ -359,6 +359,7 @@ def _no_blocksparse(vert_stride: Optional[int]) -> None:
 
 
 # The mixture-of-experts and int4 kernels live in their own modules (one concept per file).
+from pagedkv.lora_ops import lora_expand, lora_shrink  # noqa: E402
 from pagedkv.moe_ops import (  # noqa: E402
     moe_align_block_size,
     moe_grouped_gemm,
@@ -368,4 +369,4 @@ from pagedkv.moe_ops import (  # noqa: E402
 from pagedkv.quant_ops import int4_gemm  # noqa: E402
 
 __all__ += ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens",
-            "int4_gemm"]
+            "int4_gemm", "lora_shrink", "lora_expand"]

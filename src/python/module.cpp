@@ -23,6 +23,7 @@ NB_MODULE(_C, m) {
   pagedkv::python::bind_scheduler(m);
   pagedkv::python::bind_ops(m);
   pagedkv::python::bind_moe(m);
+  pagedkv::python::bind_lora(m);
   pagedkv::python::bind_quant(m);
   pagedkv::python::bind_layer_ops(m);
   pagedkv::python::bind_sampling_ops(m);

@@ -259,6 +259,7 @@ class AsyncLLMEngine:
         *,
         prompt_token_ids: Optional[Sequence[int]] = None,
         priority: int = 0,
+        lora_request: Any = None,
     ) -> RequestStream:
         """Queues a request and waits until the engine accepted it.
 
@@ -286,7 +287,8 @@ class AsyncLLMEngine:
         ids = list(prompt_token_ids) if prompt_token_ids is not None else None
         try:
             await asyncio.wrap_future(
-                self._submit(("add", request_id, prompt, sampling_params, ids, priority)))
+                self._submit(("add", request_id, prompt, sampling_params, ids, priority,
+                              lora_request)))
         except BaseException:
             stream.close()  # rejected, or the caller went away while it was queued
             raise
@@ -300,13 +302,15 @@ class AsyncLLMEngine:
         *,
         prompt_token_ids: Optional[Sequence[int]] = None,
         priority: int = 0,
+        lora_request: Any = None,
     ) -> AsyncIterator[Any]:
         """Streams cumulative RequestOutputs of one request until its final one.
 
         Leaving the loop early (break, cancellation, client disconnect) aborts the request.
         """
         stream = await self.add_request(request_id, prompt, sampling_params,
-                                        prompt_token_ids=prompt_token_ids, priority=priority)
+                                        prompt_token_ids=prompt_token_ids, priority=priority,
+                                        lora_request=lora_request)
         try:
             async for out in stream:
                 yield out
@@ -404,10 +408,10 @@ class AsyncLLMEngine:
         if kind == "wake" or not fut.set_running_or_notify_cancel():
             return
         if kind == "add":
-            _, request_id, prompt, params, ids, priority, _ = cmd
+            _, request_id, prompt, params, ids, priority, lora, _ = cmd
             try:
                 self.engine.add_request(request_id, prompt, params, prompt_token_ids=ids,
-                                        priority=priority)
+                                        priority=priority, lora_request=lora)
             except Exception as exc:  # noqa: BLE001 - bad request: report to its caller only
                 fut.set_exception(exc)
                 return

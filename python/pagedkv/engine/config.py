@@ -22,13 +22,13 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 # Field types, checked before the value rules (a CLI or config file may hand over strings).
 _INT_FIELDS = ("block_size", "max_num_seqs", "max_seq_len_to_capture", "max_logprobs",
-               "tensor_parallel_size", "pipeline_parallel_size")
+               "tensor_parallel_size", "pipeline_parallel_size", "max_loras", "max_lora_rank")
 _OPTIONAL_INT_FIELDS = ("num_cpu_blocks", "num_gpu_blocks_override", "max_model_len",
-                        "max_num_batched_tokens", "seed")
+                        "max_num_batched_tokens", "seed", "max_cpu_loras")
 _FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space")
 _OPTIONAL_FLOAT_FIELDS = ("kv_cache_space",)
 _BOOL_FIELDS = ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
-                "skip_tokenizer_init", "trust_remote_code", "disable_log_stats")
+                "skip_tokenizer_init", "trust_remote_code", "disable_log_stats", "enable_lora")
 
 
 @dataclass
@@ -78,6 +78,13 @@ class EngineConfig:
     rope_theta: Optional[float] = None
     generation_config: str = "auto"  # "auto" | "vllm" | a folder with generation_config.json
     override_generation_config: Optional[Dict[str, Any]] = None  # its keys replaced
+    # LoRA adapters (pagedkv.lora): max_loras device slots (the most adapters one step may use)
+    # of rank up to max_lora_rank; max_cpu_loras adapters kept in host memory (default
+    # max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -143,12 +150,25 @@ class EngineConfig:
                              f"{self.scheduling_policy!r}")
         if not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
+        self._validate_lora()
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no cap) or >= 0, got {self.max_logprobs}")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._check_model_source()
+
+    def _validate_lora(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras})")
+        if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError("enable_lora with tensor or pipeline parallelism is not supported "
+                             "yet")
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):

@@ -23,6 +23,7 @@ from pagedkv.engine.llm_inputs import (
 )
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.sampling_params import SamplingParams
+from pagedkv.lora.request import LoRARequest
 from pagedkv.models.progress import progress_bar
 
 logger = logging.getLogger("pagedkv")
@@ -66,13 +67,17 @@ class LLM:
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True, prompt_token_ids: Optional[List[List[int]]] = None,
-                 priority: Optional[List[int]] = None) -> List[RequestOutput]:
+                 priority: Optional[List[int]] = None,
+                 lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+                 ) -> List[RequestOutput]:
         """Runs every prompt to completion; outputs come back in input order.
 
         A prompt is a string, a list of token ids, or {"prompt": str} / {"prompt_token_ids":
         [...]}; ``prompts`` may be one prompt or a list. ``sampling_params`` is one for all or a
-        list with one per prompt."""
+        list with one per prompt; so is ``lora_request`` (the LoRA adapter, None = the base
+        model; needs enable_lora=True)."""
         items = normalise_prompts(prompts, prompt_token_ids)
+        loras = per_prompt_lora(lora_request, len(items))
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
         params = []
         if sampling_params is None:
@@ -89,7 +94,8 @@ class LLM:
                 self._counter += 1
                 self.llm_engine.add_request(rid, item.get("prompt"), p,
                                             prompt_token_ids=item.get("prompt_token_ids"),
-                                            priority=priority[i] if priority else 0)
+                                            priority=priority[i] if priority else 0,
+                                            lora_request=loras[i])
                 ids.append(rid)
         except BaseException:
             self.llm_engine.abort_request(ids)  # a bad prompt rejects the whole call
@@ -168,3 +174,16 @@ def _bar_advance(bar: Any, done: List[RequestOutput]) -> None:
     if elapsed > 0:
         bar.set_postfix_str(f"output: {bar.total_out / elapsed:.1f} toks/s", refresh=False)
     bar.update(len(done))
+
+
+def per_prompt_lora(lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None],
+                    n: int) -> List[Optional[LoRARequest]]:
+    """generate()'s lora_request: one for all prompts, or a list with one per prompt."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    if not isinstance(lora_request, (list, tuple)):
+        raise TypeError("lora_request must be a LoRARequest, a list of them (one per prompt) "
+                        f"or None, got {type(lora_request).__name__}")
+    if len(lora_request) != n:
+        raise ValueError(f"lora_request has {len(lora_request)} entries for {n} prompts")
+    return list(lora_request)

@@ -26,6 +26,8 @@ from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.engine.step_sampling import StepSampling
 from pagedkv.engine.structured_output import GrammarCache, advance
+from pagedkv.lora.admission import LoRAAdmission
+from pagedkv.lora.request import LoRARequest
 
 logger = logging.getLogger("pagedkv")
 
@@ -57,6 +59,8 @@ class LLMEngine:
         self._step_entries: List[tuple[RequestState, SeqState]] = []
         self._plan_applied = True
         self._failed_plan: Any = None
+        lora = getattr(self.runner, "lora", None)
+        self.lora_admission = LoRAAdmission(self.config.max_loras) if lora is not None else None
 
     @classmethod
     def from_engine_args(cls, **kwargs: Any) -> LLMEngine:
@@ -71,11 +75,14 @@ class LLMEngine:
                     prompt: Union[str, List[int], Dict[str, Any], EngineRequest, None],
                     params: Optional[SamplingParams] = None,
                     arrival_time: Optional[float] = None, *,
-                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0) -> None:
+                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
+                    lora_request: Optional[LoRARequest] = None) -> None:
         """vLLM's signature: ``prompt`` is text, a list of token ids, or a dict with "prompt"
         and / or "prompt_token_ids" (TextPrompt / TokensPrompt); ``prompt_token_ids=`` is the
         older keyword and wins over what ``prompt`` holds. An EngineRequest (checked and
-        tokenized off the engine thread by ``self.input_processor``) is taken as is."""
+        tokenized off the engine thread by ``self.input_processor``) is taken as is.
+        ``lora_request``: the adapter to run with (needs enable_lora); loaded here if new."""
+        lora_id = self._load_lora(lora_request)
         if isinstance(prompt, EngineRequest):
             checked = prompt
         else:
@@ -90,7 +97,7 @@ class LLMEngine:
         params = checked.params
         req = RequestState(request_id, checked.prompt, checked.prompt_token_ids, params,
                            RequestMetrics(checked.arrival_time), checked.max_tokens,
-                           self.eos_token_ids, checked.bad_words_token_ids)
+                           self.eos_token_ids, checked.bad_words_token_ids, lora_id=lora_id)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         req.grammar = checked.grammar
@@ -102,8 +109,32 @@ class LLMEngine:
                                      logprobs=[] if params.logprobs is not None else None))
             if req.grammar is not None:  # each sample follows the grammar on its own
                 req.seqs[-1].matcher = self.structured.matcher(req.grammar)  # type: ignore
-        self._add_to_scheduler(req, checked.priority)
         self.requests[request_id] = req
+        if self.lora_admission is None or self.lora_admission.admit(
+                lora_id, request_id, (req, checked.priority)):
+            self._add_to_scheduler(req, checked.priority)
+
+    def _load_lora(self, lora_request: Optional[LoRARequest]) -> int:
+        if lora_request is None:
+            return 0
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError("lora_request must be a pagedkv.lora.LoRARequest, got "
+                            f"{type(lora_request).__name__}")
+        lora = getattr(self.runner, "lora", None)
+        if lora is None:
+            raise ValueError("lora_request needs an engine with enable_lora=True")
+        lora.add_adapter(lora_request)
+        return lora_request.lora_int_id
+
+    def _release_lora(self, req: RequestState) -> None:
+        """``req`` left the engine: its adapter's place may go to a waiting request."""
+        if self.lora_admission is None or not req.lora_id:
+            return
+        if self.lora_admission.drop(req.request_id):
+            return  # it never reached the scheduler
+        for waiting, priority in self.lora_admission.release(req.lora_id):
+            if waiting.request_id in self.requests:
+                self._add_to_scheduler(waiting, priority)
 
     def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
         p = req.params
@@ -113,7 +144,9 @@ class LLMEngine:
             stop_ids += eos[1:]  # the scheduler has one EOS slot; the others act as stop ids
         # Prompt logprobs need logits at every prompt position: keep such a request off the
         # prefix cache with a salt of its own.
-        salt = (zlib.crc32(req.request_id.encode()) | 1) if p.prompt_logprobs is not None else 0
+        # A request with an adapter shares cached blocks only with requests of the same one.
+        salt: Union[int, str] = (zlib.crc32(req.request_id.encode()) | 1) \
+            if p.prompt_logprobs is not None else (f"lora:{req.lora_id}" if req.lora_id else 0)
         seq = req.seqs[0]
         seq.sched_id = req.request_id
         self.scheduler.add_request(
@@ -129,6 +162,7 @@ class LLMEngine:
             req = self.requests.pop(rid, None)
             if req is None:
                 continue
+            self._release_lora(req)
             for seq in req.seqs:
                 if seq.sched_id is not None and not seq.finished:
                     self.scheduler.abort_request(seq.sched_id)
@@ -199,6 +233,7 @@ class LLMEngine:
                     seq.finish_reason = "abort"
             if self.requests.pop(req.request_id, None) is not None:
                 failed.append(req.request_id)
+                self._release_lora(req)
         if not self._plan_applied:
             for sid in plan_ids:  # any entry the engine did not know of
                 self.scheduler.abort_request(sid)
@@ -221,7 +256,10 @@ class LLMEngine:
                 if context_lens is None:
                     context_lens = plan.context_lens
                 req.num_cached_tokens = int(context_lens[i])
-        hidden = self.runner.execute(plan)
+        if self.lora_admission is not None:
+            hidden = self.runner.execute(plan, lora_ids=[r.lora_id for r, _ in entries])
+        else:
+            hidden = self.runner.execute(plan)
         work = StepSampling(self, plan, entries)
         sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
         finished_ids = set(self.scheduler.update(plan, sampled))
@@ -330,8 +368,8 @@ class LLMEngine:
             if not req.finished and (req.final_only or best_of > req.params.n):
                 continue  # best_of picks the winners at the end only
             outs.append(req.to_output())
-            if req.finished:
-                self.requests.pop(req.request_id, None)
+            if req.finished and self.requests.pop(req.request_id, None) is not None:
+                self._release_lora(req)
         return outs
 
     # ------------------------------------------------------------------ stats

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from pagedkv import ops
 from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
+from pagedkv.lora.manager import LoRAManager
 
 logger = logging.getLogger("pagedkv")
 
@@ -50,6 +51,10 @@ class ModelRunner:
         self.backend: Optional[PagedAttentionBackend] = None
         self.graphs: Any = None  # CudaGraphRunner once captured
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
+        # The adapters' device slots are allocated here, before the KV cache takes the rest.
+        self.lora: Optional[LoRAManager] = (
+            LoRAManager(model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras)
+            if cfg.enable_lora else None)
 
     # ------------------------------------------------------------------ KV cache sizing
     def block_bytes(self) -> int:
@@ -207,12 +212,26 @@ class ModelRunner:
             ops.swap_blocks(s[1], d[1], mapping)
 
     @torch.inference_mode()
-    def execute(self, plan: Any, intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def execute(self, plan: Any, intermediate: Optional[torch.Tensor] = None,
+                lora_ids: Optional[Sequence[int]] = None) -> torch.Tensor:
         """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
-        On a pipeline stage after the first, ``intermediate`` is the previous stage's output."""
+        On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
+        ``lora_ids``: the LoRA adapter id of each of the plan's sequences (0 = none)."""
+        if self.lora is None or lora_ids is None or not any(lora_ids):
+            return self._execute(plan, intermediate, False)
+        n_seq = int(plan.num_seqs)
+        per_seq = np.diff(np.asarray(plan.query_start_loc[:n_seq + 1]))
+        self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
+        try:  # the captured graphs run without adapters: an adapter step runs eagerly
+            return self._execute(plan, intermediate, True)
+        finally:
+            self.lora.end_step()
+
+    def _execute(self, plan: Any, intermediate: Optional[torch.Tensor],
+                 eager: bool) -> torch.Tensor:
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
-        if (self.graphs is not None and plan.num_prefills == 0
+        if (self.graphs is not None and not eager and plan.num_prefills == 0
                 and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))):
             return self.graphs.run(plan, intermediate)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])

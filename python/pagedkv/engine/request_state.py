@@ -76,6 +76,7 @@ class RequestState:
     forked: bool = False  # the n > 1 samples exist in the scheduler (or finished at once)
     num_cached_tokens: int = 0
     grammar: Any = None  # compiled xgrammar grammar (structured outputs); a matcher per sample
+    lora_id: int = 0  # the LoRARequest's lora_int_id (0 = the base model)
 
     # Derived from params once (params do not change after add_request); the per-step loops
     # read these for every sequence of the batch.

@@ -25,7 +25,8 @@ class Refused:
 
 
 _ONE_DEVICE = "pagedkv runs the model in one process on one device"
-_NO_LORA = "LoRA adapters are not supported yet"
+_LORA_DTYPE = "LoRA adapters run in the model's dtype"
+_NO_LORA_TP = "LoRA adapters are not sharded over tensor-parallel ranks yet"
 _NO_MM = "pagedkv serves text-only models"
 _NO_SPEC = "speculative decoding is not supported yet"
 _NO_COMPILE = "pagedkv runs its own kernels and CUDA graphs, not torch.compile"
@@ -100,12 +101,9 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
                                        (None, "auto", "xgrammar")),
     "speculative_config": Refused(_NO_SPEC),
     # LoRA and multimodal.
-    "enable_lora": Refused(_NO_LORA, _OFF),
-    "max_loras": Refused(_NO_LORA, (None, 1)),
-    "max_lora_rank": Refused(_NO_LORA, (None, 16)),
-    "max_cpu_loras": Refused(_NO_LORA),
-    "lora_dtype": Refused(_NO_LORA, (None, "auto")),
-    "fully_sharded_loras": Refused(_NO_LORA, _OFF),
+    # (enable_lora, max_loras, max_lora_rank, max_cpu_loras are EngineConfig's own.)
+    "lora_dtype": Refused(_LORA_DTYPE, (None, "auto")),
+    "fully_sharded_loras": Refused(_NO_LORA_TP, _OFF),
     "limit_mm_per_prompt": Refused(_NO_MM, (None, {})),
     "mm_processor_kwargs": Refused(_NO_MM, (None, {})),
     "allowed_local_media_path": Refused(_NO_MM, (None, "")),

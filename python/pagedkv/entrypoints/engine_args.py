@@ -100,6 +100,13 @@ ENGINE_FLAGS = (
     Flag("pipeline_parallel_size", 1, "pipeline stages the layers are split into (ranks = "
          "tensor x pipeline parallel size; under torchrun, its WORLD_SIZE)",
          type=t.int_at_least(1)),
+    Flag("enable_lora", False, "serve LoRA adapters (PEFT folders) next to the base model",
+         kind="switch"),
+    Flag("max_loras", 1, "LoRA adapter slots on the device: the most adapters one step runs",
+         type=t.int_at_least(1)),
+    Flag("max_lora_rank", 16, "largest LoRA rank an adapter may have", type=t.int_at_least(1)),
+    Flag("max_cpu_loras", None, "LoRA adapters kept in host memory", type=t.int_at_least(1),
+         shown="--max-loras"),
     # Where the model comes from and how its config is read.
     Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),
     Flag("tokenizer_revision", None, "hub revision of the tokenizer", shown="--revision for "

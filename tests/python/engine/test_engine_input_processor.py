@@ -125,6 +125,7 @@ def test_vllm_engine_arguments_are_honoured_or_refused_with_the_reason():
                                 ("compilation_config", {"level": 3}, "torch.compile"),
                                 ("logits_processors", [print], "logits processors"),
                                 ("tokenizer_mode", "mistral", "fast tokenizer"),
+                                ("fully_sharded_loras", True, "tensor-parallel ranks"),
                                 ("code_revision", "v2", "checkpoint's code")):
         with pytest.raises(ValueError, match=rf"^{name}=.* is not supported: .*{reason}"):
             EngineConfig.from_kwargs(**{name: value})

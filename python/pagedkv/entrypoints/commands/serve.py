@@ -117,6 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help='CORS: request headers allowed, a JSON list (default: ["*"])')
     g.add_argument("--allow-credentials", action="store_true", default=s,
                    help="CORS: allow credentials (cookies, authorization) in cross-origin calls")
+    g.add_argument("--lora-modules", nargs="+", default=s, metavar="NAME=PATH",
+                   help="LoRA adapters served by name (needs --enable-lora): name=path, or "
+                        "vLLM's JSON form '{\"name\": ..., \"path\": ..., "
+                        "\"base_model_name\": ...}' (default: none)")
     _add_limit_arguments(parser)
     add_engine_arguments(parser, suppress=True)
 

@@ -39,6 +39,12 @@ from pagedkv.entrypoints.openai.request_checks import MAX_LOGPROBS
 from pagedkv.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedkv.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedkv.entrypoints.openai.serving_engine import ServerState
+from pagedkv.entrypoints.openai.serving_lora import (
+    LoRARegistry,
+    add_lora_routes,
+    check_adapter,
+    parse_lora_module,
+)
 
 logger = logging.getLogger("pagedkv.server")
 
@@ -216,7 +222,10 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         max_logprobs=_max_logprobs(engine),
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
         tool_call_parser=auto_tool_parser(args),
-        reasoning_parser=getattr(args, "reasoning_parser", None))
+        reasoning_parser=getattr(args, "reasoning_parser", None),
+        lora=LoRARegistry(engine))
+    for text in getattr(args, "lora_modules", None) or []:
+        check_adapter(engine, state.lora.add(parse_lora_module(text)))
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)
@@ -246,7 +255,11 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
     async def models() -> JSONResponse:
         cards = [ModelCard(id=n, root=root, max_model_len=state.max_model_len,
                            permission=[ModelPermission()]) for n in names]
-        return JSONResponse(ModelList(data=cards).model_dump())
+        listing = ModelList(data=cards).model_dump()
+        listing["data"] += state.lora.cards(names[0], state.max_model_len)
+        return JSONResponse(listing)
+
+    add_lora_routes(app, state.lora)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request) -> Response:

@@ -64,6 +64,9 @@ class RequestChecks:
             return
         if model.lower() in {a.lower() for a in self.state.model_aliases}:
             return
+        lora = getattr(self.state, "lora", None)
+        if lora is not None and lora.get(model) is not None:
+            return
         raise APIError(404, f"The model `{model}` does not exist. Served models: "
                             f"{', '.join(self.state.served_model_names)}",
                        param="model", code="model_not_found")

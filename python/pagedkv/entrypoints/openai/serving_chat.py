@@ -186,7 +186,7 @@ class OpenAIServingChat(OpenAIServing):
         self.log_request(request_id, [len(ids)], params, bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
-                                       prompt_param="messages")
+                                       prompt_param="messages", model=req.model)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, streams, timer, ids, tools),
                                      media_type="text/event-stream")
@@ -236,7 +236,7 @@ class OpenAIServingChat(OpenAIServing):
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
                    usage.prompt_tokens, [out])
         return ChatCompletionResponse(
-            id=request_id, model=self.state.model_name, choices=choices, usage=usage,
+            id=request_id, model=self.response_model(req.model), choices=choices, usage=usage,
             prompt_logprobs=lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
                                                self.decode_token),
             prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None)
@@ -245,7 +245,7 @@ class OpenAIServingChat(OpenAIServing):
                 timer: RequestTimer, prompt_ids: List[int],
                 tools: Optional[ToolChoice] = None) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.state.model_name}
+                "model": self.response_model(req.model)}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options
                                              and req.stream_options.continuous_usage_stats)

@@ -46,7 +46,7 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id, engine_id = self.request_ids(raw, req, "cmpl")
         self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
-        streams = await self.start_all(engine_id, jobs, req.priority)
+        streams = await self.start_all(engine_id, jobs, req.priority, model=req.model)
         if req.stream:
             return StreamingResponse(self._stream(req, request_id, prompts, streams, timer),
                                      media_type="text/event-stream")
@@ -125,13 +125,13 @@ class OpenAIServingCompletion(OpenAIServing):
         usage = self.usage(finals)
         timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
                    usage.prompt_tokens, finals)
-        return CompletionResponse(id=request_id, model=self.state.model_name, choices=choices,
-                                  usage=usage)
+        return CompletionResponse(id=request_id, model=self.response_model(req.model),
+                                  choices=choices, usage=usage)
 
     def _stream(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
                 streams: List[Any], timer: RequestTimer) -> AsyncIterator[str]:
         base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                "model": self.state.model_name}
+                "model": self.response_model(req.model)}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options
                                              and req.stream_options.continuous_usage_stats)

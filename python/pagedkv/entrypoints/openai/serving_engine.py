@@ -49,6 +49,7 @@ class ServerState:
     # --enable-auto-tool-choice + --tool-call-parser: tool_choice "auto" (tool_calls.py)
     tool_call_parser: Optional[str] = None
     reasoning_parser: Optional[str] = None  # --reasoning-parser
+    lora: Any = None  # serving_lora.LoRARegistry: adapters a request's model may name
     started: float = field(default_factory=time.time)
 
     @property
@@ -81,7 +82,8 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
         return rid, f"{rid}-{uuid.uuid4().hex[:8]}" if given else rid
 
     async def start(self, request_id: str, ids: List[int], prompt: Optional[str], params: Any,
-                    priority: int = 0, prompt_param: str = "prompt") -> Any:
+                    priority: int = 0, prompt_param: str = "prompt",
+                    model: Optional[str] = None) -> Any:
         """Checks the request (the engine's InputProcessor, with this server's limits) in the
         tokenizer thread, where its bad words are tokenized too, then hands it to the engine
         loop, which only adds it. A ValueError of either (a TypeError of the checks) is the
@@ -97,10 +99,19 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
                 raise self._as_400(exc, prompt_param) from exc
             ids = None  # type: ignore[assignment]
         try:
+            lora = self.state.lora.get(model) if self.state.lora is not None else None
+            kw = {"lora_request": lora} if lora is not None else {}
             return await self.engine.add_request(request_id, prompt, params,
-                                                 prompt_token_ids=ids, priority=priority)
+                                                 prompt_token_ids=ids, priority=priority, **kw)
         except ValueError as exc:
             raise self._as_400(exc, prompt_param) from exc
+
+    def response_model(self, model: Optional[str]) -> str:
+        """The model a response names: the LoRA adapter the request named (vLLM), else the
+        first served name."""
+        lora = self.state.lora
+        return model if model and lora is not None and lora.get(model) is not None \
+            else self.state.model_name
 
     @staticmethod
     def _as_400(exc: Exception, prompt_param: str) -> APIError:
@@ -117,13 +128,14 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
         return bad_request(str(exc), param=param)
 
     async def start_all(self, base_id: str, prompts: List[tuple], priority: int = 0,
-                        prompt_param: str = "prompt") -> List[Any]:
+                        prompt_param: str = "prompt", model: Optional[str] = None) -> List[Any]:
         """Adds every (ids, text, params) prompt; on any rejection aborts those already added."""
         streams: List[Any] = []
         try:
             for i, (ids, text, params) in enumerate(prompts):
                 rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-                streams.append(await self.start(rid, ids, text, params, priority, prompt_param))
+                streams.append(await self.start(rid, ids, text, params, priority, prompt_param,
+                                                model))
         except BaseException:
             for s in streams:
                 s.close()

@@ -1,0 +1,117 @@
+// Multi-LoRA kernels (BGMV): every token of the step in one launch, each reading its adapter's
+// weights through its index. Shrink: one warp per (token, rank row), a K-long dot with
+// coalesced loads. Expand: one thread per (token, output column), the token's shrunk row in
+// shared memory, an r-long dot added to the output in fp32 and rounded once.
+#include "ops/cuda/layer_common.cuh"
+#include "ops/cuda/lora.h"
+
+namespace pagedkv::cuda_ops {
+namespace {
+
+constexpr int kShrinkWarps = 8;      // rank rows per shrink CTA
+constexpr int kExpandThreads = 256;  // output columns per expand CTA
+constexpr int kMaxSlices = 8;
+
+struct ShrinkParams {
+  float* buf;
+  const void* x;
+  const void* a;
+  const int32_t* idx;
+  int64_t buf_stride, x_stride, R, K;
+};
+
+struct ExpandParams {
+  void* out;
+  const float* buf;
+  const void* b;
+  const int32_t* idx;
+  int64_t out_stride, buf_stride, N, r;
+  int num_slices;
+  int64_t slice_end[kMaxSlices];  // exclusive end column of each slice
+};
+
+template <typename T>
+__global__ void lora_shrink_kernel(ShrinkParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kShrinkWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.R) return;
+  const int32_t l = p.idx[t];
+  float acc = 0.0f;
+  if (l >= 0) {
+    const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
+    const T* a = static_cast<const T*>(p.a) + (l * p.R + row) * p.K;
+    for (int64_t k = lane; k < p.K; k += 32) acc += to_float(x[k]) * to_float(__ldg(a + k));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  }
+  if (lane == 0) p.buf[t * p.buf_stride + row] = acc;
+}
+
+template <typename T>
+__global__ void lora_expand_kernel(ExpandParams p) {
+  extern __shared__ float h[];  // the token's shrunk row [num_slices * r]
+  const int64_t t = blockIdx.x;
+  const int32_t l = p.idx[t];
+  if (l < 0) return;
+  for (int64_t i = threadIdx.x; i < p.num_slices * p.r; i += blockDim.x)
+    h[i] = p.buf[t * p.buf_stride + i];
+  __syncthreads();
+  const int64_t n = static_cast<int64_t>(blockIdx.y) * kExpandThreads + threadIdx.x;
+  if (n >= p.N) return;
+  int s = 0;
+  while (n >= p.slice_end[s]) ++s;
+  const T* b = static_cast<const T*>(p.b) + (l * p.N + n) * p.r;
+  const float* hs = h + s * p.r;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < p.r; ++j) acc += hs[j] * to_float(__ldg(b + j));
+  T* o = static_cast<T*>(p.out) + t * p.out_stride + n;
+  *o = from_float<T>(to_float(*o) + acc);
+}
+
+}  // namespace
+
+void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a,
+                 const TensorView& token_lora_indices, Stream stream) {
+  ShrinkParams p{
+      buf.data_as<float>(), x.data(),    a.data(),  token_lora_indices.data_as<int32_t>(),
+      buf.stride(0),        x.stride(0), a.size(1), a.size(2)};
+  DeviceGuard guard(x.device());
+  const cudaStream_t s = op_stream(stream, x.device());
+  const dim3 grid(static_cast<unsigned>(x.size(0)), ceil_div(p.R, kShrinkWarps));
+  dispatch_float(x.dtype(), "lora_shrink", [&](auto tag) {
+    using T = decltype(tag);
+    lora_shrink_kernel<T><<<grid, kShrinkWarps * 32, 0, s>>>(p);
+  });
+  check_launch("lora_shrink");
+}
+
+void lora_expand(const TensorView& out, const TensorView& buf, const TensorView& b,
+                 const TensorView& token_lora_indices, const std::vector<int64_t>& slice_sizes,
+                 Stream stream) {
+  ExpandParams p{};
+  p.out = out.data();
+  p.buf = buf.data_as<const float>();
+  p.b = b.data();
+  p.idx = token_lora_indices.data_as<const int32_t>();
+  p.out_stride = out.stride(0);
+  p.buf_stride = buf.stride(0);
+  p.N = b.size(1);
+  p.r = b.size(2);
+  p.num_slices = static_cast<int>(slice_sizes.size());
+  int64_t end = 0;
+  for (int i = 0; i < p.num_slices; ++i) p.slice_end[i] = end += slice_sizes[i];
+  const int smem = static_cast<int>(sizeof(float) * p.num_slices * p.r);
+  PAGEDKV_CHECK(smem <= 48 * 1024, "lora_expand: slices * rank = ", p.num_slices * p.r,
+                " exceeds the CUDA kernel's 12288");
+  DeviceGuard guard(out.device());
+  const cudaStream_t s = op_stream(stream, out.device());
+  const dim3 grid(static_cast<unsigned>(out.size(0)), ceil_div(p.N, kExpandThreads));
+  dispatch_float(out.dtype(), "lora_expand", [&](auto tag) {
+    using T = decltype(tag);
+    lora_expand_kernel<T><<<grid, kExpandThreads, smem, s>>>(p);
+  });
+  check_launch("lora_expand");
+}
+
+}  // namespace pagedkv::cuda_ops
