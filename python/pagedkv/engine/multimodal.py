@@ -42,23 +42,28 @@ def _refusal(where: str, modality: str, architecture: Optional[str]) -> Unsuppor
     model = f"the model ({architecture})" if architecture else "the model"
     return UnsupportedModalityError(
         f"{where}: {modality} inputs are not supported: {model} takes text only "
-        f"(pagedkv has no {modality} encoder for it)")
+        f"(pagedkv has no {modality} encoder for it)"
+    )
 
 
-def check_prompt_modalities(item: Mapping[str, Any], name: str,
-                            architecture: Optional[str] = None) -> None:
+def check_prompt_modalities(
+    item: Mapping[str, Any], name: str, architecture: Optional[str] = None
+) -> None:
     """Refuses a prompt dict's ``multi_modal_data`` (and its companion keys) unless the model
     reads every modality it holds."""
     supported = model_modalities(architecture)
     data = item.get("multi_modal_data")
     if data is not None:
         if not isinstance(data, Mapping):
-            raise TypeError(f"{name}['multi_modal_data'] must be a dict of modality -> data, "
-                            f"got {type(data).__name__}")
+            raise TypeError(
+                f"{name}['multi_modal_data'] must be a dict of modality -> data, "
+                f"got {type(data).__name__}"
+            )
         for modality in data:
             if modality not in supported:
-                raise _refusal(f"{name}['multi_modal_data'][{modality!r}]", str(modality),
-                               architecture)
+                raise _refusal(
+                    f"{name}['multi_modal_data'][{modality!r}]", str(modality), architecture
+                )
     for key in MULTIMODAL_PROMPT_KEYS:
         if key in item and item[key] is not None and not supported:
             raise _refusal(f"{name}[{key!r}]", "multimodal", architecture)
