@@ -54,6 +54,8 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "runner": Refused("pagedkv runs generation only", (None, "auto", "generate")),
     "convert": Refused("pagedkv runs generation only", (None, "auto", "none")),
     "enable_prompt_embeds": Refused("prompts are text or token ids", _OFF),
+    "pooler_config": Refused("pagedkv runs generation only"),
+    "override_pooler_config": Refused("pagedkv runs generation only"),
     # Parallelism and placement.
     "data_parallel_size": Refused(_ONE_DEVICE, (None, 1)),
     "distributed_executor_backend": Refused(_ONE_DEVICE, (None, "mp", "uni")),
@@ -73,6 +75,7 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
                                       _OFF),
     "disable_cascade_attn": Refused("pagedkv has no cascade attention to disable",
                                     (None, False, True)),
+    "kv_sharing_fast_prefill": Refused("no model here shares KV caches across layers", _OFF),
     "enable_sleep_mode": Refused("sleep mode (offloading weights while idle) is not "
                                  "supported", _OFF),
     # Scheduling.
@@ -103,6 +106,7 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "fully_sharded_loras": Refused(_NO_LORA, _OFF),
     "limit_mm_per_prompt": Refused(_NO_MM, (None, {})),
     "mm_processor_kwargs": Refused(_NO_MM, (None, {})),
+    "allowed_local_media_path": Refused(_NO_MM, (None, "")),
     # Observability.
     "otlp_traces_endpoint": Refused("OpenTelemetry tracing is not supported"),
     "collect_detailed_traces": Refused("OpenTelemetry tracing is not supported"),

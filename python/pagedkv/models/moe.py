@@ -56,8 +56,11 @@ class MoEConfig:
                 renormalize=True,
             )
         if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+            # The hub's Qwen checkpoints write num_experts; transformers >= 5 saves Qwen3-MoE's
+            # as num_local_experts (its attribute_map maps one name to the other).
+            experts = d["num_local_experts"] if "num_local_experts" in d else d["num_experts"]
             return cls(
-                num_experts=d["num_experts"],
+                num_experts=experts,
                 top_k=d["num_experts_per_tok"],
                 intermediate_size=d["moe_intermediate_size"],
                 renormalize=bool(d.get("norm_topk_prob", arch != "Qwen2MoeForCausalLM")),

@@ -125,11 +125,7 @@ def test_vllm_engine_arguments_are_honoured_or_refused_with_the_reason():
                                 ("compilation_config", {"level": 3}, "torch.compile"),
                                 ("logits_processors", [print], "logits processors"),
                                 ("tokenizer_mode", "mistral", "fast tokenizer"),
-<<<<<<< HEAD
-                                ("enable_lora", True, "LoRA adapters")):
-=======
                                 ("code_revision", "v2", "checkpoint's code")):
->>>>>>> models
         with pytest.raises(ValueError, match=rf"^{name}=.* is not supported: .*{reason}"):
             EngineConfig.from_kwargs(**{name: value})
     assert all(rule.reason for rule in VLLM_ONLY_ARGS.values())

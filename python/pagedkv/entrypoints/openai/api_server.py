@@ -21,6 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 import pagedkv
+from pagedkv.engine.input_processor import MAX_CLIENT_REQUEST_ID_CHARS, check_request_id
 from pagedkv.entrypoints.openai.drain import Drain, DrainingServer, DrainMiddleware
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
 from pagedkv.entrypoints.openai.limits import limit_of, request_limits
@@ -54,7 +55,7 @@ class RequestIdHeaderMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"x-request-id")
+        given = _echoable_request_id(dict(scope["headers"]).get(b"x-request-id"))
         state = scope.setdefault("state", {})
 
         async def send_with_id(message: dict) -> None:
@@ -65,6 +66,19 @@ class RequestIdHeaderMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def _echoable_request_id(raw: Optional[bytes]) -> Optional[bytes]:
+    """The client's X-Request-Id if it is safe to send back (the handler's own check), else
+    None: a refused id (control characters, non-ASCII, too long) is not echoed into the 400's
+    headers, whose id then falls back to the handler's or a random one."""
+    if raw is None:
+        return None
+    try:
+        check_request_id(raw.decode("latin-1"), "X-Request-Id", MAX_CLIENT_REQUEST_ID_CHARS)
+    except ValueError:
+        return None
+    return raw
 
 
 class BodySizeLimitMiddleware:
