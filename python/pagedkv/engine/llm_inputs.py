@@ -10,8 +10,10 @@ import numbers
 from collections.abc import Iterable
 from typing import Any, Dict, List, Optional
 
+from pagedkv.engine.multimodal import check_chat_part, check_prompt_modalities
 from pagedkv.engine.sampling_params import SamplingParams
 
+_PROMPT_KEYS = ("prompt", "prompt_token_ids")
 _PROMPT_FORMS = ("a string, a list of token ids, a dict with 'prompt' (str) or "
                  "'prompt_token_ids' (list of int)")
 
@@ -56,6 +58,11 @@ def prompt_item(p: Any, name: str) -> Dict[str, Any]:
         if "prompt" not in p and "prompt_token_ids" not in p:
             raise ValueError(f"{name}: a prompt dict needs 'prompt' or 'prompt_token_ids', got "
                              f"keys {sorted(map(str, p))}")
+        check_prompt_modalities(p, name)
+        unknown = sorted(str(k) for k in p if k not in _PROMPT_KEYS)
+        if unknown:  # an ignored key would be a silently dropped input
+            raise ValueError(f"{name}: unsupported prompt keys {unknown} (a prompt dict takes "
+                             f"{list(_PROMPT_KEYS)})")
         if "prompt" in p and not isinstance(p["prompt"], str):
             raise TypeError(f"{name}['prompt'] must be a string, got {_describe(p['prompt'])}")
         out = dict(p)
@@ -139,6 +146,8 @@ def _message(m: Any, name: str) -> Dict[str, Any]:
     if isinstance(content, (list, tuple)):
         texts = []
         for k, part in enumerate(content):
+            if isinstance(part, dict):
+                check_chat_part(part.get("type"), f"{name}['content'][{k}]")
             if not (isinstance(part, dict) and part.get("type") == "text"
                     and isinstance(part.get("text"), str)):
                 raise ValueError(f"{name}['content'][{k}]: only text parts "

@@ -151,6 +151,11 @@ def test_chat_accepts_openai_text_parts(llm):
     assert isinstance(parts[1]["content"], list)  # the caller's messages are left alone
     with pytest.raises(ValueError, match=r"^messages\[0\]\['content'\]\[1\]: only text parts"):
         llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                               {"type": "unknown", "x": "y"}]}], p,
+                 use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^messages\[0\]\['content'\]\[1\] \(type "
+                                         r"'image_url'\): image inputs are not supported"):
+        llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"},
                                                {"type": "image_url", "image_url": "x"}]}], p,
                  use_tqdm=False)
     assert_no_leak(llm)

@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from pagedkv.engine.multimodal import UnsupportedModalityError, check_chat_part
 from pagedkv.entrypoints.openai import logprobs as lp
 from pagedkv.entrypoints.openai.errors import APIError, bad_request
 from pagedkv.entrypoints.openai.protocol import (
@@ -59,6 +60,10 @@ def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
         if isinstance(content, list):
             texts = []
             for part in content:
+                try:
+                    check_chat_part(part.type, f"messages[{i}].content")
+                except UnsupportedModalityError as e:
+                    raise bad_request(str(e), param=f"messages.{i}.content") from e
                 if part.type != "text" or part.text is None:
                     raise bad_request(f"messages[{i}].content: only text parts are supported, "
                                       f"got type {part.type!r}", param=f"messages.{i}.content")
