@@ -5,6 +5,10 @@ rows, then its up rows) and ``w2_weight`` [E, H, I], so one grouped GEMM per pro
 every expert at once (pagedkv.ops.moe_grouped_gemm), never a Python loop over experts. Each
 stacked parameter has a ``weight_loader(param, tensor, expert_id, shard)`` that places one
 checkpoint expert (an expert-parallel layer can override it to keep its own experts).
+
+Under tensor parallelism every rank holds every expert's slice of the intermediate dimension
+(Megatron's split inside each expert: gate/up rows and down columns, I / tp each), so the
+routing is the same on all ranks and one all-reduce sums the experts' partial outputs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from torch import nn
 
 from pagedkv import moe_ops
+from pagedkv.distributed import get_tp_group
 from pagedkv.models.layers import act_and_mul
 from pagedkv.models.linear import (
     MergedColumnParallelLinear,
@@ -97,7 +102,12 @@ class FusedMoE(nn.Module):
 
     def __init__(self, moe: MoEConfig, hidden_size: int, hidden_act: str) -> None:
         super().__init__()
-        e, inter = moe.num_experts, moe.intermediate_size
+        tp = get_tp_group()
+        if moe.intermediate_size % tp.world_size:
+            raise ValueError(f"the experts' intermediate size ({moe.intermediate_size}) is not "
+                             f"divisible by tensor_parallel_size {tp.world_size}")
+        e, inter = moe.num_experts, moe.intermediate_size // tp.world_size  # this rank's slice
+        self.tp_rank = tp.rank_in_group
         self.top_k, self.renormalize, self.act = moe.top_k, moe.renormalize, hidden_act
         act_and_mul(hidden_act)  # an unknown activation is refused when the model is built
         self.w13_weight = nn.Parameter(torch.empty(e, 2 * inter, hidden_size), requires_grad=False)
@@ -105,17 +115,29 @@ class FusedMoE(nn.Module):
         for p in (self.w13_weight, self.w2_weight):
             p.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    @staticmethod
     def weight_loader(
-        param: torch.Tensor, tensor: torch.Tensor, expert_id: Optional[int], shard: Optional[int]
+        self, param: torch.Tensor, tensor: torch.Tensor, expert_id: Optional[int],
+        shard: Optional[int]
     ) -> None:
         """One expert's checkpoint matrix into ``param``: shard 0 / 1 = gate / up rows of
         w13_weight, shard 2 = w2_weight; expert_id None: every expert's, stacked as transformers
-        5 holds them (gate_up_proj [E, 2I, H] with gate rows first, down_proj [E, H, I])."""
+        5 holds them (gate_up_proj [E, 2I, H] with gate rows first, down_proj [E, H, I]).
+        Each rank keeps its slice of the intermediate dimension."""
         dst = param.data if expert_id is None else param.data[expert_id]
+        rows = dst.dim() - 2  # the expert's [out, in] dims (after the stacked expert dim)
+        if shard is None and expert_id is None and get_tp_group().world_size > 1:
+            half = tensor.shape[rows] // 2  # gate rows, then up rows: each sliced alike
+            for part in (0, 1):
+                self.weight_loader(param, tensor.narrow(rows, part * half, half), None, part)
+            return
         if shard in (0, 1):
-            half = dst.shape[0] // 2
-            dst = dst.narrow(0, shard * half, half)
+            half = dst.shape[rows] // 2
+            dst = dst.narrow(rows, shard * half, half)
+        # The intermediate dimension: rows of gate/up, columns of down.
+        dim = rows + 1 if shard == 2 else rows
+        local = dst.shape[dim]
+        if tensor.dim() == dst.dim() and tensor.shape[dim] == local * get_tp_group().world_size:
+            tensor = tensor.narrow(dim, self.tp_rank * local, local)
         if tuple(dst.shape) != tuple(tensor.shape):
             raise ValueError(f"has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
         with torch.no_grad():
@@ -123,7 +145,8 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = moe_ops.topk_softmax(router_logits, self.top_k, self.renormalize)
-        return fused_experts(x, self.w13_weight, self.w2_weight, weights, ids, self.act)
+        out = fused_experts(x, self.w13_weight, self.w2_weight, weights, ids, self.act)
+        return get_tp_group().all_reduce(out)  # the ranks' intermediate slices summed
 
 
 class GatedMLP(nn.Module):
@@ -190,7 +213,10 @@ def split_expert_weights(
     """Loads the per-expert tensors of ``weights`` into the stacked FusedMoE parameters (adding
     each complete parameter's name to ``written``) and yields every other tensor, renamed by
     canonical_name."""
+    from pagedkv.models.pipeline_stage import other_stage_prefixes
+
     params = dict(model.named_parameters())
+    elsewhere = other_stage_prefixes(model)
     seen: dict[str, set[tuple[int, Optional[int]]]] = {}
     for ckpt_name, tensor in weights:
         name = canonical_name(ckpt_name)
@@ -206,6 +232,8 @@ def split_expert_weights(
             yield name, tensor
             continue
         target = f"{prefix}.{'w2_weight' if shard == 2 else 'w13_weight'}"
+        if target not in params and elsewhere and target.startswith(elsewhere):
+            continue  # a layer of another pipeline stage
         if target not in params:
             raise ValueError(
                 f"checkpoint tensor {ckpt_name!r} has no place in the model (looked for {target!r})"

@@ -1,7 +1,8 @@
 """Tensor and pipeline parallel engines on CPU processes (gloo) against the one-process engine.
 
-One workload per layout, on tiny random Llama (2 KV heads) and Qwen2 (1 KV head: replicated
-under TP=2; tied embeddings split over stages under PP): prompts sharing a prefix (prefix-cache
+One workload per layout, on tiny random Llama (2 KV heads), Qwen2 (1 KV head: replicated
+under TP=2; tied embeddings split over stages under PP) and Mixtral (experts split along their
+intermediate dimension): prompts sharing a prefix (prefix-cache
 hits) and more KV than the cache holds (preemption, by recompute or swap). Greedy tokens must be
 those of TP=1 and logprobs within 1e-4; no request or block may leak and no worker process may
 outlive the engine. A worker killed mid-run ends the engine with an error naming it.
@@ -34,6 +35,7 @@ VOCAB = 300
 SHAPES = {  # head_dim 32: the smallest the paged kernels take
     "tiny-llama": dict(hidden_size=64, head_dim=32, num_hidden_layers=3),
     "tiny-qwen2": dict(hidden_size=128, num_hidden_layers=3),
+    "tiny-mixtral": dict(hidden_size=64, head_dim=32, num_hidden_layers=3),
 }
 ENGINE = dict(device="cpu", skip_tokenizer_init=True, max_model_len=128, block_size=16,
               num_gpu_blocks_override=14, num_cpu_blocks=64, max_num_seqs=8)
@@ -91,6 +93,7 @@ _REFERENCE: dict[tuple[str, str, str], list] = {}
     ("tiny-qwen2", 1, 2, "recompute", "auto"),
     ("tiny-llama", 2, 2, "swap", "auto"),
     ("tiny-qwen2", 2, 1, "recompute", "fp8"),
+    ("tiny-mixtral", 2, 2, "recompute", "auto"),
 ])
 def test_parallel_engine_matches_one_rank(models: dict[str, str], preset: str, tp: int,
                                           pp: int, mode: str, kv: str) -> None:

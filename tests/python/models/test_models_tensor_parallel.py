@@ -1,7 +1,8 @@
-"""The parallel layers on real process groups (gloo, CPU): a tiny random Llama (2 KV heads) and
-Qwen2 (1 KV head: replicated under TP=2, tied embeddings) sharded over 2 ranks, by tensors
-(TP=2) or by layers (PP=2, hidden states sent between the stages), must give the logits of the
-unsharded model, each rank having loaded only its shard."""
+"""The parallel layers on real process groups (gloo, CPU): a tiny random Llama (2 KV heads),
+Qwen2 (1 KV head: replicated under TP=2, tied embeddings), Mixtral and Qwen2-MoE (experts split
+along their intermediate dimension, a shared expert) sharded over 2 ranks, by tensors (TP=2) or
+by layers (PP=2, hidden states sent between the stages), must give the logits of the unsharded
+model, each rank having loaded only its shard."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def _free_port() -> int:
 @pytest.mark.parametrize("preset,tp,pp", [("tiny-llama", 2, 1), ("tiny-qwen2", 2, 1),
                                            ("tiny-qwen2", 1, 2), ("tiny-phi3", 2, 1),
                                            ("tiny-gemma2", 2, 1), ("tiny-gpt-neox", 2, 1),
-                                           ("tiny-gpt2", 1, 2)])
+                                           ("tiny-gpt2", 1, 2), ("tiny-mixtral", 2, 1),
+                                           ("tiny-qwen2-moe", 2, 1), ("tiny-mixtral", 1, 2)])
 def test_sharded_logits_match_unsharded(preset: str, tp: int, pp: int, tmp_path) -> None:
     bias = {"attention_bias": True} if preset == "tiny-llama" else {}
     path = save_random_model(str(tmp_path / preset), preset, seed=3, tokenizer=False,
@@ -87,7 +89,7 @@ def test_sharded_logits_match_unsharded(preset: str, tp: int, pp: int, tmp_path)
     last = range(tp * (pp - 1), tp * pp)  # the last stage's ranks hold the logits
     for rank in last:
         got = torch.load(f"{out}.{rank}")
-        torch.testing.assert_close(got["logits"], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["logits"], expected, rtol=1e-4, atol=1e-4)
         # Each rank holds a shard: well under the whole model (norms etc. are replicated).
         assert got["params"] < 0.75 * full_params, (got["params"], full_params)
     assert not os.path.exists(f"{out}.{tp * pp}")
