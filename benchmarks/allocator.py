@@ -95,7 +95,7 @@ class PyBlockAllocator:
     def match_prefix(self, tokens: list[int]) -> list[int]:
         bs, ids, parent = self.block_size, [], b""
         for i in range(len(tokens) // bs):
-            toks = tuple(tokens[i * bs:(i + 1) * bs])
+            toks = tuple(tokens[i * bs : (i + 1) * bs])
             h = self.hash_block(parent, toks)
             b = self.table.get(h)
             if b is None or self.meta[b][1:] != (parent, toks):
@@ -112,7 +112,7 @@ def cache_prompt(a, prompt: list[int], root) -> None:
     ids = a.allocate(len(prompt) // BLOCK_SIZE)
     parent = root
     for i, b in enumerate(ids):
-        parent = a.cache_full_block(b, parent, prompt[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE])
+        parent = a.cache_full_block(b, parent, prompt[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
     a.free(ids)
 
 
@@ -146,7 +146,7 @@ def workload(a, root, rng: random.Random) -> dict[str, Callable[[], object]]:
     got = a.match_prefix(hit)  # the measured call really hits every block
     assert len(got) == PROMPT_LEN // BLOCK_SIZE
     a.free(got)
-    half = prompts[9][:PROMPT_LEN // 2] + [7] * (PROMPT_LEN // 2)
+    half = prompts[9][: PROMPT_LEN // 2] + [7] * (PROMPT_LEN // 2)
     miss = [rng.randrange(50000) for _ in range(PROMPT_LEN)]
     counter = iter(range(10**9))
 
@@ -189,9 +189,20 @@ def run_cpp() -> dict[str, float]:
     src = Path(__file__).with_name("allocator_bench.cpp")
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "allocator_bench"
-        subprocess.run([cxx, "-O2", "-std=c++17", f"-I{cpp / 'include'}", str(src),
-                        str(cpp / "lib" / "libpagedkv.a"), "-o", str(exe), "-lpthread"],
-                       check=True)
+        subprocess.run(
+            [
+                cxx,
+                "-O2",
+                "-std=c++17",
+                f"-I{cpp / 'include'}",
+                str(src),
+                str(cpp / "lib" / "libpagedkv.a"),
+                "-o",
+                str(exe),
+                "-lpthread",
+            ],
+            check=True,
+        )
         text = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     return {name: float(ns) * 1e-9 for name, ns in (line.split() for line in text.splitlines())}
 
@@ -203,21 +214,29 @@ def main() -> None:
     py, nb = bench_side_by_side()
     cc = {} if args.no_cpp else run_cpp()
     extra = numpy_tokens()
-    print(f"# pagedkv {pagedkv.__version__} | {platform.processor() or platform.machine()} | "
-          f"{NUM_BLOCKS} blocks x {BLOCK_SIZE} tokens, 4096 cached, prompts {PROMPT_LEN} tokens")
-    print(f"| {'operation':22} | {'Python (us)':>11} | {'pagedkv py (us)':>15} | "
-          f"{'C++ core (us)':>13} | {'py/pagedkv':>10} | {'py/C++':>8} |")
+    print(
+        f"# pagedkv {pagedkv.__version__} | {platform.processor() or platform.machine()} | "
+        f"{NUM_BLOCKS} blocks x {BLOCK_SIZE} tokens, 4096 cached, prompts {PROMPT_LEN} tokens"
+    )
+    print(
+        f"| {'operation':22} | {'Python (us)':>11} | {'pagedkv py (us)':>15} | "
+        f"{'C++ core (us)':>13} | {'py/pagedkv':>10} | {'py/C++':>8} |"
+    )
     print(f"|{'-' * 24}|{'-' * 13}:|{'-' * 17}:|{'-' * 15}:|{'-' * 12}:|{'-' * 10}:|")
     for name in py:
         c = cc.get(name)
         c_txt = f"{c * 1e6:13.3f}" if c else f"{'-':>13}"
         r_txt = f"{py[name] / c:7.0f}x" if c else f"{'-':>8}"
-        print(f"| {name:22} | {py[name] * 1e6:11.2f} | {nb[name] * 1e6:15.2f} | {c_txt} | "
-              f"{py[name] / nb[name]:9.1f}x | {r_txt} |")
+        print(
+            f"| {name:22} | {py[name] * 1e6:11.2f} | {nb[name] * 1e6:15.2f} | {c_txt} | "
+            f"{py[name] / nb[name]:9.1f}x | {r_txt} |"
+        )
 
-    print(f"pagedkv with 1-D int32 numpy tokens (read in place, no list conversion): "
-          f"match_prefix_1k_hit {extra['hit'] * 1e6:.2f} us, "
-          f"match_prefix_1k_miss {extra['miss'] * 1e6:.2f} us")
+    print(
+        f"pagedkv with 1-D int32 numpy tokens (read in place, no list conversion): "
+        f"match_prefix_1k_hit {extra['hit'] * 1e6:.2f} us, "
+        f"match_prefix_1k_miss {extra['miss'] * 1e6:.2f} us"
+    )
 
 
 def numpy_tokens() -> dict[str, float]:
@@ -229,8 +248,10 @@ def numpy_tokens() -> dict[str, float]:
     cache_prompt(a, p, None)
     hit = np.array(p + [1], dtype=np.int32)
     miss = np.array([rng.randrange(50000) for _ in range(PROMPT_LEN)], dtype=np.int32)
-    return {"hit": time_per_call(lambda: a.free(a.match_prefix(hit))),
-            "miss": time_per_call(lambda: a.match_prefix(miss))}
+    return {
+        "hit": time_per_call(lambda: a.free(a.match_prefix(hit))),
+        "miss": time_per_call(lambda: a.match_prefix(miss)),
+    }
 
 
 if __name__ == "__main__":

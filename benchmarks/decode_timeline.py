@@ -32,7 +32,7 @@ def _records(path: str) -> list[np.ndarray]:
     raw, recs, off = np.fromfile(path, dtype=np.uint64), [], 0
     while off < len(raw):
         n = int(raw[off])
-        recs.append(raw[off + 1: off + 1 + WORDS * n].reshape(n, WORDS).astype(np.int64))
+        recs.append(raw[off + 1 : off + 1 + WORDS * n].reshape(n, WORDS).astype(np.int64))
         off += 1 + WORDS * n
     return recs
 
@@ -58,8 +58,10 @@ def by_sm(recs: list[np.ndarray], sms: int, groups: Optional[np.ndarray] = None)
     r = r[r[:, 0] > 0]
     stream = (r[:, 3] - r[:, 2]) / 1e3
     count = np.bincount(r[:, 5], minlength=sms)[r[:, 5]]
-    cells = ", ".join(f"{c} CTAs/SM: {stream[count == c].mean():.1f} us ({(count == c).sum()})"
-                      for c in np.unique(count))
+    cells = ", ".join(
+        f"{c} CTAs/SM: {stream[count == c].mean():.1f} us ({(count == c).sum()})"
+        for c in np.unique(count)
+    )
     print(f"  warp 0 streaming by the SM's CTA count: {cells}")
     means = []
     for c in recs[-3:]:
@@ -68,9 +70,11 @@ def by_sm(recs: list[np.ndarray], sms: int, groups: Optional[np.ndarray] = None)
     for a, b in zip(means, means[1:]):
         ok = ~(np.isnan(a) | np.isnan(b))
         corr = np.corrcoef(a[ok], b[ok])[0, 1]
-        print(f"  SM mean streaming, call to call: correlation {corr:.2f}"
-              f", spread of SM means p10/p90 {np.percentile(b[ok], 10):.1f}/"
-              f"{np.percentile(b[ok], 90):.1f} us")
+        print(
+            f"  SM mean streaming, call to call: correlation {corr:.2f}"
+            f", spread of SM means p10/p90 {np.percentile(b[ok], 10):.1f}/"
+            f"{np.percentile(b[ok], 90):.1f} us"
+        )
     if groups is not None:
         last = means[-1]
         cells = []
@@ -92,6 +96,7 @@ def kernel_durations(x: dict, b: int, length: int, kv: str, ours: Callable[[], N
         def cudnn() -> None:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+
         calls.append(cudnn)
     for c in calls:
         c()
@@ -109,8 +114,9 @@ def kernel_durations(x: dict, b: int, length: int, kv: str, ours: Callable[[], N
         print(f"  kernel {sorted(ts)[len(ts) // 2]:8.1f} us  {name}")
 
 
-def report(b: int, length: int, kv: str, calls: int, cupti: bool,
-           groups: Optional[np.ndarray] = None) -> None:
+def report(
+    b: int, length: int, kv: str, calls: int, cupti: bool, groups: Optional[np.ndarray] = None
+) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = ga._decode_inputs(b, length, sms, kv)
     graph_us = ga._time_ours(x, length, kv) * 1e6
@@ -127,15 +133,19 @@ def report(b: int, length: int, kv: str, calls: int, cupti: bool,
         finally:
             pagedkv._C.ops_set_decode_timeline_file("")
         if not os.path.exists(path):
-            raise SystemExit("no timeline written: build with "
-                             "-Ccmake.define.PAGEDKV_DECODE_TIMELINE=ON (Hopper decode only)")
+            raise SystemExit(
+                "no timeline written: build with "
+                "-Ccmake.define.PAGEDKV_DECODE_TIMELINE=ON (Hopper decode only)"
+            )
         recs = _records(path)
     r = recs[-1]
     r = r[r[:, 0] > 0]  # CTAs that returned early (partitions past the end) left zeros
     t0 = r[:, 0].min()
     spans = ", ".join(f"{(c[:, 4].max() - c[c[:, 0] > 0, 0].min()) / 1e3:.1f}" for c in recs)
-    print(f"\n{b}*{length} {kv}: split {x['ps']}, {len(r)} CTAs; span of each call {spans} us; "
-          f"graph-replay harness {graph_us:.1f} us")
+    print(
+        f"\n{b}*{length} {kv}: split {x['ps']}, {len(r)} CTAs; span of each call {spans} us; "
+        f"graph-replay harness {graph_us:.1f} us"
+    )
     print(f"  {'(us)':<24}{'min':>8} {'p10':>8} {'p50':>8} {'p90':>8} {'max':>8}")
     print(_row("start", r[:, 0] - t0))
     print(_row("programmatic wait", r[:, 1] - r[:, 0]))
@@ -152,16 +162,31 @@ def report(b: int, length: int, kv: str, calls: int, cupti: bool,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shapes", nargs="*", default=["16x4096", "1x4096", "64x2048:fp8"],
-                    help="BxL[:fp8] decode shapes (batch x context), bf16 cache unless :fp8")
-    ap.add_argument("--calls", type=int, default=3,
-                    help="eager calls per shape (the last one is summarised; all give spans)")
-    ap.add_argument("--cupti", action="store_true",
-                    help="also each kernel's own duration (torch.profiler), ours and cuDNN's")
-    ap.add_argument("--sm-groups", metavar="FILE",
-                    help="'sm group' lines (sm_groups.cu's output): SM means per group too")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "shapes",
+        nargs="*",
+        default=["16x4096", "1x4096", "64x2048:fp8"],
+        help="BxL[:fp8] decode shapes (batch x context), bf16 cache unless :fp8",
+    )
+    ap.add_argument(
+        "--calls",
+        type=int,
+        default=3,
+        help="eager calls per shape (the last one is summarised; all give spans)",
+    )
+    ap.add_argument(
+        "--cupti",
+        action="store_true",
+        help="also each kernel's own duration (torch.profiler), ours and cuDNN's",
+    )
+    ap.add_argument(
+        "--sm-groups",
+        metavar="FILE",
+        help="'sm group' lines (sm_groups.cu's output): SM means per group too",
+    )
     args = ap.parse_args()
     groups = None
     if args.sm_groups:

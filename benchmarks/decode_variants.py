@@ -36,8 +36,11 @@ def cache_sequential(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
 LAYOUTS = [("nhd-permuted", _make_cache), ("nhd-in-order", cache_sequential)]
 
 
-def partitions(every_shape: bool = False, sizes: list[int] | None = None,
-               shapes: list[tuple[int, int]] | None = None) -> None:
+def partitions(
+    every_shape: bool = False,
+    sizes: list[int] | None = None,
+    shapes: list[tuple[int, int]] | None = None,
+) -> None:
     """The default kernel at fixed split-K partition sizes (0 = single pass) on the small-batch
     shapes (every shape with `every_shape`, or `shapes`), bf16 and fp8, next to the size the
     library picks: data for decode_partition_size."""
@@ -67,20 +70,39 @@ def partitions(every_shape: bool = False, sizes: list[int] | None = None,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="first two shapes only")
-    ap.add_argument("--layouts", action="store_true",
-                    help="compare cache storage orders (default kernel) instead of kernels")
-    ap.add_argument("--partitions", action="store_true",
-                    help="time the default kernel at fixed split-K partition sizes instead")
-    ap.add_argument("--every-shape", action="store_true",
-                    help="with --partitions: every shape, not only batches up to 16")
-    ap.add_argument("--sizes", default="",
-                    help="with --partitions: comma-separated partition sizes in keys (default: "
-                         "0,128,256,512,1024,2048,4096; 0 = single pass)")
-    ap.add_argument("--shapes", default="",
-                    help="with --partitions: comma-separated BxL shapes (default: the benchmark's)")
-    ap.add_argument("--variants", default="",
-                    help="comma-separated kernel variants to run (default: all of "
-                         + ", ".join(n for n, _ in KERNELS) + ")")
+    ap.add_argument(
+        "--layouts",
+        action="store_true",
+        help="compare cache storage orders (default kernel) instead of kernels",
+    )
+    ap.add_argument(
+        "--partitions",
+        action="store_true",
+        help="time the default kernel at fixed split-K partition sizes instead",
+    )
+    ap.add_argument(
+        "--every-shape",
+        action="store_true",
+        help="with --partitions: every shape, not only batches up to 16",
+    )
+    ap.add_argument(
+        "--sizes",
+        default="",
+        help="with --partitions: comma-separated partition sizes in keys (default: "
+        "0,128,256,512,1024,2048,4096; 0 = single pass)",
+    )
+    ap.add_argument(
+        "--shapes",
+        default="",
+        help="with --partitions: comma-separated BxL shapes (default: the benchmark's)",
+    )
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="comma-separated kernel variants to run (default: all of "
+        + ", ".join(n for n, _ in KERNELS)
+        + ")",
+    )
     args = ap.parse_args()
     if args.partitions:
         sizes = [int(v) for v in args.sizes.split(",") if v]
@@ -96,8 +118,11 @@ def main() -> None:
     unknown = set(wanted) - {n for n, _ in KERNELS}
     if unknown:
         ap.error(f"--variants: unknown {sorted(unknown)}")
-    variants = ([(n, "auto", maker) for n, maker in LAYOUTS] if args.layouts
-                else [(n, k, _make_cache) for n, k in KERNELS if not wanted or n in wanted])
+    variants = (
+        [(n, "auto", maker) for n, maker in LAYOUTS]
+        if args.layouts
+        else [(n, k, _make_cache) for n, k in KERNELS if not wanted or n in wanted]
+    )
     head = " ".join(f"{n + ' bf16':>22} {'fp8':>7}" for n, _, _ in variants)
     print(f"{'B*L':>10} {'cuDNN':>8} {head}")
     shapes = ga.DECODE_SHAPES[:2] if args.quick else ga.DECODE_SHAPES
@@ -114,8 +139,7 @@ def main() -> None:
             t8 = ga.bench_decode_ours(b, length, sms, "fp8", kernel)
             ga.make_cache = _make_cache
             x = "n/a" if ref["cudnn"] is None else f"{ref['cudnn'] / t16:.2f}x"
-            cells.append(f"{t16 * 1e6:10.1f} {x:>6} {ref['bytes'] / t16 / bw:4.2f} "
-                         f"{t8 * 1e6:7.1f}")
+            cells.append(f"{t16 * 1e6:10.1f} {x:>6} {ref['bytes'] / t16 / bw:4.2f} {t8 * 1e6:7.1f}")
         print(f"{b:>4}*{length:<5} {ga.fmt(ref['cudnn'])[-8:]} " + " ".join(cells), flush=True)
         torch.cuda.empty_cache()
 

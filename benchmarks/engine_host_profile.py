@@ -29,13 +29,17 @@ import numpy as np
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--batch-sizes", default="32,256", help="comma-separated request counts")
     ap.add_argument("--input-len", type=int, default=16, help="prompt tokens per request")
     ap.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
-    ap.add_argument("--model-dir", default=None,
-                    help="where to build the tiny random model (default: a temp dir)")
+    ap.add_argument(
+        "--model-dir",
+        default=None,
+        help="where to build the tiny random model (default: a temp dir)",
+    )
     return ap.parse_args()
 
 
@@ -46,6 +50,7 @@ def timed(totals: Dict[str, float], key: str, fn: Callable[..., Any]) -> Callabl
             return fn(*args, **kwargs)
         finally:
             totals[key] += time.perf_counter() - t0
+
     return wrapper
 
 
@@ -65,9 +70,15 @@ def profile(model_dir: str, batch: int, args: argparse.Namespace) -> Dict[str, A
     import pagedkv.engine.step_sampling as step_sampling
     from pagedkv import LLM, SamplingParams
 
-    llm = LLM(model_dir, skip_tokenizer_init=True, device="cpu", dtype="float32",
-              max_num_seqs=batch, kv_cache_space=0.25,
-              max_model_len=args.input_len + args.output_len + 16)
+    llm = LLM(
+        model_dir,
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=batch,
+        kv_cache_space=0.25,
+        max_model_len=args.input_len + args.output_len + 16,
+    )
     eng = llm.llm_engine
     totals: Dict[str, float] = collections.defaultdict(float)
     eng.scheduler = _TimedScheduler(eng.scheduler, totals)
@@ -101,12 +112,19 @@ def profile(model_dir: str, batch: int, args: argparse.Namespace) -> Dict[str, A
     n = max(steps[0], 1)
     ms = {k: 1e3 * v / n for k, v in totals.items()}
     ms["sampling-host"] = ms.pop("sampling", 0.0) - ms.get("logits", 0.0) - ms.get("sampler", 0.0)
-    inner = sum(ms.get(k, 0.0) for k in ("schedule", "execute", "logits", "sampler",
-                                         "sampling-host", "update", "outputs"))
+    inner = sum(
+        ms.get(k, 0.0)
+        for k in ("schedule", "execute", "logits", "sampler", "sampling-host", "update", "outputs")
+    )
     ms["accept"] = ms.pop("step") - inner
     tokens = [o.outputs[0].token_ids for o in outs]
-    return {"batch": batch, "steps": n, "wall_s": wall, "ms": ms,
-            "tokens_crc": zlib.crc32(repr(tokens).encode())}
+    return {
+        "batch": batch,
+        "steps": n,
+        "wall_s": wall,
+        "ms": ms,
+        "tokens_crc": zlib.crc32(repr(tokens).encode()),
+    }
 
 
 def main() -> None:
@@ -115,19 +133,36 @@ def main() -> None:
 
     model_dir = args.model_dir or os.path.join(tempfile.gettempdir(), "pagedkv_host_profile")
     if not os.path.isfile(os.path.join(model_dir, "model.safetensors")):
-        save_random_model(model_dir, "tiny-llama", tokenizer=False, vocab_size=512,
-                          hidden_size=128, num_attention_heads=4, head_dim=32,
-                          max_position_embeddings=512)
-    order = ["schedule", "execute", "logits", "sampler", "sampling-host", "update", "accept",
-             "outputs"]
+        save_random_model(
+            model_dir,
+            "tiny-llama",
+            tokenizer=False,
+            vocab_size=512,
+            hidden_size=128,
+            num_attention_heads=4,
+            head_dim=32,
+            max_position_embeddings=512,
+        )
+    order = [
+        "schedule",
+        "execute",
+        "logits",
+        "sampler",
+        "sampling-host",
+        "update",
+        "accept",
+        "outputs",
+    ]
     host = ["schedule", "sampler", "sampling-host", "update", "accept", "outputs"]
     for b in [int(x) for x in args.batch_sizes.split(",")]:
         gc.collect()
         r = profile(model_dir, b, args)
         ms = r["ms"]
         forward = ms.get("execute", 0.0) + ms.get("logits", 0.0)
-        print(f"\nbatch {b}: {r['steps']} steps, {r['wall_s']:.3f} s, output crc "
-              f"{r['tokens_crc']:08x}")
+        print(
+            f"\nbatch {b}: {r['steps']} steps, {r['wall_s']:.3f} s, output crc "
+            f"{r['tokens_crc']:08x}"
+        )
         print(f"{'phase':<16} {'ms/step':>8} {'x forward':>10}")
         for k in order:
             v = ms.get(k, 0.0)

@@ -106,9 +106,11 @@ def _kernel_kw(kernel: str) -> dict:
 
 # How builds from before the kernel argument were told which decode kernel to run (read per
 # call, so the setting holds for the calls captured inside): A/B runs time both sides.
-_OLD_DECODE_ENV = {"hopper": {"PAGEDKV_DECODE_BULK": "2"},
-                   "tensor_core": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"},
-                   "cuda_core": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "0"}}
+_OLD_DECODE_ENV = {
+    "hopper": {"PAGEDKV_DECODE_BULK": "2"},
+    "tensor_core": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "1"},
+    "cuda_core": {"PAGEDKV_DECODE_BULK": "0", "PAGEDKV_DECODE_MMA": "0"},
+}
 
 
 def _old_build_decode_kernel(kernel: str) -> contextlib.ExitStack:
@@ -119,13 +121,13 @@ def _old_build_decode_kernel(kernel: str) -> contextlib.ExitStack:
     return stack
 
 
-def decode_partition(num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto",
-                     kernel: str = "auto") -> int:
+def decode_partition(
+    num_seqs: int, max_len: int, sms: int, kv_dtype: str = "auto", kernel: str = "auto"
+) -> int:
     """The library's split-K choice (what PagedAttention.forward_decode uses on CUDA) for this
     benchmark's bf16 queries over an NHD cache, on `kernel`."""
     q, cache = _probe(num_seqs, kv_dtype)
-    return ops.decode_partition_size(q, cache, cache, HKV, max_len, kv_dtype,
-                                     **_kernel_kw(kernel))
+    return ops.decode_partition_size(q, cache, cache, HKV, max_len, kv_dtype, **_kernel_kw(kernel))
 
 
 def make_cache(num_seqs: int, seq_len: int, kv_dtype: str = "auto"):
@@ -147,12 +149,17 @@ def _decode_inputs(b: int, length: int, sms: int, kv_dtype: str, kernel: str = "
     ps = decode_partition(b, length, sms, kv_dtype, kernel)
     parts = math.ceil(length / ps) if ps else 1
     es = torch.empty(b, HQ, parts, device="cuda")
-    return {"caches": [make_cache(b, length, kv_dtype) for _ in range(n_sets)],
-            "q": torch.randn(b, HQ, D, dtype=DTYPE, device="cuda"),
-            "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
-            "ps": ps, "es": es, "ml": torch.empty_like(es),
-            "tmp": torch.empty(b, HQ, parts, D, device="cuda"), "bytes": kv_bytes,
-            "kernel": kernel}
+    return {
+        "caches": [make_cache(b, length, kv_dtype) for _ in range(n_sets)],
+        "q": torch.randn(b, HQ, D, dtype=DTYPE, device="cuda"),
+        "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
+        "ps": ps,
+        "es": es,
+        "ml": torch.empty_like(es),
+        "tmp": torch.empty(b, HQ, parts, D, device="cuda"),
+        "bytes": kv_bytes,
+        "kernel": kernel,
+    }
 
 
 def decode_calls(x: dict, length: int, kv_dtype: str) -> list[Callable[[], None]]:
@@ -161,10 +168,11 @@ def decode_calls(x: dict, length: int, kv_dtype: str) -> list[Callable[[], None]
     out = torch.empty_like(q)
 
     def ours(kc, vc, bt):
-        args = (q, kc, vc, HKV, D ** -0.5, bt, sl, BS, length, None, kv_dtype, 1.0, 1.0)
+        args = (q, kc, vc, HKV, D**-0.5, bt, sl, BS, length, None, kv_dtype, 1.0, 1.0)
         if ps:
-            return lambda: ops.paged_attention_v2(out, x["es"], x["ml"], x["tmp"], *args,
-                                                  partition_size=ps, **kw)
+            return lambda: ops.paged_attention_v2(
+                out, x["es"], x["ml"], x["tmp"], *args, partition_size=ps, **kw
+            )
         return lambda: ops.paged_attention_v1(out, *args, **kw)
 
     return [ours(*c) for c in x["caches"]]
@@ -181,8 +189,9 @@ def _time_ours(x: dict, length: int, kv_dtype: str) -> float:
     return time_graph(decode_calls(x, length, kv_dtype))
 
 
-def bench_decode_ours(b: int, length: int, sms: int, kv_dtype: str = "auto",
-                      kernel: str = "auto") -> float:
+def bench_decode_ours(
+    b: int, length: int, sms: int, kv_dtype: str = "auto", kernel: str = "auto"
+) -> float:
     """Seconds per call of our decode alone (on `kernel`)."""
     with _old_build_decode_kernel(kernel):
         return _time_ours(_decode_inputs(b, length, sms, kv_dtype, kernel), length, kv_dtype)
@@ -203,8 +212,11 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
                 def f():
                     with sdpa_kernel(backend):
                         F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+
                 return f
+
             return [call(k, v) for k, v in contig]
+
         return make
 
     res["cudnn"] = try_time(sdpa(SDPBackend.CUDNN_ATTENTION))
@@ -217,7 +229,9 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
                 v = vc[bt.long()].view(b, -1, HKV, D).transpose(1, 2)
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)
+
             return f
+
         return [call(*c) for c in caches]
 
     res["gather"] = try_time(gather_make)
@@ -227,28 +241,47 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
 def decode_kernel_name() -> str:
     """Which decode kernel the library runs on this benchmark's calls (NHD cache, bf16)."""
     q, cache = _probe(1)
-    return {"hopper": "Hopper bulk-copy (decode_bulk)", "tensor_core": "tensor-core (decode_mma)",
-            "cuda_core": "CUDA-core"}[ops.decode_kernel(q, cache, cache, HKV)]
+    return {
+        "hopper": "Hopper bulk-copy (decode_bulk)",
+        "tensor_core": "tensor-core (decode_mma)",
+        "cuda_core": "CUDA-core",
+    }[ops.decode_kernel(q, cache, cache, HKV)]
 
 
 def _prefill_inputs(b: int, length: int) -> dict:
     n = b * length
-    return {"q": torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"),
-            "k": torch.randn(n, HKV, D, dtype=DTYPE, device="cuda"),
-            "v": torch.randn(n, HKV, D, dtype=DTYPE, device="cuda"),
-            "qsl": torch.arange(0, n + 1, length, dtype=torch.int32, device="cuda"),
-            "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
-            # no cached prefix
-            "kc": torch.empty(1, BS, HKV, D, dtype=DTYPE, device="cuda"),
-            "bt": torch.zeros(b, 1, dtype=torch.int32, device="cuda")}
+    return {
+        "q": torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"),
+        "k": torch.randn(n, HKV, D, dtype=DTYPE, device="cuda"),
+        "v": torch.randn(n, HKV, D, dtype=DTYPE, device="cuda"),
+        "qsl": torch.arange(0, n + 1, length, dtype=torch.int32, device="cuda"),
+        "sl": torch.full((b,), length, dtype=torch.int32, device="cuda"),
+        # no cached prefix
+        "kc": torch.empty(1, BS, HKV, D, dtype=DTYPE, device="cuda"),
+        "bt": torch.zeros(b, 1, dtype=torch.int32, device="cuda"),
+    }
 
 
 def _prefill_calls(x: dict, length: int, kernel: str = "auto") -> list[Callable[[], None]]:
     out = torch.empty_like(x["q"])
     kw = _kernel_kw(kernel)
-    return [lambda: ops.context_attention_fwd(
-        x["q"], x["k"], x["v"], out, "auto", x["kc"], x["kc"], x["bt"], x["qsl"], x["sl"], None,
-        length, **kw)] * 3
+    return [
+        lambda: ops.context_attention_fwd(
+            x["q"],
+            x["k"],
+            x["v"],
+            out,
+            "auto",
+            x["kc"],
+            x["kc"],
+            x["bt"],
+            x["qsl"],
+            x["sl"],
+            None,
+            length,
+            **kw,
+        )
+    ] * 3
 
 
 def _time_prefill_ours(x: dict, length: int) -> float:
@@ -314,7 +347,9 @@ def bench_prefill(b: int, length: int) -> dict:
             def f():
                 with sdpa_kernel(backend):
                     F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+
             return [f] * 3
+
         return make
 
     res["cudnn"] = try_time(sdpa(SDPBackend.CUDNN_ATTENTION))
@@ -338,8 +373,10 @@ def bench_extend(b: int, prefix: int, new: int) -> dict:
     def ours() -> None:
         ops.context_attention_fwd(q, k, v, out, "auto", kc, vc, bt, qsl, sl, None, new)
 
-    res = {"flops": 4 * b * HQ * D * (new * prefix + new * (new + 1) / 2),
-           "ours": time_graph([ours] * 3)}
+    res = {
+        "flops": 4 * b * HQ * D * (new * prefix + new * (new + 1) / 2),
+        "ours": time_graph([ours] * 3),
+    }
     kc8, vc8, bt8 = make_cache(b, prefix, "fp8")  # the same call over an fp8 (e4m3) prefix
 
     def ours_fp8() -> None:
@@ -361,7 +398,9 @@ def bench_extend(b: int, prefix: int, new: int) -> dict:
             def f():
                 with sdpa_kernel(backend):
                     F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+
             return [f] * 3
+
         return make
 
     res["cudnn"] = try_time(sdpa(SDPBackend.CUDNN_ATTENTION))
@@ -384,8 +423,12 @@ def bench_cache_write(num_tokens: int) -> dict:
         val = torch.randn_like(key)
         slots = torch.randperm(nb * BS, device="cuda")[:num_tokens]
         sets.append((key, val, slots))
-    t = time_graph([(lambda a=a, b_=b_, s=s: ops.reshape_and_cache_flash(a, b_, kc, vc, s))
-                    for a, b_, s in sets])
+    t = time_graph(
+        [
+            (lambda a=a, b_=b_, s=s: ops.reshape_and_cache_flash(a, b_, kc, vc, s))
+            for a, b_, s in sets
+        ]
+    )
     return {"ours": t, "bytes": per}
 
 
@@ -400,13 +443,22 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
-    ap.add_argument("--decode-only", action="store_true",
-                    help="only the decode table (skip prefill and reshape_and_cache)")
-    ap.add_argument("--prefill-only", action="store_true",
-                    help="only the prefill table (skip decode and reshape_and_cache)")
-    ap.add_argument("--host-latency", action="store_true",
-                    help="time each replay from an idle GPU, including the host's graph "
-                         "submission (the harness of the tables before commit 1e250f7)")
+    ap.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="only the decode table (skip prefill and reshape_and_cache)",
+    )
+    ap.add_argument(
+        "--prefill-only",
+        action="store_true",
+        help="only the prefill table (skip decode and reshape_and_cache)",
+    )
+    ap.add_argument(
+        "--host-latency",
+        action="store_true",
+        help="time each replay from an idle GPU, including the host's graph "
+        "submission (the harness of the tables before commit 1e250f7)",
+    )
     args = ap.parse_args()
     if args.host_latency:
         global QUEUE_AHEAD_CYCLES
@@ -414,54 +466,74 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
     bw = copy_bandwidth()
-    print(f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
-          f"decode kernel: {decode_kernel_name()}; replays "
-          f"{'from an idle GPU' if args.host_latency else 'queued ahead'}")
+    print(
+        f"device: {props.name}, {sms} SMs; copy bandwidth (read+write) {bw / 1e12:.2f} TB/s; "
+        f"decode kernel: {decode_kernel_name()}; replays "
+        f"{'from an idle GPU' if args.host_latency else 'queued ahead'}"
+    )
     dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
-    print(f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "
-          f"{'vs cuDNN':>8} {'vs FA2':>7} {'vs gath':>7} {'TB/s':>6} {'of copy':>7} "
-          f"{'fp8':>9} {'fp8 gain':>8}")
+    print(
+        f"{'B*L':>9} {'split':>6} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'gather':>9} "
+        f"{'vs cuDNN':>8} {'vs FA2':>7} {'vs gath':>7} {'TB/s':>6} {'of copy':>7} "
+        f"{'fp8':>9} {'fp8 gain':>8}"
+    )
     for b, length in dec:
         # fp8 right before bf16: the two kernels of the "fp8 gain" ratio run next to each other,
         # not with the peers' runs (gather + SDPA over GBs of copies) between them.
         r8 = bench_decode(b, length, sms, "fp8")
         r = bench_decode(b, length, sms)
         tbs = r["bytes"] / r["ours"]
-        print(f"{b:>4}*{length:<5} {r['ps']:>6} {fmt(r['ours'])} {fmt(r['cudnn'])} "
-              f"{fmt(r['flash'])} {fmt(r['gather'])} {ratio(r['cudnn'], r['ours']):>8} "
-              f"{ratio(r['flash'], r['ours']):>7} {ratio(r['gather'], r['ours']):>7} "
-              f"{tbs / 1e12:6.2f} {tbs / bw:7.2f} {fmt(r8['ours'])} "
-              f"{ratio(r['ours'], r8['ours']):>8}")
+        print(
+            f"{b:>4}*{length:<5} {r['ps']:>6} {fmt(r['ours'])} {fmt(r['cudnn'])} "
+            f"{fmt(r['flash'])} {fmt(r['gather'])} {ratio(r['cudnn'], r['ours']):>8} "
+            f"{ratio(r['flash'], r['ours']):>7} {ratio(r['gather'], r['ours']):>7} "
+            f"{tbs / 1e12:6.2f} {tbs / bw:7.2f} {fmt(r8['ours'])} "
+            f"{ratio(r['ours'], r8['ours']):>8}"
+        )
         torch.cuda.empty_cache()
     if args.decode_only:
         return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
-    print(f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; ours = the library's "
-          f"choice: {_default_prefill_kernel()})")
-    print("  wgmma = ours on the Hopper wgmma kernel, named (n/a off sm_90; where it is the "
-          "choice, a second sample of the same kernel)")
-    print(f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
-          f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}")
+    print(
+        f"\nPrefill, causal, no cached prefix (us; TFLOP/s of ours; ours = the library's "
+        f"choice: {_default_prefill_kernel()})"
+    )
+    print(
+        "  wgmma = ours on the Hopper wgmma kernel, named (n/a off sm_90; where it is the "
+        "choice, a second sample of the same kernel)"
+    )
+    print(
+        f"{'B*L':>9} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} {'vs FA2':>7} "
+        f"{'TFLOP/s':>8} {'wgmma':>9} {'wg/FA2':>7} {'TFLOP/s':>8}"
+    )
     for b, length in pre:
         r = bench_prefill(b, length)
         wg_tf = "n/a" if r["wgmma"] is None else f"{r['flops'] / r['wgmma'] / 1e12:8.1f}"
-        print(f"{b:>4}*{length:<5} {fmt(r['ours'])} {fmt(r['cudnn'])} {fmt(r['flash'])} "
-              f"{ratio(r['cudnn'], r['ours']):>8} {ratio(r['flash'], r['ours']):>7} "
-              f"{r['flops'] / r['ours'] / 1e12:8.1f} {fmt(r['wgmma'])} "
-              f"{ratio(r['flash'], r['wgmma']):>7} {wg_tf:>8}")
+        print(
+            f"{b:>4}*{length:<5} {fmt(r['ours'])} {fmt(r['cudnn'])} {fmt(r['flash'])} "
+            f"{ratio(r['cudnn'], r['ours']):>8} {ratio(r['flash'], r['ours']):>7} "
+            f"{r['flops'] / r['ours'] / 1e12:8.1f} {fmt(r['wgmma'])} "
+            f"{ratio(r['flash'], r['wgmma']):>7} {wg_tf:>8}"
+        )
         torch.cuda.empty_cache()
-    print("\nExtend over a cached prefix in randomly permuted 16-token blocks (us; peers: SDPA "
-          "on contiguous data, lower-right causal mask, query heads expanded; max |ours - FA2|)")
+    print(
+        "\nExtend over a cached prefix in randomly permuted 16-token blocks (us; peers: SDPA "
+        "on contiguous data, lower-right causal mask, query heads expanded; max |ours - FA2|)"
+    )
     print("  fp8 = ours over an fp8 (e4m3) prefix, gain = ours / fp8")
-    print(f"{'B*prefix+new':>15} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} "
-          f"{'vs FA2':>7} {'TFLOP/s':>8} {'max err':>8} {'fp8':>9} {'gain':>6}")
+    print(
+        f"{'B*prefix+new':>15} {'ours':>9} {'cuDNN':>9} {'FA2':>9} {'vs cuDNN':>8} "
+        f"{'vs FA2':>7} {'TFLOP/s':>8} {'max err':>8} {'fp8':>9} {'gain':>6}"
+    )
     for b, prefix, new in EXTEND_SHAPES[:1] if args.quick else EXTEND_SHAPES:
         r = bench_extend(b, prefix, new)
-        print(f"{b:>4}*{prefix:>5}+{new:<4} {fmt(r['ours'])} {fmt(r['cudnn'])} "
-              f"{fmt(r['flash'])} {ratio(r['cudnn'], r['ours']):>8} "
-              f"{ratio(r['flash'], r['ours']):>7} {r['flops'] / r['ours'] / 1e12:8.1f} "
-              f"{r['err']:8.4f} {fmt(r['fp8'])} {ratio(r['ours'], r['fp8']):>6}")
+        print(
+            f"{b:>4}*{prefix:>5}+{new:<4} {fmt(r['ours'])} {fmt(r['cudnn'])} "
+            f"{fmt(r['flash'])} {ratio(r['cudnn'], r['ours']):>8} "
+            f"{ratio(r['flash'], r['ours']):>7} {r['flops'] / r['ours'] / 1e12:8.1f} "
+            f"{r['err']:8.4f} {fmt(r['fp8'])} {ratio(r['ours'], r['fp8']):>6}"
+        )
         torch.cuda.empty_cache()
     if args.prefill_only:
         return
@@ -469,8 +541,9 @@ def main() -> None:
     for n in (256, 16384, 65536):
         r = bench_cache_write(n)
         tbs = r["bytes"] / r["ours"]
-        print(f"  tokens {n:>6}: {fmt(r['ours'])} us  {tbs / 1e12:5.2f} TB/s  "
-              f"{tbs / bw:5.2f} of copy")
+        print(
+            f"  tokens {n:>6}: {fmt(r['ours'])} us  {tbs / 1e12:5.2f} TB/s  {tbs / bw:5.2f} of copy"
+        )
 
 
 if __name__ == "__main__":

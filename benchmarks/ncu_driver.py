@@ -30,8 +30,9 @@ def main() -> None:
     kind, b, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if kind == "decode":
         kv = sys.argv[4] if len(sys.argv) > 4 else "auto"
-        ga.bench_decode_ours(b, length, torch.cuda.get_device_properties(0).multi_processor_count,
-                             kv)
+        ga.bench_decode_ours(
+            b, length, torch.cuda.get_device_properties(0).multi_processor_count, kv
+        )
     elif kind == "extend":
         extend(b, length, int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "auto")
     else:

@@ -30,12 +30,28 @@ import torch
 
 SHAPES: Dict[str, Dict[str, Any]] = {
     # Meta-Llama-3-8B's config.json shape.
-    "llama3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, head_dim=128, intermediate_size=14336,
-                      vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, intermediate_size=256, vocab_size=1000,
-                 max_position_embeddings=4096, rope_theta=10000.0),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+    ),
+    "tiny": dict(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        vocab_size=1000,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+    ),
 }
 BATCHES = (1, 32, 256)
 INPUT_LEN, OUTPUT_LEN = 128, 128
@@ -51,21 +67,33 @@ def _read_json(path: str) -> Any:
 def write_checkpoint(path: str, shape: str, device: str, layers: int) -> None:
     from safetensors.torch import save_file
 
-    cfg = dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama",
-               rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
-               bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    cfg = dict(
+        SHAPES[shape],
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        bos_token_id=1,
+        eos_token_id=2,
+        torch_dtype="bfloat16",
+    )
     if layers:
         cfg["num_hidden_layers"] = layers
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     h, d = cfg["hidden_size"], cfg["head_dim"]
-    q, kv, ff, vocab = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, \
-        cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv, ff, vocab = (
+        cfg["num_attention_heads"] * d,
+        cfg["num_key_value_heads"] * d,
+        cfg["intermediate_size"],
+        cfg["vocab_size"],
+    )
     g = torch.Generator(device=device).manual_seed(0)
 
     def lin(out_f: int, in_f: int) -> torch.Tensor:  # std 1/sqrt(fan_in): activations O(1)
-        w = torch.randn(out_f, in_f, generator=g, device=device) / in_f ** 0.5
+        w = torch.randn(out_f, in_f, generator=g, device=device) / in_f**0.5
         return w.to(torch.bfloat16).cpu()
 
     def norm(n: int) -> torch.Tensor:
@@ -77,15 +105,30 @@ def write_checkpoint(path: str, shape: str, device: str, layers: int) -> None:
         save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
         weight_map.update({k: name for k in tensors})
 
-    save({"model.embed_tokens.weight": lin(vocab, h) * (h ** 0.5),
-          "model.norm.weight": norm(h), "lm_head.weight": lin(vocab, h)}, "outer.safetensors")
+    save(
+        {
+            "model.embed_tokens.weight": lin(vocab, h) * (h**0.5),
+            "model.norm.weight": norm(h),
+            "lm_head.weight": lin(vocab, h),
+        },
+        "outer.safetensors",
+    )
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        save({p + "self_attn.q_proj.weight": lin(q, h), p + "self_attn.k_proj.weight": lin(kv, h),
-              p + "self_attn.v_proj.weight": lin(kv, h), p + "self_attn.o_proj.weight": lin(h, q),
-              p + "mlp.gate_proj.weight": lin(ff, h), p + "mlp.up_proj.weight": lin(ff, h),
-              p + "mlp.down_proj.weight": lin(h, ff), p + "input_layernorm.weight": norm(h),
-              p + "post_attention_layernorm.weight": norm(h)}, f"layer{i:03d}.safetensors")
+        save(
+            {
+                p + "self_attn.q_proj.weight": lin(q, h),
+                p + "self_attn.k_proj.weight": lin(kv, h),
+                p + "self_attn.v_proj.weight": lin(kv, h),
+                p + "self_attn.o_proj.weight": lin(h, q),
+                p + "mlp.gate_proj.weight": lin(ff, h),
+                p + "mlp.up_proj.weight": lin(ff, h),
+                p + "mlp.down_proj.weight": lin(h, ff),
+                p + "input_layernorm.weight": norm(h),
+                p + "post_attention_layernorm.weight": norm(h),
+            },
+            f"layer{i:03d}.safetensors",
+        )
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
@@ -93,8 +136,10 @@ def write_checkpoint(path: str, shape: str, device: str, layers: int) -> None:
 # ---------------------------------------------------------------------------------- engine
 def _prompts(n: int, length: int, vocab: int, seed: int) -> List[Dict[str, List[int]]]:
     g = torch.Generator().manual_seed(seed)
-    return [{"prompt_token_ids": torch.randint(3, vocab, (length,), generator=g).tolist()}
-            for _ in range(n)]
+    return [
+        {"prompt_token_ids": torch.randint(3, vocab, (length,), generator=g).tolist()}
+        for _ in range(n)
+    ]
 
 
 def _timed(llm: Any, prompts: list, max_tokens: int) -> float:
@@ -115,11 +160,24 @@ def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) ->
     cfg = _read_json(os.path.join(path, "config.json"))
     dtype = "bfloat16" if device == "cuda" else "float32"
     t0 = time.perf_counter()
-    llm = LLM(path, device=device, dtype=dtype, tensor_parallel_size=tp, max_model_len=2048,
-              max_num_seqs=max(batches), skip_tokenizer_init=True, enable_prefix_caching=False,
-              gpu_memory_utilization=0.85, kv_cache_space=1.0)
-    result: Dict[str, Any] = {"tp": tp, "device": device, "load_s": time.perf_counter() - t0,
-                              "num_gpu_blocks": llm.llm_engine.num_gpu_blocks}
+    llm = LLM(
+        path,
+        device=device,
+        dtype=dtype,
+        tensor_parallel_size=tp,
+        max_model_len=2048,
+        max_num_seqs=max(batches),
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=0.85,
+        kv_cache_space=1.0,
+    )
+    result: Dict[str, Any] = {
+        "tp": tp,
+        "device": device,
+        "load_s": time.perf_counter() - t0,
+        "num_gpu_blocks": llm.llm_engine.num_gpu_blocks,
+    }
     vocab = cfg["vocab_size"]
     _timed(llm, _prompts(2, 16, vocab, 0), 4)  # warm-up
     decode = {}
@@ -128,20 +186,30 @@ def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) ->
         prefill = _timed(llm, prompts, 1)
         total = _timed(llm, prompts, OUTPUT_LEN)
         steps = OUTPUT_LEN - 1
-        decode[bs] = {"total_s": total, "prefill_s": prefill,
-                      "output_tok_s": bs * OUTPUT_LEN / total,
-                      "decode_tok_s": bs * steps / max(total - prefill, 1e-9),
-                      "step_ms": 1e3 * max(total - prefill, 0.0) / steps}
-        print(f"tp={tp} batch {bs}: {decode[bs]['output_tok_s']:.0f} output tok/s, decode step "
-              f"{decode[bs]['step_ms']:.2f} ms", flush=True)
+        decode[bs] = {
+            "total_s": total,
+            "prefill_s": prefill,
+            "output_tok_s": bs * OUTPUT_LEN / total,
+            "decode_tok_s": bs * steps / max(total - prefill, 1e-9),
+            "step_ms": 1e3 * max(total - prefill, 0.0) / steps,
+        }
+        print(
+            f"tp={tp} batch {bs}: {decode[bs]['output_tok_s']:.0f} output tok/s, decode step "
+            f"{decode[bs]['step_ms']:.2f} ms",
+            flush=True,
+        )
     result["decode"] = decode
     t = _timed(llm, _prompts(PREFILL_SEQS, PREFILL_LEN, vocab, 99), 1)
     result["prefill"] = {"seconds": t, "tflops": _prefill_flops(cfg) / t / 1e12}
-    print(f"tp={tp} prefill {PREFILL_SEQS}x{PREFILL_LEN}: {result['prefill']['tflops']:.1f} "
-          "TFLOP/s", flush=True)
-    greedy = llm.generate(_prompts(8, 64, vocab, 7),
-                          SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
-                          use_tqdm=False)
+    print(
+        f"tp={tp} prefill {PREFILL_SEQS}x{PREFILL_LEN}: {result['prefill']['tflops']:.1f} TFLOP/s",
+        flush=True,
+    )
+    greedy = llm.generate(
+        _prompts(8, 64, vocab, 7),
+        SamplingParams(temperature=0, max_tokens=64, ignore_eos=True),
+        use_tqdm=False,
+    )
     result["greedy"] = [o.outputs[0].token_ids for o in greedy]
     with open(out, "w") as f:
         json.dump(result, f)
@@ -151,11 +219,14 @@ def _prefill_flops(cfg: Dict[str, Any]) -> float:
     """Matmul FLOPs of the prefill run: 2 x weights x tokens for the layers (the LM head runs on
     one row per sequence), plus causal attention's QK^T and PV (seq^2 / 2 each, per head dim)."""
     h, d, layers = cfg["hidden_size"], cfg["head_dim"], cfg["num_hidden_layers"]
-    q, kv, ff = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d, \
-        cfg["intermediate_size"]
+    q, kv, ff = (
+        cfg["num_attention_heads"] * d,
+        cfg["num_key_value_heads"] * d,
+        cfg["intermediate_size"],
+    )
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * ff
     tokens = PREFILL_SEQS * PREFILL_LEN
-    attn = 2 * 2 * (PREFILL_LEN ** 2 / 2) * q * layers * PREFILL_SEQS
+    attn = 2 * 2 * (PREFILL_LEN**2 / 2) * q * layers * PREFILL_SEQS
     return 2 * per_layer * layers * tokens + attn + 2 * h * cfg["vocab_size"] * PREFILL_SEQS
 
 
@@ -166,8 +237,13 @@ def _allreduce_rank(rank: int, port: int, hidden: int, out: str, batches: List[i
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", world_size=2,
-                            rank=rank, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        world_size=2,
+        rank=rank,
+        timeout=datetime.timedelta(seconds=60),
+    )
     res: Dict[str, Any] = {}
     for bs in batches:
         x = torch.randn(bs, hidden, dtype=torch.bfloat16, device="cuda")
@@ -199,8 +275,11 @@ def _allreduce_rank(rank: int, port: int, hidden: int, out: str, batches: List[i
             graph.replay()
         b.record()
         torch.cuda.synchronize()
-        res[str(bs)] = {"eager_us": eager, "graph_us": a.elapsed_time(b) * 1e3 / (10 * k),
-                        "bytes": x.numel() * 2}
+        res[str(bs)] = {
+            "eager_us": eager,
+            "graph_us": a.elapsed_time(b) * 1e3 / (10 * k),
+            "bytes": x.numel() * 2,
+        }
     if rank == 0:
         with open(out, "w") as f:
             json.dump(res, f)
@@ -213,8 +292,9 @@ def run_allreduce(out: str, hidden: int, batches: List[int]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_allreduce_rank, args=(port, hidden, out, batches), nprocs=2,
-                                join=True)
+    torch.multiprocessing.spawn(
+        _allreduce_rank, args=(port, hidden, out, batches), nprocs=2, join=True
+    )
 
 
 # ---------------------------------------------------------------------------------- report
@@ -224,9 +304,11 @@ def report(out_dir: str) -> str:
         return _read_json(p) if os.path.exists(p) else None
 
     one, two, ar = load("tp1.json"), load("tp2.json"), load("allreduce.json")
-    lines = ["| batch | TP=1 output tok/s | TP=2 output tok/s | speed-up | TP=1 step ms | "
-             "TP=2 step ms | ratio | all-reduces/step x graph us | share of TP=2 step |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| batch | TP=1 output tok/s | TP=2 output tok/s | speed-up | TP=1 step ms | "
+        "TP=2 step ms | ratio | all-reduces/step x graph us | share of TP=2 step |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     if one and two:
         layers = (load("config.json") or {"num_hidden_layers": 32})["num_hidden_layers"]
         for bs in sorted(set(one["decode"]) & set(two["decode"]), key=int):
@@ -236,27 +318,41 @@ def report(out_dir: str) -> str:
                 # 2 per layer (attention, MLP) + the embedding's.
                 n_ar = 2 * layers + 1
                 ar_ms = n_ar * ar[bs]["graph_us"] / 1e3
-                share = f"{n_ar} x {ar[bs]['graph_us']:.1f} = {ar_ms:.2f} ms | " \
-                        f"{100 * ar_ms / max(b['step_ms'], 1e-9):.0f}%"
-            lines.append(f"| {bs} | {a['output_tok_s']:.0f} | {b['output_tok_s']:.0f} | "
-                         f"{b['output_tok_s'] / a['output_tok_s']:.2f}x | {a['step_ms']:.2f} | "
-                         f"{b['step_ms']:.2f} | {b['step_ms'] / a['step_ms']:.2f} | {share} |")
+                share = (
+                    f"{n_ar} x {ar[bs]['graph_us']:.1f} = {ar_ms:.2f} ms | "
+                    f"{100 * ar_ms / max(b['step_ms'], 1e-9):.0f}%"
+                )
+            lines.append(
+                f"| {bs} | {a['output_tok_s']:.0f} | {b['output_tok_s']:.0f} | "
+                f"{b['output_tok_s'] / a['output_tok_s']:.2f}x | {a['step_ms']:.2f} | "
+                f"{b['step_ms']:.2f} | {b['step_ms'] / a['step_ms']:.2f} | {share} |"
+            )
         same = sum(x == y for x, y in zip(one["greedy"], two["greedy"]))
         toks = [sum(u == v for u, v in zip(x, y)) for x, y in zip(one["greedy"], two["greedy"])]
-        first = [next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
-                 for x, y in zip(one["greedy"], two["greedy"])]
-        lines += ["", f"prefill {PREFILL_SEQS}x{PREFILL_LEN}: TP=1 "
-                      f"{one['prefill']['tflops']:.1f} TFLOP/s, TP=2 "
-                      f"{two['prefill']['tflops']:.1f} TFLOP/s (both GPUs together)",
-                  f"greedy agreement (bf16, 8 prompts x 64 tokens): {same}/8 sequences "
-                  f"identical, {sum(toks)}/{8 * 64} tokens equal position by position, first "
-                  f"divergence at {first}",
-                  f"load: TP=1 {one['load_s']:.1f} s, TP=2 {two['load_s']:.1f} s; KV blocks: "
-                  f"TP=1 {one['num_gpu_blocks']}, TP=2 {two['num_gpu_blocks']}"]
+        first = [
+            next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+            for x, y in zip(one["greedy"], two["greedy"])
+        ]
+        lines += [
+            "",
+            f"prefill {PREFILL_SEQS}x{PREFILL_LEN}: TP=1 "
+            f"{one['prefill']['tflops']:.1f} TFLOP/s, TP=2 "
+            f"{two['prefill']['tflops']:.1f} TFLOP/s (both GPUs together)",
+            f"greedy agreement (bf16, 8 prompts x 64 tokens): {same}/8 sequences "
+            f"identical, {sum(toks)}/{8 * 64} tokens equal position by position, first "
+            f"divergence at {first}",
+            f"load: TP=1 {one['load_s']:.1f} s, TP=2 {two['load_s']:.1f} s; KV blocks: "
+            f"TP=1 {one['num_gpu_blocks']}, TP=2 {two['num_gpu_blocks']}",
+        ]
     if ar:
-        lines += ["", "NCCL all-reduce, 2 GPUs, bf16 [batch, hidden]: " + ", ".join(
-            f"batch {bs}: {v['eager_us']:.1f} us eager / {v['graph_us']:.1f} us in a graph"
-            for bs, v in ar.items())]
+        lines += [
+            "",
+            "NCCL all-reduce, 2 GPUs, bf16 [batch, hidden]: "
+            + ", ".join(
+                f"batch {bs}: {v['eager_us']:.1f} us eager / {v['graph_us']:.1f} us in a graph"
+                for bs, v in ar.items()
+            ),
+        ]
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(text + "\n")

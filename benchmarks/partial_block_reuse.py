@@ -34,6 +34,7 @@ def stream(kind: str, rng: random.Random, n: int) -> list[tuple[list[int], list[
     separate requests); the first copy's blocks are cached with its generated tokens, so the
     resent prompt's last tokens lie inside a cached block. multi_turn: each turn's prompt is the
     previous prompt + its answer + a new message."""
+
     def toks(k: int) -> list[int]:
         return [rng.randrange(1000, 50000) for _ in range(k)]
 
@@ -53,8 +54,9 @@ def stream(kind: str, rng: random.Random, n: int) -> list[tuple[list[int], list[
     return out
 
 
-def run_stream(reqs: list[tuple[list[int], list[int]]], bs: int, partial: bool
-               ) -> tuple[int, int, int]:
+def run_stream(
+    reqs: list[tuple[list[int], list[int]]], bs: int, partial: bool
+) -> tuple[int, int, int]:
     """(prefill tokens, total prompt tokens, block copies) through the allocator: each request
     is prefilled, generates its tokens, has its full blocks cached (as the scheduler does) and
     is freed. A large pool: no evictions."""
@@ -74,7 +76,7 @@ def run_stream(reqs: list[tuple[list[int], list[int]]], bs: int, partial: bool
         total += len(p)
         parent = None
         for i in range(len(seq) // bs):
-            parent = a.cache_full_block(ids[i], parent, seq[i * bs:(i + 1) * bs])
+            parent = a.cache_full_block(ids[i], parent, seq[i * bs : (i + 1) * bs])
         a.free(ids)
     return prefill, total, a.stats()["cow_copies"]
 
@@ -83,8 +85,10 @@ def savings(bs: int) -> dict[str, tuple[float, float]]:
     """kind -> (prefill tokens saved per request, block copies per request)."""
     out = {}
     print(f"\n## Savings (block_size={bs})")
-    print("| stream | requests | prompt tokens | prefill (full blocks) | prefill (+partial) "
-          "| saved | saved/request | copies/request |")
+    print(
+        "| stream | requests | prompt tokens | prefill (full blocks) | prefill (+partial) "
+        "| saved | saved/request | copies/request |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for kind in ("shared_system", "resend", "multi_turn"):
         reqs = stream(kind, random.Random(0), 400)
@@ -92,8 +96,10 @@ def savings(bs: int) -> dict[str, tuple[float, float]]:
         part, _, copies = run_stream(reqs, bs, partial=True)
         n = len(reqs)
         out[kind] = ((full - part) / n, copies / n)
-        print(f"| {kind} | {n} | {total} | {full} | {part} | {(full - part) / full:.1%} "
-              f"| {(full - part) / n:.2f} | {copies / n:.2f} |")
+        print(
+            f"| {kind} | {n} | {total} | {full} | {part} | {(full - part) / full:.1%} "
+            f"| {(full - part) / n:.2f} | {copies / n:.2f} |"
+        )
     return out
 
 
@@ -160,8 +166,10 @@ def cost(bs: int, saved: dict[str, tuple[float, float]]) -> None:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(0) if dev.type == "cuda" else "CPU"
     print(f"\n## Cost on {name} (block_size={bs})")
-    print("| model | KV bytes/block | copy 1 block (us) | copy 64 blocks (us) "
-          "| prefill us/token (marginal) | break-even tokens/copy |")
+    print(
+        "| model | KV bytes/block | copy 1 block (us) | copy 64 blocks (us) "
+        "| prefill us/token (marginal) | break-even tokens/copy |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     results = {}
     for model, shape in MODELS.items():
@@ -175,8 +183,10 @@ def cost(bs: int, saved: dict[str, tuple[float, float]]) -> None:
         c64 = copy_time(torch, dev, shape, bs, 64, iters * 4)
         elt = 2 if dev.type == "cuda" else 4
         results[model] = (per_token, c1, c64)
-        print(f"| {model} | {layers * 2 * bs * kvh * hd * elt:,} | {c1 * 1e6:.1f} | "
-              f"{c64 * 1e6:.1f} | {per_token * 1e6:.2f} | {c1 / per_token:.2f} |")
+        print(
+            f"| {model} | {layers * 2 * bs * kvh * hd * elt:,} | {c1 * 1e6:.1f} | "
+            f"{c64 * 1e6:.1f} | {per_token * 1e6:.2f} | {c1 / per_token:.2f} |"
+        )
     print("\n## Net effect per request (saved prefill time - copy time, one copy each)")
     print("| model | stream | saved tokens/request | saved us | copy us (1 block) | net us |")
     print("|---|---|---:|---:|---:|---:|")
@@ -184,17 +194,25 @@ def cost(bs: int, saved: dict[str, tuple[float, float]]) -> None:
         for kind, (tok, copies) in saved.items():
             gain = tok * per_token
             spend = copies * c1
-            print(f"| {model} | {kind} | {tok:.2f} | {gain * 1e6:.1f} | {spend * 1e6:.1f} | "
-                  f"{(gain - spend) * 1e6:+.1f} |")
+            print(
+                f"| {model} | {kind} | {tok:.2f} | {gain * 1e6:.1f} | {spend * 1e6:.1f} | "
+                f"{(gain - spend) * 1e6:+.1f} |"
+            )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    ap.add_argument("--cost", action="store_true",
-                    help="also measure copy vs prefill cost with torch (cuda if available)")
-    ap.add_argument("--cost-only", action="store_true",
-                    help="only the cost part (needs torch, not pagedkv: for a GPU machine)")
+    ap.add_argument(
+        "--cost",
+        action="store_true",
+        help="also measure copy vs prefill cost with torch (cuda if available)",
+    )
+    ap.add_argument(
+        "--cost-only",
+        action="store_true",
+        help="only the cost part (needs torch, not pagedkv: for a GPU machine)",
+    )
     args = ap.parse_args()
     saved = {} if args.cost_only else savings(args.block_size)
     if args.cost or args.cost_only:

@@ -57,7 +57,7 @@ class PyBlockManager:
         while self.caching and (len(seq.hashes) + 1) * BLOCK <= seq.num_computed:
             j = len(seq.hashes)
             parent = seq.hashes[-1] if seq.hashes else 0
-            h = hash((parent, tuple(seq.tokens[j * BLOCK:(j + 1) * BLOCK])))
+            h = hash((parent, tuple(seq.tokens[j * BLOCK : (j + 1) * BLOCK])))
             self.cached.setdefault(h, seq.blocks[j])
             seq.hashes.append(h)
 
@@ -70,8 +70,9 @@ class PyBlockManager:
 
 
 class PyScheduler:
-    def __init__(self, num_blocks: int, max_seqs: int, budget: int, max_blocks: int,
-                 caching: bool) -> None:
+    def __init__(
+        self, num_blocks: int, max_seqs: int, budget: int, max_blocks: int, caching: bool
+    ) -> None:
         self.bm = PyBlockManager(num_blocks, caching)
         self.max_seqs, self.budget, self.max_blocks = max_seqs, budget, max_blocks
         self.waiting: deque[PySeq] = deque()
@@ -144,8 +145,9 @@ class PyScheduler:
 
 
 # ---- the workloads -------------------------------------------------------------------------
-def run_cpp(cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals,
-            shape: list | None = None) -> float:
+def run_cpp(
+    cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals, shape: list | None = None
+) -> float:
     s = Scheduler(cfg)
     for i, p in enumerate(prompts):
         s.add_request(f"r{i}", p, max_tokens, ignore_eos=True)
@@ -166,8 +168,13 @@ def run_cpp(cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals,
 
 
 def run_py(cfg: SchedulerConfig, prompts, max_tokens, steps, warmup, arrivals) -> float:
-    s = PyScheduler(cfg.num_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                    cfg.max_blocks_per_seq, cfg.enable_prefix_caching)
+    s = PyScheduler(
+        cfg.num_blocks,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.max_blocks_per_seq,
+        cfg.enable_prefix_caching,
+    )
     for i, p in enumerate(prompts):
         s.add_request(f"r{i}", p, max_tokens)
     sampled = np.full(cfg.max_num_seqs, 7, dtype=np.int64)
@@ -197,9 +204,14 @@ def main() -> None:
     rows = []
     prompts = [rng.integers(0, 32000, 128).tolist() for _ in range(n)]
     for caching in (True, False):
-        cfg = SchedulerConfig(num_blocks=n * 48, block_size=BLOCK, max_num_seqs=n,
-                              max_num_batched_tokens=2 * n + 1024, max_model_len=768,
-                              enable_prefix_caching=caching)
+        cfg = SchedulerConfig(
+            num_blocks=n * 48,
+            block_size=BLOCK,
+            max_num_seqs=n,
+            max_num_batched_tokens=2 * n + 1024,
+            max_model_len=768,
+            enable_prefix_caching=caching,
+        )
         warm = -(-128 * n // (cfg.max_num_batched_tokens - n)) + 4  # all prefills done
         args_dec = (cfg, prompts, 600, args.steps, warm, lambda step: ())
         shape: list = []
@@ -209,23 +221,34 @@ def main() -> None:
 
     # 2) mixed: 256 decodes finishing after 64 tokens, new 512-token prompts arriving each
     # step and prefilled in chunks under the 2048-token budget.
-    cfg2 = SchedulerConfig(num_blocks=16384, block_size=BLOCK, max_num_seqs=256,
-                           max_num_batched_tokens=2048, max_model_len=1024)
+    cfg2 = SchedulerConfig(
+        num_blocks=16384,
+        block_size=BLOCK,
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        max_model_len=1024,
+    )
     prompts2 = [rng.integers(0, 32000, 512).tolist() for _ in range(256)]
     stream = [rng.integers(0, 32000, 512).tolist() for _ in range(8)]
-    args_mix = (cfg2, prompts2, 64, args.steps, 40, lambda step: stream[: 4])
+    args_mix = (cfg2, prompts2, 64, args.steps, 40, lambda step: stream[:4])
     shape = []
     c = run_cpp(*args_mix, shape=shape)
     rows.append(("mixed prefill+decode", c, run_py(*args_mix), shape))
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
-          f"{platform.python_version()}; schedule()+update() per step, mean of {args.steps}")
-    print(f"{'workload':<34} {'seqs':>5} {'prefills':>8} {'tokens':>6} {'pagedkv us':>10} "
-          f"{'python us':>10} {'speedup':>8}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
+        f"{platform.python_version()}; schedule()+update() per step, mean of {args.steps}"
+    )
+    print(
+        f"{'workload':<34} {'seqs':>5} {'prefills':>8} {'tokens':>6} {'pagedkv us':>10} "
+        f"{'python us':>10} {'speedup':>8}"
+    )
     for name, c, p, sh in rows:
         seqs, pre, tok = (float(np.mean([x[k] for x in sh])) for k in range(3))
-        print(f"{name:<34} {seqs:>5.0f} {pre:>8.1f} {tok:>6.0f} {c * 1e6:>10.1f} "
-              f"{p * 1e6:>10.1f} {p / c:>7.1f}x")
+        print(
+            f"{name:<34} {seqs:>5.0f} {pre:>8.1f} {tok:>6.0f} {c * 1e6:>10.1f} "
+            f"{p * 1e6:>10.1f} {p / c:>7.1f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -34,11 +34,57 @@ import httpx
 from pagedkv.entrypoints.engine_args import ENGINE_FLAGS
 
 WORDS = [
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at",
-    "from", "his", "her", "an", "were", "are", "which", "this", "be", "or", "had", "not",
-    "but", "what", "all", "when", "there", "can", "more", "one", "time", "year", "people",
-    "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state",
-    "family", "student", "group", "country",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "an",
+    "were",
+    "are",
+    "which",
+    "this",
+    "be",
+    "or",
+    "had",
+    "not",
+    "but",
+    "what",
+    "all",
+    "when",
+    "there",
+    "can",
+    "more",
+    "one",
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
 ]
 
 
@@ -60,11 +106,21 @@ def make_prompts(n: int, input_len: int, seed: int) -> List[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(input_len)) for _ in range(n)]
 
 
-async def one_request(client: httpx.AsyncClient, args: argparse.Namespace, prompt: str,
-                      hang_up_after: Optional[int] = None) -> Result:
-    body = {"model": args.model, "prompt": prompt, "max_tokens": args.output_len,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+async def one_request(
+    client: httpx.AsyncClient,
+    args: argparse.Namespace,
+    prompt: str,
+    hang_up_after: Optional[int] = None,
+) -> Result:
+    body = {
+        "model": args.model,
+        "prompt": prompt,
+        "max_tokens": args.output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     res = Result()
     start = last = time.perf_counter()
     chunks = 0
@@ -109,8 +165,10 @@ async def run_load(args: argparse.Namespace, prompts: List[str]) -> tuple[List[R
     sem = asyncio.Semaphore(args.max_concurrency or len(prompts))
     rng = random.Random(args.seed)
 
-    async with httpx.AsyncClient(base_url=args.url, timeout=600, limits=limits,
-                                 headers=headers) as client:
+    async with httpx.AsyncClient(
+        base_url=args.url, timeout=600, limits=limits, headers=headers
+    ) as client:
+
         async def limited(p: str) -> Result:
             async with sem:
                 return await one_request(client, args, p)
@@ -145,9 +203,12 @@ def report(results: List[Result], elapsed: float) -> Dict[str, float]:
         "request throughput (req/s)": len(ok) / elapsed,
         "output throughput (tok/s)": out_tokens / elapsed,
         "total throughput (tok/s)": (in_tokens + out_tokens) / elapsed,
-        "TTFT p50 (ms)": 1e3 * pct(ttft, 50), "TTFT p99 (ms)": 1e3 * pct(ttft, 99),
-        "ITL p50 (ms)": 1e3 * pct(itl, 50), "ITL p99 (ms)": 1e3 * pct(itl, 99),
-        "e2e p50 (s)": pct(lat, 50), "e2e p99 (s)": pct(lat, 99),
+        "TTFT p50 (ms)": 1e3 * pct(ttft, 50),
+        "TTFT p99 (ms)": 1e3 * pct(ttft, 99),
+        "ITL p50 (ms)": 1e3 * pct(itl, 50),
+        "ITL p99 (ms)": 1e3 * pct(itl, 99),
+        "e2e p50 (s)": pct(lat, 50),
+        "e2e p99 (s)": pct(lat, 99),
         "mean TPOT (ms)": 1e3 * statistics.mean(itl) if itl else float("nan"),
     }
     for k, v in stats.items():
@@ -171,28 +232,39 @@ def metrics(url: str) -> Dict[str, float]:
 async def run_disconnect(args: argparse.Namespace) -> bool:
     prompts = make_prompts(64, args.input_len, args.seed)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    async with httpx.AsyncClient(base_url=args.url, timeout=600, headers=headers,
-                                 limits=httpx.Limits(max_connections=200)) as client:
-        results = await asyncio.gather(*[
-            one_request(client, args, p, hang_up_after=2 + i % 5 if i % 4 == 0 else None)
-            for i, p in enumerate(prompts)])
+    async with httpx.AsyncClient(
+        base_url=args.url, timeout=600, headers=headers, limits=httpx.Limits(max_connections=200)
+    ) as client:
+        results = await asyncio.gather(
+            *[
+                one_request(client, args, p, hang_up_after=2 + i % 5 if i % 4 == 0 else None)
+                for i, p in enumerate(prompts)
+            ]
+        )
     stayed = [r for r in results if not r.disconnected]
     failed = [r for r in stayed if not r.ok or r.output_tokens != args.output_len]
     left = sum(r.disconnected for r in results)
     deadline = time.monotonic() + 30
     while True:
         m = metrics(args.url)
-        idle = (m["pagedkv:num_requests_running"] == 0 and m["pagedkv:num_requests_waiting"] == 0
-                and m["pagedkv:kv_cache_usage_perc"] == 0)
+        idle = (
+            m["pagedkv:num_requests_running"] == 0
+            and m["pagedkv:num_requests_waiting"] == 0
+            and m["pagedkv:kv_cache_usage_perc"] == 0
+        )
         if idle or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.2)
-    print(f"  clients: 64, hung up mid-stream: {left}, completed: {len(stayed) - len(failed)}, "
-          f"failed: {len(failed)}")
-    print(f"  after: running={m['pagedkv:num_requests_running']:.0f} "
-          f"waiting={m['pagedkv:num_requests_waiting']:.0f} "
-          f"kv_cache_usage={m['pagedkv:kv_cache_usage_perc']:.4f} "
-          f"preemptions={m['pagedkv:num_preemptions_total']:.0f}")
+    print(
+        f"  clients: 64, hung up mid-stream: {left}, completed: {len(stayed) - len(failed)}, "
+        f"failed: {len(failed)}"
+    )
+    print(
+        f"  after: running={m['pagedkv:num_requests_running']:.0f} "
+        f"waiting={m['pagedkv:num_requests_waiting']:.0f} "
+        f"kv_cache_usage={m['pagedkv:kv_cache_usage_perc']:.4f} "
+        f"preemptions={m['pagedkv:num_preemptions_total']:.0f}"
+    )
     for r in failed[:3]:
         print(f"  FAILED: {r.error or f'{r.output_tokens} tokens'}")
     ok = not failed and idle
@@ -237,8 +309,19 @@ TOGGLES = {f.dest: f.kind == "toggle" for f in ENGINE_FLAGS}
 
 def launch(args: argparse.Namespace) -> subprocess.Popen:
     kw = json.loads(args.engine_kwargs)
-    cmd = [sys.executable, "-m", "pagedkv", "serve", "--host", "127.0.0.1", "--port",
-           str(args.port), "--uvicorn-log-level", "warning", "--disable-log-requests"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pagedkv",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--uvicorn-log-level",
+        "warning",
+        "--disable-log-requests",
+    ]
     for k, v in kw.items():
         flag = k.replace("_", "-")
         if isinstance(v, bool):  # on/off flags, never "--x False": --x, --no-x for a toggle
@@ -260,26 +343,40 @@ def launch(args: argparse.Namespace) -> subprocess.Popen:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     p.add_argument("--launch", action="store_true", help="start `pagedkv serve` here first")
     p.add_argument("--port", type=int, default=8765, help="port for --launch")
-    p.add_argument("--engine-kwargs", default='{"max_model_len": 512, "kv_cache_space": 0.25}',
-                   help="JSON engine arguments for --launch and --compare-offline")
+    p.add_argument(
+        "--engine-kwargs",
+        default='{"max_model_len": 512, "kv_cache_space": 0.25}',
+        help="JSON engine arguments for --launch and --compare-offline",
+    )
     p.add_argument("--model", default=None, help="model name sent in requests")
     p.add_argument("--api-key", default=os.environ.get("PAGEDKV_API_KEY"), help="bearer key")
     p.add_argument("--num-prompts", type=int, default=32, help="requests to send")
     p.add_argument("--input-len", type=int, default=64, help="words per random prompt")
     p.add_argument("--output-len", type=int, default=32, help="tokens per completion")
-    p.add_argument("--request-rate", type=float, default=float("inf"),
-                   help="Poisson arrival rate in requests/s (inf: all at once)")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrival rate in requests/s (inf: all at once)",
+    )
     p.add_argument("--max-concurrency", type=int, default=None, help="cap on in-flight requests")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--disconnect-check", action="store_true",
-                   help="64 streaming clients, some hanging up; check nothing leaks")
-    p.add_argument("--compare-offline", action="store_true",
-                   help="also time LLMEngine in-process on the same prompts")
+    p.add_argument(
+        "--disconnect-check",
+        action="store_true",
+        help="64 streaming clients, some hanging up; check nothing leaks",
+    )
+    p.add_argument(
+        "--compare-offline",
+        action="store_true",
+        help="also time LLMEngine in-process on the same prompts",
+    )
     args = p.parse_args()
     prompts = make_prompts(args.num_prompts, args.input_len, args.seed)
     # The peer runs first, while no server shares the CPU with it.
@@ -289,9 +386,11 @@ def main() -> int:
         if args.disconnect_check:
             print(f"## disconnect check against {args.url}")
             return 0 if asyncio.run(run_disconnect(args)) else 1
-        print(f"## serving load: {args.num_prompts} prompts x ~{args.input_len} words -> "
-              f"{args.output_len} tokens, rate {args.request_rate}/s, "
-              f"max concurrency {args.max_concurrency or 'unbounded'}")
+        print(
+            f"## serving load: {args.num_prompts} prompts x ~{args.input_len} words -> "
+            f"{args.output_len} tokens, rate {args.request_rate}/s, "
+            f"max concurrency {args.max_concurrency or 'unbounded'}"
+        )
         results, elapsed = asyncio.run(run_load(args, prompts))
         stats = report(results, elapsed)
     finally:

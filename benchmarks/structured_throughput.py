@@ -26,10 +26,15 @@ SCHEMA: Dict[str, Any] = {
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "email": {"type": "string"},
         "tags": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object",
-                    "properties": {"street": {"type": "string"}, "city": {"type": "string"},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                    "required": ["street", "city", "zip"]},
+        "address": {
+            "type": "object",
+            "properties": {
+                "street": {"type": "string"},
+                "city": {"type": "string"},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["street", "city", "zip"],
+        },
         "bio": {"type": "string"},
     },
     "required": ["name", "age", "email", "tags", "address", "bio"],
@@ -37,8 +42,9 @@ SCHEMA: Dict[str, Any] = {
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default=None, help="default: the bundled SmolLM2")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=64, help="requests per run")
@@ -64,12 +70,14 @@ def main() -> None:
     if args.device == "cpu":
         kw["kv_cache_space"] = 1.0
     llm = LLM(args.model, **kw) if args.model else LLM(**kw)
-    prompts = [f"Write a JSON profile of person number {i}, a {20 + i % 50}-year-old "
-               f"engineer from city {i % 7}:" for i in range(args.batch)]
+    prompts = [
+        f"Write a JSON profile of person number {i}, a {20 + i % 50}-year-old "
+        f"engineer from city {i % 7}:"
+        for i in range(args.batch)
+    ]
     base = {"temperature": 0.8, "max_tokens": args.max_tokens, "ignore_eos": True, "seed": 0}
     plain = SamplingParams(**base)
-    constrained = SamplingParams(**base,
-                                 structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    constrained = SamplingParams(**base, structured_outputs=StructuredOutputsParams(json=SCHEMA))
     run(llm, prompts, plain)  # warm-up (CUDA graphs, allocator)
     run(llm, prompts, constrained)  # warm-up (grammar compiled once, then cached)
     rates: Dict[str, List[float]] = {"plain": [], "json": []}
@@ -87,13 +95,22 @@ def main() -> None:
                 valid = (len(done), len(outs))
     med = {k: statistics.median(v) for k, v in rates.items()}
     slower = 100.0 * (1.0 - med["json"] / med["plain"])
-    result = {"device": args.device, "batch": args.batch, "max_tokens": args.max_tokens,
-              "plain_tok_s": round(med["plain"], 1), "json_tok_s": round(med["json"], 1),
-              "json_slower_pct": round(slower, 2), "tokens": tokens,
-              "json_finished_and_valid": valid, "rounds": rates}
-    print(f"batch {args.batch}: unconstrained {med['plain']:.1f} tok/s, JSON schema "
-          f"{med['json']:.1f} tok/s ({slower:+.2f} % slower; target <= 5 %); "
-          f"{valid[0] if valid else 0}/{args.batch} JSON answers complete, all valid")
+    result = {
+        "device": args.device,
+        "batch": args.batch,
+        "max_tokens": args.max_tokens,
+        "plain_tok_s": round(med["plain"], 1),
+        "json_tok_s": round(med["json"], 1),
+        "json_slower_pct": round(slower, 2),
+        "tokens": tokens,
+        "json_finished_and_valid": valid,
+        "rounds": rates,
+    }
+    print(
+        f"batch {args.batch}: unconstrained {med['plain']:.1f} tok/s, JSON schema "
+        f"{med['json']:.1f} tok/s ({slower:+.2f} % slower; target <= 5 %); "
+        f"{valid[0] if valid else 0}/{args.batch} JSON answers complete, all valid"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2)

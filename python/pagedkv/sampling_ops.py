@@ -28,9 +28,8 @@ def top_k_top_p_threshold(
         ("min_p", min_p),
     ):
         check_array(a, name)
-    _C.ops_top_k_top_p_threshold(
-        *map(dlpack_arg, (thresholds, probs, top_k, top_p, min_p)), stream_handle(stream, probs)
-    )
+    t, p, k, tp, mp = map(dlpack_arg, (thresholds, probs, top_k, top_p, min_p))
+    _C.ops_top_k_top_p_threshold(t, p, k, tp, mp, stream_handle(stream, probs))
 
 
 def sample_exponential_race(
@@ -46,6 +45,5 @@ def sample_exponential_race(
         ("keys", keys),
     ):
         check_array(a, name)
-    _C.ops_sample_exponential_race(
-        *map(dlpack_arg, (tokens, probs, thresholds, keys)), stream_handle(stream, probs)
-    )
+    o, p, t, k = map(dlpack_arg, (tokens, probs, thresholds, keys))
+    _C.ops_sample_exponential_race(o, p, t, k, stream_handle(stream, probs))

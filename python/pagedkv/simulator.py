@@ -40,25 +40,25 @@ class TraceRequest:
 @dataclass
 class StepStats:
     step: int
-    time: float               # virtual seconds at the start of the step
+    time: float  # virtual seconds at the start of the step
     num_seqs: int
     num_prefills: int
     num_prefill_tokens: int
     num_decode_tokens: int
-    budget_use: float         # num_tokens / max_num_batched_tokens
-    kv_usage: float           # after the step
+    budget_use: float  # num_tokens / max_num_batched_tokens
+    kv_usage: float  # after the step
     num_running: int
     num_waiting: int
     num_swapped: int
-    num_preempted: int        # preemptions during this step
-    num_sampled: int          # entries that produced a token (decodes + finished prefills)
-    prefix_hit_tokens: int    # cumulative
+    num_preempted: int  # preemptions during this step
+    num_sampled: int  # entries that produced a token (decodes + finished prefills)
+    prefix_hit_tokens: int  # cumulative
 
 
 @dataclass
 class SimulationResult:
     steps: list[StepStats] = field(default_factory=list)
-    ttft: dict[str, float] = field(default_factory=dict)     # request id -> seconds
+    ttft: dict[str, float] = field(default_factory=dict)  # request id -> seconds
     latency: dict[str, float] = field(default_factory=dict)  # request id -> seconds
     summary: dict[str, Any] = field(default_factory=dict)
 
@@ -72,8 +72,11 @@ def _int_field(rec: dict[str, Any], name: str, least: int) -> int:
     if name not in rec:
         raise ValueError(f"missing field {name!r}")
     v = rec[name]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or \
-            (isinstance(v, float) and not (math.isfinite(v) and v.is_integer())):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (isinstance(v, float) and not (math.isfinite(v) and v.is_integer()))
+    ):
         raise ValueError(f"{name} must be an integer, got {v!r}")
     if not least <= int(v) <= _INT32_MAX:
         raise ValueError(f"{name} must be in [{least}, {_INT32_MAX}], got {v!r}")
@@ -94,10 +97,13 @@ def _record(rec: Any) -> TraceRequest:
         raise ValueError(f"prefix_group must be an integer or a string, got {group!r}")
     prefix_len = rec.get("prefix_len")
     return TraceRequest(
-        arrival_time=float(t), prompt_len=_int_field(rec, "prompt_len", 1),
-        output_len=_int_field(rec, "output_len", 1), prefix_group=group,
+        arrival_time=float(t),
+        prompt_len=_int_field(rec, "prompt_len", 1),
+        output_len=_int_field(rec, "output_len", 1),
+        prefix_group=group,
         prefix_len=None if prefix_len is None else _int_field(rec, "prefix_len", 0),
-        priority=_int_field(rec, "priority", _INT32_MIN) if "priority" in rec else 0)
+        priority=_int_field(rec, "priority", _INT32_MIN) if "priority" in rec else 0,
+    )
 
 
 def load_trace(path: Union[str, Path]) -> list[TraceRequest]:
@@ -123,9 +129,15 @@ def _prompt(req: TraceRequest, rng: random.Random, vocab: int) -> list[int]:
     return tokens
 
 
-def simulate(trace: Iterable[TraceRequest], config: Any, step_time_ms: float = 5.0,
-             per_token_us: float = 20.0, seed: int = 0, vocab: int = 32000,
-             max_steps: int = 1_000_000) -> SimulationResult:
+def simulate(
+    trace: Iterable[TraceRequest],
+    config: Any,
+    step_time_ms: float = 5.0,
+    per_token_us: float = 20.0,
+    seed: int = 0,
+    vocab: int = 32000,
+    max_steps: int = 1_000_000,
+) -> SimulationResult:
     """Replays `trace` through ``pagedkv.Scheduler(config)``; returns per-step statistics."""
     from pagedkv import Scheduler
 
@@ -143,8 +155,9 @@ def simulate(trace: Iterable[TraceRequest], config: Any, step_time_ms: float = 5
             clock = reqs[nxt].arrival_time  # idle: jump to the next arrival
         while nxt < len(reqs) and reqs[nxt].arrival_time <= clock:
             r, rid = reqs[nxt], f"req-{nxt}"
-            sched.add_request(rid, _prompt(r, rng, vocab), r.output_len, ignore_eos=True,
-                              priority=r.priority)
+            sched.add_request(
+                rid, _prompt(r, rng, vocab), r.output_len, ignore_eos=True, priority=r.priority
+            )
             arrival[rid] = r.arrival_time
             nxt += 1
         preempt_before = sched.num_preemptions
@@ -152,12 +165,26 @@ def simulate(trace: Iterable[TraceRequest], config: Any, step_time_ms: float = 5
         n = plan.num_seqs
         sampled = np.full(n, -1, dtype=np.int64)
         samples = plan.sample_indices >= 0
-        sampled[samples] = np.asarray([rng.randrange(vocab) for _ in range(int(samples.sum()))],
-                                      dtype=np.int64)
+        sampled[samples] = np.asarray(
+            [rng.randrange(vocab) for _ in range(int(samples.sum()))], dtype=np.int64
+        )
         ids = plan.request_ids if n else []
-        stats = StepStats(step, clock, n, plan.num_prefills, plan.num_prefill_tokens,
-                          plan.num_decode_tokens, plan.num_tokens / budget, 0.0, 0, 0, 0,
-                          sched.num_preemptions - preempt_before, int(samples.sum()), 0)
+        stats = StepStats(
+            step,
+            clock,
+            n,
+            plan.num_prefills,
+            plan.num_prefill_tokens,
+            plan.num_decode_tokens,
+            plan.num_tokens / budget,
+            0.0,
+            0,
+            0,
+            0,
+            sched.num_preemptions - preempt_before,
+            int(samples.sum()),
+            0,
+        )
         clock += (step_time_ms * 1e-3 + per_token_us * 1e-6 * plan.num_tokens) if n else 1e-3
         for i in np.flatnonzero(samples):
             res.ttft.setdefault(ids[i], clock - arrival[ids[i]])
@@ -173,8 +200,9 @@ def simulate(trace: Iterable[TraceRequest], config: Any, step_time_ms: float = 5
     return res
 
 
-def _summary(res: SimulationResult, sched: Any, reqs: list[TraceRequest],
-             clock: float) -> dict[str, Any]:
+def _summary(
+    res: SimulationResult, sched: Any, reqs: list[TraceRequest], clock: float
+) -> dict[str, Any]:
     busy = [s for s in res.steps if s.num_seqs]
     gen = sum(r.output_len for r in reqs)
     q = sched.prefix_cache_query_tokens
@@ -216,8 +244,14 @@ def plot(res: SimulationResult, path: Union[str, Path]) -> None:
     ax1.plot(t, [100 * s.kv_usage for s in res.steps], color="tab:blue", lw=1)
     pre = [s for s in res.steps if s.num_preempted]
     if pre:
-        ax1.scatter([s.time for s in pre], [100 * s.kv_usage for s in pre], color="tab:red",
-                    s=10, label="preemption", zorder=3)
+        ax1.scatter(
+            [s.time for s in pre],
+            [100 * s.kv_usage for s in pre],
+            color="tab:red",
+            s=10,
+            label="preemption",
+            zorder=3,
+        )
         ax1.legend(loc="lower right")
     ax1.set_ylabel("KV cache used (%)")
     ax1.set_ylim(0, 105)
@@ -227,9 +261,11 @@ def plot(res: SimulationResult, path: Union[str, Path]) -> None:
     ax2.set_xlabel("simulated time (s)")
     ax2.legend(loc="upper right")
     s = res.summary
-    fig.suptitle(f"{s.get('requests')} requests, {s.get('steps')} steps, "
-                 f"{s.get('preemptions')} preemptions, prefix hit rate "
-                 f"{s.get('prefix_hit_rate')}")
+    fig.suptitle(
+        f"{s.get('requests')} requests, {s.get('steps')} steps, "
+        f"{s.get('preemptions')} preemptions, prefix hit rate "
+        f"{s.get('prefix_hit_rate')}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -17,115 +17,288 @@ from torch import nn
 
 from pagedkv.models.config import ModelConfig
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 # HF config.json contents (architecture-specific keys included). vocab 49152 = SmolLM2's
 # tokenizer, which random models ship so that text goes in and out.
 PRESETS: dict[str, dict[str, Any]] = {
     # The Llama-3.2-1B shape (16 layers, 2048 hidden, 32 q / 8 kv heads, llama3 rope), ~1.0B
     # parameters with this vocabulary.
-    "llama-1b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048,
-                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=64, intermediate_size=8192, max_position_embeddings=131072,
-                     rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, rms_norm_eps=1e-5,
-                     tie_word_embeddings=True, hidden_act="silu"),
-    "tiny-llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=16, intermediate_size=128, max_position_embeddings=256,
-                       rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                       hidden_act="silu"),
-    "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=64,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-                       intermediate_size=160, max_position_embeddings=256, rope_theta=1e6,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
-                       use_sliding_window=False),
-    "tiny-mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral",
-                         hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
-                         num_key_value_heads=2, head_dim=8, intermediate_size=96,
-                         max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-5,
-                         tie_word_embeddings=False, hidden_act="silu", sliding_window=None),
+    "llama-1b": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+    ),
+    "tiny-llama": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+    ),
+    "tiny-qwen2": dict(
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        intermediate_size=160,
+        max_position_embeddings=256,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        use_sliding_window=False,
+    ),
+    "tiny-mistral": dict(
+        architectures=["MistralForCausalLM"],
+        model_type="mistral",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        rope_theta=1e6,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        sliding_window=None,
+    ),
     # The families below get their tensors from transformers' own module tree (_hf_tensors).
-    "tiny-qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       head_dim=32, intermediate_size=96, max_position_embeddings=256,
-                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                       hidden_act="silu", use_sliding_window=False, attention_bias=False),
+    "tiny-qwen3": dict(
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        attention_bias=False,
+    ),
     # Soft caps small enough to bite, a query scale other than 1/sqrt(head_dim), three layers
     # (sliding, full, sliding).
-    "tiny-gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_size=64,
-                        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-                        head_dim=32, intermediate_size=96, max_position_embeddings=256,
-                        rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
-                        sliding_window=6, attn_logit_softcapping=5.0,
-                        final_logit_softcapping=3.0),
+    "tiny-gemma2": dict(
+        architectures=["Gemma2ForCausalLM"],
+        model_type="gemma2",
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=24,
+        sliding_window=6,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0,
+    ),
     # Layers sliding, sliding, full, sliding; a local rope base and a scaled global rope.
-    "tiny-gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
-                        hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
-                        num_key_value_heads=1, head_dim=32, intermediate_size=96,
-                        max_position_embeddings=256, rope_theta=1e6, rope_local_base_freq=1e4,
-                        rope_scaling={"rope_type": "linear", "factor": 2.0},
-                        rms_norm_eps=1e-6, tie_word_embeddings=True,
-                        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=40,
-                        sliding_window=6, sliding_window_pattern=3),
-    "tiny-phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=64,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                      intermediate_size=96, max_position_embeddings=256,
-                      original_max_position_embeddings=64, rope_theta=10000.0,
-                      rope_scaling={"type": "longrope",
-                                    "short_factor": [1.0 + 0.1 * i for i in range(16)],
-                                    "long_factor": [1.0 + 0.5 * i for i in range(16)]},
-                      rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
-                      sliding_window=None),
-    "tiny-gpt2": dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", n_embd=64, n_layer=2,
-                      n_head=2, n_positions=256, activation_function="gelu_new",
-                      layer_norm_epsilon=1e-5, tie_word_embeddings=True),
-    "tiny-gpt-neox": dict(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox",
-                          hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=128, max_position_embeddings=256, rotary_pct=0.25,
-                          rotary_emb_base=10000, use_parallel_residual=True,
-                          layer_norm_eps=1e-5, hidden_act="gelu", tie_word_embeddings=False),
-    "tiny-opt": dict(architectures=["OPTForCausalLM"], model_type="opt", hidden_size=64,
-                     num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
-                     max_position_embeddings=256, do_layer_norm_before=True,
-                     word_embed_proj_dim=64, activation_function="relu", enable_bias=True,
-                     layer_norm_elementwise_affine=True, tie_word_embeddings=True),
-    "tiny-mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral",
-                         hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, intermediate_size=96,
-                         num_local_experts=4, num_experts_per_tok=2,
-                         max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-5,
-                         tie_word_embeddings=False, hidden_act="silu", sliding_window=None),
+    "tiny-gemma3": dict(
+        architectures=["Gemma3ForCausalLM"],
+        model_type="gemma3_text",
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        rope_theta=1e6,
+        rope_local_base_freq=1e4,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=40,
+        sliding_window=6,
+        sliding_window_pattern=3,
+    ),
+    "tiny-phi3": dict(
+        architectures=["Phi3ForCausalLM"],
+        model_type="phi3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=96,
+        max_position_embeddings=256,
+        original_max_position_embeddings=64,
+        rope_theta=10000.0,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0 + 0.1 * i for i in range(16)],
+            "long_factor": [1.0 + 0.5 * i for i in range(16)],
+        },
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        sliding_window=None,
+    ),
+    "tiny-gpt2": dict(
+        architectures=["GPT2LMHeadModel"],
+        model_type="gpt2",
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        n_positions=256,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+    ),
+    "tiny-gpt-neox": dict(
+        architectures=["GPTNeoXForCausalLM"],
+        model_type="gpt_neox",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        rotary_pct=0.25,
+        rotary_emb_base=10000,
+        use_parallel_residual=True,
+        layer_norm_eps=1e-5,
+        hidden_act="gelu",
+        tie_word_embeddings=False,
+    ),
+    "tiny-opt": dict(
+        architectures=["OPTForCausalLM"],
+        model_type="opt",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=128,
+        max_position_embeddings=256,
+        do_layer_norm_before=True,
+        word_embed_proj_dim=64,
+        activation_function="relu",
+        enable_bias=True,
+        layer_norm_elementwise_affine=True,
+        tie_word_embeddings=True,
+    ),
+    "tiny-mixtral": dict(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=96,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        rope_theta=1e6,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        sliding_window=None,
+    ),
     # Layer 1 stays dense (mlp_only_layers), with its own intermediate size.
-    "tiny-qwen3-moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
-                           hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32, intermediate_size=128,
-                           moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
-                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
-                           max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
-                           tie_word_embeddings=False, hidden_act="silu",
-                           use_sliding_window=False, attention_bias=False),
+    "tiny-qwen3-moe": dict(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        moe_intermediate_size=48,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        max_position_embeddings=256,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        attention_bias=False,
+    ),
     # A sigmoid-gated shared expert, q/k/v biases, top-k weights not renormalised.
-    "tiny-qwen2-moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe",
-                           hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=128,
-                           moe_intermediate_size=48, shared_expert_intermediate_size=96,
-                           num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
-                           decoder_sparse_step=1, mlp_only_layers=[],
-                           max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
-                           tie_word_embeddings=True, hidden_act="silu",
-                           use_sliding_window=False),
+    "tiny-qwen2-moe": dict(
+        architectures=["Qwen2MoeForCausalLM"],
+        model_type="qwen2_moe",
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=96,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=256,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        use_sliding_window=False,
+    ),
 }
 
 
-def hf_config(preset: str = "tiny-llama", vocab_size: int = 49152, bos_token_id: int = 1,
-              eos_token_id: int = 2, dtype: torch.dtype = torch.float32,
-              **overrides: Any) -> dict[str, Any]:
+def hf_config(
+    preset: str = "tiny-llama",
+    vocab_size: int = 49152,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> dict[str, Any]:
     if preset not in PRESETS:
         raise ValueError(f"preset {preset!r} unknown; choose from {sorted(PRESETS)}")
-    d = dict(PRESETS[preset], vocab_size=vocab_size, bos_token_id=bos_token_id,
-             eos_token_id=eos_token_id, pad_token_id=eos_token_id,
-             torch_dtype=str(dtype).replace("torch.", ""))
+    d = dict(
+        PRESETS[preset],
+        vocab_size=vocab_size,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        torch_dtype=str(dtype).replace("torch.", ""),
+    )
     d.update(overrides)
     return d
 
@@ -156,8 +329,7 @@ def _llama_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor
         if c.qk_norm:  # Qwen3-MoE
             t[p + "self_attn.q_norm.weight"] = _norm(g, c.head_dim)
             t[p + "self_attn.k_norm.weight"] = _norm(g, c.head_dim)
-        if c.attention_bias and c.architecture not in ("Qwen2ForCausalLM",
-                                                       "Qwen2MoeForCausalLM"):
+        if c.attention_bias and c.architecture not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
             t[p + "self_attn.o_proj.bias"] = _bias(g, h)  # as HF Llama / Mistral
         if c.moe is not None and c.moe.is_sparse(i):
             t.update(_moe_tensors(c, g, p))
@@ -199,10 +371,13 @@ def _opt_tensors(c: ModelConfig, g: torch.Generator) -> dict[str, torch.Tensor]:
     h, f = c.hidden_size, c.intermediate_size
     proj = c.word_embed_proj_dim or h
     d = "model.decoder."
-    t = {d + "embed_tokens.weight": torch.randn(c.vocab_size, proj, generator=g),
-         d + "embed_positions.weight": 0.5 * torch.randn(c.max_position_embeddings + 2, h,
-                                                         generator=g),
-         d + "final_layer_norm.weight": _norm(g, h), d + "final_layer_norm.bias": _bias(g, h)}
+    t = {
+        d + "embed_tokens.weight": torch.randn(c.vocab_size, proj, generator=g),
+        d + "embed_positions.weight": 0.5
+        * torch.randn(c.max_position_embeddings + 2, h, generator=g),
+        d + "final_layer_norm.weight": _norm(g, h),
+        d + "final_layer_norm.bias": _bias(g, h),
+    }
     if proj != h:
         t[d + "project_in.weight"] = _linear(g, h, proj)
         t[d + "project_out.weight"] = _linear(g, proj, h)
@@ -260,21 +435,34 @@ def _hand_written(config: ModelConfig) -> bool:
     """The families whose tensors this module lists itself (no transformers needed: GPU runs
     of the llama-1b preset)."""
     return not config.is_classifier and config.architecture in (
-        "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM",
-        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "OPTForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
+    )
 
 
-def random_tensors(config: ModelConfig, seed: int = 0,
-                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def random_tensors(
+    config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """HF-named tensors for ``config`` drawn from a generator seeded with ``seed``."""
     g = torch.Generator().manual_seed(seed)
     make = _opt_tensors if config.family == "opt" else _llama_tensors
     return {k: v.to(dtype).contiguous() for k, v in make(config, g).items()}
 
 
-def save_random_model(out_dir: str, preset: str = "tiny-llama", seed: int = 0,
-                      dtype: torch.dtype = torch.float32, tokenizer: bool = True,
-                      tokenizer_model: Optional[str] = None, **overrides: Any) -> str:
+def save_random_model(
+    out_dir: str,
+    preset: str = "tiny-llama",
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: bool = True,
+    tokenizer_model: Optional[str] = None,
+    **overrides: Any,
+) -> str:
     """Writes config.json + model.safetensors (+ the SmolLM2 tokenizer, or the one of
     ``tokenizer_model``) to ``out_dir`` and returns it. ``overrides`` replace config keys."""
     from safetensors.torch import save_file
@@ -290,8 +478,9 @@ def save_random_model(out_dir: str, preset: str = "tiny-llama", seed: int = 0,
     cfg_dict = hf_config(preset, bos_token_id=bos, eos_token_id=eos, dtype=dtype, **overrides)
     config = ModelConfig.from_hf_dict(cfg_dict)
     if tok is not None and tok.vocab_size > config.vocab_size:
-        raise ValueError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's "
-                         f"{tok.vocab_size}")
+        raise ValueError(
+            f"vocab_size {config.vocab_size} is smaller than the tokenizer's {tok.vocab_size}"
+        )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg_dict, f, indent=2)
@@ -309,11 +498,14 @@ def save_random_model(out_dir: str, preset: str = "tiny-llama", seed: int = 0,
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description="Save a random-weight model as an HF checkpoint.")
     ap.add_argument("out_dir", help="folder to write config.json, model.safetensors, tokenizer")
-    ap.add_argument("--preset", default="llama-1b", choices=sorted(PRESETS),
-                    help="model shape")
+    ap.add_argument("--preset", default="llama-1b", choices=sorted(PRESETS), help="model shape")
     ap.add_argument("--seed", type=int, default=0, help="random seed of the weights")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
-                    help="dtype of the saved weights")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["float32", "float16", "bfloat16"],
+        help="dtype of the saved weights",
+    )
     args = ap.parse_args(argv)
     path = save_random_model(args.out_dir, args.preset, args.seed, getattr(torch, args.dtype))
     print(f"saved {args.preset} (seed {args.seed}, {args.dtype}) to {path}")

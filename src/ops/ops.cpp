@@ -370,9 +370,9 @@ int decode_partition_size(AttentionKernel kernel, int num_seqs, int num_heads, i
   const bool fp8 = kv_cache_dtype != KVCacheDType::kAuto;
   const bool hopper = kernel == AttentionKernel::kHopper;
   const int heads_per_cta = kernel == AttentionKernel::kCudaCore ? 8 : 16;
-  const int per_sm = hopper                                ? (fp8 ? 4 : 1)
+  const int per_sm = hopper                                   ? (fp8 ? 4 : 1)
                      : kernel == AttentionKernel::kTensorCore ? (fp8 ? 4 : 2)
-                                                           : 8;
+                                                              : 8;
   const int group = std::max(1, num_heads / num_kv_heads);
   const int64_t ctas = std::max<int64_t>(
       1, int64_t(num_seqs) * num_kv_heads * ((group + heads_per_cta - 1) / heads_per_cta));

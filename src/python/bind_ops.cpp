@@ -112,10 +112,10 @@ void bind_ops(nb::module_& m) {
          float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream,
          const std::string& kernel, std::optional<InArray> k_scale_array,
          std::optional<InArray> v_scale_array) {
-        const AttentionOptions o = make_options(
-            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
-            make_scale(k_scale, k_scale_array, "k_scale"),
-            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
+        const AttentionOptions o =
+            make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+                         make_scale(k_scale, k_scale_array, "k_scale"),
+                         make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView kc = to_view(key_cache, "key_cache");
         const TensorView vc = to_view(value_cache, "value_cache");
@@ -141,10 +141,10 @@ void bind_ops(nb::module_& m) {
          float v_scale, float logits_soft_cap, int sliding_window, int partition_size,
          uintptr_t stream, const std::string& kernel, std::optional<InArray> k_scale_array,
          std::optional<InArray> v_scale_array) {
-        const AttentionOptions o = make_options(
-            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
-            make_scale(k_scale, k_scale_array, "k_scale"),
-            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
+        const AttentionOptions o =
+            make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+                         make_scale(k_scale, k_scale_array, "k_scale"),
+                         make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView es = to_view(exp_sums, "exp_sums");
         const TensorView ml = to_view(max_logits, "max_logits");
@@ -174,10 +174,10 @@ void bind_ops(nb::module_& m) {
          const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
          int sliding_window, uintptr_t stream, const std::string& kernel,
          std::optional<InArray> k_scale_array, std::optional<InArray> v_scale_array) {
-        const AttentionOptions o = make_options(
-            scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
-            make_scale(k_scale, k_scale_array, "k_scale"),
-            make_scale(v_scale, v_scale_array, "v_scale"), kernel);
+        const AttentionOptions o =
+            make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+                         make_scale(k_scale, k_scale_array, "k_scale"),
+                         make_scale(v_scale, v_scale_array, "v_scale"), kernel);
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView vk = to_view(key, "key"), vv = to_view(value, "value");
         const TensorView kc = to_view(key_cache, "key_cache");
@@ -257,8 +257,8 @@ void bind_ops(nb::module_& m) {
       "ops_decode_partition_rule",
       [](const std::string& kernel, int num_seqs, int num_heads, int num_kv_heads, int max_seq_len,
          int block_size, int num_sms, const std::string& kv_cache_dtype) {
-        return ops::decode_partition_size(parse_attention_kernel(kernel), num_seqs, num_heads, num_kv_heads,
-                                          max_seq_len, block_size, num_sms,
+        return ops::decode_partition_size(parse_attention_kernel(kernel), num_seqs, num_heads,
+                                          num_kv_heads, max_seq_len, block_size, num_sms,
                                           parse_kv_cache_dtype(kv_cache_dtype));
       },
       "kernel"_a, "num_seqs"_a, "num_heads"_a, "num_kv_heads"_a, "max_seq_len"_a, "block_size"_a,

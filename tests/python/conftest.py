@@ -10,9 +10,11 @@ from support.deps import under_ci
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if pagedkv.cuda_available():
         return
-    reason = ("no usable CUDA GPU on this machine (pagedkv built "
-              f"{'with' if pagedkv.build_info()['with_cuda'] else 'without'} CUDA): "
-              "CUDA tests skipped")
+    reason = (
+        "no usable CUDA GPU on this machine (pagedkv built "
+        f"{'with' if pagedkv.build_info()['with_cuda'] else 'without'} CUDA): "
+        "CUDA tests skipped"
+    )
     skip = pytest.mark.skip(reason=reason)
     for item in items:
         if "cuda" in item.keywords:

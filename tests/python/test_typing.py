@@ -29,8 +29,10 @@ def test_every_exported_name_resolves_and_is_listed_by_dir() -> None:
 
 
 def test_lazy_names_are_listed_before_first_use() -> None:
-    code = ("import pagedkv; assert 'LLM' not in vars(pagedkv); "
-            "assert {'LLM', 'BlockAllocator', 'PagedAttention'} <= set(dir(pagedkv))")
+    code = (
+        "import pagedkv; assert 'LLM' not in vars(pagedkv); "
+        "assert {'LLM', 'BlockAllocator', 'PagedAttention'} <= set(dir(pagedkv))"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -48,11 +50,24 @@ def test_mypy_sees_the_stubs_and_lazy_exports(tmp_path: Path) -> None:
         "reveal_type(ops.paged_attention_v1)\n"
         # vLLM code passes output kinds as the enum or as its strings
         "kinds = [pagedkv.SamplingParams(output_kind='final_only'),\n"
-        "         pagedkv.SamplingParams(output_kind=pagedkv.RequestOutputKind.DELTA)]\n")
+        "         pagedkv.SamplingParams(output_kind=pagedkv.RequestOutputKind.DELTA)]\n"
+    )
     # Run from tmp_path so that the installed package (not a source checkout) is checked.
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental",
-                           "--cache-dir", str(tmp_path / "cache"), str(snippet)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(snippet),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "pagedkv.engine.llm.LLM" in out, out

@@ -115,31 +115,46 @@ def model_parallel_is_initialized() -> bool:
     return _INITIALIZED
 
 
-def init_distributed_environment(world_size: int, rank: int, backend: str,
-                                 init_method: Optional[str] = "env://",
-                                 timeout_s: float = 300.0, store: Any = None) -> None:
+def init_distributed_environment(
+    world_size: int,
+    rank: int,
+    backend: str,
+    init_method: Optional[str] = "env://",
+    timeout_s: float = 300.0,
+    store: Any = None,
+) -> None:
     """Joins the default process group (rendezvous at ``init_method``, or through ``store``).
     ``timeout_s`` bounds every collective on the device groups: a peer that died
     mid-collective ends the step with an error, not a hang."""
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, init_method=None if store else init_method,
-                                store=store, world_size=world_size, rank=rank,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend=backend,
+            init_method=None if store else init_method,
+            store=store,
+            world_size=world_size,
+            rank=rank,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
     elif dist.get_world_size() != world_size:
-        raise RuntimeError(f"torch.distributed is already initialised with world size "
-                           f"{dist.get_world_size()}, not {world_size}")
+        raise RuntimeError(
+            f"torch.distributed is already initialised with world size "
+            f"{dist.get_world_size()}, not {world_size}"
+        )
 
 
-def initialize_model_parallel(tensor_parallel_size: int, pipeline_parallel_size: int,
-                              device: torch.device) -> None:
+def initialize_model_parallel(
+    tensor_parallel_size: int, pipeline_parallel_size: int, device: torch.device
+) -> None:
     """Builds the TP and PP groups over the initialised world (every rank calls this, with the
     same sizes: torch.distributed requires all ranks to create all groups in the same order)."""
     global _WORLD, _TP, _PP, _INITIALIZED
     world, rank = dist.get_world_size(), dist.get_rank()
     tp, pp = tensor_parallel_size, pipeline_parallel_size
     if tp * pp != world:
-        raise ValueError(f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} "
-                         f"ranks, but the world has {world}")
+        raise ValueError(
+            f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} = {tp * pp} "
+            f"ranks, but the world has {world}"
+        )
     backend = dist.get_backend()
     # The world's host group carries the driver's commands, which idle workers wait for as
     # long as the engine is idle: no timeout worth the name (a dead driver closes the sockets).
@@ -152,8 +167,9 @@ def initialize_model_parallel(tensor_parallel_size: int, pipeline_parallel_size:
     _INITIALIZED = True
 
 
-def _make_group(all_ranks: List[List[int]], rank: int, device: torch.device,
-                backend: str) -> GroupCoordinator:
+def _make_group(
+    all_ranks: List[List[int]], rank: int, device: torch.device, backend: str
+) -> GroupCoordinator:
     mine: Optional[GroupCoordinator] = None
     for ranks in all_ranks:
         device_group = dist.new_group(ranks, backend=backend)
@@ -178,16 +194,22 @@ def heads_per_rank(num_heads: int, num_kv_heads: int) -> Tuple[int, int]:
     KV heads than ranks, each rank holds one KV head (replicated over tp / num_kv_heads ranks)."""
     tp = get_tp_group().world_size
     if num_heads % tp:
-        raise ValueError(f"the number of attention heads ({num_heads}) is not divisible by "
-                         f"tensor_parallel_size {tp}")
+        raise ValueError(
+            f"the number of attention heads ({num_heads}) is not divisible by "
+            f"tensor_parallel_size {tp}"
+        )
     if num_kv_heads >= tp:
         if num_kv_heads % tp:
-            raise ValueError(f"the number of key/value heads ({num_kv_heads}) is not divisible "
-                             f"by tensor_parallel_size {tp}")
+            raise ValueError(
+                f"the number of key/value heads ({num_kv_heads}) is not divisible "
+                f"by tensor_parallel_size {tp}"
+            )
         return num_heads // tp, num_kv_heads // tp
     if tp % num_kv_heads:
-        raise ValueError(f"tensor_parallel_size {tp} is not a multiple of the number of "
-                         f"key/value heads ({num_kv_heads}): they cannot be replicated evenly")
+        raise ValueError(
+            f"tensor_parallel_size {tp} is not a multiple of the number of "
+            f"key/value heads ({num_kv_heads}): they cannot be replicated evenly"
+        )
     return num_heads // tp, 1
 
 
@@ -212,8 +234,9 @@ def pp_layer_range(num_layers: int) -> Tuple[int, int]:
     pp = get_pp_group()
     size, rank = pp.world_size, pp.rank_in_group
     if num_layers < size:
-        raise ValueError(f"pipeline_parallel_size {size} is larger than the model's "
-                         f"{num_layers} layers")
+        raise ValueError(
+            f"pipeline_parallel_size {size} is larger than the model's {num_layers} layers"
+        )
     base, extra = divmod(num_layers, size)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)

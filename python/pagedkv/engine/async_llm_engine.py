@@ -69,8 +69,15 @@ class StepFailedError(RuntimeError):
 
 _MAX_FAILED_STEPS = 3  # consecutive failed steps, none aborting a request, that kill the loop
 # Text of the errors torch raises for a broken device (its error types vary by version).
-_DEVICE_ERROR_MARKS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error",
-                       "device-side assert", "NCCL error", "an illegal memory access")
+_DEVICE_ERROR_MARKS = (
+    "CUDA error",
+    "CUBLAS_STATUS",
+    "CUDNN_STATUS",
+    "cuDNN error",
+    "device-side assert",
+    "NCCL error",
+    "an illegal memory access",
+)
 
 
 def is_device_error(exc: BaseException) -> bool:
@@ -92,8 +99,9 @@ class RequestStream:
     in the engine unless it has already finished.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, request_id: str,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, engine: AsyncLLMEngine, request_id: str, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.request_id = request_id
         self.finished = False
         self._engine = engine
@@ -146,16 +154,23 @@ def _snapshot(out: Any, prev: Any = None) -> Any:
     try:
         snap = copy.copy(out)
         before = prev.outputs if prev is not None else ()
-        snap.outputs = [_copy_sample(c, before[i] if i < len(before) else None)
-                        for i, c in enumerate(out.outputs)]
+        snap.outputs = [
+            _copy_sample(c, before[i] if i < len(before) else None)
+            for i, c in enumerate(out.outputs)
+        ]
         return snap
     except (AttributeError, TypeError):  # frozen / slotted outputs are safe to share as is
         return out
 
 
 def _copy_sample(c: Any, prev: Any) -> Any:
-    if (prev is not None and prev.index == c.index and len(prev.token_ids) == len(c.token_ids)
-            and prev.finish_reason == c.finish_reason and prev.text == c.text):
+    if (
+        prev is not None
+        and prev.index == c.index
+        and len(prev.token_ids) == len(c.token_ids)
+        and prev.finish_reason == c.finish_reason
+        and prev.text == c.text
+    ):
         return prev
     c = copy.copy(c)
     c.token_ids = list(c.token_ids)
@@ -189,7 +204,8 @@ class AsyncLLMEngine:
         # Checks and tokenizes requests off the engine thread (the fast tokenizer releases the
         # GIL); two threads so that one huge request does not hold up every other one.
         self._inputs = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="pagedkv-inputs")
+            max_workers=2, thread_name_prefix="pagedkv-inputs"
+        )
         self._thread = threading.Thread(target=self._run, name="pagedkv-engine", daemon=True)
         self._thread.start()
 
@@ -275,9 +291,16 @@ class AsyncLLMEngine:
         processor = getattr(self.engine, "input_processor", None)
         if processor is not None and not isinstance(prompt, EngineRequest):
             prompt = await asyncio.get_running_loop().run_in_executor(
-                self._inputs, functools.partial(
-                    processor.process, request_id, prompt, sampling_params,
-                    prompt_token_ids=prompt_token_ids, priority=priority))
+                self._inputs,
+                functools.partial(
+                    processor.process,
+                    request_id,
+                    prompt,
+                    sampling_params,
+                    prompt_token_ids=prompt_token_ids,
+                    priority=priority,
+                ),
+            )
             prompt_token_ids = None
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
         with self._lock:
@@ -287,8 +310,10 @@ class AsyncLLMEngine:
         ids = list(prompt_token_ids) if prompt_token_ids is not None else None
         try:
             await asyncio.wrap_future(
-                self._submit(("add", request_id, prompt, sampling_params, ids, priority,
-                              lora_request)))
+                self._submit(
+                    ("add", request_id, prompt, sampling_params, ids, priority, lora_request)
+                )
+            )
         except BaseException:
             stream.close()  # rejected, or the caller went away while it was queued
             raise
@@ -308,9 +333,14 @@ class AsyncLLMEngine:
 
         Leaving the loop early (break, cancellation, client disconnect) aborts the request.
         """
-        stream = await self.add_request(request_id, prompt, sampling_params,
-                                        prompt_token_ids=prompt_token_ids, priority=priority,
-                                        lora_request=lora_request)
+        stream = await self.add_request(
+            request_id,
+            prompt,
+            sampling_params,
+            prompt_token_ids=prompt_token_ids,
+            priority=priority,
+            lora_request=lora_request,
+        )
         try:
             async for out in stream:
                 yield out
@@ -392,8 +422,9 @@ class AsyncLLMEngine:
     def _drain_commands(self, timeout: float) -> None:
         """Runs queued commands, first waiting up to ``timeout`` s for one (0: no wait)."""
         try:
-            cmd = (self._commands.get(timeout=timeout) if timeout > 0
-                   else self._commands.get_nowait())
+            cmd = (
+                self._commands.get(timeout=timeout) if timeout > 0 else self._commands.get_nowait()
+            )
         except queue.Empty:
             return
         while True:
@@ -410,8 +441,14 @@ class AsyncLLMEngine:
         if kind == "add":
             _, request_id, prompt, params, ids, priority, lora, _ = cmd
             try:
-                self.engine.add_request(request_id, prompt, params, prompt_token_ids=ids,
-                                        priority=priority, lora_request=lora)
+                self.engine.add_request(
+                    request_id,
+                    prompt,
+                    params,
+                    prompt_token_ids=ids,
+                    priority=priority,
+                    lora_request=lora,
+                )
             except Exception as exc:  # noqa: BLE001 - bad request: report to its caller only
                 fut.set_exception(exc)
                 return
@@ -436,12 +473,18 @@ class AsyncLLMEngine:
         the step's requests) get StepFailedError, unless their final output was already sent.
         Returns how many requests failed."""
         with self._lock:
-            dropped = [s for rid, s in self._streams.items()
-                       if rid not in self.engine.requests
-                       and not (s.last is not None and s.last.finished)]
+            dropped = [
+                s
+                for rid, s in self._streams.items()
+                if rid not in self.engine.requests and not (s.last is not None and s.last.finished)
+            ]
         for stream in dropped:
-            stream.put(StepFailedError(f"request {stream.request_id!r} failed: the engine step "
-                                       f"running it raised {exc!r}"))
+            stream.put(
+                StepFailedError(
+                    f"request {stream.request_id!r} failed: the engine step "
+                    f"running it raised {exc!r}"
+                )
+            )
         return len(dropped)
 
     def _die(self, exc: BaseException) -> None:

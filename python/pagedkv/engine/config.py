@@ -21,14 +21,35 @@ KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 # Field types, checked before the value rules (a CLI or config file may hand over strings).
-_INT_FIELDS = ("block_size", "max_num_seqs", "max_seq_len_to_capture", "max_logprobs",
-               "tensor_parallel_size", "pipeline_parallel_size", "max_loras", "max_lora_rank")
-_OPTIONAL_INT_FIELDS = ("num_cpu_blocks", "num_gpu_blocks_override", "max_model_len",
-                        "max_num_batched_tokens", "seed", "max_cpu_loras")
+_INT_FIELDS = (
+    "block_size",
+    "max_num_seqs",
+    "max_seq_len_to_capture",
+    "max_logprobs",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "max_loras",
+    "max_lora_rank",
+)
+_OPTIONAL_INT_FIELDS = (
+    "num_cpu_blocks",
+    "num_gpu_blocks_override",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "seed",
+    "max_cpu_loras",
+)
 _FLOAT_FIELDS = ("gpu_memory_utilization", "swap_space")
 _OPTIONAL_FLOAT_FIELDS = ("kv_cache_space",)
-_BOOL_FIELDS = ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager",
-                "skip_tokenizer_init", "trust_remote_code", "disable_log_stats", "enable_lora")
+_BOOL_FIELDS = (
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "enforce_eager",
+    "skip_tokenizer_init",
+    "trust_remote_code",
+    "disable_log_stats",
+    "enable_lora",
+)
 
 
 @dataclass
@@ -128,26 +149,32 @@ class EngineConfig:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             raise ValueError(f"block_size must be a power of two <= 256, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
-                             f"{self.gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.kv_cache_space is not None and self.kv_cache_space <= 0:
             raise ValueError(f"kv_cache_space must be > 0 GiB, got {self.kv_cache_space}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                             f"got {self.kv_cache_dtype!r}")
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_batched_tokens must be >= 1, got "
-                             f"{self.max_num_batched_tokens}")
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
         if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError("preemption_mode must be 'recompute' or 'swap', got "
-                             f"{self.preemption_mode!r}")
+            raise ValueError(
+                f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}"
+            )
         if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError("scheduling_policy must be 'fcfs' or 'priority', got "
-                             f"{self.scheduling_policy!r}")
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}"
+            )
         if not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
         self._validate_lora()
@@ -164,11 +191,11 @@ class EngineConfig:
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
-            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
-                             f"({self.max_loras})")
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})"
+            )
         if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            raise ValueError("enable_lora with tensor or pipeline parallelism is not supported "
-                             "yet")
+            raise ValueError("enable_lora with tensor or pipeline parallelism is not supported yet")
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):
@@ -179,18 +206,26 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and not isinstance(v, dict):
                 # vLLM also takes a function of its HF config object; pagedkv has none to pass.
-                raise TypeError(f"{name} must be a dict of config.json keys, got "
-                                f"{type(v).__name__}")
-        if self.rope_theta is not None and (isinstance(self.rope_theta, bool) or not isinstance(
-                self.rope_theta, numbers.Real) or not self.rope_theta > 0):
+                raise TypeError(
+                    f"{name} must be a dict of config.json keys, got {type(v).__name__}"
+                )
+        if self.rope_theta is not None and (
+            isinstance(self.rope_theta, bool)
+            or not isinstance(self.rope_theta, numbers.Real)
+            or not self.rope_theta > 0
+        ):
             raise ValueError(f"rope_theta must be a number > 0, got {self.rope_theta!r}")
 
     def model_load_kwargs(self) -> Dict[str, Any]:
         """load_model's keyword arguments from this config (the engine and every worker load
         the same checkpoint the same way)."""
         overrides = self.config_overrides()
-        return dict(quantization=self.quantization, revision=self.revision,
-                    download_dir=self.download_dir, hf_overrides=overrides or None)
+        return dict(
+            quantization=self.quantization,
+            revision=self.revision,
+            download_dir=self.download_dir,
+            hf_overrides=overrides or None,
+        )
 
     def config_overrides(self) -> Dict[str, Any]:
         """hf_overrides with rope_scaling / rope_theta folded in (they win, as in vLLM)."""

@@ -66,20 +66,37 @@ class CudaGraphRunner:
         self._copied = torch.cuda.Event()  # the last host -> device copy of the mirrors
         self.query_start_loc = torch.zeros(1, dtype=torch.int32, device=dev)
         # A later pipeline stage's input: the previous stage's hidden states (else None).
-        self.intermediate = None if runner.is_first_stage else torch.zeros(
-            max_bs, runner.mc.hidden_size, dtype=runner.dtype, device=dev)
+        self.intermediate = (
+            None
+            if runner.is_first_stage
+            else torch.zeros(max_bs, runner.mc.hidden_size, dtype=runner.dtype, device=dev)
+        )
         self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = 0  # decode steps served by a graph (tests and logs read it)
         self._capture_all()
 
     def _backend(self, bs: int) -> PagedAttentionBackend:
-        backend = PagedAttentionBackend(self.kv_caches, self.num_heads, self.num_kv_heads,
-                                        self.head_dim, self.block_size, self.kv_cache_dtype)
-        backend.set_metadata(AttentionMetadata(
-            num_prefills=0, num_prefill_tokens=0, num_decode_tokens=bs,
-            slot_mapping=self.slot_mapping[:bs], seq_lens=self.seq_lens[:bs],
-            query_start_loc=self.query_start_loc, block_tables=self.block_tables[:bs],
-            max_query_len=1, max_decode_seq_len=self.max_len))
+        backend = PagedAttentionBackend(
+            self.kv_caches,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.block_size,
+            self.kv_cache_dtype,
+        )
+        backend.set_metadata(
+            AttentionMetadata(
+                num_prefills=0,
+                num_prefill_tokens=0,
+                num_decode_tokens=bs,
+                slot_mapping=self.slot_mapping[:bs],
+                seq_lens=self.seq_lens[:bs],
+                query_start_loc=self.query_start_loc,
+                block_tables=self.block_tables[:bs],
+                max_query_len=1,
+                max_decode_seq_len=self.max_len,
+            )
+        )
         return backend
 
     @torch.inference_mode()
@@ -121,7 +138,7 @@ class CudaGraphRunner:
         h32 = self._host32.numpy()
         h32[:n], h32[n:bs] = seq_lens, 1
         # Rows past n keep earlier block ids (valid ones): padding rows read one key only.
-        h32[max_bs:max_bs + n * width].reshape(n, width)[:, :used] = plan.block_tables[:n, :used]
+        h32[max_bs : max_bs + n * width].reshape(n, width)[:, :used] = plan.block_tables[:n, :used]
         self._dev64.copy_(self._host64, non_blocking=True)
         end = max_bs + n * width
         self._dev32[:end].copy_(self._host32[:end], non_blocking=True)
@@ -134,15 +151,18 @@ class CudaGraphRunner:
         return out[:n]
 
 
-def _mirrored(shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device
-              ) -> Tuple[torch.Tensor, torch.Tensor]:
+def _mirrored(
+    shape: Tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """A pinned host buffer and its device twin (asynchronous copies need pinned memory).
 
     Zeroed: the capture's warm-up forward reads them before any step has filled them, and
     recycled pinned memory (e.g. a dropped engine's) holds stale token ids and positions that
     index out of the embedding and rotary tables (a device-side assert seen on the H100)."""
-    return (torch.zeros(shape, dtype=dtype, pin_memory=True),
-            torch.empty(shape, dtype=dtype, device=device))
+    return (
+        torch.zeros(shape, dtype=dtype, pin_memory=True),
+        torch.empty(shape, dtype=dtype, device=device),
+    )
 
 
 @contextlib.contextmanager

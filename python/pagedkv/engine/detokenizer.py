@@ -20,8 +20,12 @@ class IncrementalDetokenizer:
     ``flush()`` at the end -> whatever was held back (an unfinished character decodes to
     "\\ufffd" there, as in a full decode)."""
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
@@ -33,24 +37,25 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         if self.spaces_between_special_tokens:  # the default: the tokenizer's own decode
             return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     spaces_between_special_tokens=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special_tokens, spaces_between_special_tokens=False
+        )
 
     def _delta(self, final: bool) -> str:
         ids = self.token_ids
         if self.read_offset == len(ids):
             return ""
-        prefix = self._decode(ids[self.prefix_offset:self.read_offset])
-        text = self._decode(ids[self.prefix_offset:])
+        prefix = self._decode(ids[self.prefix_offset : self.read_offset])
+        text = self._decode(ids[self.prefix_offset :])
         if not final and (text.endswith(_UNFINISHED) or len(text) <= len(prefix)):
             return ""
         if not text.startswith(prefix):
             # The new token changed how the window's start decodes (rare clean-up rules):
             # fall back to the full decode, which is always right.
             full = self._decode(ids)
-            delta = full[len(self.output_text):] if full.startswith(self.output_text) else ""
+            delta = full[len(self.output_text) :] if full.startswith(self.output_text) else ""
         else:
-            delta = text[len(prefix):]
+            delta = text[len(prefix) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         self.output_text += delta
         return delta
@@ -63,8 +68,9 @@ class IncrementalDetokenizer:
         return self._delta(final=True)
 
 
-def join_added_tokens(decode: Callable[[list[int]], str], ids: Sequence[int],
-                      added_ids: Collection[int]) -> str:
+def join_added_tokens(
+    decode: Callable[[list[int]], str], ids: Sequence[int], added_ids: Collection[int]
+) -> str:
     """``decode(ids)`` without the separator a decoder puts between two consecutive added
     (special) tokens: vLLM's ``spaces_between_special_tokens=False`` for fast tokenizers, where
     such a token right after another is emitted as its bare content. WordPiece decodes
@@ -88,9 +94,9 @@ def added_token_ids(hf_tokenizer: Any) -> frozenset[int]:
     return frozenset(int(t) for t in table)
 
 
-def find_stop_string(text: str, new_chars: int, stop: Sequence[str],
-                     include_stop_str_in_output: bool = False
-                     ) -> Optional[tuple[str, int]]:
+def find_stop_string(
+    text: str, new_chars: int, stop: Sequence[str], include_stop_str_in_output: bool = False
+) -> Optional[tuple[str, int]]:
     """Looks for a stop string that overlaps the last ``new_chars`` characters of ``text`` (the
     part that arrived this step; earlier text was checked before). Returns (the stop string
     found earliest, the length to truncate ``text`` to) or None."""
@@ -108,11 +114,12 @@ def find_stop_string(text: str, new_chars: int, stop: Sequence[str],
     return s, i + len(s) if include_stop_str_in_output else i
 
 
-def truncate_at_stop(text: str, new_chars: int, stop: Sequence[str],
-                     include_stop_str_in_output: bool = False) -> tuple[str, Optional[str]]:
+def truncate_at_stop(
+    text: str, new_chars: int, stop: Sequence[str], include_stop_str_in_output: bool = False
+) -> tuple[str, Optional[str]]:
     """(text cut at the earliest stop string, that stop string) or (text, None)."""
     hit = find_stop_string(text, new_chars, stop, include_stop_str_in_output)
-    return (text, None) if hit is None else (text[:hit[1]], hit[0])
+    return (text, None) if hit is None else (text[: hit[1]], hit[0])
 
 
 def stop_holdback(text: str, stop: Sequence[str]) -> int:

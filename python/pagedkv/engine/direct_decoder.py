@@ -27,17 +27,23 @@ class DirectDecoder:
         self._rust = rust if rust is not None and not cleanup else None
         self._added: Optional[frozenset[int]] = None  # added token ids, read on first need
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
-               spaces_between_special_tokens: bool = True) -> str:
+    def decode(
+        self,
+        ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
         if not (skip_special_tokens or spaces_between_special_tokens):
             if self._rust is None:  # the wrapper applies the rule itself (slow ones natively)
-                return self.tokenizer.decode(list(ids), skip_special_tokens=False,
-                                             spaces_between_special_tokens=False)
+                return self.tokenizer.decode(
+                    list(ids), skip_special_tokens=False, spaces_between_special_tokens=False
+                )
             if self._added is None:
                 self._added = added_token_ids(getattr(self.tokenizer, "hf", self.tokenizer))
             rust = self._rust
-            return join_added_tokens(lambda run: rust.decode(run, skip_special_tokens=False),
-                                     ids, self._added)
+            return join_added_tokens(
+                lambda run: rust.decode(run, skip_special_tokens=False), ids, self._added
+            )
         if self._rust is not None:
             return self._rust.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

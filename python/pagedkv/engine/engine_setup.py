@@ -56,8 +56,9 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
     device = cfg.resolve_device()
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    logger.info("loading model %r on %s (dtype %s)", cfg.model or "smollm2 (default)", device,
-                cfg.dtype)
+    logger.info(
+        "loading model %r on %s (dtype %s)", cfg.model or "smollm2 (default)", device, cfg.dtype
+    )
     executor = None
     if cfg.world_size > 1:  # one process per rank; this one is rank 0 and holds its shard
         from pagedkv.engine.executor_mp import MultiprocExecutor
@@ -74,21 +75,34 @@ def build_engine_parts(cfg: EngineConfig) -> EngineParts:
         raise
 
 
-def _build_rest(cfg: EngineConfig, device: torch.device, model: Any, mc: Any, executor: Any,
-                t0: float) -> EngineParts:
+def _build_rest(
+    cfg: EngineConfig, device: torch.device, model: Any, mc: Any, executor: Any, t0: float
+) -> EngineParts:
     import pagedkv
     from pagedkv.engine.tokenizer import Tokenizer
+
     dtype = next(model.parameters()).dtype
-    logger.info("model loaded in %.1f s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s",
-                time.perf_counter() - t0, mc.architecture, mc.num_hidden_layers, mc.hidden_size,
-                mc.num_attention_heads, mc.num_key_value_heads, mc.vocab_size, dtype)
+    logger.info(
+        "model loaded in %.1f s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s",
+        time.perf_counter() - t0,
+        mc.architecture,
+        mc.num_hidden_layers,
+        mc.hidden_size,
+        mc.num_attention_heads,
+        mc.num_key_value_heads,
+        mc.vocab_size,
+        dtype,
+    )
     # vLLM: the model's own tokenizer follows the model's revision unless told otherwise.
     tok_revision = cfg.tokenizer_revision or (None if cfg.tokenizer else cfg.revision)
-    tokenizer = (None if cfg.skip_tokenizer_init
-                 else Tokenizer.from_pretrained(cfg.tokenizer or cfg.model, tok_revision,
-                                                cfg.download_dir))
-    generation = load_generation_config(cfg.generation_config, model.source.directory
-                                        if model.source.kind == "hf" else None)
+    tokenizer = (
+        None
+        if cfg.skip_tokenizer_init
+        else Tokenizer.from_pretrained(cfg.tokenizer or cfg.model, tok_revision, cfg.download_dir)
+    )
+    generation = load_generation_config(
+        cfg.generation_config, model.source.directory if model.source.kind == "hf" else None
+    )
     max_model_len = _max_model_len(cfg, mc)
     batched = cfg.max_num_batched_tokens or _default_batched_tokens(cfg, device, max_model_len)
     if executor is not None:
@@ -99,32 +113,66 @@ def _build_rest(cfg: EngineConfig, device: torch.device, model: Any, mc: Any, ex
     num_blocks, num_cpu = runner.determine_num_blocks()
     capacity = num_blocks * cfg.block_size
     if capacity < max_model_len:
-        logger.warning("the KV cache holds %d tokens, fewer than max_model_len=%d: lowering "
-                       "max_model_len to %d", capacity, max_model_len, capacity)
+        logger.warning(
+            "the KV cache holds %d tokens, fewer than max_model_len=%d: lowering "
+            "max_model_len to %d",
+            capacity,
+            max_model_len,
+            capacity,
+        )
         max_model_len = runner.max_model_len = capacity
     if not cfg.enable_chunked_prefill and batched < max_model_len:
         batched = runner.max_num_batched_tokens = max_model_len
     runner.allocate_kv_cache(num_blocks, num_cpu)
     sched_cfg = pagedkv.SchedulerConfig(
-        num_blocks=num_blocks, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=batched, enable_chunked_prefill=cfg.enable_chunked_prefill,
-        enable_prefix_caching=cfg.enable_prefix_caching, num_cpu_blocks=num_cpu,
-        preemption_mode=cfg.preemption_mode, policy=cfg.scheduling_policy,
-        max_model_len=max_model_len)
+        num_blocks=num_blocks,
+        block_size=cfg.block_size,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=batched,
+        enable_chunked_prefill=cfg.enable_chunked_prefill,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        num_cpu_blocks=num_cpu,
+        preemption_mode=cfg.preemption_mode,
+        policy=cfg.scheduling_policy,
+        max_model_len=max_model_len,
+    )
     scheduler = pagedkv.Scheduler(sched_cfg)
     runner.capture_cuda_graphs(cfg.max_num_seqs)
     eos = _eos_ids(tokenizer, mc, gen_eos_token_ids(generation))
     name = cfg.model or "smollm2"
-    model_config = EngineModelConfig(name, cfg.served_model_name or name, max_model_len,
-                                     mc.vocab_size, dtype, device, mc,
-                                     {**sampling_defaults(generation),
-                                      **sampling_defaults(cfg.override_generation_config or {})})
-    logger.info("engine ready in %.1f s: max_model_len %d, max_num_seqs %d, "
-                "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s",
-                time.perf_counter() - t0, max_model_len, cfg.max_num_seqs, batched,
-                cfg.enable_prefix_caching, cfg.enable_chunked_prefill)
-    return EngineParts(tokenizer, model_config, runner, scheduler, Sampler(device, cfg.seed or 0),
-                       num_blocks, num_cpu, eos)
+    model_config = EngineModelConfig(
+        name,
+        cfg.served_model_name or name,
+        max_model_len,
+        mc.vocab_size,
+        dtype,
+        device,
+        mc,
+        {
+            **sampling_defaults(generation),
+            **sampling_defaults(cfg.override_generation_config or {}),
+        },
+    )
+    logger.info(
+        "engine ready in %.1f s: max_model_len %d, max_num_seqs %d, "
+        "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s",
+        time.perf_counter() - t0,
+        max_model_len,
+        cfg.max_num_seqs,
+        batched,
+        cfg.enable_prefix_caching,
+        cfg.enable_chunked_prefill,
+    )
+    return EngineParts(
+        tokenizer,
+        model_config,
+        runner,
+        scheduler,
+        Sampler(device, cfg.seed or 0),
+        num_blocks,
+        num_cpu,
+        eos,
+    )
 
 
 # Loaded models by (model, dtype, device), held weakly: a second engine on the same weights
@@ -137,13 +185,21 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     from pagedkv.models import load_model
 
     overrides = cfg.config_overrides()
-    key = (cfg.model, str(cfg.dtype), str(device), cfg.quantization, cfg.revision,
-           cfg.download_dir, json.dumps(overrides, sort_keys=True))
+    key = (
+        cfg.model,
+        str(cfg.dtype),
+        str(device),
+        cfg.quantization,
+        cfg.revision,
+        cfg.download_dir,
+        json.dumps(overrides, sort_keys=True),
+    )
     model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
-    model, mc = load_model(cfg.model, cfg.dtype, device, **cfg.model_load_kwargs(),
-                           check=check_servable)
+    model, mc = load_model(
+        cfg.model, cfg.dtype, device, **cfg.model_load_kwargs(), check=check_servable
+    )
     model.pagedkv_config = mc
     _LOADED[key] = model
     return model, mc
@@ -156,12 +212,16 @@ def check_servable(mc: Any) -> None:
 
     sizes = list(ops.SUPPORTED_HEAD_SIZES)  # the kernels' one list (include/pagedkv/ops.h)
     if mc.head_dim not in sizes:
-        raise ValueError(f"{mc.architecture} has head size {mc.head_dim}, which the paged "
-                         f"attention kernels do not support; supported head sizes: {sizes}")
+        raise ValueError(
+            f"{mc.architecture} has head size {mc.head_dim}, which the paged "
+            f"attention kernels do not support; supported head sizes: {sizes}"
+        )
     if mc.is_classifier:
-        raise ValueError(f"{mc.architecture} is a sequence-classification model: it scores "
-                         "text and cannot generate; the engine serves causal LMs only "
-                         "(pooling / classify is not served yet)")
+        raise ValueError(
+            f"{mc.architecture} is a sequence-classification model: it scores "
+            "text and cannot generate; the engine serves causal LMs only "
+            "(pooling / classify is not served yet)"
+        )
 
 
 def _max_model_len(cfg: EngineConfig, mc: Any) -> int:
@@ -172,24 +232,34 @@ def _max_model_len(cfg: EngineConfig, mc: Any) -> int:
             # Below it, every sequence of a batch rotates alike; past it one long sequence would
             # switch its batch-mates' factors too (HF's and vLLM's rule): outputs would depend
             # on who shares the batch. Ask for max_model_len explicitly to go further.
-            logger.warning("max_model_len defaults to %d, the original context of this %s rope "
-                           "(past it the rope factors switch for a whole batch, so a request's "
-                           "output would depend on its batch-mates); pass max_model_len up to "
-                           "%d to allow longer contexts", batch_rule,
-                           mc.rope_scaling["rope_type"], limit)
+            logger.warning(
+                "max_model_len defaults to %d, the original context of this %s rope "
+                "(past it the rope factors switch for a whole batch, so a request's "
+                "output would depend on its batch-mates); pass max_model_len up to "
+                "%d to allow longer contexts",
+                batch_rule,
+                mc.rope_scaling["rope_type"],
+                limit,
+            )
             return batch_rule
         return limit
     if cfg.max_model_len > limit:
-        raise ValueError(f"max_model_len={cfg.max_model_len} is larger than the model's "
-                         f"context length {limit} (max_position_embeddings="
-                         f"{mc.max_position_embeddings}, with its rope scaling)")
+        raise ValueError(
+            f"max_model_len={cfg.max_model_len} is larger than the model's "
+            f"context length {limit} (max_position_embeddings="
+            f"{mc.max_position_embeddings}, with its rope scaling)"
+        )
     if cfg.max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2, got {cfg.max_model_len}")
     if batch_rule is not None and cfg.max_model_len > batch_rule:
-        logger.warning("max_model_len=%d is past the original context %d of this %s rope: once "
-                       "a sequence passes it the whole batch switches rope factors (as in HF "
-                       "and vLLM), so outputs can depend on batch-mates", cfg.max_model_len,
-                       batch_rule, mc.rope_scaling["rope_type"])
+        logger.warning(
+            "max_model_len=%d is past the original context %d of this %s rope: once "
+            "a sequence passes it the whole batch switches rope factors (as in HF "
+            "and vLLM), so outputs can depend on batch-mates",
+            cfg.max_model_len,
+            batch_rule,
+            mc.rope_scaling["rope_type"],
+        )
     return int(cfg.max_model_len)
 
 

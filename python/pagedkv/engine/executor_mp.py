@@ -82,8 +82,10 @@ class _Procs:
 class MultiprocExecutor:
     def __init__(self, cfg: EngineConfig, device: torch.device) -> None:
         if model_parallel_is_initialized():
-            raise RuntimeError("a tensor/pipeline-parallel engine is already running in this "
-                               "process; shut it down (del the LLM) before starting another")
+            raise RuntimeError(
+                "a tensor/pipeline-parallel engine is already running in this "
+                "process; shut it down (del the LLM) before starting another"
+            )
         tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
         self.world_size = tp * pp
         self.block_size = cfg.block_size
@@ -102,14 +104,16 @@ class MultiprocExecutor:
             self._finalizer = weakref.finalize(self, _shutdown, self._state)
         else:
             port = _free_port()
-            store = torch.distributed.TCPStore("127.0.0.1", port, self.world_size, True,
-                                               _STORE_TIMEOUT, wait_for_workers=False)
+            store = torch.distributed.TCPStore(
+                "127.0.0.1", port, self.world_size, True, _STORE_TIMEOUT, wait_for_workers=False
+            )
             self._spawn(cfg, device, port)
             self._finalizer = weakref.finalize(self, _shutdown, self._state)
             _wait_until_ready(store, self._state)
             device = _rank_device(device, 0)
-            init_distributed_environment(self.world_size, 0, backend, None,
-                                         COLLECTIVE_TIMEOUT_S, store)
+            init_distributed_environment(
+                self.world_size, 0, backend, None, COLLECTIVE_TIMEOUT_S, store
+            )
             initialize_model_parallel(tp, pp, device)
         self.device = device
         try:
@@ -120,19 +124,28 @@ class MultiprocExecutor:
         self.model, self.model_config = self.worker.model, self.worker.model_config
         self.max_model_len = 0
         self.max_num_batched_tokens = 0
-        logger.info("tensor parallel %d x pipeline parallel %d: %d ranks (%s)", tp, pp,
-                    self.world_size, backend)
+        logger.info(
+            "tensor parallel %d x pipeline parallel %d: %d ranks (%s)",
+            tp,
+            pp,
+            self.world_size,
+            backend,
+        )
 
     def _spawn(self, cfg: EngineConfig, device: torch.device, port: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         for rank in range(1, self.world_size):
-            p = ctx.Process(target=_worker_process, name=f"pagedkv-worker-{rank}",
-                            args=(cfg, rank, self.world_size, device, port, os.getpid()),
-                            daemon=True)
+            p = ctx.Process(
+                target=_worker_process,
+                name=f"pagedkv-worker-{rank}",
+                args=(cfg, rank, self.world_size, device, port, os.getpid()),
+                daemon=True,
+            )
             p.start()
             self._state.procs.append(p)
-        threading.Thread(target=_monitor, args=(self._state,), name="pagedkv-worker-monitor",
-                         daemon=True).start()
+        threading.Thread(
+            target=_monitor, args=(self._state,), name="pagedkv-worker-monitor", daemon=True
+        ).start()
 
     # ------------------------------------------------------------------ the runner interface
     def _run_all(self, name: str, *args: Any) -> Any:
@@ -161,8 +174,13 @@ class MultiprocExecutor:
 
     def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         # max_model_len / max_num_batched_tokens may have been lowered since make_runner.
-        self._run_all("allocate_kv_cache", num_blocks, num_cpu_blocks, self.max_model_len,
-                      self.max_num_batched_tokens)
+        self._run_all(
+            "allocate_kv_cache",
+            num_blocks,
+            num_cpu_blocks,
+            self.max_model_len,
+            self.max_num_batched_tokens,
+        )
 
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         self._run_all("capture_cuda_graphs", max_num_seqs)
@@ -175,8 +193,9 @@ class MultiprocExecutor:
             return torch.empty(int(plan.num_tokens), 0, device=self.device)
         return out
 
-    def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None,
-                       upcast: bool = True) -> torch.Tensor:
+    def compute_logits(
+        self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None, upcast: bool = True
+    ) -> torch.Tensor:
         idx = None if rows is None else rows.cpu().numpy().astype(np.int64)
         num_rows = hidden.shape[0] if idx is None else len(idx)
         return self._run_all("compute_logits", idx, num_rows, upcast)
@@ -189,8 +208,7 @@ class MultiprocExecutor:
             self._run_all("finish_swap_out", self._arrays(plan))
 
     def _arrays(self, plan: Any) -> PlanArrays:
-        return plan if isinstance(plan, PlanArrays) else PlanArrays.from_plan(plan,
-                                                                             self.block_size)
+        return plan if isinstance(plan, PlanArrays) else PlanArrays.from_plan(plan, self.block_size)
 
     def __getattr__(self, name: str) -> Any:
         # The rest of ModelRunner's surface (kv_caches, graphs, block_bytes, ...), as the
@@ -238,8 +256,9 @@ def _monitor(state: _Procs) -> None:
     dead = next(p for p in procs if p.sentinel in ready)
     dead.join(1.0)
     rank = procs.index(dead) + 1
-    state.dead = (f"worker rank {rank} (pid {dead.pid}) exited unexpectedly with exit code "
-                  f"{dead.exitcode}")
+    state.dead = (
+        f"worker rank {rank} (pid {dead.pid}) exited unexpectedly with exit code {dead.exitcode}"
+    )
     logger.error("%s; stopping the other workers", state.dead)
     state.kill_all()
     abort_model_parallel()  # the driver's pending collective fails now, not at its timeout
@@ -253,16 +272,20 @@ def _wait_until_ready(store: Any, state: _Procs) -> None:
     while not store.check(keys):
         dead = [p for p in state.procs if not p.is_alive()]
         if dead or time.monotonic() > deadline:
-            state.dead = (f"{dead[0].name} (pid {dead[0].pid}) exited with code "
-                          f"{dead[0].exitcode} while starting (its error is above)" if dead
-                          else "the workers did not start in time")
+            state.dead = (
+                f"{dead[0].name} (pid {dead[0].pid}) exited with code "
+                f"{dead[0].exitcode} while starting (its error is above)"
+                if dead
+                else "the workers did not start in time"
+            )
             _shutdown(state)
             raise RuntimeError(f"the parallel engine could not start: {state.dead}")
         time.sleep(0.05)
 
 
-def _worker_process(cfg: EngineConfig, rank: int, world_size: int, device: torch.device,
-                    port: int, parent_pid: int) -> None:
+def _worker_process(
+    cfg: EngineConfig, rank: int, world_size: int, device: torch.device, port: int, parent_pid: int
+) -> None:
     """Entry point of a spawned rank."""
     # Ctrl-C reaches the whole process group: the driver alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -271,8 +294,14 @@ def _worker_process(cfg: EngineConfig, rank: int, world_size: int, device: torch
     device = _rank_device(device, rank)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size, False, _STORE_TIMEOUT)
     store.set(f"ready/{multiprocessing.current_process().name}", "1")
-    init_distributed_environment(world_size, rank, "nccl" if device.type == "cuda" else "gloo",
-                                 None, COLLECTIVE_TIMEOUT_S, store)
+    init_distributed_environment(
+        world_size,
+        rank,
+        "nccl" if device.type == "cuda" else "gloo",
+        None,
+        COLLECTIVE_TIMEOUT_S,
+        store,
+    )
     initialize_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, device)
     _serve_as_worker(cfg, device)
 
@@ -303,8 +332,10 @@ def _rank_device(device: torch.device, local_rank: int) -> torch.device:
 def _torchrun_ranks(world_size: int) -> Tuple[int, int, int]:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != world_size:
-        raise ValueError(f"torchrun started {world} processes, but tensor_parallel_size x "
-                         f"pipeline_parallel_size = {world_size}")
+        raise ValueError(
+            f"torchrun started {world} processes, but tensor_parallel_size x "
+            f"pipeline_parallel_size = {world_size}"
+        )
     return rank, world, int(os.environ.get("LOCAL_RANK", rank))
 
 

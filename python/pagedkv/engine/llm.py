@@ -40,16 +40,18 @@ def _ensure_log_handler() -> None:
     if logger.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s pagedkv: %(message)s",
-                                           "%m-%d %H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s pagedkv: %(message)s", "%m-%d %H:%M:%S")
+    )
     logger.addHandler(handler)
     logger.setLevel((envs.getenv("PAGEDKV_LOGGING_LEVEL") or "INFO").upper())
     logger.propagate = False
 
 
 class LLM:
-    def __init__(self, model: Optional[str] = None, tokenizer: Optional[str] = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any
+    ) -> None:
         _ensure_log_handler()
         self.llm_engine = LLMEngine(model, tokenizer=tokenizer, **kwargs)
         self._counter = 0
@@ -64,12 +66,15 @@ class LLM:
         return SamplingParams(**self.llm_engine.model_config.generation_defaults)
 
     # ------------------------------------------------------------------ generate
-    def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
-                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True, prompt_token_ids: Optional[List[List[int]]] = None,
-                 priority: Optional[List[int]] = None,
-                 lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
-                 ) -> List[RequestOutput]:
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType], None] = None,
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        prompt_token_ids: Optional[List[List[int]]] = None,
+        priority: Optional[List[int]] = None,
+        lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+    ) -> List[RequestOutput]:
         """Runs every prompt to completion; outputs come back in input order.
 
         A prompt is a string, a list of token ids, or {"prompt": str} / {"prompt_token_ids":
@@ -92,30 +97,40 @@ class LLM:
             for i, (item, p) in enumerate(zip(items, params)):
                 rid = str(self._counter)
                 self._counter += 1
-                self.llm_engine.add_request(rid, item.get("prompt"), p,
-                                            prompt_token_ids=item.get("prompt_token_ids"),
-                                            priority=priority[i] if priority else 0,
-                                            lora_request=loras[i])
+                self.llm_engine.add_request(
+                    rid,
+                    item.get("prompt"),
+                    p,
+                    prompt_token_ids=item.get("prompt_token_ids"),
+                    priority=priority[i] if priority else 0,
+                    lora_request=loras[i],
+                )
                 ids.append(rid)
         except BaseException:
             self.llm_engine.abort_request(ids)  # a bad prompt rejects the whole call
             raise
         return self._run_engine(ids, use_tqdm)
 
-    def chat(self, messages: Union[List[Message], Sequence[List[Message]]],
-             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-             use_tqdm: bool = True, chat_template: Optional[str] = None,
-             add_generation_prompt: bool = True,
-             chat_template_kwargs: Optional[Dict[str, Any]] = None,
-             **template_kwargs: Any) -> List[RequestOutput]:
+    def chat(
+        self,
+        messages: Union[List[Message], Sequence[List[Message]]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        chat_template: Optional[str] = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Optional[Dict[str, Any]] = None,
+        **template_kwargs: Any,
+    ) -> List[RequestOutput]:
         """Formats each conversation with the model's chat template, then generates.
         ``messages`` is one conversation, a list of {"role": str, "content": str} dicts, or a
         list of such conversations. ``chat_template_kwargs`` (vLLM's name) and any other
         keyword (continue_final_message=True, ...) become variables of the template."""
         if chat_template_kwargs is not None:
             if not isinstance(chat_template_kwargs, dict):
-                raise TypeError("chat_template_kwargs must be a dict, got "
-                                f"{type(chat_template_kwargs).__name__}")
+                raise TypeError(
+                    "chat_template_kwargs must be a dict, got "
+                    f"{type(chat_template_kwargs).__name__}"
+                )
             template_kwargs = {**chat_template_kwargs, **template_kwargs}
         convs = normalise_conversations(messages)
         tok = self.llm_engine.tokenizer
@@ -123,12 +138,16 @@ class LLM:
             raise ValueError("chat needs a tokenizer (the engine has skip_tokenizer_init=True)")
         prompts: List[PromptType] = []
         for conv in convs:
-            text = tok.apply_chat_template(conv, chat_template=chat_template,
-                                           add_generation_prompt=add_generation_prompt,
-                                           **template_kwargs)
+            text = tok.apply_chat_template(
+                conv,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                **template_kwargs,
+            )
             # The template wrote any BOS itself: do not let encode() add another.
-            prompts.append({"prompt": text,
-                            "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+            prompts.append(
+                {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+            )
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(self, ids: List[str], use_tqdm: bool) -> List[RequestOutput]:
@@ -169,21 +188,25 @@ def _bar_advance(bar: Any, done: List[RequestOutput]) -> None:
     redraws on the first of a wave only (tqdm's mininterval), and then shows the rate of a single
     request over the whole wave until the next one (an ETA of hours for a one-minute run)."""
     bar.total_out = getattr(bar, "total_out", 0) + sum(
-        len(o.token_ids) for out in done for o in out.outputs)
+        len(o.token_ids) for out in done for o in out.outputs
+    )
     elapsed = bar.format_dict.get("elapsed") or 0.0
     if elapsed > 0:
         bar.set_postfix_str(f"output: {bar.total_out / elapsed:.1f} toks/s", refresh=False)
     bar.update(len(done))
 
 
-def per_prompt_lora(lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None],
-                    n: int) -> List[Optional[LoRARequest]]:
+def per_prompt_lora(
+    lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None], n: int
+) -> List[Optional[LoRARequest]]:
     """generate()'s lora_request: one for all prompts, or a list with one per prompt."""
     if lora_request is None or isinstance(lora_request, LoRARequest):
         return [lora_request] * n
     if not isinstance(lora_request, (list, tuple)):
-        raise TypeError("lora_request must be a LoRARequest, a list of them (one per prompt) "
-                        f"or None, got {type(lora_request).__name__}")
+        raise TypeError(
+            "lora_request must be a LoRARequest, a list of them (one per prompt) "
+            f"or None, got {type(lora_request).__name__}"
+        )
     if len(lora_request) != n:
         raise ValueError(f"lora_request has {len(lora_request)} entries for {n} prompts")
     return list(lora_request)

@@ -33,8 +33,9 @@ logger = logging.getLogger("pagedkv")
 
 
 class LLMEngine:
-    def __init__(self, model: Optional[str] = None, tokenizer: Optional[str] = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any
+    ) -> None:
         self.config = EngineConfig.from_kwargs(model, tokenizer=tokenizer, **kwargs)
         parts = build_engine_parts(self.config)
         self.tokenizer = parts.tokenizer
@@ -43,12 +44,18 @@ class LLMEngine:
         self.num_gpu_blocks, self.num_cpu_blocks = parts.num_blocks, parts.num_cpu_blocks
         self.eos_token_ids = parts.eos_token_ids
         self.input_processor = InputProcessor(
-            self.tokenizer, self.model_config.vocab_size, self.model_config.max_model_len,
-            self.config.max_logprobs, self.config.scheduling_policy)
+            self.tokenizer,
+            self.model_config.vocab_size,
+            self.model_config.max_model_len,
+            self.config.max_logprobs,
+            self.config.scheduling_policy,
+        )
         self.decoder = DirectDecoder(self.tokenizer) if self.tokenizer is not None else None
-        self.structured = (GrammarCache(self.tokenizer.hf, self.model_config.vocab_size,
-                                        self.eos_token_ids)
-                           if self.tokenizer is not None else None)
+        self.structured = (
+            GrammarCache(self.tokenizer.hf, self.model_config.vocab_size, self.eos_token_ids)
+            if self.tokenizer is not None
+            else None
+        )
         self.input_processor.grammars = self.structured
         self._token_text: Dict[int, str] = {}  # token id -> its text alone (logprob entries)
         self.requests: Dict[str, RequestState] = {}
@@ -71,12 +78,17 @@ class LLMEngine:
         return self.tokenizer
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str,
-                    prompt: Union[str, List[int], Dict[str, Any], EngineRequest, None],
-                    params: Optional[SamplingParams] = None,
-                    arrival_time: Optional[float] = None, *,
-                    prompt_token_ids: Optional[List[int]] = None, priority: int = 0,
-                    lora_request: Optional[LoRARequest] = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Union[str, List[int], Dict[str, Any], EngineRequest, None],
+        params: Optional[SamplingParams] = None,
+        arrival_time: Optional[float] = None,
+        *,
+        prompt_token_ids: Optional[List[int]] = None,
+        priority: int = 0,
+        lora_request: Optional[LoRARequest] = None,
+    ) -> None:
         """vLLM's signature: ``prompt`` is text, a list of token ids, or a dict with "prompt"
         and / or "prompt_token_ids" (TextPrompt / TokensPrompt); ``prompt_token_ids=`` is the
         older keyword and wins over what ``prompt`` holds. An EngineRequest (checked and
@@ -86,18 +98,33 @@ class LLMEngine:
         if isinstance(prompt, EngineRequest):
             checked = prompt
         else:
-            checked = self.input_processor.process(request_id, prompt, params, arrival_time,
-                                                   prompt_token_ids=prompt_token_ids,
-                                                   priority=priority)
+            checked = self.input_processor.process(
+                request_id,
+                prompt,
+                params,
+                arrival_time,
+                prompt_token_ids=prompt_token_ids,
+                priority=priority,
+            )
         if checked.request_id != request_id:
-            raise ValueError(f"request_id {request_id!r} differs from the processed "
-                             f"request's {checked.request_id!r}")
+            raise ValueError(
+                f"request_id {request_id!r} differs from the processed "
+                f"request's {checked.request_id!r}"
+            )
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = checked.params
-        req = RequestState(request_id, checked.prompt, checked.prompt_token_ids, params,
-                           RequestMetrics(checked.arrival_time), checked.max_tokens,
-                           self.eos_token_ids, checked.bad_words_token_ids, lora_id=lora_id)
+        req = RequestState(
+            request_id,
+            checked.prompt,
+            checked.prompt_token_ids,
+            params,
+            RequestMetrics(checked.arrival_time),
+            checked.max_tokens,
+            self.eos_token_ids,
+            checked.bad_words_token_ids,
+            lora_id=lora_id,
+        )
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         req.grammar = checked.grammar
@@ -105,21 +132,27 @@ class LLMEngine:
             gen = None
             if params.seed is not None:
                 gen = self.sampler.make_generator(params.seed + 1_000_003 * i)
-            req.seqs.append(SeqState(index=i, generator=gen,
-                                     logprobs=[] if params.logprobs is not None else None))
+            req.seqs.append(
+                SeqState(
+                    index=i, generator=gen, logprobs=[] if params.logprobs is not None else None
+                )
+            )
             if req.grammar is not None:  # each sample follows the grammar on its own
                 req.seqs[-1].matcher = self.structured.matcher(req.grammar)  # type: ignore
         self.requests[request_id] = req
         if self.lora_admission is None or self.lora_admission.admit(
-                lora_id, request_id, (req, checked.priority)):
+            lora_id, request_id, (req, checked.priority)
+        ):
             self._add_to_scheduler(req, checked.priority)
 
     def _load_lora(self, lora_request: Optional[LoRARequest]) -> int:
         if lora_request is None:
             return 0
         if not isinstance(lora_request, LoRARequest):
-            raise TypeError("lora_request must be a pagedkv.lora.LoRARequest, got "
-                            f"{type(lora_request).__name__}")
+            raise TypeError(
+                "lora_request must be a pagedkv.lora.LoRARequest, got "
+                f"{type(lora_request).__name__}"
+            )
         lora = getattr(self.runner, "lora", None)
         if lora is None:
             raise ValueError("lora_request needs an engine with enable_lora=True")
@@ -145,15 +178,24 @@ class LLMEngine:
         # Prompt logprobs need logits at every prompt position: keep such a request off the
         # prefix cache with a salt of its own.
         # A request with an adapter shares cached blocks only with requests of the same one.
-        salt: Union[int, str] = (zlib.crc32(req.request_id.encode()) | 1) \
-            if p.prompt_logprobs is not None else (f"lora:{req.lora_id}" if req.lora_id else 0)
+        salt: Union[int, str] = (
+            (zlib.crc32(req.request_id.encode()) | 1)
+            if p.prompt_logprobs is not None
+            else (f"lora:{req.lora_id}" if req.lora_id else 0)
+        )
         seq = req.seqs[0]
         seq.sched_id = req.request_id
         self.scheduler.add_request(
-            req.request_id, req.prompt_token_ids, req.max_tokens,
-            eos_token_id=eos[0] if eos else None, stop_token_ids=stop_ids,
-            priority=priority, ignore_eos=p.ignore_eos, min_tokens=p.min_tokens,
-            cache_salt=salt)
+            req.request_id,
+            req.prompt_token_ids,
+            req.max_tokens,
+            eos_token_id=eos[0] if eos else None,
+            stop_token_ids=stop_ids,
+            priority=priority,
+            ignore_eos=p.ignore_eos,
+            min_tokens=p.min_tokens,
+            cache_salt=salt,
+        )
         self.seq_owner[req.request_id] = (req, seq)
 
     def abort_request(self, request_id: Union[str, Iterable[str]]) -> None:
@@ -186,8 +228,11 @@ class LLMEngine:
             # undone loses the swapped sequence's KV (the next schedule() forgets the list).
             # The scheduler does not emit such a plan today (see test_scheduler's
             # test_empty_plan_carries_no_block_work); this keeps the engine correct if it does.
-            if (len(plan.blocks_to_swap_out) or len(plan.blocks_to_swap_in)
-                    or len(plan.blocks_to_copy)):
+            if (
+                len(plan.blocks_to_swap_out)
+                or len(plan.blocks_to_swap_in)
+                or len(plan.blocks_to_copy)
+            ):
                 self.runner.apply_block_ops(plan)
             return []
         self._step_entries, self._plan_applied = [], False
@@ -275,16 +320,28 @@ class LLMEngine:
             req, seq = work.entries[i]
             if forks and i in forks:  # before the parent can be finished by a stop string
                 num_tokens += self._fork_children(req, seq, forks[i], work, now)
-            self._accept_token(req, seq, tok, logprobs.get(id(seq)) if logprobs else None,
-                               seq.sched_id in finished_ids, now)
+            self._accept_token(
+                req,
+                seq,
+                tok,
+                logprobs.get(id(seq)) if logprobs else None,
+                seq.sched_id in finished_ids,
+                now,
+            )
             num_tokens += 1
             if not req.final_only or seq.finish_reason is not None:
                 touched[req.request_id] = req
         self.stats["generation_tokens"] += num_tokens
         return self._collect_outputs(touched)
 
-    def _fork_children(self, req: RequestState, parent: SeqState,
-                       kids: List[tuple[SeqState, int]], work: StepSampling, now: float) -> int:
+    def _fork_children(
+        self,
+        req: RequestState,
+        parent: SeqState,
+        kids: List[tuple[SeqState, int]],
+        work: StepSampling,
+        now: float,
+    ) -> int:
         req.forked = True
         for seq, tok in kids:
             seq.sched_id = f"{req.request_id}#{seq.index}"
@@ -297,9 +354,15 @@ class LLMEngine:
             self._accept_token(req, seq, tok, work.logprobs.get(id(seq)), done, now)
         return len(kids)
 
-    def _accept_token(self, req: RequestState, seq: SeqState, tok: int,
-                      lp: Optional[tuple[Optional[float], Optional[dict]]],
-                      sched_finished: bool, now: float) -> None:
+    def _accept_token(
+        self,
+        req: RequestState,
+        seq: SeqState,
+        tok: int,
+        lp: Optional[tuple[Optional[float], Optional[dict]]],
+        sched_finished: bool,
+        now: float,
+    ) -> None:
         metrics = req.metrics
         if metrics.first_token_time is None:
             metrics.first_token_time = now
@@ -323,14 +386,18 @@ class LLMEngine:
         elif not req.incremental_text and not seq.finished:
             return  # the common running case: nothing to show or check yet
         # A stop token / EOS ends the text without being shown (vLLM's rule).
-        hide = (sched_finished and seq.finish_reason == "stop"
-                and not req.params.include_stop_str_in_output)
+        hide = (
+            sched_finished
+            and seq.finish_reason == "stop"
+            and not req.params.include_stop_str_in_output
+        )
         if not req.incremental_text:
             if seq.finished and req.params.detokenize and self.decoder is not None:
                 shown = seq.token_ids[:-1] if hide else seq.token_ids
                 p = req.params
-                seq.text = self.decoder.decode(shown, p.skip_special_tokens,
-                                               p.spaces_between_special_tokens)
+                seq.text = self.decoder.decode(
+                    shown, p.skip_special_tokens, p.spaces_between_special_tokens
+                )
             return
         delta = self._detokenize(req, seq, [] if hide else [tok])
         if req.check_stop_strings(seq, delta):
@@ -344,8 +411,9 @@ class LLMEngine:
         """Appends the tokens' text to the sample; returns how many characters it added."""
         if seq.detok is None:
             p = req.params
-            seq.detok = IncrementalDetokenizer(self.decoder, p.skip_special_tokens,
-                                               p.spaces_between_special_tokens)
+            seq.detok = IncrementalDetokenizer(
+                self.decoder, p.skip_special_tokens, p.spaces_between_special_tokens
+            )
         delta = seq.detok.append(toks)
         seq.text += delta
         return len(delta)

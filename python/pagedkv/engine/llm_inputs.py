@@ -14,8 +14,9 @@ from pagedkv.engine.multimodal import check_chat_part, check_prompt_modalities
 from pagedkv.engine.sampling_params import SamplingParams
 
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
-_PROMPT_FORMS = ("a string, a list of token ids, a dict with 'prompt' (str) or "
-                 "'prompt_token_ids' (list of int)")
+_PROMPT_FORMS = (
+    "a string, a list of token ids, a dict with 'prompt' (str) or 'prompt_token_ids' (list of int)"
+)
 
 
 def _describe(v: Any) -> str:
@@ -56,21 +57,27 @@ def prompt_item(p: Any, name: str) -> Dict[str, Any]:
         return {"prompt": p}
     if isinstance(p, dict):
         if "prompt" not in p and "prompt_token_ids" not in p:
-            raise ValueError(f"{name}: a prompt dict needs 'prompt' or 'prompt_token_ids', got "
-                             f"keys {sorted(map(str, p))}")
+            raise ValueError(
+                f"{name}: a prompt dict needs 'prompt' or 'prompt_token_ids', got "
+                f"keys {sorted(map(str, p))}"
+            )
         check_prompt_modalities(p, name)
         unknown = sorted(str(k) for k in p if k not in _PROMPT_KEYS)
         if unknown:  # an ignored key would be a silently dropped input
-            raise ValueError(f"{name}: unsupported prompt keys {unknown} (a prompt dict takes "
-                             f"{list(_PROMPT_KEYS)})")
+            raise ValueError(
+                f"{name}: unsupported prompt keys {unknown} (a prompt dict takes "
+                f"{list(_PROMPT_KEYS)})"
+            )
         if "prompt" in p and not isinstance(p["prompt"], str):
             raise TypeError(f"{name}['prompt'] must be a string, got {_describe(p['prompt'])}")
         out = dict(p)
         if out.get("prompt_token_ids") is not None:
             ids = _token_ids(_listed(out["prompt_token_ids"]))
             if ids is None:
-                raise TypeError(f"{name}['prompt_token_ids'] must be a list of integer token "
-                                f"ids, got {_describe(out['prompt_token_ids'])}")
+                raise TypeError(
+                    f"{name}['prompt_token_ids'] must be a list of integer token "
+                    f"ids, got {_describe(out['prompt_token_ids'])}"
+                )
             out["prompt_token_ids"] = ids
         return out
     ids = _token_ids(p)
@@ -84,14 +91,17 @@ def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any
     if prompt_token_ids is not None:  # vLLM's older keyword
         prompt_token_ids = _listed(prompt_token_ids)
         if not isinstance(prompt_token_ids, (list, tuple)) or _is_token_ids(prompt_token_ids):
-            raise TypeError("prompt_token_ids must be a list of token-id lists, got "
-                            f"{_describe(prompt_token_ids)}")
+            raise TypeError(
+                "prompt_token_ids must be a list of token-id lists, got "
+                f"{_describe(prompt_token_ids)}"
+            )
         items = []
         for i, t in enumerate(prompt_token_ids):
             ids = _token_ids(_listed(t))
             if ids is None:
-                raise TypeError(f"prompt_token_ids[{i}] must be a list of integer token ids, "
-                                f"got {_describe(t)}")
+                raise TypeError(
+                    f"prompt_token_ids[{i}] must be a list of integer token ids, got {_describe(t)}"
+                )
             items.append({"prompt_token_ids": ids})
         return items
     if prompts is None:
@@ -100,8 +110,9 @@ def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any
     if isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0):
         return [prompt_item(prompts, "prompts")]
     if not isinstance(prompts, (list, tuple)):
-        raise TypeError(f"prompts must be {_PROMPT_FORMS}, or a list of these; got "
-                        f"{_describe(prompts)}")
+        raise TypeError(
+            f"prompts must be {_PROMPT_FORMS}, or a list of these; got {_describe(prompts)}"
+        )
     return [prompt_item(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
 
 
@@ -112,8 +123,9 @@ def per_prompt_params(params: Any, n: int) -> List[SamplingParams]:
         return [params] * n
     params = _listed(params)
     if not isinstance(params, (list, tuple)):
-        raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
-                        f"{_describe(params)}")
+        raise TypeError(
+            f"sampling_params must be a SamplingParams or a list of them, got {_describe(params)}"
+        )
     for i, p in enumerate(params):
         if not isinstance(p, SamplingParams):
             raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {_describe(p)}")
@@ -138,8 +150,10 @@ def _message(m: Any, name: str) -> Dict[str, Any]:
         raise TypeError(f"{name} must be a dict with 'role' and 'content', got {_describe(m)}")
     for key in ("role", "content"):
         if key not in m:
-            raise ValueError(f"{name} has no '{key}' (a message is {{'role': str, "
-                             f"'content': str}}), got keys {sorted(map(str, m))}")
+            raise ValueError(
+                f"{name} has no '{key}' (a message is {{'role': str, "
+                f"'content': str}}), got keys {sorted(map(str, m))}"
+            )
     if not isinstance(m["role"], str):
         raise TypeError(f"{name}['role'] must be a string, got {_describe(m['role'])}")
     content = m["content"]
@@ -148,26 +162,33 @@ def _message(m: Any, name: str) -> Dict[str, Any]:
         for k, part in enumerate(content):
             if isinstance(part, dict):
                 check_chat_part(part.get("type"), f"{name}['content'][{k}]")
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise ValueError(f"{name}['content'][{k}]: only text parts "
-                                 f"{{'type': 'text', 'text': str}} are supported, got "
-                                 f"{_describe(part)}")
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                raise ValueError(
+                    f"{name}['content'][{k}]: only text parts "
+                    f"{{'type': 'text', 'text': str}} are supported, got "
+                    f"{_describe(part)}"
+                )
             texts.append(part["text"])
         content = "\n".join(texts)
     elif content is None:
         content = ""  # e.g. an assistant turn that only made tool calls
     elif not isinstance(content, str):
-        raise TypeError(f"{name}['content'] must be a string or a list of text parts, got "
-                        f"{_describe(content)}")
+        raise TypeError(
+            f"{name}['content'] must be a string or a list of text parts, got {_describe(content)}"
+        )
     return {**m, "content": content}
 
 
 def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
     """messages: one conversation (a list of {'role', 'content'} dicts) or a list of them.
     Returns copies; the caller's dicts are not changed."""
-    form = ("a list of {'role': str, 'content': str} dicts (one conversation) or a list of "
-            "such lists")
+    form = (
+        "a list of {'role': str, 'content': str} dicts (one conversation) or a list of such lists"
+    )
     if not isinstance(messages, (list, tuple)):
         raise TypeError(f"messages must be {form}, got {_describe(messages)}")
     if not messages:
@@ -176,8 +197,12 @@ def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
         convs = list(messages)
         for i, conv in enumerate(convs):
             if not isinstance(conv, (list, tuple)) or not conv:
-                raise TypeError(f"messages[{i}] must be a non-empty list of message dicts "
-                                f"(a conversation), got {_describe(conv)}")
-        return [[_message(m, f"messages[{i}][{j}]") for j, m in enumerate(conv)]
-                for i, conv in enumerate(convs)]
+                raise TypeError(
+                    f"messages[{i}] must be a non-empty list of message dicts "
+                    f"(a conversation), got {_describe(conv)}"
+                )
+        return [
+            [_message(m, f"messages[{i}][{j}]") for j, m in enumerate(conv)]
+            for i, conv in enumerate(convs)
+        ]
     return [[_message(m, f"messages[{j}]") for j, m in enumerate(messages)]]

@@ -27,9 +27,16 @@ _GiB = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, model: Any, model_config: Any,
-                 device: torch.device, dtype: torch.dtype, max_model_len: int,
-                 max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        model: Any,
+        model_config: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+    ) -> None:
         self.cfg, self.model, self.mc = cfg, model, model_config
         self.device, self.dtype = device, dtype
         # The ops' kv_cache_dtype string and the cache arrays' element type (uint8 for fp8).
@@ -43,8 +50,9 @@ class ModelRunner:
         start, end = pp_layer_range(model_config.num_hidden_layers)
         self.num_layers = end - start
         self.is_first_stage = get_pp_group().is_first_rank
-        self.num_heads, self.num_kv_heads = heads_per_rank(model_config.num_attention_heads,
-                                                           model_config.num_key_value_heads)
+        self.num_heads, self.num_kv_heads = heads_per_rank(
+            model_config.num_attention_heads, model_config.num_key_value_heads
+        )
         self.head_dim = model_config.head_dim
         self.kv_caches: List[torch.Tensor] = []
         self.cpu_caches: List[torch.Tensor] = []
@@ -54,7 +62,9 @@ class ModelRunner:
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
         self.lora: Optional[LoRAManager] = (
             LoRAManager(model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras)
-            if cfg.enable_lora else None)
+            if cfg.enable_lora
+            else None
+        )
 
     # ------------------------------------------------------------------ KV cache sizing
     def block_bytes(self) -> int:
@@ -67,11 +77,14 @@ class ModelRunner:
         per_block = self.block_bytes()
         if self.device.type == "cuda" and self.cfg.kv_cache_space is not None:
             # Said out loud: a user who sized the cache with it would otherwise not know.
-            logger.warning("kv_cache_space (--kv-cache-space %g GiB) only sizes the KV cache on "
-                           "the CPU and is ignored on %s: there gpu_memory_utilization "
-                           "(--gpu-memory-utilization, now %g) sizes it",
-                           self.cfg.kv_cache_space, self.device,
-                           self.cfg.gpu_memory_utilization)
+            logger.warning(
+                "kv_cache_space (--kv-cache-space %g GiB) only sizes the KV cache on "
+                "the CPU and is ignored on %s: there gpu_memory_utilization "
+                "(--gpu-memory-utilization, now %g) sizes it",
+                self.cfg.kv_cache_space,
+                self.device,
+                self.cfg.gpu_memory_utilization,
+            )
         if self.cfg.num_gpu_blocks_override is not None:
             num_blocks = self.cfg.num_gpu_blocks_override
         elif self.device.type == "cuda":
@@ -82,7 +95,8 @@ class ModelRunner:
         if num_blocks <= 0:
             raise RuntimeError(
                 "no memory left for the KV cache: raise gpu_memory_utilization / kv_cache_space "
-                "or use a smaller model")
+                "or use a smaller model"
+            )
         if self.cfg.num_cpu_blocks is not None:
             num_cpu = self.cfg.num_cpu_blocks
         elif self.cfg.preemption_mode == "swap":
@@ -104,9 +118,14 @@ class ModelRunner:
         # What is in use now (weights, CUDA context, other processes) plus the step's
         # activation peak must stay within the budget; the rest becomes KV cache.
         budget = total * self.cfg.gpu_memory_utilization - (total - free) - (peak - now)
-        logger.info("memory profiling: total %.2f GiB, in use %.2f GiB, activation peak "
-                    "%.2f GiB, KV-cache budget %.2f GiB", total / _GiB, (total - free) / _GiB,
-                    (peak - now) / _GiB, max(budget, 0) / _GiB)
+        logger.info(
+            "memory profiling: total %.2f GiB, in use %.2f GiB, activation peak "
+            "%.2f GiB, KV-cache budget %.2f GiB",
+            total / _GiB,
+            (total - free) / _GiB,
+            (peak - now) / _GiB,
+            max(budget, 0) / _GiB,
+        )
         return int(budget // per_block)
 
     @torch.inference_mode()
@@ -117,24 +136,42 @@ class ModelRunner:
             tokens -= seqs[-1]
         n = sum(seqs)
         # The profile runs the kernels the engine will run (fp8 ones for an fp8 cache).
-        dummy = [torch.zeros(2, 1, self.block_size, self.num_kv_heads, self.head_dim,
-                             dtype=self.cache_dtype, device=self.device)
-                 for _ in range(self.num_layers)]
+        dummy = [
+            torch.zeros(
+                2,
+                1,
+                self.block_size,
+                self.num_kv_heads,
+                self.head_dim,
+                dtype=self.cache_dtype,
+                device=self.device,
+            )
+            for _ in range(self.num_layers)
+        ]
         backend = self._make_backend(dummy)
         qsl = np.concatenate([[0], np.cumsum(seqs)]).astype(np.int32)
-        backend.set_metadata(AttentionMetadata(
-            num_prefills=len(seqs), num_prefill_tokens=n, num_decode_tokens=0,
-            slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device),
-            seq_lens=torch.tensor(seqs, dtype=torch.int32, device=self.device),
-            query_start_loc=torch.from_numpy(qsl).to(self.device),
-            block_tables=torch.zeros(len(seqs), 1, dtype=torch.int32, device=self.device),
-            max_query_len=max(seqs), max_decode_seq_len=0))
+        backend.set_metadata(
+            AttentionMetadata(
+                num_prefills=len(seqs),
+                num_prefill_tokens=n,
+                num_decode_tokens=0,
+                slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=self.device),
+                seq_lens=torch.tensor(seqs, dtype=torch.int32, device=self.device),
+                query_start_loc=torch.from_numpy(qsl).to(self.device),
+                block_tables=torch.zeros(len(seqs), 1, dtype=torch.int32, device=self.device),
+                max_query_len=max(seqs),
+                max_decode_seq_len=0,
+            )
+        )
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(s, device=self.device) for s in seqs])
         pp = get_pp_group()
         # A later pipeline stage starts from hidden states (any values: this is a profile).
-        inter = None if pp.is_first_rank else torch.zeros(n, self.mc.hidden_size,
-                                                          dtype=self.dtype, device=self.device)
+        inter = (
+            None
+            if pp.is_first_rank
+            else torch.zeros(n, self.mc.hidden_size, dtype=self.dtype, device=self.device)
+        )
         hidden = self._forward(ids, pos, backend, inter)
         if pp.is_last_rank:
             # The sampler's worst case: logits of max_num_seqs rows, sorted for top-k / top-p.
@@ -147,22 +184,38 @@ class ModelRunner:
         # so an unused reservation costs no RAM.
         alloc = torch.zeros if self.device.type == "cuda" else torch.empty
         # (A zero byte is +0.0 in both fp8 formats.) Swap space holds the same bytes.
-        self.kv_caches = [alloc(shape, dtype=self.cache_dtype, device=self.device)
-                          for _ in range(self.num_layers)]
+        self.kv_caches = [
+            alloc(shape, dtype=self.cache_dtype, device=self.device) for _ in range(self.num_layers)
+        ]
         if num_cpu_blocks:
             host_shape = (2, num_cpu_blocks) + shape[2:]
             pin = self.device.type == "cuda"
-            self.cpu_caches = [torch.empty(host_shape, dtype=self.cache_dtype, pin_memory=pin)
-                               for _ in range(self.num_layers)]
+            self.cpu_caches = [
+                torch.empty(host_shape, dtype=self.cache_dtype, pin_memory=pin)
+                for _ in range(self.num_layers)
+            ]
         self.backend = self._make_backend(self.kv_caches)
         kind = "GPU" if self.device.type == "cuda" else "CPU"
-        logger.info("# %s blocks: %d, # CPU swap blocks: %d (block_size %d, %.2f GiB KV cache, "
-                    "kv_cache_dtype %s)", kind, num_blocks, num_cpu_blocks, self.block_size,
-                    num_blocks * self.block_bytes() / _GiB, self._cache_dtype_name())
+        logger.info(
+            "# %s blocks: %d, # CPU swap blocks: %d (block_size %d, %.2f GiB KV cache, "
+            "kv_cache_dtype %s)",
+            kind,
+            num_blocks,
+            num_cpu_blocks,
+            self.block_size,
+            num_blocks * self.block_bytes() / _GiB,
+            self._cache_dtype_name(),
+        )
 
     def _make_backend(self, kv_caches: List[torch.Tensor]) -> PagedAttentionBackend:
-        return PagedAttentionBackend(kv_caches, self.num_heads, self.num_kv_heads,
-                                     self.head_dim, self.block_size, self.kv_cache_dtype)
+        return PagedAttentionBackend(
+            kv_caches,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.block_size,
+            self.kv_cache_dtype,
+        )
 
     def _cache_dtype_name(self) -> str:
         """'fp8_e4m3' for 'fp8' (vLLM's alias); 'auto' shown as the model dtype it resolves to."""
@@ -177,8 +230,11 @@ class ModelRunner:
 
         t0 = time.perf_counter()
         self.graphs = CudaGraphRunner(self, max_num_seqs)
-        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s",
-                    self.graphs.batch_sizes, time.perf_counter() - t0)
+        logger.info(
+            "captured CUDA graphs for decode batch sizes %s in %.1f s",
+            self.graphs.batch_sizes,
+            time.perf_counter() - t0,
+        )
 
     # ------------------------------------------------------------------ one step
     def apply_block_ops(self, plan: Any) -> None:
@@ -191,8 +247,7 @@ class ModelRunner:
             self._swap(self.cpu_caches, self.kv_caches, inn)
         if len(cpy):
             mapping = torch.from_numpy(np.ascontiguousarray(cpy, dtype=np.int64)).to(self.device)
-            ops.copy_blocks([c[0] for c in self.kv_caches], [c[1] for c in self.kv_caches],
-                            mapping)
+            ops.copy_blocks([c[0] for c in self.kv_caches], [c[1] for c in self.kv_caches], mapping)
 
     def finish_swap_out(self, plan: Any) -> None:
         """After a step failed: does the plan's swap-outs unless they were done. Until they
@@ -212,27 +267,36 @@ class ModelRunner:
             ops.swap_blocks(s[1], d[1], mapping)
 
     @torch.inference_mode()
-    def execute(self, plan: Any, intermediate: Optional[torch.Tensor] = None,
-                lora_ids: Optional[Sequence[int]] = None) -> torch.Tensor:
+    def execute(
+        self,
+        plan: Any,
+        intermediate: Optional[torch.Tensor] = None,
+        lora_ids: Optional[Sequence[int]] = None,
+    ) -> torch.Tensor:
         """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
         On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
         ``lora_ids``: the LoRA adapter id of each of the plan's sequences (0 = none)."""
         if self.lora is None or lora_ids is None or not any(lora_ids):
             return self._execute(plan, intermediate, False)
         n_seq = int(plan.num_seqs)
-        per_seq = np.diff(np.asarray(plan.query_start_loc[:n_seq + 1]))
+        per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
         self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
         try:  # the captured graphs run without adapters: an adapter step runs eagerly
             return self._execute(plan, intermediate, True)
         finally:
             self.lora.end_step()
 
-    def _execute(self, plan: Any, intermediate: Optional[torch.Tensor],
-                 eager: bool) -> torch.Tensor:
+    def _execute(
+        self, plan: Any, intermediate: Optional[torch.Tensor], eager: bool
+    ) -> torch.Tensor:
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
-        if (self.graphs is not None and not eager and plan.num_prefills == 0
-                and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))):
+        if (
+            self.graphs is not None
+            and not eager
+            and plan.num_prefills == 0
+            and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))
+        ):
             return self.graphs.run(plan, intermediate)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
@@ -243,25 +307,32 @@ class ModelRunner:
             num_decode_tokens=int(plan.num_decode_tokens),
             slot_mapping=_dev(plan.slot_mapping[:n_tok], torch.int64, dev),
             seq_lens=_dev(seq_lens, torch.int32, dev),
-            query_start_loc=_dev(plan.query_start_loc[:n_seq + 1], torch.int32, dev),
+            query_start_loc=_dev(plan.query_start_loc[: n_seq + 1], torch.int32, dev),
             block_tables=_dev(plan.block_tables[:n_seq, :width], torch.int32, dev),
             max_query_len=int(plan.max_query_len),
-            max_decode_seq_len=int(plan.max_decode_seq_len))
+            max_decode_seq_len=int(plan.max_decode_seq_len),
+        )
         assert self.backend is not None
         self.backend.set_metadata(meta)
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
         pos = _dev(plan.positions[:n_tok], torch.int64, dev)
         return self._forward(ids, pos, self.backend, intermediate)
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, backend: PagedAttentionBackend,
-                 intermediate: Optional[torch.Tensor]) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        backend: PagedAttentionBackend,
+        intermediate: Optional[torch.Tensor],
+    ) -> torch.Tensor:
         if intermediate is None:  # (models without pipeline stages take three arguments)
             return self.model.forward(ids, pos, backend)
         return self.model.forward(ids, pos, backend, intermediate)
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None,
-                       upcast: bool = True) -> torch.Tensor:
+    def compute_logits(
+        self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None, upcast: bool = True
+    ) -> torch.Tensor:
         """Logits of ``hidden``'s ``rows`` (all rows when None), float32 unless ``upcast`` is
         False (see CausalLM.compute_logits). The engine's one way to logits: an executor over
         several ranks computes them where the LM head lives."""
@@ -276,8 +347,9 @@ def _dev(arr: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return t.to(device, non_blocking=True) if device.type != "cpu" else t
 
 
-def _reserve_rotary(model: torch.nn.Module, max_model_len: int, dtype: torch.dtype,
-                    device: torch.device) -> None:
+def _reserve_rotary(
+    model: torch.nn.Module, max_model_len: int, dtype: torch.dtype, device: torch.device
+) -> None:
     """Rotary tables covering every position the engine may reach (past max_position_embeddings
     under rope scaling), built before any step or graph capture."""
     from pagedkv.models.rotary import RotaryEmbedding

@@ -67,6 +67,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
     def __repr__(self) -> str:
-        return (f"RequestOutput(request_id={self.request_id!r}, prompt={self.prompt!r}, "
-                f"prompt_token_ids={self.prompt_token_ids}, outputs={self.outputs}, "
-                f"finished={self.finished})")
+        return (
+            f"RequestOutput(request_id={self.request_id!r}, prompt={self.prompt!r}, "
+            f"prompt_token_ids={self.prompt_token_ids}, outputs={self.outputs}, "
+            f"finished={self.finished})"
+        )

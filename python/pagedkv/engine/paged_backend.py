@@ -42,8 +42,15 @@ class AttentionMetadata:
 class PagedAttentionBackend:
     """AttentionBackend (see pagedkv.models.attention_backend) over per-layer paged caches."""
 
-    def __init__(self, kv_caches: List[torch.Tensor], num_heads: int, num_kv_heads: int,
-                 head_dim: int, block_size: int, kv_cache_dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        kv_caches: List[torch.Tensor],
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
         # kv_caches[layer]: [2, num_blocks, block_size, num_kv_heads, head_dim] (k, v), NHD;
         # the model dtype with kv_cache_dtype "auto", uint8 (fp8 bytes) otherwise.
         self.kv_caches = kv_caches
@@ -57,14 +64,23 @@ class PagedAttentionBackend:
     def set_metadata(self, meta: AttentionMetadata) -> None:
         self.meta = meta
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                spec: AttentionSpec) -> torch.Tensor:
+    def forward(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
+    ) -> torch.Tensor:
         meta = self.meta
         assert meta is not None, "set_metadata() must be called before the forward"
         key_cache, value_cache = self.kv_caches[layer_idx][0], self.kv_caches[layer_idx][1]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        ops.reshape_and_cache_flash(k, v, key_cache, value_cache, meta.slot_mapping,
-                                    self.kv_cache_dtype, self.k_scale, self.v_scale)
+        ops.reshape_and_cache_flash(
+            k,
+            v,
+            key_cache,
+            value_cache,
+            meta.slot_mapping,
+            self.kv_cache_dtype,
+            self.k_scale,
+            self.v_scale,
+        )
         out = torch.empty_like(q)
         p = meta.num_prefill_tokens
         if meta.num_prefills:
@@ -73,51 +89,118 @@ class PagedAttentionBackend:
             self._decode(meta, spec, out[p:], q[p:], key_cache, value_cache)
         return out
 
-    def _prefill(self, meta: AttentionMetadata, spec: AttentionSpec, out: torch.Tensor,
-                 q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
-                 value_cache: torch.Tensor) -> None:
+    def _prefill(
+        self,
+        meta: AttentionMetadata,
+        spec: AttentionSpec,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+    ) -> None:
         n = meta.num_prefills
         ops.context_attention_fwd(
-            q, k, v, out, self.kv_cache_dtype, key_cache, value_cache, meta.block_tables[:n],
-            meta.query_start_loc[:n + 1], meta.seq_lens[:n], None, meta.max_query_len,
-            k_scale=self.k_scale, v_scale=self.v_scale, sliding_window=spec.sliding_window,
-            sm_scale=spec.scale, logits_soft_cap=spec.logits_soft_cap)
+            q,
+            k,
+            v,
+            out,
+            self.kv_cache_dtype,
+            key_cache,
+            value_cache,
+            meta.block_tables[:n],
+            meta.query_start_loc[: n + 1],
+            meta.seq_lens[:n],
+            None,
+            meta.max_query_len,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+            sliding_window=spec.sliding_window,
+            sm_scale=spec.scale,
+            logits_soft_cap=spec.logits_soft_cap,
+        )
 
-    def _decode(self, meta: AttentionMetadata, spec: AttentionSpec, out: torch.Tensor,
-                q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    def _decode(
+        self,
+        meta: AttentionMetadata,
+        spec: AttentionSpec,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+    ) -> None:
         n = meta.num_prefills
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len
         partition_size = self._partition_size(q, key_cache, value_cache, max_len)
         if partition_size == 0:
-            ops.paged_attention_v1(out, q, key_cache, value_cache, self.num_kv_heads, spec.scale,
-                                   block_tables, seq_lens, self.block_size, max_len, None,
-                                   self.kv_cache_dtype, self.k_scale, self.v_scale,
-                                   logits_soft_cap=spec.logits_soft_cap,
-                                   sliding_window=spec.sliding_window)
+            ops.paged_attention_v1(
+                out,
+                q,
+                key_cache,
+                value_cache,
+                self.num_kv_heads,
+                spec.scale,
+                block_tables,
+                seq_lens,
+                self.block_size,
+                max_len,
+                None,
+                self.kv_cache_dtype,
+                self.k_scale,
+                self.v_scale,
+                logits_soft_cap=spec.logits_soft_cap,
+                sliding_window=spec.sliding_window,
+            )
             return
         num_partitions = (max_len + partition_size - 1) // partition_size
         num_seqs = q.shape[0]
-        exp_sums = torch.empty(num_seqs, self.num_heads, num_partitions, dtype=torch.float32,
-                               device=q.device)
+        exp_sums = torch.empty(
+            num_seqs, self.num_heads, num_partitions, dtype=torch.float32, device=q.device
+        )
         max_logits = torch.empty_like(exp_sums)
-        tmp_out = torch.empty(num_seqs, self.num_heads, num_partitions, self.head_dim,
-                              dtype=torch.float32, device=q.device)
-        ops.paged_attention_v2(out, exp_sums, max_logits, tmp_out, q, key_cache, value_cache,
-                               self.num_kv_heads, spec.scale, block_tables, seq_lens,
-                               self.block_size, max_len, None, self.kv_cache_dtype,
-                               self.k_scale, self.v_scale, logits_soft_cap=spec.logits_soft_cap,
-                               sliding_window=spec.sliding_window,
-                               partition_size=partition_size)
+        tmp_out = torch.empty(
+            num_seqs,
+            self.num_heads,
+            num_partitions,
+            self.head_dim,
+            dtype=torch.float32,
+            device=q.device,
+        )
+        ops.paged_attention_v2(
+            out,
+            exp_sums,
+            max_logits,
+            tmp_out,
+            q,
+            key_cache,
+            value_cache,
+            self.num_kv_heads,
+            spec.scale,
+            block_tables,
+            seq_lens,
+            self.block_size,
+            max_len,
+            None,
+            self.kv_cache_dtype,
+            self.k_scale,
+            self.v_scale,
+            logits_soft_cap=spec.logits_soft_cap,
+            sliding_window=spec.sliding_window,
+            partition_size=partition_size,
+        )
 
-    def _partition_size(self, q: torch.Tensor, key_cache: torch.Tensor,
-                        value_cache: torch.Tensor, max_len: int) -> int:
+    def _partition_size(
+        self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, max_len: int
+    ) -> int:
         """0 (single pass) or the split-K partition. On CUDA the library's choice
         (ops.decode_partition_size: split only a batch that leaves the GPU under-filled, for the
         kernel that runs); it depends on shapes alone, fixed for a captured CUDA graph (which is
         captured at the model's maximum length). On the CPU: 512-key partitions past 512 keys
         (the CPU kernels parallelise over partitions)."""
         if q.is_cuda:
-            return ops.decode_partition_size(q, key_cache, value_cache, self.num_kv_heads, max_len,
-                                             self.kv_cache_dtype)
+            return ops.decode_partition_size(
+                q, key_cache, value_cache, self.num_kv_heads, max_len, self.kv_cache_dtype
+            )
         return _PARTITION_SIZE if max_len > _PARTITION_SIZE else 0

@@ -14,8 +14,16 @@ from typing import Any
 
 import numpy as np
 
-_SCALARS = ("step", "num_seqs", "num_prefills", "num_prefill_tokens", "num_decode_tokens",
-            "num_tokens", "max_query_len", "max_decode_seq_len")
+_SCALARS = (
+    "step",
+    "num_seqs",
+    "num_prefills",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "num_tokens",
+    "max_query_len",
+    "max_decode_seq_len",
+)
 
 
 @dataclass
@@ -45,10 +53,13 @@ class PlanArrays:
         width = max(1, -(-int(seq_lens.max()) // block_size)) if n else 1
         return cls(
             **{k: int(getattr(plan, k)) for k in _SCALARS},
-            input_ids=np.array(plan.input_ids[:t]), positions=np.array(plan.positions[:t]),
-            slot_mapping=np.array(plan.slot_mapping[:t]), seq_lens=seq_lens,
-            query_start_loc=np.array(plan.query_start_loc[:n + 1]),
+            input_ids=np.array(plan.input_ids[:t]),
+            positions=np.array(plan.positions[:t]),
+            slot_mapping=np.array(plan.slot_mapping[:t]),
+            seq_lens=seq_lens,
+            query_start_loc=np.array(plan.query_start_loc[: n + 1]),
             block_tables=np.array(plan.block_tables[:n, :width]),
             blocks_to_swap_out=np.array(plan.blocks_to_swap_out),
             blocks_to_swap_in=np.array(plan.blocks_to_swap_in),
-            blocks_to_copy=np.array(plan.blocks_to_copy))
+            blocks_to_copy=np.array(plan.blocks_to_copy),
+        )

@@ -96,8 +96,9 @@ class RequestState:
     _prompt_shown: Optional[List[int]] = field(default=None, init=False, repr=False)
     # DELTA: per sample (by SeqState.index), how much was sent already: characters of text,
     # token ids, logprob entries, and whether its finish was reported.
-    _sent: Dict[int, Tuple[int, int, int, bool]] = field(default_factory=dict, init=False,
-                                                        repr=False)
+    _sent: Dict[int, Tuple[int, int, int, bool]] = field(
+        default_factory=dict, init=False, repr=False
+    )
     _prompt_logprobs_sent: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,13 +106,20 @@ class RequestState:
         self.final_only = p.output_kind == "final_only"
         self.delta = p.output_kind == "delta"
         self.incremental_text = bool(p.detokenize and (p.stop or not self.final_only))
-        self.plain_greedy = (p.sampling_type_greedy and p.logprobs is None
-                             and p.prompt_logprobs is None and p.best_of == p.n
-                             and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-                             and p.frequency_penalty == 0.0 and not p.logit_bias
-                             and p.allowed_token_ids is None
-                             and not self.bad_words_token_ids
-                             and p.structured_outputs is None and not p.logits_processors)
+        self.plain_greedy = (
+            p.sampling_type_greedy
+            and p.logprobs is None
+            and p.prompt_logprobs is None
+            and p.best_of == p.n
+            and p.repetition_penalty == 1.0
+            and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0
+            and not p.logit_bias
+            and p.allowed_token_ids is None
+            and not self.bad_words_token_ids
+            and p.structured_outputs is None
+            and not p.logits_processors
+        )
         self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
 
     @property
@@ -121,8 +129,11 @@ class RequestState:
     def argmax_row(self, seq: SeqState) -> bool:
         """This step's row of `seq` is sampled by a plain argmax (StepSampling's fast path):
         greedy without knobs, one row (no n > 1 prompt completion), nothing banned."""
-        return (self.plain_greedy and (self.forked or len(self.seqs) == 1 or bool(seq.token_ids))
-                and (not self.bannable or len(seq.token_ids) >= self.params.min_tokens))
+        return (
+            self.plain_greedy
+            and (self.forked or len(self.seqs) == 1 or bool(seq.token_ids))
+            and (not self.bannable or len(seq.token_ids) >= self.params.min_tokens)
+        )
 
     # ------------------------------------------------------------ stop rules
     def would_finish(self, num_tokens: int, token: int) -> Optional[str]:
@@ -148,7 +159,7 @@ class RequestState:
                 banned += self.eos_token_ids
         for word in self.bad_words_token_ids:
             k = len(word) - 1
-            if k == 0 or (len(out) >= k and out[len(out) - k:] == word[:k]):
+            if k == 0 or (len(out) >= k and out[len(out) - k :] == word[:k]):
                 banned.append(word[-1])
         return banned
 
@@ -157,8 +168,7 @@ class RequestState:
         p = self.params
         if last in (p.stop_token_ids or []) and len(seq.token_ids) >= p.min_tokens:
             seq.finish_reason, seq.stop_reason = "stop", last
-        elif (not p.ignore_eos and last in self.eos_token_ids
-              and len(seq.token_ids) >= p.min_tokens):
+        elif not p.ignore_eos and last in self.eos_token_ids and len(seq.token_ids) >= p.min_tokens:
             seq.finish_reason, seq.stop_reason = "stop", None
         else:
             seq.finish_reason = "length"
@@ -168,11 +178,15 @@ class RequestState:
         p = self.params
         if not p.stop or len(seq.token_ids) < p.min_tokens:
             return False
-        hit = find_stop_string(seq.text, new_text_len, p.stop,  # type: ignore[arg-type]
-                               p.include_stop_str_in_output)
+        hit = find_stop_string(
+            seq.text,
+            new_text_len,
+            p.stop,  # type: ignore[arg-type]
+            p.include_stop_str_in_output,
+        )
         if hit is None:
             return False
-        seq.text = seq.text[:hit[1]]
+        seq.text = seq.text[: hit[1]]
         seq.finish_reason, seq.stop_reason = "stop", hit[0]
         return True
 
@@ -184,7 +198,7 @@ class RequestState:
         if seq.finished or not p.stop or p.include_stop_str_in_output:
             return seq.text
         hold = stop_holdback(seq.text, p.stop)  # type: ignore[arg-type]
-        return seq.text[:len(seq.text) - hold] if hold else seq.text
+        return seq.text[: len(seq.text) - hold] if hold else seq.text
 
     def _completion(self, s: SeqState, index: int, want_logprob: bool) -> CompletionOutput:
         """The sample as a CompletionOutput of its own (lists copied: the engine goes on
@@ -192,14 +206,23 @@ class RequestState:
         since (outputs are cumulative: same token count, finish and text mean the same)."""
         text = self._visible_text(s)
         last = self._shown.get(s.index)
-        if (last is not None and last.index == index and len(last.token_ids) == len(s.token_ids)
-                and last.finish_reason == s.finish_reason and last.text == text):
+        if (
+            last is not None
+            and last.index == index
+            and len(last.token_ids) == len(s.token_ids)
+            and last.finish_reason == s.finish_reason
+            and last.text == text
+        ):
             return last
         c = self._shown[s.index] = CompletionOutput(
-            index=index, text=text, token_ids=list(s.token_ids),
+            index=index,
+            text=text,
+            token_ids=list(s.token_ids),
             cumulative_logprob=s.cumulative_logprob if want_logprob else None,
             logprobs=list(s.logprobs) if s.logprobs is not None else None,
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+            finish_reason=s.finish_reason,
+            stop_reason=s.stop_reason,
+        )
         return c
 
     def _delta(self, s: SeqState, index: int, want_logprob: bool) -> Optional[CompletionOutput]:
@@ -208,16 +231,27 @@ class RequestState:
         text = self._visible_text(s)
         n_text, n_tok, n_lp, told_finish = self._sent.get(s.index, (0, 0, 0, False))
         lps = s.logprobs
-        if (len(text) == n_text and len(s.token_ids) == n_tok
-                and (s.finish_reason is None or told_finish)):
+        if (
+            len(text) == n_text
+            and len(s.token_ids) == n_tok
+            and (s.finish_reason is None or told_finish)
+        ):
             return None
-        self._sent[s.index] = (len(text), len(s.token_ids), len(lps) if lps is not None else 0,
-                               s.finish_reason is not None)
+        self._sent[s.index] = (
+            len(text),
+            len(s.token_ids),
+            len(lps) if lps is not None else 0,
+            s.finish_reason is not None,
+        )
         return CompletionOutput(
-            index=index, text=text[n_text:], token_ids=s.token_ids[n_tok:],
+            index=index,
+            text=text[n_text:],
+            token_ids=s.token_ids[n_tok:],
             cumulative_logprob=s.cumulative_logprob if want_logprob else None,
             logprobs=lps[n_lp:] if lps is not None else None,
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+            finish_reason=s.finish_reason,
+            stop_reason=s.stop_reason,
+        )
 
     def to_output(self) -> RequestOutput:
         finished = self.finished
@@ -225,26 +259,40 @@ class RequestState:
         best_of = self.params.best_of or self.params.n  # set by SamplingParams.__post_init__
         want_logprob = self.params.logprobs is not None or best_of > self.params.n
         if finished and best_of > self.params.n:
-            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[:self.params.n]
+            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: self.params.n]
         if self.delta:
-            outs = [c for c in (self._delta(s, i if len(seqs) < len(self.seqs) else s.index,
-                                            want_logprob) for i, s in enumerate(seqs))
-                    if c is not None]
+            outs = [
+                c
+                for c in (
+                    self._delta(s, i if len(seqs) < len(self.seqs) else s.index, want_logprob)
+                    for i, s in enumerate(seqs)
+                )
+                if c is not None
+            ]
         else:
-            outs = [self._completion(s, i if len(seqs) < len(self.seqs) else s.index,
-                                     want_logprob) for i, s in enumerate(seqs)]
+            outs = [
+                self._completion(s, i if len(seqs) < len(self.seqs) else s.index, want_logprob)
+                for i, s in enumerate(seqs)
+            ]
         if finished and self.metrics.finished_time is None:
             self.metrics.finished_time = time.time()
         if self._prompt_shown is None:
             self._prompt_shown = list(self.prompt_token_ids)
-        prompt_logprobs = (list(self.prompt_logprobs) if self.prompt_logprobs is not None
-                           and not self._prompt_logprobs_sent else None)
+        prompt_logprobs = (
+            list(self.prompt_logprobs)
+            if self.prompt_logprobs is not None and not self._prompt_logprobs_sent
+            else None
+        )
         self._prompt_logprobs_sent = self.delta  # DELTA sends them once, with the first output
         return RequestOutput(
-            request_id=self.request_id, prompt=self.prompt,
+            request_id=self.request_id,
+            prompt=self.prompt,
             prompt_token_ids=self._prompt_shown,
             prompt_logprobs=prompt_logprobs,
             # A snapshot: the engine goes on updating the request's metrics after this output
             # is handed out, and an output must keep describing the step that made it.
-            outputs=outs, finished=finished, metrics=dataclasses.replace(self.metrics),
-            num_cached_tokens=self.num_cached_tokens)
+            outputs=outs,
+            finished=finished,
+            metrics=dataclasses.replace(self.metrics),
+            num_cached_tokens=self.num_cached_tokens,
+        )

@@ -76,8 +76,9 @@ class Sampler:
         keys = torch.randint(0, _KEY_RANGE, (len(rows),), generator=self.generator)
         for i, r in enumerate(rows):
             if r.generator is not None:
-                keys[i] = torch.randint(0, _KEY_RANGE, (1,), generator=r.generator,
-                                        device=r.generator.device).item()
+                keys[i] = torch.randint(
+                    0, _KEY_RANGE, (1,), generator=r.generator, device=r.generator.device
+                ).item()
         return keys.to(self.device, non_blocking=True)
 
     def __call__(self, logits: torch.Tensor, rows: List[SamplingRow]) -> SamplerOutput:
@@ -87,8 +88,13 @@ class Sampler:
             return SamplerOutput([], [], [])
         raw = logits
         logits = logits.float()
-        if any(r.banned_token_ids or _has_penalty(r.params) or r.params.logit_bias
-               or r.params.allowed_token_ids is not None for r in rows):
+        if any(
+            r.banned_token_ids
+            or _has_penalty(r.params)
+            or r.params.logit_bias
+            or r.params.allowed_token_ids is not None
+            for r in rows
+        ):
             logits = logits.clone() if logits is raw else logits  # keep raw logits for logprobs
             _apply_allowed(logits, rows)
             _apply_logit_bias(logits, rows)
@@ -115,16 +121,21 @@ class Sampler:
         min_p = [r.params.min_p for r in rows]
         thresholds = torch.zeros(len(rows), dtype=torch.float32, device=dev)
         if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p) or any(min_p):
-            ops.top_k_top_p_threshold(thresholds, probs, _column(top_k, torch.int32, dev),
-                                      _column(top_p, torch.float32, dev),
-                                      _column(min_p, torch.float32, dev))
+            ops.top_k_top_p_threshold(
+                thresholds,
+                probs,
+                _column(top_k, torch.int32, dev),
+                _column(top_p, torch.float32, dev),
+                _column(min_p, torch.float32, dev),
+            )
         tokens = torch.empty(len(rows), dtype=torch.int64, device=dev)
         ops.sample_exponential_race(tokens, probs, thresholds, self._race_keys(rows))
         return tokens
 
     @staticmethod
-    def prompt_logprobs(logits: torch.Tensor, next_token_ids: Sequence[int],
-                        num_logprobs: int) -> List[Dict[int, Logprob]]:
+    def prompt_logprobs(
+        logits: torch.Tensor, next_token_ids: Sequence[int], num_logprobs: int
+    ) -> List[Dict[int, Logprob]]:
         """Logprob entries for prompt tokens; row j of logits predicts next_token_ids[j]."""
         if logits.shape[0] == 0:
             return []
@@ -141,8 +152,9 @@ def _flat(lists: Sequence[Sequence[int]], dev: torch.device) -> tuple[torch.Tens
     """(row index, token id) of every entry of the rows' token lists, as two device arrays built
     on the host in one pass (no per-row device work)."""
     lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
-    ids = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64,
-                      count=int(lengths.sum()))
+    ids = np.fromiter(
+        itertools.chain.from_iterable(lists), dtype=np.int64, count=int(lengths.sum())
+    )
     pairs = torch.from_numpy(np.stack([np.repeat(np.arange(len(lists)), lengths), ids]))
     pairs = pairs.to(dev, non_blocking=True)
     return pairs[0], pairs[1]
@@ -170,8 +182,10 @@ def _apply_logit_bias(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
         return
     biases = [rows[i].params.logit_bias for i in pick]
     r, ids = _flat([list(b.keys()) for b in biases], logits.device)  # type: ignore[union-attr]
-    values = torch.tensor([v for b in biases for v in b.values()],  # type: ignore[union-attr]
-                          dtype=logits.dtype).to(logits.device, non_blocking=True)
+    values = torch.tensor(
+        [v for b in biases for v in b.values()],  # type: ignore[union-attr]
+        dtype=logits.dtype,
+    ).to(logits.device, non_blocking=True)
     rows_idx = torch.tensor(pick, device=logits.device)[r]
     logits.index_put_((rows_idx, ids), values, accumulate=True)
 
@@ -196,8 +210,16 @@ def _apply_penalties(logits: torch.Tensor, rows: List[SamplingRow]) -> None:
     sub = logits[idx]
     out_counts = _token_counts([rows[i].output_token_ids for i in pick], vocab, dev)
     prompt_counts = _token_counts([rows[i].prompt_token_ids for i in pick], vocab, dev)
-    params = torch.tensor([[rows[i].params.repetition_penalty, rows[i].params.frequency_penalty,
-                            rows[i].params.presence_penalty] for i in pick]).to(dev)
+    params = torch.tensor(
+        [
+            [
+                rows[i].params.repetition_penalty,
+                rows[i].params.frequency_penalty,
+                rows[i].params.presence_penalty,
+            ]
+            for i in pick
+        ]
+    ).to(dev)
     rep, freq, pres = params[:, 0:1], params[:, 1:2], params[:, 2:3]
     seen = (out_counts > 0) | (prompt_counts > 0)
     # Repetition penalty (CTRL paper, as vLLM applies it): shrink seen tokens towards zero.
@@ -216,8 +238,9 @@ def _token_counts(seqs: List[Sequence[int]], vocab: int, dev: torch.device) -> t
     return counts
 
 
-def _gather_logprobs(raw: torch.Tensor, tokens: torch.Tensor,
-                     rows: List[SamplingRow]) -> SamplerOutput:
+def _gather_logprobs(
+    raw: torch.Tensor, tokens: torch.Tensor, rows: List[SamplingRow]
+) -> SamplerOutput:
     token_list = tokens.tolist()
     want = [i for i, r in enumerate(rows) if r.need_logprob or r.params.logprobs is not None]
     sampled_lp: List[Optional[float]] = [None] * len(rows)
@@ -234,13 +257,14 @@ def _gather_logprobs(raw: torch.Tensor, tokens: torch.Tensor,
     return SamplerOutput(token_list, sampled_lp, dicts)
 
 
-def _logprob_dicts(lp: torch.Tensor, chosen: torch.Tensor,
-                   ks: List[int]) -> List[Dict[int, Logprob]]:
+def _logprob_dicts(
+    lp: torch.Tensor, chosen: torch.Tensor, ks: List[int]
+) -> List[Dict[int, Logprob]]:
     """For each row: the chosen token's logprob and rank, plus the top-k tokens'."""
     chosen_lp = lp.gather(1, chosen.unsqueeze(1)).squeeze(1)
     ranks = (lp > chosen_lp.unsqueeze(1)).sum(dim=-1) + 1
     kmax = max(ks, default=0)
-    top_lp, top_ids = (lp.topk(kmax, dim=-1) if kmax > 0 else (None, None))
+    top_lp, top_ids = lp.topk(kmax, dim=-1) if kmax > 0 else (None, None)
     chosen_l, chosen_lp_l, ranks_l = chosen.tolist(), chosen_lp.tolist(), ranks.tolist()
     top_lp_l = top_lp.tolist() if top_lp is not None else None
     top_ids_l = top_ids.tolist() if top_ids is not None else None

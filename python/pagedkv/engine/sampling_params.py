@@ -20,12 +20,29 @@ _GREEDY_EPS = 1e-5
 
 # Field types, checked before the value rules (numpy scalars pass and become Python numbers).
 _INT_FIELDS = ("n", "top_k", "min_tokens")
-_OPTIONAL_INT_FIELDS = ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs",
-                        "truncate_prompt_tokens")
-_FLOAT_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
-                 "top_p", "min_p")
-_BOOL_FIELDS = ("ignore_eos", "detokenize", "skip_special_tokens",
-                "spaces_between_special_tokens", "include_stop_str_in_output")
+_OPTIONAL_INT_FIELDS = (
+    "best_of",
+    "seed",
+    "max_tokens",
+    "logprobs",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+)
+_FLOAT_FIELDS = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "temperature",
+    "top_p",
+    "min_p",
+)
+_BOOL_FIELDS = (
+    "ignore_eos",
+    "detokenize",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+)
 
 # The sampler works in float32 and its tensors hold int64: a value outside these ranges would
 # overflow there (top_k = 2**64: "Overflow when unpacking long long") or silently become inf /
@@ -53,7 +70,7 @@ def _shown(value: Any, limit: int = 80) -> str:
     """repr of a value, cut to ``limit`` characters: an error message must stay short when a
     request sends a huge list."""
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _type_error(name: str, want: str, value: Any) -> TypeError:
@@ -70,11 +87,15 @@ def _float32(name: str, v: float) -> float:
     if not math.isfinite(v):
         raise ValueError(f"{name} must be a finite number, got {v!r}")
     if abs(v) > FLOAT32_MAX:
-        raise ValueError(f"{name} must be at most {FLOAT32_MAX:.4g} in magnitude (float32's "
-                         f"range, which the sampler computes in), got {v!r}")
+        raise ValueError(
+            f"{name} must be at most {FLOAT32_MAX:.4g} in magnitude (float32's "
+            f"range, which the sampler computes in), got {v!r}"
+        )
     if v != 0.0 and abs(v) < FLOAT32_TINY:
-        raise ValueError(f"{name} is too close to zero for float32 (which the sampler "
-                         f"computes in): {v!r} would become 0")
+        raise ValueError(
+            f"{name} is too close to zero for float32 (which the sampler "
+            f"computes in): {v!r} would become 0"
+        )
     return v
 
 
@@ -165,8 +186,10 @@ class SamplingParams:
                 want = "an integer or None" if name in _OPTIONAL_INT_FIELDS else "an integer"
                 raise _type_error(name, want, v)
             if not _INT64[0] <= v <= _INT64[1]:
-                raise ValueError(f"{name} must be in [-2**63, 2**63 - 1] (int64, as vLLM's "
-                                 f"server bounds seeds), got {v!r}")
+                raise ValueError(
+                    f"{name} must be in [-2**63, 2**63 - 1] (int64, as vLLM's "
+                    f"server bounds seeds), got {v!r}"
+                )
             setattr(self, name, int(v))
         for name in _FLOAT_FIELDS:
             v = getattr(self, name)
@@ -177,21 +200,25 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise _type_error(name, "True or False", getattr(self, name))
         stop = self.stop
-        if stop is not None and not isinstance(stop, str) and not (
-                isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop)):
+        if (
+            stop is not None
+            and not isinstance(stop, str)
+            and not (isinstance(stop, (list, tuple)) and all(isinstance(x, str) for x in stop))
+        ):
             raise _type_error("stop", "a string or a list of strings", stop)
         for name in ("stop_token_ids", "allowed_token_ids"):
             ids = getattr(self, name)
-            if ids is not None and not (isinstance(ids, (list, tuple))
-                                        and all(_is_int(t) for t in ids)):
+            if ids is not None and not (
+                isinstance(ids, (list, tuple)) and all(_is_int(t) for t in ids)
+            ):
                 raise _type_error(name, "a list of integer token ids", ids)
         words = self.bad_words
-        if words is not None and not (isinstance(words, (list, tuple))
-                                      and all(isinstance(w, str) for w in words)):
+        if words is not None and not (
+            isinstance(words, (list, tuple)) and all(isinstance(w, str) for w in words)
+        ):
             raise _type_error("bad_words", "a list of strings", words)
         if not isinstance(self.output_kind, str):
-            raise _type_error("output_kind", "a RequestOutputKind or a string",
-                              self.output_kind)
+            raise _type_error("output_kind", "a RequestOutputKind or a string", self.output_kind)
 
     def _verify(self) -> None:
         def bad(name: str, msg: str) -> ValueError:
@@ -206,8 +233,11 @@ class SamplingParams:
                 raise bad(name, "must be in [-2, 2]")
         lo, hi = REPETITION_PENALTY_RANGE
         if not lo <= self.repetition_penalty <= hi:
-            raise bad("repetition_penalty", f"must be in [{lo:g}, {hi:g}] (> 0; the bounds keep "
-                      "penalised logits finite in float32)")
+            raise bad(
+                "repetition_penalty",
+                f"must be in [{lo:g}, {hi:g}] (> 0; the bounds keep "
+                "penalised logits finite in float32)",
+            )
         if not self.temperature >= 0.0:
             raise bad("temperature", "must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
@@ -216,8 +246,9 @@ class SamplingParams:
             raise bad("top_k", "must be -1 or 0 (disabled) or a positive integer")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "must be in [0, 1]")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int)
-                                            or self.max_tokens < 1):
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
             raise bad("max_tokens", "must be an integer >= 1")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise bad("min_tokens", "must be an integer >= 0")
@@ -225,24 +256,31 @@ class SamplingParams:
             raise bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             raise bad("logprobs", "must be an integer >= 0")
-        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
-                                                 or self.prompt_logprobs < 0):
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0
+        ):
             raise bad("prompt_logprobs", "must be an integer >= 0")
         if any(not isinstance(s, str) or not s for s in self.stop):  # type: ignore[union-attr]
             raise bad("stop", "must be a non-empty string or a list of non-empty strings")
         if self.stop and not self.detokenize:  # stop strings are found in the text
-            raise bad("stop", "strings are only supported when detokenize is True (vLLM's "
-                      "rule); set detokenize=True to use stop")
+            raise bad(
+                "stop",
+                "strings are only supported when detokenize is True (vLLM's "
+                "rule); set detokenize=True to use stop",
+            )
         if any(t < 0 for t in self.stop_token_ids):  # type: ignore[union-attr]
             raise bad("stop_token_ids", "must be non-negative token ids")
         if self.allowed_token_ids is not None and (
-                not self.allowed_token_ids or any(t < 0 for t in self.allowed_token_ids)):
+            not self.allowed_token_ids or any(t < 0 for t in self.allowed_token_ids)
+        ):
             raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids")
         try:
             self.output_kind = RequestOutputKind(self.output_kind)
         except ValueError:
-            raise bad("output_kind", "must be a RequestOutputKind or one of 'cumulative', "
-                      "'delta', 'final_only'") from None
+            raise bad(
+                "output_kind",
+                "must be a RequestOutputKind or one of 'cumulative', 'delta', 'final_only'",
+            ) from None
         k = self.truncate_prompt_tokens
         if k is not None and (k == 0 or k < -1):
             raise bad("truncate_prompt_tokens", "must be an integer >= 1 or -1")
@@ -257,12 +295,15 @@ class SamplingParams:
             if not isinstance(gd, GuidedDecodingParams):
                 raise _type_error("guided_decoding", "a GuidedDecodingParams", gd)
             if so is not None:
-                raise ValueError("guided_decoding and structured_outputs are two spellings of "
-                                 "one field; set only structured_outputs")
+                raise ValueError(
+                    "guided_decoding and structured_outputs are two spellings of "
+                    "one field; set only structured_outputs"
+                )
             self.structured_outputs, self.guided_decoding = gd.to_structured(), None
         lps = self.logits_processors
-        if lps is not None and not (isinstance(lps, (list, tuple))
-                                    and all(callable(f) for f in lps)):
+        if lps is not None and not (
+            isinstance(lps, (list, tuple)) and all(callable(f) for f in lps)
+        ):
             raise _type_error("logits_processors", "a list of callables", lps)
         if lps is not None:
             self.logits_processors = list(lps)
@@ -272,8 +313,9 @@ class SamplingParams:
         if bias is None:
             return
         if not isinstance(bias, dict) or not all(
-                _is_int(t) and isinstance(v, numbers.Real) and not isinstance(v, bool)
-                for t, v in bias.items()):
+            _is_int(t) and isinstance(v, numbers.Real) and not isinstance(v, bool)
+            for t, v in bias.items()
+        ):
             raise _type_error("logit_bias", "a dict of integer token ids to numbers", bias)
         self.logit_bias = {int(t): float(v) for t, v in bias.items()}
         if any(t < 0 for t in self.logit_bias):
@@ -281,9 +323,11 @@ class SamplingParams:
         if not all(math.isfinite(v) for v in self.logit_bias.values()):
             raise ValueError(f"logit_bias values must be finite, got {_shown(bias)}")
         if any(abs(v) > LOGIT_BIAS_MAX for v in self.logit_bias.values()):
-            raise ValueError(f"logit_bias values must be in [-{LOGIT_BIAS_MAX:g}, "
-                             f"{LOGIT_BIAS_MAX:g}] (logits stay finite in float32), got "
-                             f"{_shown(bias)}")
+            raise ValueError(
+                f"logit_bias values must be in [-{LOGIT_BIAS_MAX:g}, "
+                f"{LOGIT_BIAS_MAX:g}] (logits stay finite in float32), got "
+                f"{_shown(bias)}"
+            )
 
     def clone(self) -> SamplingParams:
         import copy

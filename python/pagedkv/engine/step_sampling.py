@@ -33,8 +33,14 @@ class StepSampling:
 
     def _row(self, req: RequestState, seq: SeqState) -> SamplingRow:
         p = req.params
-        return SamplingRow(p, req.prompt_token_ids, seq.token_ids, seq.generator,
-                           req.banned_tokens(seq), need_logprob=(p.best_of or p.n) > p.n)
+        return SamplingRow(
+            p,
+            req.prompt_token_ids,
+            seq.token_ids,
+            seq.generator,
+            req.banned_tokens(seq),
+            need_logprob=(p.best_of or p.n) > p.n,
+        )
 
     def run(self, hidden: torch.Tensor) -> np.ndarray:
         plan, n = self.plan, len(self.entries)
@@ -49,8 +55,7 @@ class StepSampling:
             idx = int(sample_idx[i])
             if idx < 0:
                 continue
-            group = ([seq] if req.forked or len(req.seqs) == 1 or seq.token_ids
-                     else req.seqs)
+            group = [seq] if req.forked or len(req.seqs) == 1 or seq.token_ids else req.seqs
             logit_rows.append(idx)
             for s in group:
                 rows.append(self._row(req, s))
@@ -60,39 +65,38 @@ class StepSampling:
         grammars = self.engine.structured
         if grammars is not None:  # on the CPU, while the device may still run the forward
             self.bitmask = grammars.fill_bitmask([s.matcher for _, s in owners])
-        all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long,
-                                device=hidden.device)
+        all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long, device=hidden.device)
         logits = self.engine.runner.compute_logits(hidden, all_rows)
         sampled = np.full(n, -1, dtype=np.int64)
         if rows:
             self._assign(self._sample(logits, rows, row_src), owners, sampled)
         if prompt_rows:
-            self._prompt_logprobs(logits[len(logit_rows):], prompt_next, prompt_owner)
+            self._prompt_logprobs(logits[len(logit_rows) :], prompt_next, prompt_owner)
         return sampled
 
-    def _sample(self, logits: torch.Tensor, rows: List[SamplingRow],
-                row_src: List[int]) -> SamplerOutput:
+    def _sample(
+        self, logits: torch.Tensor, rows: List[SamplingRow], row_src: List[int]
+    ) -> SamplerOutput:
         """Samples every row from its logits row. The sampler holds several [rows, vocab] fp32
         tensors, so the n samples of a prompt (n may be 100000) go in chunks of at most
         max_num_seqs rows: memory stays bounded by the batch limit, as in a decode step. A
         seeded sample draws from its own generator, so chunking does not change its tokens."""
         chunk = self.engine.config.max_num_seqs
         if row_src[-1] == len(rows) - 1 and len(rows) <= chunk:  # no fan-out: one batch
-            return self.engine.sampler(self._constrain(logits[:len(rows)], rows, 0), rows)
+            return self.engine.sampler(self._constrain(logits[: len(rows)], rows, 0), rows)
         src = torch.tensor(row_src, dtype=torch.long, device=logits.device)
         merged = SamplerOutput([], [], [])
         for a in range(0, len(rows), chunk):
             # Indexing, not index_select: on CPU, index_select of repeated rows (all the n
             # samples read one row) runs about 60x slower (torch 2.13).
-            part = self._constrain(logits[src[a:a + chunk]], rows[a:a + chunk], a)
-            out = self.engine.sampler(part, rows[a:a + chunk])
+            part = self._constrain(logits[src[a : a + chunk]], rows[a : a + chunk], a)
+            out = self.engine.sampler(part, rows[a : a + chunk])
             merged.token_ids += out.token_ids
             merged.sampled_logprobs += out.sampled_logprobs
             merged.logprobs += out.logprobs
         return merged
 
-    def _constrain(self, logits: torch.Tensor, rows: List[SamplingRow],
-                   first: int) -> torch.Tensor:
+    def _constrain(self, logits: torch.Tensor, rows: List[SamplingRow], first: int) -> torch.Tensor:
         """Applies the grammar bitmask and the logits processors of sampling rows
         [first, first + len(rows)) to their logits (own rows: a fan-out copies them)."""
         mask = self.bitmask
@@ -101,11 +105,12 @@ class StepSampling:
             return logits
         logits = logits.float() if logits.dtype != torch.float32 else logits
         if mask is not None:
-            self.engine.structured.apply_bitmask(logits, mask[first:first + len(rows)])
+            self.engine.structured.apply_bitmask(logits, mask[first : first + len(rows)])
         for i in procs:
             r = rows[i]
-            apply_logits_processors(logits[i], r.params.logits_processors or (),
-                                    r.prompt_token_ids, r.output_token_ids)
+            apply_logits_processors(
+                logits[i], r.params.logits_processors or (), r.prompt_token_ids, r.output_token_ids
+            )
         return logits
 
     def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> np.ndarray:
@@ -124,8 +129,9 @@ class StepSampling:
         sampled[rows] = logits.argmax(dim=-1).cpu().numpy()
         return sampled
 
-    def _assign(self, out: SamplerOutput, owners: List[Tuple[int, SeqState]],
-                sampled: np.ndarray) -> None:
+    def _assign(
+        self, out: SamplerOutput, owners: List[Tuple[int, SeqState]], sampled: np.ndarray
+    ) -> None:
         by_entry: Dict[int, List[Tuple[SeqState, int]]] = {}
         for j, (i, s) in enumerate(owners):
             by_entry.setdefault(i, []).append((s, out.token_ids[j]))
@@ -137,8 +143,14 @@ class StepSampling:
                 continue
             # n > 1: the scheduler's parent must outlive this step to be forked from, so give
             # that role to a sample whose first token does not finish it, when there is one.
-            k = next((j for j, (s, t) in enumerate(group)
-                      if req.would_finish(len(s.token_ids) + 1, t) is None), 0)
+            k = next(
+                (
+                    j
+                    for j, (s, t) in enumerate(group)
+                    if req.would_finish(len(s.token_ids) + 1, t) is None
+                ),
+                0,
+            )
             parent, tok = group[k]
             old_parent = self.entries[i][1]
             sched_id = old_parent.sched_id
@@ -170,14 +182,18 @@ class StepSampling:
                 owner.append((req, p + 1))
         return rows, nxt, owner
 
-    def _prompt_logprobs(self, logits: torch.Tensor, nxt: List[int],
-                         owner: List[Tuple[RequestState, int]]) -> None:
+    def _prompt_logprobs(
+        self, logits: torch.Tensor, nxt: List[int], owner: List[Tuple[RequestState, int]]
+    ) -> None:
         k = max(r.params.prompt_logprobs or 0 for r, _ in owner)
         dicts = self.engine.sampler.prompt_logprobs(logits, nxt, k)
         for (req, pos), d in zip(owner, dicts):
             want = req.params.prompt_logprobs or 0
-            keep = {t: lp for t, lp in d.items() if lp.rank is not None
-                    and (lp.rank <= want or t == req.prompt_token_ids[pos])}
+            keep = {
+                t: lp
+                for t, lp in d.items()
+                if lp.rank is not None and (lp.rank <= want or t == req.prompt_token_ids[pos])
+            }
             self.engine.decode_logprob_tokens(keep)
             assert req.prompt_logprobs is not None and len(req.prompt_logprobs) == pos
             req.prompt_logprobs.append(_with_ranks(keep))

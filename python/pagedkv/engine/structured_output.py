@@ -52,27 +52,39 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         set_ = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(set_) != 1:
-            raise ValueError("structured_outputs must set exactly one of json, regex, choice, "
-                             f"grammar, json_object, structural_tag; got {set_ or 'none'}")
+            raise ValueError(
+                "structured_outputs must set exactly one of json, regex, choice, "
+                f"grammar, json_object, structural_tag; got {set_ or 'none'}"
+            )
         if self.json is not None and not isinstance(self.json, (str, dict)):
-            raise TypeError("structured_outputs.json must be a JSON schema (dict or string), "
-                            f"got {type(self.json).__name__}")
+            raise TypeError(
+                "structured_outputs.json must be a JSON schema (dict or string), "
+                f"got {type(self.json).__name__}"
+            )
         if self.regex is not None and not isinstance(self.regex, str):
             raise TypeError("structured_outputs.regex must be a string")
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise TypeError("structured_outputs.grammar must be a string")
         if self.choice is not None:
-            if not (isinstance(self.choice, (list, tuple)) and self.choice
-                    and all(isinstance(c, str) and c for c in self.choice)):
-                raise ValueError("structured_outputs.choice must be a non-empty list of "
-                                 "non-empty strings")
+            if not (
+                isinstance(self.choice, (list, tuple))
+                and self.choice
+                and all(isinstance(c, str) and c for c in self.choice)
+            ):
+                raise ValueError(
+                    "structured_outputs.choice must be a non-empty list of non-empty strings"
+                )
             self.choice = list(self.choice)
         if self.structural_tag is not None:
-            raise ValueError("structured_outputs.structural_tag is not supported; use json, "
-                             "regex, choice, grammar or json_object")
+            raise ValueError(
+                "structured_outputs.structural_tag is not supported; use json, "
+                "regex, choice, grammar or json_object"
+            )
         if self.whitespace_pattern is not None:
-            raise ValueError("structured_outputs.whitespace_pattern is not supported (xgrammar "
-                             "takes disable_any_whitespace instead)")
+            raise ValueError(
+                "structured_outputs.whitespace_pattern is not supported (xgrammar "
+                "takes disable_any_whitespace instead)"
+            )
 
     @property
     def kind(self) -> str:
@@ -97,10 +109,13 @@ class GuidedDecodingParams(StructuredOutputsParams):
     backend: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if self.backend not in (None, "auto", "xgrammar") and not str(
-                self.backend).startswith("xgrammar"):
-            raise ValueError(f"guided_decoding.backend {self.backend!r} is not supported; "
-                             "pagedkv decodes with xgrammar")
+        if self.backend not in (None, "auto", "xgrammar") and not str(self.backend).startswith(
+            "xgrammar"
+        ):
+            raise ValueError(
+                f"guided_decoding.backend {self.backend!r} is not supported; "
+                "pagedkv decodes with xgrammar"
+            )
         super().__post_init__()
 
     def to_structured(self) -> StructuredOutputsParams:
@@ -117,8 +132,13 @@ def choice_grammar(choices: Sequence[str]) -> str:
 class GrammarCache:
     """Compiles each distinct spec once (xgrammar GrammarCompiler) for one tokenizer."""
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
-                 max_threads: int = 4) -> None:
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        max_threads: int = 4,
+    ) -> None:
         self._hf, self._stop, self._threads = hf_tokenizer, list(stop_token_ids), max_threads
         self.vocab_size = int(vocab_size)
         self._compiler: Any = None  # built at the first structured request (seconds of work)
@@ -132,7 +152,8 @@ class GrammarCache:
 
                 self._xgr = xgr
                 info = xgr.TokenizerInfo.from_huggingface(
-                    self._hf, vocab_size=self.vocab_size, stop_token_ids=self._stop or None)
+                    self._hf, vocab_size=self.vocab_size, stop_token_ids=self._stop or None
+                )
                 self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads)
             return self._compiler
 
@@ -147,8 +168,10 @@ class GrammarCache:
                 return hit
             compiled = self._compile(spec)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise ValueError(f"structured_outputs.{spec.kind} was refused by the grammar "
-                             f"compiler: {str(exc).strip().splitlines()[0][:300]}") from None
+            raise ValueError(
+                f"structured_outputs.{spec.kind} was refused by the grammar "
+                f"compiler: {str(exc).strip().splitlines()[0][:300]}"
+            ) from None
         with self._lock:
             return self._cache.setdefault(key, compiled)
 
@@ -158,13 +181,20 @@ class GrammarCache:
         if kind == "json":
             schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
             # strict_mode: no properties or items beyond what the schema names.
-            return c.compile_json_schema(schema, any_whitespace=whitespace, strict_mode=True,
-                                         max_whitespace_cnt=MAX_JSON_WHITESPACE)
+            return c.compile_json_schema(
+                schema,
+                any_whitespace=whitespace,
+                strict_mode=True,
+                max_whitespace_cnt=MAX_JSON_WHITESPACE,
+            )
         if kind == "json_object":
             # Any JSON object (OpenAI's json_object), not any JSON value.
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=whitespace,
-                                         strict_mode=False,
-                                         max_whitespace_cnt=MAX_JSON_WHITESPACE)
+            return c.compile_json_schema(
+                '{"type": "object"}',
+                any_whitespace=whitespace,
+                strict_mode=False,
+                max_whitespace_cnt=MAX_JSON_WHITESPACE,
+            )
         if kind == "regex":
             return c.compile_regex(spec.regex)
         if kind == "choice":
@@ -189,8 +219,11 @@ class GrammarCache:
 
     def apply_bitmask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
         """Disallowed tokens -> -inf, in place (logits: [rows, >= vocab] float32)."""
-        self._xgr.apply_token_bitmask_inplace(logits, mask.to(logits.device, non_blocking=True),
-                                              vocab_size=min(self.vocab_size, logits.shape[1]))
+        self._xgr.apply_token_bitmask_inplace(
+            logits,
+            mask.to(logits.device, non_blocking=True),
+            vocab_size=min(self.vocab_size, logits.shape[1]),
+        )
 
 
 def advance(matcher: Any, token: int) -> bool:
@@ -200,13 +233,18 @@ def advance(matcher: Any, token: int) -> bool:
     if matcher.is_terminated():
         return True
     if not matcher.accept_token(int(token)):
-        raise RuntimeError(f"structured output: token {token} was sampled but the grammar "
-                           "does not allow it")
+        raise RuntimeError(
+            f"structured output: token {token} was sampled but the grammar does not allow it"
+        )
     return bool(matcher.is_terminated())
 
 
-def apply_logits_processors(logits: torch.Tensor, processors: Sequence[Any],
-                            prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+def apply_logits_processors(
+    logits: torch.Tensor,
+    processors: Sequence[Any],
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+) -> None:
     """vLLM's per-request logits processors on one row, in place: each is ``f(output_ids,
     logits)`` or ``f(prompt_ids, output_ids, logits)`` and returns the new row."""
     import torch
@@ -215,8 +253,12 @@ def apply_logits_processors(logits: torch.Tensor, processors: Sequence[Any],
         _run_processors(logits, processors, prompt_ids, output_ids)
 
 
-def _run_processors(row: torch.Tensor, processors: Sequence[Any], prompt_ids: Sequence[int],
-                    output_ids: Sequence[int]) -> None:
+def _run_processors(
+    row: torch.Tensor,
+    processors: Sequence[Any],
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+) -> None:
     for fn in processors:
         if _arity(fn) == 3:
             out = fn(list(prompt_ids), list(output_ids), row)
@@ -233,5 +275,7 @@ def _arity(fn: Any) -> int:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return 2
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-               for p in params)
+    return sum(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        for p in params
+    )

@@ -20,7 +20,8 @@ Conversation = list[Message]
 
 def cache_dir() -> str:
     return envs.getenv("PAGEDKV_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "pagedkv")
+        os.path.expanduser("~"), ".cache", "pagedkv"
+    )
 
 
 def _gguf_cache_path(gguf_path: str) -> str:
@@ -37,8 +38,9 @@ def _load_gguf_tokenizer(gguf_path: str) -> Any:
     cached = _gguf_cache_path(gguf_path)
     if os.path.isfile(os.path.join(cached, "tokenizer.json")):
         return AutoTokenizer.from_pretrained(cached)
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path) or ".",
-                                        gguf_file=os.path.basename(gguf_path))
+    tok = AutoTokenizer.from_pretrained(
+        os.path.dirname(gguf_path) or ".", gguf_file=os.path.basename(gguf_path)
+    )
     try:  # write to a temporary folder, then rename, so readers never see half a cache
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         tmp = tempfile.mkdtemp(dir=os.path.dirname(cached))
@@ -57,8 +59,12 @@ class Tokenizer:
         self._added: Optional[frozenset[int]] = None  # added token ids, read on first need
 
     @classmethod
-    def from_pretrained(cls, model: Optional[str] = None, revision: Optional[str] = None,
-                        download_dir: Optional[str] = None) -> Tokenizer:
+    def from_pretrained(
+        cls,
+        model: Optional[str] = None,
+        revision: Optional[str] = None,
+        download_dir: Optional[str] = None,
+    ) -> Tokenizer:
         """``model`` as for load_model: None/"smollm2", an HF directory, a .gguf file or a hub
         id (at ``revision``)."""
         from pagedkv.models.registry import resolve_model
@@ -98,20 +104,26 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
-               spaces_between_special_tokens: bool = True) -> str:
+    def decode(
+        self,
+        ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
         """``spaces_between_special_tokens=False`` (with special tokens kept) drops what the
         decoder puts between two consecutive added tokens, as vLLM does; True is the
         tokenizer's own decode (slow tokenizers join added tokens with spaces themselves)."""
         if skip_special_tokens or spaces_between_special_tokens:
             return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
         if not getattr(self.hf, "is_fast", True):  # slow tokenizers take the flag natively
-            return self.hf.decode(list(ids), skip_special_tokens=False,
-                                  spaces_between_special_tokens=False)
+            return self.hf.decode(
+                list(ids), skip_special_tokens=False, spaces_between_special_tokens=False
+            )
         if self._added is None:
             self._added = added_token_ids(self.hf)
-        return join_added_tokens(lambda run: self.hf.decode(run, skip_special_tokens=False),
-                                 ids, self._added)
+        return join_added_tokens(
+            lambda run: self.hf.decode(run, skip_special_tokens=False), ids, self._added
+        )
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return list(self.hf.convert_ids_to_tokens(list(ids)))
@@ -135,10 +147,16 @@ class Tokenizer:
         convs = list(messages) if batched else [messages]
         if chat_template is None and not self.chat_template:
             raise ValueError("this tokenizer has no chat template; pass chat_template=...")
-        texts = [self.hf.apply_chat_template(list(c), chat_template=chat_template,
-                                             add_generation_prompt=add_generation_prompt,
-                                             tokenize=False, **template_kwargs)
-                 for c in convs]
+        texts = [
+            self.hf.apply_chat_template(
+                list(c),
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **template_kwargs,
+            )
+            for c in convs
+        ]
         # The template already wrote any BOS it wants: encode without adding specials again.
         out = [self.encode(t, add_special_tokens=False) for t in texts] if tokenize else texts
         return out if batched else out[0]

@@ -20,8 +20,7 @@ class Refused:
     harmless: Tuple[Any, ...] = (None,)  # values that change nothing here (vLLM's defaults)
 
     def accepts(self, value: Any) -> bool:
-        return any(value is h or (type(value) is type(h) and value == h)
-                   for h in self.harmless)
+        return any(value is h or (type(value) is type(h) and value == h) for h in self.harmless)
 
 
 _ONE_DEVICE = "pagedkv runs the model in one process on one device"
@@ -38,16 +37,17 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     # Loading (revision, tokenizer_revision, download_dir, hf_overrides, rope_scaling,
     # rope_theta, generation_config and override_generation_config are EngineConfig fields).
     "code_revision": Refused("pagedkv never runs a checkpoint's code"),
-    "hf_token": Refused("hub downloads read the token from HF_TOKEN (or huggingface-cli "
-                        "login)", _OFF),
+    "hf_token": Refused(
+        "hub downloads read the token from HF_TOKEN (or huggingface-cli login)", _OFF
+    ),
     "hf_config_path": Refused("the config is read from the model folder"),
     "load_format": Refused(_LOADER, (None, "auto", "safetensors", "gguf")),
-    "config_format": Refused("the config is read as Hugging Face's config.json (or GGUF "
-                             "metadata)", (None, "auto", "hf")),
+    "config_format": Refused(
+        "the config is read as Hugging Face's config.json (or GGUF metadata)", (None, "auto", "hf")
+    ),
     "model_loader_extra_config": Refused(_LOADER, (None, {})),
     "ignore_patterns": Refused(_LOADER, (None, [], "original/**/*")),
-    "tokenizer_mode": Refused("pagedkv uses the Hugging Face fast tokenizer",
-                              (None, "auto", "hf")),
+    "tokenizer_mode": Refused("pagedkv uses the Hugging Face fast tokenizer", (None, "auto", "hf")),
     "model_impl": Refused("pagedkv runs its own model code", (None, "auto")),
     "max_parallel_loading_workers": Refused(_LOADER),
     "use_tqdm_on_load": Refused("loading progress follows the log level", (None, True)),
@@ -70,15 +70,19 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "cpu_offload_gb": Refused("weights stay on the device", (None, 0, 0.0)),
     "kv_cache_memory_bytes": Refused("use gpu_memory_utilization or kv_cache_space"),
     "calculate_kv_scales": Refused("fp8 KV caches use scales of 1.0", _OFF),
-    "prefix_caching_hash_algo": Refused("prefix-cache keys use pagedkv's own hash",
-                                        (None, "builtin", "sha256")),
-    "disable_sliding_window": Refused("sliding windows are applied as the model defines them",
-                                      _OFF),
-    "disable_cascade_attn": Refused("pagedkv has no cascade attention to disable",
-                                    (None, False, True)),
+    "prefix_caching_hash_algo": Refused(
+        "prefix-cache keys use pagedkv's own hash", (None, "builtin", "sha256")
+    ),
+    "disable_sliding_window": Refused(
+        "sliding windows are applied as the model defines them", _OFF
+    ),
+    "disable_cascade_attn": Refused(
+        "pagedkv has no cascade attention to disable", (None, False, True)
+    ),
     "kv_sharing_fast_prefill": Refused("no model here shares KV caches across layers", _OFF),
-    "enable_sleep_mode": Refused("sleep mode (offloading weights while idle) is not "
-                                 "supported", _OFF),
+    "enable_sleep_mode": Refused(
+        "sleep mode (offloading weights while idle) is not supported", _OFF
+    ),
     # Scheduling.
     "num_lookahead_slots": Refused(_NO_SPEC, (None, 0)),
     "scheduler_delay_factor": Refused("the scheduler runs every step at once", (None, 0, 0.0)),
@@ -87,18 +91,22 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "long_prefill_token_threshold": Refused("one partial prefill per step", (None, 0)),
     "scheduler_cls": Refused("the scheduler is pagedkv's C++ one"),
     "async_scheduling": Refused("asynchronous scheduling is not supported yet", _OFF),
-    "cuda_graph_sizes": Refused("CUDA graphs cover decode batches up to "
-                                "max_seq_len_to_capture", (None, [])),
+    "cuda_graph_sizes": Refused(
+        "CUDA graphs cover decode batches up to max_seq_len_to_capture", (None, [])
+    ),
     "compilation_config": Refused(_NO_COMPILE, (None, {}, 0)),
     "logits_processors": Refused("custom logits processors are not supported", (None, [])),
-    "logprobs_mode": Refused("logprobs are those of the raw model logits (vLLM's default)",
-                             (None, "raw_logprobs")),
+    "logprobs_mode": Refused(
+        "logprobs are those of the raw model logits (vLLM's default)", (None, "raw_logprobs")
+    ),
     # Structured outputs run on xgrammar with its defaults (engine/structured_output.py);
     # reasoning parsers are the server's (serve --reasoning-parser).
-    "structured_outputs_config": Refused("structured outputs use xgrammar with its defaults",
-                                         (None, {})),
-    "guided_decoding_backend": Refused("structured outputs use xgrammar",
-                                       (None, "auto", "xgrammar")),
+    "structured_outputs_config": Refused(
+        "structured outputs use xgrammar with its defaults", (None, {})
+    ),
+    "guided_decoding_backend": Refused(
+        "structured outputs use xgrammar", (None, "auto", "xgrammar")
+    ),
     "speculative_config": Refused(_NO_SPEC),
     # LoRA and multimodal.
     # (enable_lora, max_loras, max_lora_rank, max_cpu_loras are EngineConfig's own.)
@@ -121,5 +129,7 @@ def check_vllm_arg(name: str, value: Any) -> None:
     if not rule.accepts(value):
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise ValueError(f"{name}={shown} is not supported: {rule.reason} (vLLM engine "
-                         "argument; pagedkv accepts only its default)")
+        raise ValueError(
+            f"{name}={shown} is not supported: {rule.reason} (vLLM engine "
+            "argument; pagedkv accepts only its default)"
+        )

@@ -38,9 +38,9 @@ class Worker:
         from pagedkv.models import load_model
 
         self.cfg, self.device = cfg, device
-        self.model, self.model_config = load_model(cfg.model, cfg.dtype, device,
-                                                   **cfg.model_load_kwargs(),
-                                                   check=check_servable)
+        self.model, self.model_config = load_model(
+            cfg.model, cfg.dtype, device, **cfg.model_load_kwargs(), check=check_servable
+        )
         self.dtype = next(self.model.parameters()).dtype
         _check_parallel_support(self.model, self.model_config.architecture)
         self.runner: Optional[ModelRunner] = None
@@ -48,8 +48,15 @@ class Worker:
 
     # ------------------------------------------------------------------ set-up
     def make_runner(self, max_model_len: int, max_num_batched_tokens: int) -> None:
-        self.runner = ModelRunner(self.cfg, self.model, self.model_config, self.device,
-                                  self.dtype, max_model_len, max_num_batched_tokens)
+        self.runner = ModelRunner(
+            self.cfg,
+            self.model,
+            self.model_config,
+            self.device,
+            self.dtype,
+            max_model_len,
+            max_num_batched_tokens,
+        )
 
     def determine_num_blocks(self) -> Tuple[int, int]:
         """The blocks every rank can hold: each rank sizes its own slice, the minimum wins (the
@@ -58,8 +65,9 @@ class Worker:
         world = get_world_group()
         return world.all_reduce_min(num), world.all_reduce_min(num_cpu)
 
-    def allocate_kv_cache(self, num_blocks: int, num_cpu_blocks: int, max_model_len: int,
-                          max_num_batched_tokens: int) -> None:
+    def allocate_kv_cache(
+        self, num_blocks: int, num_cpu_blocks: int, max_model_len: int, max_num_batched_tokens: int
+    ) -> None:
         runner = self._runner
         runner.max_model_len, runner.max_num_batched_tokens = max_model_len, max_num_batched_tokens
         runner.allocate_kv_cache(num_blocks, num_cpu_blocks)
@@ -94,8 +102,9 @@ class Worker:
         self._hidden = out
         return out
 
-    def compute_logits(self, rows: Optional[np.ndarray], num_rows: int,
-                       upcast: bool) -> Optional[torch.Tensor]:
+    def compute_logits(
+        self, rows: Optional[np.ndarray], num_rows: int, upcast: bool
+    ) -> Optional[torch.Tensor]:
         """Logits [num_rows, vocab] of the last step's hidden ``rows`` (all when None), on the
         driver; None on the other ranks."""
         pp, world = get_pp_group(), get_world_group()
@@ -104,8 +113,9 @@ class Worker:
         if not pp.is_last_rank:
             if world.rank != 0:
                 return None
-            out = torch.empty(num_rows, self.model_config.vocab_size, dtype=dtype,
-                              device=self.device)
+            out = torch.empty(
+                num_rows, self.model_config.vocab_size, dtype=dtype, device=self.device
+            )
             torch.distributed.recv(out, src=last_first, group=world.device_group)
             return out
         assert self._hidden is not None, "compute_logits() before execute()"
@@ -122,13 +132,19 @@ def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
     from pagedkv.models.linear import ColumnParallelLinear, RowParallelLinear
 
     if get_tp_group().world_size > 1 and not any(
-            isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for m in model.modules()):
-        raise ValueError(f"{architecture} does not support tensor parallelism (its layers are "
-                         "not tensor-parallel); use tensor_parallel_size=1")
-    if (get_pp_group().world_size > 1
-            and "intermediate" not in inspect.signature(model.forward).parameters):
-        raise ValueError(f"{architecture} does not support pipeline parallelism; use "
-                         "pipeline_parallel_size=1")
+        isinstance(m, (ColumnParallelLinear, RowParallelLinear)) for m in model.modules()
+    ):
+        raise ValueError(
+            f"{architecture} does not support tensor parallelism (its layers are "
+            "not tensor-parallel); use tensor_parallel_size=1"
+        )
+    if (
+        get_pp_group().world_size > 1
+        and "intermediate" not in inspect.signature(model.forward).parameters
+    ):
+        raise ValueError(
+            f"{architecture} does not support pipeline parallelism; use pipeline_parallel_size=1"
+        )
 
 
 def worker_loop(worker: Worker) -> None:

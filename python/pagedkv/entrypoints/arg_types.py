@@ -63,8 +63,9 @@ def token_count_at_least(lo: int) -> Callable[[str], int]:
                     raise ValueError
                 value = int(number)
         except (TypeError, ValueError, OverflowError):
-            raise _bad(f"must be an integer >= {lo} (or like 32k = 32000, 32K = 32768)",
-                       text) from None
+            raise _bad(
+                f"must be an integer >= {lo} (or like 32k = 32000, 32K = 32768)", text
+            ) from None
         if value < lo:
             raise _bad(f"must be an integer >= {lo} (or like 32k = 32000, 32K = 32768)", text)
         return value
@@ -73,8 +74,12 @@ def token_count_at_least(lo: int) -> Callable[[str], int]:
     return parse
 
 
-def float_in(lo: Optional[float] = None, hi: Optional[float] = None, lo_open: bool = False,
-             hi_open: bool = False) -> Callable[[str], float]:
+def float_in(
+    lo: Optional[float] = None,
+    hi: Optional[float] = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> Callable[[str], float]:
     """A float in an interval; ``lo_open`` / ``hi_open`` exclude that end."""
     if lo is not None and hi is not None:
         what = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
@@ -191,7 +196,12 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if ("(default" in text or action.nargs == 0 or action.default is None
-                or action.default is argparse.SUPPRESS or not action.option_strings):
+        if (
+            "(default" in text
+            or action.nargs == 0
+            or action.default is None
+            or action.default is argparse.SUPPRESS
+            or not action.option_strings
+        ):
             return text
         return text + " (default: %(default)s)"

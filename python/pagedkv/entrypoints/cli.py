@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pagedkv {pagedkv.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _command_modules():
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP,
-                           formatter_class=HelpFormatter)
+        p = sub.add_parser(
+            mod.NAME, help=mod.HELP, description=mod.HELP, formatter_class=HelpFormatter
+        )
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _parser=p)
     return parser

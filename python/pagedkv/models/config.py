@@ -44,13 +44,21 @@ SEQUENCE_CLASSIFIERS = {
     "OPTForSequenceClassification": "OPTForCausalLM",
 }
 # config.json without "architectures": model_type -> HF architecture name.
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                "gemma3_text": "Gemma3ForCausalLM", "gpt2": "GPT2LMHeadModel",
-                "gpt_neox": "GPTNeoXForCausalLM", "opt": "OPTForCausalLM",
-                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                "qwen3_moe": "Qwen3MoeForCausalLM"}
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "opt": "OPTForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -137,9 +145,10 @@ class ModelConfig:
         """How layer ``layer_idx`` attends: the one place that reads scale, window and cap."""
         scale = self.attention_scale
         return AttentionSpec(
-            scale=self.head_dim ** -0.5 if scale is None else scale,
+            scale=self.head_dim**-0.5 if scale is None else scale,
             sliding_window=self.layer_sliding_window(layer_idx),
-            logits_soft_cap=self.attn_logit_softcapping or 0.0)
+            logits_soft_cap=self.attn_logit_softcapping or 0.0,
+        )
 
     def derived_max_model_len(self) -> int:
         """The longest context the model supports, as vLLM derives it: max_position_embeddings,
@@ -149,8 +158,11 @@ class ModelConfig:
         length = self.max_position_embeddings
         s = self.rope_scaling
         # Gemma 3 states its scaled length already (vLLM skips the factor for it too).
-        if s and s["rope_type"] in ("linear", "dynamic", "yarn") and \
-                self.causal_architecture != "Gemma3ForCausalLM":
+        if (
+            s
+            and s["rope_type"] in ("linear", "dynamic", "yarn")
+            and self.causal_architecture != "Gemma3ForCausalLM"
+        ):
             if s["rope_type"] == "yarn" and s.get("original_max_position_embeddings"):
                 length = int(s["original_max_position_embeddings"])
             length = int(length * float(s["factor"]))
@@ -174,8 +186,12 @@ class ModelConfig:
         arch = _architecture(d)
         causal = SEQUENCE_CLASSIFIERS.get(arch, arch)
         family = _HF_FAMILIES[causal]
-        parse = {"opt": _opt_fields, "gpt2": _gpt2_fields, "gpt_neox": _gpt_neox_fields,
-                 "gemma": _gemma_fields}.get(family, _llama_fields)
+        parse = {
+            "opt": _opt_fields,
+            "gpt2": _gpt2_fields,
+            "gpt_neox": _gpt_neox_fields,
+            "gemma": _gemma_fields,
+        }.get(family, _llama_fields)
         try:
             fields = parse(causal, d)
             if arch in SEQUENCE_CLASSIFIERS:
@@ -189,8 +205,10 @@ class ModelConfig:
     def from_gguf_metadata(cls, meta: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
         arch_name = meta["general.architecture"]
         if arch_name not in GGUF_ARCHITECTURES:
-            raise ValueError(f"GGUF architecture {arch_name!r} is not supported; "
-                             f"supported: {sorted(GGUF_ARCHITECTURES)}")
+            raise ValueError(
+                f"GGUF architecture {arch_name!r} is not supported; "
+                f"supported: {sorted(GGUF_ARCHITECTURES)}"
+            )
 
         def get(key: str, default: Any = None) -> Any:
             return meta.get(f"{arch_name}.{key}", default)
@@ -198,15 +216,17 @@ class ModelConfig:
         heads = int(get("attention.head_count"))
         hidden = int(get("embedding_length"))
         vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-        head_dim = int(get("attention.key_length") or get("rope.dimension_count")
-                       or hidden // heads)
+        head_dim = int(
+            get("attention.key_length") or get("rope.dimension_count") or hidden // heads
+        )
         scaling = None
         scaling_type = get("rope.scaling.type")
         if scaling_type in ("linear", "yarn") and get("rope.scaling.factor"):
             scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor"))}
             if get("rope.scaling.original_context_length"):
                 scaling["original_max_position_embeddings"] = int(
-                    get("rope.scaling.original_context_length"))
+                    get("rope.scaling.original_context_length")
+                )
         return cls(
             architecture=GGUF_ARCHITECTURES[arch_name],
             vocab_size=int(vocab),
@@ -232,11 +252,13 @@ def _architecture(d: dict[str, Any]) -> str:
     archs = d.get("architectures") or []
     known = {**_HF_FAMILIES, **SEQUENCE_CLASSIFIERS}
     arch = next((a for a in archs if a in known), None) or _MODEL_TYPES.get(
-        d.get("model_type", "") if not archs else "")
+        d.get("model_type", "") if not archs else ""
+    )
     if arch is None:
         raise ValueError(
             f"config.json: unsupported architecture {archs or d.get('model_type')!r}; "
-            f"supported: {sorted(known)}")
+            f"supported: {sorted(known)}"
+        )
     return arch
 
 
@@ -285,10 +307,14 @@ def _hf_common(arch: str, d: dict[str, Any]) -> dict[str, Any]:
 # same way, so leaving them out must change nothing).
 _TIED_BY_DEFAULT = {"Gemma2ForCausalLM", "Gemma3ForCausalLM"}
 _WINDOW_KEYS = {  # architecture -> (default window, needs use_sliding_window)
-    "MistralForCausalLM": (4096, False), "Qwen2ForCausalLM": (4096, True),
-    "Qwen3ForCausalLM": (4096, True), "Phi3ForCausalLM": (None, False),
-    "Gemma2ForCausalLM": (4096, False), "Gemma3ForCausalLM": (4096, False),
-    "MixtralForCausalLM": (None, False), "Qwen2MoeForCausalLM": (4096, True),
+    "MistralForCausalLM": (4096, False),
+    "Qwen2ForCausalLM": (4096, True),
+    "Qwen3ForCausalLM": (4096, True),
+    "Phi3ForCausalLM": (None, False),
+    "Gemma2ForCausalLM": (4096, False),
+    "Gemma3ForCausalLM": (4096, False),
+    "MixtralForCausalLM": (None, False),
+    "Qwen2MoeForCausalLM": (4096, True),
     "Qwen3MoeForCausalLM": (4096, True),
 }
 
@@ -308,8 +334,9 @@ def _llama_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
         partial_rotary_factor=_partial_rotary(d, 1.0),
         tie_word_embeddings=d.get("tie_word_embeddings", arch in _TIED_BY_DEFAULT),
         # Qwen2 always has q/k/v biases and no config key for them.
-        attention_bias=d.get("attention_bias", d.get(
-            "qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"))),
+        attention_bias=d.get(
+            "attention_bias", d.get("qkv_bias", arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"))
+        ),
         mlp_bias=d.get("mlp_bias", False),
         hidden_act=d.get("hidden_act", "silu"),
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
@@ -324,35 +351,47 @@ def _gemma_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
     and (Gemma 3) q/k norms and a second rope base for the sliding layers."""
     gemma3 = arch == "Gemma3ForCausalLM"
     if d.get("use_bidirectional_attention"):
-        raise ValueError("config.json: Gemma with use_bidirectional_attention (an embedding "
-                         "model) is not supported")
-    fields = _llama_fields(arch, {"head_dim": 256, "rms_norm_eps": 1e-6, **d,
-                                  "hidden_act": d.get("hidden_activation")
-                                  or d.get("hidden_act") or "gelu_pytorch_tanh"})
+        raise ValueError(
+            "config.json: Gemma with use_bidirectional_attention (an embedding "
+            "model) is not supported"
+        )
+    fields = _llama_fields(
+        arch,
+        {
+            "head_dim": 256,
+            "rms_norm_eps": 1e-6,
+            **d,
+            "hidden_act": d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh",
+        },
+    )
     theta, scaling, local_theta = _hf_rope(d, 1e6 if gemma3 else 10000.0)
     default_caps = (None, None) if gemma3 else (50.0, 30.0)
     fields.update(
-        rope_theta=theta, rope_scaling=scaling,
-        rope_local_theta=(local_theta or d.get("rope_local_base_freq", 10000.0)) if gemma3
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_local_theta=(local_theta or d.get("rope_local_base_freq", 10000.0))
+        if gemma3
         else None,
         qk_norm=gemma3,
         attention_scale=float(d.get("query_pre_attn_scalar", 256)) ** -0.5,
         attn_logit_softcapping=d.get("attn_logit_softcapping", default_caps[0]),
-        final_logit_softcapping=d.get("final_logit_softcapping", default_caps[1]))
+        final_logit_softcapping=d.get("final_logit_softcapping", default_caps[1]),
+    )
     return fields
 
 
 def _gpt2_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
     hidden, heads = d["n_embd"], d["n_head"]
     if d.get("scale_attn_by_inverse_layer_idx"):
-        raise ValueError("config.json: GPT-2 with scale_attn_by_inverse_layer_idx is not "
-                         "supported")
+        raise ValueError("config.json: GPT-2 with scale_attn_by_inverse_layer_idx is not supported")
     return dict(
-        num_key_value_heads=heads, head_dim=hidden // heads,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
         intermediate_size=d.get("n_inner") or 4 * hidden,
         layer_norm_eps=d.get("layer_norm_epsilon", 1e-5),
         tie_word_embeddings=d.get("tie_word_embeddings", True),
-        attention_bias=True, mlp_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
         hidden_act=d.get("activation_function", "gelu_new"),
         attention_scale=None if d.get("scale_attn_weights", True) else 1.0,
     )
@@ -360,16 +399,18 @@ def _gpt2_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
 
 def _gpt_neox_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
     heads = d["num_attention_heads"]
-    theta, scaling, _ = _hf_rope({"rope_theta": d.get("rotary_emb_base", 10000.0), **d},
-                                 10000.0)
+    theta, scaling, _ = _hf_rope({"rope_theta": d.get("rotary_emb_base", 10000.0), **d}, 10000.0)
     return dict(
-        num_key_value_heads=heads, head_dim=d["hidden_size"] // heads,
+        num_key_value_heads=heads,
+        head_dim=d["hidden_size"] // heads,
         intermediate_size=d["intermediate_size"],
         layer_norm_eps=d.get("layer_norm_eps", 1e-5),
-        rope_theta=theta, rope_scaling=scaling,
+        rope_theta=theta,
+        rope_scaling=scaling,
         partial_rotary_factor=_partial_rotary(d, float(d.get("rotary_pct", 0.25))),
         tie_word_embeddings=d.get("tie_word_embeddings", False),
-        attention_bias=d.get("attention_bias", True), mlp_bias=True,
+        attention_bias=d.get("attention_bias", True),
+        mlp_bias=True,
         hidden_act=d.get("hidden_act", "gelu"),
         extra={"use_parallel_residual": d.get("use_parallel_residual", True)},
     )
@@ -421,20 +462,21 @@ def _sliding_window(arch: str, d: dict[str, Any]) -> tuple[Optional[int], Option
             types = [SLIDING] * n
     unknown = sorted(set(types) - {SLIDING, FULL})
     if unknown or len(types) != n:
-        raise ValueError(f"config.json: layer_types must list {n} entries of {SLIDING!r} / "
-                         f"{FULL!r}; got {len(types)} entries" +
-                         (f" with {unknown}" if unknown else ""))
+        raise ValueError(
+            f"config.json: layer_types must list {n} entries of {SLIDING!r} / "
+            f"{FULL!r}; got {len(types)} entries" + (f" with {unknown}" if unknown else "")
+        )
     return int(window), list(types)
 
 
 def _partial_rotary(d: dict[str, Any], default: float) -> float:
     params = d.get("rope_parameters") or {}
-    return float(d.get("partial_rotary_factor") or params.get("partial_rotary_factor")
-                 or default)
+    return float(d.get("partial_rotary_factor") or params.get("partial_rotary_factor") or default)
 
 
-def _hf_rope(d: dict[str, Any], default_theta: float
-             ) -> tuple[float, Optional[dict[str, Any]], Optional[float]]:
+def _hf_rope(
+    d: dict[str, Any], default_theta: float
+) -> tuple[float, Optional[dict[str, Any]], Optional[float]]:
     """(theta, scaling, sliding layers' theta) from transformers 4 style configs (`rope_theta`
     + `rope_scaling`) or transformers 5 ones (`rope_parameters`, maybe one per layer type)."""
     params = dict(d.get("rope_parameters") or {})
@@ -453,11 +495,14 @@ def _hf_rope(d: dict[str, Any], default_theta: float
         return theta, None, local_theta
     rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
     if rope_type not in ROPE_TYPES:
-        raise ValueError(f"config.json: rope scaling type {rope_type!r} is not supported; "
-                         f"supported: {', '.join(ROPE_TYPES)}")
+        raise ValueError(
+            f"config.json: rope scaling type {rope_type!r} is not supported; "
+            f"supported: {', '.join(ROPE_TYPES)}"
+        )
     scaling["rope_type"] = rope_type
     if rope_type == "longrope":
-        scaling.setdefault("original_max_position_embeddings",
-                           d.get("original_max_position_embeddings"))
+        scaling.setdefault(
+            "original_max_position_embeddings", d.get("original_max_position_embeddings")
+        )
         scaling["max_position_embeddings"] = d.get("max_position_embeddings")
     return theta, scaling, local_theta

@@ -18,15 +18,31 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # GGUF value type -> struct format (8 = string, 9 = array).
-_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-                   10: "<Q", 11: "<q", 12: "<d"}
+_SCALAR_FORMATS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 # Tensors llama.cpp keeps for its own use; nothing in the HF model corresponds to them.
 _SKIPPED = {"rope_freqs.weight"}
@@ -74,7 +90,7 @@ class GGUFFile:
 
     def _string(self) -> str:
         n = self._scalar("<Q")
-        s = self._buf[self._pos:self._pos + n].decode("utf-8", errors="replace")
+        s = self._buf[self._pos : self._pos + n].decode("utf-8", errors="replace")
         self._pos += n
         return s
 

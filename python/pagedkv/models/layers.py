@@ -17,8 +17,13 @@ _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def fused_ok(x: torch.Tensor) -> bool:
     """The fused ops take x: a float32 / float16 / bfloat16 CPU or CUDA array of rank 1 to 3
     with a contiguous last dimension (the ops' rows); the eager math serves anything else."""
-    return (x.dtype in _FUSED_DTYPES and x.device.type in ("cpu", "cuda")
-            and 1 <= x.dim() <= 3 and (x.stride(-1) == 1 or x.shape[-1] == 1))
+    return (
+        x.dtype in _FUSED_DTYPES
+        and x.device.type in ("cpu", "cuda")
+        and 1 <= x.dim() <= 3
+        and (x.stride(-1) == 1 or x.shape[-1] == 1)
+    )
+
 
 # Inference-only layers: parameters start uninitialised (torch.empty) because every one of them
 # is overwritten by the checkpoint; torch.nn's random init of a 1B model costs seconds.
@@ -28,8 +33,7 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias \
-            else None
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -38,8 +42,7 @@ class Linear(nn.Module):
 class Embedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
@@ -49,10 +52,10 @@ class LayerNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-5, affine: bool = True) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False) if affine \
-            else None
-        self.bias = nn.Parameter(torch.empty(hidden_size), requires_grad=False) if affine \
-            else None
+        self.weight = (
+            nn.Parameter(torch.empty(hidden_size), requires_grad=False) if affine else None
+        )
+        self.bias = nn.Parameter(torch.empty(hidden_size), requires_grad=False) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
@@ -77,16 +80,19 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
 
     @overload
-    def forward(self, x: torch.Tensor, residual: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
-                ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         fused = fused_ok(x) and self.weight.dtype == x.dtype
         if residual is not None:
             if fused and residual.dtype == x.dtype:
-                ops.fused_add_rms_norm(x, residual, self.weight, self.eps,
-                                       weight_offset=self.weight_offset)
+                ops.fused_add_rms_norm(
+                    x, residual, self.weight, self.eps, weight_offset=self.weight_offset
+                )
                 return x, residual
             residual.add_(x)
             return self._eager(residual), residual
@@ -139,11 +145,15 @@ class CausalLM(nn.Module):
 
         self.lm_head = self.score = None
         if cfg.is_classifier:
-            self.score = ReplicatedLinear(in_features, cfg.num_labels, bias=False) \
-                if is_last_stage() else PPMissingLayer()
+            self.score = (
+                ReplicatedLinear(in_features, cfg.num_labels, bias=False)
+                if is_last_stage()
+                else PPMissingLayer()
+            )
             return
-        self.lm_head = ParallelLMHead(cfg.vocab_size, in_features) if is_last_stage() \
-            else PPMissingLayer()
+        self.lm_head = (
+            ParallelLMHead(cfg.vocab_size, in_features) if is_last_stage() else PPMissingLayer()
+        )
         if cfg.tie_word_embeddings and is_first_stage() and is_last_stage():
             self.lm_head.weight = embedding.weight
 
@@ -152,8 +162,10 @@ class CausalLM(nn.Module):
         """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
         model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
         if self.lm_head is None:
-            raise ValueError(f"{self.config.architecture} is a sequence classifier: it scores "
-                             "sequences (classify) and does not generate text")
+            raise ValueError(
+                f"{self.config.architecture} is a sequence classifier: it scores "
+                "sequences (classify) and does not generate text"
+            )
         logits = self.lm_head(hidden)
         logits = logits.float() if upcast else logits
         if self.final_logit_softcap:
@@ -165,8 +177,10 @@ class CausalLM(nn.Module):
         """Final hidden states of each sequence's last token [N, hidden] -> float32 class
         logits [N, num_labels] (HF's ``*ForSequenceClassification`` logits)."""
         if self.score is None:
-            raise ValueError(f"{self.config.architecture} has no classification head; load a "
-                             "*ForSequenceClassification checkpoint")
+            raise ValueError(
+                f"{self.config.architecture} has no classification head; load a "
+                "*ForSequenceClassification checkpoint"
+            )
         return self.score(hidden).float()
 
 
@@ -209,10 +223,13 @@ def act_and_mul(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 FusedMapping = list[tuple[str, str, int]]
 
 
-def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                      fused: FusedMapping,
-                      shard_sizes: Optional[Callable[[str], list[int]]] = None,
-                      rename: Callable[[str], str | None] = lambda n: n) -> set[str]:
+def load_weights_into(
+    module: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    fused: FusedMapping,
+    shard_sizes: Optional[Callable[[str], list[int]]] = None,
+    rename: Callable[[str], str | None] = lambda n: n,
+) -> set[str]:
     """Copies checkpoint tensors into ``module``'s parameters. A checkpoint's separate q/k/v
     (or gate/up) tensors go into our fused parameter as its parts (``fused``). A parameter with
     a ``weight_loader`` (the tensor-parallel layers of linear.py / vocab_embedding.py) takes its
@@ -237,8 +254,9 @@ def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tens
         if target not in params:
             if elsewhere and target.startswith(elsewhere):
                 continue  # another pipeline stage holds it
-            raise ValueError(f"checkpoint tensor {ckpt_name!r} has no place in the model "
-                             f"(looked for {target!r})")
+            raise ValueError(
+                f"checkpoint tensor {ckpt_name!r} has no place in the model (looked for {target!r})"
+            )
         param = params[target]
         loader = getattr(param, "weight_loader", None)
         try:
@@ -254,20 +272,25 @@ def load_weights_into(module: nn.Module, weights: Iterable[tuple[str, torch.Tens
     return written
 
 
-def _load_part(param: torch.Tensor, tensor: torch.Tensor, shard: int,
-               shard_sizes: Optional[Callable[[str], list[int]]], target: str) -> None:
+def _load_part(
+    param: torch.Tensor,
+    tensor: torch.Tensor,
+    shard: int,
+    shard_sizes: Optional[Callable[[str], list[int]]],
+    target: str,
+) -> None:
     """Part ``shard`` of a plain fused parameter, placed by ``shard_sizes`` (one rank only)."""
     from pagedkv.models.linear import copy_checked
 
     if shard_sizes is None:
-        raise ValueError(f"is a part of {target!r}, which has no weight_loader and no "
-                         "shard_sizes were given")
+        raise ValueError(
+            f"is a part of {target!r}, which has no weight_loader and no shard_sizes were given"
+        )
     sizes = shard_sizes(target)
     copy_checked(param.data.narrow(0, sum(sizes[:shard]), sizes[shard]), tensor)
 
 
-def check_all_loaded(module: nn.Module, written: set[str],
-                     fused_targets: dict[str, int]) -> None:
+def check_all_loaded(module: nn.Module, written: set[str], fused_targets: dict[str, int]) -> None:
     """Raises when a parameter got no checkpoint data (a fused one needs all its shards)."""
     missing = []
     for name, _ in module.named_parameters():
@@ -278,5 +301,6 @@ def check_all_loaded(module: nn.Module, written: set[str],
         elif name not in written:
             missing.append(name)
     if missing:
-        raise ValueError(f"checkpoint is missing weights for {len(missing)} parameters, "
-                         f"e.g. {missing[:4]}")
+        raise ValueError(
+            f"checkpoint is missing weights for {len(missing)} parameters, e.g. {missing[:4]}"
+        )

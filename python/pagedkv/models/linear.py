@@ -40,12 +40,14 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src.to(dst.dtype))
 
 
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor,
-                          shard_id: ShardId = None) -> None:
+def default_weight_loader(
+    param: torch.Tensor, loaded: torch.Tensor, shard_id: ShardId = None
+) -> None:
     """A replicated parameter: the whole checkpoint tensor, on every rank."""
     if shard_id is not None:
-        raise ValueError(f"is a part ({shard_id!r}) of a fused tensor, but the parameter is "
-                         "not fused")
+        raise ValueError(
+            f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
+        )
     copy_checked(param.data, loaded)
 
 
@@ -60,8 +62,10 @@ def _rank_slice(loaded: torch.Tensor, dim: int, size: int, index: int) -> torch.
     """Slice ``index`` of ``size`` elements along ``dim``; a clear error when the checkpoint's
     tensor is not ``tp`` such slices long (it would otherwise narrow out of range)."""
     if loaded.shape[dim] < (index + 1) * size:
-        raise ValueError(f"has shape {tuple(loaded.shape)}: dimension {dim} is too short for "
-                         f"slice {index} of {size}")
+        raise ValueError(
+            f"has shape {tuple(loaded.shape)}: dimension {dim} is too short for "
+            f"slice {index} of {size}"
+        )
     return loaded.narrow(dim, index * size, size)
 
 
@@ -69,8 +73,9 @@ class ColumnParallelLinear(nn.Module):
     """y = x A^T + b with A's rows (output features) split over the ranks. ``gather_output``
     all-gathers the full output on every rank; otherwise each rank keeps its slice."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = True,
-                 gather_output: bool = False) -> None:
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = True, gather_output: bool = False
+    ) -> None:
         super().__init__()
         self.input_size, self.output_size = input_size, output_size
         self.output_size_per_partition = _split(output_size, "output size")
@@ -82,15 +87,19 @@ class ColumnParallelLinear(nn.Module):
         if self.bias is not None:
             self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                      shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if shard_id is not None:
-            raise ValueError(f"is a part ({shard_id!r}) of a fused tensor, but the parameter "
-                             "is not fused")
+            raise ValueError(
+                f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
+            )
         size = param.shape[0]
         if loaded.shape[0] != size * get_tp_group().world_size:
-            raise ValueError(f"has shape {tuple(loaded.shape)}, expected "
-                             f"{(size * get_tp_group().world_size,) + tuple(param.shape[1:])}")
+            raise ValueError(
+                f"has shape {tuple(loaded.shape)}, expected "
+                f"{(size * get_tp_group().world_size,) + tuple(param.shape[1:])}"
+            )
         copy_checked(param.data, _rank_slice(loaded, 0, size, self.tp_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,15 +111,21 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs fused into one matmul (gate/up): each rank holds its
     slice of part 0, then its slice of part 1, ... Loaded part by part (shard_id = index)."""
 
-    def __init__(self, input_size: int, output_sizes: List[int], bias: bool = True,
-                 gather_output: bool = False) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: List[int],
+        bias: bool = True,
+        gather_output: bool = False,
+    ) -> None:
         self.output_sizes = list(output_sizes)
         for s in self.output_sizes:
             _split(s, "every fused output size")
         super().__init__(input_size, sum(output_sizes), bias, gather_output)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                      shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         tp = get_tp_group().world_size
         if shard_id is None:  # the fused tensor as a whole: load it part by part
             offset = 0
@@ -122,10 +137,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         local = self.output_sizes[idx] // tp
         start = sum(self.output_sizes[:idx]) // tp
         if loaded.shape[0] != self.output_sizes[idx]:
-            raise ValueError(f"has shape {tuple(loaded.shape)}, expected "
-                             f"{(self.output_sizes[idx],) + tuple(param.shape[1:])}")
-        copy_checked(param.data.narrow(0, start, local),
-                     _rank_slice(loaded, 0, local, self.tp_rank))
+            raise ValueError(
+                f"has shape {tuple(loaded.shape)}, expected "
+                f"{(self.output_sizes[idx],) + tuple(param.shape[1:])}"
+            )
+        copy_checked(
+            param.data.narrow(0, start, local), _rank_slice(loaded, 0, local, self.tp_rank)
+        )
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -134,8 +152,14 @@ class QKVParallelLinear(ColumnParallelLinear):
     head is replicated on tp/Hkv consecutive ranks (the ranks whose query heads use it).
     Parts: shard_id 0/"q", 1/"k", 2/"v"."""
 
-    def __init__(self, hidden_size: int, head_dim: int, total_num_heads: int,
-                 total_num_kv_heads: Optional[int] = None, bias: bool = True) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: Optional[int] = None,
+        bias: bool = True,
+    ) -> None:
         tp = get_tp_group().world_size
         kv = total_num_kv_heads or total_num_heads
         self.head_dim = head_dim
@@ -153,26 +177,35 @@ class QKVParallelLinear(ColumnParallelLinear):
             return self.tp_rank * self.num_kv_heads
         return self.tp_rank // (tp // self.total_num_kv_heads)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                      shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         d = self.head_dim
         if shard_id is None:  # a fused q/k/v tensor (e.g. OPT-style GGUF): part by part
             q, kv = self.total_num_heads * d, self.total_num_kv_heads * d
             for i, (start, size) in enumerate(((0, q), (q, kv), (q + kv, kv))):
                 self.weight_loader(param, loaded.narrow(0, start, size), i)
             return
-        idx: Any = {"q": 0, "k": 1, "v": 2}.get(shard_id, shard_id) if isinstance(shard_id, str) \
+        idx: Any = (
+            {"q": 0, "k": 1, "v": 2}.get(shard_id, shard_id)
+            if isinstance(shard_id, str)
             else int(shard_id)
+        )
         if idx == 0:
-            full, offset, size, head = self.total_num_heads * d, 0, self.q_size, \
-                self.tp_rank * self.num_heads
+            full, offset, size, head = (
+                self.total_num_heads * d,
+                0,
+                self.q_size,
+                self.tp_rank * self.num_heads,
+            )
         else:
             full = self.total_num_kv_heads * d
             offset = self.q_size + (idx - 1) * self.kv_size
             size, head = self.kv_size, self._kv_head_start()
         if loaded.shape[0] != full:
-            raise ValueError(f"has shape {tuple(loaded.shape)}, expected "
-                             f"{(full,) + tuple(param.shape[1:])}")
+            raise ValueError(
+                f"has shape {tuple(loaded.shape)}, expected {(full,) + tuple(param.shape[1:])}"
+            )
         copy_checked(param.data.narrow(0, offset, size), loaded.narrow(0, head * d, size))
 
 
@@ -181,8 +214,9 @@ class RowParallelLinear(nn.Module):
     multiplies its slice of x (the output of a column-parallel layer) and one all-reduce sums
     the partial products; the bias is added once, after the sum."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = True,
-                 reduce_results: bool = True) -> None:
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = True, reduce_results: bool = True
+    ) -> None:
         super().__init__()
         self.input_size, self.output_size = input_size, output_size
         self.input_size_per_partition = _split(input_size, "input size")
@@ -194,11 +228,13 @@ class RowParallelLinear(nn.Module):
         if self.bias is not None:
             self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                      shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if shard_id is not None:
-            raise ValueError(f"is a part ({shard_id!r}) of a fused tensor, but the parameter "
-                             "is not fused")
+            raise ValueError(
+                f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
+            )
         size = param.shape[1]
         expected = (param.shape[0], size * get_tp_group().world_size)
         if tuple(loaded.shape) != expected:

@@ -39,29 +39,42 @@ from pagedkv.models.vocab_embedding import VocabParallelEmbedding
 # Rotates a layer's q [T, Hq, D] and k [T, Hk, D] in place (the step's positions are bound).
 Rope = Callable[[torch.Tensor, torch.Tensor], object]
 
-_FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
-          (".v_proj.", ".qkv_proj.", 2), (".gate_proj.", ".gate_up_proj.", 0),
-          (".up_proj.", ".gate_up_proj.", 1)]
+_FUSED = [
+    (".q_proj.", ".qkv_proj.", 0),
+    (".k_proj.", ".qkv_proj.", 1),
+    (".v_proj.", ".qkv_proj.", 2),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+]
 
 
 class LlamaAttention(nn.Module):
     """This rank's heads (all of them with one tensor-parallel rank)."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int,
-                 norm_offset: float = 0.0) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, cache_idx: int, norm_offset: float = 0.0
+    ) -> None:
         super().__init__()
         self.spec = cfg.attention_spec(layer_idx)  # by the model's (global) layer index
         self.layer_idx = cache_idx  # the layer's KV cache on this rank (pipeline-stage local)
         self.head_dim = cfg.head_dim
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
-                                          cfg.num_key_value_heads, bias=cfg.attention_bias)
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size,
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            bias=cfg.attention_bias,
+        )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         # Qwen2 (and Qwen2-MoE) have q/k/v biases without an o_proj one.
         o_bias = cfg.attention_bias and cfg.causal_architecture not in (
-            "Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
-        self.o_proj = RowParallelLinear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size,
-                                        bias=o_bias)
+            "Qwen2ForCausalLM",
+            "Qwen2MoeForCausalLM",
+        )
+        self.o_proj = RowParallelLinear(
+            cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=o_bias
+        )
         # Qwen3 / Gemma 3: each head's q and k normalised before rotary (Gemma: 1 + w).
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
@@ -85,10 +98,12 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [cfg.intermediate_size] * 2, bias=cfg.mlp_bias)
+            cfg.hidden_size, [cfg.intermediate_size] * 2, bias=cfg.mlp_bias
+        )
         self.intermediate = self.gate_up_proj.output_size_per_partition // 2
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size,
-                                           bias=cfg.mlp_bias)
+        self.down_proj = RowParallelLinear(
+            cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias
+        )
         self.act_and_mul = act_and_mul(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,8 +121,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope,
-                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope, attn: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream rides beside the block (vLLM's form): each norm adds the previous
         block's output into it in place (fused_add_rms_norm), the same sums as HF's
         ``x = x + block(norm(x))``. Returns (this layer's MLP output, residual)."""
@@ -131,15 +147,25 @@ class LlamaModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size) \
-            if is_first_stage() else PPMissingLayer()
-        # cos/sin are looked up once per forward and shared by all layers.
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling, rotary_dim(cfg))
-        self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, i, cache_idx))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() \
+        self.embed_tokens = (
+            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+            if is_first_stage()
             else PPMissingLayer()
+        )
+        # cos/sin are looked up once per forward and shared by all layers.
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim,
+            cfg.max_position_embeddings,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            rotary_dim(cfg),
+        )
+        self.layers, self.start_layer, self.end_layer = stage_layers(
+            cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, i, cache_idx)
+        )
+        self.norm = (
+            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() else PPMissingLayer()
+        )
 
 
 class LlamaForCausalLM(CausalLM):
@@ -164,19 +190,26 @@ class LlamaForCausalLM(CausalLM):
         return lambda _: rope
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend,
-                intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        intermediate: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden] (after the last norm).
         On a pipeline stage after the first, ``intermediate`` holds the previous stage's output
         (the residual stream: each layer adds to it) and the input ids are not read; a stage
         before the last returns its residual stream, un-normalised."""
         m = self.model
-        x = self.embed(input_ids) if is_first_stage() else stage_input(intermediate,
-                                                                        "hidden states")
+        x = (
+            self.embed(input_ids)
+            if is_first_stage()
+            else stage_input(intermediate, "hidden states")
+        )
         rope_of = self.layer_ropes(positions)
         residual: Optional[torch.Tensor] = None
-        for layer in m.layers[m.start_layer:m.end_layer]:
+        for layer in m.layers[m.start_layer : m.end_layer]:
             x, residual = layer(x, residual, rope_of(layer), attn)
         if not is_last_stage():  # hand the whole residual stream to the next stage
             return x if residual is None else x + residual
@@ -184,8 +217,11 @@ class LlamaForCausalLM(CausalLM):
             return m.norm(x)
         return m.norm(x, residual)[0]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]],
-                     loaded_elsewhere: Optional[set[str]] = None) -> None:
+    def load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        loaded_elsewhere: Optional[set[str]] = None,
+    ) -> None:
         """Loads HF-named tensors (``model.layers.0.self_attn.q_proj.weight``, ...).
         ``loaded_elsewhere``: parameters a subclass fills itself while ``weights`` is consumed
         (the MoE experts), counted as loaded."""

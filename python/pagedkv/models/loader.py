@@ -15,13 +15,20 @@ from pagedkv.models.progress import progress_bar
 from pagedkv.models.registry import ModelSource, model_class, resolve_model
 
 DTypeLike = Union[torch.dtype, str, None]
-_DTYPE_NAMES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-                "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
-                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 def resolve_dtype(dtype: DTypeLike, config: ModelConfig, device: torch.device) -> torch.dtype:
-    """"auto": float32 on the CPU; on a GPU the checkpoint's half type, else bfloat16."""
+    """ "auto": float32 on the CPU; on a GPU the checkpoint's half type, else bfloat16."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":
@@ -30,19 +37,21 @@ def resolve_dtype(dtype: DTypeLike, config: ModelConfig, device: torch.device) -
         ckpt = config.torch_dtype
         return ckpt if ckpt in (torch.float16, torch.bfloat16) else torch.bfloat16
     if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"dtype {dtype!r} is not supported; use 'auto', 'float32', "
-                         "'float16' or 'bfloat16'")
+        raise ValueError(
+            f"dtype {dtype!r} is not supported; use 'auto', 'float32', 'float16' or 'bfloat16'"
+        )
     return _DTYPE_NAMES[dtype]
 
 
-def load_config(source: ModelSource, hf_overrides: Optional[dict[str, Any]] = None
-                ) -> ModelConfig:
+def load_config(source: ModelSource, hf_overrides: Optional[dict[str, Any]] = None) -> ModelConfig:
     """The checkpoint's ModelConfig; ``hf_overrides`` (vLLM's) replace config.json keys."""
     if source.kind == "hf":
         return ModelConfig.from_hf_dir(source.path, hf_overrides)
     if hf_overrides:
-        raise ValueError("hf_overrides apply to Hugging Face checkpoints (config.json); this "
-                         f"model is a GGUF file ({source.path})")
+        raise ValueError(
+            "hf_overrides apply to Hugging Face checkpoints (config.json); this "
+            f"model is a GGUF file ({source.path})"
+        )
     from pagedkv.models.gguf_reader import gguf_config, open_gguf
 
     return gguf_config(open_gguf(source.path))
@@ -72,19 +81,22 @@ def hf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from torch.load(file, map_location="cpu", weights_only=True).items()
 
 
-def checkpoint_weights(source: ModelSource, config: ModelConfig
-                       ) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(
+    source: ModelSource, config: ModelConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
     if source.kind == "hf":
         return _progress(hf_weights(source.path), None, "Loading weights")
     from pagedkv.models.gguf_reader import gguf_weights, open_gguf
 
     reader = open_gguf(source.path)
-    return _progress(gguf_weights(reader, config), len(reader.tensors),
-                     "Loading GGUF tensors (dequantizing)")
+    return _progress(
+        gguf_weights(reader, config), len(reader.tensors), "Loading GGUF tensors (dequantizing)"
+    )
 
 
-def _progress(weights: Iterator[tuple[str, torch.Tensor]], total: Optional[int], desc: str
-              ) -> Iterator[tuple[str, torch.Tensor]]:
+def _progress(
+    weights: Iterator[tuple[str, torch.Tensor]], total: Optional[int], desc: str
+) -> Iterator[tuple[str, torch.Tensor]]:
     """A progress bar over the tensors (see pagedkv.models.progress for when it shows):
     dequantizing or reading a large checkpoint takes long enough to look hung without one."""
     bar = progress_bar(weights, total=total, desc=desc, unit=" tensors", transient=True)
@@ -103,13 +115,17 @@ def build_empty(config: ModelConfig, dtype: torch.dtype, device: torch.device) -
     return model.eval()
 
 
-def load_model(model: Optional[str] = None, dtype: DTypeLike = "auto",
-               device: Union[torch.device, str] = "cpu",
-               quantization: Optional[str] = None, *, revision: Optional[str] = None,
-               download_dir: Optional[str] = None,
-               hf_overrides: Optional[dict[str, Any]] = None,
-               check: Optional[Callable[[ModelConfig], None]] = None
-               ) -> tuple[nn.Module, ModelConfig]:
+def load_model(
+    model: Optional[str] = None,
+    dtype: DTypeLike = "auto",
+    device: Union[torch.device, str] = "cpu",
+    quantization: Optional[str] = None,
+    *,
+    revision: Optional[str] = None,
+    download_dir: Optional[str] = None,
+    hf_overrides: Optional[dict[str, Any]] = None,
+    check: Optional[Callable[[ModelConfig], None]] = None,
+) -> tuple[nn.Module, ModelConfig]:
     """Loads ``model`` (see resolve_model: a path, the packaged default or a hub id at
     ``revision``, cached in ``download_dir``) -> (torch module on ``device``, its ModelConfig).
     ``quantization``: vLLM's argument (models/quantization); the checkpoint's own

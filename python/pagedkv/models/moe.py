@@ -104,8 +104,10 @@ class FusedMoE(nn.Module):
         super().__init__()
         tp = get_tp_group()
         if moe.intermediate_size % tp.world_size:
-            raise ValueError(f"the experts' intermediate size ({moe.intermediate_size}) is not "
-                             f"divisible by tensor_parallel_size {tp.world_size}")
+            raise ValueError(
+                f"the experts' intermediate size ({moe.intermediate_size}) is not "
+                f"divisible by tensor_parallel_size {tp.world_size}"
+            )
         e, inter = moe.num_experts, moe.intermediate_size // tp.world_size  # this rank's slice
         self.tp_rank = tp.rank_in_group
         self.top_k, self.renormalize, self.act = moe.top_k, moe.renormalize, hidden_act
@@ -116,8 +118,11 @@ class FusedMoE(nn.Module):
             p.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(
-        self, param: torch.Tensor, tensor: torch.Tensor, expert_id: Optional[int],
-        shard: Optional[int]
+        self,
+        param: torch.Tensor,
+        tensor: torch.Tensor,
+        expert_id: Optional[int],
+        shard: Optional[int],
     ) -> None:
         """One expert's checkpoint matrix into ``param``: shard 0 / 1 = gate / up rows of
         w13_weight, shard 2 = w2_weight; expert_id None: every expert's, stacked as transformers

@@ -32,8 +32,11 @@ from pagedkv.models.pipeline_stage import (
 )
 from pagedkv.models.vocab_embedding import VocabParallelEmbedding
 
-_FUSED = [(".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1),
-          (".v_proj.", ".qkv_proj.", 2)]
+_FUSED = [
+    (".q_proj.", ".qkv_proj.", 0),
+    (".k_proj.", ".qkv_proj.", 1),
+    (".v_proj.", ".qkv_proj.", 2),
+]
 _POSITION_OFFSET = 2  # OPT's position table starts with two unused rows (a fairseq legacy)
 
 
@@ -43,11 +46,11 @@ class OPTAttention(nn.Module):
         self.spec = cfg.attention_spec(layer_idx)
         self.layer_idx = cache_idx  # the layer's KV cache on this rank (pipeline-stage local)
         self.head_dim = cfg.head_dim
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads,
-                                          bias=cfg.attention_bias)
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, bias=cfg.attention_bias
+        )
         self.num_heads = self.qkv_proj.num_heads  # this rank's
-        self.out_proj = RowParallelLinear(cfg.hidden_size, cfg.hidden_size,
-                                          bias=cfg.attention_bias)
+        self.out_proj = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
@@ -63,8 +66,7 @@ class OPTDecoderLayer(nn.Module):
         self.pre_norm = cfg.do_layer_norm_before
         self.self_attn = OPTAttention(cfg, layer_idx, cache_idx)
         self.self_attn_layer_norm = LayerNorm(cfg.hidden_size, affine=affine)
-        self.fc1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size,
-                                        bias=cfg.mlp_bias)
+        self.fc1 = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.fc2 = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.final_layer_norm = LayerNorm(cfg.hidden_size, affine=affine)
         self.act = activation(cfg.hidden_act)
@@ -91,18 +93,30 @@ class OPTDecoder(nn.Module):
         missing = PPMissingLayer
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, proj) if first else missing()
         # Learned positions: small, and looked up by position ids, so every rank holds them all.
-        self.embed_positions = Embedding(cfg.max_position_embeddings + _POSITION_OFFSET,
-                                         cfg.hidden_size) if first else missing()
-        self.project_in = ReplicatedLinear(proj, cfg.hidden_size, bias=False) \
-            if proj != cfg.hidden_size and first else None
-        self.project_out = ReplicatedLinear(cfg.hidden_size, proj, bias=False) \
-            if proj != cfg.hidden_size and last else None
-        has_final = cfg.do_layer_norm_before and not cfg.extra.get("remove_final_layer_norm")
-        self.final_layer_norm = LayerNorm(
-            cfg.hidden_size, affine=cfg.layer_norm_elementwise_affine) if has_final and last \
+        self.embed_positions = (
+            Embedding(cfg.max_position_embeddings + _POSITION_OFFSET, cfg.hidden_size)
+            if first
+            else missing()
+        )
+        self.project_in = (
+            ReplicatedLinear(proj, cfg.hidden_size, bias=False)
+            if proj != cfg.hidden_size and first
             else None
+        )
+        self.project_out = (
+            ReplicatedLinear(cfg.hidden_size, proj, bias=False)
+            if proj != cfg.hidden_size and last
+            else None
+        )
+        has_final = cfg.do_layer_norm_before and not cfg.extra.get("remove_final_layer_norm")
+        self.final_layer_norm = (
+            LayerNorm(cfg.hidden_size, affine=cfg.layer_norm_elementwise_affine)
+            if has_final and last
+            else None
+        )
         self.layers, self.start_layer, self.end_layer = stage_layers(
-            cfg.num_hidden_layers, lambda i, cache_idx: OPTDecoderLayer(cfg, i, cache_idx))
+            cfg.num_hidden_layers, lambda i, cache_idx: OPTDecoderLayer(cfg, i, cache_idx)
+        )
 
 
 class OPTForCausalLM(CausalLM):
@@ -111,17 +125,22 @@ class OPTForCausalLM(CausalLM):
         self.config = cfg
         self.model = nn.Module()
         self.model.decoder = OPTDecoder(cfg)
-        self.make_head(cfg, cfg.word_embed_proj_dim or cfg.hidden_size,
-                       self.model.decoder.embed_tokens)
+        self.make_head(
+            cfg, cfg.word_embed_proj_dim or cfg.hidden_size, self.model.decoder.embed_tokens
+        )
 
     @property
     def decoder(self) -> OPTDecoder:  # typed: nn.Module attributes read as Tensor | Module
         return cast(OPTDecoder, self.model.decoder)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend,
-                intermediate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        intermediate: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
         dec = self.decoder
         if is_first_stage():
@@ -131,7 +150,7 @@ class OPTForCausalLM(CausalLM):
             x = x + dec.embed_positions(positions + _POSITION_OFFSET)
         else:
             x = stage_input(intermediate, "hidden states")
-        for layer in dec.layers[dec.start_layer:dec.end_layer]:
+        for layer in dec.layers[dec.start_layer : dec.end_layer]:
             x = layer(x, attn)
         if not is_last_stage():
             return x
@@ -145,9 +164,11 @@ class OPTForCausalLM(CausalLM):
         # A tied head on a last stage that is not the first has its own copy of the matrix.
         head_from_embedding = cfg.tie_word_embeddings and not is_first_stage()
         # Modules that exist on some stages only (None where the model has none at all).
-        absent = {"model.decoder.project_in.": not is_first_stage(),
-                  "model.decoder.project_out.": not is_last_stage(),
-                  "model.decoder.final_layer_norm.": not is_last_stage()}
+        absent = {
+            "model.decoder.project_in.": not is_first_stage(),
+            "model.decoder.project_out.": not is_last_stage(),
+            "model.decoder.final_layer_norm.": not is_last_stage(),
+        }
 
         def rename(name: str) -> Optional[str]:
             if name.startswith("decoder."):  # facebook/opt-* store names without "model."

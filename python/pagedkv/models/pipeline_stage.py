@@ -19,13 +19,15 @@ class PPMissingLayer(nn.Identity):
     """Stands for a module that lives on another pipeline stage."""
 
 
-def stage_layers(num_layers: int, build: Callable[[int, int], nn.Module]
-                 ) -> Tuple[nn.ModuleList, int, int]:
+def stage_layers(
+    num_layers: int, build: Callable[[int, int], nn.Module]
+) -> Tuple[nn.ModuleList, int, int]:
     """(layers, start, end): ``build(global_index, cache_index)`` for this stage's layers,
     where ``cache_index = global_index - start`` is the layer's KV cache on this rank."""
     start, end = pp_layer_range(num_layers)
-    layers = nn.ModuleList(build(i, i - start) if start <= i < end else PPMissingLayer()
-                           for i in range(num_layers))
+    layers = nn.ModuleList(
+        build(i, i - start) if start <= i < end else PPMissingLayer() for i in range(num_layers)
+    )
     return layers, start, end
 
 
@@ -39,13 +41,15 @@ def is_last_stage() -> bool:
 
 def other_stage_prefixes(module: nn.Module) -> Tuple[str, ...]:
     """Name prefixes (``"model.layers.7."``) of the modules that live on other stages."""
-    return tuple(f"{name}." for name, sub in module.named_modules()
-                 if isinstance(sub, PPMissingLayer))
+    return tuple(
+        f"{name}." for name, sub in module.named_modules() if isinstance(sub, PPMissingLayer)
+    )
 
 
 def stage_input(intermediate: torch.Tensor | None, what: str) -> torch.Tensor:
     """The hidden states a non-first stage starts from (sent by the previous stage)."""
     if intermediate is None:
-        raise ValueError(f"pipeline stage {get_pp_group().rank_in_group} needs the previous "
-                         f"stage's {what}")
+        raise ValueError(
+            f"pipeline stage {get_pp_group().rank_in_group} needs the previous stage's {what}"
+        )
     return intermediate

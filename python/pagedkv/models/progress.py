@@ -22,8 +22,14 @@ def progress_enabled() -> bool:
     return logging.getLogger("pagedkv").isEnabledFor(logging.INFO)
 
 
-def progress_bar(iterable: Optional[Iterable[Any]] = None, *, total: Optional[int], desc: str,
-                 unit: str = "it", transient: bool = False) -> Optional[Any]:
+def progress_bar(
+    iterable: Optional[Iterable[Any]] = None,
+    *,
+    total: Optional[int],
+    desc: str,
+    unit: str = "it",
+    transient: bool = False,
+) -> Optional[Any]:
     """A tqdm bar, or None when bars are off (see the module docstring)."""
     if not progress_enabled():
         return None
@@ -32,9 +38,16 @@ def progress_bar(iterable: Optional[Iterable[Any]] = None, *, total: Optional[in
     except ImportError:
         return None
     tty = _stderr_is_tty()
-    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr,
-                dynamic_ncols=True, leave=not (transient and tty),
-                mininterval=0.1 if tty else 10.0)
+    return tqdm(
+        iterable,
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=not (transient and tty),
+        mininterval=0.1 if tty else 10.0,
+    )
 
 
 def _stderr_is_tty() -> bool:

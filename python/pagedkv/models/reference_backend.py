@@ -15,9 +15,14 @@ import torch
 from pagedkv.models.attention_backend import AttentionSpec
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int,
-                     spec: AttentionSpec, compute_dtype: torch.dtype = torch.float32
-                     ) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    context_len: int,
+    spec: AttentionSpec,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """q [Tq, Hq, D] are the tokens at positions context_len.., k/v [Tk, Hkv, D] all keys of the
     sequence (Tk = context_len + Tq). Returns [Tq, Hq, D] in q's dtype. Plain matmul and softmax
     (no fused kernel): the soft cap sits between the two."""
@@ -47,20 +52,28 @@ class DenseAttentionBackend:
     None means the whole batch is one sequence.
     """
 
-    def __init__(self, query_start_loc: Optional[Sequence[int]] = None,
-                 compute_dtype: torch.dtype = torch.float32) -> None:
-        self.query_start_loc = None if query_start_loc is None else [int(x) for x in
-                                                                      query_start_loc]
+    def __init__(
+        self,
+        query_start_loc: Optional[Sequence[int]] = None,
+        compute_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.query_start_loc = (
+            None if query_start_loc is None else [int(x) for x in query_start_loc]
+        )
         self.compute_dtype = compute_dtype
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                spec: AttentionSpec) -> torch.Tensor:
+    def forward(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
+    ) -> torch.Tensor:
         loc = self.query_start_loc or [0, q.shape[0]]
         if loc[-1] != q.shape[0]:
-            raise ValueError(f"query_start_loc ends at {loc[-1]} but the batch has "
-                             f"{q.shape[0]} tokens")
-        outs = [causal_attention(q[a:b], k[a:b], v[a:b], 0, spec, self.compute_dtype)
-                for a, b in zip(loc[:-1], loc[1:])]
+            raise ValueError(
+                f"query_start_loc ends at {loc[-1]} but the batch has {q.shape[0]} tokens"
+            )
+        outs = [
+            causal_attention(q[a:b], k[a:b], v[a:b], 0, spec, self.compute_dtype)
+            for a, b in zip(loc[:-1], loc[1:])
+        ]
         return torch.cat(outs, dim=0)
 
 
@@ -96,8 +109,9 @@ class ContiguousCacheBackend:
     def free(self, seq_id: int) -> None:
         self.cache.pop(seq_id, None)
 
-    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                spec: AttentionSpec) -> torch.Tensor:
+    def forward(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
+    ) -> torch.Tensor:
         if self._loc[-1] != q.shape[0]:
             raise ValueError(f"begin_step announced {self._loc[-1]} tokens, got {q.shape[0]}")
         outs = []

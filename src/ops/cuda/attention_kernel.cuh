@@ -17,8 +17,8 @@
 
 #include "ops/cuda/attention_params.h"
 #include "ops/cuda/common.cuh"
-#include "ops/cuda/split_k.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/split_k.cuh"
 
 namespace pagedkv::cuda_ops {
 
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
 
   // ---- merge the warps through shared memory and write ----
   const int DW = ln.tx * VEC;
-  auto sm_acc = reinterpret_cast<float(*)[GC][kMaxDW]>(smem);
+  auto sm_acc = reinterpret_cast<float (*)[GC][kMaxDW]>(smem);
   __shared__ float sm_m[NW][GC], sm_l[NW][GC];
   __syncthreads();  // every lane is done with its staging ring
   if (ty == 0) {

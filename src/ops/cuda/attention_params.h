@@ -30,15 +30,15 @@ struct AttnParams {
   CacheLayout knl, vnl;  // the new keys/values addressed as (token, 0, head, d)
 
   int num_seqs, num_q, num_heads, num_kv_heads, group, head_size;
-  int block_size, bs_shift;  // bs_shift >= 0 when block_size is a power of two
-  int n_gchunks;             // CTAs per KV head (query heads of a group split over them)
-  float qk_scale;            // softmax scale
-  float softcap;             // > 0: cap * tanh(logit / cap)
+  int block_size, bs_shift;      // bs_shift >= 0 when block_size is a power of two
+  int n_gchunks;                 // CTAs per KV head (query heads of a group split over them)
+  float qk_scale;                // softmax scale
+  float softcap;                 // > 0: cap * tanh(logit / cap)
   DeviceScale k_scale, v_scale;  // fp8 cache dequantisation (1 otherwise); new tokens unscaled
-  const float* alibi;        // [num_heads] float32 or nullptr
-  int window;                // > 0: keys with q_pos - key_pos < window
-  bool kv_vec;               // cache runs can be read with 16-byte loads
-  bool new_vec;              // k_new / v_new rows can be read with 16-byte loads
+  const float* alibi;            // [num_heads] float32 or nullptr
+  int window;                    // > 0: keys with q_pos - key_pos < window
+  bool kv_vec;                   // cache runs can be read with 16-byte loads
+  bool new_vec;                  // k_new / v_new rows can be read with 16-byte loads
 
   // Split mode (paged_attention_v2) when partition_size > 0: CTA z handles keys
   // [z * partition_size, (z + 1) * partition_size) and writes partial results.

@@ -24,9 +24,9 @@ struct CacheWriteParams {
   int64_t num_tokens, num_slots;
   int num_heads, head_size, block_size;
   DeviceScale k_scale, v_scale;  // fp8: stored = x / scale
-  int fp8;                 // Fp8Kind of the cache
-  bool src_vec;            // key/value rows can be read 16 bytes at a time
-  bool dst_vec;            // cache runs can be written as vectors
+  int fp8;                       // Fp8Kind of the cache
+  bool src_vec;                  // key/value rows can be read 16 bytes at a time
+  bool dst_vec;                  // cache runs can be written as vectors
 };
 
 template <typename T>

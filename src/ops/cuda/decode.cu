@@ -26,7 +26,8 @@ AttentionKernel pick_kernel(const AttnParams& p, DType qdtype, KVCacheDType cach
                        [&](K k) -> const char* {
                          switch (k) {
                            case K::kHopper: return decode_bulk_uncovered(p, qdtype, cache, vec16);
-                           case K::kTensorCore: return decode_mma_uncovered(p, qdtype, cache, vec16);
+                           case K::kTensorCore:
+                             return decode_mma_uncovered(p, qdtype, cache, vec16);
                            default: return nullptr;  // the CUDA-core kernel covers every call
                          }
                        });

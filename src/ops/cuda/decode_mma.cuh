@@ -447,8 +447,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas<KD>)
   for (int idx = threadIdx.x; idx < ng * D; idx += kThreads) {
     const int g = idx / D, d = idx - g * D;
     merge_store<QT, kWarps>(
-        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale.get(), [&](int w) { return sm_m[w][g]; },
-        [&](int w) { return sm_l[w][g]; },
+        p, seq, seq, kvh * p.group + g0 + g, part, d, p.v_scale.get(),
+        [&](int w) { return sm_m[w][g]; }, [&](int w) { return sm_l[w][g]; },
         [&](int w) {
           return reinterpret_cast<const float*>(smem + mp.q_bytes + w * mp.warp_bytes)[g * D + d];
         });

@@ -28,8 +28,7 @@ constexpr int kMmaMaxStages = 8;
 // queries, head size a multiple of 16 (<= 256), 16-byte aligned runs, NHD or vLLM layouts, block
 // sizes whose value runs stay within one block. Everything else keeps the CUDA-core kernel.
 // vec16: both caches' runs can be moved as 16-byte vectors (vector_ok(cache, 16)).
-const char* decode_mma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache,
-                                 bool vec16);
+const char* decode_mma_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache, bool vec16);
 
 // Launches on `s`; p.partition_size > 0 selects split mode (v2 partial results).
 void launch_decode_mma(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s);

@@ -52,7 +52,8 @@ void decode_timeline_dump(uint64_t* buffer, uint64_t ctas, cudaStream_t s) {
   check_cuda(
       cudaMemcpy(host.data(), buffer, host.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost),
       "decode timeline");
-  if (FILE* f = std::fopen(path.c_str(), "ab")) {  // one record: the CTA count, then the CTAs' words
+  if (FILE* f =
+          std::fopen(path.c_str(), "ab")) {  // one record: the CTA count, then the CTAs' words
     std::fwrite(&ctas, sizeof(ctas), 1, f);
     std::fwrite(host.data(), sizeof(uint64_t), host.size(), f);
     std::fclose(f);

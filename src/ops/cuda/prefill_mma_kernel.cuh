@@ -50,13 +50,13 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
   const bool stage_v = vf.cache_fp8 != kNoFp8 && vf.v_cache;
   auto load_k = [&](int kt, int stage) {
     load_rows<T, DP>(sK + stage * BN * LD, p.k_cache, p.kl, vf.k_cache, vf.cache_fp8, stage_k,
-                     p.k_scale.get(), static_cast<const T*>(p.k_new), p.knl, vf.fresh, p, bt, kt, k_hi,
-                     ctx, qs, kvh);
+                     p.k_scale.get(), static_cast<const T*>(p.k_new), p.knl, vf.fresh, p, bt, kt,
+                     k_hi, ctx, qs, kvh);
   };
   auto load_v = [&](int kt, int stage) {
     load_rows<T, DP>(sV + stage * BN * LD, p.v_cache, p.vl, vf.v_cache, vf.cache_fp8, stage_v,
-                     p.v_scale.get(), static_cast<const T*>(p.v_new), p.vnl, vf.fresh, p, bt, kt, k_hi,
-                     ctx, qs, kvh);
+                     p.v_scale.get(), static_cast<const T*>(p.v_new), p.vnl, vf.fresh, p, bt, kt,
+                     k_hi, ctx, qs, kvh);
   };
   // Staged rows of tile kt (cached keys [kt, min(ctx, k_hi)), a prefix of the tile) widened in
   // place: between two CTA barriers, the first of which the caller has passed.

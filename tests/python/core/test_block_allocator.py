@@ -16,7 +16,7 @@ def cache_chain(a: BlockAllocator, tokens: list[int], extra_key: int = 0) -> lis
     ids = a.allocate(len(tokens) // bs)
     parent = None
     for i, b in enumerate(ids):
-        parent = a.cache_full_block(b, parent, tokens[i * bs:(i + 1) * bs], extra_key)
+        parent = a.cache_full_block(b, parent, tokens[i * bs : (i + 1) * bs], extra_key)
     return ids
 
 

@@ -27,8 +27,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         prefix_caching=st.booleans(),
         seed=st.integers(0, 2**32 - 1),
     )
-    def setup(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
-              prefix_caching: bool, seed: int) -> None:
+    def setup(
+        self, num_blocks: int, block_size: int, num_cpu_blocks: int, prefix_caching: bool, seed: int
+    ) -> None:
         self.harness = Harness(num_blocks, block_size, num_cpu_blocks, prefix_caching, seed)
 
     @rule()
@@ -47,9 +48,14 @@ def test_allocator_matches_reference_model_over_100k_operations() -> None:
     TOTAL_OPS["n"] = 0
     run_state_machine_as_test(
         AllocatorMachine,
-        settings=settings(max_examples=100, stateful_step_count=25, deadline=None,
-                          derandomize=True, database=None,
-                          suppress_health_check=list(HealthCheck)),
+        settings=settings(
+            max_examples=100,
+            stateful_step_count=25,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
     )
     # Hypothesis' choices, and so the count, change with what else the process imported (96k
     # operations after test_ops_cpu.py was collected, 115k alone): top up with fixed-seed runs

@@ -24,16 +24,29 @@ def compile_snippet(tmp_path: Path, source: str, *include_dirs: Path) -> str:
     """Compiler diagnostics of `source` (syntax only); '' when it compiles cleanly."""
     src = tmp_path / "snippet.cpp"
     src.write_text(source)
-    args = [str(CXX), "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
-            f"-I{INCLUDE}", *(f"-I{d}" for d in include_dirs), str(src)]
+    args = [
+        str(CXX),
+        "-std=c++17",
+        "-fsyntax-only",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        f"-I{INCLUDE}",
+        *(f"-I{d}" for d in include_dirs),
+        str(src),
+    ]
     proc = subprocess.run(args, capture_output=True, text=True)
     return "" if proc.returncode == 0 else proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("header", sorted(p.name for p in (INCLUDE / "pagedkv").glob("*.h")))
 def test_each_header_is_self_contained(tmp_path: Path, header: str) -> None:
-    assert compile_snippet(tmp_path, f"#include <pagedkv/{header}>\n"
-                                     f"#include <pagedkv/{header}>\nint main() {{}}\n") == ""
+    assert (
+        compile_snippet(
+            tmp_path, f"#include <pagedkv/{header}>\n#include <pagedkv/{header}>\nint main() {{}}\n"
+        )
+        == ""
+    )
 
 
 def other_dlpack(tmp_path: Path) -> Path:
@@ -78,8 +91,10 @@ def test_headers_coexist_with_another_dlpack(tmp_path: Path, order: str) -> None
 def test_vendored_dlpack_names_the_fp8_codes(tmp_path: Path) -> None:
     """The vendored header is DLPack >= 1.1: fp8 type codes have names (torch.float8_e4m3fn is
     kDLFloat8_e4m3fn = 10), which src/common/tensor.cpp uses."""
-    source = ("#include <pagedkv/dlpack.h>\n"
-              "static_assert(kDLFloat8_e4m3fn == 10, \"DLPack 1.1 code\");\n"
-              "static_assert(DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 1, \"1.1+\");\n"
-              "int main() {}\n")
+    source = (
+        "#include <pagedkv/dlpack.h>\n"
+        'static_assert(kDLFloat8_e4m3fn == 10, "DLPack 1.1 code");\n'
+        'static_assert(DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 1, "1.1+");\n'
+        "int main() {}\n"
+    )
     assert compile_snippet(tmp_path, source) == ""

@@ -20,9 +20,20 @@ def test_example_app_builds_against_installed_package(tmp_path: Path) -> None:
     assert (cmake_dir / "pagedkvConfig.cmake").is_file(), "wheel installs the CMake package"
     build = tmp_path / "build"
     env = dict(os.environ)
-    subprocess.run(["cmake", "-S", str(ROOT / "examples" / "cpp"), "-B", str(build),
-                    f"-Dpagedkv_DIR={cmake_dir}", "-DCMAKE_BUILD_TYPE=Release"],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(ROOT / "examples" / "cpp"),
+            "-B",
+            str(build),
+            f"-Dpagedkv_DIR={cmake_dir}",
+            "-DCMAKE_BUILD_TYPE=Release",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     subprocess.run(["cmake", "--build", str(build), "-j", "2"], check=True, capture_output=True)
     exe = build / "pagedkv_example"
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout

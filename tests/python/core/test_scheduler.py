@@ -168,7 +168,7 @@ def test_fork_shares_prompt_blocks_and_copies_the_partial_block_on_write() -> No
     bt = p.block_tables
     assert bt[0][0] == bt[1][0], "the full prompt block stays shared"
     assert bt[0][1] != bt[1][1]
-    (src, dst), = p.blocks_to_copy.tolist()
+    ((src, dst),) = p.blocks_to_copy.tolist()
     assert {src, dst} == {int(bt[0][1]), int(bt[1][1])}
     s.update(p, [51, 61])
     with pytest.raises(ValueError, match="parent_id"):
@@ -221,8 +221,7 @@ def test_abort_between_schedule_and_update() -> None:
 
 
 def test_no_chunking_schedules_whole_prompts() -> None:
-    s = Scheduler(SchedulerConfig(100, 4, max_num_batched_tokens=32,
-                                  enable_chunked_prefill=False))
+    s = Scheduler(SchedulerConfig(100, 4, max_num_batched_tokens=32, enable_chunked_prefill=False))
     d = Driver(s)
     d.add("a", list(range(10, 30)), 3)
     d.add("b", list(range(40, 60)), 3)
@@ -300,8 +299,11 @@ def test_concurrent_calls_raise_instead_of_racing() -> None:
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_waiting_high_priority_preempts_low_priority_running(mode: str) -> None:
     def run(policy: str) -> tuple[list[str], Scheduler]:
-        s = Scheduler(SchedulerConfig(16, 4, max_num_seqs=4, policy=policy,
-                                      preemption_mode=mode, num_cpu_blocks=32))
+        s = Scheduler(
+            SchedulerConfig(
+                16, 4, max_num_seqs=4, policy=policy, preemption_mode=mode, num_cpu_blocks=32
+            )
+        )
         d = Driver(s, seed=3)
         for i in range(4):
             d.add(f"low{i}", list(range(20 + i, 28 + i)), 8, priority=5)
@@ -322,14 +324,32 @@ def test_waiting_high_priority_preempts_low_priority_running(mode: str) -> None:
 
 
 def test_config_repr_round_trips_and_exposes_fields() -> None:
-    cfg = SchedulerConfig(100, 8, max_num_seqs=7, max_num_batched_tokens=99,
-                          enable_chunked_prefill=False, enable_prefix_caching=False,
-                          num_cpu_blocks=5, preemption_mode="swap", policy="priority",
-                          max_model_len=64)
+    cfg = SchedulerConfig(
+        100,
+        8,
+        max_num_seqs=7,
+        max_num_batched_tokens=99,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+        num_cpu_blocks=5,
+        preemption_mode="swap",
+        policy="priority",
+        max_model_len=64,
+    )
     again = eval(repr(cfg), {"SchedulerConfig": SchedulerConfig})
-    fields = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-              "enable_chunked_prefill", "enable_prefix_caching", "num_cpu_blocks",
-              "preemption_mode", "policy", "max_model_len", "max_blocks_per_seq")
+    fields = (
+        "num_blocks",
+        "block_size",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enable_chunked_prefill",
+        "enable_prefix_caching",
+        "num_cpu_blocks",
+        "preemption_mode",
+        "policy",
+        "max_model_len",
+        "max_blocks_per_seq",
+    )
     assert [getattr(again, f) for f in fields] == [getattr(cfg, f) for f in fields]
     assert (cfg.max_model_len, cfg.max_blocks_per_seq) == (64, 8)
     assert SchedulerConfig(10, 16).max_model_len == 160  # default: the cache capacity

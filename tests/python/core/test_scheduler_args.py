@@ -12,8 +12,9 @@ from pagedkv import Scheduler, SchedulerConfig
 
 
 def small() -> Scheduler:
-    return Scheduler(SchedulerConfig(num_blocks=16, block_size=4, max_num_seqs=4,
-                                     max_num_batched_tokens=64))
+    return Scheduler(
+        SchedulerConfig(num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=64)
+    )
 
 
 def test_request_ids_with_nul_are_kept_whole() -> None:
@@ -51,39 +52,84 @@ def test_valid_salts(salt: Any) -> None:
 CONFIG = dict(num_blocks=16, block_size=4)
 
 BAD: dict[str, tuple[Callable[[], Any], type, str]] = {
-    "salt_float": (lambda: small().add_request("a", [1], 2, cache_salt=1.5), TypeError,
-                   "cache_salt must be None, an int or a str, got float"),
-    "salt_list": (lambda: small().add_request("a", [1], 2, cache_salt=[1]), TypeError,
-                  "cache_salt"),
-    "salt_too_big": (lambda: small().add_request("a", [1], 2, cache_salt=2**64), ValueError,
-                     "cache_salt must fit in 64 bits"),
-    "max_tokens_int32": (lambda: small().add_request("a", [1], 2**31), ValueError,
-                         "max_tokens = 2147483648 is out of range"),
-    "max_tokens_float": (lambda: small().add_request("a", [1], 2.5), TypeError,
-                         "max_tokens must be an integer, got float"),
-    "priority_int32": (lambda: small().add_request("a", [1], 2, priority=-(2**31) - 1),
-                       ValueError, "priority"),
-    "min_tokens_huge": (lambda: small().add_request("a", [1], 2, min_tokens=2**40), ValueError,
-                        "min_tokens"),
-    "request_id_bytes": (lambda: small().add_request(b"a", [1], 2), TypeError,
-                         "request_id must be a str, got bytes"),
+    "salt_float": (
+        lambda: small().add_request("a", [1], 2, cache_salt=1.5),
+        TypeError,
+        "cache_salt must be None, an int or a str, got float",
+    ),
+    "salt_list": (
+        lambda: small().add_request("a", [1], 2, cache_salt=[1]),
+        TypeError,
+        "cache_salt",
+    ),
+    "salt_too_big": (
+        lambda: small().add_request("a", [1], 2, cache_salt=2**64),
+        ValueError,
+        "cache_salt must fit in 64 bits",
+    ),
+    "max_tokens_int32": (
+        lambda: small().add_request("a", [1], 2**31),
+        ValueError,
+        "max_tokens = 2147483648 is out of range",
+    ),
+    "max_tokens_float": (
+        lambda: small().add_request("a", [1], 2.5),
+        TypeError,
+        "max_tokens must be an integer, got float",
+    ),
+    "priority_int32": (
+        lambda: small().add_request("a", [1], 2, priority=-(2**31) - 1),
+        ValueError,
+        "priority",
+    ),
+    "min_tokens_huge": (
+        lambda: small().add_request("a", [1], 2, min_tokens=2**40),
+        ValueError,
+        "min_tokens",
+    ),
+    "request_id_bytes": (
+        lambda: small().add_request(b"a", [1], 2),
+        TypeError,
+        "request_id must be a str, got bytes",
+    ),
     "abort_int": (lambda: small().abort_request(5), TypeError, "request_id must be a str"),
     "fork_child_int": (lambda: small().fork("a", 3, 1), TypeError, "child_id must be a str"),
     "fork_token_huge": (lambda: small().fork("a", "b", 2**31), ValueError, "first_token"),
-    "config_blocks_int32": (lambda: SchedulerConfig(num_blocks=2**31, block_size=4), ValueError,
-                            "num_blocks = 2147483648 is out of range"),
-    "config_blocks_float": (lambda: SchedulerConfig(num_blocks=10.0, block_size=4), TypeError,
-                            "num_blocks must be an integer"),
-    "config_max_model_len": (lambda: SchedulerConfig(max_model_len="8", **CONFIG), TypeError,
-                             "max_model_len must be an integer, got str"),
-    "config_seqs": (lambda: SchedulerConfig(max_num_seqs=2**32, **CONFIG), ValueError,
-                    "max_num_seqs"),
-    "max_tokens_none": (lambda: small().add_request("a", [1], None), TypeError,
-                        "max_tokens must be an integer, got NoneType"),
-    "request_id_none": (lambda: small().abort_request(None), TypeError,
-                        "request_id must be a str, got NoneType"),
-    "config_block_size_none": (lambda: SchedulerConfig(num_blocks=4, block_size=None), TypeError,
-                               "block_size must be an integer, got NoneType"),
+    "config_blocks_int32": (
+        lambda: SchedulerConfig(num_blocks=2**31, block_size=4),
+        ValueError,
+        "num_blocks = 2147483648 is out of range",
+    ),
+    "config_blocks_float": (
+        lambda: SchedulerConfig(num_blocks=10.0, block_size=4),
+        TypeError,
+        "num_blocks must be an integer",
+    ),
+    "config_max_model_len": (
+        lambda: SchedulerConfig(max_model_len="8", **CONFIG),
+        TypeError,
+        "max_model_len must be an integer, got str",
+    ),
+    "config_seqs": (
+        lambda: SchedulerConfig(max_num_seqs=2**32, **CONFIG),
+        ValueError,
+        "max_num_seqs",
+    ),
+    "max_tokens_none": (
+        lambda: small().add_request("a", [1], None),
+        TypeError,
+        "max_tokens must be an integer, got NoneType",
+    ),
+    "request_id_none": (
+        lambda: small().abort_request(None),
+        TypeError,
+        "request_id must be a str, got NoneType",
+    ),
+    "config_block_size_none": (
+        lambda: SchedulerConfig(num_blocks=4, block_size=None),
+        TypeError,
+        "block_size must be an integer, got NoneType",
+    ),
 }
 
 

@@ -16,11 +16,17 @@ def test_random_trace_loses_no_token_and_leaks_no_block(mode: str, seed: int) ->
     rng = random.Random(seed * 7919 + (mode == "swap"))
     bs = rng.choice([1, 4, 16]) if seed else 4
     cfg = SchedulerConfig(
-        num_blocks=rng.choice([1, 2]) * (36 // bs + 4), block_size=bs,
-        max_num_seqs=rng.choice([8, 16]), max_num_batched_tokens=rng.choice([32, 64]),
-        enable_chunked_prefill=seed != 3, enable_prefix_caching=seed % 2 == 0,
-        num_cpu_blocks=64 if mode == "swap" else 0, preemption_mode=mode,
-        policy="priority" if seed == 2 else "fcfs", max_model_len=32)
+        num_blocks=rng.choice([1, 2]) * (36 // bs + 4),
+        block_size=bs,
+        max_num_seqs=rng.choice([8, 16]),
+        max_num_batched_tokens=rng.choice([32, 64]),
+        enable_chunked_prefill=seed != 3,
+        enable_prefix_caching=seed % 2 == 0,
+        num_cpu_blocks=64 if mode == "swap" else 0,
+        preemption_mode=mode,
+        policy="priority" if seed == 2 else "fcfs",
+        max_model_len=32,
+    )
     s = Scheduler(cfg)
     d = Driver(s, seed=seed, eos=3, eos_rate=0.03)
     shared = [rng.randrange(10, 30000) for _ in range(20)]
@@ -49,8 +55,9 @@ def test_random_trace_loses_no_token_and_leaks_no_block(mode: str, seed: int) ->
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_storm_finishes_everything_exactly(mode: str) -> None:
     # 24 sequences that each need 12 blocks at the end, in a 40-block cache.
-    cfg = SchedulerConfig(40, 4, max_num_seqs=32, max_num_batched_tokens=256,
-                          preemption_mode=mode, num_cpu_blocks=64)
+    cfg = SchedulerConfig(
+        40, 4, max_num_seqs=32, max_num_batched_tokens=256, preemption_mode=mode, num_cpu_blocks=64
+    )
     s = Scheduler(cfg)
     d = Driver(s, seed=1)
     rng = random.Random(1)
@@ -78,8 +85,12 @@ def test_forks_under_memory_pressure_leak_nothing() -> None:
             break
         d.step()
         for rid in list(d.tokens):
-            if (rid.startswith("p") and rid not in forked and s.get_num_generated(rid) == 1
-                    and len(d.tokens[rid]) == d.prompt_len[rid] + 1):
+            if (
+                rid.startswith("p")
+                and rid not in forked
+                and s.get_num_generated(rid) == 1
+                and len(d.tokens[rid]) == d.prompt_len[rid] + 1
+            ):
                 forked.add(rid)
                 try:
                     child = rid.replace("p", "c")
@@ -111,9 +122,12 @@ class _EmptyPlanWatch:
         plan = self._s.schedule()
         if plan.num_seqs == 0:
             self.empty_plans += 1
-            work = {"swap_out": len(plan.blocks_to_swap_out),
-                    "swap_in": len(plan.blocks_to_swap_in),
-                    "copy": len(plan.blocks_to_copy), "preempted": len(plan.preempted_ids)}
+            work = {
+                "swap_out": len(plan.blocks_to_swap_out),
+                "swap_in": len(plan.blocks_to_swap_in),
+                "copy": len(plan.blocks_to_copy),
+                "preempted": len(plan.preempted_ids),
+            }
             assert not any(work.values()), f"a plan of 0 sequences carries {work}"
         return plan
 
@@ -126,12 +140,17 @@ def test_empty_plan_carries_no_block_work(mode: str, seed: int) -> None:
     rng = random.Random(seed * 104729 + (mode == "swap"))
     bs = rng.choice([1, 2, 4])
     cfg = SchedulerConfig(
-        num_blocks=24 // bs + rng.randint(0, 3), block_size=bs,
+        num_blocks=24 // bs + rng.randint(0, 3),
+        block_size=bs,
         max_num_seqs=rng.choice([1, 2, 4] if seed < 4 else [4, 8]),
         max_num_batched_tokens=rng.choice([8, 16, 32]) if seed % 3 != 2 else 24,
         enable_chunked_prefill=seed % 3 != 2,
-        enable_prefix_caching=seed % 2 == 0, num_cpu_blocks=rng.choice([4, 64]),
-        preemption_mode=mode, policy="priority" if seed < 4 else "fcfs", max_model_len=24)
+        enable_prefix_caching=seed % 2 == 0,
+        num_cpu_blocks=rng.choice([4, 64]),
+        preemption_mode=mode,
+        policy="priority" if seed < 4 else "fcfs",
+        max_model_len=24,
+    )
     watch = _EmptyPlanWatch(Scheduler(cfg))
     d = Driver(watch, seed=seed, eos=3, eos_rate=0.03)
     forked: set = set()
@@ -139,15 +158,23 @@ def test_empty_plan_carries_no_block_work(mode: str, seed: int) -> None:
         if rng.random() < 0.4:
             n = rng.randint(1, 14)
             prompt = [rng.randrange(10, 30000) for _ in range(n)]
-            d.add(f"r{step}", prompt, rng.randint(1, 24 - n),
-                  priority=rng.randint(0, 3) if cfg.policy == "priority" else 0)
+            d.add(
+                f"r{step}",
+                prompt,
+                rng.randint(1, 24 - n),
+                priority=rng.randint(0, 3) if cfg.policy == "priority" else 0,
+            )
         if rng.random() < 0.03 and d.tokens:
             d.abort(rng.choice(sorted(d.tokens)))
         d.step()
         for rid in list(d.tokens):  # fork some requests right after their prompt completes
-            if (rid.startswith("r") and rid not in forked and rng.random() < 0.5
-                    and watch.get_num_generated(rid) == 1
-                    and len(d.tokens[rid]) == d.prompt_len[rid] + 1):
+            if (
+                rid.startswith("r")
+                and rid not in forked
+                and rng.random() < 0.5
+                and watch.get_num_generated(rid) == 1
+                and len(d.tokens[rid]) == d.prompt_len[rid] + 1
+            ):
                 forked.add(rid)
                 child, first = "c" + rid, rng.randrange(10, 30000)
                 try:

@@ -129,8 +129,9 @@ def test_block_table_rows_are_padded_after_a_longer_previous_occupant() -> None:
 def test_forked_child_inherits_the_parents_priority() -> None:
     # P (priority 5) and its child C hold both seats; W (priority 3) takes a seat from the
     # lowest-priority, latest running sequence: C, as C has P's priority and arrived later.
-    s = Scheduler(SchedulerConfig(8, 4, policy="priority", max_num_seqs=2,
-                                  enable_prefix_caching=False))
+    s = Scheduler(
+        SchedulerConfig(8, 4, policy="priority", max_num_seqs=2, enable_prefix_caching=False)
+    )
     s.add_request("P", [11, 12, 13, 14, 15, 16], 6, priority=5)
     _step(s)
     assert s.fork("P", "C", 2) is False

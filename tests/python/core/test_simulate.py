@@ -13,12 +13,25 @@ from support.deps import need
 SAMPLE = Path(__file__).resolve().parents[3] / "benchmarks" / "traces" / "sample.jsonl"
 
 
-def test_simulate_command_reports_and_plots(tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_command_reports_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     need("matplotlib")
     png, out = tmp_path / "sim.png", tmp_path / "sim.json"
-    rc = main(["simulate", str(SAMPLE), "--num-blocks", "512", "--plot", str(png),
-               "--json", str(out), "--print-every", "500"])
+    rc = main(
+        [
+            "simulate",
+            str(SAMPLE),
+            "--num-blocks",
+            "512",
+            "--plot",
+            str(png),
+            "--json",
+            str(out),
+            "--print-every",
+            "500",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "preemptions" in text and "prefix_hit_rate" in text
@@ -39,8 +52,10 @@ def test_simulate_command_reports_and_plots(tmp_path: Path,
 def test_simulate_counts_every_token_and_respects_budgets() -> None:
     from pagedkv import SchedulerConfig
 
-    trace = [TraceRequest(arrival_time=0.01 * i, prompt_len=50 + 7 * i, output_len=5 + i)
-             for i in range(20)]
+    trace = [
+        TraceRequest(arrival_time=0.01 * i, prompt_len=50 + 7 * i, output_len=5 + i)
+        for i in range(20)
+    ]
     cfg = SchedulerConfig(64, 8, max_num_seqs=6, max_num_batched_tokens=96)
     res = simulate(trace, cfg)
     assert max(st.num_seqs for st in res.steps) <= 6
@@ -58,24 +73,32 @@ def test_bad_trace_line_names_the_line(tmp_path: Path) -> None:
         load_trace(bad)
 
 
-@pytest.mark.parametrize(("record", "field"), [
-    ('{"arrival_time": -5, "prompt_len": 10, "output_len": 5}', "arrival_time"),
-    ('{"arrival_time": NaN, "prompt_len": 10, "output_len": 5}', "arrival_time"),
-    ('{"arrival_time": "0", "prompt_len": 10, "output_len": 5}', "arrival_time"),
-    ('{"arrival_time": 0, "prompt_len": "10", "output_len": 5}', "prompt_len"),
-    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5.5}', "output_len"),
-    ('{"arrival_time": 0, "prompt_len": true, "output_len": 5}', "prompt_len"),
-    ('{"arrival_time": 0, "prompt_len": 0, "output_len": 5}', "prompt_len"),
-    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 4294967296}', "output_len"),
-    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "prefix_len": "4"}', "prefix_len"),
-    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "priority": 2147483648}',
-     "priority"),
-    ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "prefix_group": [1]}',
-     "prefix_group"),
-    ('[0, 10, 5]', "JSON object"),
-])
-def test_bad_trace_field_names_the_record_and_field(tmp_path: Path, record: str,
-                                                    field: str) -> None:
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ('{"arrival_time": -5, "prompt_len": 10, "output_len": 5}', "arrival_time"),
+        ('{"arrival_time": NaN, "prompt_len": 10, "output_len": 5}', "arrival_time"),
+        ('{"arrival_time": "0", "prompt_len": 10, "output_len": 5}', "arrival_time"),
+        ('{"arrival_time": 0, "prompt_len": "10", "output_len": 5}', "prompt_len"),
+        ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5.5}', "output_len"),
+        ('{"arrival_time": 0, "prompt_len": true, "output_len": 5}', "prompt_len"),
+        ('{"arrival_time": 0, "prompt_len": 0, "output_len": 5}', "prompt_len"),
+        ('{"arrival_time": 0, "prompt_len": 10, "output_len": 4294967296}', "output_len"),
+        ('{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "prefix_len": "4"}', "prefix_len"),
+        (
+            '{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "priority": 2147483648}',
+            "priority",
+        ),
+        (
+            '{"arrival_time": 0, "prompt_len": 10, "output_len": 5, "prefix_group": [1]}',
+            "prefix_group",
+        ),
+        ("[0, 10, 5]", "JSON object"),
+    ],
+)
+def test_bad_trace_field_names_the_record_and_field(
+    tmp_path: Path, record: str, field: str
+) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"arrival_time": 0, "prompt_len": 5, "output_len": 2}\n' + record + "\n")
     with pytest.raises(ValueError, match=rf"bad.jsonl:2: .*{field}"):
@@ -84,16 +107,25 @@ def test_bad_trace_field_names_the_record_and_field(tmp_path: Path, record: str,
 
 def test_trace_accepts_integral_floats_and_optional_fields(tmp_path: Path) -> None:
     good = tmp_path / "good.jsonl"
-    good.write_text('{"arrival_time": 1, "prompt_len": 10.0, "output_len": 5, '
-                    '"prefix_group": "sys", "prefix_len": null, "priority": -3}\n')
+    good.write_text(
+        '{"arrival_time": 1, "prompt_len": 10.0, "output_len": 5, '
+        '"prefix_group": "sys", "prefix_len": null, "priority": -3}\n'
+    )
     (req,) = load_trace(good)
-    assert req == TraceRequest(arrival_time=1.0, prompt_len=10, output_len=5,
-                               prefix_group="sys", prefix_len=None, priority=-3)
+    assert req == TraceRequest(
+        arrival_time=1.0,
+        prompt_len=10,
+        output_len=5,
+        prefix_group="sys",
+        prefix_len=None,
+        priority=-3,
+    )
     assert isinstance(req.prompt_len, int)
 
 
-def test_simulate_command_reports_a_bad_record(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_command_reports_a_bad_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"arrival_time": -5, "prompt_len": "10", "output_len": 5.5}\n')
     with pytest.raises(SystemExit) as exc:

@@ -9,19 +9,27 @@ import pytest
 from pagedkv.engine.config import EngineConfig
 
 
-@pytest.mark.parametrize("name, value", [
-    ("pooler_config", {"pooling_type": "MEAN"}),
-    ("override_pooler_config", {"normalize": True}),
-    ("kv_sharing_fast_prefill", True),
-    ("allowed_local_media_path", "/data"),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("pooler_config", {"pooling_type": "MEAN"}),
+        ("override_pooler_config", {"normalize": True}),
+        ("kv_sharing_fast_prefill", True),
+        ("allowed_local_media_path", "/data"),
+    ],
+)
 def test_vllm_arg_refused_with_its_reason(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"^{name}=.* is not supported: \w+"):
         EngineConfig.from_kwargs(**{name: value})
 
 
-@pytest.mark.parametrize("name, value", [
-    ("pooler_config", None), ("kv_sharing_fast_prefill", False), ("allowed_local_media_path", ""),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("pooler_config", None),
+        ("kv_sharing_fast_prefill", False),
+        ("allowed_local_media_path", ""),
+    ],
+)
 def test_vllm_default_is_accepted(name: str, value: object) -> None:
     EngineConfig.from_kwargs(**{name: value})

@@ -22,8 +22,12 @@ from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 
 # ------------------------------------------------------------------ EngineConfig (no model)
 def test_vllm_arguments_that_change_nothing_are_accepted():
-    cfg = EngineConfig.from_kwargs(trust_remote_code=True, tensor_parallel_size=1,
-                                   pipeline_parallel_size=1, disable_log_stats=True)
+    cfg = EngineConfig.from_kwargs(
+        trust_remote_code=True,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        disable_log_stats=True,
+    )
     assert cfg.trust_remote_code and cfg.tensor_parallel_size == 1
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         assert EngineConfig.from_kwargs(**{name: 2}).world_size == 2
@@ -103,11 +107,19 @@ def test_llm_takes_vllm_style_arguments(llm):
     from pagedkv.engine.llm import LLM
 
     # What vLLM example code passes; seed=None is vLLM's newer default.
-    other = LLM(device="cpu", kv_cache_space=0.05, max_model_len=128, seed=None,
-                trust_remote_code=True, tensor_parallel_size=1)
+    other = LLM(
+        device="cpu",
+        kv_cache_space=0.05,
+        max_model_len=128,
+        seed=None,
+        trust_remote_code=True,
+        tensor_parallel_size=1,
+    )
     p = SamplingParams(temperature=0, max_tokens=4)
-    assert (other.generate("Hi", p, use_tqdm=False)[0].outputs[0].token_ids
-            == llm.generate("Hi", p, use_tqdm=False)[0].outputs[0].token_ids)
+    assert (
+        other.generate("Hi", p, use_tqdm=False)[0].outputs[0].token_ids
+        == llm.generate("Hi", p, use_tqdm=False)[0].outputs[0].token_ids
+    )
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         LLM(device="cpu", tensor_parallel_size=0)
 
@@ -115,8 +127,9 @@ def test_llm_takes_vllm_style_arguments(llm):
 @pytest.mark.slow
 def test_extreme_seeds_generate(llm):
     for seed in (2**63 - 1, -(2**63)):
-        outs = llm.generate("Hi", SamplingParams(n=2, temperature=1.0, seed=seed, max_tokens=3),
-                            use_tqdm=False)
+        outs = llm.generate(
+            "Hi", SamplingParams(n=2, temperature=1.0, seed=seed, max_tokens=3), use_tqdm=False
+        )
         assert [len(c.token_ids) for c in outs[0].outputs] == [3, 3]
     assert_no_leak(llm)
 
@@ -130,8 +143,11 @@ def test_priority_checks(llm):
             llm.generate(["a", "b"], p, priority=[0, bad], use_tqdm=False)
         with pytest.raises(ValueError, match="priority"):  # ValueError: the server's 400
             eng.add_request("r", "a", p, priority=bad)
-    with pytest.raises(ValueError, match=r"^Got priority 5 but Priority scheduling is not "
-                                         r"enabled\."):
+    with pytest.raises(
+        ValueError,
+        match=r"^Got priority 5 but Priority scheduling is not "
+        r"enabled\.",
+    ):
         llm.generate(["a"], p, priority=[5], use_tqdm=False)
     with pytest.raises(TypeError, match=r"^priority must be an integer"):
         eng.add_request("r", "a", p, priority=1.5)
@@ -144,10 +160,13 @@ def test_priority_checks(llm):
 def test_priority_policy_takes_the_int32_range(llm):
     from pagedkv.engine.llm import LLM
 
-    prio = LLM(device="cpu", kv_cache_space=0.05, max_model_len=128,
-               scheduling_policy="priority")
-    outs = prio.generate(["a", "b", "c"], SamplingParams(max_tokens=2),
-                         priority=[2**31 - 1, -(2**31), 5], use_tqdm=False)
+    prio = LLM(device="cpu", kv_cache_space=0.05, max_model_len=128, scheduling_policy="priority")
+    outs = prio.generate(
+        ["a", "b", "c"],
+        SamplingParams(max_tokens=2),
+        priority=[2**31 - 1, -(2**31), 5],
+        use_tqdm=False,
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [2, 2, 2]
     with pytest.raises(ValueError, match="priority"):
         prio.generate(["a"], SamplingParams(max_tokens=2), priority=[2**31], use_tqdm=False)

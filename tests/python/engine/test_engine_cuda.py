@@ -28,10 +28,19 @@ def model_dir(tmp_path_factory) -> str:
     from pagedkv.testing import save_random_model
 
     out = str(tmp_path_factory.mktemp("tiny_llama"))
-    return save_random_model(out, "tiny-llama", tokenizer=False, hidden_size=256,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                             intermediate_size=512, num_hidden_layers=4, vocab_size=2048,
-                             max_position_embeddings=1024)
+    return save_random_model(
+        out,
+        "tiny-llama",
+        tokenizer=False,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        vocab_size=2048,
+        max_position_embeddings=1024,
+    )
 
 
 def _llm(model_dir: str, **kw) -> LLM:
@@ -52,8 +61,10 @@ def _tokens(outs) -> list:
 def test_cuda_graphs_match_eager_and_cpu(model_dir):
     prompts = _prompts(11)
     # Different lengths: the running batch shrinks through several padded graph sizes.
-    params = [SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0, max_tokens=8 + 5 * i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     graphs = _llm(model_dir, device="cuda", dtype="float32", max_num_seqs=16)
     assert graphs.llm_engine.runner.graphs is not None
     eager = _llm(model_dir, device="cuda", dtype="float32", enforce_eager=True)
@@ -84,16 +95,24 @@ def test_cuda_logprobs_close_to_cpu(model_dir):
 def test_cuda_preemption_and_fork_do_not_change_results(model_dir, mode):
     prompts = _prompts(6, seed=2)
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    ref = _llm(model_dir, device="cuda", dtype="float32").generate(prompts, greedy,
-                                                                    use_tqdm=False)
-    tiny = _llm(model_dir, device="cuda", dtype="float32", num_gpu_blocks_override=12,
-                max_model_len=192, preemption_mode=mode,
-                num_cpu_blocks=64 if mode == "swap" else None)
+    ref = _llm(model_dir, device="cuda", dtype="float32").generate(prompts, greedy, use_tqdm=False)
+    tiny = _llm(
+        model_dir,
+        device="cuda",
+        dtype="float32",
+        num_gpu_blocks_override=12,
+        max_model_len=192,
+        preemption_mode=mode,
+        num_cpu_blocks=64 if mode == "swap" else None,
+    )
     got = tiny.generate(prompts, greedy, use_tqdm=False)
     assert tiny.llm_engine.get_stats()["num_preemptions"] > 0
     assert _tokens(got) == _tokens(ref)
-    forked = tiny.generate(prompts[0], SamplingParams(n=3, temperature=0, max_tokens=40,
-                                                      ignore_eos=True), use_tqdm=False)[0]
+    forked = tiny.generate(
+        prompts[0],
+        SamplingParams(n=3, temperature=0, max_tokens=40, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [c.token_ids for c in forked.outputs] == [ref[0].outputs[0].token_ids] * 3
     assert_no_leak(tiny)
 
@@ -109,8 +128,9 @@ def test_cuda_seeded_sampling_is_batch_independent(model_dir):
     assert_no_leak(llm)
 
 
-def test_cuda_graph_capture_survives_a_collection_of_a_dropped_engine(model_dir, monkeypatch,
-                                                                      capfd):
+def test_cuda_graph_capture_survives_a_collection_of_a_dropped_engine(
+    model_dir, monkeypatch, capfd
+):
     # The swap test's failure: an earlier engine, unreachable but kept by a reference cycle,
     # was collected while a new engine captured its graphs; destroying a CUDA graph during a
     # capture is illegal and invalidates it. Force that timing: a cyclic dead engine, and a
@@ -141,7 +161,8 @@ def test_cuda_graph_capture_survives_a_collection_of_a_dropped_engine(model_dir,
     p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     eager = _llm(model_dir, device="cuda", dtype="float32", enforce_eager=True)
     assert _tokens(new.generate(prompts, p, use_tqdm=False)) == _tokens(
-        eager.generate(prompts, p, use_tqdm=False))
+        eager.generate(prompts, p, use_tqdm=False)
+    )
     assert new.llm_engine.runner.graphs.num_replays > 0
     # Without a cycle, dropping an engine frees it (and its graphs) at once.
     new_runner = weakref.ref(new.llm_engine.runner)
@@ -164,8 +185,10 @@ FP8_TOL = {"fp8": 0.2, "fp8_e5m2": 0.3}
 
 
 def _split_step(fp8_out, auto_out) -> int:
-    return next((i for i, (x, y) in enumerate(zip(fp8_out.token_ids, auto_out.token_ids))
-                 if x != y), len(auto_out.token_ids))
+    return next(
+        (i for i, (x, y) in enumerate(zip(fp8_out.token_ids, auto_out.token_ids)) if x != y),
+        len(auto_out.token_ids),
+    )
 
 
 def _check_close_to_auto(fp8_outs, auto_outs, tol: float) -> None:
@@ -188,8 +211,9 @@ def test_cuda_fp8_kv_cache_close_to_bf16_cache(model_dir, kv_cache_dtype):
     prompts = _prompts(16, seed=5)
     p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
     auto = _llm(model_dir, device="cuda", dtype="bfloat16", max_num_seqs=16)
-    fp8 = _llm(model_dir, device="cuda", dtype="bfloat16", max_num_seqs=16,
-               kv_cache_dtype=kv_cache_dtype)
+    fp8 = _llm(
+        model_dir, device="cuda", dtype="bfloat16", max_num_seqs=16, kv_cache_dtype=kv_cache_dtype
+    )
     runner = fp8.llm_engine.runner
     assert runner.graphs is not None
     assert all(c.dtype == torch.uint8 for c in runner.kv_caches)
@@ -210,8 +234,9 @@ def test_cuda_fp8_kv_cache_matches_cpu(model_dir, kv_cache_dtype):
     test_engine_fp8_kv checks against torch's fp8 rounding), CUDA graphs on."""
     prompts = _prompts(6, seed=6)
     p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=5)
-    gpu = _llm(model_dir, device="cuda", dtype="float32", max_num_seqs=8,
-               kv_cache_dtype=kv_cache_dtype)
+    gpu = _llm(
+        model_dir, device="cuda", dtype="float32", max_num_seqs=8, kv_cache_dtype=kv_cache_dtype
+    )
     cpu = _llm(model_dir, device="cpu", dtype="float32", kv_cache_dtype=kv_cache_dtype)
     g = [o.outputs[0] for o in gpu.generate(prompts, p, use_tqdm=False)]
     c = [o.outputs[0] for o in cpu.generate(prompts, p, use_tqdm=False)]

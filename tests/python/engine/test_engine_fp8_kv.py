@@ -27,8 +27,11 @@ pytestmark = pytest.mark.slow
 
 PROMPTS = SMOLLM2_PROMPTS
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
-TORCH_FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
-             "fp8_e5m2": torch.float8_e5m2}
+TORCH_FP8 = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 def _make(kv_cache_dtype: str = "auto", **kw) -> LLM:
@@ -68,8 +71,16 @@ def _emulated(kv_cache_dtype: str, monkeypatch: pytest.MonkeyPatch) -> list:
 
     def rounded_write(key, value, key_cache, value_cache, slot_mapping, dtype, k_scale, v_scale):
         assert dtype == "auto"
-        real(key.to(fp8).to(key.dtype), value.to(fp8).to(value.dtype), key_cache, value_cache,
-             slot_mapping, dtype, k_scale, v_scale)
+        real(
+            key.to(fp8).to(key.dtype),
+            value.to(fp8).to(value.dtype),
+            key_cache,
+            value_cache,
+            slot_mapping,
+            dtype,
+            k_scale,
+            v_scale,
+        )
 
     monkeypatch.setattr(ops, "reshape_and_cache_flash", rounded_write)
     try:
@@ -147,8 +158,10 @@ def test_fp8_greedy_close_to_auto(kv_cache_dtype, auto_out, fp8_out):
     got = fp8_out if kv_cache_dtype == "fp8" else _run(_make(kv_cache_dtype))
     agreed, max_dev = 0, 0.0
     for g, a in zip(got, auto_out):
-        same = next((i for i, (x, y) in enumerate(zip(g.token_ids, a.token_ids)) if x != y),
-                    len(a.token_ids))
+        same = next(
+            (i for i, (x, y) in enumerate(zip(g.token_ids, a.token_ids)) if x != y),
+            len(a.token_ids),
+        )
         assert same >= 2, (g.token_ids, a.token_ids)  # the first tokens are identical
         agreed += same
         for j in range(same):
@@ -166,15 +179,23 @@ def test_fp8_greedy_close_to_auto(kv_cache_dtype, auto_out, fp8_out):
 def test_fp8_swap_preemption_and_fork(fp8_out):
     """Swapped-out blocks (host uint8 caches) and copy-on-write forks keep the fp8 bytes."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    ref = _make("fp8", max_num_batched_tokens=None).generate(PROMPTS[:4], params,
-                                                               use_tqdm=False)
-    tiny = _make("fp8", max_num_batched_tokens=None, num_gpu_blocks_override=10,
-                 max_model_len=160, preemption_mode="swap", num_cpu_blocks=64)
+    ref = _make("fp8", max_num_batched_tokens=None).generate(PROMPTS[:4], params, use_tqdm=False)
+    tiny = _make(
+        "fp8",
+        max_num_batched_tokens=None,
+        num_gpu_blocks_override=10,
+        max_model_len=160,
+        preemption_mode="swap",
+        num_cpu_blocks=64,
+    )
     assert tiny.llm_engine.runner.cpu_caches[0].dtype == torch.uint8
     got = tiny.generate(PROMPTS[:4], params, use_tqdm=False)
     assert tiny.llm_engine.get_stats()["num_preemptions"] > 0
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in ref]
-    forked = tiny.generate(PROMPTS[0], SamplingParams(n=3, temperature=0, max_tokens=20,
-                                                      ignore_eos=True), use_tqdm=False)[0]
+    forked = tiny.generate(
+        PROMPTS[0],
+        SamplingParams(n=3, temperature=0, max_tokens=20, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [c.token_ids for c in forked.outputs] == [ref[0].outputs[0].token_ids[:20]] * 3
     assert_no_leak(tiny)

@@ -31,22 +31,30 @@ class _CharTokenizer:
 
 
 def processor(**limits: int) -> InputProcessor:
-    return InputProcessor(_CharTokenizer(), vocab_size=100, max_model_len=32, max_logprobs=5,
-                          limits=RequestLimits(**limits) if limits else None)
+    return InputProcessor(
+        _CharTokenizer(),
+        vocab_size=100,
+        max_model_len=32,
+        max_logprobs=5,
+        limits=RequestLimits(**limits) if limits else None,
+    )
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("top_k", 2**64, "int64"),
-    ("n", 2**63, "int64"),
-    ("min_tokens", -(2**63) - 1, "int64"),
-    ("temperature", 1e39, "float32"),
-    ("temperature", float("inf"), "finite"),
-    ("repetition_penalty", 1e-46, "float32"),
-    ("repetition_penalty", 1e-7, "finite"),
-    ("repetition_penalty", 1e7, "finite"),
-    ("top_p", 1e-46, "float32"),
-    ("min_p", float("nan"), "finite"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("top_k", 2**64, "int64"),
+        ("n", 2**63, "int64"),
+        ("min_tokens", -(2**63) - 1, "int64"),
+        ("temperature", 1e39, "float32"),
+        ("temperature", float("inf"), "finite"),
+        ("repetition_penalty", 1e-46, "float32"),
+        ("repetition_penalty", 1e-7, "finite"),
+        ("repetition_penalty", 1e7, "finite"),
+        ("top_p", 1e-46, "float32"),
+        ("min_p", float("nan"), "finite"),
+    ],
+)
 def test_values_outside_the_samplers_range_are_refused_by_name(field, value, words):
     with pytest.raises(ValueError, match=rf"^{field} ") as err:
         SamplingParams(**{field: value})
@@ -67,29 +75,36 @@ def test_a_valid_request_becomes_an_engine_request():
     assert [ord("a") % 100, ord("b") % 100] in req.bad_words_token_ids
 
 
-@pytest.mark.parametrize("params, field", [
-    (SamplingParams(stop=["a", "b", "c"]), "stop"),
-    (SamplingParams(stop=["abcdef"]), "stop"),
-    (SamplingParams(bad_words=["a", "b", "c"]), "bad_words"),
-    (SamplingParams(bad_words=["abcdef"]), "bad_words"),
-    (SamplingParams(logit_bias={1: 1.0, 2: 1.0, 3: 1.0}), "logit_bias"),
-    (SamplingParams(n=3, temperature=1.0), "n"),
-    (SamplingParams(n=1, best_of=3, temperature=1.0), "best_of"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (SamplingParams(stop=["a", "b", "c"]), "stop"),
+        (SamplingParams(stop=["abcdef"]), "stop"),
+        (SamplingParams(bad_words=["a", "b", "c"]), "bad_words"),
+        (SamplingParams(bad_words=["abcdef"]), "bad_words"),
+        (SamplingParams(logit_bias={1: 1.0, 2: 1.0, 3: 1.0}), "logit_bias"),
+        (SamplingParams(n=3, temperature=1.0), "n"),
+        (SamplingParams(n=1, best_of=3, temperature=1.0), "best_of"),
+    ],
+)
 def test_limits_refuse_by_field(params, field):
-    limited = processor(max_stop_strings=2, max_bad_words=2, max_word_chars=5,
-                        max_logit_bias=2, max_n_sequences=2)
+    limited = processor(
+        max_stop_strings=2, max_bad_words=2, max_word_chars=5, max_logit_bias=2, max_n_sequences=2
+    )
     with pytest.raises(ValueError, match=rf"^{field} "):
         limited.process("r", "hi", params)
     processor().process("r", "hi", params)  # no limit by default (as vLLM's LLM)
 
 
-@pytest.mark.parametrize("params, field", [
-    (SamplingParams(stop_token_ids=[100]), "stop_token_ids"),
-    (SamplingParams(allowed_token_ids=[1] * 101), "allowed_token_ids"),
-    (SamplingParams(logit_bias={2**70: 1.0}), "logit_bias"),
-    (SamplingParams(logprobs=6), "Requested sample logprobs"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (SamplingParams(stop_token_ids=[100]), "stop_token_ids"),
+        (SamplingParams(allowed_token_ids=[1] * 101), "allowed_token_ids"),
+        (SamplingParams(logit_bias={2**70: 1.0}), "logit_bias"),
+        (SamplingParams(logprobs=6), "Requested sample logprobs"),
+    ],
+)
 def test_model_dependent_checks(params, field):
     with pytest.raises(ValueError, match=rf"^{field} "):
         processor().process("r", "hi", params)
@@ -118,15 +133,23 @@ def test_request_ids_with_control_characters_are_refused(rid):
 
 def test_vllm_engine_arguments_are_honoured_or_refused_with_the_reason():
     # At vLLM's defaults they change nothing and are accepted, so vLLM scripts run unchanged.
-    EngineConfig.from_kwargs(load_format="auto", tokenizer_mode="auto", enable_sleep_mode=False,
-                             compilation_config=None, logits_processors=None, seed=3)
-    for name, value, reason in (("load_format", "dummy", "own loader"),
-                                ("enable_sleep_mode", True, "sleep mode"),
-                                ("compilation_config", {"level": 3}, "torch.compile"),
-                                ("logits_processors", [print], "logits processors"),
-                                ("tokenizer_mode", "mistral", "fast tokenizer"),
-                                ("fully_sharded_loras", True, "tensor-parallel ranks"),
-                                ("code_revision", "v2", "checkpoint's code")):
+    EngineConfig.from_kwargs(
+        load_format="auto",
+        tokenizer_mode="auto",
+        enable_sleep_mode=False,
+        compilation_config=None,
+        logits_processors=None,
+        seed=3,
+    )
+    for name, value, reason in (
+        ("load_format", "dummy", "own loader"),
+        ("enable_sleep_mode", True, "sleep mode"),
+        ("compilation_config", {"level": 3}, "torch.compile"),
+        ("logits_processors", [print], "logits processors"),
+        ("tokenizer_mode", "mistral", "fast tokenizer"),
+        ("fully_sharded_loras", True, "tensor-parallel ranks"),
+        ("code_revision", "v2", "checkpoint's code"),
+    ):
         with pytest.raises(ValueError, match=rf"^{name}=.* is not supported: .*{reason}"):
             EngineConfig.from_kwargs(**{name: value})
     assert all(rule.reason for rule in VLLM_ONLY_ARGS.values())

@@ -47,8 +47,15 @@ def test_sampling_params_wrong_types_name_the_field(kwargs, name):
 
 def test_sampling_params_accepts_numeric_kinds():
     np = need("numpy")
-    p = SamplingParams(n=np.int64(2), temperature=np.float32(0.5), top_p=1, seed=np.int32(3),
-                       stop=("a", "b"), stop_token_ids=(np.int64(7),), top_k=None)
+    p = SamplingParams(
+        n=np.int64(2),
+        temperature=np.float32(0.5),
+        top_p=1,
+        seed=np.int32(3),
+        stop=("a", "b"),
+        stop_token_ids=(np.int64(7),),
+        top_k=None,
+    )
     assert (p.n, p.best_of, p.seed, p.top_k) == (2, 2, 3, 0)
     assert type(p.n) is int and type(p.temperature) is float and type(p.top_p) is float
     assert p.temperature == 0.5 and p.stop == ["a", "b"] and p.stop_token_ids == [7]
@@ -101,15 +108,20 @@ def test_generate_rejects_bad_other_arguments(llm):
     # The documented forms still work, each giving one output in order.
     tok = llm.get_tokenizer()
     ids = tok.encode("Hello")
-    outs = llm.generate(["Hello", ids, {"prompt": "Hello"}, {"prompt_token_ids": tuple(ids)}],
-                        SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    outs = llm.generate(
+        ["Hello", ids, {"prompt": "Hello"}, {"prompt_token_ids": tuple(ids)}],
+        SamplingParams(temperature=0, max_tokens=3),
+        use_tqdm=False,
+    )
     assert len({tuple(o.outputs[0].token_ids) for o in outs}) == 1
     assert len(llm.generate(ids, p, use_tqdm=False)) == 1
     # Other iterables and arrays, as lists: a generator of prompts, numpy token ids, range.
     np = need("numpy")
-    more = llm.generate((q for q in ["Hello", np.array(ids), {"prompt_token_ids": range(3)}]),
-                        (q for q in [SamplingParams(temperature=0, max_tokens=3)] * 3),
-                        use_tqdm=False)
+    more = llm.generate(
+        (q for q in ["Hello", np.array(ids), {"prompt_token_ids": range(3)}]),
+        (q for q in [SamplingParams(temperature=0, max_tokens=3)] * 3),
+        use_tqdm=False,
+    )
     assert more[1].outputs[0].token_ids == outs[0].outputs[0].token_ids
     assert more[1].prompt_token_ids == ids and more[2].prompt_token_ids == [0, 1, 2]
     assert llm.generate(np.array([ids, ids]), p, use_tqdm=False)[1].prompt_token_ids == ids
@@ -126,8 +138,11 @@ BAD_MESSAGES = [
     ([{"role": None, "content": "x"}], TypeError, r"^messages\[0\]\['role'\] must be a str"),
     (["hi"], TypeError, r"^messages\[0\] must be a dict"),
     ([[{"role": "user", "content": "a"}], "b"], TypeError, r"^messages\[1\] must be a non-emp"),
-    ([[{"role": "user", "content": "a"}, {"role": "user"}]], ValueError,
-     r"^messages\[0\]\[1\] has no 'content'"),
+    (
+        [[{"role": "user", "content": "a"}, {"role": "user"}]],
+        ValueError,
+        r"^messages\[0\]\[1\] has no 'content'",
+    ),
 ]
 
 
@@ -139,25 +154,54 @@ def test_chat_rejects_bad_messages(llm, messages, exc, msg):
 
 
 def test_chat_accepts_openai_text_parts(llm):
-    plain = [{"role": "system", "content": "Be brief."},
-             {"role": "user", "content": "Hello there\nfriend"}]
-    parts = [{"role": "system", "content": "Be brief."},
-             {"role": "user", "content": [{"type": "text", "text": "Hello there"},
-                                          {"type": "text", "text": "friend"}]}]
+    plain = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there\nfriend"},
+    ]
+    parts = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Hello there"},
+                {"type": "text", "text": "friend"},
+            ],
+        },
+    ]
     p = SamplingParams(temperature=0, max_tokens=2)
     a, b = llm.chat([plain, parts], p, use_tqdm=False)
     assert a.prompt == b.prompt and "Hello there\nfriend" in a.prompt
     assert a.outputs[0].token_ids == b.outputs[0].token_ids
     assert isinstance(parts[1]["content"], list)  # the caller's messages are left alone
     with pytest.raises(ValueError, match=r"^messages\[0\]\['content'\]\[1\]: only text parts"):
-        llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"},
-                                               {"type": "unknown", "x": "y"}]}], p,
-                 use_tqdm=False)
-    with pytest.raises(ValueError, match=r"^messages\[0\]\['content'\]\[1\] \(type "
-                                         r"'image_url'\): image inputs are not supported"):
-        llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"},
-                                               {"type": "image_url", "image_url": "x"}]}], p,
-                 use_tqdm=False)
+        llm.chat(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "hi"}, {"type": "unknown", "x": "y"}],
+                }
+            ],
+            p,
+            use_tqdm=False,
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"^messages\[0\]\['content'\]\[1\] \(type "
+        r"'image_url'\): image inputs are not supported",
+    ):
+        llm.chat(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "hi"},
+                        {"type": "image_url", "image_url": "x"},
+                    ],
+                }
+            ],
+            p,
+            use_tqdm=False,
+        )
     assert_no_leak(llm)
 
 
@@ -179,8 +223,9 @@ def test_out_of_vocab_stop_token_ids_are_rejected(llm):
     with pytest.raises(TypeError, match=r"^stop_token_ids"):
         SamplingParams(stop_token_ids=[1.5])
     # The last id of the vocabulary is a valid stop id.
-    out = llm.generate("Hello", SamplingParams(max_tokens=2, stop_token_ids=[vocab - 1]),
-                       use_tqdm=False)
+    out = llm.generate(
+        "Hello", SamplingParams(max_tokens=2, stop_token_ids=[vocab - 1]), use_tqdm=False
+    )
     assert len(out[0].outputs[0].token_ids) >= 1
     assert_no_leak(llm)
 
@@ -193,6 +238,7 @@ def test_out_of_vocab_logit_bias_is_rejected(llm):
     with pytest.raises(ValueError, match=rf"^logit_bias must be in \[0, {vocab}\).*{vocab}"):
         llm.generate("Hello", p, use_tqdm=False)
     assert_no_leak(llm)
-    out = llm.generate("Hello", SamplingParams(max_tokens=2, logit_bias={vocab - 1: 0.5}),
-                       use_tqdm=False)
+    out = llm.generate(
+        "Hello", SamplingParams(max_tokens=2, logit_bias={vocab - 1: 0.5}), use_tqdm=False
+    )
     assert len(out[0].outputs[0].token_ids) >= 1

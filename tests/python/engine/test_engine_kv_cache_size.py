@@ -23,10 +23,18 @@ _GiB = 1 << 30
 
 def _runner(device: str, kv_cache_space: Optional[float]) -> ModelRunner:
     cfg = EngineConfig.from_kwargs(None, device=device, kv_cache_space=kv_cache_space)
-    mc = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=64)
-    return ModelRunner(cfg, torch.nn.Identity(), mc, torch.device(device), torch.float32,
-                       max_model_len=256, max_num_batched_tokens=256)
+    mc = SimpleNamespace(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64
+    )
+    return ModelRunner(
+        cfg,
+        torch.nn.Identity(),
+        mc,
+        torch.device(device),
+        torch.float32,
+        max_model_len=256,
+        max_num_batched_tokens=256,
+    )
 
 
 class _Records(logging.Handler):

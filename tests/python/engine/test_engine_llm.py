@@ -49,7 +49,8 @@ def hf_model(smollm2_gguf: str):
     path = smollm2_gguf
     need("accelerate")
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    )
     return model.eval()
 
 
@@ -62,9 +63,14 @@ def test_greedy_matches_hf_transformers(llm, hf_model):
     for prompt, out in zip(HF_PROMPTS, outs):
         ids = torch.tensor([tok.encode(prompt)])
         with torch.no_grad():
-            hf = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                   max_new_tokens=48, pad_token_id=tok.eos_token_id)
-        expected = hf[0, ids.shape[1]:].tolist()
+            hf = hf_model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=48,
+                pad_token_id=tok.eos_token_id,
+            )
+        expected = hf[0, ids.shape[1] :].tolist()
         got = out.outputs[0]
         assert got.token_ids == expected, prompt
         assert out.prompt_token_ids == ids[0].tolist()
@@ -133,8 +139,12 @@ def test_chunked_prefill_does_not_change_results(llm, reference):
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_does_not_change_results(llm, reference, mode):
     # 10 blocks of 16 tokens: the four requests (~55 tokens each at the end) cannot all fit.
-    tiny = _make(num_gpu_blocks_override=10, max_model_len=160, preemption_mode=mode,
-                 num_cpu_blocks=64 if mode == "swap" else None)
+    tiny = _make(
+        num_gpu_blocks_override=10,
+        max_model_len=160,
+        preemption_mode=mode,
+        num_cpu_blocks=64 if mode == "swap" else None,
+    )
     outs = tiny.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert tiny.llm_engine.get_stats()["num_preemptions"] > 0
     for p, o in zip(PROMPTS, outs):
@@ -143,8 +153,11 @@ def test_preemption_does_not_change_results(llm, reference, mode):
 
 
 def test_n_samples_fork_and_match_single_requests(llm, reference):
-    outs = llm.generate(PROMPTS[0], SamplingParams(n=3, temperature=0, max_tokens=40,
-                                                   ignore_eos=True), use_tqdm=False)[0]
+    outs = llm.generate(
+        PROMPTS[0],
+        SamplingParams(n=3, temperature=0, max_tokens=40, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     assert [c.index for c in outs.outputs] == [0, 1, 2]
     for c in outs.outputs:
         assert c.token_ids == reference[PROMPTS[0]]
@@ -155,13 +168,17 @@ def test_n_samples_fork_and_match_single_requests(llm, reference):
     assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
     assert len({tuple(c.token_ids) for c in a.outputs}) > 1  # the samples differ
     # best_of=3, n=1 returns the most likely of the same three samples.
-    scored = llm.generate(PROMPTS[1], SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=7,
-                                                     max_tokens=20, logprobs=0),
-                          use_tqdm=False)[0].outputs
+    scored = llm.generate(
+        PROMPTS[1],
+        SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=7, max_tokens=20, logprobs=0),
+        use_tqdm=False,
+    )[0].outputs
     assert [c.token_ids for c in scored] == [c.token_ids for c in a.outputs]
-    best = llm.generate(PROMPTS[1], SamplingParams(n=1, best_of=3, temperature=1.0, top_p=0.9,
-                                                   seed=7, max_tokens=20),
-                        use_tqdm=False)[0].outputs
+    best = llm.generate(
+        PROMPTS[1],
+        SamplingParams(n=1, best_of=3, temperature=1.0, top_p=0.9, seed=7, max_tokens=20),
+        use_tqdm=False,
+    )[0].outputs
     winner = max(scored, key=lambda c: c.cumulative_logprob)
     assert len(best) == 1 and best[0].token_ids == winner.token_ids
     assert best[0].cumulative_logprob == pytest.approx(winner.cumulative_logprob, abs=1e-4)
@@ -185,30 +202,38 @@ def test_finish_reasons(llm, reference):
     text = tok.decode(ref)
     # A stop string: the text ends right before it, finish_reason "stop", stop_reason the string.
     stop = text[6:10]
-    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=40, stop=[stop]),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        PROMPTS[0], SamplingParams(temperature=0, max_tokens=40, stop=[stop]), use_tqdm=False
+    )[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
-    assert out.text == text[:text.index(stop)]
-    keep = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=40, stop=stop,
-                                                   include_stop_str_in_output=True),
-                        use_tqdm=False)[0].outputs[0]
-    assert keep.text == text[:text.index(stop) + len(stop)]
+    assert out.text == text[: text.index(stop)]
+    keep = llm.generate(
+        PROMPTS[0],
+        SamplingParams(temperature=0, max_tokens=40, stop=stop, include_stop_str_in_output=True),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert keep.text == text[: text.index(stop) + len(stop)]
     # A stop token id: generation ends on it; its text is not shown.
     sid = ref[5]
     first = ref.index(sid)
-    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=40,
-                                                  stop_token_ids=[sid]),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        PROMPTS[0],
+        SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[sid]),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == sid
-    assert out.token_ids == ref[:first + 1]
+    assert out.token_ids == ref[: first + 1]
     # min_tokens bans the stop id until then.
-    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=40, min_tokens=first
-                                                  + 3, stop_token_ids=[sid]),
-                       use_tqdm=False)[0].outputs[0]
-    assert len(out.token_ids) >= first + 3 and sid not in out.token_ids[:first + 2]
+    out = llm.generate(
+        PROMPTS[0],
+        SamplingParams(temperature=0, max_tokens=40, min_tokens=first + 3, stop_token_ids=[sid]),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert len(out.token_ids) >= first + 3 and sid not in out.token_ids[: first + 2]
     # max_tokens.
-    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=3),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert out.finish_reason == "length" and out.token_ids == ref[:3]
     assert_no_leak(llm)
 
@@ -242,7 +267,7 @@ def test_abort_and_validation(llm):
     with pytest.raises(ValueError, match="max_model_len"):
         eng.add_request("long", None, SamplingParams(), prompt_token_ids=[1] * 1024)
     with pytest.raises(ValueError, match="prompt_token_ids"):
-        eng.add_request("bad", None, SamplingParams(), prompt_token_ids=[10 ** 7])
+        eng.add_request("bad", None, SamplingParams(), prompt_token_ids=[10**7])
     with pytest.raises(ValueError, match="temperature"):
         llm.generate("x", SamplingParams(temperature=-1))
     assert_no_leak(llm)
@@ -265,8 +290,11 @@ def test_dropped_engine_is_freed_without_the_cycle_collector(llm):
     import weakref
 
     other = _make(max_model_len=256)  # shares the module engine's weights
-    outs = other.generate(PROMPTS[0], SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=4,
-                                                     logprobs=2), use_tqdm=False)
+    outs = other.generate(
+        PROMPTS[0],
+        SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=4, logprobs=2),
+        use_tqdm=False,
+    )
     assert len(outs[0].outputs) == 2
     runner = weakref.ref(other.llm_engine.runner)
     gc.disable()

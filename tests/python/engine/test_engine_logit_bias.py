@@ -28,11 +28,12 @@ def test_sampler_applies_logit_bias() -> None:
     logits = torch.randn(4, 50)
     top = logits.argmax(-1).tolist()
     sampler = Sampler(torch.device("cpu"))
-    rows = [SamplingRow(SamplingParams(temperature=0, logprobs=1, logit_bias={top[0]: -100.0}),
-                        [], []),
-            SamplingRow(SamplingParams(temperature=0, logit_bias={7: 100.0}), [], []),
-            SamplingRow(SamplingParams(temperature=1.0, logit_bias={11: 100.0}), [], []),
-            SamplingRow(SamplingParams(temperature=0), [], [])]  # no bias: untouched
+    rows = [
+        SamplingRow(SamplingParams(temperature=0, logprobs=1, logit_bias={top[0]: -100.0}), [], []),
+        SamplingRow(SamplingParams(temperature=0, logit_bias={7: 100.0}), [], []),
+        SamplingRow(SamplingParams(temperature=1.0, logit_bias={11: 100.0}), [], []),
+        SamplingRow(SamplingParams(temperature=0), [], []),
+    ]  # no bias: untouched
     out = sampler(logits, rows)
     assert out.token_ids[0] == logits[0].topk(2).indices[1].item()
     assert out.token_ids[1:] == [7, 11, top[3]]
@@ -41,9 +42,14 @@ def test_sampler_applies_logit_bias() -> None:
     raw = logits[0].log_softmax(-1)
     assert abs(out.logprobs[0][out.token_ids[0]].logprob - raw[out.token_ids[0]].item()) < 1e-5
     # A bias cannot lift a token banned before min_tokens.
-    banned = sampler(logits[:1], [SamplingRow(SamplingParams(temperature=0,
-                                                             logit_bias={7: 100.0}),
-                                              [], [], banned_token_ids=[7])])
+    banned = sampler(
+        logits[:1],
+        [
+            SamplingRow(
+                SamplingParams(temperature=0, logit_bias={7: 100.0}), [], [], banned_token_ids=[7]
+            )
+        ],
+    )
     assert banned.token_ids[0] != 7
 
 

@@ -65,8 +65,9 @@ def test_sampling_batches_stay_within_max_num_seqs(llm):
 
     eng.sampler = Spy()
     try:
-        out = llm.generate([[1]], SamplingParams(n=10 * MAX_NUM_SEQS + 3, max_tokens=1,
-                                                 seed=11), use_tqdm=False)[0]
+        out = llm.generate(
+            [[1]], SamplingParams(n=10 * MAX_NUM_SEQS + 3, max_tokens=1, seed=11), use_tqdm=False
+        )[0]
     finally:
         eng.sampler = real
     assert len(out.outputs) == 10 * MAX_NUM_SEQS + 3
@@ -94,8 +95,7 @@ def test_large_n_memory_is_bounded_and_results_correct(llm):
     assert all(len(c.token_ids) == 1 and c.finish_reason == "length" for c in outs)
     assert len({c.token_ids[0] for c in outs}) > 10  # temperature 1: the samples differ
     # Seeded: sample i depends on the seed and i only, not on n or on the chunking.
-    assert ([c.token_ids for c in outs[:small_n]]
-            == [c.token_ids for c in res[small_n].outputs])
+    assert [c.token_ids for c in outs[:small_n]] == [c.token_ids for c in res[small_n].outputs]
     assert_no_leak(llm)
 
 
@@ -105,12 +105,12 @@ def test_more_samples_than_seats_decode_correctly(llm):
     prompt = SMOLLM2_PROMPTS[0]
     greedy = dict(temperature=0, max_tokens=3, ignore_eos=True)
     ref = llm.generate(prompt, SamplingParams(**greedy), use_tqdm=False)[0].outputs[0].token_ids
-    out = llm.generate(prompt, SamplingParams(n=3 * MAX_NUM_SEQS + 1, **greedy),
-                       use_tqdm=False)[0]
+    out = llm.generate(prompt, SamplingParams(n=3 * MAX_NUM_SEQS + 1, **greedy), use_tqdm=False)[0]
     assert len(out.outputs) == 3 * MAX_NUM_SEQS + 1
     assert all(c.token_ids == ref for c in out.outputs)
-    seeded = SamplingParams(n=MAX_NUM_SEQS + 3, temperature=0.8, seed=2, max_tokens=3,
-                            ignore_eos=True)
+    seeded = SamplingParams(
+        n=MAX_NUM_SEQS + 3, temperature=0.8, seed=2, max_tokens=3, ignore_eos=True
+    )
     a = llm.generate(prompt, seeded, use_tqdm=False)[0]
     b = llm.generate(prompt, seeded, use_tqdm=False)[0]
     assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]

@@ -21,8 +21,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def llm(smollm2_gguf: str) -> LLM:
-    return cpu_llm(0.05, 256, num_gpu_blocks_override=64, preemption_mode="swap",
-                   num_cpu_blocks=8)
+    return cpu_llm(0.05, 256, num_gpu_blocks_override=64, preemption_mode="swap", num_cpu_blocks=8)
 
 
 def _stream(llm: LLM, rid: str, prompt, params: SamplingParams) -> list:
@@ -124,8 +123,13 @@ def test_spaces_between_special_tokens_reaches_the_detokenizer(llm: LLM) -> None
     try:
         for kind in ("final_only", "cumulative"):
             seen.clear()
-            p = SamplingParams(temperature=0, max_tokens=3, skip_special_tokens=False,
-                               spaces_between_special_tokens=False, output_kind=kind)
+            p = SamplingParams(
+                temperature=0,
+                max_tokens=3,
+                skip_special_tokens=False,
+                spaces_between_special_tokens=False,
+                output_kind=kind,
+            )
             _stream(llm, f"spaces-{kind}", "Hi", p)
             assert seen and all(s == (False, False) for s in seen), (kind, seen)
     finally:
@@ -148,8 +152,9 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm: LLM) -> None:
         o = llm.generate(prompt, SP(truncate_prompt_tokens=k, **greedy), use_tqdm=False)[0]
         assert o.prompt_token_ids == ids
     long_ids = [100] * 300  # max_model_len is 256: -1 keeps 255, room for one token
-    o = llm.generate({"prompt_token_ids": long_ids}, SP(truncate_prompt_tokens=-1, max_tokens=1),
-                     use_tqdm=False)[0]
+    o = llm.generate(
+        {"prompt_token_ids": long_ids}, SP(truncate_prompt_tokens=-1, max_tokens=1), use_tqdm=False
+    )[0]
     assert len(o.prompt_token_ids) == 255 and len(o.outputs[0].token_ids) == 1
     for bad in (0, -2):
         with pytest.raises(ValueError, match="truncate_prompt_tokens"):
@@ -164,8 +169,11 @@ def test_add_request_takes_vllm_prompt_forms_and_arrival_time(llm: LLM) -> None:
     ids = llm.get_tokenizer().encode("The capital of France is")
     params = SamplingParams(temperature=0, max_tokens=3, output_kind="final_only")
     want = llm.generate("The capital of France is", params, use_tqdm=False)[0]
-    forms = {"text": {"prompt": "The capital of France is"}, "tokens": {"prompt_token_ids": ids},
-             "list": ids}
+    forms = {
+        "text": {"prompt": "The capital of France is"},
+        "tokens": {"prompt_token_ids": ids},
+        "list": ids,
+    }
     for name, prompt in forms.items():
         eng.add_request(name, prompt, params, 1234.5)  # vLLM: arrival_time 4th
     outs = {}
@@ -186,8 +194,16 @@ def test_delta_outputs_add_up_to_the_cumulative_ones(llm: LLM, n: int) -> None:
     from pagedkv import RequestOutputKind
 
     def params(kind) -> SamplingParams:
-        return SamplingParams(n=n, temperature=0.8, seed=7, max_tokens=12, logprobs=1,
-                              prompt_logprobs=1, stop=[" the"], output_kind=kind)
+        return SamplingParams(
+            n=n,
+            temperature=0.8,
+            seed=7,
+            max_tokens=12,
+            logprobs=1,
+            prompt_logprobs=1,
+            stop=[" the"],
+            output_kind=kind,
+        )
 
     prompt = "Once upon a time"
     cum = _stream(llm, "cum", prompt, params(RequestOutputKind.CUMULATIVE))
@@ -211,8 +227,13 @@ def test_chat_template_kwargs_reach_the_template(llm: LLM) -> None:
     template = "{{ greeting }}{% for m in messages %}|{{ m['content'] }}{% endfor %}"
     msgs = [{"role": "user", "content": "Hi"}]
     params = SamplingParams(temperature=0, max_tokens=1)
-    out = llm.chat(msgs, params, use_tqdm=False, chat_template=template,
-                   chat_template_kwargs={"greeting": "Hello"})[0]
+    out = llm.chat(
+        msgs,
+        params,
+        use_tqdm=False,
+        chat_template=template,
+        chat_template_kwargs={"greeting": "Hello"},
+    )[0]
     assert out.prompt == "Hello|Hi"
     assert llm.llm_engine.get_tokenizer() is llm.get_tokenizer()
     assert_no_leak(llm)
@@ -221,20 +242,27 @@ def test_chat_template_kwargs_reach_the_template(llm: LLM) -> None:
 def test_allowed_token_ids_restrict_sampling(llm: LLM) -> None:
     prompt = "The capital of France is"
     allowed = [30, 284, 3575]  # ".", " and", " capital": never the unrestricted first token
-    free = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, logprobs=20),
-                        use_tqdm=False)[0].outputs[0]
+    free = llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=1, logprobs=20), use_tqdm=False
+    )[0].outputs[0]
     assert free.token_ids[0] not in allowed
-    for params in (SamplingParams(temperature=0, max_tokens=6, allowed_token_ids=allowed),
-                   SamplingParams(temperature=1.0, seed=3, max_tokens=6,
-                                  allowed_token_ids=allowed),
-                   SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6,
-                                  allowed_token_ids=allowed)):
+    for params in (
+        SamplingParams(temperature=0, max_tokens=6, allowed_token_ids=allowed),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=6, allowed_token_ids=allowed),
+        SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, allowed_token_ids=allowed),
+    ):
         for c in llm.generate(prompt, params, use_tqdm=False)[0].outputs:
             assert c.token_ids and set(c.token_ids) <= set(allowed), (params, c.token_ids)
     # Greedy picks the most likely allowed token (the raw logprobs rank them).
-    first = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1,
-                                                allowed_token_ids=allowed),
-                         use_tqdm=False)[0].outputs[0].token_ids[0]
+    first = (
+        llm.generate(
+            prompt,
+            SamplingParams(temperature=0, max_tokens=1, allowed_token_ids=allowed),
+            use_tqdm=False,
+        )[0]
+        .outputs[0]
+        .token_ids[0]
+    )
     ranked = {t: lp.logprob for t, lp in free.logprobs[0].items() if t in allowed}
     assert not ranked or first == max(ranked, key=ranked.__getitem__)
     with pytest.raises(ValueError, match="allowed_token_ids"):
@@ -245,7 +273,7 @@ def test_allowed_token_ids_restrict_sampling(llm: LLM) -> None:
 
 
 def _contains(seq: list, sub: list) -> bool:
-    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
 def test_bad_words_are_never_generated(llm: LLM) -> None:
@@ -262,9 +290,12 @@ def test_bad_words_are_never_generated(llm: LLM) -> None:
     assert encode(" answer is", add_special_tokens=False) in ids
     assert encode("answer is", add_special_tokens=False) in ids
     assert encode(" Paris", add_special_tokens=False) in ids
-    for params in (SamplingParams(bad_words=words, **greedy),
-                   SamplingParams(bad_words=words, n=2, temperature=1.0, seed=1, top_k=3,
-                                  max_tokens=12, ignore_eos=True)):
+    for params in (
+        SamplingParams(bad_words=words, **greedy),
+        SamplingParams(
+            bad_words=words, n=2, temperature=1.0, seed=1, top_k=3, max_tokens=12, ignore_eos=True
+        ),
+    ):
         for c in llm.generate(prompt, params, use_tqdm=False)[0].outputs:
             assert not any(_contains(c.token_ids, w) for w in ids), (c.text, c.token_ids)
             if params.temperature == 0:

@@ -37,8 +37,15 @@ SHAPES = {  # head_dim 32: the smallest the paged kernels take
     "tiny-qwen2": dict(hidden_size=128, num_hidden_layers=3),
     "tiny-mixtral": dict(hidden_size=64, head_dim=32, num_hidden_layers=3),
 }
-ENGINE = dict(device="cpu", skip_tokenizer_init=True, max_model_len=128, block_size=16,
-              num_gpu_blocks_override=14, num_cpu_blocks=64, max_num_seqs=8)
+ENGINE = dict(
+    device="cpu",
+    skip_tokenizer_init=True,
+    max_model_len=128,
+    block_size=16,
+    num_gpu_blocks_override=14,
+    num_cpu_blocks=64,
+    max_num_seqs=8,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -54,19 +61,23 @@ def one_thread():
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: Any) -> dict[str, str]:
     root = tmp_path_factory.mktemp("parallel")
-    return {name: save_random_model(str(root / name), name, seed=5, tokenizer=False,
-                                    vocab_size=VOCAB, **shape)
-            for name, shape in SHAPES.items()}
+    return {
+        name: save_random_model(
+            str(root / name), name, seed=5, tokenizer=False, vocab_size=VOCAB, **shape
+        )
+        for name, shape in SHAPES.items()
+    }
 
 
 def _workload() -> tuple[list[dict], SamplingParams]:
     g = torch.Generator().manual_seed(11)
     prefix = torch.randint(0, VOCAB, (40,), generator=g).tolist()  # 2.5 blocks shared
-    prompts = [{"prompt_token_ids": prefix + torch.randint(0, VOCAB, (n,), generator=g).tolist()}
-               for n in (3, 9, 1, 17, 6, 12)]
+    prompts = [
+        {"prompt_token_ids": prefix + torch.randint(0, VOCAB, (n,), generator=g).tolist()}
+        for n in (3, 9, 1, 17, 6, 12)
+    ]
     # 6 x (~49 + 40) tokens against 14 blocks of 16: the batch cannot all stay resident.
-    return prompts, SamplingParams(temperature=0, max_tokens=40, logprobs=2,
-                                   ignore_eos=True)
+    return prompts, SamplingParams(temperature=0, max_tokens=40, logprobs=2, ignore_eos=True)
 
 
 def _run(path: str, **kw: Any) -> tuple[list, dict, list]:
@@ -87,22 +98,31 @@ def _run(path: str, **kw: Any) -> tuple[list, dict, list]:
 _REFERENCE: dict[tuple[str, str, str], list] = {}
 
 
-@pytest.mark.parametrize("preset,tp,pp,mode,kv", [
-    ("tiny-llama", 2, 1, "recompute", "auto"),
-    ("tiny-qwen2", 2, 1, "swap", "auto"),
-    ("tiny-qwen2", 1, 2, "recompute", "auto"),
-    ("tiny-llama", 2, 2, "swap", "auto"),
-    ("tiny-qwen2", 2, 1, "recompute", "fp8"),
-    ("tiny-mixtral", 2, 2, "recompute", "auto"),
-])
-def test_parallel_engine_matches_one_rank(models: dict[str, str], preset: str, tp: int,
-                                          pp: int, mode: str, kv: str) -> None:
+@pytest.mark.parametrize(
+    "preset,tp,pp,mode,kv",
+    [
+        ("tiny-llama", 2, 1, "recompute", "auto"),
+        ("tiny-qwen2", 2, 1, "swap", "auto"),
+        ("tiny-qwen2", 1, 2, "recompute", "auto"),
+        ("tiny-llama", 2, 2, "swap", "auto"),
+        ("tiny-qwen2", 2, 1, "recompute", "fp8"),
+        ("tiny-mixtral", 2, 2, "recompute", "auto"),
+    ],
+)
+def test_parallel_engine_matches_one_rank(
+    models: dict[str, str], preset: str, tp: int, pp: int, mode: str, kv: str
+) -> None:
     key = (preset, mode, kv)
     if key not in _REFERENCE:
         _REFERENCE[key] = _run(models[preset], preemption_mode=mode, kv_cache_dtype=kv)[0]
     expected = _REFERENCE[key]
-    got, stats, procs = _run(models[preset], preemption_mode=mode, kv_cache_dtype=kv,
-                             tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    got, stats, procs = _run(
+        models[preset],
+        preemption_mode=mode,
+        kv_cache_dtype=kv,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+    )
     # fp8 caches: the ranks' k/v differ from one rank's in the last float32 bits (the
     # all-reduce sums in another order), which may flip an fp8 rounding.
     tol = 1e-2 if kv == "fp8" else 1e-4
@@ -167,17 +187,40 @@ def test_torchrun_launches_the_ranks(models: dict[str, str], tmp_path: Any) -> N
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(port), str(script),
-         models["tiny-llama"]], capture_output=True, text=True, timeout=120, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            str(script),
+            models["tiny-llama"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("TOKENS")]
     assert len(lines) == 1, done.stdout  # rank 0 only: the other rank never returns from LLM()
-    llm = LLM(models["tiny-llama"], device="cpu", skip_tokenizer_init=True, max_model_len=128,
-              kv_cache_space=0.01)
-    want = llm.generate([{"prompt_token_ids": [3, 1, 4, 1, 5, 9]}],
-                        SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-    assert json.loads(lines[0][len("TOKENS"):]) == want[0].outputs[0].token_ids
+    llm = LLM(
+        models["tiny-llama"],
+        device="cpu",
+        skip_tokenizer_init=True,
+        max_model_len=128,
+        kv_cache_space=0.01,
+    )
+    want = llm.generate(
+        [{"prompt_token_ids": [3, 1, 4, 1, 5, 9]}],
+        SamplingParams(temperature=0, max_tokens=8),
+        use_tqdm=False,
+    )
+    assert json.loads(lines[0][len("TOKENS") :]) == want[0].outputs[0].token_ids
 
 
 _CTRL_C_SCRIPT = """
@@ -211,9 +254,14 @@ def test_ctrl_c_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
     script = tmp_path / "ctrl_c.py"
     script.write_text(_CTRL_C_SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, str(script), models["tiny-llama"]],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), models["tiny-llama"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -19,23 +19,40 @@ from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
 VOCAB = 512
-ENGINE = dict(device="cuda", dtype="float32", skip_tokenizer_init=True, max_model_len=256,
-              gpu_memory_utilization=0.3, max_num_seqs=16)
+ENGINE = dict(
+    device="cuda",
+    dtype="float32",
+    skip_tokenizer_init=True,
+    max_model_len=256,
+    gpu_memory_utilization=0.3,
+    max_num_seqs=16,
+)
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: Any) -> str:
-    return save_random_model(str(tmp_path_factory.mktemp("pcuda") / "m"), "tiny-llama", seed=9,
-                             tokenizer=False, vocab_size=VOCAB, hidden_size=256, head_dim=64,
-                             num_attention_heads=4, num_key_value_heads=2,
-                             intermediate_size=512, num_hidden_layers=4)
+    return save_random_model(
+        str(tmp_path_factory.mktemp("pcuda") / "m"),
+        "tiny-llama",
+        seed=9,
+        tokenizer=False,
+        vocab_size=VOCAB,
+        hidden_size=256,
+        head_dim=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        num_hidden_layers=4,
+    )
 
 
 def _generate(path: str, **kw: Any) -> tuple[list, int]:
     llm = LLM(path, **ENGINE, **kw)
     g = torch.Generator().manual_seed(1)
-    prompts = [{"prompt_token_ids": torch.randint(0, VOCAB, (n,), generator=g).tolist()}
-               for n in (5, 40, 17, 90, 3, 64)]
+    prompts = [
+        {"prompt_token_ids": torch.randint(0, VOCAB, (n,), generator=g).tolist()}
+        for n in (5, 40, 17, 90, 3, 64)
+    ]
     params = SamplingParams(temperature=0, max_tokens=24, logprobs=1, ignore_eos=True)
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
@@ -51,13 +68,17 @@ def _generate(path: str, **kw: Any) -> tuple[list, int]:
 @pytest.mark.parametrize("tp,pp,kv", [(2, 1, "auto"), (1, 2, "auto"), (2, 1, "fp8")])
 def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str) -> None:
     want, _ = _generate(model, kv_cache_dtype=kv)
-    got, replays = _generate(model, kv_cache_dtype=kv, tensor_parallel_size=tp,
-                             pipeline_parallel_size=pp)
+    got, replays = _generate(
+        model, kv_cache_dtype=kv, tensor_parallel_size=tp, pipeline_parallel_size=pp
+    )
     assert replays > 0  # the decode steps ran as CUDA graphs
     same = sum(a.token_ids == b.token_ids for a, b in zip(want, got))
     assert same == len(want), f"{same}/{len(want)} sequences identical"
-    worst = max(abs(a.logprobs[i][t].logprob - b.logprobs[i][t].logprob)
-                for a, b in zip(want, got) for i, t in enumerate(a.token_ids))
+    worst = max(
+        abs(a.logprobs[i][t].logprob - b.logprobs[i][t].logprob)
+        for a, b in zip(want, got)
+        for i, t in enumerate(a.token_ids)
+    )
     # fp8: the ranks' k/v differ from one GPU's in the last float32 bits (the all-reduce sums
     # in another order), which may flip an fp8 rounding.
     assert worst < (1e-2 if kv == "fp8" else 1e-3), worst

@@ -18,8 +18,14 @@ def _row(params: SamplingParams, prompt=(), output=(), gen=None, banned=()) -> S
 
 def test_sampling_params_defaults_match_vllm():
     p = SamplingParams()
-    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (1, 1.0, 1.0, 0, 0.0,
-                                                                              16)
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (
+        1,
+        1.0,
+        1.0,
+        0,
+        0.0,
+        16,
+    )
     assert p.stop == [] and p.stop_token_ids == [] and p.best_of == 1
     assert SamplingParams(stop="x").stop == ["x"]
     assert SamplingParams(top_k=-1).top_k == 0
@@ -27,16 +33,27 @@ def test_sampling_params_defaults_match_vllm():
     assert g.sampling_type_greedy and g.top_p == 1.0 and g.top_k == 0
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"n": 0}, "n"), ({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"),
-    ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
-    ({"presence_penalty": 3.0}, "presence_penalty"),
-    ({"frequency_penalty": -2.5}, "frequency_penalty"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"logprobs": -1}, "logprobs"),
-    ({"prompt_logprobs": -3}, "prompt_logprobs"), ({"stop": [""]}, "stop"),
-    ({"n": 3, "best_of": 2}, "best_of"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"n": 0}, "n"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"prompt_logprobs": -3}, "prompt_logprobs"),
+        ({"stop": [""]}, "stop"),
+        ({"n": 3, "best_of": 2}, "best_of"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
 def test_sampling_params_validation_names_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
@@ -85,9 +102,16 @@ def _reference_probs(logits: np.ndarray, t: float, k: int, p: float, min_p: floa
     return q
 
 
-@pytest.mark.parametrize("t,k,p,min_p", [(1.0, 0, 1.0, 0.0), (0.7, 4, 1.0, 0.0),
-                                         (1.3, 0, 0.6, 0.0), (1.0, 5, 0.8, 0.0),
-                                         (1.0, 0, 1.0, 0.2)])
+@pytest.mark.parametrize(
+    "t,k,p,min_p",
+    [
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 4, 1.0, 0.0),
+        (1.3, 0, 0.6, 0.0),
+        (1.0, 5, 0.8, 0.0),
+        (1.0, 0, 1.0, 0.2),
+    ],
+)
 def test_sampling_distribution_matches_reference(t, k, p, min_p):
     torch.manual_seed(1)
     logits = torch.randn(1, 12) * 1.5
@@ -111,19 +135,33 @@ def test_penalties_match_reference():
     rng = np.random.default_rng(0)
     vocab = 50
     logits = torch.tensor(rng.normal(size=(3, vocab)), dtype=torch.float32)
-    cases = [((1, 2, 3), (3, 3, 7), 1.3, 0.5, 0.25), ((), (9, 9, 9, 1), 1.0, -0.4, 0.8),
-             ((4, 5), (), 0.7, 0.0, 0.0)]
+    cases = [
+        ((1, 2, 3), (3, 3, 7), 1.3, 0.5, 0.25),
+        ((), (9, 9, 9, 1), 1.0, -0.4, 0.8),
+        ((4, 5), (), 0.7, 0.0, 0.0),
+    ]
     rows, refs = [], []
     for i, (pr, out, rep, pres, freq) in enumerate(cases):
         ref = _penalty_reference(logits[i].numpy().astype(np.float64), pr, out, rep, pres, freq)
         refs.append(ref)
-        rows.append(_row(SamplingParams(temperature=0, repetition_penalty=rep,
-                                        presence_penalty=pres, frequency_penalty=freq), pr, out))
+        rows.append(
+            _row(
+                SamplingParams(
+                    temperature=0,
+                    repetition_penalty=rep,
+                    presence_penalty=pres,
+                    frequency_penalty=freq,
+                ),
+                pr,
+                out,
+            )
+        )
     # Greedy over penalised logits: put the reference argmax to the test by making it decisive.
     got = Sampler(torch.device("cpu"))(logits, rows).token_ids
     assert got == [int(np.argmax(r)) for r in refs]
     # And the penalised values themselves.
     from pagedkv.engine.sampler import _apply_penalties
+
     lg = logits.clone()
     _apply_penalties(lg, rows)
     np.testing.assert_allclose(lg.numpy(), np.stack(refs), rtol=1e-5, atol=1e-5)
@@ -139,10 +177,13 @@ def test_seeded_rows_ignore_batch_composition():
         toks = []
         for step in range(6):
             others = torch.randn(batch_extra, 1000)
-            logits = torch.cat([others[: batch_extra // 2], target + step,
-                                others[batch_extra // 2:]])
-            rows = [_row(SamplingParams(temperature=1.0, seed=seed_offset + j))
-                    for j in range(batch_extra)]
+            logits = torch.cat(
+                [others[: batch_extra // 2], target + step, others[batch_extra // 2 :]]
+            )
+            rows = [
+                _row(SamplingParams(temperature=1.0, seed=seed_offset + j))
+                for j in range(batch_extra)
+            ]
             rows.insert(batch_extra // 2, _row(SamplingParams(temperature=1.0, seed=1234), gen=g))
             toks.append(sampler(logits, rows).token_ids[batch_extra // 2])
         return toks
@@ -159,8 +200,10 @@ def test_seeded_rows_ignore_batch_composition():
 def test_banned_tokens_never_sampled():
     logits = torch.zeros(2, 8)
     logits[:, 3] = 10.0
-    rows = [_row(SamplingParams(temperature=0), banned=[3]),
-            _row(SamplingParams(temperature=1.0), banned=[3, 0, 1, 2, 4, 5, 6])]
+    rows = [
+        _row(SamplingParams(temperature=0), banned=[3]),
+        _row(SamplingParams(temperature=1.0), banned=[3, 0, 1, 2, 4, 5, 6]),
+    ]
     out = Sampler(torch.device("cpu"))(logits, rows).token_ids
     assert out[0] != 3 and out[1] == 7
 

@@ -45,8 +45,14 @@ def _expected(logits: np.ndarray, t: float, k: int, p: float, min_p: float) -> n
 
 
 # (temperature, top_k, top_p, min_p): each differs from the others in the knob it exercises.
-CONFIGS = [(0.5, 0, 1.0, 0.0), (2.0, 0, 1.0, 0.0), (1.0, 3, 1.0, 0.0), (1.0, 0, 0.5, 0.0),
-           (1.5, 0, 1.0, 0.1), (1.0, 8, 0.9, 0.0)]
+CONFIGS = [
+    (0.5, 0, 1.0, 0.0),
+    (2.0, 0, 1.0, 0.0),
+    (1.0, 3, 1.0, 0.0),
+    (1.0, 0, 0.5, 0.0),
+    (1.5, 0, 1.0, 0.1),
+    (1.0, 8, 0.9, 0.0),
+]
 
 
 def test_each_row_uses_its_own_knobs_in_a_mixed_batch() -> None:
@@ -60,7 +66,7 @@ def test_each_row_uses_its_own_knobs_in_a_mixed_batch() -> None:
     toks = np.asarray(Sampler(torch.device("cpu"), seed=11)(batch, rows).token_ids)
     for c, (t, k, p, m) in enumerate(CONFIGS):
         want = _expected(logits.numpy(), t, k, p, m)
-        freq = np.bincount(toks[c::len(CONFIGS)], minlength=vocab) / per_config
+        freq = np.bincount(toks[c :: len(CONFIGS)], minlength=vocab) / per_config
         assert np.all(freq[want == 0] == 0), (CONFIGS[c], freq, want)  # truncated: never drawn
         # 6000 draws: the standard error of a frequency is <= 0.0065; 0.03 is > 4.5 of them.
         assert np.abs(freq - want).max() < 0.03, (CONFIGS[c], freq, want)
@@ -69,8 +75,10 @@ def test_each_row_uses_its_own_knobs_in_a_mixed_batch() -> None:
 def test_greedy_and_random_rows_mixed() -> None:
     torch.manual_seed(6)
     logits = torch.randn(6, 50)
-    rows = [SamplingRow(SamplingParams(temperature=0 if i % 2 else 1.0, top_k=1), [], [])
-            for i in range(6)]
+    rows = [
+        SamplingRow(SamplingParams(temperature=0 if i % 2 else 1.0, top_k=1), [], [])
+        for i in range(6)
+    ]
     # top_k = 1 makes the random rows deterministic too: every row must give its own argmax.
     out = Sampler(torch.device("cpu"), seed=1)(logits, rows).token_ids
     assert out == logits.argmax(-1).tolist()
@@ -90,8 +98,9 @@ def test_min_p_applies_to_the_tempered_distribution() -> None:
     lo = float(np.log(0.2 / 0.8))
     logits = torch.tensor([[0.0, lo] + [-1e4] * 6])
     rows = [SamplingRow(SamplingParams(temperature=3.0, min_p=0.3), [], []) for _ in range(4000)]
-    toks = np.asarray(Sampler(torch.device("cpu"), seed=3)(logits.expand(4000, -1).contiguous(),
-                                                           rows).token_ids)
+    toks = np.asarray(
+        Sampler(torch.device("cpu"), seed=3)(logits.expand(4000, -1).contiguous(), rows).token_ids
+    )
     share = float((toks == 1).mean())
     p1 = 1.0 / (1.0 + np.exp(-lo / 3.0))  # softmax of (0, lo / 3), second entry
     assert abs(share - p1) < 0.04, (share, p1)

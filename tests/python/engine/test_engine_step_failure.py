@@ -73,8 +73,9 @@ def test_interrupted_generate_leaves_the_engine_usable(llm, reference, monkeypat
     # Ctrl-C in the middle of a batch: a few decode steps in.
     state = _raise_once(monkeypatch, cls, name, KeyboardInterrupt(), on_call=4)
     with pytest.raises(KeyboardInterrupt) as info:
-        llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True),
-                     use_tqdm=False)
+        llm.generate(
+            PROMPTS, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True), use_tqdm=False
+        )
     assert state["raised"]
     if sys.version_info >= (3, 11):  # exception notes
         assert any("aborted" in note for note in getattr(info.value, "__notes__", []))
@@ -130,13 +131,19 @@ def test_failed_step_keeps_swapped_out_requests_intact(llm, reference, monkeypat
     # The failing plan swaps requests out to host memory. They are not in the plan, so they go
     # on; their KV must still reach the host blocks (the swap-out comes first in the forward,
     # which here fails before it starts), or they resume from garbage.
-    tiny = _make(num_gpu_blocks_override=8, max_model_len=128, preemption_mode="swap",
-                 num_cpu_blocks=64)
+    tiny = _make(
+        num_gpu_blocks_override=8, max_model_len=128, preemption_mode="swap", num_cpu_blocks=64
+    )
     eng = tiny.llm_engine
     long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     want = {p: llm.generate(p, long, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS}
-    state = _raise_once(monkeypatch, ModelRunner, "execute", RuntimeError("forward failed"),
-                        when=lambda self, plan: len(plan.blocks_to_swap_out) > 0)
+    state = _raise_once(
+        monkeypatch,
+        ModelRunner,
+        "execute",
+        RuntimeError("forward failed"),
+        when=lambda self, plan: len(plan.blocks_to_swap_out) > 0,
+    )
     for i, p in enumerate(PROMPTS):
         eng.add_request(str(i), p, long)
     outs, failures = {}, 0
@@ -161,15 +168,14 @@ def test_failed_step_keeps_swapped_out_requests_intact(llm, reference, monkeypat
 def test_logprobs_are_capped_when_the_request_is_added(llm, field):
     eng = llm.llm_engine
     # Before: RuntimeError "selected index k out of range" inside the step, engine broken.
-    for k in (21, 10 ** 6):
+    for k in (21, 10**6):
         with pytest.raises(ValueError, match=rf"greater than max allowed: 20 .*{field}"):
             llm.generate(["Hi"], SamplingParams(max_tokens=2, **{field: k}), use_tqdm=False)
         with pytest.raises(ValueError, match="max allowed"):
             eng.add_request("big", "Hi", SamplingParams(**{field: k}))
         assert "big" not in eng.requests
     assert_no_leak(llm)
-    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=2, **{field: 20}),
-                       use_tqdm=False)[0]
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=2, **{field: 20}), use_tqdm=False)[0]
     got = out.outputs[0].logprobs if field == "logprobs" else out.prompt_logprobs
     assert got is not None and max(len(d) for d in got if d) >= 20
     assert_no_leak(llm)
@@ -185,8 +191,9 @@ def test_max_logprobs_engine_argument(llm):
     vocab = llm.llm_engine.model_config.vocab_size
     uncapped = _make(max_logprobs=-1)
     with pytest.raises(ValueError, match=f"max allowed: {vocab}"):
-        uncapped.generate(["Hi"], SamplingParams(max_tokens=1, prompt_logprobs=vocab + 1),
-                          use_tqdm=False)
+        uncapped.generate(
+            ["Hi"], SamplingParams(max_tokens=1, prompt_logprobs=vocab + 1), use_tqdm=False
+        )
     with pytest.raises(ValueError, match="max_logprobs"):
         _make(max_logprobs=-2)
     assert_no_leak(wide)

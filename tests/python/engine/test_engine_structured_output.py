@@ -41,12 +41,29 @@ SCHEMA = {
 
 def _llm(tmp_path_factory, blocks: int) -> LLM:
     out = str(tmp_path_factory.mktemp("tiny_structured"))
-    path = save_random_model(out, "tiny-llama", seed=7, tokenizer=True, hidden_size=64,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                             intermediate_size=128, num_hidden_layers=2, vocab_size=49152,
-                             max_position_embeddings=1024)
-    return LLM(path, device="cpu", dtype="float32", block_size=8, num_gpu_blocks_override=blocks,
-               max_model_len=256, seed=0)
+    path = save_random_model(
+        out,
+        "tiny-llama",
+        seed=7,
+        tokenizer=True,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        vocab_size=49152,
+        max_position_embeddings=1024,
+    )
+    return LLM(
+        path,
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=blocks,
+        max_model_len=256,
+        seed=0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +107,9 @@ def test_regex_choice_grammar(llm: LLM) -> None:
 
 
 def test_guided_decoding_spelling_and_greedy(llm: LLM) -> None:
-    old = SamplingParams(temperature=0, max_tokens=40,
-                         guided_decoding=GuidedDecodingParams(choice=["alpha", "beta"]))
+    old = SamplingParams(
+        temperature=0, max_tokens=40, guided_decoding=GuidedDecodingParams(choice=["alpha", "beta"])
+    )
     assert old.structured_outputs == StructuredOutputsParams(choice=["alpha", "beta"])
     assert old.guided_decoding is None
     out = llm.generate(PROMPT, old, use_tqdm=False)[0].outputs[0]
@@ -99,8 +117,7 @@ def test_guided_decoding_spelling_and_greedy(llm: LLM) -> None:
 
 
 def test_json_object_output_is_a_json_object_or_cut_by_length(llm: LLM) -> None:
-    outs = llm.generate([PROMPT] * 3, _params(_so(json_object=True), max_tokens=60),
-                        use_tqdm=False)
+    outs = llm.generate([PROMPT] * 3, _params(_so(json_object=True), max_tokens=60), use_tqdm=False)
     for r in outs:
         o = r.outputs[0]
         assert o.text.lstrip().startswith("{")
@@ -111,25 +128,27 @@ def test_json_object_output_is_a_json_object_or_cut_by_length(llm: LLM) -> None:
 def test_unconstrained_outputs_unchanged_in_a_mixed_batch(llm: LLM) -> None:
     plain = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     alone = llm.generate(PROMPT, plain, use_tqdm=False)[0].outputs[0].token_ids
-    mixed = llm.generate([PROMPT, PROMPT], [plain, _params(_so(regex="[0-9]{4}"))],
-                         use_tqdm=False)
+    mixed = llm.generate([PROMPT, PROMPT], [plain, _params(_so(regex="[0-9]{4}"))], use_tqdm=False)
     assert mixed[0].outputs[0].token_ids == alone
     assert re.fullmatch("[0-9]{4}", mixed[1].outputs[0].text)
 
 
 def test_grammar_end_finishes_even_with_ignore_eos(llm: LLM) -> None:
-    out = llm.generate(PROMPT, _params(_so(choice=["done"]), ignore_eos=True),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(PROMPT, _params(_so(choice=["done"]), ignore_eos=True), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert (out.text, out.finish_reason) == ("done", "stop")
     assert_no_leak(llm)
 
 
 def test_stop_string_and_max_tokens_under_a_constraint(llm: LLM) -> None:
-    out = llm.generate(PROMPT, _params(_so(regex="ab(cd){3}e"), max_tokens=60, stop=["cdcd"]),
-                       use_tqdm=False)[0].outputs[0]
+    out = llm.generate(
+        PROMPT, _params(_so(regex="ab(cd){3}e"), max_tokens=60, stop=["cdcd"]), use_tqdm=False
+    )[0].outputs[0]
     assert (out.text, out.finish_reason, out.stop_reason) == ("ab", "stop", "cdcd")
-    cut = llm.generate(PROMPT, _params(_so(regex="[0-9]{30}"), max_tokens=3),
-                       use_tqdm=False)[0].outputs[0]
+    cut = llm.generate(PROMPT, _params(_so(regex="[0-9]{30}"), max_tokens=3), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert cut.finish_reason == "length" and re.fullmatch("[0-9]*", cut.text)
     assert_no_leak(llm)
 
@@ -158,8 +177,9 @@ def test_logits_processors(llm: LLM) -> None:
         logits[forced] = 0.0
         return logits
 
-    def ban_forced(prompt_ids: list[int], output_ids: list[int],
-                   logits: torch.Tensor) -> torch.Tensor:
+    def ban_forced(
+        prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
         assert prompt_ids
         out = logits.clone()
         out[forced] = float("-inf")
@@ -169,9 +189,13 @@ def test_logits_processors(llm: LLM) -> None:
     assert p.clone().logits_processors[0] is force  # shared, not deep-copied
     out = llm.generate(PROMPT, p, use_tqdm=False)[0].outputs[0]
     assert out.token_ids == [forced] * 5 and seen == [0, 1, 2, 3, 4]
-    banned = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
-                                                 logits_processors=[ban_forced]),
-                          use_tqdm=False)[0].outputs[0]
+    banned = llm.generate(
+        PROMPT,
+        SamplingParams(
+            temperature=0, max_tokens=8, ignore_eos=True, logits_processors=[ban_forced]
+        ),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert forced not in banned.token_ids
     with pytest.raises(TypeError, match="logits_processors"):
         SamplingParams(logits_processors=[3])
@@ -180,8 +204,7 @@ def test_logits_processors(llm: LLM) -> None:
 def test_preemption_under_constraints(tmp_path_factory, smollm2_gguf: str) -> None:
     small = _llm(tmp_path_factory, 24)  # 24 blocks of 8: the batch cannot all stay resident
     so = _so(json=SCHEMA, disable_any_whitespace=True)
-    outs = small.generate([f"{PROMPT} {i}" for i in range(6)], _params(so, n=4),
-                          use_tqdm=False)
+    outs = small.generate([f"{PROMPT} {i}" for i in range(6)], _params(so, n=4), use_tqdm=False)
     assert small.llm_engine.scheduler.num_preemptions > 0
     for r in outs:
         for o in r.outputs:

@@ -27,10 +27,20 @@ VOCAB = 256
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("tiny_engine"))
-    return save_random_model(out, "tiny-llama", seed=3, tokenizer=False, hidden_size=64,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                             intermediate_size=128, num_hidden_layers=2, vocab_size=VOCAB,
-                             max_position_embeddings=1024)
+    return save_random_model(
+        out,
+        "tiny-llama",
+        seed=3,
+        tokenizer=False,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=1024,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +98,14 @@ def test_chunked_prefill_and_long_decodes_match_dense(model_dir: str, dense) -> 
     # the 600-token prompt decodes past 512 keys (paged_attention_v2 on the CPU).
     prompts = _prompts(3, 1, 40, 90) + [_prompts(1, 2, 600, 601)[0]]
     n = [12, 9, 15, 6]
-    llm = _llm(model_dir, block_size=8, max_num_batched_tokens=32, max_model_len=640,
-               num_gpu_blocks_override=160, enable_prefix_caching=False)
+    llm = _llm(
+        model_dir,
+        block_size=8,
+        max_num_batched_tokens=32,
+        max_model_len=640,
+        num_gpu_blocks_override=160,
+        enable_prefix_caching=False,
+    )
     outs = llm.generate(prompts, [_params(k) for k in n], use_tqdm=False)
     _check(outs, prompts, dense, n)
 
@@ -101,9 +117,15 @@ def test_preemption_in_a_tiny_cache_matches_dense(model_dir: str, dense, mode: s
     # ran alone.
     prompts = _prompts(6, 4, 8, 20)
     n = [16] * 6
-    llm = _llm(model_dir, block_size=4, num_gpu_blocks_override=12, max_model_len=40,
-               enable_prefix_caching=False, preemption_mode=mode,
-               **({"num_cpu_blocks": 64} if mode == "swap" else {}))
+    llm = _llm(
+        model_dir,
+        block_size=4,
+        num_gpu_blocks_override=12,
+        max_model_len=40,
+        enable_prefix_caching=False,
+        preemption_mode=mode,
+        **({"num_cpu_blocks": 64} if mode == "swap" else {}),
+    )
     outs = llm.generate(prompts, [_params(k) for k in n], use_tqdm=False)
     assert llm.llm_engine.scheduler.num_preemptions > 0, "the cache was not tight enough"
     _check(outs, prompts, dense, n)
@@ -145,8 +167,9 @@ def test_parallel_samples_fork_the_prompt_cache_correctly(model_dir: str, dense)
     # blocks and copy the partial one on their first write. A wrong copy or a sample writing
     # into a sibling's block shows as logprobs that differ from the dense forward.
     prompts = _prompts(3, 7, 9, 30)
-    params = SamplingParams(n=4, temperature=1.0, max_tokens=10, ignore_eos=True, logprobs=0,
-                            seed=11)
+    params = SamplingParams(
+        n=4, temperature=1.0, max_tokens=10, ignore_eos=True, logprobs=0, seed=11
+    )
     llm = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert all(len(o.outputs) == 4 for o in outs)
@@ -155,16 +178,23 @@ def test_parallel_samples_fork_the_prompt_cache_correctly(model_dir: str, dense)
     assert eng.scheduler.num_free_blocks == eng.num_gpu_blocks
 
 
-def test_penalties_see_the_prompt_and_the_tokens_generated_so_far(model_dir: str,
-                                                                  dense_logits) -> None:
+def test_penalties_see_the_prompt_and_the_tokens_generated_so_far(
+    model_dir: str, dense_logits
+) -> None:
     # Greedy with repetition / frequency / presence penalties: at every step the engine's token
     # must be the argmax of the dense logits penalised over the prompt and the output so far
     # (vLLM's definitions: repetition over prompt + output, the other two over the output).
     prompts = _prompts(3, 8, 5, 25)
     rep, freq, pres = 1.8, 0.7, 0.4
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0,
-                            repetition_penalty=rep, frequency_penalty=freq,
-                            presence_penalty=pres)
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=24,
+        ignore_eos=True,
+        logprobs=0,
+        repetition_penalty=rep,
+        frequency_penalty=freq,
+        presence_penalty=pres,
+    )
     llm = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64)
     outs = llm.generate(prompts, params, use_tqdm=False)
     changed = 0
@@ -196,17 +226,24 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch(model_dir: 
 
 
 @pytest.mark.parametrize("budget,blocks", [(16, 64), (2048, 64), (8, 12)])
-def test_prompt_logprobs_over_chunked_prefill_match_dense(model_dir: str, dense,
-                                                          budget: int, blocks: int) -> None:
+def test_prompt_logprobs_over_chunked_prefill_match_dense(
+    model_dir: str, dense, budget: int, blocks: int
+) -> None:
     # prompt_logprobs: entry p (p >= 1) holds log P(prompt[p] | prompt[:p]) and its rank. With a
     # 16-token budget the 50-token prompts prefill over several steps, next to each other; with
     # 12 blocks of 8 tokens and an 8-token budget, prefills are preempted and recomputed.
     prompts = _prompts(2, 10, 45, 55) if blocks == 64 else _prompts(4, 11, 20, 30)
-    params = SamplingParams(temperature=0, max_tokens=2 if blocks == 64 else 12,
-                            ignore_eos=True, prompt_logprobs=2)
-    llm = _llm(model_dir, block_size=8 if blocks == 64 else 4, num_gpu_blocks_override=blocks,
-               max_model_len=64 if blocks == 64 else 48, max_num_batched_tokens=budget,
-               enable_prefix_caching=False)
+    params = SamplingParams(
+        temperature=0, max_tokens=2 if blocks == 64 else 12, ignore_eos=True, prompt_logprobs=2
+    )
+    llm = _llm(
+        model_dir,
+        block_size=8 if blocks == 64 else 4,
+        num_gpu_blocks_override=blocks,
+        max_model_len=64 if blocks == 64 else 48,
+        max_num_batched_tokens=budget,
+        enable_prefix_caching=False,
+    )
     outs = llm.generate(prompts, params, use_tqdm=False)
     if blocks < 64:
         assert llm.llm_engine.scheduler.num_preemptions > 0
@@ -225,8 +262,14 @@ def test_prompt_logprobs_over_chunked_prefill_match_dense(model_dir: str, dense,
 def test_priority_reaches_the_scheduler(model_dir: str) -> None:
     # One seat: requests run one after another, most urgent (lowest value) first.
     prompts = _prompts(3, 12, 5, 10)
-    llm = _llm(model_dir, block_size=8, num_gpu_blocks_override=64, max_model_len=64,
-               max_num_seqs=1, scheduling_policy="priority")
+    llm = _llm(
+        model_dir,
+        block_size=8,
+        num_gpu_blocks_override=64,
+        max_model_len=64,
+        max_num_seqs=1,
+        scheduling_policy="priority",
+    )
     outs = llm.generate(prompts, _params(3), use_tqdm=False, priority=[5, 0, 3])
     done = [o.metrics.finished_time for o in outs]
     assert done[1] < done[2] < done[0], done

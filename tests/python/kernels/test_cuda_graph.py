@@ -36,11 +36,21 @@ def test_decode_graph_replay(layout, partition_size, kernel="auto"):
     stream = torch.cuda.Stream()
 
     def step() -> None:
-        args = (q, kv.key_cache, kv.value_cache, hkv, d ** -0.5, kv.block_tables, seq_lens, bs,
-                max_len)
+        args = (
+            q,
+            kv.key_cache,
+            kv.value_cache,
+            hkv,
+            d**-0.5,
+            kv.block_tables,
+            seq_lens,
+            bs,
+            max_len,
+        )
         if partition_size:
-            ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=partition_size,
-                                   kernel=kernel)
+            ops.paged_attention_v2(
+                out, es, ml, tmp, *args, partition_size=partition_size, kernel=kernel
+            )
         else:
             ops.paged_attention_v1(out, *args, kernel=kernel)
 
@@ -60,6 +70,10 @@ def test_decode_graph_replay(layout, partition_size, kernel="auto"):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = torch.cat([attention_ref(q[i:i + 1].cpu(), *gather(kv, i, n), torch.tensor([n - 1]),
-                                       d ** -0.5) for i, n in enumerate(lens)])
+        ref = torch.cat(
+            [
+                attention_ref(q[i : i + 1].cpu(), *gather(kv, i, n), torch.tensor([n - 1]), d**-0.5)
+                for i, n in enumerate(lens)
+            ]
+        )
         assert rel_err(out, ref) < TOL[dtype]

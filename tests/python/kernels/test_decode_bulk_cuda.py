@@ -42,15 +42,27 @@ def test_decode_bulk_random(dtype, kv_dtype):
     r, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     sizes = mma_tests.MMA_HEAD_SIZES if kv_dtype == "auto" else FP8_HEAD_SIZES
     for _ in range(12):
-        q, kv, seq_lens, hkv, opts, ks, vs, partition = mma_tests._case(r, gen, kv_dtype, "nhd",
-                                                                       dtype, sizes)
+        q, kv, seq_lens, hkv, opts, ks, vs, partition = mma_tests._case(
+            r, gen, kv_dtype, "nhd", dtype, sizes
+        )
         scale = q.shape[-1] ** -0.5
-        out = run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition,
-                         kernel=KERNEL)
+        out = run_decode(
+            q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition, kernel=KERNEL
+        )
         torch.cuda.synchronize()
         err = rel_err(out, decode_ref(q, kv, seq_lens, scale, opts))
-        assert err < TOL[dtype], (seed, err, q.shape, hkv, kv.block_size, seq_lens, partition,
-                                  opts["window"], opts["softcap"], opts["alibi"] is not None)
+        assert err < TOL[dtype], (
+            seed,
+            err,
+            q.shape,
+            hkv,
+            kv.block_size,
+            seq_lens,
+            partition,
+            opts["window"],
+            opts["softcap"],
+            opts["alibi"] is not None,
+        )
 
 
 def test_decode_bulk_scales_large_bf16_queries_into_fp16():
@@ -61,7 +73,7 @@ def test_decode_bulk_scales_large_bf16_queries_into_fp16():
     seq_lens, hkv, group, d = [700, 33], 2, 4, 128
     kv = make_paged_kv(gen, seq_lens, hkv, d, 16, torch.bfloat16, "nhd", "fp8", 0.5, 1.5)
     q = (torch.randn(2, hkv * group, d, generator=gen) * 1e6).to(torch.bfloat16).cuda()
-    scale = 1e-6 * d ** -0.5
+    scale = 1e-6 * d**-0.5
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
     out = run_decode(q, kv, seq_lens, hkv, scale, opts, "fp8", 0.5, 1.5, 0, kernel=KERNEL)
     torch.cuda.synchronize()

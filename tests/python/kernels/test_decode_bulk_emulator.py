@@ -64,7 +64,9 @@ def test_ld_at_is_at_of_the_lanes_row(row_bytes, tma):
     form = tile_form(row_bytes, tma)
     for lane in range(32):
         for u in range(0, row_bytes // 16, 2):
-            assert ld_at(form, ld_lane_k(form, lane), u) == \
-                at(form, (lane & 7) + (lane & 8), u + (lane >> 4))
-            assert ld_at(form, ld_lane_v(form, lane), u) == \
-                at(form, (lane & 7) + (lane >> 4) * 8, u + ((lane >> 3) & 1))
+            assert ld_at(form, ld_lane_k(form, lane), u) == at(
+                form, (lane & 7) + (lane & 8), u + (lane >> 4)
+            )
+            assert ld_at(form, ld_lane_v(form, lane), u) == at(
+                form, (lane & 7) + (lane >> 4) * 8, u + ((lane >> 3) & 1)
+            )

@@ -30,8 +30,14 @@ MMA_HEAD_SIZES = [h for h in ops.SUPPORTED_HEAD_SIZES if h % 16 == 0]  # what it
 KERNEL = "tensor_core"
 
 
-def _case(r: random.Random, gen: torch.Generator, kv_dtype: str, layout: str, dtype,
-          head_sizes: list[int] = MMA_HEAD_SIZES):
+def _case(
+    r: random.Random,
+    gen: torch.Generator,
+    kv_dtype: str,
+    layout: str,
+    dtype,
+    head_sizes: list[int] = MMA_HEAD_SIZES,
+):
     head_size = r.choice(head_sizes)
     hkv = r.choice([1, 2, 3])
     group = r.choice([1, 4, 5, 8, 16, 24, 32])
@@ -40,10 +46,12 @@ def _case(r: random.Random, gen: torch.Generator, kv_dtype: str, layout: str, dt
     ks, vs = (1.0, 1.0) if kv_dtype == "auto" else (r.uniform(0.3, 2.0), r.uniform(0.3, 2.0))
     q = torch.randn(len(seq_lens), hkv * group, head_size, generator=gen).to(dtype).cuda()
     kv = make_paged_kv(gen, seq_lens, hkv, head_size, bs, dtype, layout, kv_dtype, ks, vs)
-    alibi = ((torch.rand(hkv * group, generator=gen) * 0.2).cuda()
-             if r.random() < 0.3 else None)
-    opts = {"alibi": alibi, "softcap": r.choice([0.0, 0.0, 20.0]),
-            "window": r.choice([0, 0, r.randint(1, 700)])}
+    alibi = (torch.rand(hkv * group, generator=gen) * 0.2).cuda() if r.random() < 0.3 else None
+    opts = {
+        "alibi": alibi,
+        "softcap": r.choice([0.0, 0.0, 20.0]),
+        "window": r.choice([0, 0, r.randint(1, 700)]),
+    }
     partition = r.choice([0, bs, 3 * bs, 128, 512])
     return q, kv, seq_lens, hkv, opts, ks, vs, partition
 
@@ -58,17 +66,29 @@ def test_decode_mma_random(dtype, layout, kv_dtype):
     for _ in range(3):
         q, kv, seq_lens, hkv, opts, ks, vs, partition = _case(r, gen, kv_dtype, layout, dtype)
         scale = q.shape[-1] ** -0.5
-        out = run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition,
-                         kernel=KERNEL)
+        out = run_decode(
+            q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition, kernel=KERNEL
+        )
         torch.cuda.synchronize()
         ref = decode_ref(q, kv, seq_lens, scale, opts)
         err = rel_err(out, ref)
-        assert err < TOL[dtype], (seed, err, q.shape, hkv, kv.block_size, seq_lens, partition,
-                                  opts["window"], opts["softcap"], opts["alibi"] is not None)
+        assert err < TOL[dtype], (
+            seed,
+            err,
+            q.shape,
+            hkv,
+            kv.block_size,
+            seq_lens,
+            partition,
+            opts["window"],
+            opts["softcap"],
+            opts["alibi"] is not None,
+        )
 
 
 def test_partition_heuristic():
     """The library's split-K rule (C++ ops::decode_partition_size) per kernel."""
+
     def rule(kernel, *args, kv="auto"):
         return decode_partition_size(*args, kernel=kernel, kv_cache_dtype=kv)
 
@@ -121,8 +141,16 @@ def test_partition_heuristic():
         bs = random.choice([8, 16, 32, 48])
         n = random.randint(1, 100000)
         kernel = random.choice(["hopper", "tensor_core", "cuda_core", "cpu"])
-        ps = rule(kernel, random.randint(1, 64), 32, random.choice([1, 8, 32]), n, bs,
-                  random.choice([108, 132]), kv=random.choice(["auto", "fp8"]))
+        ps = rule(
+            kernel,
+            random.randint(1, 64),
+            32,
+            random.choice([1, 8, 32]),
+            n,
+            bs,
+            random.choice([108, 132]),
+            kv=random.choice(["auto", "fp8"]),
+        )
         assert ps == 0 or (ps % bs == 0 and ps % 16 == 0 and 128 <= ps < n), (kernel, bs, n, ps)
     with pytest.raises(ValueError, match="kernel"):
         rule("bulk", 1, 32, 8, 4096, 16, 132)
@@ -180,8 +208,10 @@ def test_decode_kernel_choice_on_cuda():
         assert ops.decode_partition_size(q[:1].repeat(n, 1, 1), nhd, nhd, 2, 32768) == want
         # The split follows a named kernel too.
         want = decode_partition_size(n, 8, 2, 32768, 16, sms, kernel="cuda_core")
-        assert ops.decode_partition_size(q[:1].repeat(n, 1, 1), nhd, nhd, 2, 32768,
-                                         kernel="cuda_core") == want
+        assert (
+            ops.decode_partition_size(q[:1].repeat(n, 1, 1), nhd, nhd, 2, 32768, kernel="cuda_core")
+            == want
+        )
 
 
 @pytest.mark.cuda
@@ -197,11 +227,23 @@ def test_forward_decode_split_on_cuda(layout):
     kernel = ops.decode_kernel(q, kv.key_cache, kv.value_cache, hkv)
     assert decode_partition_size(2, hkv * group, hkv, max(seq_lens), bs, sms, kernel=kernel) > 0
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
-    out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables, sl,
-                                        max(seq_lens), "auto", hkv, d ** -0.5, None, 1.0, 1.0)
+    out = PagedAttention.forward_decode(
+        q,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        sl,
+        max(seq_lens),
+        "auto",
+        hkv,
+        d**-0.5,
+        None,
+        1.0,
+        1.0,
+    )
     torch.cuda.synchronize()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
-    assert rel_err(out, decode_ref(q, kv, seq_lens, d ** -0.5, opts)) < TOL[torch.bfloat16], seed
+    assert rel_err(out, decode_ref(q, kv, seq_lens, d**-0.5, opts)) < TOL[torch.bfloat16], seed
 
 
 @pytest.mark.cuda
@@ -214,11 +256,11 @@ def test_decode_mma_matches_cuda_core_kernel():
     kv = make_paged_kv(gen, seq_lens, hkv, d, 16, torch.bfloat16, "nhd")
     q = torch.randn(2, hkv * group, d, generator=gen).to(torch.bfloat16).cuda()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
-    fast = run_decode(q, kv, seq_lens, hkv, d ** -0.5, opts, "auto", 1.0, 1.0, 256,
-                      kernel=KERNEL)
-    kv32 = dataclasses.replace(kv, key_cache=kv.key_cache.float(),
-                               value_cache=kv.value_cache.float())
-    slow = run_decode(q.float(), kv32, seq_lens, hkv, d ** -0.5, opts, "auto", 1.0, 1.0, 256)
+    fast = run_decode(q, kv, seq_lens, hkv, d**-0.5, opts, "auto", 1.0, 1.0, 256, kernel=KERNEL)
+    kv32 = dataclasses.replace(
+        kv, key_cache=kv.key_cache.float(), value_cache=kv.value_cache.float()
+    )
+    slow = run_decode(q.float(), kv32, seq_lens, hkv, d**-0.5, opts, "auto", 1.0, 1.0, 256)
     torch.cuda.synchronize()
     assert rel_err(fast, slow.double().cpu()) < TOL[torch.bfloat16], seed
     assert math.isfinite(float(fast.float().abs().max()))

@@ -69,23 +69,46 @@ def test_model_matches_reference(trial):
             vw(table[t // bs], t % bs, h, vals[h, t])
     assert plan(D, esz, kl, vl, bs) is not None
     q = rng.standard_normal((hkv * group, D))
-    scale = D ** -0.5
+    scale = D**-0.5
     parts = ceil_div(seq_len, partition) if partition else 1
     for kvh in range(hkv):
         for g0 in range(0, group, 16):
             ng = min(16, group - g0)
             heads = slice(kvh * group + g0, kvh * group + g0 + ng)
             a = None if alibi is None else alibi[heads]
-            res = [run_cta(q, kc.ravel(), vc.ravel(), kl, vl, esz, table, nb, bs, seq_len, kvh,
-                           g0, group, scale, softcap=softcap, alibi=alibi, window=window,
-                           partition=partition, part=p) for p in range(parts)]
+            res = [
+                run_cta(
+                    q,
+                    kc.ravel(),
+                    vc.ravel(),
+                    kl,
+                    vl,
+                    esz,
+                    table,
+                    nb,
+                    bs,
+                    seq_len,
+                    kvh,
+                    g0,
+                    group,
+                    scale,
+                    softcap=softcap,
+                    alibi=alibi,
+                    window=window,
+                    partition=partition,
+                    part=p,
+                )
+                for p in range(parts)
+            ]
             ref = reference(q[heads], keys[kvh], vals[kvh], seq_len, scale, softcap, a, window)
             if not partition:
                 out = res[0][0]
             else:  # vLLM's reduction over the written partitions
                 mx = np.max([m for _, m, _ in res], axis=0)
-                w = [np.where(m == -np.inf, 0, lsum * np.exp2(m - np.where(mx == -np.inf, 0, mx)))
-                     for _, m, lsum in res]
+                w = [
+                    np.where(m == -np.inf, 0, lsum * np.exp2(m - np.where(mx == -np.inf, 0, mx)))
+                    for _, m, lsum in res
+                ]
                 tot = np.sum(w, axis=0)
                 out = np.sum([o * wi[:, None] for (o, _, _), wi in zip(res, w)], axis=0)
                 out = np.where(tot[:, None] > 0, out / np.where(tot > 0, tot, 1)[:, None], 0)
@@ -93,12 +116,30 @@ def test_model_matches_reference(trial):
                     lo, hi = p * partition, min(seq_len, (p + 1) * partition)
                     start = max(lo, seq_len - window) if window else lo
                     if start < hi:
-                        part_ref = reference(q[heads], keys[kvh], vals[kvh], seq_len, scale,
-                                             softcap, a, window, lo, hi)
+                        part_ref = reference(
+                            q[heads],
+                            keys[kvh],
+                            vals[kvh],
+                            seq_len,
+                            scale,
+                            softcap,
+                            a,
+                            window,
+                            lo,
+                            hi,
+                        )
                         assert np.abs(o - part_ref).max() < 1e-9, (seed, p)
             assert np.isfinite(out).all(), seed
-            assert np.abs(out - ref).max() < 1e-9, (seed, D, esz, layout, bs, seq_len, window,
-                                                    partition)
+            assert np.abs(out - ref).max() < 1e-9, (
+                seed,
+                D,
+                esz,
+                layout,
+                bs,
+                seq_len,
+                window,
+                partition,
+            )
 
 
 @pytest.mark.parametrize("D", [32, 80, 128, 256])

@@ -24,8 +24,9 @@ SPECIALS = {"fp8": [0x7F, 0xFF], "fp8_e5m2": [0x7C, 0xFC, 0x7E, 0xFD]}
 HEAD_SIZE = 128
 
 
-def _poison(kv, kv_dtype: str, seq: int, n: int, r: random.Random, ks: float, vs: float,
-            head_size: int) -> None:
+def _poison(
+    kv, kv_dtype: str, seq: int, n: int, r: random.Random, ks: float, vs: float, head_size: int
+) -> None:
     """Writes special bytes into cached tokens of sequence `seq` (first n tokens): one in a key
     (every query of that KV head's group then sees a NaN or infinite logit) and a few in values
     (one output dimension each), in the GPU cache and in the float64 reference alike."""
@@ -55,31 +56,40 @@ def _check(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert err < 6e-2, err
 
 
-def _case(device: str, kv_dtype: str, dtype: torch.dtype, prefill: bool, seed: int,
-          kernel: str = "auto", head_size: int = HEAD_SIZE) -> tuple:
+def _case(
+    device: str,
+    kv_dtype: str,
+    dtype: torch.dtype,
+    prefill: bool,
+    seed: int,
+    kernel: str = "auto",
+    head_size: int = HEAD_SIZE,
+) -> tuple:
     """Poisoned caches and queries drawn from `seed`, run on `kernel` (required unless "auto");
     returns (outputs, float64 reference)."""
     r, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     hkv, group, bs = 2, 4, r.choice([16, 32])
     ks, vs = r.choice([(1.0, 1.0), (r.uniform(0.2, 2.0), r.uniform(0.2, 2.0))])
     ctx = [r.randint(200, 500) for _ in range(2)]
-    kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, "nhd", kv_dtype, ks, vs,
-                       device=device)
+    kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, "nhd", kv_dtype, ks, vs, device=device)
     for seq in range(2):
         _poison(kv, kv_dtype, seq, ctx[seq], r, ks, vs, head_size)
-    scale = head_size ** -0.5
+    scale = head_size**-0.5
     if not prefill:
         q = torch.randn(2, hkv * group, head_size, generator=gen).to(dtype).to(device)
-        outs = [run_decode(q, kv, ctx, hkv, scale, NO_OPTS, kv_dtype, ks, vs, part, device,
-                           kernel) for part in (0, 64)]
+        outs = [
+            run_decode(q, kv, ctx, hkv, scale, NO_OPTS, kv_dtype, ks, vs, part, device, kernel)
+            for part in (0, 64)
+        ]
         return outs, decode_ref(q, kv, ctx, scale, NO_OPTS)
     qlen = [r.randint(1, 200) for _ in ctx]
     qsl = [0, *itertools.accumulate(qlen)]
-    q, k, v = (torch.randn(qsl[-1], h, head_size, generator=gen).to(dtype).to(device)
-               for h in (hkv * group, hkv, hkv))
+    q, k, v = (
+        torch.randn(qsl[-1], h, head_size, generator=gen).to(dtype).to(device)
+        for h in (hkv * group, hkv, hkv)
+    )
     seq_lens = [c + x for c, x in zip(ctx, qlen)]
-    out = run_prefill(q, k, v, kv, qsl, seq_lens, scale, NO_OPTS, kv_dtype, ks, vs, device,
-                      kernel)
+    out = run_prefill(q, k, v, kv, qsl, seq_lens, scale, NO_OPTS, kv_dtype, ks, vs, device, kernel)
     return [out], prefill_ref(q, k, v, kv, qsl, ctx, scale, NO_OPTS)
 
 
@@ -96,9 +106,15 @@ def test_fp8_specials_cpu(kv_dtype, prefill):
 # (op, kernel, head size): every CUDA kernel, named (required). The Hopper ones need a compute
 # capability 9.x GPU; the wgmma prefill dequantises in place by the producer (K) and the consumers
 # (V) at head size 128, by the consumers alone at 64.
-CASES = [("decode", "hopper", 128), ("decode", "tensor_core", 128), ("decode", "cuda_core", 128),
-         ("prefill", "tensor_core", 128), ("prefill", "cuda_core", 128),
-         ("prefill", "hopper", 128), ("prefill", "hopper", 64)]
+CASES = [
+    ("decode", "hopper", 128),
+    ("decode", "tensor_core", 128),
+    ("decode", "cuda_core", 128),
+    ("prefill", "tensor_core", 128),
+    ("prefill", "cuda_core", 128),
+    ("prefill", "hopper", 128),
+    ("prefill", "hopper", 64),
+]
 
 
 @pytest.mark.cuda

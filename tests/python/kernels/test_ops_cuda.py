@@ -47,15 +47,35 @@ def _rng(*key: object) -> tuple[random.Random, torch.Generator]:
 
 
 def _options(r: random.Random, num_heads: int, prefill: bool) -> dict:
-    alibi = (torch.rand(num_heads, generator=torch.Generator().manual_seed(r.randrange(1 << 30)))
-             * 0.2).cuda() if r.random() < 0.3 else None
-    return {"alibi": alibi,
-            "softcap": r.choice([0.0, 0.0, 30.0, 5.0]),
-            "window": r.choice([0, 0, 0, r.randint(1, 300)])}
+    alibi = (
+        (
+            torch.rand(num_heads, generator=torch.Generator().manual_seed(r.randrange(1 << 30)))
+            * 0.2
+        ).cuda()
+        if r.random() < 0.3
+        else None
+    )
+    return {
+        "alibi": alibi,
+        "softcap": r.choice([0.0, 0.0, 30.0, 5.0]),
+        "window": r.choice([0, 0, 0, r.randint(1, 300)]),
+    }
 
 
-def run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition_size,
-               device="cuda", kernel="auto"):
+def run_decode(
+    q,
+    kv,
+    seq_lens,
+    hkv,
+    scale,
+    opts,
+    kv_dtype,
+    ks,
+    vs,
+    partition_size,
+    device="cuda",
+    kernel="auto",
+):
     """Decode through v1 (partition_size 0) or v2 on `device` (on `kernel`, required unless
     "auto"); returns the output."""
     mv = (lambda x: x.to(device)) if device == "cpu" else (lambda x: x)
@@ -63,11 +83,26 @@ def run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, partition_si
     out = torch.full_like(q, float("nan"))
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     max_len = max(seq_lens)
-    args = (q, mv(kv.key_cache), mv(kv.value_cache), hkv, scale, mv(kv.block_tables), sl,
-            kv.block_size, max_len, None if opts["alibi"] is None else mv(opts["alibi"]),
-            kv_dtype, ks, vs)
-    kw = {"logits_soft_cap": opts["softcap"], "sliding_window": opts["window"] or None,
-          "kernel": kernel}
+    args = (
+        q,
+        mv(kv.key_cache),
+        mv(kv.value_cache),
+        hkv,
+        scale,
+        mv(kv.block_tables),
+        sl,
+        kv.block_size,
+        max_len,
+        None if opts["alibi"] is None else mv(opts["alibi"]),
+        kv_dtype,
+        ks,
+        vs,
+    )
+    kw = {
+        "logits_soft_cap": opts["softcap"],
+        "sliding_window": opts["window"] or None,
+        "kernel": kernel,
+    }
     if partition_size:
         parts = math.ceil(max_len / partition_size)
         n, h, d = q.shape
@@ -84,8 +119,18 @@ def decode_ref(q, kv, seq_lens, scale, opts):
     refs = []
     for i, n in enumerate(seq_lens):
         k, v = gather(kv, i, n)
-        refs.append(attention_ref(q[i:i + 1].cpu(), k, v, torch.tensor([n - 1]), scale,
-                                  opts["alibi"], opts["softcap"], opts["window"]))
+        refs.append(
+            attention_ref(
+                q[i : i + 1].cpu(),
+                k,
+                v,
+                torch.tensor([n - 1]),
+                scale,
+                opts["alibi"],
+                opts["softcap"],
+                opts["window"],
+            )
+        )
     return torch.cat(refs)
 
 
@@ -102,7 +147,7 @@ def test_decode(head_size, dtype, layout):
         q = torch.randn(len(seq_lens), hkv * group, head_size, generator=gen).to(dtype).cuda()
         kv = make_paged_kv(gen, seq_lens, hkv, head_size, bs, dtype, layout)
         opts = _options(r, hkv * group, False)
-        scale = head_size ** -0.5
+        scale = head_size**-0.5
         partition = r.choice([0, 512, bs * r.choice([1, 4, 8])])
         out = run_decode(q, kv, seq_lens, hkv, scale, opts, "auto", 1.0, 1.0, partition)
         torch.cuda.synchronize()
@@ -126,7 +171,7 @@ def test_decode_fp8(kv_dtype, layout, dtype):
         q = torch.randn(len(seq_lens), hkv * group, head_size, generator=gen).to(dtype).cuda()
         kv = make_paged_kv(gen, seq_lens, hkv, head_size, bs, dtype, layout, kv_dtype, ks, vs)
         opts = {"alibi": None, "softcap": 0.0, "window": 0}
-        scale = head_size ** -0.5
+        scale = head_size**-0.5
         out = run_decode(q, kv, seq_lens, hkv, scale, opts, kv_dtype, ks, vs, r.choice([0, 256]))
         torch.cuda.synchronize()
         err = rel_err(out, decode_ref(q, kv, seq_lens, scale, opts))
@@ -144,24 +189,43 @@ def test_decode_v2_partials():
     es = torch.full((3, hkv * group, parts), float("nan"), device="cuda")
     ml, tmp = es.clone(), torch.full((3, hkv * group, parts, d), float("nan"), device="cuda")
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
-    ops.paged_attention_v2(out, es, ml, tmp, q, kv.key_cache, kv.value_cache, hkv, d ** -0.5,
-                           kv.block_tables, sl, 16, max(seq_lens), None, "auto", 1.0, 1.0,
-                           partition_size=ps)
+    ops.paged_attention_v2(
+        out,
+        es,
+        ml,
+        tmp,
+        q,
+        kv.key_cache,
+        kv.value_cache,
+        hkv,
+        d**-0.5,
+        kv.block_tables,
+        sl,
+        16,
+        max(seq_lens),
+        None,
+        "auto",
+        1.0,
+        1.0,
+        partition_size=ps,
+    )
     torch.cuda.synchronize()
     for s, n in enumerate(seq_lens):
         k, v = gather(kv, s, n)
         kk = k.repeat_interleave(group, 1)
-        logits = torch.einsum("hd,khd->hk", q[s].cpu().double(), kk) * d ** -0.5
+        logits = torch.einsum("hd,khd->hk", q[s].cpu().double(), kk) * d**-0.5
         for p in range(math.ceil(n / ps)):
-            seg = logits[:, p * ps:min(n, (p + 1) * ps)]
+            seg = logits[:, p * ps : min(n, (p + 1) * ps)]
             mx = seg.max(-1).values
             torch.testing.assert_close(ml[s, :, p].cpu().double(), mx, rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(es[s, :, p].cpu().double(),
-                                       (seg - mx[:, None]).exp().sum(-1), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                es[s, :, p].cpu().double(), (seg - mx[:, None]).exp().sum(-1), rtol=1e-4, atol=1e-4
+            )
 
 
-def run_prefill(q, k, v, kv, qsl, seq_lens, scale, opts, kv_dtype, ks, vs, device="cuda",
-                kernel="auto"):
+def run_prefill(
+    q, k, v, kv, qsl, seq_lens, scale, opts, kv_dtype, ks, vs, device="cuda", kernel="auto"
+):
     mv = (lambda x: x.to(device)) if device == "cpu" else (lambda x: x)
     q, k, v = mv(q), mv(k), mv(v)
     out = torch.full_like(q, float("nan"))
@@ -169,10 +233,27 @@ def run_prefill(q, k, v, kv, qsl, seq_lens, scale, opts, kv_dtype, ks, vs, devic
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     max_q = max(qsl[i + 1] - qsl[i] for i in range(len(seq_lens)))
     alibi = None if opts["alibi"] is None else mv(opts["alibi"])
-    ops.context_attention_fwd(q, k, v, out, kv_dtype, mv(kv.key_cache), mv(kv.value_cache),
-                              mv(kv.block_tables), qsl_t, sl, None, max_q, ks, vs, alibi,
-                              opts["window"] or None, scale, logits_soft_cap=opts["softcap"],
-                              kernel=kernel)
+    ops.context_attention_fwd(
+        q,
+        k,
+        v,
+        out,
+        kv_dtype,
+        mv(kv.key_cache),
+        mv(kv.value_cache),
+        mv(kv.block_tables),
+        qsl_t,
+        sl,
+        None,
+        max_q,
+        ks,
+        vs,
+        alibi,
+        opts["window"] or None,
+        scale,
+        logits_soft_cap=opts["softcap"],
+        kernel=kernel,
+    )
     return out
 
 
@@ -184,8 +265,11 @@ def prefill_ref(q, k, v, kv, qsl, ctx_lens, scale, opts):
         kk = torch.cat([kc, k[a:b].cpu().double()])
         vv = torch.cat([vc, v[a:b].cpu().double()])
         pos = torch.arange(c, c + b - a)
-        refs.append(attention_ref(q[a:b].cpu(), kk, vv, pos, scale, opts["alibi"],
-                                  opts["softcap"], opts["window"]))
+        refs.append(
+            attention_ref(
+                q[a:b].cpu(), kk, vv, pos, scale, opts["alibi"], opts["softcap"], opts["window"]
+            )
+        )
     return torch.cat(refs)
 
 
@@ -207,7 +291,7 @@ def test_prefill(head_size, dtype, layout):
         v = torch.randn(qsl[-1], hkv, head_size, generator=gen).to(dtype).cuda()
         kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout)
         opts = _options(r, hq, True)
-        scale = head_size ** -0.5
+        scale = head_size**-0.5
         out = run_prefill(q, k, v, kv, qsl, seq_lens, scale, opts, "auto", 1.0, 1.0)
         torch.cuda.synchronize()
         err = rel_err(out, prefill_ref(q, k, v, kv, qsl, ctx, scale, opts))
@@ -235,10 +319,22 @@ def test_prefill_fp8(kv_dtype, dtype, kernel):
         v = torch.randn(qsl[-1], hkv, head_size, generator=gen).to(dtype).cuda()
         kv = make_paged_kv(gen, ctx, hkv, head_size, 16, dtype, layout, kv_dtype, ks, vs)
         opts = {"alibi": None, "softcap": 0.0, "window": 0}
-        out = run_prefill(q, k, v, kv, qsl, [c + x for c, x in zip(ctx, qlen)],
-                          head_size ** -0.5, opts, kv_dtype, ks, vs, kernel=kernel)
+        out = run_prefill(
+            q,
+            k,
+            v,
+            kv,
+            qsl,
+            [c + x for c, x in zip(ctx, qlen)],
+            head_size**-0.5,
+            opts,
+            kv_dtype,
+            ks,
+            vs,
+            kernel=kernel,
+        )
         torch.cuda.synchronize()
-        err = rel_err(out, prefill_ref(q, k, v, kv, qsl, ctx, head_size ** -0.5, opts))
+        err = rel_err(out, prefill_ref(q, k, v, kv, qsl, ctx, head_size**-0.5, opts))
         assert err < TOL[dtype], (err, layout, head_size, ctx, qlen)
 
 
@@ -342,18 +438,28 @@ def test_malformed_calls_raise_or_stay_safe():
     with pytest.raises(ValueError):  # output on the CPU
         ops.paged_attention_v1(out.cpu(), q, kv.key_cache, kv.value_cache, *args)
     with pytest.raises(ValueError):  # key on the GPU, slots on the CPU
-        ops.reshape_and_cache_flash(q[:, :2], q[:, :2], kv.key_cache, kv.value_cache,
-                                    torch.zeros(2, dtype=torch.int64), "auto", 1.0, 1.0)
+        ops.reshape_and_cache_flash(
+            q[:, :2],
+            q[:, :2],
+            kv.key_cache,
+            kv.value_cache,
+            torch.zeros(2, dtype=torch.int64),
+            "auto",
+            1.0,
+            1.0,
+        )
     bad = kv.block_tables.clone()
     bad[0, 0] = 1 << 30
     bad[1, 1] = -5
     ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, bad, sl, 16, 70)
     huge = torch.tensor([40, 1 << 20], dtype=torch.int32, device="cuda")  # past the table
-    ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables,
-                           huge, 16, 1 << 20)
+    ops.paged_attention_v1(
+        out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables, huge, 16, 1 << 20
+    )
     slots = torch.tensor([1 << 40, -1], dtype=torch.int64, device="cuda")
-    ops.reshape_and_cache_flash(q[:, :2], q[:, :2], kv.key_cache, kv.value_cache, slots, "auto",
-                                1.0, 1.0)
+    ops.reshape_and_cache_flash(
+        q[:, :2], q[:, :2], kv.key_cache, kv.value_cache, slots, "auto", 1.0, 1.0
+    )
     torch.cuda.synchronize()  # the context is still healthy: a valid call works
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
@@ -376,14 +482,27 @@ def test_stream_arguments():
     for stream in (side, side.cuda_stream):
         out = torch.full_like(q, float("nan"))
         side.wait_stream(torch.cuda.current_stream())
-        ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables,
-                               sl, 16, 90, stream=stream)
+        ops.paged_attention_v1(
+            out,
+            q,
+            kv.key_cache,
+            kv.value_cache,
+            2,
+            0.125,
+            kv.block_tables,
+            sl,
+            16,
+            90,
+            stream=stream,
+        )
         side.synchronize()
         assert rel_err(out, ref) < TOL[torch.float16]
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2,
-                    reason="needs 2 GPUs (a stream of one GPU with arrays on another)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="needs 2 GPUs (a stream of one GPU with arrays on another)",
+)
 def test_stream_of_another_gpu_raises():
     """A stream that belongs to another GPU than the arrays raises a ValueError naming
     ``stream`` (every CUDA op), and the arrays' own GPU keeps working."""
@@ -394,16 +513,40 @@ def test_stream_of_another_gpu_raises():
     sl = torch.tensor([40, 70], dtype=torch.int32, device="cuda:0")
     other = torch.cuda.Stream(device=1)
     with pytest.raises(ValueError, match="stream"):
-        ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables,
-                               sl, 16, 70, stream=other)
+        ops.paged_attention_v1(
+            out,
+            q,
+            kv.key_cache,
+            kv.value_cache,
+            2,
+            0.125,
+            kv.block_tables,
+            sl,
+            16,
+            70,
+            stream=other,
+        )
     with pytest.raises(ValueError, match="stream"):
-        ops.reshape_and_cache_flash(q[:, :2], q[:, :2], kv.key_cache, kv.value_cache,
-                                    torch.zeros(2, dtype=torch.int64, device="cuda:0"), "auto",
-                                    1.0, 1.0, stream=other)
+        ops.reshape_and_cache_flash(
+            q[:, :2],
+            q[:, :2],
+            kv.key_cache,
+            kv.value_cache,
+            torch.zeros(2, dtype=torch.int64, device="cuda:0"),
+            "auto",
+            1.0,
+            1.0,
+            stream=other,
+        )
     with pytest.raises(ValueError, match="stream"):
-        ops.copy_blocks([kv.key_cache], [kv.value_cache],
-                        torch.tensor([[0, 1]], dtype=torch.int64, device="cuda:0"), stream=other)
-    ops.paged_attention_v1(out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables, sl,
-                           16, 70)
+        ops.copy_blocks(
+            [kv.key_cache],
+            [kv.value_cache],
+            torch.tensor([[0, 1]], dtype=torch.int64, device="cuda:0"),
+            stream=other,
+        )
+    ops.paged_attention_v1(
+        out, q, kv.key_cache, kv.value_cache, 2, 0.125, kv.block_tables, sl, 16, 70
+    )
     ref = decode_ref(q, kv, [40, 70], 0.125, {"alibi": None, "softcap": 0.0, "window": 0})
     assert rel_err(out, ref) < TOL[torch.float16]

@@ -34,8 +34,13 @@ def _hopper() -> str:
     return "hopper"
 
 
-def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Generator,
-            fill: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded(
+    shape: tuple[int, ...],
+    pad: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    fill: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A [*, d] view of a [*, d + pad] tensor (row stride d + pad) and its backing tensor."""
     *lead, d = shape
     if fill is None:
@@ -45,11 +50,18 @@ def _padded(shape: tuple[int, ...], pad: int, dtype: torch.dtype, gen: torch.Gen
     return full[..., :d], full
 
 
-def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: list[int],
-                      kv_pads: list[int] | None = None, block_size: int | None = None,
-                      ctx_lens: list[int] | None = None, kv_dtype: str = "auto",
-                      kv_scales: tuple[float, float] | None = None,
-                      kernel: str = "tensor_core") -> None:
+def _long_ragged_case(
+    head_size: int,
+    dtype: torch.dtype,
+    layout: str,
+    pads: list[int],
+    kv_pads: list[int] | None = None,
+    block_size: int | None = None,
+    ctx_lens: list[int] | None = None,
+    kv_dtype: str = "auto",
+    kv_scales: tuple[float, float] | None = None,
+    kernel: str = "tensor_core",
+) -> None:
     """One random case: 1-3 sequences with or without a cached prefix, random GQA group, block
     size, options and row padding (query / output from `pads`, new keys / values from `kv_pads`,
     default the same), against the float64 reference. `block_size` / `ctx_lens` fix the block
@@ -73,20 +85,48 @@ def _long_ragged_case(head_size: int, dtype: torch.dtype, layout: str, pads: lis
     ks, vs = (1.0, 1.0) if kv_dtype == "auto" else (r.uniform(0.2, 2.0), r.uniform(0.2, 2.0))
     ks, vs = kv_scales or (ks, vs)
     kv = make_paged_kv(gen, ctx, hkv, head_size, bs, dtype, layout, kv_dtype, ks, vs)
-    opts = {"alibi": (torch.rand(hq, generator=gen) * 0.1).cuda() if r.random() < 0.3 else None,
-            "softcap": r.choice([0.0, 0.0, 20.0]),
-            "window": r.choice([0, 0, r.randint(1, 100), r.randint(100, 900)])}
-    scale = head_size ** -0.5
-    ops.context_attention_fwd(q, k, v, out, kv_dtype, kv.key_cache, kv.value_cache,
-                              kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
-                              torch.tensor([c + x for c, x in zip(ctx, qlen)],
-                                           dtype=torch.int32).cuda(),
-                              None, max(qlen), ks, vs, opts["alibi"], opts["window"] or None,
-                              scale, logits_soft_cap=opts["softcap"], kernel=kernel)
+    opts = {
+        "alibi": (torch.rand(hq, generator=gen) * 0.1).cuda() if r.random() < 0.3 else None,
+        "softcap": r.choice([0.0, 0.0, 20.0]),
+        "window": r.choice([0, 0, r.randint(1, 100), r.randint(100, 900)]),
+    }
+    scale = head_size**-0.5
+    ops.context_attention_fwd(
+        q,
+        k,
+        v,
+        out,
+        kv_dtype,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        torch.tensor(qsl, dtype=torch.int32).cuda(),
+        torch.tensor([c + x for c, x in zip(ctx, qlen)], dtype=torch.int32).cuda(),
+        None,
+        max(qlen),
+        ks,
+        vs,
+        opts["alibi"],
+        opts["window"] or None,
+        scale,
+        logits_soft_cap=opts["softcap"],
+        kernel=kernel,
+    )
     torch.cuda.synchronize()
     ref = prefill_ref(q, k, v, kv, qsl, ctx, scale, opts)
-    case = (kv_dtype, pad, kv_pad, hkv, group, bs, ctx, qlen, opts["softcap"], opts["window"],
-            opts["alibi"] is None)
+    case = (
+        kv_dtype,
+        pad,
+        kv_pad,
+        hkv,
+        group,
+        bs,
+        ctx,
+        qlen,
+        opts["softcap"],
+        opts["window"],
+        opts["alibi"] is None,
+    )
     assert rel_err(out, ref) < TOL[dtype], case
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype], case
     if pad:
@@ -103,9 +143,20 @@ def test_prefill_mma_long_ragged(head_size, dtype, layout):
 # (head size, layout): fp8 in vLLM's key layout takes 16-element chunks, so 120 is NHD only.
 # Every head size in NHD: the widening pass takes rows 32 / (head size / 8) at a time per warp
 # (4 for 64, 3 for 80, 2 for 96 and 112, 1 for 192 and 256).
-FP8_CASES = [(32, "nhd"), (64, "nhd"), (64, "vllm"), (80, "nhd"), (96, "nhd"), (112, "nhd"),
-             (120, "nhd"), (128, "nhd"), (128, "vllm"), (192, "nhd"), (256, "nhd"),
-             (256, "vllm")]
+FP8_CASES = [
+    (32, "nhd"),
+    (64, "nhd"),
+    (64, "vllm"),
+    (80, "nhd"),
+    (96, "nhd"),
+    (112, "nhd"),
+    (120, "nhd"),
+    (128, "nhd"),
+    (128, "vllm"),
+    (192, "nhd"),
+    (256, "nhd"),
+    (256, "vllm"),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -142,11 +193,21 @@ def test_prefill_wgmma_cached_prefix_and_new_tokens(block_size):
     multiples of 16); windows start tiles mid-block. The cache's unused slots are NaN, so a group
     read past the context shows."""
     kernel = _hopper()
-    for head_size, dtype, ctx in [(128, torch.bfloat16, [37, 300, 16]),
-                                  (64, torch.float16, [129, 5]),
-                                  (128, torch.float16, [700])]:
-        _long_ragged_case(head_size, dtype, "nhd", [0, 8], kv_pads=[0, 8],
-                          block_size=block_size, ctx_lens=ctx, kernel=kernel)
+    for head_size, dtype, ctx in [
+        (128, torch.bfloat16, [37, 300, 16]),
+        (64, torch.float16, [129, 5]),
+        (128, torch.float16, [700]),
+    ]:
+        _long_ragged_case(
+            head_size,
+            dtype,
+            "nhd",
+            [0, 8],
+            kv_pads=[0, 8],
+            block_size=block_size,
+            ctx_lens=ctx,
+            kernel=kernel,
+        )
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
@@ -162,9 +223,18 @@ def test_prefill_wgmma_fp8_cache(head_size, kv_dtype):
     for bs in (16, 32, 24):
         # Scales of 1 and 0.5 (exact in fp16 / bf16: the one-multiply path) and random ones.
         ctx = [r.randint(1, 700) for _ in range(r.randint(1, 3))]
-        _long_ragged_case(head_size, r.choice([torch.float16, torch.bfloat16]), "nhd", [0, 8],
-                          kv_pads=[0, 8], block_size=bs, ctx_lens=ctx, kv_dtype=kv_dtype,
-                          kv_scales=(1.0, 0.5) if bs == 16 else None, kernel=kernel)
+        _long_ragged_case(
+            head_size,
+            r.choice([torch.float16, torch.bfloat16]),
+            "nhd",
+            [0, 8],
+            kv_pads=[0, 8],
+            block_size=bs,
+            ctx_lens=ctx,
+            kv_dtype=kv_dtype,
+            kv_scales=(1.0, 0.5) if bs == 16 else None,
+            kernel=kernel,
+        )
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "fp8_e5m2"])
@@ -174,11 +244,19 @@ def test_prefill_wgmma_fp8_subnormals(head_size, kv_dtype):
     e4m3, 2^-14 for e5m2): the wgmma producer's in-place dequantisation, which reads the bytes
     as 16-bit subnormals, must keep them (the reference reads them exactly)."""
     kernel = _hopper()
-    big = 2.0 ** 9 if kv_dtype == "fp8" else 2.0 ** 14
+    big = 2.0**9 if kv_dtype == "fp8" else 2.0**14
     for bs in (16, 32):
-        _long_ragged_case(head_size, random.choice([torch.float16, torch.bfloat16]), "nhd", [0],
-                          block_size=bs, ctx_lens=[random.randint(200, 700)], kv_dtype=kv_dtype,
-                          kv_scales=(big, big / 2), kernel=kernel)
+        _long_ragged_case(
+            head_size,
+            random.choice([torch.float16, torch.bfloat16]),
+            "nhd",
+            [0],
+            block_size=bs,
+            ctx_lens=[random.randint(200, 700)],
+            kv_dtype=kv_dtype,
+            kv_scales=(big, big / 2),
+            kernel=kernel,
+        )
 
 
 def test_prefill_wgmma_fallback():
@@ -210,13 +288,24 @@ def test_prefill_mma_pure_causal(dtype, kernel):
     out = torch.full_like(q, float("nan"))
     kv = make_paged_kv(gen, [0] * b, hkv, d, 16, dtype, "nhd")
     qsl = list(range(0, n + 1, length))
-    ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
-                              kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
-                              torch.full((b,), length, dtype=torch.int32).cuda(), None, length,
-                              kernel=kernel)
+    ops.context_attention_fwd(
+        q,
+        k,
+        v,
+        out,
+        "auto",
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        torch.tensor(qsl, dtype=torch.int32).cuda(),
+        torch.full((b,), length, dtype=torch.int32).cuda(),
+        None,
+        length,
+        kernel=kernel,
+    )
     torch.cuda.synchronize()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
-    ref = prefill_ref(q, k, v, kv, qsl, [0] * b, d ** -0.5, opts)
+    ref = prefill_ref(q, k, v, kv, qsl, [0] * b, d**-0.5, opts)
     assert rel_err(out, ref) < TOL[dtype]
     assert (out.double().cpu() - ref).abs().max() < ROW_TOL[dtype]
 
@@ -235,19 +324,30 @@ def test_prefill_next_sequence_does_not_leak(kernel):
     q = torch.randn(n, hkv * group, d, generator=gen).to(dtype).cuda()
     k = torch.randn(n, hkv, d, generator=gen).to(dtype).cuda()
     v = torch.randn(n, hkv, d, generator=gen).to(dtype).cuda()
-    k[lens[0]:] = float("inf")
-    v[lens[0]:] = float("inf")
+    k[lens[0] :] = float("inf")
+    v[lens[0] :] = float("inf")
     out = torch.full_like(q, float("nan"))
     kv = make_paged_kv(gen, [0, 0], hkv, d, 16, dtype, "nhd")
     qsl = [0, lens[0], n]
-    ops.context_attention_fwd(q, k, v, out, "auto", kv.key_cache, kv.value_cache,
-                              kv.block_tables, torch.tensor(qsl, dtype=torch.int32).cuda(),
-                              torch.tensor(lens, dtype=torch.int32).cuda(), None, max(lens),
-                              kernel=kernel)
+    ops.context_attention_fwd(
+        q,
+        k,
+        v,
+        out,
+        "auto",
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        torch.tensor(qsl, dtype=torch.int32).cuda(),
+        torch.tensor(lens, dtype=torch.int32).cuda(),
+        None,
+        max(lens),
+        kernel=kernel,
+    )
     torch.cuda.synchronize()
     opts = {"alibi": None, "softcap": 0.0, "window": 0}
     first = slice(0, lens[0])
-    ref = prefill_ref(q[first], k[first], v[first], kv, qsl[:2], [0], d ** -0.5, opts)
+    ref = prefill_ref(q[first], k[first], v[first], kv, qsl[:2], [0], d**-0.5, opts)
     assert out[first].isfinite().all(), lens
     assert rel_err(out[first], ref) < TOL[dtype], lens
 
@@ -259,5 +359,12 @@ def test_prefill_tile_order(kernel):
     cached prefix) x KV heads, where short sequences leave CTAs without a tile."""
     kernel = _kernel(kernel)
     for _ in range(2):
-        _long_ragged_case(128, torch.bfloat16, "nhd", [0], block_size=16,
-                          ctx_lens=[0, 300, 0, 17, 0], kernel=kernel)
+        _long_ragged_case(
+            128,
+            torch.bfloat16,
+            "nhd",
+            [0],
+            block_size=16,
+            ctx_lens=[0, 300, 0, 17, 0],
+            kernel=kernel,
+        )

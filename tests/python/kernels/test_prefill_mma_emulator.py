@@ -27,12 +27,19 @@ def _problem(r: random.Random, rng: np.random.Generator) -> tuple[Problem, int]:
     def kv() -> list[list[np.ndarray]]:
         return [[bf16(rng.standard_normal((sl[s], d))) for _ in range(hkv)] for s in range(n)]
 
-    pb = Problem(q=bf16(rng.standard_normal((qsl[-1], g * hkv, d))), keys=kv(), values=kv(),
-                 qsl=qsl, seq_lens=sl, group=g, num_kv_heads=hkv, scale=d ** -0.5,
-                 alibi=(rng.random(g * hkv) * 0.2).astype(np.float32) if r.random() < 0.3
-                 else None,
-                 softcap=r.choice([0.0, 0.0, 30.0, 5.0]),
-                 window=r.choice([0, 0, r.randint(1, 64), r.randint(1, 400)]))
+    pb = Problem(
+        q=bf16(rng.standard_normal((qsl[-1], g * hkv, d))),
+        keys=kv(),
+        values=kv(),
+        qsl=qsl,
+        seq_lens=sl,
+        group=g,
+        num_kv_heads=hkv,
+        scale=d**-0.5,
+        alibi=(rng.random(g * hkv) * 0.2).astype(np.float32) if r.random() < 0.3 else None,
+        softcap=r.choice([0.0, 0.0, 30.0, 5.0]),
+        window=r.choice([0, 0, r.randint(1, 64), r.randint(1, 400)]),
+    )
     return pb, max(qlen) + r.choice([0, 0, 7])
 
 
@@ -50,8 +57,17 @@ def test_model_matches_reference(trial):
 
 
 def test_padded_head_dispatch():
-    assert [padded_head(d) for d in (32, 64, 80, 96, 112, 120, 128, 192, 256)] == \
-        [32, 64, 80, 96, 112, 128, 128, 192, 256]
+    assert [padded_head(d) for d in (32, 64, 80, 96, 112, 120, 128, 192, 256)] == [
+        32,
+        64,
+        80,
+        96,
+        112,
+        128,
+        128,
+        192,
+        256,
+    ]
 
 
 @pytest.mark.parametrize("dp", [64, 80, 192])
@@ -68,6 +84,6 @@ def test_fragment_indexing(dp):
         t[:, :dp] = rng.standard_normal((t.shape[0], dp))
     for warp in range(4):
         s, so = warp_tile(sq, tk, tv, warp, mt_, ld)
-        rows = sq[warp * mt_ * 16:(warp + 1) * mt_ * 16, :dp]
+        rows = sq[warp * mt_ * 16 : (warp + 1) * mt_ * 16, :dp]
         np.testing.assert_allclose(s, rows @ tk[:, :dp].T, atol=1e-9)
         np.testing.assert_allclose(so[:, :dp], s @ tv[:, :dp], atol=1e-9)

@@ -32,7 +32,7 @@ def store_tile(smem: np.ndarray, base: int, mat: np.ndarray) -> None:
     for j in range(rows):
         for c in range(dp // 8):
             addr = base + sw128(j, c, rows)
-            smem[addr // 2:addr // 2 + 8] = mat[j, 8 * c:8 * c + 8]
+            smem[addr // 2 : addr // 2 + 8] = mat[j, 8 * c : 8 * c + 8]
 
 
 def qk(smem: np.ndarray, q_addr: int, k_addr: int, dp: int) -> np.ndarray:
@@ -49,8 +49,10 @@ def qk(smem: np.ndarray, q_addr: int, k_addr: int, dp: int) -> np.ndarray:
 def pv(smem: np.ndarray, o: np.ndarray, s: np.ndarray, v_addr: int, dp: int) -> None:
     """pack_p() + issue_pv(): o += P V, P packed from s per k-step of 16 keys."""
     for kk in range(BN // 16):
-        regs = np.stack([s[:, 2 * kk, 0:2], s[:, 2 * kk, 2:4], s[:, 2 * kk + 1, 0:2],
-                         s[:, 2 * kk + 1, 2:4]], axis=1)
+        regs = np.stack(
+            [s[:, 2 * kk, 0:2], s[:, 2 * kk, 2:4], s[:, 2 * kk + 1, 0:2], s[:, 2 * kk + 1, 2:4]],
+            axis=1,
+        )
         b = read_mn_major(smem, desc_sw128(v_addr + kk * 16 * 128, BN * 128, 1024), dp)
         wgmma(o, regs_to_a(regs), b)
 
@@ -123,7 +125,7 @@ def test_consumer_loop_matches_softmax_attention():
     live = rng.random(n_tiles) < 0.7
     live[rng.integers(n_tiles)] = True
     o, lsum, m = np.zeros((rows, dp)), np.zeros(rows), np.full(rows, -np.inf)
-    tile = lambda x, i: x[i * bn:(i + 1) * bn]  # noqa: E731
+    tile = lambda x, i: x[i * bn : (i + 1) * bn]  # noqa: E731
     for it in range(n_tiles):
         if live[it]:
             s = q @ tile(k, it).T
@@ -132,12 +134,14 @@ def test_consumer_loop_matches_softmax_attention():
     keys = np.concatenate([tile(k, i) for i in range(n_tiles) if live[i]])
     vals = np.concatenate([tile(v, i) for i in range(n_tiles) if live[i]])
     w = np.exp(q @ keys.T - (q @ keys.T).max(axis=1, keepdims=True))
-    np.testing.assert_allclose(o / lsum[:, None], (w / w.sum(axis=1, keepdims=True)) @ vals,
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        o / lsum[:, None], (w / w.sum(axis=1, keepdims=True)) @ vals, rtol=1e-10
+    )
 
 
-def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache_tma, new_tma,
-               tile_rows, dp):
+def _load_half(
+    smem, tile, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache_tma, new_tma, tile_rows, dp
+):
     """prefill_wgmma_produce.cuh load_half(): a tile entirely in the sequence's new tokens by
     whole-tile boxes (tile_rows tokens each); else each 16-key group by TMA boxes (cache: 4-D map,
     16 slots of one block; new tokens before the sequence's end kv_end: 3-D map, zeros past the
@@ -147,15 +151,18 @@ def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache
 
     def new_box(tok, rows, cols):  # 3-D map box: rows past the tensor's end read as zeros
         box = np.zeros((rows, 64))
-        box[:max(0, min(rows, n_tok - tok))] = new[tok:tok + rows, kvh, cols]
+        box[: max(0, min(rows, n_tok - tok))] = new[tok : tok + rows, kvh, cols]
         return box
 
     if tile_rows and kt >= ctx and kt + BN <= kv_end:
         for r in range(0, BN, tile_rows):
             for cb in range(dp // 64):
                 cols = slice(cb * 64, cb * 64 + 64)
-                tma_store_sw128(smem, tile + cb * BN * 128 + r * 128,
-                                new_box(qs + kt + r - ctx, tile_rows, cols))
+                tma_store_sw128(
+                    smem,
+                    tile + cb * BN * 128 + r * 128,
+                    new_box(qs + kt + r - ctx, tile_rows, cols),
+                )
         return BN * dp * 2
     expected = 0
     for g in range(BN // 16):
@@ -168,18 +175,23 @@ def _load_half(smem, tile, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache
                 if key0 < ctx:
                     slot = key0 % block_size
                     assert slot % 16 == 0 and slot + 16 <= block_size  # the box stays in the block
-                    box = cache[bt[key0 // block_size], slot:slot + 16, kvh, cols]
+                    box = cache[bt[key0 // block_size], slot : slot + 16, kvh, cols]
                 else:
                     box = new_box(qs + key0 - ctx, 16, cols)
                 tma_store_sw128(smem, tile + cb * BN * 128 + g * 16 * 128, box)
         else:
             for j in range(16):
                 key = key0 + j
-                row = (cache[bt[key // block_size], key % block_size, kvh] if key < ctx
-                       else new[qs + key - ctx, kvh] if key < k_hi else np.zeros(dp))
+                row = (
+                    cache[bt[key // block_size], key % block_size, kvh]
+                    if key < ctx
+                    else new[qs + key - ctx, kvh]
+                    if key < k_hi
+                    else np.zeros(dp)
+                )
                 for c in range(dp // 8):
                     addr = tile + sw128(16 * g + j, c, BN)
-                    smem[addr // 2:addr // 2 + 8] = row[8 * c:8 * c + 8]
+                    smem[addr // 2 : addr // 2 + 8] = row[8 * c : 8 * c + 8]
     return expected
 
 
@@ -196,23 +208,37 @@ def test_producer_groups_land_where_wgmma_reads(dp, block_size, cache_tma, tile_
     ctx = int(rng.integers(1, 8)) * 16 + int(rng.integers(1, 16))  # not a multiple of 16
     n_new = int(rng.integers(20, 300))
     kv_end = ctx + n_new
-    kt = rng.choice([(ctx // BN) * BN, max(0, ctx - 40) & ~15, (ctx + 15) & ~15,
-                     (kv_end - BN) & ~15 if kv_end - BN >= ctx else ctx & ~15])
+    kt = rng.choice(
+        [
+            (ctx // BN) * BN,
+            max(0, ctx - 40) & ~15,
+            (ctx + 15) & ~15,
+            (kv_end - BN) & ~15 if kv_end - BN >= ctx else ctx & ~15,
+        ]
+    )
     k_hi = kv_end - int(rng.integers(0, 10))
     cache = rng.integers(-4, 5, (n_blocks, block_size, heads, dp)).astype(np.float64)
     new = rng.integers(-4, 5, (qs + n_new + 150, heads, dp)).astype(np.float64)
-    new[qs + n_new:] = np.inf  # the next sequence's tokens
+    new[qs + n_new :] = np.inf  # the next sequence's tokens
     bt = rng.permutation(n_blocks)
     q = rng.integers(-4, 5, (BM, dp)).astype(np.float64)
     k_off = BM * dp * 2
     smem = np.full((k_off + BN * dp * 2) // 2, np.nan)
     store_tile(smem, 0, q)
-    got = _load_half(smem, k_off, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache_tma, True,
-                     tile_rows, dp)
+    got = _load_half(
+        smem, k_off, cache, new, bt, kt, ctx, k_hi, kv_end, qs, kvh, cache_tma, True, tile_rows, dp
+    )
     whole = tile_rows and kt >= ctx and kt + BN <= kv_end
-    assert got == BN * dp * 2 if whole else got == sum(
-        16 * dp * 2 for g in range(BN // 16)
-        if (kt + 16 * g + 16 <= ctx and cache_tma) or ctx <= kt + 16 * g <= kv_end - 16)
+    assert (
+        got == BN * dp * 2
+        if whole
+        else got
+        == sum(
+            16 * dp * 2
+            for g in range(BN // 16)
+            if (kt + 16 * g + 16 <= ctx and cache_tma) or ctx <= kt + 16 * g <= kv_end - 16
+        )
+    )
     keys = np.zeros((BN, dp))
     for j in range(BN):
         key = kt + j

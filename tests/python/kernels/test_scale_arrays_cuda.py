@@ -43,13 +43,15 @@ def test_decode(kernel, kv_dtype, partition):
     lens, hkv, d = [300, 77], 2, 128
     kv = make_paged_kv(gen, lens, hkv, d, 16, torch.bfloat16, "nhd", kv_dtype, ks, vs)
     q = torch.randn(2, hkv * 4, d, generator=gen).to(torch.bfloat16).cuda()
-    out = run_decode(q, kv, lens, hkv, d ** -0.5, NO_OPTS, kv_dtype, ks_t, vs_t, partition,
-                     kernel=kernel)
-    same = run_decode(q, kv, lens, hkv, d ** -0.5, NO_OPTS, kv_dtype, ks, vs, partition,
-                      kernel=kernel)
+    out = run_decode(
+        q, kv, lens, hkv, d**-0.5, NO_OPTS, kv_dtype, ks_t, vs_t, partition, kernel=kernel
+    )
+    same = run_decode(
+        q, kv, lens, hkv, d**-0.5, NO_OPTS, kv_dtype, ks, vs, partition, kernel=kernel
+    )
     torch.cuda.synchronize()
     assert torch.equal(out, same), seed  # one code path: the value comes from memory
-    assert rel_err(out, decode_ref(q, kv, lens, d ** -0.5, NO_OPTS)) < TOL[torch.bfloat16], seed
+    assert rel_err(out, decode_ref(q, kv, lens, d**-0.5, NO_OPTS)) < TOL[torch.bfloat16], seed
 
 
 @pytest.mark.parametrize("head_size", [64, 128])
@@ -68,10 +70,11 @@ def test_prefill(kernel, head_size):
     v = torch.randn(sum(qlen), hkv, head_size, generator=gen).half().cuda()
     kv = make_paged_kv(gen, ctx, hkv, head_size, 16, torch.float16, "nhd", "fp8", ks, vs)
     sl = [c + x for c, x in zip(ctx, qlen)]
-    out = run_prefill(q, k, v, kv, qsl, sl, head_size ** -0.5, NO_OPTS, "fp8", ks_t, vs_t,
-                      kernel=kernel)
+    out = run_prefill(
+        q, k, v, kv, qsl, sl, head_size**-0.5, NO_OPTS, "fp8", ks_t, vs_t, kernel=kernel
+    )
     torch.cuda.synchronize()
-    ref = prefill_ref(q, k, v, kv, qsl, ctx, head_size ** -0.5, NO_OPTS)
+    ref = prefill_ref(q, k, v, kv, qsl, ctx, head_size**-0.5, NO_OPTS)
     assert rel_err(out, ref) < TOL[torch.float16], seed
 
 
@@ -84,8 +87,11 @@ def test_cache_write(layout):
     key = (torch.randn(t, hkv, d, generator=gen) * 3).half().cuda()
     value = (torch.randn(t, hkv, d, generator=gen) * 3).half().cuda()
     slots = torch.randperm(nb * bs, generator=gen)[:t].cuda()
-    shapes = ((nb, hkv, d // 16, bs, 16), (nb, hkv, d, bs)) if layout == "vllm" else \
-        ((nb, bs, hkv, d), (nb, bs, hkv, d))
+    shapes = (
+        ((nb, hkv, d // 16, bs, 16), (nb, hkv, d, bs))
+        if layout == "vllm"
+        else ((nb, bs, hkv, d), (nb, bs, hkv, d))
+    )
     caches = [[torch.zeros(s, dtype=torch.uint8, device="cuda") for s in shapes] for _ in (0, 1)]
     pagedkv.PagedAttention.write_to_paged_cache(key, value, *caches[0], slots, "fp8", ks_t, vs_t)
     pagedkv.PagedAttention.write_to_paged_cache(key, value, *caches[1], slots, "fp8", ks, vs)
@@ -104,8 +110,19 @@ def test_graph_replay_reads_the_current_scale():
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
     ks_t, vs_t = torch.tensor([0.5], device="cuda"), torch.tensor([1.25], device="cuda")
     out = torch.empty_like(q)
-    args = (q, kv.key_cache, kv.value_cache, hkv, d ** -0.5, kv.block_tables, sl, 16, max(lens),
-            None, "fp8")
+    args = (
+        q,
+        kv.key_cache,
+        kv.value_cache,
+        hkv,
+        d**-0.5,
+        kv.block_tables,
+        sl,
+        16,
+        max(lens),
+        None,
+        "fp8",
+    )
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         ops.paged_attention_v1(out, *args, ks_t, vs_t, kernel=kernel)  # warm-up
@@ -128,8 +145,20 @@ def test_cuda_scale_must_be_float32():
     q = torch.zeros(1, 4, 64, dtype=torch.float16, device="cuda")
     kc = torch.zeros(2, 16, 2, 64, dtype=torch.uint8, device="cuda")
     out = torch.empty_like(q)
-    args = (out, q, kc, kc, 2, 0.125, torch.zeros(1, 2, dtype=torch.int32, device="cuda"),
-            torch.tensor([3], dtype=torch.int32, device="cuda"), 16, 3, None, "fp8")
+    args = (
+        out,
+        q,
+        kc,
+        kc,
+        2,
+        0.125,
+        torch.zeros(1, 2, dtype=torch.int32, device="cuda"),
+        torch.tensor([3], dtype=torch.int32, device="cuda"),
+        16,
+        3,
+        None,
+        "fp8",
+    )
     with pytest.raises(TypeError, match="k_scale on the GPU must be float32"):
         ops.paged_attention_v1(*args, torch.ones(1, dtype=torch.float64, device="cuda"), 1.0)
     with pytest.raises(ValueError, match="v_scale is on cpu"):

@@ -20,9 +20,18 @@ VOCAB = 128
 
 def _save_qwen3_moe(path: str, rename_to_hub_key: bool) -> str:
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=128,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
@@ -47,6 +56,14 @@ def test_qwen3_moe_saved_by_transformers_matches_hf(tmp_path, hub_key: bool) -> 
     path = _save_qwen3_moe(str(tmp_path / "qwen3moe"), hub_key)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(3, VOCAB, n).tolist() for n in (7, 19, 30)]
-    llm = LLM(path, skip_tokenizer_init=True, device="cpu", dtype="float32", block_size=8,
-              num_gpu_blocks_override=32, max_model_len=64, max_num_batched_tokens=16)
+    llm = LLM(
+        path,
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=32,
+        max_model_len=64,
+        max_num_batched_tokens=16,
+    )
     assert_same_greedy(engine_greedy(llm, prompts, 16), hf_greedy(path, prompts, 16))

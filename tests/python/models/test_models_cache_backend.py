@@ -19,8 +19,9 @@ from pagedkv.testing import save_random_model  # noqa: E402
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-opt"])
 def test_chunked_and_decode_steps_match_dense(preset: str, tmp_path) -> None:
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
-    path = save_random_model(str(tmp_path / preset), preset, seed=seed, tokenizer=False,
-                             vocab_size=300)
+    path = save_random_model(
+        str(tmp_path / preset), preset, seed=seed, tokenizer=False, vocab_size=300
+    )
     model, cfg = load_model(path, torch.float32, "cpu")
     g = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(0, 300, (n,), generator=g) for n in (19, 6, 11)]
@@ -40,7 +41,7 @@ def test_chunked_and_decode_steps_match_dense(preset: str, tmp_path) -> None:
             if done[i] == len(s):
                 continue
             n = min(int(torch.randint(1, 6, (), generator=rng)), len(s) - done[i])
-            ids.append(s[done[i]:done[i] + n])
+            ids.append(s[done[i] : done[i] + n])
             pos.append(torch.arange(done[i], done[i] + n))
             sids.append(i)
             lens.append(n)

@@ -137,8 +137,16 @@ def test_max_model_len_from_rope_scaling(tmp_path, scaling: dict, expected: int)
     "scaling,original,limit",
     [
         ({"rope_type": "dynamic", "factor": 3.0}, 256, 768),
-        ({"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
-          "original_max_position_embeddings": 64}, 64, 256),
+        (
+            {
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 16,
+                "long_factor": [2.0] * 16,
+                "original_max_position_embeddings": 64,
+            },
+            64,
+            256,
+        ),
     ],
 )
 def test_batch_wide_rope_defaults_to_its_original_context(
@@ -168,7 +176,6 @@ def test_batch_wide_rope_defaults_to_its_original_context(
         assert "depend on batch-mates" in caplog.text
     finally:
         log.removeHandler(caplog.handler)
-
 
 
 def test_unsupported_head_size_refused_before_weights(tmp_path) -> None:

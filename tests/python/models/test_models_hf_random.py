@@ -16,22 +16,42 @@ from pagedkv.testing import save_random_model  # noqa: E402
 VOCAB = 512
 CASES = {
     "llama-gqa": ("tiny-llama", {}),
-    "llama-rope-llama3": ("tiny-llama", {"rope_scaling": {
-        "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}}),
+    "llama-rope-llama3": (
+        "tiny-llama",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
     "llama-rope-linear": ("tiny-llama", {"rope_scaling": {"type": "linear", "factor": 2.0}}),
-    "llama-rope-yarn": ("tiny-llama", {"rope_scaling": {
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
-    "llama-rope-dynamic": ("tiny-llama", {"max_position_embeddings": 24, "rope_scaling": {
-        "rope_type": "dynamic", "factor": 2.0}}),
+    "llama-rope-yarn": (
+        "tiny-llama",
+        {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
+    "llama-rope-dynamic": (
+        "tiny-llama",
+        {"max_position_embeddings": 24, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    ),
     "qwen2-bias-tied": ("tiny-qwen2", {}),
     "mistral": ("tiny-mistral", {}),
     "mistral-window": ("tiny-mistral", {"sliding_window": 5}),
-    "qwen2-window-layers": ("tiny-qwen2", {"use_sliding_window": True, "sliding_window": 6,
-                                           "max_window_layers": 1}),
+    "qwen2-window-layers": (
+        "tiny-qwen2",
+        {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},
+    ),
     "opt": ("tiny-opt", {}),
-    "opt-post-norm-proj": ("tiny-opt", {"do_layer_norm_before": False,
-                                        "word_embed_proj_dim": 32}),
+    "opt-post-norm-proj": ("tiny-opt", {"do_layer_norm_before": False, "word_embed_proj_dim": 32}),
 }
 
 
@@ -51,8 +71,9 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_logits_match_hf(case: str, tmp_path) -> None:
     preset, overrides = CASES[case]
     seed = int(torch.randint(0, 2**31 - 1, ()).item())
-    path = save_random_model(str(tmp_path / case), preset, seed=seed, tokenizer=False,
-                             vocab_size=VOCAB, **overrides)
+    path = save_random_model(
+        str(tmp_path / case), preset, seed=seed, tokenizer=False, vocab_size=VOCAB, **overrides
+    )
     model, config = load_model(path, torch.float32, "cpu")
     ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     if "rope_scaling" in overrides:  # both sides must really use the scaled rope
@@ -75,7 +96,7 @@ def test_logits_match_hf(case: str, tmp_path) -> None:
         with torch.no_grad():
             for i, s in enumerate(group):
                 expected = ref(s[None]).logits[0].float()
-                worst = max(worst, _rel_err(logits[loc[i]:loc[i + 1]], expected))
+                worst = max(worst, _rel_err(logits[loc[i] : loc[i + 1]], expected))
     print(f"{case}: max relative logits error vs HF {worst:.2e}")
     assert worst < 1e-4, worst
 

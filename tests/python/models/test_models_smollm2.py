@@ -51,7 +51,8 @@ def ours(gguf_path: str):
 @pytest.fixture(scope="module")
 def hf(gguf_path: str):
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32)
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+    )
     return model.eval()
 
 
@@ -85,7 +86,7 @@ def test_logits_match_hf_batched(ours, hf, tok) -> None:
     with torch.no_grad():
         for i, s in enumerate(seqs):
             ref = hf(torch.tensor([s])).logits[0].float()
-            err = _rel_err(logits[loc[i]:loc[i + 1]], ref)
+            err = _rel_err(logits[loc[i] : loc[i + 1]], ref)
             worst = max(worst, err)
             assert logits[loc[i + 1] - 1].argmax() == ref[-1].argmax()
     print(f"max relative logits error vs HF: {worst:.2e}")
@@ -116,15 +117,17 @@ def _greedy_ours(model, prompts: list[list[int]], n: int) -> list[list[int]]:
 def test_greedy_tokens_match_hf_generate(ours, hf, tok) -> None:
     model, _ = ours
     n = 40
-    chat = tok.apply_chat_template([{"role": "user", "content": "Name three colors."}],
-                                   tokenize=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "Name three colors."}], tokenize=True
+    )
     prompts = [tok.encode(PROMPTS[1]), tok.encode(PROMPTS[2]), chat]
     mine = _greedy_ours(model, prompts, n)
     lengths = []
     for p, got in zip(prompts, mine):
         # HF stops at EOS (included); beyond it our tokens are not comparable.
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False,
-                          pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
-        assert got[:len(ref)] == ref, (tok.decode(got), tok.decode(ref))
+        ref = hf.generate(
+            torch.tensor([p]), max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id
+        )[0, len(p) :].tolist()
+        assert got[: len(ref)] == ref, (tok.decode(got), tok.decode(ref))
         lengths.append(len(ref))
     assert max(lengths) >= 32, lengths

@@ -50,14 +50,14 @@ def _rank_main(rank: int, path: str, tp: int, pp: int, port: int, out: str) -> N
         group = get_pp_group()
         hidden = None
         if not group.is_first_rank:
-            hidden = group.recv((len(ids), cfg.hidden_size), torch.float32,
-                                group.rank_in_group - 1)
+            hidden = group.recv((len(ids), cfg.hidden_size), torch.float32, group.rank_in_group - 1)
         hidden = model(ids, pos, attn, hidden) if hidden is not None else model(ids, pos, attn)
         if not group.is_last_rank:
             group.send(hidden, group.rank_in_group + 1)
         else:
-            torch.save({"logits": model.compute_logits(hidden), "params": n_params},
-                       f"{out}.{rank}")
+            torch.save(
+                {"logits": model.compute_logits(hidden), "params": n_params}, f"{out}.{rank}"
+            )
     finally:
         destroy_model_parallel()
 
@@ -70,22 +70,34 @@ def _free_port() -> int:
 
 # The other families: Phi-3's fused checkpoint tensors, Gemma 2's replicated KV head and soft
 # caps, GPT-NeoX's head-interleaved q/k/v, GPT-2's Conv1D weights across two stages.
-@pytest.mark.parametrize("preset,tp,pp", [("tiny-llama", 2, 1), ("tiny-qwen2", 2, 1),
-                                           ("tiny-qwen2", 1, 2), ("tiny-phi3", 2, 1),
-                                           ("tiny-gemma2", 2, 1), ("tiny-gpt-neox", 2, 1),
-                                           ("tiny-gpt2", 1, 2), ("tiny-mixtral", 2, 1),
-                                           ("tiny-qwen2-moe", 2, 1), ("tiny-mixtral", 1, 2)])
+@pytest.mark.parametrize(
+    "preset,tp,pp",
+    [
+        ("tiny-llama", 2, 1),
+        ("tiny-qwen2", 2, 1),
+        ("tiny-qwen2", 1, 2),
+        ("tiny-phi3", 2, 1),
+        ("tiny-gemma2", 2, 1),
+        ("tiny-gpt-neox", 2, 1),
+        ("tiny-gpt2", 1, 2),
+        ("tiny-mixtral", 2, 1),
+        ("tiny-qwen2-moe", 2, 1),
+        ("tiny-mixtral", 1, 2),
+    ],
+)
 def test_sharded_logits_match_unsharded(preset: str, tp: int, pp: int, tmp_path) -> None:
     bias = {"attention_bias": True} if preset == "tiny-llama" else {}
-    path = save_random_model(str(tmp_path / preset), preset, seed=3, tokenizer=False,
-                             vocab_size=VOCAB, **bias)
+    path = save_random_model(
+        str(tmp_path / preset), preset, seed=3, tokenizer=False, vocab_size=VOCAB, **bias
+    )
     model, _ = load_model(path, torch.float32, "cpu")
     ids, pos, loc = _inputs()
     expected = model.compute_logits(model(ids, pos, DenseAttentionBackend(loc)))
     full_params = sum(p.numel() for p in model.parameters())
     out = str(tmp_path / "logits")
-    torch.multiprocessing.spawn(_rank_main, args=(path, tp, pp, _free_port(), out),
-                                nprocs=tp * pp, join=True)
+    torch.multiprocessing.spawn(
+        _rank_main, args=(path, tp, pp, _free_port(), out), nprocs=tp * pp, join=True
+    )
     last = range(tp * (pp - 1), tp * pp)  # the last stage's ranks hold the logits
     for rank in last:
         got = torch.load(f"{out}.{rank}")

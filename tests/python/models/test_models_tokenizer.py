@@ -36,8 +36,9 @@ def gguf_path(smollm2_gguf: str) -> str:
 
 @pytest.fixture(scope="module")
 def hf_tok(gguf_path: str):
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gguf_path),
-                                                      gguf_file=os.path.basename(gguf_path))
+    return transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +66,12 @@ def test_encode_decode_match_hf(tok: Tokenizer, hf_tok) -> None:
 
 def test_chat_template_matches_hf(tok: Tokenizer, hf_tok) -> None:
     conv1 = [{"role": "user", "content": "What is 2+2?"}]
-    conv2 = [{"role": "system", "content": "Be brief."},
-             {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-             {"role": "user", "content": "Name a fruit."}]
+    conv2 = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Name a fruit."},
+    ]
     for conv in (conv1, conv2):
         for gen in (True, False):
             expected = hf_tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen)
@@ -76,10 +80,12 @@ def test_chat_template_matches_hf(tok: Tokenizer, hf_tok) -> None:
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert tok.apply_chat_template([conv1, conv2]) == [text, tok.apply_chat_template(conv2)]
     assert tok.apply_chat_template(conv1, tokenize=True) == hf_tok.encode(
-        text, add_special_tokens=False)
+        text, add_special_tokens=False
+    )
     custom = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     assert tok.apply_chat_template(conv2, chat_template=custom) == (
-        "[system] Be brief.\n[user] Hi\n[assistant] Hello!\n[user] Name a fruit.\n")
+        "[system] Be brief.\n[user] Hi\n[assistant] Hello!\n[user] Name a fruit.\n"
+    )
 
 
 def _stream(tok: Tokenizer, ids: list[int], rng: random.Random, skip: bool) -> list[str]:
@@ -87,7 +93,7 @@ def _stream(tok: Tokenizer, ids: list[int], rng: random.Random, skip: bool) -> l
     deltas, i = [], 0
     while i < len(ids):
         n = rng.choice([1, 1, 1, 2, 3])
-        deltas.append(detok.append(ids[i:i + n]))
+        deltas.append(detok.append(ids[i : i + n]))
         i += n
     deltas.append(detok.flush())
     assert "".join(deltas) == detok.output_text
@@ -105,13 +111,16 @@ def test_incremental_detokenizer_equals_full_decode(tok: Tokenizer) -> None:
             assert "".join(deltas) == tok.decode(ids, skip_special_tokens=skip), seed
             assert not any("\ufffd" in d for d in deltas), (seed, deltas)
     # Random ids, biased towards the byte tokens that hold pieces of multi-byte characters.
-    byte_ids = [i for i in range(tok.vocab_size)
-                if "\ufffd" in tok.decode([i], skip_special_tokens=False)]
+    byte_ids = [
+        i for i in range(tok.vocab_size) if "\ufffd" in tok.decode([i], skip_special_tokens=False)
+    ]
     assert byte_ids, "expected byte-fallback tokens for partial UTF-8"
     for _ in range(200):
         n = rng.randint(1, 24)
-        ids = [rng.choice(byte_ids) if rng.random() < 0.4 else rng.randrange(tok.vocab_size)
-               for _ in range(n)]
+        ids = [
+            rng.choice(byte_ids) if rng.random() < 0.4 else rng.randrange(tok.vocab_size)
+            for _ in range(n)
+        ]
         skip = rng.random() < 0.5
         deltas = _stream(tok, ids, rng, skip)
         assert "".join(deltas) == tok.decode(ids, skip_special_tokens=skip), (seed, ids)
@@ -130,7 +139,7 @@ def _brute_stop(text: str, new_chars: int, stop: list[str], include: bool):
     for s in stop:
         for i in range(len(text) - len(s) + 1):
             # must end inside the new part of the text
-            if text[i:i + len(s)] == s and s and i + len(s) > len(text) - new_chars:
+            if text[i : i + len(s)] == s and s and i + len(s) > len(text) - new_chars:
                 if best is None or i < best[1]:
                     best = (s, i)
                 break
@@ -142,18 +151,22 @@ def test_stop_string_helpers_match_brute_force() -> None:
     for _ in range(500):
         text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 12)))
         new = rng.randint(0, len(text))
-        stop = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 3)))
-                for _ in range(rng.randint(1, 3))]
+        stop = [
+            "".join(rng.choice("abc") for _ in range(rng.randint(1, 3)))
+            for _ in range(rng.randint(1, 3))
+        ]
         include = rng.random() < 0.5
         got = find_stop_string(text, new, stop, include)
         # A stop found earlier than the new part would have been caught at an earlier step,
         # so only compare when the text before the new part has no stop at all.
-        if any(s in text[:len(text) - new] for s in stop):
+        if any(s in text[: len(text) - new] for s in stop):
             continue
         assert got == _brute_stop(text, new, stop, include), (text, new, stop)
         hold = stop_holdback(text, stop)
-        assert hold == max([n for s in stop for n in range(len(s)) if n <= len(text)
-                            and text.endswith(s[:n])], default=0)
+        assert hold == max(
+            [n for s in stop for n in range(len(s)) if n <= len(text) and text.endswith(s[:n])],
+            default=0,
+        )
     assert truncate_at_stop("Hello world. Bye", 16, [". B", "wor"]) == ("Hello ", "wor")
     assert truncate_at_stop("Hello", 5, ["x"]) == ("Hello", None)
 
@@ -166,8 +179,9 @@ def _wordpiece() -> Tokenizer:
     rust = tokenizers.Tokenizer(tokenizers.models.WordPiece(vocab, unk_token="[UNK]"))
     rust.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     rust.decoder = tokenizers.decoders.WordPiece()
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=rust, unk_token="[UNK]",
-                                              cls_token="[CLS]", sep_token="[SEP]")
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=rust, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    )
     return Tokenizer(hf)
 
 
@@ -181,8 +195,11 @@ def test_spaces_between_special_tokens(spaces: bool) -> None:
 
     tok = _wordpiece()
     ids = [1, 2, 3, 5, 4, 2, 1, 2]
-    want = ("[CLS] [SEP] hellos world [SEP] [CLS] [SEP]" if spaces
-            else "[CLS][SEP] hellos world [SEP][CLS][SEP]")
+    want = (
+        "[CLS] [SEP] hellos world [SEP] [CLS] [SEP]"
+        if spaces
+        else "[CLS][SEP] hellos world [SEP][CLS][SEP]"
+    )
     assert tok.decode(ids, False, spaces) == want
     direct = DirectDecoder(tok)
     assert direct.decode(ids, False, spaces) == want

@@ -10,14 +10,17 @@ from pagedkv import PagedAttention, ops
 from pagedkv._C import BlockAllocator
 
 
-@pytest.mark.parametrize("args, error, match", [
-    ((-1, 16, 2, 64), ValueError, "^num_blocks must be a positive integer, got -1"),
-    ((0, 16, 2, 64), ValueError, "^num_blocks must be a positive integer, got 0"),
-    ((4, 16, -2, 64), ValueError, "^num_kv_heads must be a positive integer"),
-    ((4.0, 16, 2, 64), TypeError, "^num_blocks must be an integer, got float"),
-    ((4, 16.5, 2, 64), TypeError, "^block_size must be an integer, got float"),
-    ((4, 16, 2, True), TypeError, "^head_size must be an integer, got bool"),
-])
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((-1, 16, 2, 64), ValueError, "^num_blocks must be a positive integer, got -1"),
+        ((0, 16, 2, 64), ValueError, "^num_blocks must be a positive integer, got 0"),
+        ((4, 16, -2, 64), ValueError, "^num_kv_heads must be a positive integer"),
+        ((4.0, 16, 2, 64), TypeError, "^num_blocks must be an integer, got float"),
+        ((4, 16.5, 2, 64), TypeError, "^block_size must be an integer, got float"),
+        ((4, 16, 2, True), TypeError, "^head_size must be an integer, got bool"),
+    ],
+)
 def test_kv_cache_shape_sizes_are_positive_integers(args, error, match):
     with pytest.raises(error, match=match):
         PagedAttention.get_kv_cache_shape(*args)
@@ -27,8 +30,9 @@ def test_kv_cache_shape_sizes_are_positive_integers(args, error, match):
 def test_cache_full_block_refuses_negative_token_ids():
     a = BlockAllocator(8, 4)
     (block,) = a.allocate(1)
-    with pytest.raises(ValueError, match="^tokens must be non-negative token ids, got -2 at "
-                                         "index 1"):
+    with pytest.raises(
+        ValueError, match="^tokens must be non-negative token ids, got -2 at index 1"
+    ):
         a.cache_full_block(block, None, [1, -2, 3, 4])
     a.cache_full_block(block, None, [1, 2, 3, 4])
 

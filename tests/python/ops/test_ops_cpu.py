@@ -28,13 +28,25 @@ from support.paged_cases import (
 torch = need("torch")
 
 HEAD_SIZES = PagedAttention.get_supported_head_sizes()
-FRAMEWORKS_DTYPES = [("numpy", "float32"), ("numpy", "float16"), ("torch", "float32"),
-                     ("torch", "float16"), ("torch", "bfloat16")]
+FRAMEWORKS_DTYPES = [
+    ("numpy", "float32"),
+    ("numpy", "float16"),
+    ("torch", "float32"),
+    ("torch", "float16"),
+    ("torch", "bfloat16"),
+]
 
 
-def _decode_case(seed: int, *, version: int, max_len: int = 300, fp8: str = "auto",
-                 layout: str | None = None, fw_dtype: tuple | None = None,
-                 features: bool = True) -> None:
+def _decode_case(
+    seed: int,
+    *,
+    version: int,
+    max_len: int = 300,
+    fp8: str = "auto",
+    layout: str | None = None,
+    fw_dtype: tuple | None = None,
+    features: bool = True,
+) -> None:
     rng = np.random.default_rng(seed)
     fw, dtype = fw_dtype or FRAMEWORKS_DTYPES[rng.integers(len(FRAMEWORKS_DTYPES))]
     layout = layout or ("vllm", "nhd")[rng.integers(2)]
@@ -47,10 +59,14 @@ def _decode_case(seed: int, *, version: int, max_len: int = 300, fp8: str = "aut
     h = kvh * group
     s = int(rng.integers(1, 5))
     lens = [int(rng.integers(1, max_len + 1)) for _ in range(s)]
-    k_scale, v_scale = (1.0, 1.0) if fp8 == "auto" else (float(rng.uniform(0.02, 0.3)),
-                                                         float(rng.uniform(0.02, 0.3)))
-    kv = make_paged_kv(rng, fw, dtype, layout, fp8, lens, bs, kvh, d, k_scale=k_scale,
-                       v_scale=v_scale)
+    k_scale, v_scale = (
+        (1.0, 1.0)
+        if fp8 == "auto"
+        else (float(rng.uniform(0.02, 0.3)), float(rng.uniform(0.02, 0.3)))
+    )
+    kv = make_paged_kv(
+        rng, fw, dtype, layout, fp8, lens, bs, kvh, d, k_scale=k_scale, v_scale=v_scale
+    )
     query, q64 = rand_array(rng, (s, h, d), fw, dtype)
     scale = 1.0 / math.sqrt(d)
     use_alibi = features and rng.random() < 0.3
@@ -62,23 +78,63 @@ def _decode_case(seed: int, *, version: int, max_len: int = 300, fp8: str = "aut
     max_len_arg = max(lens)
     kw = dict(logits_soft_cap=cap, sliding_window=window)
     if version == 1:
-        ops.paged_attention_v1(out, query, kv.key_cache, kv.value_cache, kvh, scale,
-                               kv.block_tables, seq_lens, bs, max_len_arg, slopes, fp8,
-                               k_scale, v_scale, **kw)
+        ops.paged_attention_v1(
+            out,
+            query,
+            kv.key_cache,
+            kv.value_cache,
+            kvh,
+            scale,
+            kv.block_tables,
+            seq_lens,
+            bs,
+            max_len_arg,
+            slopes,
+            fp8,
+            k_scale,
+            v_scale,
+            **kw,
+        )
     else:
         parts = (max_len_arg + 511) // 512
         exp_sums = empty_like_fw((s, h, parts), fw, "float32")
         max_logits = empty_like_fw((s, h, parts), fw, "float32")
         tmp = empty_like_fw((s, h, parts, d), fw, "float32")
-        ops.paged_attention_v2(out, exp_sums, max_logits, tmp, query, kv.key_cache,
-                               kv.value_cache, kvh, scale, kv.block_tables, seq_lens, bs,
-                               max_len_arg, slopes, fp8, k_scale, v_scale, **kw)
+        ops.paged_attention_v2(
+            out,
+            exp_sums,
+            max_logits,
+            tmp,
+            query,
+            kv.key_cache,
+            kv.value_cache,
+            kvh,
+            scale,
+            kv.block_tables,
+            seq_lens,
+            bs,
+            max_len_arg,
+            slopes,
+            fp8,
+            k_scale,
+            v_scale,
+            **kw,
+        )
         _check_partitions(to_np(exp_sums), to_np(max_logits), to_np(tmp), to_np(out), lens)
     assert type(out) is type(query)
     got = to_np(out)
     assert not np.isnan(got).any(), "output element not written"
-    want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array(lens), scale,
-                      alibi_slopes=slopes64, soft_cap=cap, sliding_window=window)
+    want = ref.decode(
+        q64,
+        kv.k_dense,
+        kv.v_dense,
+        kv.block_tables_np,
+        np.array(lens),
+        scale,
+        alibi_slopes=slopes64,
+        soft_cap=cap,
+        sliding_window=window,
+    )
     err = ref.rel_error(got, want)
     assert err < tolerance(dtype), (err, fw, dtype, layout, d, bs, kvh, group, lens)
 
@@ -112,11 +168,21 @@ def test_decode_every_head_size(layout: str, head_size: int) -> None:
         kv = make_paged_kv(rng, fw, dtype, layout, "auto", [37, 5], 16, 2, head_size)
         query, q64 = rand_array(rng, (2, 8, head_size), fw, dtype)
         seq_lens = to_fw(np.array([37, 5]), fw, "int32")
-        out = PagedAttention.forward_decode(query, kv.key_cache, kv.value_cache,
-                                            kv.block_tables, seq_lens, 37, "auto", 2, 0.1, None,
-                                            1.0, 1.0)
-        want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array([37, 5]),
-                          0.1)
+        out = PagedAttention.forward_decode(
+            query,
+            kv.key_cache,
+            kv.value_cache,
+            kv.block_tables,
+            seq_lens,
+            37,
+            "auto",
+            2,
+            0.1,
+            None,
+            1.0,
+            1.0,
+        )
+        want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array([37, 5]), 0.1)
         assert ref.rel_error(to_np(out), want) < tolerance(dtype)
 
 
@@ -141,8 +207,9 @@ def _prefill_case(seed: int, *, fp8: str = "auto", features: bool = True) -> Non
     ctx = [int(rng.choice([0, rng.integers(1, 200)])) for _ in range(n)]
     qlen = [int(rng.integers(1, 90)) for _ in range(n)]
     k_scale, v_scale = (1.0, 1.0) if fp8 == "auto" else (0.1, 0.05)
-    kv = make_paged_kv(rng, fw, dtype, layout, fp8, ctx, bs, kvh, d, k_scale=k_scale,
-                       v_scale=v_scale)
+    kv = make_paged_kv(
+        rng, fw, dtype, layout, fp8, ctx, bs, kvh, d, k_scale=k_scale, v_scale=v_scale
+    )
     t = sum(qlen)
     query, q64 = rand_array(rng, (t, h, d), fw, dtype)
     key, k64 = rand_array(rng, (t, kvh, d), fw, dtype)
@@ -154,16 +221,41 @@ def _prefill_case(seed: int, *, fp8: str = "auto", features: bool = True) -> Non
     window = int(rng.integers(1, 150)) if features and rng.random() < 0.3 else None
     slopes, slopes64 = alibi(rng, h, fw) if use_alibi else (None, None)
     scale = float(rng.uniform(0.05, 0.2))
-    out = PagedAttention.forward_prefix(query, key, value, fp8, kv.key_cache, kv.value_cache,
-                                        kv.block_tables, to_fw(qsl, fw, "int32"),
-                                        to_fw(seq, fw, "int32"), max(qlen), slopes, window,
-                                        k_scale, v_scale, scale=scale, logits_soft_cap=cap)
+    out = PagedAttention.forward_prefix(
+        query,
+        key,
+        value,
+        fp8,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        to_fw(qsl, fw, "int32"),
+        to_fw(seq, fw, "int32"),
+        max(qlen),
+        slopes,
+        window,
+        k_scale,
+        v_scale,
+        scale=scale,
+        logits_soft_cap=cap,
+    )
     assert type(out) is type(query)
     got = to_np(out)
     assert not np.isnan(got).any()
-    want = ref.prefix_prefill(q64, k64, v64, kv.k_dense, kv.v_dense, kv.block_tables_np, qsl,
-                              seq, scale, alibi_slopes=slopes64, soft_cap=cap,
-                              sliding_window=window)
+    want = ref.prefix_prefill(
+        q64,
+        k64,
+        v64,
+        kv.k_dense,
+        kv.v_dense,
+        kv.block_tables_np,
+        qsl,
+        seq,
+        scale,
+        alibi_slopes=slopes64,
+        soft_cap=cap,
+        sliding_window=window,
+    )
     err = ref.rel_error(got, want)
     assert err < tolerance(dtype), (err, fw, dtype, layout, d, bs, kvh, group, ctx, qlen)
 
@@ -225,12 +317,15 @@ def test_reshape_and_cache(layout: str, fp8: str) -> None:
 def test_fp8_roundtrip_error_bounds() -> None:
     rng = np.random.default_rng(7)
     for fmt, mbits, maxv in (("fp8_e4m3", 3, 448.0), ("fp8_e5m2", 2, 57344.0)):
-        vals = np.concatenate([rng.standard_normal(4026) * 10.0 ** rng.integers(-3, 3, 4026),
-                               [maxv * 1.5, -maxv * 3, 0.0, -0.0, 1e-9, maxv]])
+        vals = np.concatenate(
+            [
+                rng.standard_normal(4026) * 10.0 ** rng.integers(-3, 3, 4026),
+                [maxv * 1.5, -maxv * 3, 0.0, -0.0, 1e-9, maxv],
+            ]
+        )
         key = vals.reshape(-1, 1, 32).astype(np.float32)
         kc = np.zeros((key.shape[0], 1, 1, 32), np.uint8)
-        ops.reshape_and_cache_flash(key, key, kc, kc.copy(), np.arange(key.shape[0]), fmt, 1.0,
-                                    1.0)
+        ops.reshape_and_cache_flash(key, key, kc, kc.copy(), np.arange(key.shape[0]), fmt, 1.0, 1.0)
         back = ref.fp8_decode(kc.reshape(-1), ref.fp8_format(fmt))
         x = key.reshape(-1).astype(np.float64)
         normal_min = 2.0 ** (1 - (7 if mbits == 3 else 15))
@@ -277,24 +372,48 @@ def test_split_kv_cache_and_write_then_decode() -> None:
         value, v64 = rand_array(rng, (n, kvh, d), fw, "float32")
         table = np.array([[4, 1]], np.int32)
         slots = np.array([table[0, i // bs] * bs + i % bs for i in range(n)], np.int64)
-        PagedAttention.write_to_paged_cache(key, value, kc, vc, to_fw(slots, fw, "int64"),
-                                            "auto", 1.0, 1.0)
+        PagedAttention.write_to_paged_cache(
+            key, value, kc, vc, to_fw(slots, fw, "int64"), "auto", 1.0, 1.0
+        )
         q, q64 = rand_array(rng, (1, h, d), fw, "float32")
-        out = PagedAttention.forward_decode(q, kc, vc, to_fw(table, fw, "int32"),
-                                            to_fw(np.array([n]), fw, "int32"), n, "auto", kvh,
-                                            0.125, None, 1.0, 1.0)
+        out = PagedAttention.forward_decode(
+            q,
+            kc,
+            vc,
+            to_fw(table, fw, "int32"),
+            to_fw(np.array([n]), fw, "int32"),
+            n,
+            "auto",
+            kvh,
+            0.125,
+            None,
+            1.0,
+            1.0,
+        )
         want = ref.attention(q64, k64, v64, np.array([n - 1]), 0.125)
         assert ref.rel_error(to_np(out), want) < 2e-6
 
 
 def test_scales_as_arrays_and_streams() -> None:
     rng = np.random.default_rng(3)
-    kv = make_paged_kv(rng, "torch", "float32", "nhd", "fp8_e4m3", [50], 16, 1, 32,
-                       k_scale=0.25, v_scale=0.5)
+    kv = make_paged_kv(
+        rng, "torch", "float32", "nhd", "fp8_e4m3", [50], 16, 1, 32, k_scale=0.25, v_scale=0.5
+    )
     q, q64 = rand_array(rng, (1, 2, 32), "torch", "float32")
-    out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables,
-                                        torch.tensor([50], dtype=torch.int32), 50, "fp8", 1,
-                                        0.2, None, torch.tensor([0.25]), torch.tensor(0.5))
+    out = PagedAttention.forward_decode(
+        q,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        torch.tensor([50], dtype=torch.int32),
+        50,
+        "fp8",
+        1,
+        0.2,
+        None,
+        torch.tensor([0.25]),
+        torch.tensor(0.5),
+    )
     want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array([50]), 0.2)
     assert ref.rel_error(to_np(out), want) < 2e-6
 
@@ -302,14 +421,26 @@ def test_scales_as_arrays_and_streams() -> None:
 def test_seed000_decode_shapes() -> None:
     """Seed 000's opt-125m decode call: 12 heads of 64, block 16, 13-block table, len 204."""
     rng = np.random.default_rng(0)
-    kv = make_paged_kv(rng, "torch", "float16", "vllm", "auto", [204], 16, 12, 64,
-                       spare_blocks=40, table_pad=0)
+    kv = make_paged_kv(
+        rng, "torch", "float16", "vllm", "auto", [204], 16, 12, 64, spare_blocks=40, table_pad=0
+    )
     assert tuple(kv.key_cache.shape[1:]) == (12, 8, 16, 8)
     assert kv.block_tables.shape == (1, 13)
     q, q64 = rand_array(rng, (1, 12, 64), "torch", "float16")
-    out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables,
-                                        torch.tensor([204], dtype=torch.int32), 204, "auto", 12,
-                                        0.125, None, 1.0, 1.0)
+    out = PagedAttention.forward_decode(
+        q,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        torch.tensor([204], dtype=torch.int32),
+        204,
+        "auto",
+        12,
+        0.125,
+        None,
+        1.0,
+        1.0,
+    )
     want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array([204]), 0.125)
     assert out.dtype == torch.float16 and ref.rel_error(to_np(out), want) < 1e-2
 
@@ -335,15 +466,40 @@ def test_decode_matrix(layout: str, block_size: int, group: int) -> None:
     for version in (1, 2):
         out = empty_like_fw(query.shape, fw, dtype)
         if version == 1:
-            ops.paged_attention_v1(out, query, kv.key_cache, kv.value_cache, kvh, 0.09,
-                                   kv.block_tables, seq_lens, block_size, max(lens))
+            ops.paged_attention_v1(
+                out,
+                query,
+                kv.key_cache,
+                kv.value_cache,
+                kvh,
+                0.09,
+                kv.block_tables,
+                seq_lens,
+                block_size,
+                max(lens),
+            )
         else:
             p = 3
-            es, ml = empty_like_fw((3, kvh * group, p), fw, "float32"), empty_like_fw(
-                (3, kvh * group, p), fw, "float32")
+            es, ml = (
+                empty_like_fw((3, kvh * group, p), fw, "float32"),
+                empty_like_fw((3, kvh * group, p), fw, "float32"),
+            )
             tmp = empty_like_fw((3, kvh * group, p, d), fw, dtype)  # query dtype is accepted
-            ops.paged_attention_v2(out, es, ml, tmp, query, kv.key_cache, kv.value_cache, kvh,
-                                   0.09, kv.block_tables, seq_lens, block_size, max(lens))
+            ops.paged_attention_v2(
+                out,
+                es,
+                ml,
+                tmp,
+                query,
+                kv.key_cache,
+                kv.value_cache,
+                kvh,
+                0.09,
+                kv.block_tables,
+                seq_lens,
+                block_size,
+                max(lens),
+            )
         got = to_np(out)
         assert not np.isnan(got).any()
         assert ref.rel_error(got, want) < tolerance(dtype), (version, fw, dtype, d, kvh, lens)
@@ -363,18 +519,50 @@ def test_decode_strided_query_out_and_small_partitions() -> None:
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     q64 = query.double().numpy()
     for window in (None, 40):
-        want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array(lens), 0.1,
-                          sliding_window=window)
-        ops.paged_attention_v1(out, query, kv.key_cache, kv.value_cache, kvh, 0.1,
-                               kv.block_tables, seq_lens, 16, 300, sliding_window=window)
+        want = ref.decode(
+            q64,
+            kv.k_dense,
+            kv.v_dense,
+            kv.block_tables_np,
+            np.array(lens),
+            0.1,
+            sliding_window=window,
+        )
+        ops.paged_attention_v1(
+            out,
+            query,
+            kv.key_cache,
+            kv.value_cache,
+            kvh,
+            0.1,
+            kv.block_tables,
+            seq_lens,
+            16,
+            300,
+            sliding_window=window,
+        )
         assert ref.rel_error(out.double().numpy(), want) < 2e-6
         p = (300 + 31) // 32
         es = torch.full((3, kvh * group, p), float("nan"))
         ml, tmp = es.clone(), torch.full((3, kvh * group, p, d), float("nan"))
         out.fill_(float("nan"))
-        ops.paged_attention_v2(out, es, ml, tmp, query, kv.key_cache, kv.value_cache, kvh, 0.1,
-                               kv.block_tables, seq_lens, 16, 300, sliding_window=window,
-                               partition_size=32)
+        ops.paged_attention_v2(
+            out,
+            es,
+            ml,
+            tmp,
+            query,
+            kv.key_cache,
+            kv.value_cache,
+            kvh,
+            0.1,
+            kv.block_tables,
+            seq_lens,
+            16,
+            300,
+            sliding_window=window,
+            partition_size=32,
+        )
         assert ref.rel_error(out.double().numpy(), want) < 2e-6
         assert torch.isnan(big_out[:, :2]).all() and torch.isnan(big_out[:, 10:]).all()
 
@@ -383,9 +571,20 @@ def test_decode_empty_sequence_gives_zeros() -> None:
     rng = np.random.default_rng(9)
     kv = make_paged_kv(rng, "numpy", "float32", "vllm", "auto", [0, 20], 16, 1, 32)
     q, q64 = rand_array(rng, (2, 2, 32), "numpy", "float32")
-    out = PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables,
-                                        np.array([0, 20], np.int32), 20, "auto", 1, 0.2, None,
-                                        1.0, 1.0)
+    out = PagedAttention.forward_decode(
+        q,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        np.array([0, 20], np.int32),
+        20,
+        "auto",
+        1,
+        0.2,
+        None,
+        1.0,
+        1.0,
+    )
     assert isinstance(out, np.ndarray) and out.dtype == np.float32
     assert np.all(out[0] == 0)
     want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array([0, 20]), 0.2)
@@ -411,22 +610,50 @@ def test_seed000_chunked_prefill_then_decode(layout: str) -> None:
         kc = torch.zeros(nb, bs, kvh, d)
         vc = torch.zeros(nb, bs, kvh, d)
     table = torch.from_numpy(rng.permutation(nb)[: (n + bs - 1) // bs].astype(np.int32))[None]
-    slots = (table[0].long()[torch.arange(n) // bs] * bs + torch.arange(n) % bs)
+    slots = table[0].long()[torch.arange(n) // bs] * bs + torch.arange(n) % bs
     write = ops.reshape_and_cache if layout == "vllm" else ops.reshape_and_cache_flash
     outs = []
     for start, end in ((0, 28), (28, 484)):
         write(k_all[start:end], v_all[start:end], kc, vc, slots[start:end])
-        outs.append(PagedAttention.forward_prefix(
-            q_all[start:end], k_all[start:end], v_all[start:end], "auto", kc, vc, table,
-            torch.tensor([0, end - start], dtype=torch.int32),
-            torch.tensor([end], dtype=torch.int32), end - start, None, None, 1.0, 1.0))
+        outs.append(
+            PagedAttention.forward_prefix(
+                q_all[start:end],
+                k_all[start:end],
+                v_all[start:end],
+                "auto",
+                kc,
+                vc,
+                table,
+                torch.tensor([0, end - start], dtype=torch.int32),
+                torch.tensor([end], dtype=torch.int32),
+                end - start,
+                None,
+                None,
+                1.0,
+                1.0,
+            )
+        )
     write(k_all[484:], v_all[484:], kc, vc, slots[484:])
-    outs.append(PagedAttention.forward_decode(q_all[484:], kc, vc, table,
-                                              torch.tensor([485], dtype=torch.int32), 485,
-                                              "auto", kvh, 1 / 8, None, 1.0, 1.0))
+    outs.append(
+        PagedAttention.forward_decode(
+            q_all[484:],
+            kc,
+            vc,
+            table,
+            torch.tensor([485], dtype=torch.int32),
+            485,
+            "auto",
+            kvh,
+            1 / 8,
+            None,
+            1.0,
+            1.0,
+        )
+    )
     got = torch.cat(outs).double().numpy()
-    want = ref.attention(q_all.double().numpy(), k_all.double().numpy(),
-                         v_all.double().numpy(), np.arange(n), 1 / 8)
+    want = ref.attention(
+        q_all.double().numpy(), k_all.double().numpy(), v_all.double().numpy(), np.arange(n), 1 / 8
+    )
     assert ref.rel_error(got, want) < 2e-6
 
 
@@ -443,13 +670,27 @@ def test_concurrent_calls_and_forked_child() -> None:
     want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, lens, 0.1)
 
     def run() -> np.ndarray:
-        return PagedAttention.forward_decode(q, kv.key_cache, kv.value_cache, kv.block_tables,
-                                             lens, 700, "auto", 2, 0.1, None, 1.0, 1.0)
+        return PagedAttention.forward_decode(
+            q,
+            kv.key_cache,
+            kv.value_cache,
+            kv.block_tables,
+            lens,
+            700,
+            "auto",
+            2,
+            0.1,
+            None,
+            1.0,
+            1.0,
+        )
 
     run()  # start the pool before forking
     errors: list[float] = []
-    threads = [threading.Thread(target=lambda: errors.extend(
-        ref.rel_error(run(), want) for _ in range(5))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: errors.extend(ref.rel_error(run(), want) for _ in range(5)))
+        for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -54,18 +54,44 @@ def test_prefix_prefill_alibi_window_softcap_together(seed: int) -> None:
     cap = float(rng.uniform(5, 20))
     slopes, slopes64 = _slopes(rng, h, strided=seed % 4 == 3)
     scale = 0.125
-    out = PagedAttention.forward_prefix(query, key, value, "auto", kv.key_cache, kv.value_cache,
-                                        kv.block_tables, qsl.astype(np.int32),
-                                        seq.astype(np.int32), max(qlen), slopes, window, 1.0,
-                                        1.0, scale=scale, logits_soft_cap=cap)
+    out = PagedAttention.forward_prefix(
+        query,
+        key,
+        value,
+        "auto",
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        qsl.astype(np.int32),
+        seq.astype(np.int32),
+        max(qlen),
+        slopes,
+        window,
+        1.0,
+        1.0,
+        scale=scale,
+        logits_soft_cap=cap,
+    )
     got = to_np(out)
     assert not np.isnan(got).any()
-    want = ref.prefix_prefill(q64, k64, v64, kv.k_dense, kv.v_dense, kv.block_tables_np, qsl,
-                              seq, scale, alibi_slopes=slopes64, soft_cap=cap,
-                              sliding_window=window)
+    want = ref.prefix_prefill(
+        q64,
+        k64,
+        v64,
+        kv.k_dense,
+        kv.v_dense,
+        kv.block_tables_np,
+        qsl,
+        seq,
+        scale,
+        alibi_slopes=slopes64,
+        soft_cap=cap,
+        sliding_window=window,
+    )
     # The features must matter on this data, or the comparison proves nothing.
-    plain = ref.prefix_prefill(q64, k64, v64, kv.k_dense, kv.v_dense, kv.block_tables_np, qsl,
-                               seq, scale)
+    plain = ref.prefix_prefill(
+        q64, k64, v64, kv.k_dense, kv.v_dense, kv.block_tables_np, qsl, seq, scale
+    )
     assert ref.rel_error(plain, want) > 0.05
     assert ref.rel_error(got, want) < TOL, (layout, bs, kvh, group, ctx, qlen, window)
 
@@ -83,21 +109,57 @@ def test_decode_alibi_window_softcap_and_strided_slopes(version: int, layout: st
     for strided in (False, True):
         slopes, slopes64 = _slopes(rng, h, strided)
         window, cap = 301, 12.0
-        want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array(lens), 0.1,
-                          alibi_slopes=slopes64, soft_cap=cap, sliding_window=window)
+        want = ref.decode(
+            q64,
+            kv.k_dense,
+            kv.v_dense,
+            kv.block_tables_np,
+            np.array(lens),
+            0.1,
+            alibi_slopes=slopes64,
+            soft_cap=cap,
+            sliding_window=window,
+        )
         out = empty_like_fw((3, h, d), "numpy", "float32")
         kw = dict(logits_soft_cap=cap, sliding_window=window)
         if version == 1:
-            ops.paged_attention_v1(out, query, kv.key_cache, kv.value_cache, kvh, 0.1,
-                                   kv.block_tables, seq_lens, bs, 700, slopes, **kw)
+            ops.paged_attention_v1(
+                out,
+                query,
+                kv.key_cache,
+                kv.value_cache,
+                kvh,
+                0.1,
+                kv.block_tables,
+                seq_lens,
+                bs,
+                700,
+                slopes,
+                **kw,
+            )
         else:
             p = (700 + 255) // 256
             es = empty_like_fw((3, h, p), "numpy", "float32")
             ml = empty_like_fw((3, h, p), "numpy", "float32")
             tmp = empty_like_fw((3, h, p, d), "numpy", "float32")
-            ops.paged_attention_v2(out, es, ml, tmp, query, kv.key_cache, kv.value_cache, kvh,
-                                   0.1, kv.block_tables, seq_lens, bs, 700, slopes,
-                                   partition_size=256, **kw)
+            ops.paged_attention_v2(
+                out,
+                es,
+                ml,
+                tmp,
+                query,
+                kv.key_cache,
+                kv.value_cache,
+                kvh,
+                0.1,
+                kv.block_tables,
+                seq_lens,
+                bs,
+                700,
+                slopes,
+                partition_size=256,
+                **kw,
+            )
         assert not np.isnan(out).any()
         assert ref.rel_error(out, want) < TOL, (version, layout, strided)
 
@@ -110,9 +172,27 @@ def test_strided_alibi_slopes_from_torch() -> None:
     query, q64 = rand_array(rng, (1, 4, 64), "torch", "float32")
     wide = torch.full((8,), float("nan"))
     wide[::2] = torch.tensor([0.5, 0.25, 0.125, 0.0625])
-    out = PagedAttention.forward_decode(query, kv.key_cache, kv.value_cache, kv.block_tables,
-                                        to_fw(np.array([90]), "torch", "int32"), 90, "auto", 1,
-                                        0.1, wide[::2], 1.0, 1.0)
-    want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array([90]), 0.1,
-                      alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625]))
+    out = PagedAttention.forward_decode(
+        query,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        to_fw(np.array([90]), "torch", "int32"),
+        90,
+        "auto",
+        1,
+        0.1,
+        wide[::2],
+        1.0,
+        1.0,
+    )
+    want = ref.decode(
+        q64,
+        kv.k_dense,
+        kv.v_dense,
+        kv.block_tables_np,
+        np.array([90]),
+        0.1,
+        alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625]),
+    )
     assert ref.rel_error(to_np(out), want) < TOL

@@ -178,8 +178,10 @@ EXPECTED = {
     "fp8_needs_uint8": ("TypeError", "uint8"),
     "kv_cache_dtype_name": ("ValueError", "kv_cache_dtype"),
     "k_scale_nonpositive": ("ValueError", "k_scale"),
-    "k_scale_denormal": ("ValueError", "k_scale must be a positive finite number with a finite "
-                                       "reciprocal"),
+    "k_scale_denormal": (
+        "ValueError",
+        "k_scale must be a positive finite number with a finite reciprocal",
+    ),
     "v_scale_reciprocal_inf": ("ValueError", "v_scale"),
     "k_scale_array_size": ("ValueError", "k_scale"),
     "alibi_shape": ("ValueError", "alibi_slopes"),
@@ -214,8 +216,9 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, *EXPECTED], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, *EXPECTED], capture_output=True, text=True, timeout=300
+    )
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -228,8 +231,9 @@ def report() -> dict:
 
 @pytest.mark.parametrize("case", list(EXPECTED))
 def test_bad_call(report: dict, case: str) -> None:
-    assert case in report, (f"child died before reporting {case!r} (rc={report['__rc__']}): "
-                            f"{report['__stderr__']}")
+    assert case in report, (
+        f"child died before reporting {case!r} (rc={report['__rc__']}): {report['__stderr__']}"
+    )
     exc, text = EXPECTED[case]
     got = report[case]
     assert got["type"] == exc, got

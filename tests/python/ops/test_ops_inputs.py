@@ -32,39 +32,56 @@ def decode_args(num_seqs: int = 2) -> dict[str, Any]:
         out=np.zeros((num_seqs, 8, 64), F32),
         query=rng.standard_normal((num_seqs, 8, 64)).astype(F32),
         key_cache=rng.standard_normal((6, 2, 16, 16, 4)).astype(F32),
-        value_cache=rng.standard_normal((6, 2, 64, 16)).astype(F32), num_kv_heads=2,
-        scale=0.125, block_tables=np.array([[0, 1, 2], [3, 4, 0]], np.int32)[:num_seqs],
-        seq_lens=np.array([40, 20], np.int32)[:num_seqs], block_size=16, max_seq_len=40,
-        alibi_slopes=np.linspace(0.1, 0.8, 8).astype(F32))
+        value_cache=rng.standard_normal((6, 2, 64, 16)).astype(F32),
+        num_kv_heads=2,
+        scale=0.125,
+        block_tables=np.array([[0, 1, 2], [3, 4, 0]], np.int32)[:num_seqs],
+        seq_lens=np.array([40, 20], np.int32)[:num_seqs],
+        block_size=16,
+        max_seq_len=40,
+        alibi_slopes=np.linspace(0.1, 0.8, 8).astype(F32),
+    )
 
 
 def v2_buffers(a: dict[str, Any], parts: int = 1) -> dict[str, Any]:
     s, h, d = a["query"].shape
-    return dict(exp_sums=np.zeros((s, h, parts), F32), max_logits=np.zeros((s, h, parts), F32),
-                tmp_out=np.zeros((s, h, parts, d), F32))
+    return dict(
+        exp_sums=np.zeros((s, h, parts), F32),
+        max_logits=np.zeros((s, h, parts), F32),
+        tmp_out=np.zeros((s, h, parts, d), F32),
+    )
 
 
 def prefill_args(num_tokens: int = 7) -> dict[str, Any]:
     rng = np.random.default_rng(2)
     lens = [3, 4] if num_tokens == 7 else [0, 0]
     start = np.cumsum([0, *lens]).astype(np.int32)
-    return dict(q=rng.standard_normal((num_tokens, 4, 64)).astype(F32),
-                k=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
-                v=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
-                o=np.zeros((num_tokens, 4, 64), F32), kv_cache_dtype="auto",
-                k_cache=rng.standard_normal((4, 16, 2, 64)).astype(F32),
-                v_cache=rng.standard_normal((4, 16, 2, 64)).astype(F32),
-                b_loc=np.array([[0, 1], [2, 3]], np.int32), b_start_loc=start,
-                b_seq_len=np.array([20 + lens[0], lens[1]], np.int32), max_seq_len=None,
-                max_input_len=4, alibi_slopes=np.linspace(0.1, 0.4, 4).astype(F32))
+    return dict(
+        q=rng.standard_normal((num_tokens, 4, 64)).astype(F32),
+        k=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
+        v=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
+        o=np.zeros((num_tokens, 4, 64), F32),
+        kv_cache_dtype="auto",
+        k_cache=rng.standard_normal((4, 16, 2, 64)).astype(F32),
+        v_cache=rng.standard_normal((4, 16, 2, 64)).astype(F32),
+        b_loc=np.array([[0, 1], [2, 3]], np.int32),
+        b_start_loc=start,
+        b_seq_len=np.array([20 + lens[0], lens[1]], np.int32),
+        max_seq_len=None,
+        max_input_len=4,
+        alibi_slopes=np.linspace(0.1, 0.4, 4).astype(F32),
+    )
 
 
 def write_args(num_tokens: int = 5) -> dict[str, Any]:
     rng = np.random.default_rng(1)
-    return dict(key=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
-                value=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
-                key_cache=np.zeros((4, 16, 2, 64), F32), value_cache=np.zeros((4, 16, 2, 64), F32),
-                slot_mapping=np.array([0, 1, 17, -1, 63], np.int64)[:num_tokens])
+    return dict(
+        key=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
+        value=rng.standard_normal((num_tokens, 2, 64)).astype(F32),
+        key_cache=np.zeros((4, 16, 2, 64), F32),
+        value_cache=np.zeros((4, 16, 2, 64), F32),
+        slot_mapping=np.array([0, 1, 17, -1, 63], np.int64)[:num_tokens],
+    )
 
 
 # ---- read-only inputs are accepted -----------------------------------------------------------
@@ -80,8 +97,7 @@ def test_decode_reads_read_only_inputs(make: str) -> None:
     want = decode_args()
     ops.paged_attention_v1(**want)
     a = decode_args()
-    for name in ("query", "key_cache", "value_cache", "block_tables", "seq_lens",
-                 "alibi_slopes"):
+    for name in ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "alibi_slopes"):
         a[name] = READ_ONLY_MAKERS[make](a[name])
         assert not a[name].flags.writeable
     ops.paged_attention_v1(**a)
@@ -123,8 +139,17 @@ def test_prefill_and_writes_read_read_only_inputs() -> None:
     want = prefill_args()
     ops.context_attention_fwd(**want)
     a = prefill_args()
-    for name in ("q", "k", "v", "k_cache", "v_cache", "b_loc", "b_start_loc", "b_seq_len",
-                 "alibi_slopes"):
+    for name in (
+        "q",
+        "k",
+        "v",
+        "k_cache",
+        "v_cache",
+        "b_loc",
+        "b_start_loc",
+        "b_seq_len",
+        "alibi_slopes",
+    ):
         a[name] = ro(a[name])
     ops.context_attention_fwd(**a)
     np.testing.assert_array_equal(a["o"], want["o"])
@@ -155,11 +180,33 @@ def test_prefill_and_writes_read_read_only_inputs() -> None:
 def test_paged_attention_forward_with_read_only_inputs() -> None:
     a = decode_args()
     want = PagedAttention.forward_decode(
-        a["query"], a["key_cache"], a["value_cache"], a["block_tables"], a["seq_lens"], 40, "auto",
-        2, 0.125, None, 1.0, 1.0)
+        a["query"],
+        a["key_cache"],
+        a["value_cache"],
+        a["block_tables"],
+        a["seq_lens"],
+        40,
+        "auto",
+        2,
+        0.125,
+        None,
+        1.0,
+        1.0,
+    )
     got = PagedAttention.forward_decode(
-        ro(a["query"]), ro(a["key_cache"]), ro(a["value_cache"]), ro(a["block_tables"]),
-        ro(a["seq_lens"]), 40, "auto", 2, 0.125, None, 1.0, 1.0)
+        ro(a["query"]),
+        ro(a["key_cache"]),
+        ro(a["value_cache"]),
+        ro(a["block_tables"]),
+        ro(a["seq_lens"]),
+        40,
+        "auto",
+        2,
+        0.125,
+        None,
+        1.0,
+        1.0,
+    )
     np.testing.assert_array_equal(got, want)
 
 
@@ -174,6 +221,7 @@ def test_torch_inputs_still_work() -> None:
 
 
 # ---- read-only outputs are a ValueError naming them --------------------------------------------
+
 
 def _read_only_output_cases() -> dict[str, tuple[Callable[[], None], str]]:
     def v1() -> None:
@@ -190,6 +238,7 @@ def _read_only_output_cases() -> dict[str, tuple[Callable[[], None], str]]:
             else:
                 bufs[name] = ro(bufs[name])
             ops.paged_attention_v2(**a, **bufs)
+
         return call
 
     def prefill() -> None:
@@ -205,17 +254,20 @@ def _read_only_output_cases() -> dict[str, tuple[Callable[[], None], str]]:
                 a["value_cache"] = np.zeros((4, 2, 64, 16), F32)
             a[name] = np.broadcast_to(a[name], a[name].shape)
             (ops.reshape_and_cache_flash if flash else ops.reshape_and_cache)(**a)
+
         return call
 
     def swap() -> None:
-        ops.swap_blocks(np.zeros((4, 8), F32), ro(np.zeros((4, 8), F32)),
-                        np.array([[0, 1]], np.int64))
+        ops.swap_blocks(
+            np.zeros((4, 8), F32), ro(np.zeros((4, 8), F32)), np.array([[0, 1]], np.int64)
+        )
 
     def copy(which: str) -> Callable[[], None]:
         def call() -> None:
             caches = {"key": [np.zeros((4, 8), F32)], "value": [np.zeros((4, 8), F32)]}
             caches[which][0] = ro(caches[which][0])
             ops.copy_blocks(caches["key"], caches["value"], np.array([[0, 1]], np.int64))
+
         return call
 
     return {
@@ -242,6 +294,7 @@ def test_read_only_output_is_a_value_error_naming_it(case: str) -> None:
 
 # ---- zero-size batches are no-ops ------------------------------------------------------------
 
+
 def test_zero_size_arrays_have_free_strides() -> None:
     z = np.zeros((0, 2, 64), F32)
     assert z.strides == (0, 0, 0) or z.strides[-1] != 4  # what numpy exports for empty arrays
@@ -262,9 +315,20 @@ def test_decode_with_no_sequences() -> None:
     assert a["query"].shape == (0, 8, 64)
     ops.paged_attention_v1(**a)
     ops.paged_attention_v2(**a, **v2_buffers(a, parts=0))
-    out = PagedAttention.forward_decode(a["query"], a["key_cache"], a["value_cache"],
-                                        a["block_tables"], a["seq_lens"], 0, "auto", 2, 0.125,
-                                        None, 1.0, 1.0)
+    out = PagedAttention.forward_decode(
+        a["query"],
+        a["key_cache"],
+        a["value_cache"],
+        a["block_tables"],
+        a["seq_lens"],
+        0,
+        "auto",
+        2,
+        0.125,
+        None,
+        1.0,
+        1.0,
+    )
     assert out.shape == (0, 8, 64)
 
 
@@ -276,9 +340,22 @@ def test_prefill_with_no_tokens() -> None:
     a["b_start_loc"] = np.zeros(1, np.int32)
     a["b_seq_len"] = np.zeros(0, np.int32)
     ops.context_attention_fwd(**a)
-    out = PagedAttention.forward_prefix(a["q"], a["k"], a["v"], "auto", a["k_cache"],
-                                        a["v_cache"], a["b_loc"], a["b_start_loc"],
-                                        a["b_seq_len"], 0, None, None, 1.0, 1.0)
+    out = PagedAttention.forward_prefix(
+        a["q"],
+        a["k"],
+        a["v"],
+        "auto",
+        a["k_cache"],
+        a["v_cache"],
+        a["b_loc"],
+        a["b_start_loc"],
+        a["b_seq_len"],
+        0,
+        None,
+        None,
+        1.0,
+        1.0,
+    )
     assert out.shape == (0, 4, 64)
 
 
@@ -296,29 +373,34 @@ def test_copy_and_swap_with_empty_mapping() -> None:
 
 # ---- scalar and shape arguments are named in errors --------------------------------------------
 
+
 def _v1(**changes: Any) -> None:
     a = decode_args()
     a.update(changes)
     ops.paged_attention_v1(**a)
 
 
-@pytest.mark.parametrize(("changes", "exc", "message"), [
-    ({"max_seq_len": 2**40}, ValueError, "max_seq_len = 1099511627776 is out of range"),
-    ({"num_kv_heads": 2**40}, ValueError, "num_kv_heads = 1099511627776 is out of range"),
-    ({"num_kv_heads": -(2**31) - 1}, ValueError, "num_kv_heads"),
-    ({"num_kv_heads": 2.7}, TypeError, "num_kv_heads must be an integer, got 2.7"),
-    ({"num_kv_heads": float("nan")}, TypeError, "num_kv_heads must be an integer"),
-    ({"max_seq_len": "40"}, TypeError, "max_seq_len must be an integer, got str"),
-    ({"block_size": 16.5}, TypeError, "block_size must be an integer"),
-    ({"sliding_window": 2**33}, ValueError, "sliding_window"),
-    ({"sliding_window": 3.5}, TypeError, "sliding_window"),
-    ({"scale": "0.1"}, TypeError, "scale"),
-    ({"logits_soft_cap": None}, TypeError, "logits_soft_cap"),
-    ({"kv_cache_dtype": None}, TypeError, "kv_cache_dtype must be a str"),
-    ({"alibi_slopes": [0.1] * 8}, TypeError, "alibi_slopes must be an array"),
-])
-def test_scalar_argument_errors_name_the_argument(changes: dict[str, Any], exc: type,
-                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "exc", "message"),
+    [
+        ({"max_seq_len": 2**40}, ValueError, "max_seq_len = 1099511627776 is out of range"),
+        ({"num_kv_heads": 2**40}, ValueError, "num_kv_heads = 1099511627776 is out of range"),
+        ({"num_kv_heads": -(2**31) - 1}, ValueError, "num_kv_heads"),
+        ({"num_kv_heads": 2.7}, TypeError, "num_kv_heads must be an integer, got 2.7"),
+        ({"num_kv_heads": float("nan")}, TypeError, "num_kv_heads must be an integer"),
+        ({"max_seq_len": "40"}, TypeError, "max_seq_len must be an integer, got str"),
+        ({"block_size": 16.5}, TypeError, "block_size must be an integer"),
+        ({"sliding_window": 2**33}, ValueError, "sliding_window"),
+        ({"sliding_window": 3.5}, TypeError, "sliding_window"),
+        ({"scale": "0.1"}, TypeError, "scale"),
+        ({"logits_soft_cap": None}, TypeError, "logits_soft_cap"),
+        ({"kv_cache_dtype": None}, TypeError, "kv_cache_dtype must be a str"),
+        ({"alibi_slopes": [0.1] * 8}, TypeError, "alibi_slopes must be an array"),
+    ],
+)
+def test_scalar_argument_errors_name_the_argument(
+    changes: dict[str, Any], exc: type, message: str
+) -> None:
     with pytest.raises(exc, match=message):
         _v1(**changes)
 
@@ -327,8 +409,9 @@ def test_integral_values_of_other_types_are_accepted() -> None:
     want = decode_args()
     ops.paged_attention_v1(**want)
     a = decode_args()
-    a.update(num_kv_heads=np.int64(2), max_seq_len=40.0, block_size=np.int32(16),
-             scale=np.float32(0.125))
+    a.update(
+        num_kv_heads=np.int64(2), max_seq_len=40.0, block_size=np.int32(16), scale=np.float32(0.125)
+    )
     ops.paged_attention_v1(**a)
     np.testing.assert_array_equal(a["out"], want["out"])
 
@@ -369,9 +452,20 @@ def test_fp8_cache_dtype_says_use_uint8() -> None:
     kc = torch.zeros(6, 2, 4, 16, 16, dtype=torch.float8_e4m3fn)
     vc = torch.zeros(6, 2, 64, 16, dtype=torch.float8_e4m3fn)
     with pytest.raises(TypeError, match=r"key_cache has dtype torch.float8_e4m3fn.*uint8"):
-        ops.paged_attention_v1(torch.zeros(2, 8, 64), torch.zeros(2, 8, 64), kc, vc, 2, 0.1,
-                               torch.from_numpy(a["block_tables"]),
-                               torch.from_numpy(a["seq_lens"]), 16, 40, None, "fp8")
+        ops.paged_attention_v1(
+            torch.zeros(2, 8, 64),
+            torch.zeros(2, 8, 64),
+            kc,
+            vc,
+            2,
+            0.1,
+            torch.from_numpy(a["block_tables"]),
+            torch.from_numpy(a["seq_lens"]),
+            16,
+            40,
+            None,
+            "fp8",
+        )
     from pagedkv import _C
 
     # The extension's own message, for callers of _C (DLPack 1.1 fp8 dtype code).
@@ -379,9 +473,20 @@ def test_fp8_cache_dtype_says_use_uint8() -> None:
         _C.ops_decode_kernel(torch.zeros(2, 8, 64), kc, vc, 2, "fp8")
     # The supported form runs.
     out = torch.zeros(2, 8, 64)
-    ops.paged_attention_v1(out, torch.zeros(2, 8, 64), kc.view(torch.uint8),
-                           vc.view(torch.uint8), 2, 0.1, torch.from_numpy(a["block_tables"]),
-                           torch.from_numpy(a["seq_lens"]), 16, 40, None, "fp8")
+    ops.paged_attention_v1(
+        out,
+        torch.zeros(2, 8, 64),
+        kc.view(torch.uint8),
+        vc.view(torch.uint8),
+        2,
+        0.1,
+        torch.from_numpy(a["block_tables"]),
+        torch.from_numpy(a["seq_lens"]),
+        16,
+        40,
+        None,
+        "fp8",
+    )
 
 
 @pytest.mark.parametrize("method", ["decode", "prefix"])
@@ -390,43 +495,106 @@ def test_paged_attention_checks_query_rank_before_unpacking(method: str) -> None
     q2 = np.zeros((2, 512), F32)
     with pytest.raises(ValueError, match=r"query must have rank 3 .*got shape \(2, 512\)"):
         if method == "decode":
-            PagedAttention.forward_decode(q2, a["key_cache"], a["value_cache"],
-                                          a["block_tables"], a["seq_lens"], 40, "auto", 2, 0.125,
-                                          None, 1.0, 1.0)
+            PagedAttention.forward_decode(
+                q2,
+                a["key_cache"],
+                a["value_cache"],
+                a["block_tables"],
+                a["seq_lens"],
+                40,
+                "auto",
+                2,
+                0.125,
+                None,
+                1.0,
+                1.0,
+            )
         else:
             p = prefill_args()
-            PagedAttention.forward_prefix(q2, p["k"], p["v"], "auto", p["k_cache"], p["v_cache"],
-                                          p["b_loc"], p["b_start_loc"], p["b_seq_len"], 4, None,
-                                          None, 1.0, 1.0)
+            PagedAttention.forward_prefix(
+                q2,
+                p["k"],
+                p["v"],
+                "auto",
+                p["k_cache"],
+                p["v_cache"],
+                p["b_loc"],
+                p["b_start_loc"],
+                p["b_seq_len"],
+                4,
+                None,
+                None,
+                1.0,
+                1.0,
+            )
 
 
 def test_paged_attention_checks_cache_rank_and_ints() -> None:
     a = decode_args()
     with pytest.raises(ValueError, match="key_cache must have rank 5 or 4"):
-        PagedAttention.forward_decode(a["query"], a["key_cache"][0, 0], a["value_cache"],
-                                      a["block_tables"], a["seq_lens"], 40, "auto", 2, 0.125,
-                                      None, 1.0, 1.0)
+        PagedAttention.forward_decode(
+            a["query"],
+            a["key_cache"][0, 0],
+            a["value_cache"],
+            a["block_tables"],
+            a["seq_lens"],
+            40,
+            "auto",
+            2,
+            0.125,
+            None,
+            1.0,
+            1.0,
+        )
     with pytest.raises(ValueError, match="max_seq_len"):
-        PagedAttention.forward_decode(a["query"], a["key_cache"], a["value_cache"],
-                                      a["block_tables"], a["seq_lens"], 2**40, "auto", 2, 0.125,
-                                      None, 1.0, 1.0)
+        PagedAttention.forward_decode(
+            a["query"],
+            a["key_cache"],
+            a["value_cache"],
+            a["block_tables"],
+            a["seq_lens"],
+            2**40,
+            "auto",
+            2,
+            0.125,
+            None,
+            1.0,
+            1.0,
+        )
     with pytest.raises(TypeError, match="num_kv_heads"):
-        PagedAttention.forward_decode(a["query"], a["key_cache"], a["value_cache"],
-                                      a["block_tables"], a["seq_lens"], 40, "auto", 2.5, 0.125,
-                                      None, 1.0, 1.0)
+        PagedAttention.forward_decode(
+            a["query"],
+            a["key_cache"],
+            a["value_cache"],
+            a["block_tables"],
+            a["seq_lens"],
+            40,
+            "auto",
+            2.5,
+            0.125,
+            None,
+            1.0,
+            1.0,
+        )
 
 
-@pytest.mark.parametrize(("heads", "head_size", "match"), [
-    (3, 64, "not a multiple of num_kv_heads \\* head_size = 3 \\* 64"),
-    (2, 66, "head_size a multiple of x = 16 // element size = 4"),
-    (0, 64, "num_kv_heads = 0"),
-])
-def test_split_kv_cache_names_bad_heads_or_head_size(heads: int, head_size: int,
-                                                     match: str) -> None:
+@pytest.mark.parametrize(
+    ("heads", "head_size", "match"),
+    [
+        (3, 64, "not a multiple of num_kv_heads \\* head_size = 3 \\* 64"),
+        (2, 66, "head_size a multiple of x = 16 // element size = 4"),
+        (0, 64, "num_kv_heads = 0"),
+    ],
+)
+def test_split_kv_cache_names_bad_heads_or_head_size(
+    heads: int, head_size: int, match: str
+) -> None:
     """The views' reshape used to fail with the framework's own error naming no argument
     (torch: "shape '[4, 3, 16, -1, 4]' is invalid for input of size 8192")."""
-    for kv in (np.zeros(PagedAttention.get_kv_cache_shape(4, 16, 2, 64), np.float32),
-               need("torch").zeros(PagedAttention.get_kv_cache_shape(4, 16, 2, 64))):
+    for kv in (
+        np.zeros(PagedAttention.get_kv_cache_shape(4, 16, 2, 64), np.float32),
+        need("torch").zeros(PagedAttention.get_kv_cache_shape(4, 16, 2, 64)),
+    ):
         with pytest.raises(ValueError, match=match):
             PagedAttention.split_kv_cache(kv, heads, head_size)
     with pytest.raises(ValueError, match="kv_cache must have shape"):

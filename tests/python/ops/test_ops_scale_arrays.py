@@ -38,8 +38,11 @@ def test_cache_write(fp8: str, layout: str, form: str) -> None:
     key, k64 = rand_array(rng, (t, kvh, d), "torch", "float16", scale=3.0)
     value, v64 = rand_array(rng, (t, kvh, d), "torch", "float16", scale=3.0)
     slots = rng.choice(nb * bs, size=t, replace=False).astype(np.int64)
-    shapes = ((nb, kvh, d // 16, bs, 16), (nb, kvh, d, bs)) if layout == "vllm" else \
-        ((nb, bs, kvh, d), (nb, bs, kvh, d))
+    shapes = (
+        ((nb, kvh, d // 16, bs, 16), (nb, kvh, d, bs))
+        if layout == "vllm"
+        else ((nb, bs, kvh, d), (nb, bs, kvh, d))
+    )
     kc, vc = (torch.zeros(s, dtype=torch.uint8) for s in shapes)
     ks, vs = (FORMS[form](v) for v in SCALES)
     PagedAttention.write_to_paged_cache(key, value, kc, vc, torch.from_numpy(slots), fp8, ks, vs)
@@ -60,17 +63,29 @@ def test_decode_and_prefill(layout: str, form: str) -> None:
     rng = np.random.default_rng(5)
     kvh, group, d, bs, fp8 = 2, 4, 64, 16, "fp8_e4m3"
     lens = [37, 90]
-    kv = make_paged_kv(rng, "torch", "float32", layout, fp8, lens, bs, kvh, d,
-                       k_scale=SCALES[0], v_scale=SCALES[1])
+    kv = make_paged_kv(
+        rng, "torch", "float32", layout, fp8, lens, bs, kvh, d, k_scale=SCALES[0], v_scale=SCALES[1]
+    )
     query, q64 = rand_array(rng, (len(lens), kvh * group, d), "torch", "float32")
     sl = to_fw(np.array(lens), "torch", "int32")
     scale = 1.0 / math.sqrt(d)
     ks, vs = (FORMS[form](v) for v in SCALES)
 
     def decode(k_scale, v_scale):
-        return PagedAttention.forward_decode(query, kv.key_cache, kv.value_cache,
-                                             kv.block_tables, sl, max(lens), fp8, kvh, scale,
-                                             None, k_scale, v_scale)
+        return PagedAttention.forward_decode(
+            query,
+            kv.key_cache,
+            kv.value_cache,
+            kv.block_tables,
+            sl,
+            max(lens),
+            fp8,
+            kvh,
+            scale,
+            None,
+            k_scale,
+            v_scale,
+        )
 
     got = decode(ks, vs)
     assert torch.equal(got, decode(*SCALES))
@@ -84,14 +99,28 @@ def test_decode_and_prefill(layout: str, form: str) -> None:
     v, vn64 = rand_array(rng, (sum(new), kvh, d), "torch", "float32")
 
     def prefill(k_scale, v_scale):
-        return PagedAttention.forward_prefix(q, k, v, fp8, kv.key_cache, kv.value_cache,
-                                             kv.block_tables, torch.from_numpy(qsl), sl,
-                                             max(new), None, None, k_scale, v_scale)
+        return PagedAttention.forward_prefix(
+            q,
+            k,
+            v,
+            fp8,
+            kv.key_cache,
+            kv.value_cache,
+            kv.block_tables,
+            torch.from_numpy(qsl),
+            sl,
+            max(new),
+            None,
+            None,
+            k_scale,
+            v_scale,
+        )
 
     got = prefill(ks, vs)
     assert torch.equal(got, prefill(*SCALES))
-    want = ref.prefix_prefill(qn64, kn64, vn64, kv.k_dense, kv.v_dense, kv.block_tables_np,
-                              qsl, np.array(lens), scale)
+    want = ref.prefix_prefill(
+        qn64, kn64, vn64, kv.k_dense, kv.v_dense, kv.block_tables_np, qsl, np.array(lens), scale
+    )
     assert ref.rel_error(to_np(got), want) < 2e-6
 
 
@@ -100,8 +129,18 @@ def test_scale_errors() -> None:
     value (checked like a number), a dtype that is not a float."""
     q = torch.zeros(1, 4, 64)
     kc = torch.zeros(2, 16, 2, 64, dtype=torch.uint8)
-    args = (q, kc, kc, torch.zeros(1, 2, dtype=torch.int32), torch.tensor([3], dtype=torch.int32),
-            3, "fp8", 2, 0.125, None)
+    args = (
+        q,
+        kc,
+        kc,
+        torch.zeros(1, 2, dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32),
+        3,
+        "fp8",
+        2,
+        0.125,
+        None,
+    )
     with pytest.raises(ValueError, match="k_scale must be a number or a 1-element array"):
         PagedAttention.forward_decode(*args, torch.ones(2), 1.0)
     with pytest.raises(ValueError, match="v_scale must be a positive finite number"):

@@ -78,18 +78,35 @@ def test_kernel_argument_on_host_arrays(kernel: str) -> None:
     with pytest.raises(ValueError, match=f"kernel '{kernel}' runs on CUDA arrays"):
         decode()
     with pytest.raises(ValueError, match=f"kernel '{kernel}' runs on CUDA arrays"):
-        PagedAttention.forward_prefix(q, q[:, :2], q[:, :2], "auto", kc, vc, table,
-                                      np.array([0, 1], np.int32), lens, 1, None, None, 1.0, 1.0,
-                                      kernel=kernel)
+        PagedAttention.forward_prefix(
+            q,
+            q[:, :2],
+            q[:, :2],
+            "auto",
+            kc,
+            vc,
+            table,
+            np.array([0, 1], np.int32),
+            lens,
+            1,
+            None,
+            None,
+            1.0,
+            1.0,
+            kernel=kernel,
+        )
 
 
 def test_no_environment_switches_in_the_library() -> None:
     """Kernel choices are arguments or compile-time variants: no getenv in src/ or include/."""
-    hits = [f"{p.relative_to(ROOT)}:{i + 1}"
-            for folder in ("src", "include") for p in sorted((ROOT / folder).rglob("*"))
-            if p.is_file() and p.suffix in {".h", ".cuh", ".cpp", ".cu", ".cc"}
-            for i, line in enumerate(p.read_text(errors="replace").splitlines())
-            if re.search(r"\bgetenv\s*\(", line)]
+    hits = [
+        f"{p.relative_to(ROOT)}:{i + 1}"
+        for folder in ("src", "include")
+        for p in sorted((ROOT / folder).rglob("*"))
+        if p.is_file() and p.suffix in {".h", ".cuh", ".cpp", ".cu", ".cc"}
+        for i, line in enumerate(p.read_text(errors="replace").splitlines())
+        if re.search(r"\bgetenv\s*\(", line)
+    ]
     assert not hits, hits
 
 

@@ -56,8 +56,18 @@ def test_old_simulate_spellings_still_work_but_warn(capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize("command", ENGINE_COMMANDS)
 def test_every_engine_command_has_every_engine_flag(command: str) -> None:
-    args = _parse(command, "--tokenizer", "tok", "--preemption-mode", "swap", "--swap-space", "2",
-                  "--enforce-eager", "--kv-cache-space", "0.5")
+    args = _parse(
+        command,
+        "--tokenizer",
+        "tok",
+        "--preemption-mode",
+        "swap",
+        "--swap-space",
+        "2",
+        "--enforce-eager",
+        "--kv-cache-space",
+        "0.5",
+    )
     assert (args.tokenizer, args.preemption_mode, args.swap_space) == ("tok", "swap", 2.0)
     assert args.enforce_eager is True and args.kv_cache_space == 0.5
     defaults = _parse(command)
@@ -98,9 +108,13 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("command,flags,name", BAD_VALUES)
-def test_bad_values_are_usage_errors_before_loading(command: str, flags: list[str], name: str,
-                                                    capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_values_are_usage_errors_before_loading(
+    command: str,
+    flags: list[str],
+    name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from pagedkv.engine import llm
     from pagedkv.entrypoints.openai import api_server
 
@@ -157,20 +171,24 @@ def test_kv_cache_space_says_what_the_engine_does() -> None:
 
 
 def test_serve_config_values_are_type_checked(tmp_path, capsys) -> None:  # type: ignore
-    cases = {'port: "abc"\n': "key 'port': must be a TCP port number",
-             "enable-prefix-caching: maybe\n": "key 'enable-prefix-caching': must be true or false",
-             "max-num-seqs: 0\n": "key 'max-num-seqs': must be an integer >= 1",
-             "block_size: 16.5\n": "key 'block_size': must be a power of two",
-             "port: [1\n": "is not valid YAML",
-             "- 1\n": "expected a mapping"}
+    cases = {
+        'port: "abc"\n': "key 'port': must be a TCP port number",
+        "enable-prefix-caching: maybe\n": "key 'enable-prefix-caching': must be true or false",
+        "max-num-seqs: 0\n": "key 'max-num-seqs': must be an integer >= 1",
+        "block_size: 16.5\n": "key 'block_size': must be a power of two",
+        "port: [1\n": "is not valid YAML",
+        "- 1\n": "expected a mapping",
+    }
     for i, (text, message) in enumerate(cases.items()):
         cfg = tmp_path / f"c{i}.yaml"
         cfg.write_text(text)
         line = _usage_error(capsys, ["serve", "--config", str(cfg)])
         assert "error: argument --config: " in line and message in line, (text, line)
     cfg = tmp_path / "ok.yaml"
-    cfg.write_text("port: 8001\ngpu-memory-utilization: 0.5\nmax-model-len: null\n"
-                   "served-model-name: a\npreemption-mode: swap\nenforce-eager: true\n")
+    cfg.write_text(
+        "port: 8001\ngpu-memory-utilization: 0.5\nmax-model-len: null\n"
+        "served-model-name: a\npreemption-mode: swap\nenforce-eager: true\n"
+    )
     opts = _parse("serve", "--config", str(cfg))
     assert (opts.port, opts.gpu_memory_utilization, opts.max_model_len) == (8001, 0.5, None)
     assert opts.served_model_name == ["a"] and opts.preemption_mode == "swap"

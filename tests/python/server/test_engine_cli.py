@@ -24,8 +24,9 @@ def greedy_reference(smollm2_gguf: str):
     from pagedkv import LLM, SamplingParams
 
     llm = LLM(device="cpu", kv_cache_space=0.1, max_model_len=512)
-    out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=12),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        "The capital of France is", SamplingParams(temperature=0, max_tokens=12), use_tqdm=False
+    )[0]
     yield llm, out.outputs[0].text
 
 
@@ -98,14 +99,21 @@ def test_every_flag_has_help():
 def test_engine_setup_errors_name_the_flag(greedy_reference, capsys):
     """Values only the loaded model can judge are still reported as flag errors (exit code 2,
     no traceback)."""
-    cases = [(["generate", "Hi", *ENGINE, "--max-model-len", "100000"],
-              "argument --max-model-len: max_model_len=100000 is larger than"),
-             (["generate", "Hi", *ENGINE, "--tokenizer", "/nonexistent/tok"],
-              "argument --tokenizer: "),
-             (["generate", "Hi " * 40, *ENGINE, "--max-model-len", "16"],
-              "argument --max-model-len: prompt is"),
-             (["bench", "--input-len", "500", "--output-len", "20", *ENGINE],
-              "argument --output-len: --input-len + --output-len = 520 exceeds max_model_len=512")]
+    cases = [
+        (
+            ["generate", "Hi", *ENGINE, "--max-model-len", "100000"],
+            "argument --max-model-len: max_model_len=100000 is larger than",
+        ),
+        (["generate", "Hi", *ENGINE, "--tokenizer", "/nonexistent/tok"], "argument --tokenizer: "),
+        (
+            ["generate", "Hi " * 40, *ENGINE, "--max-model-len", "16"],
+            "argument --max-model-len: prompt is",
+        ),
+        (
+            ["bench", "--input-len", "500", "--output-len", "20", *ENGINE],
+            "argument --output-len: --input-len + --output-len = 520 exceeds max_model_len=512",
+        ),
+    ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)

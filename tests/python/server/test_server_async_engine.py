@@ -159,8 +159,9 @@ def test_engine_outputs_rebuild_only_the_samples_that_changed() -> None:
     from pagedkv.engine.request_state import RequestState, SeqState
 
     n, steps = 5, 8
-    req = RequestState("r", "p", [1, 2], SamplingParams(n=n, max_tokens=steps), RequestMetrics(0),
-                       steps, [2])
+    req = RequestState(
+        "r", "p", [1, 2], SamplingParams(n=n, max_tokens=steps), RequestMetrics(0), steps, [2]
+    )
     req.seqs = [SeqState(index=i) for i in range(n)]
     prev, seen = None, []
     for t in range(1, steps + 1):
@@ -200,7 +201,7 @@ def test_streamed_n_samples_equal_the_final_output(engine: AsyncLLMEngine) -> No
     for c in final.outputs:
         for out in outs:  # every streamed state is a prefix of the final one
             s = out.outputs[c.index]
-            assert c.token_ids[:len(s.token_ids)] == s.token_ids and c.text.startswith(s.text)
+            assert c.token_ids[: len(s.token_ids)] == s.token_ids and c.text.startswith(s.text)
     # The same seed without streaming (one final output) agrees.
     direct = asyncio.run(_final(engine, params.clone(), "gen-n-final"))
     assert [c.token_ids for c in direct.outputs] == [c.token_ids for c in final.outputs]
@@ -215,8 +216,9 @@ async def _final(engine: AsyncLLMEngine, params: SamplingParams, rid: str):
     return outs[0]
 
 
-def test_add_request_errors_are_json(engine: AsyncLLMEngine,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_add_request_errors_are_json(
+    engine: AsyncLLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the engine raises when a request is added reaches the client as a JSON error: a
     ValueError about the priority as a 400 naming it (vLLM's words when priority scheduling
     is off), anything else (a C++ binding's TypeError, ...) as a 500, never Starlette's
@@ -231,9 +233,10 @@ def test_add_request_errors_are_json(engine: AsyncLLMEngine,
 
     monkeypatch.setattr(engine, "add_request", add_request)
     with TestClient(build_app(engine), raise_server_exceptions=False) as http:
-        for route, body in [("/v1/completions", {"prompt": PROMPT}),
-                            ("/v1/chat/completions",
-                             {"messages": [{"role": "user", "content": "hi"}]})]:
+        for route, body in [
+            ("/v1/completions", {"prompt": PROMPT}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ]:
             raised.append(ValueError("Got priority 5 but Priority scheduling is not enabled."))
             r = http.post(route, json={**body, "max_tokens": 2, "priority": 5})
             assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
@@ -245,7 +248,8 @@ def test_add_request_errors_are_json(engine: AsyncLLMEngine,
 
 
 def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(
-        engine: AsyncLLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine: AsyncLLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One step raising (a bug, a value the sampler cannot take) aborts the requests it ran:
     their callers get StepFailedError (over HTTP a JSON 500), and the engine stays alive for
     the next ones, with nothing leaked."""

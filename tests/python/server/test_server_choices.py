@@ -23,8 +23,9 @@ GENERATED = "pagedkv:generation_tokens_total"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = small_server(tmp_path_factory, "server_choices", model=MODEL, kv_cache_space=0.1,
-                       max_num_seqs=16)
+    srv = small_server(
+        tmp_path_factory, "server_choices", model=MODEL, kv_cache_space=0.1, max_num_seqs=16
+    )
     yield srv
     srv.stop()
 
@@ -36,11 +37,15 @@ def post(server: RemoteServer, route: str, body: dict, **kw) -> httpx.Response:
 
 
 def sse_events(server: RemoteServer, route: str, body: dict) -> list:
-    with httpx.stream("POST", server.url + route, json={"model": MODEL, **body, "stream": True},
-                      timeout=120) as r:
+    with httpx.stream(
+        "POST", server.url + route, json={"model": MODEL, **body, "stream": True}, timeout=120
+    ) as r:
         assert r.status_code == 200
-        return [json.loads(line[6:]) for line in r.iter_lines()
-                if line.startswith("data: ") and line != "data: [DONE]"]
+        return [
+            json.loads(line[6:])
+            for line in r.iter_lines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+        ]
 
 
 def chat(text: str) -> list:
@@ -49,28 +54,35 @@ def chat(text: str) -> list:
 
 def test_success_counts_requests_not_choices(server: RemoteServer) -> None:
     server.wait_idle()
-    before = (server.metric(SUCCESS), server.metric(SUCCESS, finished_reason="length"),
-              server.metric(E2E))
+    before = (
+        server.metric(SUCCESS),
+        server.metric(SUCCESS, finished_reason="length"),
+        server.metric(E2E),
+    )
     kw = {"max_tokens": 4, "ignore_eos": True, "temperature": 1.0}
     choices = [
         post(server, "/v1/completions", {"prompt": "Hello", **kw}).json()["choices"],
         post(server, "/v1/completions", {"prompt": "Hello", "n": 2, **kw}).json()["choices"],
-        post(server, "/v1/completions", {"prompt": ["Hi", "Yes"], "n": 2, **kw}
-             ).json()["choices"],
+        post(server, "/v1/completions", {"prompt": ["Hi", "Yes"], "n": 2, **kw}).json()["choices"],
         post(server, "/v1/chat/completions", {"messages": chat("Hi"), **kw}).json()["choices"],
-        post(server, "/v1/chat/completions", {"messages": chat("Hi"), "n": 3, **kw}
-             ).json()["choices"],
+        post(server, "/v1/chat/completions", {"messages": chat("Hi"), "n": 3, **kw}).json()[
+            "choices"
+        ],
     ]
-    streamed = [sse_events(server, "/v1/completions", {"prompt": "Hello", "n": 2, **kw}),
-                sse_events(server, "/v1/chat/completions",
-                           {"messages": chat("Hi"), "n": 2, **kw})]
+    streamed = [
+        sse_events(server, "/v1/completions", {"prompt": "Hello", "n": 2, **kw}),
+        sse_events(server, "/v1/chat/completions", {"messages": chat("Hi"), "n": 2, **kw}),
+    ]
     assert [len(c) for c in choices] == [1, 2, 4, 1, 3]  # 11 choices in 5 requests
     assert all(c["finish_reason"] == "length" for cs in choices for c in cs)
     for events in streamed:
         reasons = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
         assert reasons == ["length", "length"]
-    after = (server.metric(SUCCESS), server.metric(SUCCESS, finished_reason="length"),
-             server.metric(E2E))
+    after = (
+        server.metric(SUCCESS),
+        server.metric(SUCCESS, finished_reason="length"),
+        server.metric(E2E),
+    )
     assert [a - b for a, b in zip(after, before)] == [7, 7, 7]
 
 
@@ -88,8 +100,9 @@ def test_success_label_is_the_first_choices_reason(server: RemoteServer) -> None
     out = post(server, "/v1/completions", {"prompt": [a, b], "stop": [stop], **kw}).json()
     assert [c["finish_reason"] for c in out["choices"]] == ["stop", "length"]
     events = sse_events(server, "/v1/completions", {"prompt": [b, a], "stop": [stop], **kw})
-    finished = {c["index"]: c["finish_reason"] for e in events for c in e["choices"]
-                if c["finish_reason"]}
+    finished = {
+        c["index"]: c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]
+    }
     assert finished == {0: "length", 1: "stop"}
     after = {r: server.metric(SUCCESS, finished_reason=r) for r in ("stop", "length")}
     assert {r: after[r] - before[r] for r in after} == {"stop": 1, "length": 1}
@@ -98,8 +111,7 @@ def test_success_label_is_the_first_choices_reason(server: RemoteServer) -> None
 N, MAX_TOKENS = 16, 200  # 3200 tokens: many seconds on CPU, so a leak could not hide
 
 
-def check_aborted(server: RemoteServer, generated_before: float, successes_before: float
-                  ) -> None:
+def check_aborted(server: RemoteServer, generated_before: float, successes_before: float) -> None:
     m = server.wait_idle()
     assert m["pagedkv:num_requests_running"] == 0 and m["pagedkv:num_requests_waiting"] == 0
     assert m["pagedkv:kv_cache_usage_perc"] == 0
@@ -109,16 +121,27 @@ def check_aborted(server: RemoteServer, generated_before: float, successes_befor
     assert server.metric(SUCCESS) == successes_before  # an aborted request is no success
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/completions", {"prompt": "Once upon a time"}),
-    ("/v1/chat/completions", {"messages": chat("Tell me a long story.")}),
-])
-def test_disconnect_mid_stream_aborts_every_choice(server: RemoteServer, route: str,
-                                                   body: dict) -> None:
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": "Once upon a time"}),
+        ("/v1/chat/completions", {"messages": chat("Tell me a long story.")}),
+    ],
+)
+def test_disconnect_mid_stream_aborts_every_choice(
+    server: RemoteServer, route: str, body: dict
+) -> None:
     server.wait_idle()
     generated, successes = server.metric(GENERATED), server.metric(SUCCESS)
-    full = {"model": MODEL, **body, "n": N, "max_tokens": MAX_TOKENS, "ignore_eos": True,
-            "temperature": 1.0, "stream": True}
+    full = {
+        "model": MODEL,
+        **body,
+        "n": N,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "stream": True,
+    }
     seen = set()
     with httpx.stream("POST", server.url + route, json=full, timeout=120) as r:
         for line in r.iter_lines():
@@ -132,8 +155,14 @@ def test_disconnect_mid_stream_aborts_every_choice(server: RemoteServer, route: 
 def test_disconnect_before_the_response_aborts_every_choice(server: RemoteServer) -> None:
     server.wait_idle()
     generated, successes = server.metric(GENERATED), server.metric(SUCCESS)
-    body = {"model": MODEL, "prompt": "Once upon a time", "n": N, "max_tokens": MAX_TOKENS,
-            "ignore_eos": True, "temperature": 1.0}
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "n": N,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 1.0,
+    }
     start = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
         httpx.post(server.url + "/v1/completions", json=body, timeout=1.5)

@@ -27,14 +27,26 @@ def test_defaults_are_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_config_file_then_flags_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(serve.API_KEY_ENV, "from-env")
     cfg = tmp_path / "config.yaml"
-    cfg.write_text('host: "127.0.0.1"\nport: 6379\nuvicorn-log-level: "warning"\n'
-                   "enable_prefix_caching: false\nmax-model-len: 512\napi-key: from-file\n")
+    cfg.write_text(
+        'host: "127.0.0.1"\nport: 6379\nuvicorn-log-level: "warning"\n'
+        "enable_prefix_caching: false\nmax-model-len: 512\napi-key: from-file\n"
+    )
     opts = parse(["--config", str(cfg)])
     assert (opts.host, opts.port, opts.uvicorn_log_level) == ("127.0.0.1", 6379, "warning")
     assert opts.enable_prefix_caching is False and opts.max_model_len == 512
     assert opts.api_key == "from-file"
-    opts = parse(["mymodel", "--config", str(cfg), "--port", "9000",
-                  "--enable-prefix-caching", "--api-key", "from-flag"])
+    opts = parse(
+        [
+            "mymodel",
+            "--config",
+            str(cfg),
+            "--port",
+            "9000",
+            "--enable-prefix-caching",
+            "--api-key",
+            "from-flag",
+        ]
+    )
     assert (opts.model, opts.port, opts.host) == ("mymodel", 9000, "127.0.0.1")
     assert opts.enable_prefix_caching is True and opts.api_key == "from-flag"
 
@@ -83,8 +95,17 @@ def test_kv_cache_dtype_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_serve_has_the_engine_flags_of_generate() -> None:
-    opts = parse(["--tokenizer", "tok", "--preemption-mode", "swap", "--swap-space", "1.5",
-                  "--enforce-eager"])
+    opts = parse(
+        [
+            "--tokenizer",
+            "tok",
+            "--preemption-mode",
+            "swap",
+            "--swap-space",
+            "1.5",
+            "--enforce-eager",
+        ]
+    )
     assert (opts.tokenizer, opts.preemption_mode, opts.swap_space) == ("tok", "swap", 1.5)
     assert opts.enforce_eager is True
     opts = parse([])
@@ -97,15 +118,27 @@ def test_serve_engine_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) ->
 
     given: dict = {}
     monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
-    AsyncLLMEngine.from_engine_args(parse(["--tokenizer", "tok", "--preemption-mode", "swap",
-                                           "--swap-space", "1.5", "--enforce-eager"]))
+    AsyncLLMEngine.from_engine_args(
+        parse(
+            [
+                "--tokenizer",
+                "tok",
+                "--preemption-mode",
+                "swap",
+                "--swap-space",
+                "1.5",
+                "--enforce-eager",
+            ]
+        )
+    )
     assert given["tokenizer"] == "tok"
     assert (given.get("preemption_mode"), given.get("swap_space")) == ("swap", 1.5)
     assert given.get("enforce_eager") is True
 
 
-@pytest.mark.parametrize(("env", "level"), [("WARNING", "WARNING"), ("debug", "DEBUG"),
-                                            ("loud", "INFO"), (None, "INFO")])
+@pytest.mark.parametrize(
+    ("env", "level"), [("WARNING", "WARNING"), ("debug", "DEBUG"), ("loud", "INFO"), (None, "INFO")]
+)
 def test_logging_level_from_environment(env, level, monkeypatch: pytest.MonkeyPatch) -> None:
     """serve logs at PAGEDKV_LOGGING_LEVEL (vLLM: VLLM_LOGGING_LEVEL); an unknown name or none:
     INFO. The server itself is not started."""
@@ -129,8 +162,16 @@ def test_vllm_flags_that_change_nothing_are_accepted(monkeypatch: pytest.MonkeyP
     --disable-log-stats; a parallel size of 0 is an argparse error naming the flag."""
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
 
-    argv = ["--trust-remote-code", "--tensor-parallel-size", "1", "--pipeline-parallel-size",
-            "1", "--disable-log-stats", "--scheduling-policy", "priority"]
+    argv = [
+        "--trust-remote-code",
+        "--tensor-parallel-size",
+        "1",
+        "--pipeline-parallel-size",
+        "1",
+        "--disable-log-stats",
+        "--scheduling-policy",
+        "priority",
+    ]
     given: dict = {}
     monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
     AsyncLLMEngine.from_engine_args(parse(argv))
@@ -148,10 +189,22 @@ def test_server_flags_of_vllm(tmp_path: Path) -> None:
     assert (opts.allowed_origins, opts.allowed_methods, opts.allowed_headers) == (["*"],) * 3
     assert opts.allow_credentials is False and opts.enable_request_id_headers is False
     assert (opts.response_role, opts.root_path) == ("assistant", None)
-    opts = parse(["--allowed-origins", '["https://ui.example"]', "--allow-credentials",
-                  "--enable-request-id-headers", "--disable-uvicorn-access-log",
-                  "--root-path", "/llm", "--response-role", "bot",
-                  "--enable-log-requests", "--max-log-len", "100"])
+    opts = parse(
+        [
+            "--allowed-origins",
+            '["https://ui.example"]',
+            "--allow-credentials",
+            "--enable-request-id-headers",
+            "--disable-uvicorn-access-log",
+            "--root-path",
+            "/llm",
+            "--response-role",
+            "bot",
+            "--enable-log-requests",
+            "--max-log-len",
+            "100",
+        ]
+    )
     assert opts.allowed_origins == ["https://ui.example"] and opts.allow_credentials
     assert opts.enable_request_id_headers and opts.disable_uvicorn_access_log
     assert (opts.root_path, opts.response_role) == ("/llm", "bot")
@@ -159,8 +212,10 @@ def test_server_flags_of_vllm(tmp_path: Path) -> None:
         parse(["--allowed-origins", "https://ui.example"])  # not a JSON list
     cfg = tmp_path / "cors.yaml"
     cfg.write_text("allowed-origins: [https://a.example, https://b.example]\n")
-    assert parse(["--config", str(cfg)]).allowed_origins == ["https://a.example",
-                                                             "https://b.example"]
+    assert parse(["--config", str(cfg)]).allowed_origins == [
+        "https://a.example",
+        "https://b.example",
+    ]
     cfg.write_text("allowed-origins: [1, 2]\n")
     with pytest.raises(CLIError, match="allowed-origins"):
         parse(["--config", str(cfg)])
@@ -175,16 +230,18 @@ def test_cors_and_request_id_header_settings_reach_the_app() -> None:
     from pagedkv.entrypoints.openai.api_server import build_app
 
     tok = SimpleNamespace(get_vocab=lambda: {"a": 0})
-    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64, vocab_size=1,
-                                                          model="m", name="m"),
-                             tokenizer=tok, is_dead=False, get_stats=dict)
+    engine = SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=64, vocab_size=1, model="m", name="m"),
+        tokenizer=tok,
+        is_dead=False,
+        get_stats=dict,
+    )
     args = parse(["--allowed-origins", '["https://ui.example"]', "--enable-request-id-headers"])
     client = TestClient(build_app(engine, args))
     r = client.get("/v1/models", headers={"Origin": "https://ui.example"})
     assert r.headers["access-control-allow-origin"] == "https://ui.example"
     assert r.headers["x-request-id"]
-    r = client.get("/v1/models", headers={"Origin": "https://evil.example",
-                                          "X-Request-Id": "r1"})
+    r = client.get("/v1/models", headers={"Origin": "https://evil.example", "X-Request-Id": "r1"})
     assert "access-control-allow-origin" not in r.headers and r.headers["x-request-id"] == "r1"
 
 
@@ -197,9 +254,12 @@ def test_root_path_keeps_the_api_key() -> None:
     from pagedkv.entrypoints.openai.api_server import build_app
 
     tok = SimpleNamespace(get_vocab=lambda: {"a": 0})
-    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64, vocab_size=1,
-                                                          model="m", name="m"),
-                             tokenizer=tok, is_dead=False, get_stats=dict)
+    engine = SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=64, vocab_size=1, model="m", name="m"),
+        tokenizer=tok,
+        is_dead=False,
+        get_stats=dict,
+    )
     app = build_app(engine, parse(["--root-path", "/llm", "--api-key", "k"]))
     # The paths uvicorn makes with root_path "/llm" (it puts the prefix in front).
     client = TestClient(app, root_path="/llm")
@@ -209,8 +269,9 @@ def test_root_path_keeps_the_api_key() -> None:
     assert client.get("/llm/health").status_code == 200
 
 
-@pytest.mark.parametrize(("text", "value"), [("4096", 4096), ("2k", 2000), ("2K", 2048),
-                                             ("25.6k", 25600), ("1M", 2**20)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("4096", 4096), ("2k", 2000), ("2K", 2048), ("25.6k", 25600), ("1M", 2**20)]
+)
 def test_token_counts_as_vllm_writes_them(text: str, value: int) -> None:
     assert parse(["--max-model-len", text]).max_model_len == value
     assert parse(["--max-num-batched-tokens", text]).max_num_batched_tokens == value
@@ -229,9 +290,12 @@ def test_ping_answers_like_health() -> None:
     from pagedkv.entrypoints.openai.api_server import build_app
 
     tok = SimpleNamespace(get_vocab=lambda: {"a": 0})
-    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=64, vocab_size=1,
-                                                          model="m", name="m"),
-                             tokenizer=tok, is_dead=False, get_stats=dict)
+    engine = SimpleNamespace(
+        model_config=SimpleNamespace(max_model_len=64, vocab_size=1, model="m", name="m"),
+        tokenizer=tok,
+        is_dead=False,
+        get_stats=dict,
+    )
     client = TestClient(build_app(engine, parse([])))
     assert client.get("/ping").status_code == 200 and client.post("/ping").status_code == 200
     engine.is_dead, engine.dead_error = True, RuntimeError("boom")

@@ -20,8 +20,13 @@ MAX_N = 64  # the server's $PAGEDKV_MAX_N_SEQUENCES here, low so that the test s
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = small_server(tmp_path_factory, "server_errors", model=MODEL,
-                       max_model_len=MAX_MODEL_LEN, env={"PAGEDKV_MAX_N_SEQUENCES": str(MAX_N)})
+    srv = small_server(
+        tmp_path_factory,
+        "server_errors",
+        model=MODEL,
+        max_model_len=MAX_MODEL_LEN,
+        env={"PAGEDKV_MAX_N_SEQUENCES": str(MAX_N)},
+    )
     yield srv
     srv.stop()
 
@@ -89,8 +94,12 @@ CHAT_ONLY = [
 
 def post(server: RemoteServer, route: str, body: dict) -> httpx.Response:
     # json.dumps, not httpx's json=: the body may hold NaN / Infinity, as clients can send.
-    return httpx.post(server.url + route, content=json.dumps({"model": MODEL, **body}),
-                      headers={"Content-Type": "application/json"}, timeout=60)
+    return httpx.post(
+        server.url + route,
+        content=json.dumps({"model": MODEL, **body}),
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
 
 
 def check_400(r: httpx.Response, param: str) -> dict:
@@ -117,10 +126,13 @@ def test_missing_prompt_names_prompt(server: RemoteServer) -> None:
     check_400(httpx.post(server.url + "/v1/completions", json={"model": MODEL}), "prompt")
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/completions", {"prompt": "x"}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": "x"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ],
+)
 def test_n_limit_message(server: RemoteServer, route: str, body: dict) -> None:
     err = check_400(post(server, route, {**body, "n": MAX_N + 1, "max_tokens": 1}), "n")
     assert f"n must be at most {MAX_N}, got {MAX_N + 1}" in err["message"]
@@ -136,10 +148,14 @@ def test_n_limit_message(server: RemoteServer, route: str, body: dict) -> None:
 
 
 def test_chat_max_completion_tokens_wins_over_max_tokens(server: RemoteServer) -> None:
-    body = {"messages": [{"role": "user", "content": "Count to ten."}], "temperature": 0,
-            "ignore_eos": True}
-    out = post(server, "/v1/chat/completions", {**body, "max_completion_tokens": 3,
-                                                "max_tokens": 9}).json()
+    body = {
+        "messages": [{"role": "user", "content": "Count to ten."}],
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    out = post(
+        server, "/v1/chat/completions", {**body, "max_completion_tokens": 3, "max_tokens": 9}
+    ).json()
     assert out["usage"]["completion_tokens"] == 3
     out = post(server, "/v1/chat/completions", {**body, "max_tokens": 4}).json()
     assert out["usage"]["completion_tokens"] == 4
@@ -149,12 +165,19 @@ def test_invalid_unicode_is_a_400_on_a_connection_that_stays_open(server: Remote
     """A lone surrogate ("\\ud800") used to give a 500 and reset the keep-alive connection."""
     with httpx.Client(base_url=server.url, timeout=60) as client:
         for route, body, param in (
-                ("/v1/completions", {"prompt": "a\ud800"}, "prompt"),
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]},
-                 "messages.0.content"),
-                ("/tokenize", {"prompt": "\ud800"}, "prompt")):
-            r = client.post(route, content=json.dumps({"model": MODEL, **body}),
-                            headers={"Content-Type": "application/json"})
+            ("/v1/completions", {"prompt": "a\ud800"}, "prompt"),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "\udfff"}]},
+                "messages.0.content",
+            ),
+            ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+        ):
+            r = client.post(
+                route,
+                content=json.dumps({"model": MODEL, **body}),
+                headers={"Content-Type": "application/json"},
+            )
             check_400(r, param)
             # A server about to drop the connection says "Connection: close"; this one keeps it.
             assert r.headers.get("connection", "keep-alive").lower() != "close", r.headers

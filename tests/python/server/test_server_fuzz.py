@@ -21,17 +21,35 @@ from pagedkv.entrypoints.openai.api_server import build_app  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
 # Small limits keep each fuzzed request cheap on the tiny model (n, lists, bodies).
-LIMITS = dict(max_n_sequences=4, max_stop_strings=8, max_bad_words=8, max_word_chars=64,
-              max_logit_bias=16, max_request_body_size=256 * 1024)
+LIMITS = dict(
+    max_n_sequences=4,
+    max_stop_strings=8,
+    max_bad_words=8,
+    max_word_chars=64,
+    max_logit_bias=16,
+    max_request_body_size=256 * 1024,
+)
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory):
-    path = save_random_model(str(tmp_path_factory.mktemp("fuzz_model")), "tiny-llama", seed=7,
-                             head_dim=32, max_position_embeddings=256)
-    eng = AsyncLLMEngine(model=path, device="cpu", dtype="float32", block_size=8,
-                         num_gpu_blocks_override=64, max_model_len=64, max_num_seqs=8,
-                         max_logprobs=5)
+    path = save_random_model(
+        str(tmp_path_factory.mktemp("fuzz_model")),
+        "tiny-llama",
+        seed=7,
+        head_dim=32,
+        max_position_embeddings=256,
+    )
+    eng = AsyncLLMEngine(
+        model=path,
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=64,
+        max_model_len=64,
+        max_num_seqs=8,
+        max_logprobs=5,
+    )
     yield eng
     eng.shutdown()
 
@@ -53,12 +71,22 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=10, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 def test_no_route_answers_5xx(case) -> None:  # type: ignore[no-untyped-def]
     response = case.call(timeout=60)
-    assert response.status_code < 500, (case.method, case.path, case.body,
-                                        response.status_code, response.text[:500])
+    assert response.status_code < 500, (
+        case.method,
+        case.path,
+        case.body,
+        response.status_code,
+        response.text[:500],
+    )
 
 
 def test_zz_engine_alive_and_nothing_leaked(engine: AsyncLLMEngine, app: object) -> None:

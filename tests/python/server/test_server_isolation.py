@@ -317,8 +317,11 @@ def test_noisy_neighbour_does_not_stall_a_valid_request(http, engine):
 
     def victim() -> float:
         start = time.perf_counter()
-        r = post(http, "/v1/completions", {"prompt": "hello there", "max_tokens": 8,
-                                           "ignore_eos": True, "temperature": 0})
+        r = post(
+            http,
+            "/v1/completions",
+            {"prompt": "hello there", "max_tokens": 8, "ignore_eos": True, "temperature": 0},
+        )
         assert r.status_code == 200, r.text
         return time.perf_counter() - start
 
@@ -327,8 +330,15 @@ def test_noisy_neighbour_does_not_stall_a_valid_request(http, engine):
         ("/v1/completions", {"prompt": "hi", "stop": ["s" * 2000] * 2000}),
         ("/tokenize", {"prompt": "x" * 24_000_000}),
         ("/v1/completions", {"prompt": "abcdefghij" * 6000, "max_tokens": 1}),
-        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "bad_words": ["abcdefghijklmnop"] * 3,
-                             "stop": ["q" * 16] * 4}),
+        (
+            "/v1/completions",
+            {
+                "prompt": "hi",
+                "max_tokens": 2,
+                "bad_words": ["abcdefghijklmnop"] * 3,
+                "stop": ["q" * 16] * 4,
+            },
+        ),
     ]
     # Encoded once: the abuser shares this process (and its GIL) with the server under test.
     payloads = [(route, json.dumps(body).encode()) for route, body in abusive]
@@ -338,8 +348,7 @@ def test_noisy_neighbour_does_not_stall_a_valid_request(http, engine):
     def abuse() -> None:
         while not stop.is_set():
             for route, content in payloads:
-                r = http.post(route, content=content,
-                              headers={"Content-Type": "application/json"})
+                r = http.post(route, content=content, headers={"Content-Type": "application/json"})
                 statuses.append(r.status_code)
 
     alone = statistics.median(victim() for _ in range(3))

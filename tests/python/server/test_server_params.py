@@ -27,16 +27,20 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = small_server(tmp_path_factory, "server_params", model=MODEL,
-                       max_model_len=MAX_MODEL_LEN)
+    srv = small_server(tmp_path_factory, "server_params", model=MODEL, max_model_len=MAX_MODEL_LEN)
     yield srv
     srv.stop()
 
 
-def post(server: RemoteServer, route: str, body: Dict[str, Any],
-         timeout: float = 60) -> httpx.Response:
-    return httpx.post(server.url + route, content=json.dumps({"model": MODEL, **body}),
-                      headers={"Content-Type": "application/json"}, timeout=timeout)
+def post(
+    server: RemoteServer, route: str, body: Dict[str, Any], timeout: float = 60
+) -> httpx.Response:
+    return httpx.post(
+        server.url + route,
+        content=json.dumps({"model": MODEL, **body}),
+        headers={"Content-Type": "application/json"},
+        timeout=timeout,
+    )
 
 
 def ok(r: httpx.Response) -> Dict[str, Any]:
@@ -70,12 +74,13 @@ def token_id(server: RemoteServer, text: str) -> int:
 
 def sse(server: RemoteServer, route: str, body: Dict[str, Any]) -> List[Dict[str, Any]]:
     chunks = []
-    with httpx.stream("POST", server.url + route, json={"model": MODEL, "stream": True, **body},
-                      timeout=60) as r:
+    with httpx.stream(
+        "POST", server.url + route, json={"model": MODEL, "stream": True, **body}, timeout=60
+    ) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[len("data: "):]))
+                chunks.append(json.loads(line[len("data: ") :]))
     return chunks
 
 
@@ -94,8 +99,10 @@ def test_completion_logit_bias_changes_greedy_output(server: RemoteServer) -> No
     # Values beyond OpenAI's [-100, 100] are clamped, not refused.
     assert complete(server, logit_bias={str(forced_id): 1e6})["text"] == forced["text"]
     # Sampled (not greedy) rows take the bias as well.
-    assert complete(server, temperature=1.0, seed=3,
-                    logit_bias={str(forced_id): 100})["text"] == forced["text"]
+    assert (
+        complete(server, temperature=1.0, seed=3, logit_bias={str(forced_id): 100})["text"]
+        == forced["text"]
+    )
 
 
 def test_chat_logit_bias_changes_greedy_output(server: RemoteServer) -> None:
@@ -109,20 +116,27 @@ def test_chat_logit_bias_changes_greedy_output(server: RemoteServer) -> None:
     assert forced["message"]["content"] == " banana" * 4, forced
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/completions", {"prompt": PROMPT}),
-    ("/v1/chat/completions", {"messages": MESSAGES}),
-])
-@pytest.mark.parametrize("bias, words", [
-    ({"49152": 5}, "out-of-vocab"),
-    ({"-1": 5}, "out-of-vocab"),
-    ({"abc": 5}, "integers"),
-    ({"1.5": 5}, "integers"),
-    ({"12": "high"}, "12"),  # pydantic's type errors name the entry: logit_bias.12
-    ({"12": float("nan")}, "12"),
-])
-def test_bad_logit_bias_400(server: RemoteServer, route: str, body: dict, bias: dict,
-                            words: str) -> None:
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": PROMPT}),
+        ("/v1/chat/completions", {"messages": MESSAGES}),
+    ],
+)
+@pytest.mark.parametrize(
+    "bias, words",
+    [
+        ({"49152": 5}, "out-of-vocab"),
+        ({"-1": 5}, "out-of-vocab"),
+        ({"abc": 5}, "integers"),
+        ({"1.5": 5}, "integers"),
+        ({"12": "high"}, "12"),  # pydantic's type errors name the entry: logit_bias.12
+        ({"12": float("nan")}, "12"),
+    ],
+)
+def test_bad_logit_bias_400(
+    server: RemoteServer, route: str, body: dict, bias: dict, words: str
+) -> None:
     r = post(server, route, {**body, "max_tokens": 2, "logit_bias": bias})
     param = "logit_bias.12" if words == "12" else "logit_bias"
     assert words in check_400(r, param)
@@ -138,9 +152,17 @@ def test_include_stop_str_in_output(server: RemoteServer) -> None:
     kept = complete(server, max_tokens=12, stop=[stop], include_stop_str_in_output=True)
     assert cut["stop_reason"] == kept["stop_reason"] == stop
     assert kept["text"] == cut["text"] + stop and not cut["text"].endswith(stop)
-    streamed = sse(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 12,
-                                               "temperature": 0, "stop": [stop],
-                                               "include_stop_str_in_output": True})
+    streamed = sse(
+        server,
+        "/v1/completions",
+        {
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": 0,
+            "stop": [stop],
+            "include_stop_str_in_output": True,
+        },
+    )
     assert "".join(c["choices"][0]["text"] for c in streamed) == kept["text"]
 
     answer = chat(server, max_tokens=12)["choices"][0]["message"]["content"]
@@ -148,9 +170,17 @@ def test_include_stop_str_in_output(server: RemoteServer) -> None:
     cut = chat(server, max_tokens=12, stop=[stop])["choices"][0]
     kept = chat(server, max_tokens=12, stop=[stop], include_stop_str_in_output=True)["choices"][0]
     assert kept["message"]["content"] == cut["message"]["content"] + stop
-    streamed = sse(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12,
-                                                    "temperature": 0, "stop": [stop],
-                                                    "include_stop_str_in_output": True})
+    streamed = sse(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": MESSAGES,
+            "max_tokens": 12,
+            "temperature": 0,
+            "stop": [stop],
+            "include_stop_str_in_output": True,
+        },
+    )
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in streamed)
     assert text == kept["message"]["content"]
     # Item 12: the streamed finish chunk carries stop_reason, as the non-streamed choice does.
@@ -191,14 +221,18 @@ def test_prompt_logprobs(server: RemoteServer) -> None:
     assert chat(server, max_tokens=1).get("prompt_logprobs") is None
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/completions", {"prompt": PROMPT}),
-    ("/v1/chat/completions", {"messages": MESSAGES}),
-])
-@pytest.mark.parametrize("extra", [{"prompt_logprobs": 21}, {"prompt_logprobs": -1},
-                                   {"prompt_logprobs": 2, "stream": True}])
-def test_bad_prompt_logprobs_400(server: RemoteServer, route: str, body: dict,
-                                 extra: dict) -> None:
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": PROMPT}),
+        ("/v1/chat/completions", {"messages": MESSAGES}),
+    ],
+)
+@pytest.mark.parametrize(
+    "extra",
+    [{"prompt_logprobs": 21}, {"prompt_logprobs": -1}, {"prompt_logprobs": 2, "stream": True}],
+)
+def test_bad_prompt_logprobs_400(server: RemoteServer, route: str, body: dict, extra: dict) -> None:
     check_400(post(server, route, {**body, "max_tokens": 1, **extra}), "prompt_logprobs")
 
 
@@ -226,25 +260,52 @@ def test_completion_unsupported_400(server: RemoteServer, extra: dict) -> None:
 @pytest.mark.parametrize("extra", UNSUPPORTED + CHAT_UNSUPPORTED)
 def test_chat_unsupported_400(server: RemoteServer, extra: dict) -> None:
     (param,) = extra
-    message = check_400(post(server, "/v1/chat/completions", {"messages": MESSAGES, **extra}),
-                        param)
+    message = check_400(
+        post(server, "/v1/chat/completions", {"messages": MESSAGES, **extra}), param
+    )
     assert message.startswith(f"{param} is not supported")
 
 
 def test_harmless_values_of_unsupported_fields_pass(server: RemoteServer) -> None:
     base = {"max_tokens": 2, "temperature": 0}
-    ok(post(server, "/v1/completions", {"prompt": PROMPT, **base,
-                                        "response_format": {"type": "text"},
-                                        "use_beam_search": False}))
-    ok(post(server, "/v1/chat/completions", {"messages": MESSAGES, **base, "tools": [],
-                                             "tool_choice": "none",
-                                             "response_format": None, "echo": False,
-                                             "modalities": ["text"]}))
+    ok(
+        post(
+            server,
+            "/v1/completions",
+            {
+                "prompt": PROMPT,
+                **base,
+                "response_format": {"type": "text"},
+                "use_beam_search": False,
+            },
+        )
+    )
+    ok(
+        post(
+            server,
+            "/v1/chat/completions",
+            {
+                "messages": MESSAGES,
+                **base,
+                "tools": [],
+                "tool_choice": "none",
+                "response_format": None,
+                "echo": False,
+                "modalities": ["text"],
+            },
+        )
+    )
 
 
 def test_chat_template_kwargs_chat_template_needs_trust(server: RemoteServer) -> None:
-    r = post(server, "/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": {
-        "chat_template": "{{ messages[0]['content'] }}"}})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": MESSAGES,
+            "chat_template_kwargs": {"chat_template": "{{ messages[0]['content'] }}"},
+        },
+    )
     assert "--trust-request-chat-template" in check_400(r, "chat_template")
 
 
@@ -252,8 +313,13 @@ def test_add_special_tokens(server: RemoteServer) -> None:
     # SmolLM2 adds no BOS to a plain prompt, so compare token counts against /tokenize's.
     for flag in (True, False):
         want = ok(post(server, "/tokenize", {"prompt": PROMPT, "add_special_tokens": flag}))
-        out = ok(post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1,
-                                                  "add_special_tokens": flag}))
+        out = ok(
+            post(
+                server,
+                "/v1/completions",
+                {"prompt": PROMPT, "max_tokens": 1, "add_special_tokens": flag},
+            )
+        )
         assert out["usage"]["prompt_tokens"] == want["count"]
     plain = chat(server, max_tokens=1)["usage"]["prompt_tokens"]
     assert chat(server, max_tokens=1, add_special_tokens=False)["usage"]["prompt_tokens"] == plain
@@ -265,8 +331,9 @@ def test_add_special_tokens(server: RemoteServer) -> None:
 def test_top_logprobs_needs_logprobs(server: RemoteServer) -> None:
     r = post(server, "/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2})
     assert "`logprobs` must be set to true" in check_400(r, "top_logprobs")
-    r = post(server, "/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2,
-                                              "logprobs": False})
+    r = post(
+        server, "/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2, "logprobs": False}
+    )
     check_400(r, "top_logprobs")
     # 0 asks for no alternatives: vLLM lets it through without logprobs.
     assert chat(server, max_tokens=1, top_logprobs=0)["choices"][0]["logprobs"] is None
@@ -274,10 +341,13 @@ def test_top_logprobs_needs_logprobs(server: RemoteServer) -> None:
     assert len(out["logprobs"]["content"][0]["top_logprobs"]) == 2
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/completions", {"prompt": PROMPT}),
-    ("/v1/chat/completions", {"messages": MESSAGES}),
-])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": PROMPT}),
+        ("/v1/chat/completions", {"messages": MESSAGES}),
+    ],
+)
 def test_stream_options_need_stream(server: RemoteServer, route: str, body: dict) -> None:
     for stream in (False, None):
         extra = {"stream_options": {"include_usage": True}, "max_tokens": 1}
@@ -293,13 +363,17 @@ def test_stream_options_need_stream(server: RemoteServer, route: str, body: dict
 # ---------------------------------------------------------------- priority (item 8)
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/completions", {"prompt": PROMPT}),
-    ("/v1/chat/completions", {"messages": MESSAGES}),
-])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": PROMPT}),
+        ("/v1/chat/completions", {"messages": MESSAGES}),
+    ],
+)
 @pytest.mark.parametrize("priority", [2**31, -(2**31) - 1, 2**70])
-def test_priority_out_of_int32_400(server: RemoteServer, route: str, body: dict,
-                                   priority: int) -> None:
+def test_priority_out_of_int32_400(
+    server: RemoteServer, route: str, body: dict, priority: int
+) -> None:
     check_400(post(server, route, {**body, "max_tokens": 1, "priority": priority}), "priority")
 
 
@@ -312,16 +386,19 @@ def test_hopeless_prompt_rejected_before_tokenizing(server: RemoteServer) -> Non
     assert r.status_code == 413 and "--max-request-body-size" in r.text, r.text
     big = "hello world, " * 600_000  # 7.8 MB: ~5 s to tokenize on one core
     start = time.monotonic()
-    message = check_400(post(server, "/v1/completions", {"prompt": big, "max_tokens": 1}),
-                        "prompt")
+    message = check_400(post(server, "/v1/completions", {"prompt": big, "max_tokens": 1}), "prompt")
     assert "characters long" in message
-    r = post(server, "/v1/chat/completions",
-             {"messages": [{"role": "user", "content": big}], "max_tokens": 1})
+    r = post(
+        server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": big}], "max_tokens": 1},
+    )
     check_400(r, "messages")
     assert time.monotonic() - start < 15.0  # both; tokenizing both would take longer
     # A prompt under the bound still gets the token-count 400 it deserves.
-    check_400(post(server, "/v1/completions", {"prompt": "hello " * (MAX_MODEL_LEN + 10)}),
-              "prompt")
+    check_400(
+        post(server, "/v1/completions", {"prompt": "hello " * (MAX_MODEL_LEN + 10)}), "prompt"
+    )
 
 
 def test_tokenize_is_bounded_like_prompts(server: RemoteServer) -> None:
@@ -341,8 +418,10 @@ def test_request_chat_template_needs_trust(server: RemoteServer) -> None:
     """vLLM's --trust-request-chat-template (off here): a template is code the server runs,
     and two nested loops in one would keep it busy for hours."""
     hog = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-    for route, body in (("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1}),
-                        ("/tokenize", {"messages": MESSAGES})):
+    for route, body in (
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1}),
+        ("/tokenize", {"messages": MESSAGES}),
+    ):
         r = post(server, route, {**body, "chat_template": hog}, timeout=10)
         assert "--trust-request-chat-template" in check_400(r, "chat_template")
     assert httpx.get(server.url + "/health", timeout=2).status_code == 200

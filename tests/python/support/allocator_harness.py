@@ -26,8 +26,9 @@ class Seq:
 
 
 class Harness:
-    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int,
-                 prefix_caching: bool, seed: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, num_cpu_blocks: int, prefix_caching: bool, seed: int
+    ) -> None:
         self.real = BlockAllocator(num_blocks, block_size, num_cpu_blocks, prefix_caching)
         self.model = AllocatorModel(num_blocks, block_size, num_cpu_blocks, prefix_caching)
         self.bs = block_size
@@ -68,10 +69,11 @@ class Harness:
 
     def register(self, seq: Seq, j: int) -> None:
         parent = seq.hashes[-1] if seq.hashes else ROOT
-        block = seq.tokens[j * self.bs:(j + 1) * self.bs]
+        block = seq.tokens[j * self.bs : (j + 1) * self.bs]
         got, want = self.both(
             lambda: self.real.cache_full_block(seq.ids[j], parent, block, seq.extra),
-            lambda: self.model.cache_full_block(seq.ids[j], parent, block, seq.extra))
+            lambda: self.model.cache_full_block(seq.ids[j], parent, block, seq.extra),
+        )
         assert got == want
         seq.hashes.append(want)
 
@@ -83,8 +85,9 @@ class Harness:
     def op_prompt(self) -> None:
         rng, bs = self.rng, self.bs
         base = rng.choice(self.bases)
-        tokens = base[:rng.randrange(1, len(base))] + [rng.randrange(3)
-                                                        for _ in range(rng.randrange(3))]
+        tokens = base[: rng.randrange(1, len(base))] + [
+            rng.randrange(3) for _ in range(rng.randrange(3))
+        ]
         extra = rng.choice((0, 0, 0, 7))
         n = len(tokens)
         peek = self.real.peek_prefix(tokens, extra, (n - 1) // bs)
@@ -97,12 +100,13 @@ class Harness:
             k = len(ids) * bs
         full = k // bs
         for i in range(full):  # never a wrong block: matched blocks hold these tokens
-            assert self.content[ids[i]] == tokens[i * bs:(i + 1) * bs]
+            assert self.content[ids[i]] == tokens[i * bs : (i + 1) * bs]
         seq = Seq(ids, tokens[:k], extra)
         seq.hashes = [self.real.block_hash(b) or self.model_hash(b) for b in ids[:full]]
         need = -(-n // bs) - len(ids)
-        more, want_more = self.both(lambda: self.real.allocate(need),
-                                    lambda: self.model.allocate(need))
+        more, want_more = self.both(
+            lambda: self.real.allocate(need), lambda: self.model.allocate(need)
+        )
         if want_more is None:
             self.release(ids)
             return
@@ -121,18 +125,20 @@ class Harness:
         pend = [tuple(p) for p in self.real.take_pending_copies().tolist()]
         want, hashes = self.model.match_prefix(tokens, extra, (n - 1) // bs)
         done = len(want) * bs
-        assert ids[:len(want)] == want
+        assert ids[: len(want)] == want
         rest = tokens[done:]
         wanted = min(n - 1 - done, bs - 1)
-        best, who = (self.model.partial_candidates(hashes[-1] if hashes else ROOT, rest, wanted,
-                                                   extra)
-                     if wanted > 0 and self.model.queue else (0, []))
+        best, who = (
+            self.model.partial_candidates(hashes[-1] if hashes else ROOT, rest, wanted, extra)
+            if wanted > 0 and self.model.queue
+            else (0, [])
+        )
         if best == 0:
             assert (k, len(ids), pend) == (done, len(want), [])
             return ids, k
         src, dst = pend[-1]
         assert src in who and k == done + best
-        assert self.content[src][:best] == tokens[done:done + best]
+        assert self.content[src][:best] == tokens[done : done + best]
         assert self.model.match_partial_apply(src) == dst == ids[-1]
         self.model.hits_tokens += best
         assert self.model.take_copies() == pend
@@ -155,8 +161,9 @@ class Harness:
             seq.ids += got
         else:
             last = seq.ids[-1]
-            got, want = self.both(lambda: self.real.copy_on_write(last),
-                                  lambda: self.model.copy_on_write(last))
+            got, want = self.both(
+                lambda: self.real.copy_on_write(last), lambda: self.model.copy_on_write(last)
+            )
             if want is None:
                 return
             assert got == want
@@ -185,8 +192,9 @@ class Harness:
         if seq is None:
             return
         if seq.cpu is None:
-            got, want = self.both(lambda: self.real.swap_out(seq.ids),
-                                  lambda: self.model.swap_out(seq.ids))
+            got, want = self.both(
+                lambda: self.real.swap_out(seq.ids), lambda: self.model.swap_out(seq.ids)
+            )
             if want is None:
                 return
             assert got[0] == want and got[1].tolist() == [[d, h] for d, h in zip(seq.ids, want)]
@@ -194,8 +202,9 @@ class Harness:
                 self.host[h] = list(self.content.get(d, []))
             seq.ids, seq.cpu = [], want
         else:
-            got, want = self.both(lambda: self.real.swap_in(seq.cpu),
-                                  lambda: self.model.swap_in(seq.cpu))
+            got, want = self.both(
+                lambda: self.real.swap_in(seq.cpu), lambda: self.model.swap_in(seq.cpu)
+            )
             if want is None:
                 return
             assert got[0] == want and got[1].tolist() == [[h, d] for h, d in zip(seq.cpu, want)]
@@ -208,8 +217,10 @@ class Harness:
         if seq is None or not seq.ids:
             return
         j = self.rng.randrange(len(seq.ids))
-        got, want = self.both(lambda: self.real.copy_on_write(seq.ids[j]),
-                              lambda: self.model.copy_on_write(seq.ids[j]))
+        got, want = self.both(
+            lambda: self.real.copy_on_write(seq.ids[j]),
+            lambda: self.model.copy_on_write(seq.ids[j]),
+        )
         if want is not None:
             assert got == want
             self.sync_copies()
@@ -229,9 +240,12 @@ class Harness:
         held = [b for s in self.seqs for b in s.ids]
         free_ids = list(m.queue)
         b = rng.choice(held) if held else -1
-        cases = [lambda: [rng.choice(free_ids)] if free_ids else [m.num_blocks],
-                 lambda: [m.num_blocks + rng.randrange(3)], lambda: [-1 - rng.randrange(3)],
-                 lambda: [b] * (m.ref[b] + 1) if held else [-1]]
+        cases = [
+            lambda: [rng.choice(free_ids)] if free_ids else [m.num_blocks],
+            lambda: [m.num_blocks + rng.randrange(3)],
+            lambda: [-1 - rng.randrange(3)],
+            lambda: [b] * (m.ref[b] + 1) if held else [-1],
+        ]
         kind = rng.randrange(4)
         ids = rng.choice(cases if kind == 0 else cases[:3])()  # over-listing is only bad in free
         if kind == 0:
@@ -239,11 +253,15 @@ class Harness:
         elif kind == 1:
             self.both(lambda: self.real.fork(ids), lambda: self.model.fork(ids))
         elif kind == 2:
-            self.both(lambda: self.real.copy_on_write(ids[0]),
-                      lambda: self.model.copy_on_write(ids[0]))
+            self.both(
+                lambda: self.real.copy_on_write(ids[0]), lambda: self.model.copy_on_write(ids[0])
+            )
         else:
-            cpu = [m.num_cpu_blocks + 1] if rng.random() < 0.5 else [
-                c for c in range(m.num_cpu_blocks) if m.cpu_ref[c] == 0][:1] or [-1]
+            cpu = (
+                [m.num_cpu_blocks + 1]
+                if rng.random() < 0.5
+                else [c for c in range(m.num_cpu_blocks) if m.cpu_ref[c] == 0][:1] or [-1]
+            )
             self.both(lambda: self.real.swap_in(cpu), lambda: self.model.swap_in(cpu))
         self.sync_copies()
 
@@ -251,8 +269,17 @@ class Harness:
         self.real.reset_prefix_cache()
         self.model.reset_prefix_cache()
 
-    WEIGHTS = {"op_prompt": 6, "op_append": 8, "op_fork": 2, "op_finish": 5, "op_swap": 2,
-               "op_cow_any": 1, "op_raw": 1, "op_bad": 1, "op_reset": 0.05}
+    WEIGHTS = {
+        "op_prompt": 6,
+        "op_append": 8,
+        "op_fork": 2,
+        "op_finish": 5,
+        "op_swap": 2,
+        "op_cow_any": 1,
+        "op_raw": 1,
+        "op_bad": 1,
+        "op_reset": 0.05,
+    }
 
     def step(self) -> None:
         names = list(self.WEIGHTS)
@@ -278,7 +305,10 @@ class Harness:
         assert r.num_cached_free_blocks == m.num_cached_free
         s = r.stats()
         assert (s["evictions"], s["prefix_hits_tokens"], s["prefix_queries_tokens"]) == (
-            m.evictions, m.hits_tokens, m.query_tokens)
+            m.evictions,
+            m.hits_tokens,
+            m.query_tokens,
+        )
         # Prefix-cache invariant: a cached block holds exactly the tokens it is cached under.
         for b, meta in m.meta.items():
             assert r.block_hash(b) == meta.hash

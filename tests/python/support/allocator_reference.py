@@ -145,15 +145,16 @@ class AllocatorModel:
         m = self.meta[b]
         return b if (m.parent, m.tokens, m.extra) == (parent, toks, extra) else None
 
-    def match_prefix(self, tokens: list[int], extra: int = 0, max_blocks: int | None = None
-                     ) -> tuple[list[int], list[Hash]]:
+    def match_prefix(
+        self, tokens: list[int], extra: int = 0, max_blocks: int | None = None
+    ) -> tuple[list[int], list[Hash]]:
         if not self.prefix_caching:
             return [], []
         bs = self.block_size
         limit = len(tokens) // bs if max_blocks is None else min(len(tokens) // bs, max_blocks)
         ids, hashes, h = [], [], ROOT
         for i in range(limit):
-            toks = tuple(tokens[i * bs:(i + 1) * bs])
+            toks = tuple(tokens[i * bs : (i + 1) * bs])
             nh = hash_block(h, list(toks), extra)
             b = self._lookup(nh, h, toks, extra)
             if b is None:
@@ -166,8 +167,9 @@ class AllocatorModel:
         self.hits_tokens += len(ids) * bs
         return ids, hashes
 
-    def partial_candidates(self, parent: Hash, rest: list[int], want: int, extra: int
-                           ) -> tuple[int, list[int]]:
+    def partial_candidates(
+        self, parent: Hash, rest: list[int], want: int, extra: int
+    ) -> tuple[int, list[int]]:
         """(best k, blocks achieving it) among cached children of `parent`; the last free
         block cannot be a source (the copy needs another free block)."""
         best, who = 0, []

@@ -58,10 +58,20 @@ class PagedKV:
     block_size: int
 
 
-def make_paged_kv(gen: torch.Generator, seq_lens: list[int], num_kv_heads: int, head_size: int,
-                  block_size: int, dtype: torch.dtype, layout: str, kv_dtype: str = "auto",
-                  k_scale: float = 1.0, v_scale: float = 1.0, extra_blocks: int = 3,
-                  device: str = "cuda") -> PagedKV:
+def make_paged_kv(
+    gen: torch.Generator,
+    seq_lens: list[int],
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    layout: str,
+    kv_dtype: str = "auto",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    extra_blocks: int = 3,
+    device: str = "cuda",
+) -> PagedKV:
     """A cache holding each sequence's tokens in randomly permuted blocks (unused blocks and
     slots are filled with garbage: large values and NaN, which the kernels must never read), its
     caches and block tables on `device`."""
@@ -76,11 +86,11 @@ def make_paged_kv(gen: torch.Generator, seq_lens: list[int], num_kv_heads: int, 
     used = torch.zeros(shape[:2], dtype=torch.bool)
     pos = 0
     for i, n in enumerate(seq_lens):
-        blocks = perm[pos:pos + need[i]]
+        blocks = perm[pos : pos + need[i]]
         pos += need[i]
-        tables[i, :need[i]] = blocks.int()
+        tables[i, : need[i]] = blocks.int()
         for j, b in enumerate(blocks.tolist()):
-            used[b, :max(0, min(block_size, n - j * block_size))] = True
+            used[b, : max(0, min(block_size, n - j * block_size))] = True
     if kv_dtype == "auto":
         kq, vq = k.to(dtype), v.to(dtype)
         k_ref, v_ref = kq.double(), vq.double()
@@ -92,8 +102,14 @@ def make_paged_kv(gen: torch.Generator, seq_lens: list[int], num_kv_heads: int, 
         nan = 0x7F if kv_dtype != "fp8_e5m2" else 0x7E
         for t in (kq, vq):
             t[~used] = nan
-    return PagedKV(to_layout(kq, layout, False).to(device), to_layout(vq, layout, True).to(device),
-                   k_ref, v_ref, tables.to(device), block_size)
+    return PagedKV(
+        to_layout(kq, layout, False).to(device),
+        to_layout(vq, layout, True).to(device),
+        k_ref,
+        v_ref,
+        tables.to(device),
+        block_size,
+    )
 
 
 def gather(kv: PagedKV, seq: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,9 +121,16 @@ def gather(kv: PagedKV, seq: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return kv.k_logical[blocks, slots], kv.v_logical[blocks, slots]
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                  scale: float, alibi: Optional[torch.Tensor] = None, softcap: float = 0.0,
-                  window: int = 0) -> torch.Tensor:
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
+    alibi: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    window: int = 0,
+) -> torch.Tensor:
     """float64 attention of queries q [nq, hq, d] at positions q_pos [nq] to keys/values
     [nk, hkv, d] at positions 0..nk-1: causal, optional alibi / soft-cap / sliding window."""
     q, k, v = q.double(), k.double(), v.double()

@@ -63,7 +63,7 @@ def stage(rows: np.ndarray, esz: int, tma: bool) -> np.ndarray:
     for j in range(16):
         for u in range(rows.shape[1] // per_unit):
             a = at(form, j, u) // esz
-            flat[a:a + per_unit] = rows[j, u * per_unit:(u + 1) * per_unit]
+            flat[a : a + per_unit] = rows[j, u * per_unit : (u + 1) * per_unit]
     return flat
 
 
@@ -85,21 +85,26 @@ def _q_fragment(qt: np.ndarray, ks: int, nh: int, fp8: bool) -> tuple:
     b0, b1 = np.zeros((32, 2)), np.zeros((32, 2))
     for lane in range(32):
         r, q = lane >> 2, lane & 3
-        row = qt[nh * 8 + r, ks * 16:]
+        row = qt[nh * 8 + r, ks * 16 :]
         o0, o1 = (4 * q, 4 * q + 2) if fp8 else (2 * q, 2 * q + 8)
-        b0[lane], b1[lane] = row[o0:o0 + 2], row[o1:o1 + 2]
+        b0[lane], b1[lane] = row[o0 : o0 + 2], row[o1 : o1 + 2]
     return b0, b1
 
 
 def _v_fragments(vf: np.ndarray, form: dict, D: int, fp8: bool) -> list:
     """A fragments [lane, 4, 2] of V^T (dims x keys), one per 16-dim tile (logical rows)."""
     if not fp8:
-        return [ldmatrix_x4(vf, lambda lane, mt=mt: ld_at(form, ld_lane_v(form, lane), 2 * mt) // 2,
-                            trans=True) for mt in range(D // 16)]
+        return [
+            ldmatrix_x4(
+                vf, lambda lane, mt=mt: ld_at(form, ld_lane_v(form, lane), 2 * mt) // 2, trans=True
+            )
+            for mt in range(D // 16)
+        ]
     frags = [np.zeros((32, 4, 2)) for _ in range(D // 16)]
     for mt in range(0, D // 16, 2):  # one transposed ldmatrix: units mt, mt + 1
-        w = ldmatrix_x4_b8(vf, lambda lane, mt=mt: ld_at(form, ld_lane_k(form, lane), mt),
-                           trans=True)
+        w = ldmatrix_x4_b8(
+            vf, lambda lane, mt=mt: ld_at(form, ld_lane_k(form, lane), mt), trans=True
+        )
         for t in range(2):
             for lane in range(32):
                 lo = byte_perm(w[lane, 2 * t], [0] * 4, 0x3120)  # key_pairs
@@ -108,8 +113,9 @@ def _v_fragments(vf: np.ndarray, form: dict, D: int, fp8: bool) -> list:
     return frags
 
 
-def warp_attention(q: np.ndarray, ks: list, vs: list, valid: list, fp8: bool,
-                   c_out: float, tma: bool = False) -> tuple:
+def warp_attention(
+    q: np.ndarray, ks: list, vs: list, valid: list, fp8: bool, c_out: float, tma: bool = False
+) -> tuple:
     """One warp over its chunks: q [8 NH, D] (the staged query tile), ks / vs [16, D] per chunk,
     valid[c][j] whether key j of chunk c is in range (invalid V rows must be zeros, as the kernel
     writes them). Returns the warp's (O [heads, D] unnormalised, m [heads], l [heads]) as the
@@ -146,16 +152,18 @@ def warp_attention(q: np.ndarray, ks: list, vs: list, valid: list, fp8: bool,
         o *= alpha.transpose(1, 0, 2)[None][:, :, :, [0, 1, 0, 1]]
         for mt, a in enumerate(_v_fragments(vf, form, D, fp8)):
             for nh in range(NH):
-                mma_16816(o[mt, nh], a, movmatrix_trans(p[nh][:, 0:2]),
-                          movmatrix_trans(p[nh][:, 2:4]))
+                mma_16816(
+                    o[mt, nh], a, movmatrix_trans(p[nh][:, 0:2]), movmatrix_trans(p[nh][:, 2:4])
+                )
     out = np.zeros((heads, D))
     for mt in range(D // 16):
         for nh in range(NH):
             for lane in range(32):
                 r, q = lane >> 2, lane & 3
                 for e in range(4):
-                    out[nh * 8 + 2 * q + (e & 1), out_dim(fp8, mt, r + 8 * (e >> 1))] = \
-                        o[mt, nh, lane, e]
+                    out[nh * 8 + 2 * q + (e & 1), out_dim(fp8, mt, r + 8 * (e >> 1))] = o[
+                        mt, nh, lane, e
+                    ]
     for i in range(3):  # the lane-partial sums, reduced over the lanes of one q
         lsum = lsum + lsum[[lane ^ (4 << i) for lane in range(32)]]
     mh = np.array([m[lane, nh, i] for nh in range(NH) for lane in range(4) for i in range(2)])

@@ -52,8 +52,9 @@ def plan(D: int, esz: int, kl: Layout, vl: Layout, block_size: int, budget: int 
         return None
     k_span = 16 * kl.s_slot + (D // epr) * k_run
     v_span = 0 if v_trans else 16 * vl.s_slot + (D // epr) * v_run
-    one_block = int(block_size % 16 == 0 and max(k_span, v_span) < 2 ** 31
-                    and kl.s_slot >= 0 and vl.s_slot >= 0)
+    one_block = int(
+        block_size % 16 == 0 and max(k_span, v_span) < 2**31 and kl.s_slot >= 0 and vl.s_slot >= 0
+    )
     k_pitch = D + 8
     v_pitch = 24 if v_trans else D + 8
     kt = 16 * k_pitch * 2
@@ -65,10 +66,20 @@ def plan(D: int, esz: int, kl: Layout, vl: Layout, block_size: int, budget: int 
     per_warp = (budget - q_bytes) // WARPS - tile
     stages = min(max(per_warp // stage, 2), 8)
     warp_bytes = max(stages * stage + tile, 16 * D * 4)
-    return dict(k_run=k_run, v_run=v_run, v_trans=v_trans, one_block=one_block,
-                k_pitch=k_pitch, v_pitch=v_pitch,
-                stage_bytes=stage, tile_bytes=tile, q_bytes=q_bytes, stages=stages,
-                warp_bytes=warp_bytes, kt_bytes=kt)
+    return dict(
+        k_run=k_run,
+        v_run=v_run,
+        v_trans=v_trans,
+        one_block=one_block,
+        k_pitch=k_pitch,
+        v_pitch=v_pitch,
+        stage_bytes=stage,
+        tile_bytes=tile,
+        q_bytes=q_bytes,
+        stages=stages,
+        warp_bytes=warp_bytes,
+        kt_bytes=kt,
+    )
 
 
 class Smem:
@@ -88,11 +99,29 @@ class Smem:
         return self.v.get(addr, float("nan"))  # never written: NaN
 
 
-def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layout, esz: int,
-            bt: np.ndarray, num_blocks: int, block_size: int, seq_len: int, kvh: int, g0: int,
-            group: int, scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
-            softcap: float = 0.0, alibi: Optional[np.ndarray] = None, window: int = 0,
-            partition: int = 0, part: int = 0):
+def run_cta(
+    q: np.ndarray,
+    kc: np.ndarray,
+    vc: np.ndarray,
+    kl: Layout,
+    vl: Layout,
+    esz: int,
+    bt: np.ndarray,
+    num_blocks: int,
+    block_size: int,
+    seq_len: int,
+    kvh: int,
+    g0: int,
+    group: int,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    softcap: float = 0.0,
+    alibi: Optional[np.ndarray] = None,
+    window: int = 0,
+    partition: int = 0,
+    part: int = 0,
+):
     """One CTA: returns (out [ng, D], M, L) like the kernel's merge, or None if it returns early.
     q: [num_heads, D]; kc / vc: flat caches (elements); bt: this sequence's block table."""
     D = q.shape[1]
@@ -112,7 +141,7 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
     smem = Smem(mp["q_bytes"] + WARPS * mp["warp_bytes"])
     kp, vp, ktb = mp["k_pitch"], mp["v_pitch"], mp["kt_bytes"]
     qs = np.zeros((16, D))
-    qs[:ng] = q[kvh * group + g0: kvh * group + g0 + ng]
+    qs[:ng] = q[kvh * group + g0 : kvh * group + g0 + ng]
     R = D // epr
     rinv = (65536 + R - 1) // R
     kd_max = 4 if D <= 64 else 8 if D <= 128 else 16
@@ -151,7 +180,7 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
         return st + ktb + (d * vp + h * 8) * 2
 
     def copy(dst, src_arr, src, ok):
-        vals = src_arr[src:src + epr] if ok else np.zeros(epr)
+        vals = src_arr[src : src + epr] if ok else np.zeros(epr)
         assert len(vals) == epr
         smem.put(dst, vals, esz)
 
@@ -170,8 +199,7 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
                     ok = valid(key0 + j)
                     copy(krow_dst(st, False, j, r), kc, kb + j * kl.s_slot + r * mp["k_run"], ok)
                     if not mp["v_trans"]:
-                        copy(krow_dst(st, True, j, r), vc, vb + j * vl.s_slot + r * mp["v_run"],
-                             ok)
+                        copy(krow_dst(st, True, j, r), vc, vb + j * vl.s_slot + r * mp["v_run"], ok)
 
     def issue(c, st, nblk):
         key0 = c * KEYS
@@ -188,11 +216,19 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
                     tok = key0 + j
                     ok = valid(tok)
                     slot = slot_of(tok)
-                    copy(krow_dst(st, False, j, r), kc,
-                         kbase + blk * kl.s_block + slot * kl.s_slot + r * mp["k_run"], ok)
+                    copy(
+                        krow_dst(st, False, j, r),
+                        kc,
+                        kbase + blk * kl.s_block + slot * kl.s_slot + r * mp["k_run"],
+                        ok,
+                    )
                     if not mp["v_trans"]:
-                        copy(krow_dst(st, True, j, r), vc,
-                             vbase + blk * vl.s_block + slot * vl.s_slot + r * mp["v_run"], ok)
+                        copy(
+                            krow_dst(st, True, j, r),
+                            vc,
+                            vbase + blk * vl.s_block + slot * vl.s_slot + r * mp["v_run"],
+                            ok,
+                        )
         if mp["v_trans"]:
             for i in range(niv):
                 for lane in range(32):
@@ -203,8 +239,12 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
                     tk = min(max(t0, k_lo), k_hi - 1)
                     blk = nblk[(tk - key0) & (KEYS - 1)]
                     if d < D:
-                        copy(vt_dst(st, d, h), vc,
-                             vbase + blk * vl.s_block + d * vl.s_chunk + slot_of(t0), ok)
+                        copy(
+                            vt_dst(st, d, h),
+                            vc,
+                            vbase + blk * vl.s_block + d * vl.s_chunk + slot_of(t0),
+                            ok,
+                        )
 
     def dequant(st, tile):
         if not fp8:
@@ -230,7 +270,7 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
 
     slope = np.zeros(16)
     if alibi is not None:
-        slope[:ng] = alibi[kvh * group + g0: kvh * group + g0 + ng] * L2E
+        slope[:ng] = alibi[kvh * group + g0 : kvh * group + g0 + ng] * L2E
     kmul = scale * k_scale
     cl, ch = k_lo // KEYS, (k_hi + KEYS - 1) // KEYS
     states = []
@@ -273,14 +313,23 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
                         d, jj = idx // KEYS, idx % KEYS
                         if not valid(key0 + jj):
                             smem.put(st + ktb + (d * vp + jj) * 2, [0.0], 2)
-                kt = np.array([[smem.get(st + (jj * kp + d) * 2) for d in range(D)]
-                               for jj in range(KEYS)])
+                kt = np.array(
+                    [[smem.get(st + (jj * kp + d) * 2) for d in range(D)] for jj in range(KEYS)]
+                )
                 if mp["v_trans"]:
-                    vt = np.array([[smem.get(st + ktb + (d * vp + jj) * 2) for d in range(D)]
-                                   for jj in range(KEYS)])
+                    vt = np.array(
+                        [
+                            [smem.get(st + ktb + (d * vp + jj) * 2) for d in range(D)]
+                            for jj in range(KEYS)
+                        ]
+                    )
                 else:
-                    vt = np.array([[smem.get(st + ktb + (jj * vp + d) * 2) for d in range(D)]
-                                   for jj in range(KEYS)])
+                    vt = np.array(
+                        [
+                            [smem.get(st + ktb + (jj * vp + d) * 2) for d in range(D)]
+                            for jj in range(KEYS)
+                        ]
+                    )
                 with np.errstate(invalid="ignore"):
                     s = qs @ kt.T  # [16 rows, 16 keys]
                 toks = key0 + np.arange(KEYS)
@@ -315,10 +364,15 @@ def run_cta(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, kl: Layout, vl: Layou
 # ---- lane level: the kernel's fragment expressions under PTX's ldmatrix / mma semantics ----
 
 
-
-
-def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pitch: int,
-                    v_pitch: int, v_trans: bool):
+def chunk_fragments(
+    qs: np.ndarray,
+    kt: np.ndarray,
+    vt: np.ndarray,
+    D: int,
+    k_pitch: int,
+    v_pitch: int,
+    v_trans: bool,
+):
     """One warp's chunk through decode_mma.cuh's compute(): ldmatrix addresses of the query (A),
     key (B) and value (B, .trans for [key][d], plain for [d][key]) tiles, mma operand order, the
     (row, key) of each S element, P re-packing and the [16][D] output staging. qs [16][k_pitch],
@@ -328,8 +382,10 @@ def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pi
     s = np.zeros((2, 32, 4))
     for ks in range(D // 16):
         a = ldmatrix_x4(fq, lambda ln, ks=ks: (ln & 15) * k_pitch + ks * 16 + (ln >> 4) * 8)
-        b = ldmatrix_x4(fk, lambda ln, ks=ks: ((ln & 7) + (ln >> 4) * 8) * k_pitch + ks * 16
-                    + ((ln >> 3) & 1) * 8)
+        b = ldmatrix_x4(
+            fk,
+            lambda ln, ks=ks: ((ln & 7) + (ln >> 4) * 8) * k_pitch + ks * 16 + ((ln >> 3) & 1) * 8,
+        )
         mma_16816(s[0], a, b[:, 0], b[:, 1])
         mma_16816(s[1], a, b[:, 2], b[:, 3])
     s_mat = np.full((16, 16), np.nan)
@@ -342,11 +398,20 @@ def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pi
     o = np.zeros((2 * (D // 16), 32, 4))
     for np_ in range(D // 16):
         if v_trans:
-            b = ldmatrix_x4(fv, lambda ln, n=np_: (n * 16 + (ln & 7) + (ln >> 4) * 8) * v_pitch
-                        + ((ln >> 3) & 1) * 8)
+            b = ldmatrix_x4(
+                fv,
+                lambda ln, n=np_: (
+                    (n * 16 + (ln & 7) + (ln >> 4) * 8) * v_pitch + ((ln >> 3) & 1) * 8
+                ),
+            )
         else:
-            b = ldmatrix_x4(fv, lambda ln, n=np_: ((ln & 7) + ((ln >> 3) & 1) * 8) * v_pitch
-                        + n * 16 + (ln >> 4) * 8, trans=True)
+            b = ldmatrix_x4(
+                fv,
+                lambda ln, n=np_: (
+                    ((ln & 7) + ((ln >> 3) & 1) * 8) * v_pitch + n * 16 + (ln >> 4) * 8
+                ),
+                trans=True,
+            )
         mma_16816(o[2 * np_], pa, b[:, 0], b[:, 1])
         mma_16816(o[2 * np_ + 1], pa, b[:, 2], b[:, 3])
     ow = np.full(16 * D, np.nan)
@@ -354,8 +419,8 @@ def chunk_fragments(qs: np.ndarray, kt: np.ndarray, vt: np.ndarray, D: int, k_pi
         r0 = lane >> 2
         for nt in range(D // 8):
             col = nt * 8 + 2 * (lane & 3)
-            ow[r0 * D + col:r0 * D + col + 2] = o[nt, lane, 0:2]
-            ow[(r0 + 8) * D + col:(r0 + 8) * D + col + 2] = o[nt, lane, 2:4]
+            ow[r0 * D + col : r0 * D + col + 2] = o[nt, lane, 0:2]
+            ow[(r0 + 8) * D + col : (r0 + 8) * D + col + 2] = o[nt, lane, 2:4]
     return s_mat, ow.reshape(16, D)
 
 

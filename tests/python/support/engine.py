@@ -20,8 +20,9 @@ def cpu_llm(kv_cache_space: float, max_model_len: int, /, **kw: Any) -> Any:
     two sizes are defaults that `kw` may override."""
     from pagedkv import LLM
 
-    return LLM(device="cpu", **{"kv_cache_space": kv_cache_space,
-                                "max_model_len": max_model_len, **kw})
+    return LLM(
+        device="cpu", **{"kv_cache_space": kv_cache_space, "max_model_len": max_model_len, **kw}
+    )
 
 
 def assert_no_leak(llm: Any) -> None:

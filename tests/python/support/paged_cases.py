@@ -43,8 +43,9 @@ def to_np(x: Any) -> np.ndarray:
     return a.astype(np.float64) if a.dtype.kind == "f" else a
 
 
-def empty_like_fw(shape: tuple, fw: str, dtype: str, device: str = "cpu",
-                  fill: float = np.nan) -> Any:
+def empty_like_fw(
+    shape: tuple, fw: str, dtype: str, device: str = "cpu", fill: float = np.nan
+) -> Any:
     return to_fw(np.full(shape, fill), fw, dtype, device)
 
 
@@ -63,11 +64,22 @@ class PagedKV:
     extra: dict = field(default_factory=dict)
 
 
-def make_paged_kv(rng: np.random.Generator, fw: str, dtype: str, layout: str,
-                  kv_cache_dtype: str, seq_lens: list[int], block_size: int, num_kv_heads: int,
-                  head_size: int, device: str = "cpu", k_scale: float = 1.0,
-                  v_scale: float = 1.0, spare_blocks: int = 3,
-                  table_pad: int = 2) -> PagedKV:
+def make_paged_kv(
+    rng: np.random.Generator,
+    fw: str,
+    dtype: str,
+    layout: str,
+    kv_cache_dtype: str,
+    seq_lens: list[int],
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    device: str = "cpu",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    spare_blocks: int = 3,
+    table_pad: int = 2,
+) -> PagedKV:
     """Caches holding random keys/values for the first seq_lens[i] tokens of each sequence
     (distinct, shuffled blocks); everything else poisoned. Block-table padding holds an
     out-of-range id (the kernels must not read it)."""
@@ -108,23 +120,46 @@ def make_paged_kv(rng: np.random.Generator, fw: str, dtype: str, layout: str,
         laid = np.ascontiguousarray(laid)
         cache = to_fw(laid, fw, store_dtype, device)
         caches.append(cache)
-        denses.append(ref.dense_cache(to_np(cache) if kv_cache_dtype == "auto"
-                                      else to_np(cache).astype(np.uint8),
-                                      is_key, layout, kv_cache_dtype, scale))
+        denses.append(
+            ref.dense_cache(
+                to_np(cache) if kv_cache_dtype == "auto" else to_np(cache).astype(np.uint8),
+                is_key,
+                layout,
+                kv_cache_dtype,
+                scale,
+            )
+        )
     bt = to_fw(tables, fw, "int32", device)
-    return PagedKV(layout, kv_cache_dtype, caches[0], caches[1], denses[0], denses[1], bt,
-                   tables, k_scale, v_scale)
+    return PagedKV(
+        layout,
+        kv_cache_dtype,
+        caches[0],
+        caches[1],
+        denses[0],
+        denses[1],
+        bt,
+        tables,
+        k_scale,
+        v_scale,
+    )
 
 
-def rand_array(rng: np.random.Generator, shape: tuple, fw: str, dtype: str,
-               device: str = "cpu", scale: float = 1.0) -> tuple[Any, np.ndarray]:
+def rand_array(
+    rng: np.random.Generator,
+    shape: tuple,
+    fw: str,
+    dtype: str,
+    device: str = "cpu",
+    scale: float = 1.0,
+) -> tuple[Any, np.ndarray]:
     """A random array in the framework and its exact float64 value."""
     a = to_fw(rng.standard_normal(shape) * scale, fw, dtype, device)
     return a, to_np(a)
 
 
-def alibi(rng: np.random.Generator, num_heads: int, fw: str,
-          device: str = "cpu") -> tuple[Optional[Any], Optional[np.ndarray]]:
+def alibi(
+    rng: np.random.Generator, num_heads: int, fw: str, device: str = "cpu"
+) -> tuple[Optional[Any], Optional[np.ndarray]]:
     s = rng.uniform(0.01, 0.5, num_heads)
     return to_fw(s, fw, "float32", device), s.astype(np.float32).astype(np.float64)
 

@@ -95,21 +95,41 @@ def run(pb: Problem, max_query_len: int) -> tuple[np.ndarray, np.ndarray]:
         for r in range(min(bm, rows - r0)):
             gr = r0 + r
             sq[r, :d] = pb.q[qs + gr // g, kvh * g + gr % g]
-        def load_rows(src: list[list[np.ndarray]], kt: int, seq: int = seq, kvh: int = kvh,
-                      k_hi: int = k_hi) -> np.ndarray:
+
+        def load_rows(
+            src: list[list[np.ndarray]], kt: int, seq: int = seq, kvh: int = kvh, k_hi: int = k_hi
+        ) -> np.ndarray:
             t = np.zeros((bn, dp), np.float32)  # zeros past k_hi and in the padding
             n = max(0, min(bn, k_hi - kt))
-            t[:n, :d] = src[seq][kvh][kt:kt + n]
+            t[:n, :d] = src[seq][kvh][kt : kt + n]
             return t
 
         for warp in range(4):
-            _warp(pb, out, written, sq, load_rows, warp, mt_, bn, r0, rows, ctx, kvh, qs, k_lo,
-                  n_tiles, extras, d)
+            _warp(
+                pb,
+                out,
+                written,
+                sq,
+                load_rows,
+                warp,
+                mt_,
+                bn,
+                r0,
+                rows,
+                ctx,
+                kvh,
+                qs,
+                k_lo,
+                n_tiles,
+                extras,
+                d,
+            )
     return out, written
 
 
-def _warp(pb, out, written, sq, load_rows, warp, mt_, bn, r0, rows, ctx, kvh, qs, k_lo, n_tiles,
-          extras, d):  # noqa: ANN001 - mirrors the kernel's locals
+def _warp(
+    pb, out, written, sq, load_rows, warp, mt_, bn, r0, rows, ctx, kvh, qs, k_lo, n_tiles, extras, d
+):  # noqa: ANN001 - mirrors the kernel's locals
     g, nrow = pb.group, mt_ * 16
     wr0 = r0 + warp * nrow
     warp_live = wr0 < rows
@@ -121,14 +141,14 @@ def _warp(pb, out, written, sq, load_rows, warp, mt_, bn, r0, rows, ctx, kvh, qs
     l_ = np.zeros(nrow, np.float32)
     for it in range(n_tiles):
         kt = k_lo + it * bn
-        live = (warp_live and kt <= w_qmax
-                and not (pb.window > 0 and kt + bn - 1 <= w_qmin - pb.window))
-        plain = (not extras and kt + bn - 1 <= w_qmin
-                 and (pb.window <= 0 or kt > w_qmax - pb.window))
+        live = (
+            warp_live and kt <= w_qmax and not (pb.window > 0 and kt + bn - 1 <= w_qmin - pb.window)
+        )
+        plain = not extras and kt + bn - 1 <= w_qmin and (pb.window <= 0 or kt > w_qmax - pb.window)
         if not live:
             continue
         k, v = load_rows(pb.keys, kt), load_rows(pb.values, kt)
-        s = sq[warp * nrow:(warp + 1) * nrow] @ k.T
+        s = sq[warp * nrow : (warp + 1) * nrow] @ k.T
         q_pos = ctx + gr // g
         key = kt + np.arange(bn)
         masked = key[None, :] > q_pos[:, None]
@@ -173,7 +193,7 @@ def reference(pb: Problem) -> np.ndarray:
     for s in range(len(pb.seq_lens)):
         qlen = pb.qsl[s + 1] - pb.qsl[s]
         ctx = pb.seq_lens[s] - qlen
-        qq = pb.q[pb.qsl[s]:pb.qsl[s + 1]].astype(np.float64)
+        qq = pb.q[pb.qsl[s] : pb.qsl[s + 1]].astype(np.float64)
         o = np.zeros_like(qq)
         for h in range(qq.shape[1]):
             k = pb.keys[s][h // pb.group].astype(np.float64)
@@ -197,10 +217,9 @@ def reference(pb: Problem) -> np.ndarray:
 # ---- lane level: the kernel's fragment index expressions under PTX's ldmatrix / mma semantics
 
 
-
-
-def warp_tile(sq: np.ndarray, tk: np.ndarray, tv: np.ndarray, warp: int, mt_: int,
-              ld: int) -> tuple[np.ndarray, np.ndarray]:
+def warp_tile(
+    sq: np.ndarray, tk: np.ndarray, tv: np.ndarray, warp: int, mt_: int, ld: int
+) -> tuple[np.ndarray, np.ndarray]:
     """One warp's S = Q K^T and (S as P) V through the kernel's ldmatrix addressing, mma operand
     order, P re-packing and output staging; returns (S [rows, BN], staged O [rows, LD])."""
     dp, bn = ld - 8, tk.shape[0]
@@ -208,22 +227,45 @@ def warp_tile(sq: np.ndarray, tk: np.ndarray, tv: np.ndarray, warp: int, mt_: in
     qw = warp * mt_ * 16 * ld
     s = np.zeros((mt_, bn // 8, 32, 4))
     for kk in range(dp // 16):
-        a = [ldmatrix_x4(fq, lambda ln, mt=mt, kk=kk: qw + (mt * 16 + (ln & 15)) * ld + kk * 16
-                         + (ln >> 4) * 8) for mt in range(mt_)]
+        a = [
+            ldmatrix_x4(
+                fq,
+                lambda ln, mt=mt, kk=kk: qw + (mt * 16 + (ln & 15)) * ld + kk * 16 + (ln >> 4) * 8,
+            )
+            for mt in range(mt_)
+        ]
         for nb in range(bn // 16):
-            b = ldmatrix_x4(fk, lambda ln, nb=nb, kk=kk: (nb * 16 + (ln >> 4) * 8 + (ln & 7)) * ld
-                            + kk * 16 + ((ln >> 3) & 1) * 8)
+            b = ldmatrix_x4(
+                fk,
+                lambda ln, nb=nb, kk=kk: (
+                    (nb * 16 + (ln >> 4) * 8 + (ln & 7)) * ld + kk * 16 + ((ln >> 3) & 1) * 8
+                ),
+            )
             for mt in range(mt_):
                 mma_16816(s[mt, 2 * nb], a[mt], b[:, 0], b[:, 1])
                 mma_16816(s[mt, 2 * nb + 1], a[mt], b[:, 2], b[:, 3])
     o = np.zeros((mt_, dp // 8, 32, 4))
     for kk in range(bn // 16):
-        a = [np.stack([s[mt, 2 * kk, :, 0:2], s[mt, 2 * kk, :, 2:4], s[mt, 2 * kk + 1, :, 0:2],
-                       s[mt, 2 * kk + 1, :, 2:4]], axis=1) for mt in range(mt_)]
+        a = [
+            np.stack(
+                [
+                    s[mt, 2 * kk, :, 0:2],
+                    s[mt, 2 * kk, :, 2:4],
+                    s[mt, 2 * kk + 1, :, 0:2],
+                    s[mt, 2 * kk + 1, :, 2:4],
+                ],
+                axis=1,
+            )
+            for mt in range(mt_)
+        ]
         for nd in range(dp // 16):
-            b = ldmatrix_x4(fv, lambda ln, kk=kk, nd=nd: (kk * 16 + ((ln >> 3) & 1) * 8
-                                                          + (ln & 7)) * ld + nd * 16
-                            + (ln >> 4) * 8, trans=True)
+            b = ldmatrix_x4(
+                fv,
+                lambda ln, kk=kk, nd=nd: (
+                    (kk * 16 + ((ln >> 3) & 1) * 8 + (ln & 7)) * ld + nd * 16 + (ln >> 4) * 8
+                ),
+                trans=True,
+            )
             for mt in range(mt_):
                 mma_16816(o[mt, 2 * nd], a[mt], b[:, 0], b[:, 1])
                 mma_16816(o[mt, 2 * nd + 1], a[mt], b[:, 2], b[:, 3])
@@ -233,7 +275,7 @@ def warp_tile(sq: np.ndarray, tk: np.ndarray, tv: np.ndarray, warp: int, mt_: in
         for lane in range(32):
             r, col = mt * 16 + lane // 4 + 8 * h, 2 * (lane & 3)
             for n in range(dp // 8):
-                so[r, n * 8 + col:n * 8 + col + 2] = o[mt, n, lane, 2 * h:2 * h + 2]
+                so[r, n * 8 + col : n * 8 + col + 2] = o[mt, n, lane, 2 * h : 2 * h + 2]
             for n in range(bn // 8):
-                s_rows[r, n * 8 + col:n * 8 + col + 2] = s[mt, n, lane, 2 * h:2 * h + 2]
+                s_rows[r, n * 8 + col : n * 8 + col + 2] = s[mt, n, lane, 2 * h : 2 * h + 2]
     return s_rows, so

@@ -62,8 +62,10 @@ def fp8_encode(x: np.ndarray, fmt: str) -> np.ndarray:
 
 # ---- paged caches --------------------------------------------------------------------------
 
-def dense_cache(cache: np.ndarray, is_key: bool, layout: str, kv_cache_dtype: str = "auto",
-                scale: float = 1.0) -> np.ndarray:
+
+def dense_cache(
+    cache: np.ndarray, is_key: bool, layout: str, kv_cache_dtype: str = "auto", scale: float = 1.0
+) -> np.ndarray:
     """A paged cache (numpy, any float dtype or uint8 fp8) -> float64
     [num_blocks, block_size, num_kv_heads, head_size]."""
     if kv_cache_dtype == "auto":
@@ -87,9 +89,17 @@ def gather(dense: np.ndarray, table_row: np.ndarray, n: int) -> np.ndarray:
 
 # ---- attention -----------------------------------------------------------------------------
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float,
-              alibi_slopes: Optional[np.ndarray] = None, soft_cap: float = 0.0,
-              sliding_window: Optional[int] = None) -> np.ndarray:
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    q_pos: np.ndarray,
+    scale: float,
+    alibi_slopes: Optional[np.ndarray] = None,
+    soft_cap: float = 0.0,
+    sliding_window: Optional[int] = None,
+) -> np.ndarray:
     """q [Lq, H, D] at positions q_pos; k, v [Lk, KVH, D] at positions 0..Lk-1.
     Key j is visible to query i iff j <= q_pos[i] (and q_pos[i] - j < window). Logit =
     cap * tanh(scale q.k / cap) (if cap > 0) + slope * (j - q_pos[i]). Rows with no visible key
@@ -118,8 +128,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
     return np.einsum("hij,jhd->ihd", p, v)
 
 
-def decode(query: np.ndarray, k_dense: np.ndarray, v_dense: np.ndarray,
-           block_tables: np.ndarray, seq_lens: np.ndarray, scale: float, **kw) -> np.ndarray:
+def decode(
+    query: np.ndarray,
+    k_dense: np.ndarray,
+    v_dense: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+    **kw,
+) -> np.ndarray:
     """Reference of paged_attention_v1/v2: query [S, H, D] is the last token of each sequence."""
     out = np.zeros(query.shape, np.float64)
     for i, n in enumerate(np.asarray(seq_lens)):
@@ -132,9 +149,18 @@ def decode(query: np.ndarray, k_dense: np.ndarray, v_dense: np.ndarray,
     return out
 
 
-def prefix_prefill(query: np.ndarray, key: np.ndarray, value: np.ndarray, k_dense: np.ndarray,
-                   v_dense: np.ndarray, block_tables: np.ndarray, query_start_loc: np.ndarray,
-                   seq_lens: np.ndarray, scale: float, **kw) -> np.ndarray:
+def prefix_prefill(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    k_dense: np.ndarray,
+    v_dense: np.ndarray,
+    block_tables: np.ndarray,
+    query_start_loc: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+    **kw,
+) -> np.ndarray:
     """Reference of context_attention_fwd: each sequence's new tokens follow its cached
     context (context_len = seq_len - query_len) and attend causally."""
     out = np.zeros(query.shape, np.float64)

@@ -60,7 +60,7 @@ class KvModel:
     def _move(self, dst: np.ndarray, src: np.ndarray, pairs: np.ndarray) -> None:
         b = self.bs
         for s, d in pairs.tolist():  # in recorded order
-            dst[d * b:(d + 1) * b] = src[s * b:(s + 1) * b]
+            dst[d * b : (d + 1) * b] = src[s * b : (s + 1) * b]
 
     def run(self, plan, expected_tokens: dict[str, list[int]]) -> None:
         self._move(self.host, self.dev, plan.blocks_to_swap_out)
@@ -79,8 +79,9 @@ class KvModel:
 class Driver:
     """Feeds fake sampled tokens, tracks what each request must contain, checks every plan."""
 
-    def __init__(self, sched, seed: int = 0, eos: Optional[int] = None,
-                 eos_rate: float = 0.0) -> None:
+    def __init__(
+        self, sched, seed: int = 0, eos: Optional[int] = None, eos_rate: float = 0.0
+    ) -> None:
         self.s, self.rng = sched, random.Random(seed)
         self.eos, self.eos_rate = eos, eos_rate
         self.tokens: dict[str, list[int]] = {}

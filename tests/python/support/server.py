@@ -20,32 +20,58 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def small_server(tmp_path_factory: Any, name: str, *, model: str = "smol",
-                 max_model_len: int = 256, kv_cache_space: float = 0.05,
-                 max_num_seqs: int = 8, env: Optional[Dict[str, str]] = None,
-                 extra_args: Sequence[str] = ()) -> RemoteServer:
+def small_server(
+    tmp_path_factory: Any,
+    name: str,
+    *,
+    model: str = "smol",
+    max_model_len: int = 256,
+    kv_cache_space: float = 0.05,
+    max_num_seqs: int = 8,
+    env: Optional[Dict[str, str]] = None,
+    extra_args: Sequence[str] = (),
+) -> RemoteServer:
     """The default model served on a free local port with a small KV cache and quiet uvicorn,
     its log in a fresh temporary directory `name` (the server test modules' fixture);
     ``extra_args``: more `serve` flags."""
     tmp = tmp_path_factory.mktemp(name)
-    return RemoteServer(["--served-model-name", model, "--host", "127.0.0.1",
-                         "--max-model-len", str(max_model_len),
-                         "--kv-cache-space", str(kv_cache_space),
-                         "--max-num-seqs", str(max_num_seqs), "--uvicorn-log-level", "warning",
-                         *extra_args],
-                        tmp / "server.log", env=env)
+    return RemoteServer(
+        [
+            "--served-model-name",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--max-model-len",
+            str(max_model_len),
+            "--kv-cache-space",
+            str(kv_cache_space),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--uvicorn-log-level",
+            "warning",
+            *extra_args,
+        ],
+        tmp / "server.log",
+        env=env,
+    )
 
 
 class RemoteServer:
-    def __init__(self, args: List[str], log_path: Path, env: Optional[Dict[str, str]] = None,
-                 startup_timeout: float = 240.0) -> None:
+    def __init__(
+        self,
+        args: List[str],
+        log_path: Path,
+        env: Optional[Dict[str, str]] = None,
+        startup_timeout: float = 240.0,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         cmd = [sys.executable, "-m", "pagedkv", "serve", *args, "--port", str(self.port)]
         self._log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         self._wait_healthy(startup_timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -94,9 +120,11 @@ class RemoteServer:
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            idle = (m["pagedkv:num_requests_running"] == 0
-                    and m["pagedkv:num_requests_waiting"] == 0
-                    and m["pagedkv:kv_cache_usage_perc"] == 0)
+            idle = (
+                m["pagedkv:num_requests_running"] == 0
+                and m["pagedkv:num_requests_waiting"] == 0
+                and m["pagedkv:kv_cache_usage_perc"] == 0
+            )
             if idle or time.monotonic() > deadline:
                 return m
             time.sleep(0.2)

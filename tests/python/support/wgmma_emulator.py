@@ -17,8 +17,12 @@ import numpy as np
 
 def desc_sw128(saddr: int, lbo: int, sbo: int) -> int:
     """The kernel's wgmma::desc_sw128."""
-    return (((saddr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)
-            | (((sbo & 0x3FFFF) >> 4) << 32) | (1 << 62))
+    return (
+        ((saddr & 0x3FFFF) >> 4)
+        | (((lbo & 0x3FFFF) >> 4) << 16)
+        | (((sbo & 0x3FFFF) >> 4) << 32)
+        | (1 << 62)
+    )
 
 
 def decode(desc: int) -> tuple[int, int, int, int]:
@@ -46,16 +50,27 @@ def read_k_major(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
     """The rows x 16 operand a K-major descriptor addresses (A: rows = 64, B: rows = N)."""
     start, _, sbo, mode = decode(desc)
     assert mode == 1
-    return np.array([[_elem(smem, start + (m // 8) * sbo + (m % 8) * 128 + 2 * k)
-                      for k in range(16)] for m in range(rows)])
+    return np.array(
+        [
+            [_elem(smem, start + (m // 8) * sbo + (m % 8) * 128 + 2 * k) for k in range(16)]
+            for m in range(rows)
+        ]
+    )
 
 
 def read_mn_major(smem: np.ndarray, desc: int, n: int) -> np.ndarray:
     """The 16 x n B operand (k, n) an MN-major (transposed) descriptor addresses."""
     start, lbo, sbo, mode = decode(desc)
     assert mode == 1
-    return np.array([[_elem(smem, start + (j // 64) * lbo + 2 * (j % 64) + (k // 8) * sbo
-                            + (k % 8) * 128) for j in range(n)] for k in range(16)])
+    return np.array(
+        [
+            [
+                _elem(smem, start + (j // 64) * lbo + 2 * (j % 64) + (k // 8) * sbo + (k % 8) * 128)
+                for j in range(n)
+            ]
+            for k in range(16)
+        ]
+    )
 
 
 def acc_index(tid: int, j: int, e: int) -> tuple[int, int]:
@@ -100,4 +115,4 @@ def tma_store_sw128(smem: np.ndarray, dst: int, box: np.ndarray) -> None:
     for r in range(box.shape[0]):
         for u in range(8):
             addr = dst + r * 128 + ((u ^ (r % 8)) << 4)
-            smem[addr // 2:addr // 2 + 8] = box[r, 8 * u:8 * u + 8]
+            smem[addr // 2 : addr // 2 + 8] = box[r, 8 * u : 8 * u + 8]

@@ -17,8 +17,9 @@ HELP = "Chat interactively with a model; replies stream as they are generated (/
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--system", default=None,
-                        help="system prompt for the conversation (default: none)")
+    parser.add_argument(
+        "--system", default=None, help="system prompt for the conversation (default: none)"
+    )
     add_sampling_arguments(parser, max_tokens=512)
     add_engine_arguments(parser)
 
@@ -28,8 +29,10 @@ def run(args: argparse.Namespace) -> int:
     llm = build_llm(args)
     engine, tok = llm.llm_engine, llm.get_tokenizer()
     history = [{"role": "system", "content": args.system}] if args.system else []
-    print("pagedkv chat: type a message; /reset clears the conversation, /exit quits.",
-          file=sys.stderr)
+    print(
+        "pagedkv chat: type a message; /reset clears the conversation, /exit quits.",
+        file=sys.stderr,
+    )
     turn = 0
     while True:
         try:
@@ -65,7 +68,7 @@ def _stream(engine, rid: str) -> str:
         while engine.has_unfinished_requests():
             for out in engine.step():
                 text = out.outputs[0].text
-                sys.stdout.write(text[len(shown):])
+                sys.stdout.write(text[len(shown) :])
                 sys.stdout.flush()
                 shown = text
     except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat

@@ -20,8 +20,11 @@ HELP = "Generate text for one or more prompts (default model: SmolLM2-135M-Instr
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="prompt text (several prompts run batched)")
-    parser.add_argument("--chat", action="store_true",
-                        help="wrap each prompt as a user message in the model's chat template")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap each prompt as a user message in the model's chat template",
+    )
     parser.add_argument("-n", type=int_at_least(1), default=1, help="completions per prompt")
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     # Greedy by default: the same command prints the same text every time.
@@ -43,9 +46,17 @@ def run(args: argparse.Namespace) -> int:
     for prompt, out in zip(args.prompts, outs):
         for c in out.outputs:
             if args.json:
-                print(json.dumps({"prompt": prompt, "index": c.index, "text": c.text,
-                                  "finish_reason": c.finish_reason,
-                                  "num_tokens": len(c.token_ids)}))
+                print(
+                    json.dumps(
+                        {
+                            "prompt": prompt,
+                            "index": c.index,
+                            "text": c.text,
+                            "finish_reason": c.finish_reason,
+                            "num_tokens": len(c.token_ids),
+                        }
+                    )
+                )
             else:
                 print(f"{prompt}{c.text}" if not args.chat else c.text)
                 if len(out.outputs) > 1 or len(outs) > 1:

@@ -29,13 +29,27 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 # dest -> default. The only place the server's own defaults live; help strings quote them. The
 # engine flags' defaults come from their shared definitions (engine_args.ENGINE_FLAGS).
 DEFAULTS: Dict[str, Any] = {
-    "host": "0.0.0.0", "port": 8000, "api_key": None, "served_model_name": None,
-    "chat_template": None, "uvicorn_log_level": "info", "disable_log_requests": False,
-    "allowed_origins": ["*"], "allowed_methods": ["*"], "allowed_headers": ["*"],
-    "allow_credentials": False, "enable_request_id_headers": False,
-    "disable_uvicorn_access_log": False, "root_path": None, "response_role": "assistant",
-    "enable_log_requests": False, "max_log_len": None, "trust_request_chat_template": False,
-    "shutdown_timeout": 20.0, "enable_auto_tool_choice": False, "tool_call_parser": None,
+    "host": "0.0.0.0",
+    "port": 8000,
+    "api_key": None,
+    "served_model_name": None,
+    "chat_template": None,
+    "uvicorn_log_level": "info",
+    "disable_log_requests": False,
+    "allowed_origins": ["*"],
+    "allowed_methods": ["*"],
+    "allowed_headers": ["*"],
+    "allow_credentials": False,
+    "enable_request_id_headers": False,
+    "disable_uvicorn_access_log": False,
+    "root_path": None,
+    "response_role": "assistant",
+    "enable_log_requests": False,
+    "max_log_len": None,
+    "trust_request_chat_template": False,
+    "shutdown_timeout": 20.0,
+    "enable_auto_tool_choice": False,
+    "tool_call_parser": None,
     "reasoning_parser": None,
     **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
@@ -57,70 +71,158 @@ def _reasoning_parser_names() -> list:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = argparse.SUPPRESS
     a = parser.add_argument
-    a("model", nargs="?", default=s, metavar="MODEL",
-      help="model to serve, the same as --model: a GGUF file, a Hugging Face folder, or "
-           "'smollm2' (default: the bundled SmolLM2-135M-Instruct)")
-    a("--config", default=None,
-      help="YAML file of flag values, keys as the flag names (e.g. 'port: 8000'); flags "
-           "given on the command line win (default: none)")
+    a(
+        "model",
+        nargs="?",
+        default=s,
+        metavar="MODEL",
+        help="model to serve, the same as --model: a GGUF file, a Hugging Face folder, or "
+        "'smollm2' (default: the bundled SmolLM2-135M-Instruct)",
+    )
+    a(
+        "--config",
+        default=None,
+        help="YAML file of flag values, keys as the flag names (e.g. 'port: 8000'); flags "
+        "given on the command line win (default: none)",
+    )
     g = parser.add_argument_group("server")
     g.add_argument("--host", default=s, help="address to bind (default: 0.0.0.0, all interfaces)")
     g.add_argument("--port", type=t.port, default=s, help="TCP port (default: 8000)")
-    g.add_argument("--api-key", default=s,
-                   help="require 'Authorization: Bearer <key>' on /v1 routes "
-                        f"(default: ${API_KEY_ENV}, else $VLLM_API_KEY, else none)")
-    g.add_argument("--served-model-name", nargs="+", default=s,
-                   help="name(s) clients use in the 'model' field; the first is reported "
-                        "(default: the MODEL argument or the model's own name)")
-    g.add_argument("--chat-template", default=s,
-                   help="Jinja chat template, as a file path or inline (default: the model's)")
-    g.add_argument("--trust-request-chat-template", action="store_true", default=s,
-                   help="let requests bring their own chat_template (as vLLM, off: a template "
-                        "is code the server runs, and one can loop for hours)")
-    g.add_argument("--uvicorn-log-level", default=s, type=t.choice_of(LOG_LEVELS),
-                   metavar="{" + ",".join(LOG_LEVELS) + "}", help="uvicorn's log level "
-                   "(default: info)")
-    g.add_argument("--disable-log-requests", action="store_true", default=s,
-                   help="do not log a line per request")
-    g.add_argument("--enable-log-requests", action="store_true", default=s,
-                   help="accepted for vLLM compatibility: pagedkv logs a line per request "
-                        "unless --disable-log-requests")
-    g.add_argument("--max-log-len", type=t.int_at_least(0), default=s,
-                   help="accepted for vLLM compatibility: the request log lines hold no "
-                        "prompt text to shorten (default: unlimited)")
-    g.add_argument("--disable-uvicorn-access-log", action="store_true", default=s,
-                   help="do not log uvicorn's line per HTTP request")
-    g.add_argument("--enable-auto-tool-choice", action="store_true", default=s,
-                   help='let chat requests use tool_choice "auto" (needs --tool-call-parser)')
-    g.add_argument("--tool-call-parser", default=s, choices=sorted(_tool_parser_names()),
-                   help="how tool calls are found in the model's text for tool_choice auto "
-                        "(default: none)")
-    g.add_argument("--reasoning-parser", default=s, choices=sorted(_reasoning_parser_names()),
-                   help="split chat answers' reasoning (reasoning_content) from their content "
-                        "(default: none)")
-    g.add_argument("--response-role", default=s,
-                   help="the role of the chat answers' messages (default: assistant)")
-    g.add_argument("--shutdown-timeout", type=t.float_in(0.0), default=s, metavar="SECONDS",
-                   help="on SIGTERM, how long requests in flight may run before their streams "
-                        "are ended (new requests get 503 meanwhile); then exit 0 (default: 20.0)")
-    g.add_argument("--root-path", default=s,
-                   help="the path prefix of the server behind a path-based proxy, as "
-                        "FastAPI's root_path (default: none)")
-    g.add_argument("--enable-request-id-headers", action="store_true", default=s,
-                   help="answer with an X-Request-Id header: the client's, else the request's id")
+    g.add_argument(
+        "--api-key",
+        default=s,
+        help="require 'Authorization: Bearer <key>' on /v1 routes "
+        f"(default: ${API_KEY_ENV}, else $VLLM_API_KEY, else none)",
+    )
+    g.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=s,
+        help="name(s) clients use in the 'model' field; the first is reported "
+        "(default: the MODEL argument or the model's own name)",
+    )
+    g.add_argument(
+        "--chat-template",
+        default=s,
+        help="Jinja chat template, as a file path or inline (default: the model's)",
+    )
+    g.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        default=s,
+        help="let requests bring their own chat_template (as vLLM, off: a template "
+        "is code the server runs, and one can loop for hours)",
+    )
+    g.add_argument(
+        "--uvicorn-log-level",
+        default=s,
+        type=t.choice_of(LOG_LEVELS),
+        metavar="{" + ",".join(LOG_LEVELS) + "}",
+        help="uvicorn's log level (default: info)",
+    )
+    g.add_argument(
+        "--disable-log-requests",
+        action="store_true",
+        default=s,
+        help="do not log a line per request",
+    )
+    g.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        default=s,
+        help="accepted for vLLM compatibility: pagedkv logs a line per request "
+        "unless --disable-log-requests",
+    )
+    g.add_argument(
+        "--max-log-len",
+        type=t.int_at_least(0),
+        default=s,
+        help="accepted for vLLM compatibility: the request log lines hold no "
+        "prompt text to shorten (default: unlimited)",
+    )
+    g.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        default=s,
+        help="do not log uvicorn's line per HTTP request",
+    )
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        default=s,
+        help='let chat requests use tool_choice "auto" (needs --tool-call-parser)',
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=s,
+        choices=sorted(_tool_parser_names()),
+        help="how tool calls are found in the model's text for tool_choice auto (default: none)",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default=s,
+        choices=sorted(_reasoning_parser_names()),
+        help="split chat answers' reasoning (reasoning_content) from their content (default: none)",
+    )
+    g.add_argument(
+        "--response-role",
+        default=s,
+        help="the role of the chat answers' messages (default: assistant)",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=t.float_in(0.0),
+        default=s,
+        metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may run before their streams "
+        "are ended (new requests get 503 meanwhile); then exit 0 (default: 20.0)",
+    )
+    g.add_argument(
+        "--root-path",
+        default=s,
+        help="the path prefix of the server behind a path-based proxy, as "
+        "FastAPI's root_path (default: none)",
+    )
+    g.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        default=s,
+        help="answer with an X-Request-Id header: the client's, else the request's id",
+    )
     # CORS, as vLLM: browsers may call the API from any origin unless restricted here.
-    g.add_argument("--allowed-origins", type=t.json_list, default=s,
-                   help='CORS: origins allowed, a JSON list (default: ["*"])')
-    g.add_argument("--allowed-methods", type=t.json_list, default=s,
-                   help='CORS: HTTP methods allowed, a JSON list (default: ["*"])')
-    g.add_argument("--allowed-headers", type=t.json_list, default=s,
-                   help='CORS: request headers allowed, a JSON list (default: ["*"])')
-    g.add_argument("--allow-credentials", action="store_true", default=s,
-                   help="CORS: allow credentials (cookies, authorization) in cross-origin calls")
-    g.add_argument("--lora-modules", nargs="+", default=s, metavar="NAME=PATH",
-                   help="LoRA adapters served by name (needs --enable-lora): name=path, or "
-                        "vLLM's JSON form '{\"name\": ..., \"path\": ..., "
-                        "\"base_model_name\": ...}' (default: none)")
+    g.add_argument(
+        "--allowed-origins",
+        type=t.json_list,
+        default=s,
+        help='CORS: origins allowed, a JSON list (default: ["*"])',
+    )
+    g.add_argument(
+        "--allowed-methods",
+        type=t.json_list,
+        default=s,
+        help='CORS: HTTP methods allowed, a JSON list (default: ["*"])',
+    )
+    g.add_argument(
+        "--allowed-headers",
+        type=t.json_list,
+        default=s,
+        help='CORS: request headers allowed, a JSON list (default: ["*"])',
+    )
+    g.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        default=s,
+        help="CORS: allow credentials (cookies, authorization) in cross-origin calls",
+    )
+    g.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=s,
+        metavar="NAME=PATH",
+        help="LoRA adapters served by name (needs --enable-lora): name=path, or "
+        'vLLM\'s JSON form \'{"name": ..., "path": ..., '
+        '"base_model_name": ...}\' (default: none)',
+    )
     _add_limit_arguments(parser)
     add_engine_arguments(parser, suppress=True)
 
@@ -130,18 +232,37 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     the body) naming it, instead of slowing every other request down."""
     g = parser.add_argument_group("request limits")
     s, d = argparse.SUPPRESS, LIMIT_DEFAULTS
-    g.add_argument("--max-stop-strings", type=t.int_at_least(0), default=s,
-                   help=f"most stop strings per request (default: {d['max_stop_strings']})")
-    g.add_argument("--max-bad-words", type=t.int_at_least(0), default=s,
-                   help=f"most bad_words per request (default: {d['max_bad_words']})")
-    g.add_argument("--max-word-chars", type=t.int_at_least(1), default=s,
-                   help="most characters of one stop string or bad word (default: "
-                        f"{d['max_word_chars']})")
-    g.add_argument("--max-logit-bias", type=t.int_at_least(0), default=s,
-                   help=f"most logit_bias entries per request (default: {d['max_logit_bias']})")
-    g.add_argument("--max-request-body-size", type=t.int_at_least(1), default=s,
-                   help="most bytes of one request body, on every route (default: "
-                        f"{d['max_request_body_size']}, 16 MiB)")
+    g.add_argument(
+        "--max-stop-strings",
+        type=t.int_at_least(0),
+        default=s,
+        help=f"most stop strings per request (default: {d['max_stop_strings']})",
+    )
+    g.add_argument(
+        "--max-bad-words",
+        type=t.int_at_least(0),
+        default=s,
+        help=f"most bad_words per request (default: {d['max_bad_words']})",
+    )
+    g.add_argument(
+        "--max-word-chars",
+        type=t.int_at_least(1),
+        default=s,
+        help=f"most characters of one stop string or bad word (default: {d['max_word_chars']})",
+    )
+    g.add_argument(
+        "--max-logit-bias",
+        type=t.int_at_least(0),
+        default=s,
+        help=f"most logit_bias entries per request (default: {d['max_logit_bias']})",
+    )
+    g.add_argument(
+        "--max-request-body-size",
+        type=t.int_at_least(1),
+        default=s,
+        help="most bytes of one request body, on every route (default: "
+        f"{d['max_request_body_size']}, 16 MiB)",
+    )
 
 
 def _config_value(action: argparse.Action, value: Any) -> Any:
@@ -172,8 +293,9 @@ def _config_value(action: argparse.Action, value: Any) -> Any:
     except argparse.ArgumentTypeError as e:
         raise ValueError(str(e)) from None
     except ValueError:
-        raise ValueError(f"must be {getattr(convert, '__name__', 'valid')}, "
-                         f"got {value!r}") from None
+        raise ValueError(
+            f"must be {getattr(convert, '__name__', 'valid')}, got {value!r}"
+        ) from None
 
 
 def load_config(path: str) -> Dict[str, Any]:
@@ -190,8 +312,9 @@ def load_config(path: str) -> Dict[str, Any]:
         raise CLIError("--config", f"{path}: expected a mapping of flag names to values")
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
-    actions = {a.dest: a for a in parser._actions
-               if a.option_strings and a.help is not argparse.SUPPRESS}
+    actions = {
+        a.dest: a for a in parser._actions if a.option_strings and a.help is not argparse.SUPPRESS
+    }
     result = {}
     for key, value in data.items():
         dest = str(key).replace("-", "_")
@@ -236,9 +359,12 @@ def run(args: argparse.Namespace) -> int:
     level = (envs.getenv("PAGEDKV_LOGGING_LEVEL") or "INFO").upper()
     if not isinstance(logging.getLevelName(level), int):  # an unknown name: the default
         level = "INFO"
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(levelname)s %(asctime)s %(name)s: %(message)s",
-                        datefmt="%m-%d %H:%M:%S")
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(levelname)s %(asctime)s %(name)s: %(message)s",
+        datefmt="%m-%d %H:%M:%S",
+    )
     if opts.disable_log_requests:
         logging.getLogger("pagedkv.server").setLevel(logging.WARNING)
     from pagedkv.entrypoints.engine_args import check_engine_args, engine_error

@@ -67,8 +67,9 @@ class RequestIdHeaderMiddleware:
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
                 rid = given or str(state.get("request_id") or uuid.uuid4().hex).encode()
-                message = dict(message, headers=[*message.get("headers", []),
-                                                 (b"x-request-id", rid)])
+                message = dict(
+                    message, headers=[*message.get("headers", []), (b"x-request-id", rid)]
+                )
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -98,9 +99,13 @@ class BodySizeLimitMiddleware:
         self.max_bytes = max_bytes
 
     async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
-        error = APIError(413, f"The request body is larger than this server's limit of "
-                              f"{self.max_bytes} bytes (--max-request-body-size).",
-                         type_="invalid_request_error", code="request_too_large")
+        error = APIError(
+            413,
+            f"The request body is larger than this server's limit of "
+            f"{self.max_bytes} bytes (--max-request-body-size).",
+            type_="invalid_request_error",
+            code="request_too_large",
+        )
         await error.response()(scope, receive, send)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -141,7 +146,7 @@ def _route_path(scope: dict) -> str:
     check on the path, or "/prefix/v1/..." would skip the API key."""
     path, root = scope["path"], scope.get("root_path") or ""
     if root and (path == root or path.startswith(root + "/")):
-        return path[len(root):]
+        return path[len(root) :]
     return path
 
 
@@ -153,20 +158,32 @@ class ApiKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if (scope["type"] == "http" and _route_path(scope).startswith("/v1")
-                and scope["method"] != "OPTIONS"):
+        if (
+            scope["type"] == "http"
+            and _route_path(scope).startswith("/v1")
+            and scope["method"] != "OPTIONS"
+        ):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                error = APIError(401, "Incorrect or missing API key: send "
-                                      "'Authorization: Bearer <key>'.", code="invalid_api_key")
+                error = APIError(
+                    401,
+                    "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                    code="invalid_api_key",
+                )
                 await error.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
 # Other spellings of the embedded default model that requests may use.
-_DEFAULT_MODEL_ALIASES = ("smollm2", "smollm2-135m", "smollm2-135m-instruct", "default",
-                          "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
+_DEFAULT_MODEL_ALIASES = (
+    "smollm2",
+    "smollm2-135m",
+    "smollm2-135m-instruct",
+    "default",
+    "SmolLM2-135M-Instruct",
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+)
 
 
 def _served_names(engine: Any, args: Any) -> tuple[List[str], List[str]]:
@@ -213,7 +230,9 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
     args = args if args is not None else argparse.Namespace()
     names, aliases = _served_names(engine, args)
     state = ServerState(
-        engine=engine, served_model_names=names, model_aliases=aliases,
+        engine=engine,
+        served_model_names=names,
+        model_aliases=aliases,
         max_model_len=int(engine.model_config.max_model_len),
         chat_template=getattr(args, "chat_template", None),
         metrics=ServerMetrics(engine, names[0], int(engine.model_config.max_model_len)),
@@ -223,7 +242,8 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
         tool_call_parser=auto_tool_parser(args),
         reasoning_parser=getattr(args, "reasoning_parser", None),
-        lora=LoRARegistry(engine))
+        lora=LoRARegistry(engine),
+    )
     for text in getattr(args, "lora_modules", None) or []:
         check_adapter(engine, state.lora.add(parse_lora_module(text)))
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
@@ -234,18 +254,19 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     if getattr(args, "enable_request_id_headers", False):
         app.add_middleware(RequestIdHeaderMiddleware)
-    app.add_middleware(BodySizeLimitMiddleware,
-                       max_bytes=limit_of(args, "max_request_body_size"))
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limit_of(args, "max_request_body_size"))
     # SIGTERM drains the server (drain.py): outside the API key and size checks, inside CORS.
     app.state.drain = Drain(float(getattr(args, "shutdown_timeout", 20.0)))
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     # CORS outermost (added last), as vLLM has it, so that preflights and even 401 answers
     # carry the Access-Control-* headers a browser needs to read them.
-    app.add_middleware(CORSMiddleware,
-                       allow_origins=getattr(args, "allowed_origins", None) or ["*"],
-                       allow_credentials=bool(getattr(args, "allow_credentials", False)),
-                       allow_methods=getattr(args, "allowed_methods", None) or ["*"],
-                       allow_headers=getattr(args, "allowed_headers", None) or ["*"])
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=getattr(args, "allowed_origins", None) or ["*"],
+        allow_credentials=bool(getattr(args, "allow_credentials", False)),
+        allow_methods=getattr(args, "allowed_methods", None) or ["*"],
+        allow_headers=getattr(args, "allowed_headers", None) or ["*"],
+    )
     completion = OpenAIServingCompletion(state)
     chat = OpenAIServingChat(state)
     # vLLM's ModelCard.root: what was loaded (the MODEL argument / path).
@@ -253,8 +274,12 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        cards = [ModelCard(id=n, root=root, max_model_len=state.max_model_len,
-                           permission=[ModelPermission()]) for n in names]
+        cards = [
+            ModelCard(
+                id=n, root=root, max_model_len=state.max_model_len, permission=[ModelPermission()]
+            )
+            for n in names
+        ]
         listing = ModelList(data=cards).model_dump()
         listing["data"] += state.lora.cards(names[0], state.max_model_len)
         return JSONResponse(listing)
@@ -280,9 +305,14 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
             chat.check_length(chat.messages_chars(req.messages), "messages")
             template, template_vars = chat.template_settings(req)
             # The chat template renders off the event loop too (a long conversation is slow).
-            text = await completion.in_count_thread(chat.render, req.messages, template,
-                                                    req.add_generation_prompt, template_vars,
-                                                    req.continue_final_message)
+            text = await completion.in_count_thread(
+                chat.render,
+                req.messages,
+                template,
+                req.add_generation_prompt,
+                template_vars,
+                req.continue_final_message,
+            )
             ids = await completion.encode_async(text, bool(req.add_special_tokens), param=None)
         else:
             special = True if req.add_special_tokens is None else req.add_special_tokens
@@ -291,15 +321,19 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         body: dict = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
         if req.return_token_strs:
             body["token_strs"] = await completion.in_count_thread(
-                engine.tokenizer.convert_ids_to_tokens, ids)
+                engine.tokenizer.convert_ids_to_tokens, ids
+            )
         return JSONResponse(body)
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> JSONResponse:
         completion.check_model(req.model)
         if len(req.tokens) > state.max_model_len:  # no text the model made is longer
-            raise bad_request(f"tokens may hold at most max_model_len ({state.max_model_len}) "
-                              f"token ids, got {len(req.tokens)}", param="tokens")
+            raise bad_request(
+                f"tokens may hold at most max_model_len ({state.max_model_len}) "
+                f"token ids, got {len(req.tokens)}",
+                param="tokens",
+            )
         if req.tokens:
             completion.check_ids(req.tokens, "tokens")
         text = await completion.in_count_thread(completion.decode, req.tokens)
@@ -337,13 +371,24 @@ def run_server(args: argparse.Namespace) -> int:
     app = build_app(engine, args)
     state = app.state.pagedkv
     shown_host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
-    logger.info("serving model %s (max_model_len %d) at http://%s:%d/v1  "
-                "(health: /health, metrics: /metrics%s)", state.model_name, state.max_model_len,
-                shown_host, args.port, ", API key required" if args.api_key else "")
-    config = uvicorn.Config(app, host=args.host, port=args.port,
-                            log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5,
-                            access_log=not getattr(args, "disable_uvicorn_access_log", False),
-                            root_path=getattr(args, "root_path", None) or "")
+    logger.info(
+        "serving model %s (max_model_len %d) at http://%s:%d/v1  "
+        "(health: /health, metrics: /metrics%s)",
+        state.model_name,
+        state.max_model_len,
+        shown_host,
+        args.port,
+        ", API key required" if args.api_key else "",
+    )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=5,
+        access_log=not getattr(args, "disable_uvicorn_access_log", False),
+        root_path=getattr(args, "root_path", None) or "",
+    )
     try:
         DrainingServer(config, app.state.drain, engine).run()
     finally:

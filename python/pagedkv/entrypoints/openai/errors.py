@@ -31,8 +31,14 @@ _TYPES = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: Optional[str] = None,
-                 type_: Optional[str] = None, code: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: Optional[str] = None,
+        type_: Optional[str] = None,
+        code: Optional[str] = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -41,8 +47,14 @@ class APIError(Exception):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code if self.code is not None else self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code if self.code is not None else self.status,
+            }
+        }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
@@ -104,8 +116,10 @@ def _field_path(locs: Sequence[Sequence[Any]]) -> list[str]:
 
 
 # How pydantic names a union member in an error location.
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-.*|"
-                        r"[a-z_]+\[.*\])$")
+_UNION_TAG = re.compile(
+    r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-.*|"
+    r"[a-z_]+\[.*\])$"
+)
 
 
 def install_error_handlers(app: FastAPI) -> None:

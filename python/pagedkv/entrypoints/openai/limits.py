@@ -53,7 +53,10 @@ def request_limits(args: Any = None) -> RequestLimits:
     """The InputProcessor limits of a server started with ``args``."""
     return RequestLimits(
         max_n_sequences=max_n_sequences(args),
-        **{k: limit_of(args, k) for k in ("max_stop_strings", "max_bad_words", "max_word_chars",
-                                          "max_logit_bias")},
+        **{
+            k: limit_of(args, k)
+            for k in ("max_stop_strings", "max_bad_words", "max_word_chars", "max_logit_bias")
+        },
         source="the server (--max-stop-strings, --max-bad-words, --max-word-chars, "
-               "--max-logit-bias)")
+        "--max-logit-bias)",
+    )

@@ -31,14 +31,18 @@ def _text(token_id: int, v: Any, decode: Decode) -> str:
     return text if isinstance(text, str) else decode(token_id)
 
 
-def entries(token_ids: Sequence[int], logprobs: Sequence[Optional[Dict[int, Any]]],
-            decode: Decode, top_n: Optional[int] = None, as_ids: bool = False) -> List[Entry]:
+def entries(
+    token_ids: Sequence[int],
+    logprobs: Sequence[Optional[Dict[int, Any]]],
+    decode: Decode,
+    top_n: Optional[int] = None,
+    as_ids: bool = False,
+) -> List[Entry]:
     """``as_ids``: vLLM's return_tokens_as_token_ids, every token shown as "token_id:<id>"
     (tokens that are not valid UTF-8 on their own stay identifiable)."""
     if as_ids:
         decode = _as_id
-        logprobs = [None if t is None else {k: _plain(v) for k, v in t.items()}
-                    for t in logprobs]
+        logprobs = [None if t is None else {k: _plain(v) for k, v in t.items()} for t in logprobs]
     out: List[Entry] = []
     for tid, table in zip(token_ids, logprobs):
         if table is None:
@@ -49,8 +53,13 @@ def entries(token_ids: Sequence[int], logprobs: Sequence[Optional[Dict[int, Any]
         if top_n is not None:
             ranked = ranked[:top_n]
         top = [(_text(t, v, decode), _value(v)) for t, v in ranked]
-        out.append((_text(tid, chosen, decode) if chosen is not None else decode(tid),
-                    _value(chosen) if chosen is not None else None, top))
+        out.append(
+            (
+                _text(tid, chosen, decode) if chosen is not None else decode(tid),
+                _value(chosen) if chosen is not None else None,
+                top,
+            )
+        )
     return out
 
 
@@ -79,22 +88,37 @@ def completion_logprobs(items: List[Entry], text_offset: int) -> CompletionLogPr
 def chat_logprobs(items: List[Entry]) -> List[ChatTokenLogprob]:
     out = []
     for text, lp, top in items:
-        out.append(ChatTokenLogprob(
-            token=text, logprob=lp if lp is not None else -9999.0,
-            bytes=list(text.encode("utf-8")),
-            top_logprobs=[TopLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
-                          for t, v in (top or [])]))
+        out.append(
+            ChatTokenLogprob(
+                token=text,
+                logprob=lp if lp is not None else -9999.0,
+                bytes=list(text.encode("utf-8")),
+                top_logprobs=[
+                    TopLogprob(token=t, logprob=v, bytes=list(t.encode("utf-8")))
+                    for t, v in (top or [])
+                ],
+            )
+        )
     return out
 
 
-def prompt_logprobs(table: Optional[Sequence[Optional[Dict[int, Any]]]], decode: Decode
-                    ) -> Optional[List[Optional[Dict[int, PromptLogprob]]]]:
+def prompt_logprobs(
+    table: Optional[Sequence[Optional[Dict[int, Any]]]], decode: Decode
+) -> Optional[List[Optional[Dict[int, PromptLogprob]]]]:
     """The engine's prompt logprobs in vLLM's response shape (``prompt_logprobs``): per prompt
     token None (the first) or {token id: {logprob, rank, decoded_token}}, -inf as -9999."""
     if table is None:
         return None
-    return [None if pos is None else
-            {tid: PromptLogprob(logprob=_value(v), rank=getattr(v, "rank", None),
-                                decoded_token=_text(tid, v, decode))
-             for tid, v in pos.items()}
-            for pos in table]
+    return [
+        None
+        if pos is None
+        else {
+            tid: PromptLogprob(
+                logprob=_value(v),
+                rank=getattr(v, "rank", None),
+                decoded_token=_text(tid, v, decode),
+            )
+            for tid, v in pos.items()
+        }
+        for pos in table
+    ]

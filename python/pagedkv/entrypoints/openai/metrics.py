@@ -31,29 +31,92 @@ PREFIXES = ("pagedkv:", "vllm:")
 
 # (engine stats key, metric name without prefix, kind, help)
 _ENGINE_METRICS = (
-    ("num_requests_running", "num_requests_running", "gauge",
-     "Number of requests in the running batch."),
-    ("num_requests_waiting", "num_requests_waiting", "gauge",
-     "Number of requests waiting to be scheduled."),
-    ("kv_cache_usage_perc", "kv_cache_usage_perc", "gauge",
-     "Fraction of KV-cache blocks in use (1 = full)."),
+    (
+        "num_requests_running",
+        "num_requests_running",
+        "gauge",
+        "Number of requests in the running batch.",
+    ),
+    (
+        "num_requests_waiting",
+        "num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be scheduled.",
+    ),
+    (
+        "kv_cache_usage_perc",
+        "kv_cache_usage_perc",
+        "gauge",
+        "Fraction of KV-cache blocks in use (1 = full).",
+    ),
     # vLLM V0's name of the same gauge, which older dashboards and alerts still read.
-    ("kv_cache_usage_perc", "gpu_cache_usage_perc", "gauge",
-     "Fraction of KV-cache blocks in use (1 = full); vLLM V0's name of kv_cache_usage_perc."),
-    ("prefix_cache_queries", "prefix_cache_queries", "counter",
-     "Prompt tokens looked up in the prefix cache."),
-    ("prefix_cache_hits", "prefix_cache_hits", "counter",
-     "Prompt tokens found in the prefix cache."),
-    ("num_preemptions", "num_preemptions", "counter",
-     "Requests preempted (recomputed later) for lack of KV blocks."),
+    (
+        "kv_cache_usage_perc",
+        "gpu_cache_usage_perc",
+        "gauge",
+        "Fraction of KV-cache blocks in use (1 = full); vLLM V0's name of kv_cache_usage_perc.",
+    ),
+    (
+        "prefix_cache_queries",
+        "prefix_cache_queries",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+    ),
+    (
+        "prefix_cache_hits",
+        "prefix_cache_hits",
+        "counter",
+        "Prompt tokens found in the prefix cache.",
+    ),
+    (
+        "num_preemptions",
+        "num_preemptions",
+        "counter",
+        "Requests preempted (recomputed later) for lack of KV blocks.",
+    ),
     ("prompt_tokens", "prompt_tokens", "counter", "Prefill tokens processed."),
     ("generation_tokens", "generation_tokens", "counter", "Tokens generated."),
 )
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
-_TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                 1.0, 2.5, 5.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
+_TPOT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+)
 
 
 class _EngineCollector(Collector):
@@ -69,8 +132,9 @@ class _EngineCollector(Collector):
                 family = family_cls(prefix + name, doc, labels=["model_name"])
                 family.add_metric([self.model_name], float(stats.get(key, 0) or 0))
                 yield family
-            dead = GaugeMetricFamily(prefix + "engine_dead", "1 once the engine loop has died.",
-                                     labels=["model_name"])
+            dead = GaugeMetricFamily(
+                prefix + "engine_dead", "1 once the engine loop has died.", labels=["model_name"]
+            )
             dead.add_metric([self.model_name], 1.0 if self.engine.is_dead else 0.0)
             yield dead
 
@@ -87,17 +151,40 @@ def _one_two_five(limit: int) -> list:
         scale *= 10
 
 
-_PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                  60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_PHASE_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class _Twins:
     """One histogram or counter under every prefix; observations go to all of them."""
 
-    def __init__(self, kind: Any, name: str, doc: str, labels: List[str], registry: Any,
-                 **kw: Any) -> None:
-        self.metrics = [kind(prefix + name, doc, labels, registry=registry, **kw)
-                        for prefix in PREFIXES]
+    def __init__(
+        self, kind: Any, name: str, doc: str, labels: List[str], registry: Any, **kw: Any
+    ) -> None:
+        self.metrics = [
+            kind(prefix + name, doc, labels, registry=registry, **kw) for prefix in PREFIXES
+        ]
 
     def labels(self, *values: str) -> _Twins:
         twin = object.__new__(_Twins)
@@ -123,43 +210,79 @@ class ServerMetrics:
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> _Twins:
             return _Twins(Histogram, name, doc, labels, self.registry, buckets=buckets)
 
-        self.ttft = histogram("time_to_first_token_seconds",
-                              "Time from request arrival to its first token.", _LATENCY_BUCKETS)
-        self.tpot = histogram("time_per_output_token_seconds",
-                              "Mean time between output tokens of a request.", _TPOT_BUCKETS)
-        self.itl = histogram("inter_token_latency_seconds",
-                             "Time between successive output tokens.", _TPOT_BUCKETS)
-        self.e2e = histogram("e2e_request_latency_seconds",
-                             "Time from request arrival to its last token.", _LATENCY_BUCKETS)
-        self.queue = histogram("request_queue_time_seconds",
-                               "Time a request waited before its first scheduling.",
-                               _PHASE_BUCKETS)
-        self.prefill = histogram("request_prefill_time_seconds",
-                                 "Time from a request's first scheduling to its first token.",
-                                 _PHASE_BUCKETS)
-        self.decode = histogram("request_decode_time_seconds",
-                                "Time from a request's first token to its last.", _PHASE_BUCKETS)
-        self.inference = histogram("request_inference_time_seconds",
-                                   "Time from a request's first scheduling to its last token.",
-                                   _PHASE_BUCKETS)
+        self.ttft = histogram(
+            "time_to_first_token_seconds",
+            "Time from request arrival to its first token.",
+            _LATENCY_BUCKETS,
+        )
+        self.tpot = histogram(
+            "time_per_output_token_seconds",
+            "Mean time between output tokens of a request.",
+            _TPOT_BUCKETS,
+        )
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time between successive output tokens.", _TPOT_BUCKETS
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds",
+            "Time from request arrival to its last token.",
+            _LATENCY_BUCKETS,
+        )
+        self.queue = histogram(
+            "request_queue_time_seconds",
+            "Time a request waited before its first scheduling.",
+            _PHASE_BUCKETS,
+        )
+        self.prefill = histogram(
+            "request_prefill_time_seconds",
+            "Time from a request's first scheduling to its first token.",
+            _PHASE_BUCKETS,
+        )
+        self.decode = histogram(
+            "request_decode_time_seconds",
+            "Time from a request's first token to its last.",
+            _PHASE_BUCKETS,
+        )
+        self.inference = histogram(
+            "request_inference_time_seconds",
+            "Time from a request's first scheduling to its last token.",
+            _PHASE_BUCKETS,
+        )
         # Token counts per request (vLLM's names), for its dashboards' length panels.
         lengths = _one_two_five(max_model_len)
-        self.prompt_len = histogram("request_prompt_tokens", "Prompt tokens of a request.",
-                                    lengths)
-        self.generation_len = histogram("request_generation_tokens",
-                                        "Tokens generated for a request (all its choices).",
-                                        lengths)
-        self.iteration_tokens = histogram("iteration_tokens_total",
-                                          "Tokens (prompt and generated) of one engine step.",
-                                          _one_two_five(max(max_model_len, 16384)))
-        self.success = _Twins(Counter, "request_success",
-                              "Finished requests, by the finish reason of their first choice.",
-                              labels + ["finished_reason"], self.registry)
+        self.prompt_len = histogram("request_prompt_tokens", "Prompt tokens of a request.", lengths)
+        self.generation_len = histogram(
+            "request_generation_tokens",
+            "Tokens generated for a request (all its choices).",
+            lengths,
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total",
+            "Tokens (prompt and generated) of one engine step.",
+            _one_two_five(max(max_model_len, 16384)),
+        )
+        self.success = _Twins(
+            Counter,
+            "request_success",
+            "Finished requests, by the finish reason of their first choice.",
+            labels + ["finished_reason"],
+            self.registry,
+        )
         # Exported from the start with zero counts, as vLLM's are: a scrape before the first
         # request sees every series (dashboards show 0, not "no data").
-        for h in (self.ttft, self.tpot, self.itl, self.e2e, self.queue, self.prefill,
-                  self.decode, self.inference, self.prompt_len, self.generation_len,
-                  self.iteration_tokens):
+        for h in (
+            self.ttft,
+            self.tpot,
+            self.itl,
+            self.e2e,
+            self.queue,
+            self.prefill,
+            self.decode,
+            self.inference,
+            self.prompt_len,
+            self.generation_len,
+            self.iteration_tokens,
+        ):
             h.labels(model_name)
         for reason in ("stop", "length"):
             self.success.labels(model_name, reason)
@@ -172,9 +295,16 @@ class ServerMetrics:
         if num_tokens > 0:
             self.iteration_tokens.labels(self.model_name).observe(num_tokens)
 
-    def observe_request(self, ttft: float, tpot: Optional[float], e2e: float,
-                        finish_reasons: Sequence[Optional[str]], prompt_tokens: int = 0,
-                        generation_tokens: int = 0, engine_metrics: Any = None) -> None:
+    def observe_request(
+        self,
+        ttft: float,
+        tpot: Optional[float],
+        e2e: float,
+        finish_reasons: Sequence[Optional[str]],
+        prompt_tokens: int = 0,
+        generation_tokens: int = 0,
+        engine_metrics: Any = None,
+    ) -> None:
         """One HTTP request; ``finish_reasons`` of its choices by index (None: unfinished);
         ``engine_metrics``: the RequestMetrics of its (first) prompt, for the phase times."""
         name = self.model_name

@@ -28,8 +28,10 @@ class InvalidUnicode(ValueError):
     UTF-8 response can take it. ``param``: where it is, as errors name fields."""
 
     def __init__(self, param: str) -> None:
-        super().__init__(f"{param or 'the body'} is not valid Unicode: it holds a lone "
-                         "surrogate (\\ud800-\\udfff), which UTF-8 cannot encode")
+        super().__init__(
+            f"{param or 'the body'} is not valid Unicode: it holds a lone "
+            "surrogate (\\ud800-\\udfff), which UTF-8 cannot encode"
+        )
         self.param = param
 
 

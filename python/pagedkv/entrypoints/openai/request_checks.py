@@ -16,11 +16,26 @@ from pagedkv.entrypoints.openai.structured_request import structured_outputs_of
 logger = logging.getLogger("pagedkv.server")
 
 # Request fields passed to SamplingParams under the same name when the client set them.
-_SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                    "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
-                    "ignore_eos", "min_tokens", "skip_special_tokens",
-                    "include_stop_str_in_output", "spaces_between_special_tokens",
-                    "allowed_token_ids", "bad_words")
+_SAMPLING_FIELDS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "spaces_between_special_tokens",
+    "allowed_token_ids",
+    "bad_words",
+)
 
 # The most logprobs a request may ask for per token when the engine does not say (vLLM's
 # default max_logprobs); a served engine's own cap (--max-logprobs) is ServerState.max_logprobs.
@@ -67,9 +82,13 @@ class RequestChecks:
         lora = getattr(self.state, "lora", None)
         if lora is not None and lora.get(model) is not None:
             return
-        raise APIError(404, f"The model `{model}` does not exist. Served models: "
-                            f"{', '.join(self.state.served_model_names)}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"The model `{model}` does not exist. Served models: "
+            f"{', '.join(self.state.served_model_names)}",
+            param="model",
+            code="model_not_found",
+        )
 
     def truncation(self, req: Any) -> Optional[int]:
         """vLLM's truncate_prompt_tokens: keep the prompt's last k tokens (-1: max_model_len);
@@ -81,16 +100,19 @@ class RequestChecks:
         if k == -1:
             return limit
         if k < 1:
-            raise bad_request(f"truncate_prompt_tokens must be >= 1 or -1, got {k}",
-                              param="truncate_prompt_tokens")
+            raise bad_request(
+                f"truncate_prompt_tokens must be >= 1 or -1, got {k}",
+                param="truncate_prompt_tokens",
+            )
         try:  # the InputProcessor's rule, checked before the text is tokenized
             check_truncation(k, limit)
         except ValueError as exc:
             raise bad_request(str(exc), param="truncate_prompt_tokens") from None
         return k
 
-    def check_supported(self, req: Any, extra: Optional[Dict[str, Callable[[Any], bool]]] = None
-                        ) -> None:
+    def check_supported(
+        self, req: Any, extra: Optional[Dict[str, Callable[[Any], bool]]] = None
+    ) -> None:
         """400 for a field pagedkv does not implement (UNSUPPORTED), set to a value that would
         change the output, rather than an answer that ignores it."""
         for name, harmless in {**UNSUPPORTED, **(extra or {})}.items():
@@ -106,31 +128,40 @@ class RequestChecks:
         self.check_supported(req)
         # Fields pagedkv does not know are ignored; vLLM logs them, so a client can see why a
         # setting had no effect (e.g. OpenAI's `verbosity`, which vLLM does not implement).
-        ignored = sorted(set(req.model_extra or ()) - set(UNSUPPORTED) - set(handled)
-                         - set(STRUCTURED_FIELDS))
+        ignored = sorted(
+            set(req.model_extra or ()) - set(UNSUPPORTED) - set(handled) - set(STRUCTURED_FIELDS)
+        )
         if ignored:
-            logger.warning("The following fields were present in the request but ignored: %s",
-                           ", ".join(ignored))
+            logger.warning(
+                "The following fields were present in the request but ignored: %s",
+                ", ".join(ignored),
+            )
         if req.best_of is not None and req.best_of != req.n:
             # vLLM V1 has no best_of either; best_of == n is plain sampling.
             raise bad_request("best_of is not supported (use n)", param="best_of")
         # A present, non-empty stream_options without stream (vLLM lets {} through).
         so = req.stream_options
         if so is not None and so.model_fields_set and not req.stream:
-            raise bad_request("Stream options can only be defined when `stream=True`.",
-                              param="stream_options")
+            raise bad_request(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
         if req.prompt_logprobs is not None:
             self.check_logprobs(req.prompt_logprobs, "prompt_logprobs")
             if req.stream and req.prompt_logprobs > 0:
-                raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
-                                  param="prompt_logprobs")
+                raise bad_request(
+                    "`prompt_logprobs` are not available when `stream=True`.",
+                    param="prompt_logprobs",
+                )
 
     def check_logprobs(self, value: Optional[int], param: str) -> None:
         """A logprobs count in [0, the engine's --max-logprobs] (400 naming ``param``)."""
         cap = self.state.max_logprobs
         if value is not None and not 0 <= value <= cap:
-            raise bad_request(f"{param} must be in [0, {cap}], got {value} (the server's "
-                              "--max-logprobs sets the cap)", param=param)
+            raise bad_request(
+                f"{param} must be in [0, {cap}], got {value} (the server's "
+                "--max-logprobs sets the cap)",
+                param=param,
+            )
 
     def logit_bias(self, bias: Optional[Dict[str, float]]) -> Optional[Dict[int, float]]:
         """The request's logit_bias as SamplingParams takes it: integer token ids (JSON keys
@@ -143,8 +174,9 @@ class RequestChecks:
             try:
                 ids[int(key)] = min(100.0, max(-100.0, float(value)))
             except ValueError:
-                raise bad_request(f"logit_bias keys must be token ids (integers), got {key!r}",
-                                  param="logit_bias") from None
+                raise bad_request(
+                    f"logit_bias keys must be token ids (integers), got {key!r}", param="logit_bias"
+                ) from None
         return ids  # ids outside the vocabulary: the InputProcessor's 400
 
     def check_ids(self, ids: Sequence[int], param: str) -> None:
@@ -161,8 +193,13 @@ class RequestChecks:
         if n < 1:
             raise bad_request(f"n must be at least 1, got {n}", param="n")
 
-    def max_tokens_for(self, prompt_len: int, requested: Optional[int],
-                       param: str = "max_tokens", prompt_param: str = "prompt") -> int:
+    def max_tokens_for(
+        self,
+        prompt_len: int,
+        requested: Optional[int],
+        param: str = "max_tokens",
+        prompt_param: str = "prompt",
+    ) -> int:
         """vLLM's rule: prompt + completion must fit the context; no max_tokens = the rest.
         ``param`` / ``prompt_param``: the request fields errors name."""
         limit = self.state.max_model_len
@@ -174,12 +211,18 @@ class RequestChecks:
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested {asked} tokens ({prompt_len} in the prompt, {requested or 0} in "
                 "the completion). Please reduce the length of the prompt or completion.",
-                param=param if prompt_len < limit else prompt_param)
+                param=param if prompt_len < limit else prompt_param,
+            )
         return requested if requested is not None else limit - prompt_len
 
-    def sampling_params(self, req: Any, max_tokens: int, logprobs: Optional[int],
-                        prompt_logprobs: Optional[int] = None,
-                        fields: Optional[Dict[str, str]] = None) -> Any:
+    def sampling_params(
+        self,
+        req: Any,
+        max_tokens: int,
+        logprobs: Optional[int],
+        prompt_logprobs: Optional[int] = None,
+        fields: Optional[Dict[str, str]] = None,
+    ) -> Any:
         """SamplingParams of one prompt. ``fields`` maps a SamplingParams argument to the
         request field it came from where the two differ (chat: logprobs <- top_logprobs), so
         that a rejected value's 400 names the field the client sent."""
@@ -187,11 +230,13 @@ class RequestChecks:
 
         # The model's generation_config.json defaults (--generation-config), under what the
         # request sets; its max_new_tokens caps a request that names no length (vLLM's rule).
-        defaults = dict(getattr(getattr(self.engine, "model_config", None),
-                                "generation_defaults", None) or {})
+        defaults = dict(
+            getattr(getattr(self.engine, "model_config", None), "generation_defaults", None) or {}
+        )
         default_max = defaults.pop("max_tokens", None)
-        if default_max is not None and all(getattr(req, f, None) is None
-                                           for f in ("max_tokens", "max_completion_tokens")):
+        if default_max is not None and all(
+            getattr(req, f, None) is None for f in ("max_tokens", "max_completion_tokens")
+        ):
             max_tokens = min(max_tokens, int(default_max))
         kwargs: Dict[str, Any] = {**defaults, "max_tokens": max_tokens}
         for name in _SAMPLING_FIELDS:

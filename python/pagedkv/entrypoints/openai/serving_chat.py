@@ -65,8 +65,11 @@ def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
                 except UnsupportedModalityError as e:
                     raise bad_request(str(e), param=f"messages.{i}.content") from e
                 if part.type != "text" or part.text is None:
-                    raise bad_request(f"messages[{i}].content: only text parts are supported, "
-                                      f"got type {part.type!r}", param=f"messages.{i}.content")
+                    raise bad_request(
+                        f"messages[{i}].content: only text parts are supported, "
+                        f"got type {part.type!r}",
+                        param=f"messages.{i}.content",
+                    )
                 texts.append(part.text)
             content = "\n".join(texts)
         entry: Dict[str, Any] = {"role": m.role, "content": content or ""}
@@ -83,35 +86,50 @@ class OpenAIServingChat(OpenAIServing):
         A template is code the server runs (the sandbox bounds each range, not their nesting:
         two nested loops keep a thread busy for hours)."""
         if template is not None and not self.state.trust_request_chat_template:
-            raise bad_request("Chat template is passed with request, but "
-                              "--trust-request-chat-template is not set. Refused request with "
-                              "untrusted chat template.", param="chat_template")
+            raise bad_request(
+                "Chat template is passed with request, but "
+                "--trust-request-chat-template is not set. Refused request with "
+                "untrusted chat template.",
+                param="chat_template",
+            )
 
     @staticmethod
     def messages_chars(messages: List[ChatMessage]) -> int:
         """Characters of the conversation's text: its rendered prompt has at least as many."""
-        return sum(len(m.content) if isinstance(m.content, str) else
-                   sum(len(p.text or "") for p in m.content or []) for m in messages)
+        return sum(
+            len(m.content)
+            if isinstance(m.content, str)
+            else sum(len(p.text or "") for p in m.content or [])
+            for m in messages
+        )
 
-    def render(self, messages: List[ChatMessage], template: Optional[str],
-               add_generation_prompt: bool = True,
-               template_vars: Optional[Dict[str, Any]] = None,
-               continue_final_message: bool = False) -> str:
+    def render(
+        self,
+        messages: List[ChatMessage],
+        template: Optional[str],
+        add_generation_prompt: bool = True,
+        template_vars: Optional[Dict[str, Any]] = None,
+        continue_final_message: bool = False,
+    ) -> str:
         """The prompt of a conversation. ``template_vars``: request settings the template may
         read (reasoning_effort), given only when set so that a template's own defaults hold."""
         if not messages:
             raise bad_request("messages must not be empty", param="messages")
         try:
             return self.tokenizer.apply_chat_template(
-                message_dicts(messages), chat_template=template or self.state.chat_template,
-                add_generation_prompt=add_generation_prompt, tokenize=False,
+                message_dicts(messages),
+                chat_template=template or self.state.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
                 **({"continue_final_message": True} if continue_final_message else {}),
-                **{k: v for k, v in (template_vars or {}).items() if v is not None})
+                **{k: v for k, v in (template_vars or {}).items() if v is not None},
+            )
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
-            raise bad_request(f"could not apply the chat template: {exc}",
-                              param="messages") from exc
+            raise bad_request(
+                f"could not apply the chat template: {exc}", param="messages"
+            ) from exc
 
     def template_settings(self, req: Any) -> tuple[Optional[str], Dict[str, Any]]:
         """(template, template variables) of a request, as vLLM merges them: chat_template_kwargs
@@ -120,19 +138,28 @@ class OpenAIServingChat(OpenAIServing):
         kwargs = dict(req.chat_template_kwargs or {})
         reserved = sorted(set(kwargs) & set(_RESERVED_TEMPLATE_KWARGS))
         if reserved:
-            raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}",
-                              param="chat_template_kwargs")
+            raise bad_request(
+                f"chat_template_kwargs may not set {', '.join(reserved)}",
+                param="chat_template_kwargs",
+            )
         template = kwargs.pop("chat_template", None) or req.chat_template
         self.check_template(template)
-        req.add_generation_prompt = bool(kwargs.pop("add_generation_prompt",
-                                                    req.add_generation_prompt))
-        req.continue_final_message = bool(kwargs.pop("continue_final_message",
-                                                     req.continue_final_message))
+        req.add_generation_prompt = bool(
+            kwargs.pop("add_generation_prompt", req.add_generation_prompt)
+        )
+        req.continue_final_message = bool(
+            kwargs.pop("continue_final_message", req.continue_final_message)
+        )
         if req.continue_final_message and req.add_generation_prompt:  # vLLM's check and words
-            raise bad_request("Cannot set both `continue_final_message` and "
-                              "`add_generation_prompt` to True.", param="continue_final_message")
-        return template, {"reasoning_effort": getattr(req, "reasoning_effort", None),
-                          "documents": req.documents, **kwargs}
+            raise bad_request(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                param="continue_final_message",
+            )
+        return template, {
+            "reasoning_effort": getattr(req, "reasoning_effort", None),
+            "documents": req.documents,
+            **kwargs,
+        }
 
     def echoed(self, req: ChatCompletionRequest) -> str:
         """vLLM's chat echo: the last message's text when it has the answer's role (the answer
@@ -153,8 +180,9 @@ class OpenAIServingChat(OpenAIServing):
         self.check_supported(req, _CHAT_UNSUPPORTED)
         self.check_logprobs(req.top_logprobs, "top_logprobs")
         if req.top_logprobs and not req.logprobs:  # vLLM's rule and words
-            raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.",
-                              param="top_logprobs")
+            raise bad_request(
+                "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+            )
         # The rendered prompt is at least as long as its messages' text: reject a conversation
         # that cannot fit before rendering and tokenizing it.
         keep_last = self.truncation(req)
@@ -165,9 +193,14 @@ class OpenAIServingChat(OpenAIServing):
         if tools is not None:  # the template shows the tools, whatever the choice
             template_vars["tools"] = [{"type": "function", "function": f} for f in tools.tools]
         # Off the event loop: /health and the streams keep going while a template renders.
-        prompt = await self.in_tokenizer_thread(self.render, req.messages, template,
-                                                req.add_generation_prompt, template_vars,
-                                                req.continue_final_message)
+        prompt = await self.in_tokenizer_thread(
+            self.render,
+            req.messages,
+            template,
+            req.add_generation_prompt,
+            template_vars,
+            req.continue_final_message,
+        )
         # The template already wrote any BOS / special tokens (add_special_tokens: false, as
         # in vLLM, unless the client asks for them).
         ids = await self.encode_async(prompt, req.add_special_tokens, "messages", keep_last)
@@ -179,39 +212,58 @@ class OpenAIServingChat(OpenAIServing):
             length_field, requested = "max_tokens", req.max_tokens
         max_tokens = self.max_tokens_for(len(ids), requested, length_field, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens, logprobs, req.prompt_logprobs,
-                                      fields={"logprobs": "top_logprobs",
-                                              "max_tokens": length_field})
+        params = self.sampling_params(
+            req,
+            max_tokens,
+            logprobs,
+            req.prompt_logprobs,
+            fields={"logprobs": "top_logprobs", "max_tokens": length_field},
+        )
         if tools is not None and tools.calls:
             if params.structured_outputs is not None:
-                raise bad_request("tool_choice required / named cannot be combined with "
-                                  "response_format or structured outputs", param="tool_choice")
+                raise bad_request(
+                    "tool_choice required / named cannot be combined with "
+                    "response_format or structured outputs",
+                    param="tool_choice",
+                )
             params.structured_outputs = tools.constraint()
         request_id, engine_id = self.request_ids(raw, req, "chatcmpl")
         self.log_request(request_id, [len(ids)], params, bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
-        streams = await self.start_all(engine_id, [(ids, prompt, params)], req.priority,
-                                       prompt_param="messages", model=req.model)
+        streams = await self.start_all(
+            engine_id,
+            [(ids, prompt, params)],
+            req.priority,
+            prompt_param="messages",
+            model=req.model,
+        )
         if req.stream:
-            return StreamingResponse(self._stream(req, request_id, streams, timer, ids, tools),
-                                     media_type="text/event-stream")
-        result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer,
-                                                            tools))
+            return StreamingResponse(
+                self._stream(req, request_id, streams, timer, ids, tools),
+                media_type="text/event-stream",
+            )
+        result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer, tools))
         if result is None:
             return Response(status_code=499)
         return JSONResponse(dump(result))
 
-    def _logprobs(self, req: ChatCompletionRequest, token_ids: List[int],
-                  tables: Optional[List[Any]]) -> Optional[ChatLogProbs]:
+    def _logprobs(
+        self, req: ChatCompletionRequest, token_ids: List[int], tables: Optional[List[Any]]
+    ) -> Optional[ChatLogProbs]:
         if not req.logprobs:
             return None
-        items = lp.entries(token_ids, tables or [], self.decode_token,
-                           top_n=req.top_logprobs or 0,
-                           as_ids=bool(req.return_tokens_as_token_ids))
+        items = lp.entries(
+            token_ids,
+            tables or [],
+            self.decode_token,
+            top_n=req.top_logprobs or 0,
+            as_ids=bool(req.return_tokens_as_token_ids),
+        )
         return ChatLogProbs(content=lp.chat_logprobs(items))
 
-    def _message(self, req: ChatCompletionRequest, text: str,
-                 tools: Optional[ToolChoice]) -> ResponseMessage:
+    def _message(
+        self, req: ChatCompletionRequest, text: str, tools: Optional[ToolChoice]
+    ) -> ResponseMessage:
         reasoning = None
         if self.state.reasoning_parser is not None:
             reasoning, rest = REASONING_PARSERS[self.state.reasoning_parser]().split(text)
@@ -219,72 +271,129 @@ class OpenAIServingChat(OpenAIServing):
         if tools is None:
             return ResponseMessage(role=self.role(req), content=text, reasoning_content=reasoning)
         content, calls = tools.answer(text)
-        return ResponseMessage(role=self.role(req), content=content, tool_calls=calls,
-                               reasoning_content=reasoning)
+        return ResponseMessage(
+            role=self.role(req), content=content, tool_calls=calls, reasoning_content=reasoning
+        )
 
-    async def _full(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
-                    timer: RequestTimer, tools: Optional[ToolChoice] = None
-                    ) -> ChatCompletionResponse:
+    async def _full(
+        self,
+        req: ChatCompletionRequest,
+        request_id: str,
+        streams: List[Any],
+        timer: RequestTimer,
+        tools: Optional[ToolChoice] = None,
+    ) -> ChatCompletionResponse:
         try:
             (out,) = await self.finals(streams, timer)
         finally:
             for s in streams:
                 s.close()
         echo = self.echoed(req)
-        choices = [ChatChoice(index=c.index, message=self._message(req, echo + c.text, tools),
-                              logprobs=self._logprobs(req, c.token_ids, c.logprobs),
-                              finish_reason=_finish(tools, c.finish_reason, c.text),
-                              stop_reason=getattr(c, "stop_reason", None),
-                              token_ids=list(c.token_ids) if req.return_token_ids else None)
-                   for c in sorted(out.outputs, key=lambda c: c.index)]
+        choices = [
+            ChatChoice(
+                index=c.index,
+                message=self._message(req, echo + c.text, tools),
+                logprobs=self._logprobs(req, c.token_ids, c.logprobs),
+                finish_reason=_finish(tools, c.finish_reason, c.text),
+                stop_reason=getattr(c, "stop_reason", None),
+                token_ids=list(c.token_ids) if req.return_token_ids else None,
+            )
+            for c in sorted(out.outputs, key=lambda c: c.index)
+        ]
         usage = self.usage([out])
-        timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
-                   usage.prompt_tokens, [out])
+        timer.done(
+            usage.completion_tokens, [c.finish_reason for c in choices], usage.prompt_tokens, [out]
+        )
         return ChatCompletionResponse(
-            id=request_id, model=self.response_model(req.model), choices=choices, usage=usage,
-            prompt_logprobs=lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
-                                               self.decode_token),
-            prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None)
+            id=request_id,
+            model=self.response_model(req.model),
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=lp.prompt_logprobs(
+                getattr(out, "prompt_logprobs", None), self.decode_token
+            ),
+            prompt_token_ids=list(out.prompt_token_ids) if req.return_token_ids else None,
+        )
 
-    def _stream(self, req: ChatCompletionRequest, request_id: str, streams: List[Any],
-                timer: RequestTimer, prompt_ids: List[int],
-                tools: Optional[ToolChoice] = None) -> AsyncIterator[str]:
-        base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.response_model(req.model)}
+    def _stream(
+        self,
+        req: ChatCompletionRequest,
+        request_id: str,
+        streams: List[Any],
+        timer: RequestTimer,
+        prompt_ids: List[int],
+        tools: Optional[ToolChoice] = None,
+    ) -> AsyncIterator[str]:
+        base = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.response_model(req.model),
+        }
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(req.stream_options
-                                             and req.stream_options.continuous_usage_stats)
+        continuous = include_usage and bool(
+            req.stream_options and req.stream_options.continuous_usage_stats
+        )
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
-        bodies = self._chunks(req, base, streams, timer, latest, reasons, continuous,
-                              prompt_ids, tools)
-        return self.sse(request_id, bodies, streams, timer, latest, reasons,
-                        base if include_usage else None)
+        bodies = self._chunks(
+            req, base, streams, timer, latest, reasons, continuous, prompt_ids, tools
+        )
+        return self.sse(
+            request_id, bodies, streams, timer, latest, reasons, base if include_usage else None
+        )
 
-    async def _chunks(self, req: ChatCompletionRequest, base: Dict[str, Any], streams: List[Any],
-                      timer: RequestTimer, latest: List[Any], reasons: List[Optional[str]],
-                      continuous: bool, prompt_ids: List[int],
-                      tools: Optional[ToolChoice] = None) -> AsyncIterator[Dict[str, Any]]:
+    async def _chunks(
+        self,
+        req: ChatCompletionRequest,
+        base: Dict[str, Any],
+        streams: List[Any],
+        timer: RequestTimer,
+        latest: List[Any],
+        reasons: List[Optional[str]],
+        continuous: bool,
+        prompt_ids: List[int],
+        tools: Optional[ToolChoice] = None,
+    ) -> AsyncIterator[Dict[str, Any]]:
         prompt_tokens = len(prompt_ids)
         # The role comes first, in a chunk of its own per choice, as OpenAI sends it; with
         # continuous usage stats it carries the prompt's usage, as vLLM's does.
         for i in range(req.n):
-            body = dict(base, choices=[{"index": i, "delta": {"role": self.role(req),
-                                                              "content": ""},
-                                        "logprobs": None, "finish_reason": None}])
+            body = dict(
+                base,
+                choices=[
+                    {
+                        "index": i,
+                        "delta": {"role": self.role(req), "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            )
             if continuous:
-                body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
-                                          total_tokens=prompt_tokens).model_dump()
+                body["usage"] = UsageInfo(
+                    prompt_tokens=prompt_tokens, total_tokens=prompt_tokens
+                ).model_dump()
             if req.return_token_ids and i == 0:  # vLLM's: with the first chunk
                 body["prompt_token_ids"] = list(prompt_ids)
             yield body
         echo = self.echoed(req)
         for i in range(req.n if echo else 0):  # then the echoed text, as vLLM streams it
-            body = dict(base, choices=[{"index": i, "delta": {"content": echo},
-                                        "logprobs": None, "finish_reason": None}])
+            body = dict(
+                base,
+                choices=[
+                    {
+                        "index": i,
+                        "delta": {"content": echo},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            )
             if continuous:
-                body["usage"] = UsageInfo(prompt_tokens=prompt_tokens,
-                                          total_tokens=prompt_tokens).model_dump()
+                body["usage"] = UsageInfo(
+                    prompt_tokens=prompt_tokens, total_tokens=prompt_tokens
+                ).model_dump()
             yield body
         calls = _StreamedCalls(tools) if tools is not None and tools.mode != "none" else None
         name = self.state.reasoning_parser
@@ -295,16 +404,20 @@ class OpenAIServingChat(OpenAIServing):
             text, thought = d.text, ""
             if thoughts is not None:
                 thought, text = thoughts.delta(d.index, d.text, d.finish_reason is not None)
-            delta: Dict[str, Any] = ({"content": text} if text or (
-                d.finish_reason is None and not thought) else {})
+            delta: Dict[str, Any] = (
+                {"content": text} if text or (d.finish_reason is None and not thought) else {}
+            )
             finish_reason = d.finish_reason
             if calls is not None:
                 delta, finish_reason = calls.delta(d.index, text, d.finish_reason)
             if thought:
                 delta["reasoning_content"] = thought
-            choice = {"index": d.index, "delta": delta,
-                      "logprobs": logprobs.model_dump() if logprobs else None,
-                      "finish_reason": finish_reason}
+            choice = {
+                "index": d.index,
+                "delta": delta,
+                "logprobs": logprobs.model_dump() if logprobs else None,
+                "finish_reason": finish_reason,
+            }
             if req.return_token_ids:
                 choice["token_ids"] = list(d.token_ids)
             if d.finish_reason is not None:
@@ -353,8 +466,9 @@ class _StreamedCalls:
         self.text: Dict[int, str] = {}
         self.sent: Dict[int, int] = {}  # auto: characters already sent as content
 
-    def delta(self, index: int, text: str, finish: Optional[str]
-              ) -> tuple[Dict[str, Any], Optional[str]]:
+    def delta(
+        self, index: int, text: str, finish: Optional[str]
+    ) -> tuple[Dict[str, Any], Optional[str]]:
         """(the chunk's delta, its finish_reason) for new text of choice ``index``."""
         tools = self.tools
         if tools.mode == "named":
@@ -363,8 +477,10 @@ class _StreamedCalls:
                 self.opened.add(index)
                 call.update(id=tool_call_id(), type="function")
                 call["function"]["name"] = tools.name
-            return ({"tool_calls": [call]} if text or len(call) > 2 else {},
-                    tools.finish_reason(finish, True))
+            return (
+                {"tool_calls": [call]} if text or len(call) > 2 else {},
+                tools.finish_reason(finish, True),
+            )
         full = self.text[index] = self.text.get(index, "") + text
         if finish is None:
             if tools.mode == "required":

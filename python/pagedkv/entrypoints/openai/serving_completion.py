@@ -40,24 +40,35 @@ class OpenAIServingCompletion(OpenAIServing):
         # logprobs come back alone. The engine still runs one step (it generates at least one
         # token, which the answer leaves out; usage counts it, as vLLM's does).
         max_tokens = 1 if _echo_only(req) else req.max_tokens
-        jobs = [(ids, text, self.sampling_params(req, self.max_tokens_for(len(ids), max_tokens),
-                                                 req.logprobs, prompt_lp, fields))
-                for ids, text in prompts]
+        jobs = [
+            (
+                ids,
+                text,
+                self.sampling_params(
+                    req, self.max_tokens_for(len(ids), max_tokens), req.logprobs, prompt_lp, fields
+                ),
+            )
+            for ids, text in prompts
+        ]
         request_id, engine_id = self.request_ids(raw, req, "cmpl")
         self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
         streams = await self.start_all(engine_id, jobs, req.priority, model=req.model)
         if req.stream:
-            return StreamingResponse(self._stream(req, request_id, prompts, streams, timer),
-                                     media_type="text/event-stream")
-        result = await cancel_on_disconnect(raw, self._full(req, request_id, prompts, streams,
-                                                            timer))
+            return StreamingResponse(
+                self._stream(req, request_id, prompts, streams, timer),
+                media_type="text/event-stream",
+            )
+        result = await cancel_on_disconnect(
+            raw, self._full(req, request_id, prompts, streams, timer)
+        )
         if result is None:
             return Response(status_code=499)
         return JSONResponse(dump(result))
 
-    async def _prompts(self, prompt: Any, add_special_tokens: bool,
-                       keep_last: Optional[int] = None) -> List[Prompt]:
+    async def _prompts(
+        self, prompt: Any, add_special_tokens: bool, keep_last: Optional[int] = None
+    ) -> List[Prompt]:
         """(token ids, text) of each prompt; ``keep_last``: truncate_prompt_tokens (a truncated
         prompt's text, for echo, is that of the tokens kept)."""
         if isinstance(prompt, str):
@@ -88,15 +99,29 @@ class OpenAIServingCompletion(OpenAIServing):
         k = req.logprobs or 0
         if req.prompt_logprobs is not None and req.prompt_logprobs > k:
             # The engine computed prompt_logprobs alternatives; echo shows logprobs of them.
-            table = [None if pos is None else
-                     {t: v for t, v in pos.items()
-                      if t == tid or (getattr(v, "rank", None) or 0) <= k}
-                     for tid, pos in zip(out.prompt_token_ids, table)]
-        return lp.entries(out.prompt_token_ids, table, self.decode_token,
-                          as_ids=bool(req.return_tokens_as_token_ids))
+            table = [
+                None
+                if pos is None
+                else {
+                    t: v for t, v in pos.items() if t == tid or (getattr(v, "rank", None) or 0) <= k
+                }
+                for tid, pos in zip(out.prompt_token_ids, table)
+            ]
+        return lp.entries(
+            out.prompt_token_ids,
+            table,
+            self.decode_token,
+            as_ids=bool(req.return_tokens_as_token_ids),
+        )
 
-    async def _full(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
-                    streams: List[Any], timer: RequestTimer) -> CompletionResponse:
+    async def _full(
+        self,
+        req: CompletionRequest,
+        request_id: str,
+        prompts: List[Prompt],
+        streams: List[Any],
+        timer: RequestTimer,
+    ) -> CompletionResponse:
         try:
             finals = await self.finals(streams, timer)
         finally:
@@ -105,46 +130,78 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = []
         for i, out in enumerate(finals):
             prefix = self._prompt_text(prompts[i]) if req.echo else ""
-            prompt_logprobs = lp.prompt_logprobs(getattr(out, "prompt_logprobs", None),
-                                                 self.decode_token)
+            prompt_logprobs = lp.prompt_logprobs(
+                getattr(out, "prompt_logprobs", None), self.decode_token
+            )
             for c in out.outputs:
                 generated, tokens = ("", []) if _echo_only(req) else (c.text, c.token_ids)
                 logprobs = None
                 if req.logprobs is not None:
                     items = self._echo_logprobs(req, out) if req.echo else []
-                    items += lp.entries(tokens, c.logprobs or [], self.decode_token,
-                                        as_ids=bool(req.return_tokens_as_token_ids))
+                    items += lp.entries(
+                        tokens,
+                        c.logprobs or [],
+                        self.decode_token,
+                        as_ids=bool(req.return_tokens_as_token_ids),
+                    )
                     logprobs = lp.completion_logprobs(items, 0)
-                choices.append(CompletionChoice(
-                    index=i * req.n + c.index, text=prefix + generated, logprobs=logprobs,
-                    finish_reason=c.finish_reason, stop_reason=getattr(c, "stop_reason", None),
-                    prompt_logprobs=prompt_logprobs,
-                    prompt_token_ids=list(prompts[i][0]) if req.return_token_ids else None,
-                    token_ids=list(tokens) if req.return_token_ids else None))
+                choices.append(
+                    CompletionChoice(
+                        index=i * req.n + c.index,
+                        text=prefix + generated,
+                        logprobs=logprobs,
+                        finish_reason=c.finish_reason,
+                        stop_reason=getattr(c, "stop_reason", None),
+                        prompt_logprobs=prompt_logprobs,
+                        prompt_token_ids=list(prompts[i][0]) if req.return_token_ids else None,
+                        token_ids=list(tokens) if req.return_token_ids else None,
+                    )
+                )
         choices.sort(key=lambda ch: ch.index)
         usage = self.usage(finals)
-        timer.done(usage.completion_tokens, [c.finish_reason for c in choices],
-                   usage.prompt_tokens, finals)
-        return CompletionResponse(id=request_id, model=self.response_model(req.model),
-                                  choices=choices, usage=usage)
+        timer.done(
+            usage.completion_tokens, [c.finish_reason for c in choices], usage.prompt_tokens, finals
+        )
+        return CompletionResponse(
+            id=request_id, model=self.response_model(req.model), choices=choices, usage=usage
+        )
 
-    def _stream(self, req: CompletionRequest, request_id: str, prompts: List[Prompt],
-                streams: List[Any], timer: RequestTimer) -> AsyncIterator[str]:
-        base = {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                "model": self.response_model(req.model)}
+    def _stream(
+        self,
+        req: CompletionRequest,
+        request_id: str,
+        prompts: List[Prompt],
+        streams: List[Any],
+        timer: RequestTimer,
+    ) -> AsyncIterator[str]:
+        base = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.response_model(req.model),
+        }
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(req.stream_options
-                                             and req.stream_options.continuous_usage_stats)
+        continuous = include_usage and bool(
+            req.stream_options and req.stream_options.continuous_usage_stats
+        )
         reasons: List[Optional[str]] = [None] * (len(prompts) * req.n)  # by choice index
         latest: List[Any] = [None] * len(streams)
         bodies = self._chunks(req, base, prompts, streams, timer, latest, reasons, continuous)
-        return self.sse(request_id, bodies, streams, timer, latest, reasons,
-                        base if include_usage else None)
+        return self.sse(
+            request_id, bodies, streams, timer, latest, reasons, base if include_usage else None
+        )
 
-    async def _chunks(self, req: CompletionRequest, base: Dict[str, Any], prompts: List[Prompt],
-                      streams: List[Any], timer: RequestTimer, latest: List[Any],
-                      reasons: List[Optional[str]], continuous: bool
-                      ) -> AsyncIterator[Dict[str, Any]]:
+    async def _chunks(
+        self,
+        req: CompletionRequest,
+        base: Dict[str, Any],
+        prompts: List[Prompt],
+        streams: List[Any],
+        timer: RequestTimer,
+        latest: List[Any],
+        reasons: List[Optional[str]],
+        continuous: bool,
+    ) -> AsyncIterator[Dict[str, Any]]:
         offsets: Dict[int, int] = {}  # text offset of each choice, for logprobs.text_offset
         async for d in self.deltas(streams, req.n, timer):
             latest[d.prompt_index] = d.output
@@ -157,13 +214,20 @@ class OpenAIServingCompletion(OpenAIServing):
                     items = self._echo_logprobs(req, d.output)
             logprobs = None
             if req.logprobs is not None:
-                items += lp.entries(tokens, d.logprobs or [], self.decode_token,
-                                    as_ids=bool(req.return_tokens_as_token_ids))
+                items += lp.entries(
+                    tokens,
+                    d.logprobs or [],
+                    self.decode_token,
+                    as_ids=bool(req.return_tokens_as_token_ids),
+                )
                 logprobs = lp.completion_logprobs(items, offsets.get(d.index, 0))
             offsets[d.index] = offsets.get(d.index, 0) + len(text)
-            choice = {"index": d.index, "text": text,
-                      "logprobs": logprobs.model_dump() if logprobs else None,
-                      "finish_reason": d.finish_reason}
+            choice = {
+                "index": d.index,
+                "text": text,
+                "logprobs": logprobs.model_dump() if logprobs else None,
+                "finish_reason": d.finish_reason,
+            }
             if req.return_token_ids:  # vLLM's: the prompt's ids with a choice's first chunk
                 if d.first:
                     choice["prompt_token_ids"] = list(prompts[d.prompt_index][0])

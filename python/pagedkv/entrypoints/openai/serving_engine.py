@@ -36,9 +36,9 @@ logger = logging.getLogger("pagedkv.server")
 class ServerState:
     """Everything a handler needs, built once per app."""
 
-    engine: Any                      # AsyncLLMEngine
-    served_model_names: List[str]    # the first one is reported in responses
-    model_aliases: List[str]         # other names accepted in requests (model path, ...)
+    engine: Any  # AsyncLLMEngine
+    served_model_names: List[str]  # the first one is reported in responses
+    model_aliases: List[str]  # other names accepted in requests (model path, ...)
     max_model_len: int
     chat_template: Optional[str]
     metrics: ServerMetrics
@@ -73,17 +73,25 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
         given = header or getattr(req, "request_id", None)
         if given:
             try:  # logged and echoed in a header: no control characters (log forging, CR/LF)
-                check_request_id(given, "X-Request-Id" if header else "request_id",
-                                 MAX_CLIENT_REQUEST_ID_CHARS)
+                check_request_id(
+                    given, "X-Request-Id" if header else "request_id", MAX_CLIENT_REQUEST_ID_CHARS
+                )
             except ValueError as exc:
                 raise bad_request(str(exc), param=None if header else "request_id") from None
         rid = f"{prefix}-{given}" if given else random_id(prefix)
         raw.state.request_id = rid  # for --enable-request-id-headers (api_server.py)
         return rid, f"{rid}-{uuid.uuid4().hex[:8]}" if given else rid
 
-    async def start(self, request_id: str, ids: List[int], prompt: Optional[str], params: Any,
-                    priority: int = 0, prompt_param: str = "prompt",
-                    model: Optional[str] = None) -> Any:
+    async def start(
+        self,
+        request_id: str,
+        ids: List[int],
+        prompt: Optional[str],
+        params: Any,
+        priority: int = 0,
+        prompt_param: str = "prompt",
+        model: Optional[str] = None,
+    ) -> Any:
         """Checks the request (the engine's InputProcessor, with this server's limits) in the
         tokenizer thread, where its bad words are tokenized too, then hands it to the engine
         loop, which only adds it. A ValueError of either (a TypeError of the checks) is the
@@ -92,17 +100,26 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
         processor = getattr(self.engine, "input_processor", None)
         if processor is not None:
             try:
-                prompt = await self.in_tokenizer_thread(functools.partial(
-                    processor.process, request_id, prompt, params, prompt_token_ids=ids,
-                    priority=priority, limits=self.state.limits))
+                prompt = await self.in_tokenizer_thread(
+                    functools.partial(
+                        processor.process,
+                        request_id,
+                        prompt,
+                        params,
+                        prompt_token_ids=ids,
+                        priority=priority,
+                        limits=self.state.limits,
+                    )
+                )
             except (ValueError, TypeError) as exc:
                 raise self._as_400(exc, prompt_param) from exc
             ids = None  # type: ignore[assignment]
         try:
             lora = self.state.lora.get(model) if self.state.lora is not None else None
             kw = {"lora_request": lora} if lora is not None else {}
-            return await self.engine.add_request(request_id, prompt, params,
-                                                 prompt_token_ids=ids, priority=priority, **kw)
+            return await self.engine.add_request(
+                request_id, prompt, params, prompt_token_ids=ids, priority=priority, **kw
+            )
         except ValueError as exc:
             raise self._as_400(exc, prompt_param) from exc
 
@@ -110,16 +127,24 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
         """The model a response names: the LoRA adapter the request named (vLLM), else the
         first served name."""
         lora = self.state.lora
-        return model if model and lora is not None and lora.get(model) is not None \
+        return (
+            model
+            if model and lora is not None and lora.get(model) is not None
             else self.state.model_name
+        )
 
     @staticmethod
     def _as_400(exc: Exception, prompt_param: str) -> APIError:
         """The InputProcessor's / engine's error as a 400 naming the request field its
         message starts with."""
-        names = {"prompt": prompt_param, "prompt_token_ids": prompt_param,
-                 "max_tokens": "max_tokens", "priority": "priority",
-                 "logit_bias": "logit_bias", **{f: f for f in _SAMPLING_FIELDS}}
+        names = {
+            "prompt": prompt_param,
+            "prompt_token_ids": prompt_param,
+            "max_tokens": "max_tokens",
+            "priority": "priority",
+            "logit_bias": "logit_bias",
+            **{f: f for f in _SAMPLING_FIELDS},
+        }
         param = field_named_in(str(exc), names)
         if param is None and "priority" in str(exc).lower():
             param = "priority"  # vLLM: "Got priority 5 but Priority scheduling is not ..."
@@ -127,24 +152,37 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
             param = "logprobs"  # "Requested sample logprobs of 25, which is greater ..."
         return bad_request(str(exc), param=param)
 
-    async def start_all(self, base_id: str, prompts: List[tuple], priority: int = 0,
-                        prompt_param: str = "prompt", model: Optional[str] = None) -> List[Any]:
+    async def start_all(
+        self,
+        base_id: str,
+        prompts: List[tuple],
+        priority: int = 0,
+        prompt_param: str = "prompt",
+        model: Optional[str] = None,
+    ) -> List[Any]:
         """Adds every (ids, text, params) prompt; on any rejection aborts those already added."""
         streams: List[Any] = []
         try:
             for i, (ids, text, params) in enumerate(prompts):
                 rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-                streams.append(await self.start(rid, ids, text, params, priority, prompt_param,
-                                                model))
+                streams.append(
+                    await self.start(rid, ids, text, params, priority, prompt_param, model)
+                )
         except BaseException:
             for s in streams:
                 s.close()
             raise
         return streams
 
-    def log_request(self, request_id: str, prompt_lens: Sequence[int], params: Any,
-                    stream: bool) -> None:
-        logger.info("request %s: prompt_tokens=%s n=%s max_tokens=%s temperature=%s stream=%s",
-                    request_id, list(prompt_lens), getattr(params, "n", 1),
-                    getattr(params, "max_tokens", None), getattr(params, "temperature", None),
-                    stream)
+    def log_request(
+        self, request_id: str, prompt_lens: Sequence[int], params: Any, stream: bool
+    ) -> None:
+        logger.info(
+            "request %s: prompt_tokens=%s n=%s max_tokens=%s temperature=%s stream=%s",
+            request_id,
+            list(prompt_lens),
+            getattr(params, "n", 1),
+            getattr(params, "max_tokens", None),
+            getattr(params, "temperature", None),
+            stream,
+        )

@@ -44,23 +44,29 @@ class TokenizerWork:
                 f"{param} is {text_len} characters long, more than can fit this model's "
                 f"maximum context length of {self.state.max_model_len} tokens (at most "
                 f"{self.max_chars} characters). Please reduce the length of the {param}.",
-                param=param)
+                param=param,
+            )
 
-    async def encode_async(self, text: str, add_special_tokens: bool = True,
-                           param: Optional[str] = "prompt",
-                           keep_last: Optional[int] = None) -> List[int]:
+    async def encode_async(
+        self,
+        text: str,
+        add_special_tokens: bool = True,
+        param: Optional[str] = "prompt",
+        keep_last: Optional[int] = None,
+    ) -> List[int]:
         """``encode`` in the tokenizer thread. With ``param``, a text that cannot fit the
         context is first rejected by its length (400 naming ``param``); /tokenize passes None
         (it may count any text) and runs in a thread of its own. ``keep_last``: vLLM's
         truncate_prompt_tokens, the last tokens only (of a text cut first to the characters
         they can span, with a margin, so that a huge text is not tokenized whole)."""
         if keep_last is not None:
-            text = text[-(keep_last + 16) * self.token_chars:]
+            text = text[-(keep_last + 16) * self.token_chars :]
         elif param is not None:
             self.check_length(len(text), param)
         executor = self._executor if param is not None else self._count_executor
         ids = await asyncio.get_running_loop().run_in_executor(
-            executor, self.encode, text, add_special_tokens)
+            executor, self.encode, text, add_special_tokens
+        )
         return ids[-keep_last:] if keep_last is not None else ids
 
     async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:

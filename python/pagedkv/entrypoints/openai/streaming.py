@@ -19,8 +19,7 @@ T = TypeVar("T")
 
 
 class ResponseStreams:
-    async def deltas(self, streams: List[Any], n: int, timer: RequestTimer
-                     ) -> AsyncIterator[Delta]:
+    async def deltas(self, streams: List[Any], n: int, timer: RequestTimer) -> AsyncIterator[Delta]:
         """New text / tokens of every choice, as they arrive, across all prompts' streams.
 
         Choice ``c`` of prompt ``i`` is response choice ``i * n + c``. A choice yields nothing
@@ -40,9 +39,17 @@ class ResponseStreams:
                 if len(c.text) <= st and finish is None:
                     continue
                 lps = getattr(c, "logprobs", None)
-                delta = Delta(i, idx, c.text[st:], list(c.token_ids[sk:]),
-                              list(lps[sk:]) if lps is not None else None, finish,
-                              getattr(c, "stop_reason", None), idx not in sent_text, out)
+                delta = Delta(
+                    i,
+                    idx,
+                    c.text[st:],
+                    list(c.token_ids[sk:]),
+                    list(lps[sk:]) if lps is not None else None,
+                    finish,
+                    getattr(c, "stop_reason", None),
+                    idx not in sent_text,
+                    out,
+                )
                 sent_text[idx], sent_tokens[idx] = len(c.text), len(c.token_ids)
                 if delta.token_ids:
                     timer.token(idx)
@@ -61,10 +68,16 @@ class ResponseStreams:
             results.append(out)
         return results
 
-    async def sse(self, request_id: str, bodies: AsyncIterator[Dict[str, Any]],
-                  streams: List[Any], timer: RequestTimer, latest: List[Any],
-                  reasons: List[Optional[str]], usage_chunk: Optional[Dict[str, Any]]
-                  ) -> AsyncIterator[str]:
+    async def sse(
+        self,
+        request_id: str,
+        bodies: AsyncIterator[Dict[str, Any]],
+        streams: List[Any],
+        timer: RequestTimer,
+        latest: List[Any],
+        reasons: List[Optional[str]],
+        usage_chunk: Optional[Dict[str, Any]],
+    ) -> AsyncIterator[str]:
         """Server-sent events of one streamed request: each chunk body, then the usage chunk
         (when the client asked for it) and [DONE]. A client that goes away aborts the request
         (its streams close, the engine frees its blocks); an engine error after the headers are
@@ -92,21 +105,22 @@ class ResponseStreams:
     def usage(self, outputs: Sequence[Any]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids or ()) for o in outputs if o is not None)
         completion = sum(len(c.token_ids) for o in outputs if o is not None for c in o.outputs)
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                         total_tokens=prompt + completion)
+        return UsageInfo(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
 
 
 @dataclass
 class Delta:
     prompt_index: int
-    index: int                       # choice index in the response
-    text: str                        # new text since the previous delta of this choice
-    token_ids: List[int]             # new tokens
-    logprobs: Optional[List[Any]]    # their logprob tables
+    index: int  # choice index in the response
+    text: str  # new text since the previous delta of this choice
+    token_ids: List[int]  # new tokens
+    logprobs: Optional[List[Any]]  # their logprob tables
     finish_reason: Optional[str]
     stop_reason: Any
-    first: bool                      # the first delta of this choice
-    output: Any                      # the cumulative RequestOutput it came from
+    first: bool  # the first delta of this choice
+    output: Any  # the cumulative RequestOutput it came from
 
 
 async def _merged(streams: List[Any]) -> AsyncIterator[tuple[int, Any]]:

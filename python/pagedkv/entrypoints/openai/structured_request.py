@@ -12,26 +12,37 @@ from pagedkv.engine.structured_output import StructuredOutputsParams
 from pagedkv.entrypoints.openai.errors import bad_request
 
 # vLLM's guided_* request fields -> the StructuredOutputsParams field each sets.
-_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-           "guided_grammar": "grammar"}
+_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 # Request fields that are part of this concept (request_checks leaves them to this module).
 FIELDS = ("response_format", "structured_outputs", *_GUIDED)
 
 
 def structured_outputs_of(req: Any) -> Optional[StructuredOutputsParams]:
     """The constraint the request sets, or None (no field, or response_format text)."""
-    found = [spec for spec in (_from_response_format(req), _from_structured(req),
-                               *_from_guided(req)) if spec is not None]
+    found = [
+        spec
+        for spec in (_from_response_format(req), _from_structured(req), *_from_guided(req))
+        if spec is not None
+    ]
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
-        raise bad_request(f"set at most one of response_format, structured_outputs and the "
-                          f"guided_* fields (got {names})", param=found[1][0])
+        raise bad_request(
+            f"set at most one of response_format, structured_outputs and the "
+            f"guided_* fields (got {names})",
+            param=found[1][0],
+        )
     if not found:
         return None
     name, kwargs = found[0]
     if getattr(req, "guided_whitespace_pattern", None) is not None:
-        raise bad_request("guided_whitespace_pattern is not supported",
-                          param="guided_whitespace_pattern")
+        raise bad_request(
+            "guided_whitespace_pattern is not supported", param="guided_whitespace_pattern"
+        )
     try:
         return StructuredOutputsParams(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -45,10 +56,11 @@ def _from_response_format(req: Any) -> Found:
     fmt = getattr(req, "response_format", None)
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object",
-                                                            "json_schema"):
-        raise bad_request("response_format must be {'type': 'text' | 'json_object' | "
-                          "'json_schema', ...}", param="response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request(
+            "response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
+            param="response_format",
+        )
     kind = fmt["type"]
     if kind == "text":
         return None
@@ -56,8 +68,10 @@ def _from_response_format(req: Any) -> Found:
         return "response_format", {"json_object": True}
     spec = fmt.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-        raise bad_request("response_format json_schema needs a json_schema object with a "
-                          "'schema' object", param="response_format")
+        raise bad_request(
+            "response_format json_schema needs a json_schema object with a 'schema' object",
+            param="response_format",
+        )
     # OpenAI's json_schema without a schema: any JSON object.
     schema = spec.get("schema")
     return "response_format", ({"json": schema} if schema is not None else {"json_object": True})
@@ -72,8 +86,10 @@ def _from_structured(req: Any) -> Found:
     known = set(StructuredOutputsParams.__dataclass_fields__)
     unknown = sorted(set(value) - known)
     if unknown:
-        raise bad_request(f"structured_outputs has unknown fields: {', '.join(unknown)}",
-                          param="structured_outputs")
+        raise bad_request(
+            f"structured_outputs has unknown fields: {', '.join(unknown)}",
+            param="structured_outputs",
+        )
     return "structured_outputs", dict(value)
 
 

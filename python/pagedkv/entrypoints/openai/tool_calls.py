@@ -49,12 +49,20 @@ class ToolChoice:
             return StructuredOutputsParams(json=self._parameters(self.name or ""))
         if self.mode != "required":
             return None
-        each = [{"type": "object",
-                 "properties": {"name": {"type": "string", "enum": [f["name"]]},
-                                "parameters": f.get("parameters") or _NO_PARAMETERS},
-                 "required": ["name", "parameters"]} for f in self.tools]
-        return StructuredOutputsParams(json={"type": "array", "minItems": 1,
-                                             "items": {"anyOf": each}})
+        each = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "enum": [f["name"]]},
+                    "parameters": f.get("parameters") or _NO_PARAMETERS,
+                },
+                "required": ["name", "parameters"],
+            }
+            for f in self.tools
+        ]
+        return StructuredOutputsParams(
+            json={"type": "array", "minItems": 1, "items": {"anyOf": each}}
+        )
 
     def _parameters(self, name: str) -> Dict[str, Any]:
         fn = next(f for f in self.tools if f["name"] == name)
@@ -69,8 +77,11 @@ class ToolChoice:
             items = json.loads(text)
         except ValueError:
             return []
-        return [_call(i["name"], json.dumps(i["parameters"], ensure_ascii=False))
-                for i in items if isinstance(i, dict) and "name" in i]
+        return [
+            _call(i["name"], json.dumps(i["parameters"], ensure_ascii=False))
+            for i in items
+            if isinstance(i, dict) and "name" in i
+        ]
 
     def answer(self, text: str) -> Tuple[Optional[str], List[Dict[str, Any]]]:
         """(content, tool calls) of a finished answer."""
@@ -90,8 +101,11 @@ class ToolChoice:
 
 
 def _call(name: str, arguments: str) -> Dict[str, Any]:
-    return {"id": tool_call_id(), "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": tool_call_id(),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def tool_choice_of(req: Any, parser: Optional[str] = None) -> Optional[ToolChoice]:
@@ -109,32 +123,51 @@ def tool_choice_of(req: Any, parser: Optional[str] = None) -> Optional[ToolChoic
         return ToolChoice(functions, "required")
     if choice is None or choice == "auto":  # OpenAI's default when tools are given
         if parser is None:
-            raise bad_request('tool_choice "auto" (the default when tools are given) needs the '
-                              'server started with --enable-auto-tool-choice and '
-                              '--tool-call-parser; or set tool_choice to "none", "required" or '
-                              'a named function', param="tool_choice")
+            raise bad_request(
+                'tool_choice "auto" (the default when tools are given) needs the '
+                "server started with --enable-auto-tool-choice and "
+                '--tool-call-parser; or set tool_choice to "none", "required" or '
+                "a named function",
+                param="tool_choice",
+            )
         return ToolChoice(functions, "auto", parser=TOOL_PARSERS[parser]())
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
-            choice.get("function"), dict):
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+    ):
         name = choice["function"].get("name")
         if name not in {f["name"] for f in functions}:
-            raise bad_request(f"tool_choice names function {name!r}, which is not in tools",
-                              param="tool_choice")
+            raise bad_request(
+                f"tool_choice names function {name!r}, which is not in tools", param="tool_choice"
+            )
         return ToolChoice(functions, "named", name)
-    raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", '
-                      '"function": {"name": ...}}', param="tool_choice")
+    raise bad_request(
+        'tool_choice must be "none", "auto", "required" or {"type": "function", '
+        '"function": {"name": ...}}',
+        param="tool_choice",
+    )
 
 
 def _function(i: int, tool: Any) -> Dict[str, Any]:
     fn = tool.get("function") if isinstance(tool, dict) else None
-    if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(fn, dict)
-            and isinstance(fn.get("name"), str) and fn["name"]):
-        raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': "
-                          "..., 'parameters': {...}}}}", param=f"tools.{i}")
+    if not (
+        isinstance(tool, dict)
+        and tool.get("type") == "function"
+        and isinstance(fn, dict)
+        and isinstance(fn.get("name"), str)
+        and fn["name"]
+    ):
+        raise bad_request(
+            f"tools[{i}] must be {{'type': 'function', 'function': {{'name': "
+            "..., 'parameters': {...}}}}",
+            param=f"tools.{i}",
+        )
     params = fn.get("parameters")
     if params is not None and not isinstance(params, dict):
-        raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object",
-                          param=f"tools.{i}")
+        raise bad_request(
+            f"tools[{i}].function.parameters must be a JSON schema object", param=f"tools.{i}"
+        )
     return fn
 
 

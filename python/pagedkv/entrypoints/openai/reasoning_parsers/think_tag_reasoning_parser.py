@@ -30,15 +30,15 @@ class ThinkTagReasoningParser:
         opened = self.open_by_default
         stripped = body.lstrip()
         if stripped.startswith(START):
-            body, opened = stripped[len(START):], True
+            body, opened = stripped[len(START) :], True
         elif not final and START.startswith(stripped):
             return None, None  # maybe the start of <think>
         if not opened:
             return None, text
         end = body.find(END)
         if end >= 0:
-            return body[:end], body[end + len(END):] or None
+            return body[:end], body[end + len(END) :] or None
         if final and not self.open_by_default:
             return None, text  # Qwen3: an unclosed <think> is not reasoning
         hold = 0 if final else _partial_suffix(body, END)
-        return body[:len(body) - hold], None
+        return body[: len(body) - hold], None

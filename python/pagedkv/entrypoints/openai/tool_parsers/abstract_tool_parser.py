@@ -17,10 +17,12 @@ class ExtractedToolCalls:
 
 def tool_call(name: str, arguments: Any) -> Dict[str, Any]:
     """One OpenAI tool call; ``arguments`` as the model wrote them (a dict becomes JSON)."""
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments,
-                                                                   ensure_ascii=False)
-    return {"id": "chatcmpl-tool-" + secrets.token_hex(16), "type": "function",
-            "function": {"name": name, "arguments": args}}
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": "chatcmpl-tool-" + secrets.token_hex(16),
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    }
 
 
 class ToolParser:

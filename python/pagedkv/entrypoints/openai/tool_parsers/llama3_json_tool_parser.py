@@ -24,12 +24,14 @@ class Llama3JsonToolParser(ToolParser):
 
     def extract(self, text: str) -> ExtractedToolCalls:
         start = text.find(_TAG)
-        body = text[start + len(_TAG):] if start >= 0 else text
+        body = text[start + len(_TAG) :] if start >= 0 else text
         if start < 0 and not body.lstrip().startswith("{"):
             return ExtractedToolCalls(text)
         try:
-            calls = [tool_call(c["name"], c.get("parameters", c.get("arguments", {})))
-                     for c in json_objects(body)]
+            calls = [
+                tool_call(c["name"], c.get("parameters", c.get("arguments", {})))
+                for c in json_objects(body)
+            ]
         except (ValueError, KeyError, TypeError):
             return ExtractedToolCalls(text)
         return ExtractedToolCalls(text[:start] or None if start > 0 else None, calls)
