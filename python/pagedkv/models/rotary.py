@@ -147,6 +147,9 @@ class RotaryEmbedding(nn.Module):
         self._table: Optional[torch.Tensor] = None
         self._table_covers = 0
         self._cache: Optional[torch.Tensor] = None
+        # Tables replaced by larger ones stay alive: a CUDA graph captured by an engine sharing
+        # this model reads the table it was captured with (freed, its memory would be reused).
+        self._retired: list[torch.Tensor] = []
         self._cache_covers = 0
 
     def _dynamic_inv_freq(self, seq_len: int) -> torch.Tensor:
@@ -179,6 +182,8 @@ class RotaryEmbedding(nn.Module):
         table = self._table
         if table is None or self._table_covers < length or table.device != device:
             table, self._table_covers = self._build_table(length)
+            if self._table is not None:
+                self._retired.append(self._table)
             self._table = table = table.to(device)
         return table
 
@@ -211,6 +216,9 @@ class RotaryEmbedding(nn.Module):
         """Builds the tables for positions below ``length`` now: the engine's max_model_len may
         pass max_position (rope scaling stretches the context), and on a GPU positions are not
         checked per step (nor may a captured CUDA graph grow a table)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # as tensors report it: "cuda:0"
+            device = torch.device("cuda", torch.cuda.current_device())
         self._cos_sin_table(length, device)
         if dtype in _FUSED_DTYPES:
             self._op_cache(length, dtype, device)
@@ -229,6 +237,8 @@ class RotaryEmbedding(nn.Module):
             # Built on the host, so the device keeps only this table (a float32 one of
             # Llama 3's 131072 positions would hold another 64 MB).
             table, self._cache_covers = self._build_table(length)
+            if self._cache is not None:
+                self._retired.append(self._cache)
             self._cache = cache = table.flatten(1).to(dtype).contiguous().to(device)
         return cache
 
