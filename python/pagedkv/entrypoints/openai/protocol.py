@@ -163,8 +163,8 @@ class ChatCompletionRequest(_SamplingFields):
     echo: Optional[bool] = False
     # vLLM's default for chat: the template writes the special tokens itself.
     add_special_tokens: bool = False
-    tools: Optional[Any] = None
-    tool_choice: Optional[Any] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
     # Tool calls are made in one answer (tool_calls.py): accepted and without effect, as in
     # vLLM.
     parallel_tool_calls: Optional[bool] = None
