@@ -23,6 +23,9 @@ from support.server import RemoteServer, small_server  # noqa: E402
 
 MODEL = "tiny"
 NUM_STREAMS = 32
+# Long enough to outlast the 2 s drain on any machine (an idle one decodes 200 tokens of this
+# model in under 2 s: such a test passed only on a busy machine).
+LONG_TOKENS = 3000
 
 
 def _stream(url: str, i: int, out: Dict[int, Any], first_chunk: threading.Event) -> None:
@@ -31,7 +34,7 @@ def _stream(url: str, i: int, out: Dict[int, Any], first_chunk: threading.Event)
     body = {
         "model": MODEL,
         "prompt": f"request {i}: once upon a time",
-        "max_tokens": 6 if i % 2 else 200,
+        "max_tokens": 6 if i % 2 else LONG_TOKENS,
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
@@ -65,12 +68,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
+        max_position_embeddings=4096,
     )
     srv = small_server(
         tmp_path_factory,
         "server_drain",
         model=MODEL,
         max_num_seqs=32,
+        max_model_len=4096,
         kv_cache_space=0.05,
         extra_args=["--model", model_dir, "--shutdown-timeout", "2"],
     )
@@ -125,7 +130,7 @@ def test_sigterm_drains_streams_refuses_new_work_and_exits_0(server: RemoteServe
             completed += 1
     assert completed + cut == NUM_STREAMS
     assert completed >= NUM_STREAMS // 2, "6-token requests finish inside the drain"
-    assert cut > 0, "200-token requests outlast a 2 s drain: some streams must be cut"
+    assert cut > 0, "3000-token requests outlast a 2 s drain: some streams must be cut"
 
     log = Path(server.log_path).read_text()
     m = re.search(
