@@ -307,7 +307,7 @@ class LLMEngine:
             hidden = self.runner.execute(plan)
         work = StepSampling(self, plan, entries)
         sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
-        finished_ids = set(self.scheduler.update(plan, sampled))
+        finished_ids = {f.request_id for f in self.scheduler.update(plan, sampled)}
         self._plan_applied = True
         logprobs, forks = work.logprobs, work.forks
         # Only requests with something to report: streaming ones, and those whose sample
@@ -348,7 +348,7 @@ class LLMEngine:
             if req.would_finish(1, tok):
                 done = True  # finishes on its first token: it never needs blocks of its own
             else:
-                done = bool(self.scheduler.fork(parent.sched_id, seq.sched_id, tok))
+                done = self.scheduler.fork(parent.sched_id, seq.sched_id, tok) is not None
             if not done:
                 self.seq_owner[seq.sched_id] = (req, seq)
             self._accept_token(req, seq, tok, work.logprobs.get(id(seq)), done, now)
