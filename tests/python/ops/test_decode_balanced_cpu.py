@@ -182,3 +182,56 @@ def test_balanced_refuses_bad_plans_and_kernels() -> None:
         ops.plan_balanced_decode(
             np.array(lens, np.int32), np.zeros((1, 3), np.int32), np.zeros(3, np.int32), 4
         )
+
+
+def test_forward_decode_schedules_and_reusable_plan() -> None:
+    """PagedAttention.forward_decode(schedule="balanced") and a BalancedDecode refilled for two
+    batches agree with the partition split and the reference; a bad schedule is refused."""
+    from pagedkv import PagedAttention
+    from pagedkv.balanced_decode import BalancedDecode, prefers_balanced
+
+    rng = np.random.default_rng(11)
+    kvh, group, d, bs = 2, 4, 64, 16
+    lens = [900, 20, 301, 1]
+    kv = make_paged_kv(rng, "torch", "float32", "nhd", "auto", lens, bs, kvh, d)
+    query, q64 = rand_array(rng, (4, kvh * group, d), "torch", "float32")
+    sl = torch.tensor(lens, dtype=torch.int32)
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, sl, max(lens), "auto", kvh)
+    rest = (0.125, None, 1.0, 1.0)
+    want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array(lens), 0.125)
+    got = {
+        s: PagedAttention.forward_decode(*args, *rest, schedule=s)
+        for s in ("partition", "balanced")
+    }
+    for s, out in got.items():
+        assert ref.rel_error(to_np(out), want) < 2e-6, s
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        PagedAttention.forward_decode(*args, *rest, schedule="fast")
+
+    plan = BalancedDecode(
+        max_seqs=6, num_heads=kvh * group, head_size=d, target_items=6, device="cpu"
+    )
+    for batch in ([0, 1, 2, 3], [2, 0]):
+        sub = [lens[i] for i in batch]
+        used = plan.fill(sub)
+        assert used >= len(sub) and plan.longest_piece() < max(sub)
+        out = torch.full((len(batch), kvh * group, d), float("nan"))
+        plan.run(
+            out,
+            query[batch],
+            kv.key_cache,
+            kv.value_cache,
+            kvh,
+            0.125,
+            kv.block_tables[batch],
+            torch.tensor(sub, dtype=torch.int32),
+            max(sub),
+        )
+        want_b = ref.decode(
+            q64[batch], kv.k_dense, kv.v_dense, kv.block_tables_np[batch], np.array(sub), 0.125
+        )
+        assert ref.rel_error(to_np(out), want_b) < 2e-6, batch
+    # The auto rule: a plan that halves the longest CTA wins, one that does not loses.
+    items = np.array([[0, 0, 100], [0, 100, 200], [1, 0, 50]], np.int32)
+    assert prefers_balanced([200, 50], 0, items, 3)
+    assert not prefers_balanced([200, 50], 128, items, 3)
