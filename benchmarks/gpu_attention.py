@@ -1,7 +1,10 @@
 """GPU paged attention vs contiguous torch SDPA (cuDNN / FlashAttention backends), gather + SDPA
 and the card's copy bandwidth. One run prints one table.
 
-    python benchmarks/gpu_attention.py [--quick]
+    python benchmarks/gpu_attention.py [--quick] [--skewed | --skewed-only]
+
+--skewed adds decode batches of Zipf-skewed lengths (the work-balanced decode against the
+split-K and FlashAttention-2 varlen).
 
 Decode, causal prefill, extend (new tokens over a cached prefix: chunked prefill, prefix reuse)
 and reshape_and_cache.
@@ -19,6 +22,7 @@ import contextlib
 import inspect
 import math
 import os
+import random
 import statistics
 from typing import Callable, Iterator, Optional
 
@@ -238,6 +242,131 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
     return res
 
 
+# Skewed batches: lengths L_i ~ 1 / i^s scaled to a mean of SKEW_MEAN, shuffled (s = 0: uniform).
+SKEW_BATCHES = [16, 64, 128, 256]
+SKEW_EXPONENTS = [0.0, 1.0, 1.5]
+SKEW_MEAN = 1024
+
+
+def zipf_lengths(b: int, s: float, mean: int = SKEW_MEAN, seed: int = 0) -> list[int]:
+    w = [1.0 / (i + 1) ** s for i in range(b)]
+    total = sum(w)
+    lens = [max(1, round(x / total * mean * b)) for x in w]
+    random.Random(seed).shuffle(lens)
+    return lens
+
+
+def _skew_cache(lens: list[int]) -> tuple:
+    """One NHD cache holding every sequence's blocks, randomly permuted; tables padded with 0."""
+    need = [math.ceil(n / BS) for n in lens]
+    nb = sum(need)
+    kc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    vc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    perm = torch.randperm(nb, device="cuda", dtype=torch.int32)
+    bt = torch.zeros(len(lens), max(need), dtype=torch.int32, device="cuda")
+    pos = 0
+    for i, n in enumerate(need):
+        bt[i, :n] = perm[pos : pos + n]
+        pos += n
+    return kc, vc, bt
+
+
+def bench_skewed(b: int, s: float, sms: int) -> dict:
+    """One skewed batch: ours on the library's choice (forward_decode's "auto" rule with the host
+    lengths), the previous split-K (partition rule) alone, the balanced plan at one and two waves
+    of work items, FA2 varlen on the same keys packed contiguously; max |ours - FA2|."""
+    from pagedkv.balanced_decode import BalancedDecode, prefers_balanced
+
+    lens = zipf_lengths(b, s)
+    max_len, total = max(lens), sum(lens)
+    kv_bytes = 2 * total * HKV * D * 2
+    n_sets = max(1, min(8, ROTATE_BYTES // kv_bytes))
+    caches = [_skew_cache(lens) for _ in range(n_sets)]
+    q = torch.randn(b, HQ, D, dtype=DTYPE, device="cuda")
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    ps = decode_partition(b, max_len, sms)
+    parts = math.ceil(max_len / ps) if ps else 1
+    es = torch.empty(b, HQ, parts, device="cuda")
+    ml, tmp = torch.empty_like(es), torch.empty(b, HQ, parts, D, device="cuda")
+
+    def split(kc, vc, bt):
+        args = (q, kc, vc, HKV, D**-0.5, bt, sl, BS, max_len, None, "auto", 1.0, 1.0)
+        if ps:
+            return lambda: ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=ps)
+        return lambda: ops.paged_attention_v1(out, *args)
+
+    target = ops.balanced_decode_target(q, caches[0][0], caches[0][1], HKV)
+    plans = {}
+    for waves in (1, 2):
+        plan = BalancedDecode(b, HQ, D, target * waves, "cuda")
+        plan.fill(lens)
+        plans[waves] = plan
+
+    def balanced(plan):
+        def make(kc, vc, bt):
+            return lambda: plan.run(out, q, kc, vc, HKV, D**-0.5, bt, sl, max_len)
+
+        return [make(*c) for c in caches]
+
+    res = {"bytes": kv_bytes, "ps": ps, "pieces": plans[1].used}
+    res["split"] = time_graph([split(*c) for c in caches])
+    res["bal1"] = time_graph(balanced(plans[1]))
+    res["bal2"] = time_graph(balanced(plans[2]))
+    p1 = plans[1]
+    use = prefers_balanced(lens, ps, p1.items_host.numpy(), p1.used)
+    res["auto"] = res["bal1"] if use else res["split"]
+    res["auto_is"] = "bal" if use else ("v2" if ps else "v1")
+    # FA2 varlen over the same keys packed contiguously ([total, HKV, D]).
+    kc, vc, bt = caches[0]
+    ks, vs = [], []
+    for i, n in enumerate(lens):
+        blocks = bt[i, : math.ceil(n / BS)].long()
+        ks.append(kc[blocks].reshape(-1, HKV, D)[:n])
+        vs.append(vc[blocks].reshape(-1, HKV, D)[:n])
+    k, v = torch.cat(ks), torch.cat(vs)
+    cu_k = torch.zeros(b + 1, dtype=torch.int32, device="cuda")
+    cu_k[1:] = torch.cumsum(sl, 0)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+
+    def fa2():
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, 1, max_len, 0.0, False, False, scale=D**-0.5
+        )[0]
+
+    res["fa2"] = try_time(lambda: [fa2])
+    plans[1].run(out, q, kc, vc, HKV, D**-0.5, bt, sl, max_len)
+    ref = fa2() if res["fa2"] is not None else None
+    res["err"] = None if ref is None else float((out.float() - ref.float()).abs().max())
+    return res
+
+
+def print_skewed(sms: int, bw: float, quick: bool) -> None:
+    print(
+        f"\nSkewed decode batches (lengths ~ 1/i^s, mean {SKEW_MEAN}, shuffled; us; KV bytes "
+        "read / time vs copy BW)\n  ours = the library's choice (auto: which), split = the "
+        "previous split-K alone, bal1 / bal2 = the balanced plan at one / two waves of items"
+    )
+    print(
+        f"{'B':>4} {'s':>4} {'max L':>6} {'split':>6} {'auto':>4} {'ours':>9} {'split':>9} "
+        f"{'bal1':>9} {'bal2':>9} {'FA2 var':>9} {'vs split':>8} {'vs FA2':>7} {'TB/s':>6} "
+        f"{'of copy':>7} {'split of':>8} {'items':>6} {'max err':>8}"
+    )
+    for b in SKEW_BATCHES[:2] if quick else SKEW_BATCHES:
+        for s in SKEW_EXPONENTS:
+            r = bench_skewed(b, s, sms)
+            tbs = r["bytes"] / r["auto"]
+            err = "n/a" if r["err"] is None else f"{r['err']:8.4f}"
+            print(
+                f"{b:>4} {s:>4} {max(zipf_lengths(b, s)):>6} {r['ps']:>6} {r['auto_is']:>4} "
+                f"{fmt(r['auto'])} {fmt(r['split'])} {fmt(r['bal1'])} {fmt(r['bal2'])} "
+                f"{fmt(r['fa2'])} {ratio(r['split'], r['auto']):>8} "
+                f"{ratio(r['fa2'], r['auto']):>7} {tbs / 1e12:6.2f} {tbs / bw:7.2f} "
+                f"{r['bytes'] / r['split'] / bw:8.2f} {r['pieces']:>6} {err:>8}"
+            )
+            torch.cuda.empty_cache()
+
+
 def decode_kernel_name() -> str:
     """Which decode kernel the library runs on this benchmark's calls (NHD cache, bf16)."""
     q, cache = _probe(1)
@@ -449,6 +578,16 @@ def main() -> None:
         help="only the decode table (skip prefill and reshape_and_cache)",
     )
     ap.add_argument(
+        "--skewed",
+        action="store_true",
+        help="add the skewed-batch decode table (balanced vs split-K vs FA2 varlen)",
+    )
+    ap.add_argument(
+        "--skewed-only",
+        action="store_true",
+        help="only the skewed-batch decode table (balanced vs split-K vs FA2 varlen)",
+    )
+    ap.add_argument(
         "--prefill-only",
         action="store_true",
         help="only the prefill table (skip decode and reshape_and_cache)",
@@ -471,6 +610,9 @@ def main() -> None:
         f"decode kernel: {decode_kernel_name()}; replays "
         f"{'from an idle GPU' if args.host_latency else 'queued ahead'}"
     )
+    if args.skewed_only:
+        print_skewed(sms, bw, args.quick)
+        return
     dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(
@@ -492,6 +634,8 @@ def main() -> None:
             f"{ratio(r['ours'], r8['ours']):>8}"
         )
         torch.cuda.empty_cache()
+    if args.skewed and not args.prefill_only:
+        print_skewed(sms, bw, args.quick)
     if args.decode_only:
         return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES
