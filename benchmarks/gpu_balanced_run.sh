@@ -12,6 +12,7 @@ start=$SECONDS
 timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda -rfEs --tb=short \
   tests/python/kernels/test_decode_balanced_cuda.py tests/python/kernels/test_decode_bulk_cuda.py \
   tests/python/kernels/test_ops_cuda.py tests/python/kernels/test_cuda_graph.py \
+  tests/python/engine/test_balanced_decode_engine_cuda.py tests/python/engine/test_engine_cuda.py \
   > "$OUT/balanced_tests.log" 2>&1
 echo "pytest exit $? after $((SECONDS - start)) s" | tee -a "$OUT/balanced_tests.log"
 grep -v "PytestBenchmarkWarning\|warner(\|CUDAGraph.cpp" "$OUT/balanced_tests.log" | tail -25

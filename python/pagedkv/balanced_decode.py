@@ -30,6 +30,10 @@ DECODE_SCHEDULES = ("auto", "partition", "balanced")
 # benchmarks/gpu_attention.py's skewed table is the evidence.
 AUTO_GAIN = 0.5
 
+# What an engine's CUDA graphs capture ("partition" or "balanced"): one schedule per graph, fixed
+# at capture. "partition" until the skewed and uniform tables show the balanced plan never slower.
+GRAPH_SCHEDULE = "partition"
+
 
 def check_schedule(schedule: str) -> str:
     if schedule not in DECODE_SCHEDULES:
@@ -98,18 +102,31 @@ class BalancedDecode:
         self._copied = torch.cuda.Event() if cuda else None
         self.used = 0
 
-    def fill(self, seq_lens: Any, sliding_window: Optional[int] = None) -> int:
-        """Plans host int32 ``seq_lens`` (numpy or torch, <= max_seqs) into the host arrays and
-        queues their copy to the device on the current stream; returns the items used."""
+    def capacity_for(self, rows: int) -> int:
+        """The items of a plan for ``rows`` query rows: the leading part of the buffers, so a
+        graph captured for a batch of ``rows`` reads fixed addresses."""
+        return ops.balanced_plan_capacity(self.target_items, rows)
+
+    def fill(
+        self, seq_lens: Any, sliding_window: Optional[int] = None, rows: Optional[int] = None
+    ) -> int:
+        """Plans host int32 ``seq_lens`` (numpy or torch) for a call of ``rows`` query rows
+        (default: one per length; rows past the lengths get no items: zero output) into the host
+        arrays and queues their copy to the device on the current stream; returns the items
+        used."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the pinned buffer
         lens = np.ascontiguousarray(np.asarray(seq_lens, dtype=np.int32))
         n = lens.shape[0]
-        if n > self.max_seqs:
-            raise ValueError(f"{n} sequences but the plan was made for {self.max_seqs}")
+        rows = n if rows is None else rows
+        if not n <= rows <= self.max_seqs:
+            raise ValueError(
+                f"{n} sequences in {rows} rows but the plan was made for {self.max_seqs} rows"
+            )
+        cap = self.capacity_for(rows)
         self.used = ops.plan_balanced_decode(
             lens,
-            self.items_host,
+            self.items_host[:cap],
             self.offsets_host[: n + 1],
             self.target_items,
             sliding_window,
@@ -145,11 +162,12 @@ class BalancedDecode:
         the last fill, then (padding rows of a captured batch) rows without items, whose output
         is zero."""
         n = int(query.shape[0])
+        cap = self.capacity_for(n)
         ops.paged_attention_balanced(
             out,
-            self.exp_sums,
-            self.max_logits,
-            self.tmp_out,
+            self.exp_sums[:cap],
+            self.max_logits[:cap],
+            self.tmp_out[:cap],
             query,
             key_cache,
             value_cache,
@@ -157,7 +175,7 @@ class BalancedDecode:
             scale,
             block_tables,
             seq_lens,
-            self.items,
+            self.items[:cap],
             self.offsets[: n + 1],
             max_seq_len,
             alibi_slopes,
@@ -166,3 +184,67 @@ class BalancedDecode:
             v_scale,
             **kw,
         )
+
+
+class StepPlans:
+    """An engine's balanced plans: one BalancedDecode per sliding window its layers use (made
+    on first use), each filled at most once per step.
+
+    Eager steps (``begin_step`` with the decode rows' host lengths): every layer asks
+    ``for_layer``; the first ask of a window fills its plan, and the schedule decides (for
+    "auto", prefers_balanced against the layer's partition split). Steps replayed from a CUDA
+    graph (``begin_step(None)``): the graph captured the balanced path where the schedule is
+    "balanced" (graphs="balanced"), and the runner refills the plans before each replay
+    (``fill_all``)."""
+
+    def __init__(
+        self,
+        max_seqs: int,
+        num_heads: int,
+        head_size: int,
+        target_items: int,
+        device: Any,
+        schedule: str = "auto",
+        graphs: str = "partition",
+    ) -> None:
+        self.schedule = check_schedule(schedule)
+        self.graphs = graphs if schedule != "partition" else "partition"
+        self._shape = (max_seqs, num_heads, head_size, target_items, device)
+        self.plans: dict[int, BalancedDecode] = {}
+        self._lens: Optional[np.ndarray] = None
+        self._choice: dict[int, bool] = {}
+        self.balanced_layers = 0  # eager layer calls that ran a balanced plan (tests, logs)
+
+    def plan(self, window: int) -> BalancedDecode:
+        if window not in self.plans:
+            max_seqs, heads, head_size, target, device = self._shape
+            self.plans[window] = BalancedDecode(max_seqs, heads, head_size, target, device)
+        return self.plans[window]
+
+    def begin_step(self, decode_lens: Optional[Any]) -> None:
+        self._lens = None if decode_lens is None else np.asarray(decode_lens, dtype=np.int32)
+        self._choice = {}
+
+    def for_layer(self, window: int, partition_size: int) -> Optional[BalancedDecode]:
+        """The plan this layer's decode runs on, or None for the partition split."""
+        if self.schedule == "partition":
+            return None
+        if self._lens is None:  # a graph capture or replay
+            return self.plan(window) if self.graphs == "balanced" else None
+        if window not in self._choice:
+            plan = self.plan(window)
+            used = plan.fill(self._lens, window or None)
+            self._choice[window] = self.schedule == "balanced" or prefers_balanced(
+                self._lens, partition_size, plan.items_host.numpy(), used, window
+            )
+        if not self._choice[window]:
+            return None
+        self.balanced_layers += 1
+        return self.plans[window]
+
+    def fill_all(self, decode_lens: Any, rows: int) -> None:
+        """Before a graph replay of ``rows`` rows: every plan the graphs read, refilled."""
+        if self.graphs != "balanced":
+            return
+        for window, plan in self.plans.items():
+            plan.fill(decode_lens, window or None, rows)
