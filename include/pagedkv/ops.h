@@ -153,6 +153,8 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
 // is checked against seq_lens (each sequence's items cover its visible keys in order); a device
 // plan cannot be read without a synchronisation: its keys are clamped to the sequence, and items
 // naming no sequence of the call run nothing.
+// lse (optional, [num_heads, num_seqs] float32): each output row's log-sum-exp of its logits
+// (natural log; -inf without keys), for merge_attn_states (cascade attention).
 void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                               const TensorView& max_logits, const TensorView& tmp_out,
                               const TensorView& query, const TensorView& key_cache,
@@ -160,7 +162,23 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                               const TensorView& block_tables, const TensorView& seq_lens,
                               const TensorView& work_items, const TensorView& seq_offsets,
                               int max_seq_len, const AttentionOptions& opts,
+                              const std::optional<TensorView>& lse = std::nullopt,
                               Stream stream = nullptr);
+
+// Merges two attention results of the same queries over disjoint key sets (cascade attention: a
+// shared prefix and each sequence's own suffix) by their log-sum-exps, as vLLM's
+// merge_attn_states: with m = max(lp, ls), wp = exp(lp - m), ws = exp(ls - m),
+//   output[t, h] = (wp * prefix_output[t, h] + ws * suffix_output[t, h]) / (wp + ws)
+//   output_lse[h, t] = m + log(wp + ws)
+// A -inf log-sum-exp (no key) weighs 0 (+inf is read as -inf, as vLLM does); both -inf give a
+// zero output and -inf; a NaN propagates.
+//   output, prefix_output, suffix_output: [num_tokens, num_heads, head_size], one float dtype,
+//   rows contiguous in head_size; prefix_lse, suffix_lse, output_lse (optional): [num_heads,
+//   num_tokens] float32.
+void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
+                       const TensorView& prefix_output, const TensorView& prefix_lse,
+                       const TensorView& suffix_output, const TensorView& suffix_lse,
+                       Stream stream = nullptr);
 
 // The planner over arrays: seq_lens [num_seqs], work_items [capacity, 3] and seq_offsets
 // [num_seqs + 1], int32 host arrays (contiguous outputs). Returns the items used.

@@ -385,9 +385,14 @@ def ops_paged_attention_v2(out: NDArray, exp_sums: NDArray, max_logits: NDArray,
     Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.
     """
 
-def ops_paged_attention_balanced(out: NDArray, exp_sums: NDArray, max_logits: NDArray, tmp_out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, work_items: NDArray, seq_offsets: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
+def ops_paged_attention_balanced(out: NDArray, exp_sums: NDArray, max_logits: NDArray, tmp_out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, work_items: NDArray, seq_offsets: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None, lse: NDArray | None = None) -> None:
     """
-    Work-balanced decode attention over a plan (ops_plan_balanced_decode): each work item's partial into its workspace row, then each sequence's rows merged into `out`.
+    Work-balanced decode attention over a plan (ops_plan_balanced_decode): each work item's partial into its workspace row, then each sequence's rows merged into `out` (and their log-sum-exps into `lse` [num_heads, num_seqs] when given).
+    """
+
+def ops_merge_attn_states(output: NDArray, prefix_output: NDArray, prefix_lse: NDArray, suffix_output: NDArray, suffix_lse: NDArray, output_lse: NDArray | None = None, stream: int = 0) -> None:
+    """
+    Merges two attention results over disjoint keys by their log-sum-exps (vLLM merge_attn_states).
     """
 
 def ops_plan_balanced_decode(seq_lens: NDArray, work_items: NDArray, seq_offsets: NDArray, target_items: int, sliding_window: int = -1, min_chunk: int = 128) -> int:

@@ -59,6 +59,7 @@ __all__ = [
     "plan_balanced_decode",
     "balanced_decode_target",
     "balanced_plan_capacity",
+    "merge_attn_states",
     "BALANCED_MIN_CHUNK",
     "decode_kernel",
     "decode_partition_size",
@@ -444,13 +445,16 @@ def paged_attention_balanced(
     sliding_window: Optional[int] = None,
     stream: Any = None,
     kernel: str = "auto",
+    lse: Optional[Any] = None,
 ) -> None:
     """Work-balanced decode attention over a plan from ``plan_balanced_decode`` (copied to the
     query's device): work item i = ``work_items[i]`` = (seq, key_lo, key_hi) attends sequence
     seq's keys [key_lo, key_hi) and writes its partial to row i of exp_sums / max_logits
     [capacity, num_heads] and tmp_out [capacity, num_heads, head_size] (float32); then each
     sequence's rows ``seq_offsets[s] .. seq_offsets[s + 1] - 1`` merge into ``out``. On a GPU it
-    runs on the Hopper decode (``kernel`` "auto" or "hopper"; other kernels are refused)."""
+    runs on the Hopper decode (``kernel`` "auto" or "hopper"; other kernels are refused).
+    ``lse`` [num_heads, num_seqs] float32, when given, receives each output row's log-sum-exp
+    (for merge_attn_states)."""
     _arrays(
         out=out,
         exp_sums=exp_sums,
@@ -465,6 +469,8 @@ def paged_attention_balanced(
         seq_offsets=seq_offsets,
         alibi_slopes=alibi_slopes,
     )
+    if lse is not None:
+        _arrays(lse=lse)
     ks, vs, arrays = _scale_args(k_scale, v_scale)
     _C.ops_paged_attention_balanced(
         out,
@@ -490,6 +496,41 @@ def paged_attention_balanced(
         stream_handle(stream, query),
         _str(kernel, "kernel"),
         **arrays,
+        lse=lse,
+    )
+
+
+def merge_attn_states(
+    output: Any,
+    prefix_output: Any,
+    prefix_lse: Any,
+    suffix_output: Any,
+    suffix_lse: Any,
+    output_lse: Optional[Any] = None,
+    *,
+    stream: Any = None,
+) -> None:
+    """vLLM's merge_attn_states: ``output`` [num_tokens, num_heads, head_size] = the two
+    attention results of the same queries over disjoint keys (prefix_output, suffix_output),
+    weighed by their log-sum-exps prefix_lse / suffix_lse [num_heads, num_tokens] float32 (an
+    infinite one, no keys, weighs 0); ``output_lse`` receives the merged log-sum-exp."""
+    _arrays(
+        output=output,
+        prefix_output=prefix_output,
+        prefix_lse=prefix_lse,
+        suffix_output=suffix_output,
+        suffix_lse=suffix_lse,
+    )
+    if output_lse is not None:
+        _arrays(output_lse=output_lse)
+    _C.ops_merge_attn_states(
+        output,
+        prefix_output,
+        prefix_lse,
+        suffix_output,
+        suffix_lse,
+        output_lse,
+        stream_handle(stream, output),
     )
 
 

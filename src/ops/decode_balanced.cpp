@@ -49,7 +49,8 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                               const TensorView& value_cache, int num_kv_heads,
                               const TensorView& block_tables, const TensorView& seq_lens,
                               const TensorView& work_items, const TensorView& seq_offsets,
-                              int max_seq_len, const AttentionOptions& opts, Stream stream) {
+                              int max_seq_len, const AttentionOptions& opts,
+                              const std::optional<TensorView>& lse, Stream stream) {
   const TensorView& alibi = opts.alibi_slopes ? *opts.alibi_slopes : query;
   detail::check_devices({{&query, "query"},
                          {&out, "out"},
@@ -99,19 +100,35 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
   detail::check_no_overlap(written[1], {written[2]});
   detail::check_no_overlap({&out, "out"}, {{&work_items, "work_items"},
                                            {&seq_offsets, "seq_offsets"}});
+  if (lse) {
+    detail::check_devices({{&query, "query"}, {&*lse, "lse"}});
+    check_dtype(*lse, "lse", {DType::kFloat32});
+    check_shape(*lse, "lse", {H, S});
+    check_contiguous(*lse, "lse");
+    detail::check_no_overlap({&*lse, "lse"}, {{&out, "out"},
+                                              {&query, "query"},
+                                              {&key_cache, "key_cache"},
+                                              {&value_cache, "value_cache"},
+                                              written[0],
+                                              written[1],
+                                              written[2],
+                                              {&seq_lens, "seq_lens"},
+                                              {&work_items, "work_items"},
+                                              {&seq_offsets, "seq_offsets"}});
+  }
   if (!query.device().is_cuda()) {
     check_host_plan(work_items, seq_offsets, seq_lens, opts.sliding_window);
     if (S == 0) return;
     cpu_ops::paged_attention_balanced(out, exp_sums, max_logits, tmp_out, query, key_cache,
                                       value_cache, num_kv_heads, block_tables, seq_lens,
-                                      work_items, seq_offsets, opts);
+                                      work_items, seq_offsets, opts, lse);
     return;
   }
 #ifdef PAGEDKV_WITH_CUDA
   if (S == 0) return;
   cuda_ops::paged_attention_balanced(out, exp_sums, max_logits, tmp_out, query, key_cache,
                                      value_cache, num_kv_heads, block_tables, seq_lens, work_items,
-                                     seq_offsets, opts, stream);
+                                     seq_offsets, opts, lse, stream);
 #else
   (void)stream;
   throw ValueError(::pagedkv::detail::concat("paged_attention_balanced: the arrays are on ",

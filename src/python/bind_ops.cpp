@@ -176,7 +176,7 @@ void bind_ops(nb::module_& m) {
          int max_seq_len, std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype,
          float k_scale, float v_scale, float logits_soft_cap, int sliding_window,
          uintptr_t stream, const std::string& kernel, std::optional<InArray> k_scale_array,
-         std::optional<InArray> v_scale_array) {
+         std::optional<InArray> v_scale_array, std::optional<OutArray> lse) {
         const AttentionOptions o =
             make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
                          make_scale(k_scale, k_scale_array, "k_scale"),
@@ -191,9 +191,11 @@ void bind_ops(nb::module_& m) {
         const TensorView sl = to_view(seq_lens, "seq_lens");
         const TensorView wi = to_view(work_items, "work_items");
         const TensorView so = to_view(seq_offsets, "seq_offsets");
+        std::optional<TensorView> vl;
+        if (lse) vl = to_view(*lse, "lse");
         nb::gil_scoped_release release;
         ops::paged_attention_balanced(vo, es, ml, to, vq, kc, vc, num_kv_heads, bt, sl, wi, so,
-                                      max_seq_len, o, to_stream(stream));
+                                      max_seq_len, o, vl, to_stream(stream));
       },
       "out"_a.noconvert(), "exp_sums"_a.noconvert(), "max_logits"_a.noconvert(),
       "tmp_out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
@@ -201,9 +203,29 @@ void bind_ops(nb::module_& m) {
       "seq_offsets"_a, "max_seq_len"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a,
       "v_scale"_a, "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
       "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
-      "v_scale_array"_a.none() = nb::none(),
+      "v_scale_array"_a.none() = nb::none(), "lse"_a.noconvert().none() = nb::none(),
       "Work-balanced decode attention over a plan (ops_plan_balanced_decode): each work item's "
-      "partial into its workspace row, then each sequence's rows merged into `out`.");
+      "partial into its workspace row, then each sequence's rows merged into `out` (and their "
+      "log-sum-exps into `lse` [num_heads, num_seqs] when given).");
+
+  m.def(
+      "ops_merge_attn_states",
+      [](OutArray output, InArray prefix_output, InArray prefix_lse, InArray suffix_output,
+         InArray suffix_lse, std::optional<OutArray> output_lse, uintptr_t stream) {
+        const TensorView o = to_view(output, "output");
+        const TensorView po = to_view(prefix_output, "prefix_output");
+        const TensorView pl = to_view(prefix_lse, "prefix_lse");
+        const TensorView so = to_view(suffix_output, "suffix_output");
+        const TensorView sl = to_view(suffix_lse, "suffix_lse");
+        std::optional<TensorView> ol;
+        if (output_lse) ol = to_view(*output_lse, "output_lse");
+        nb::gil_scoped_release release;
+        ops::merge_attn_states(o, ol, po, pl, so, sl, to_stream(stream));
+      },
+      "output"_a.noconvert(), "prefix_output"_a, "prefix_lse"_a, "suffix_output"_a,
+      "suffix_lse"_a, "output_lse"_a.noconvert().none() = nb::none(), "stream"_a = 0,
+      "Merges two attention results over disjoint keys by their log-sum-exps (vLLM "
+      "merge_attn_states).");
 
   m.def(
       "ops_plan_balanced_decode",

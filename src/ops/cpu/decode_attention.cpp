@@ -30,6 +30,8 @@ struct DecodeProblem {
   char* tmp_out = nullptr;
   DType tmp_dtype = DType::kFloat32;
   int max_partitions = 1, partition_size = 0;  // 0: v1
+  float* lse = nullptr;  // balanced, optional: [num_heads, num_seqs] log-sum-exps
+  int64_t num_seqs = 0;
 };
 
 // Result of one (sequence, KV head, token range) item: per query head of the group, the max
@@ -188,6 +190,7 @@ void merge_partials(const DecodeProblem& p, int64_t first, int64_t count, int64_
   }
   scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
   store_row(acc, p.out.dtype, p.out.row(seq, h), D);
+  if (p.lse != nullptr) p.lse[h * p.num_seqs + seq] = total > 0.0f ? gmax + std::log(total) : kNegInf;
 }
 
 void run_v2(const DecodeProblem& p, int64_t num_seqs) {
@@ -312,13 +315,15 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                               const TensorView& value_cache, int num_kv_heads,
                               const TensorView& block_tables, const TensorView& seq_lens,
                               const TensorView& work_items, const TensorView& seq_offsets,
-                              const AttentionOptions& opts) {
+                              const AttentionOptions& opts, const std::optional<TensorView>& lse) {
   DecodeProblem p =
       make_problem(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, opts);
   p.exp_sums = exp_sums.data_as<float>();
   p.max_logits = max_logits.data_as<float>();
   p.tmp_out = static_cast<char*>(tmp_out.data());
   p.tmp_dtype = tmp_out.dtype();
+  p.lse = lse ? lse->data_as<float>() : nullptr;
+  p.num_seqs = query.size(0);
   run_balanced(p, query.size(0), work_items.data_as<const int32_t>(),
                seq_offsets.data_as<const int32_t>());
 }

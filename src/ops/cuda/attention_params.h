@@ -55,6 +55,7 @@ struct AttnParams {
   const int* work_items;   // [plan_items, 3]: (seq, key_lo, key_hi)
   const int* seq_offsets;  // [num_seqs + 1]
   int plan_items;          // the plan's capacity: the grid's rows
+  float* lse;              // optional: [num_heads, num_seqs] log-sum-exp of each merged row
 };
 
 // Launches the kernel for the query dtype (attention_{f32,f16,bf16}.cu); cache_fp8 is Fp8Kind.

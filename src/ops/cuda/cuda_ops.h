@@ -40,7 +40,14 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                               const TensorView& value_cache, int num_kv_heads,
                               const TensorView& block_tables, const TensorView& seq_lens,
                               const TensorView& work_items, const TensorView& seq_offsets,
-                              const AttentionOptions& opts, Stream stream);
+                              const AttentionOptions& opts, const std::optional<TensorView>& lse,
+                              Stream stream);
+
+// merge_attn_states (ops.h) on GPU arrays.
+void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
+                       const TensorView& prefix_output, const TensorView& prefix_lse,
+                       const TensorView& suffix_output, const TensorView& suffix_lse,
+                       Stream stream);
 
 // ops::balanced_decode_target on a GPU.
 int balanced_decode_target(const TensorView& query, const TensorView& key_cache,

@@ -77,7 +77,8 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                               const TensorView& value_cache, int num_kv_heads,
                               const TensorView& block_tables, const TensorView& seq_lens,
                               const TensorView& work_items, const TensorView& seq_offsets,
-                              const AttentionOptions& opts, Stream stream) {
+                              const AttentionOptions& opts, const std::optional<TensorView>& lse,
+                              Stream stream) {
   constexpr const char* op = "paged_attention_balanced";
   DeviceGuard guard(query.device());
   AttnParams p = make_attn_params(out, query, key_cache, value_cache, num_kv_heads, block_tables,
@@ -96,6 +97,7 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
   p.work_items = work_items.data_as<const int>();
   p.seq_offsets = seq_offsets.data_as<const int>();
   p.plan_items = static_cast<int>(work_items.size(0));
+  p.lse = lse ? lse->data_as<float>() : nullptr;
   const cudaStream_t s = op_stream(stream, query.device());
   if (p.plan_items > 0) {
     launch_decode_bulk(p, query.dtype(), opts.kv_cache_dtype, s);

@@ -72,6 +72,9 @@ __global__ void __launch_bounds__(kThreads) decode_reduce_kernel(const AttnParam
   }
   sum = block_reduce<false>(sum, scratch);  // its barrier also publishes `weights`
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  if (p.lse != nullptr && threadIdx.x == 0) {  // for merge_attn_states (cascade attention)
+    p.lse[int64_t(h) * p.num_q + seq] = sum > 0.f ? mx + logf(sum) : -INFINITY;
+  }
   const TT* tmp = static_cast<const TT*>(p.tmp_out) + row * D;
   QT* out = static_cast<QT*>(p.out) + int64_t(seq) * p.o_s_tok + int64_t(h) * p.o_s_head;
   // Every partition before n was written (a fully masked one as zeros: split_k.cuh), so its
