@@ -4,7 +4,7 @@ and the card's copy bandwidth. One run prints one table.
     python benchmarks/gpu_attention.py [--quick] [--skewed | --skewed-only]
 
 --skewed adds decode batches of Zipf-skewed lengths (the work-balanced decode against the
-split-K and FlashAttention-2 varlen).
+split-K and FlashAttention-2 varlen) and the cascade (shared-prefix) decode table.
 
 Decode, causal prefill, extend (new tokens over a cached prefix: chunked prefill, prefix reuse)
 and reshape_and_cache.
@@ -367,6 +367,75 @@ def print_skewed(sms: int, bw: float, quick: bool) -> None:
             torch.cuda.empty_cache()
 
 
+# Cascade: sequences x (shared prefix + own keys).
+CASCADE_SHAPES = [(64, 8192, 256), (16, 8192, 256), (64, 2048, 128)]
+
+
+def bench_cascade(b: int, prefix: int, own: int, sms: int) -> dict:
+    """b sequences sharing `prefix` cached keys (the same blocks), each with `own` more: the
+    plain decode over each whole context (the library's split-K) vs pagedkv.cascade (the prefix
+    attended once for all, merged with each own part); max |cascade - plain|."""
+    from pagedkv.cascade import CascadeDecode
+
+    pb, ob = prefix // BS, math.ceil(own / BS)
+    nb = pb + b * ob
+    kc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    vc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    perm = torch.randperm(nb, device="cuda", dtype=torch.int32)
+    prefix_table = perm[:pb].view(1, pb)
+    own_tables = perm[pb:].view(b, ob)
+    full = torch.cat([prefix_table.expand(b, -1), own_tables], dim=1).contiguous()
+    q = torch.randn(b, HQ, D, dtype=DTYPE, device="cuda")
+    total = prefix + own
+    sl = torch.full((b,), total, dtype=torch.int32, device="cuda")
+    own_sl = torch.full((b,), own, dtype=torch.int32, device="cuda")
+    plain_out, casc_out = torch.empty_like(q), torch.empty_like(q)
+    ps = decode_partition(b, total, sms)
+    parts = math.ceil(total / ps) if ps else 1
+    es = torch.empty(b, HQ, parts, device="cuda")
+    ml, tmp = torch.empty_like(es), torch.empty(b, HQ, parts, D, device="cuda")
+    args = (q, kc, vc, HKV, D**-0.5, full, sl, BS, total, None, "auto", 1.0, 1.0)
+
+    def plain():
+        if ps:
+            ops.paged_attention_v2(plain_out, es, ml, tmp, *args, partition_size=ps)
+        else:
+            ops.paged_attention_v1(plain_out, *args)
+
+    c = CascadeDecode(q, kc, vc, HKV)
+    c.plan(prefix, [own] * b)
+
+    def cascade():
+        c.run(casc_out, q, kc, vc, D**-0.5, prefix_table, own_tables, own_sl, own)
+
+    res = {"plain": time_graph([plain]), "cascade": time_graph([cascade])}
+    plain()
+    cascade()
+    res["err"] = float((plain_out.float() - casc_out.float()).abs().max())
+    res["plain_bytes"] = 2 * b * total * HKV * D * 2
+    res["cascade_bytes"] = 2 * (prefix + b * own) * HKV * D * 2
+    return res
+
+
+def print_cascade(sms: int, bw: float) -> None:
+    print(
+        "\nCascade decode, sequences sharing a cached prefix (us; plain = the split-K decode over "
+        "each whole context; TB/s = bytes each must read / time)"
+    )
+    print(
+        f"{'B*(prefix+own)':>16} {'plain':>9} {'cascade':>9} {'speed-up':>8} {'plain TB/s':>10} "
+        f"{'casc TB/s':>9} {'max err':>8}"
+    )
+    for b, prefix, own in CASCADE_SHAPES:
+        r = bench_cascade(b, prefix, own, sms)
+        print(
+            f"{b:>4}*({prefix:>5}+{own:<4}) {fmt(r['plain'])} {fmt(r['cascade'])} "
+            f"{ratio(r['plain'], r['cascade']):>8} {r['plain_bytes'] / r['plain'] / 1e12:10.2f} "
+            f"{r['cascade_bytes'] / r['cascade'] / 1e12:9.2f} {r['err']:8.4f}"
+        )
+        torch.cuda.empty_cache()
+
+
 def decode_kernel_name() -> str:
     """Which decode kernel the library runs on this benchmark's calls (NHD cache, bf16)."""
     q, cache = _probe(1)
@@ -583,6 +652,11 @@ def main() -> None:
         help="add the skewed-batch decode table (balanced vs split-K vs FA2 varlen)",
     )
     ap.add_argument(
+        "--cascade-only",
+        action="store_true",
+        help="only the cascade (shared-prefix) decode table",
+    )
+    ap.add_argument(
         "--skewed-only",
         action="store_true",
         help="only the skewed-batch decode table (balanced vs split-K vs FA2 varlen)",
@@ -613,6 +687,9 @@ def main() -> None:
     if args.skewed_only:
         print_skewed(sms, bw, args.quick)
         return
+    if args.cascade_only:
+        print_cascade(sms, bw)
+        return
     dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(
@@ -636,6 +713,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.skewed and not args.prefill_only:
         print_skewed(sms, bw, args.quick)
+        print_cascade(sms, bw)
     if args.decode_only:
         return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES

@@ -176,3 +176,52 @@ def test_balanced_refuses_other_kernels():
     vllm = make_paged_kv(gen, [100], 1, 64, 16, torch.float16, "vllm")
     with pytest.raises(ValueError, match="does not cover this call"):
         _run(plan, q, vllm, sl, 100, 1, 0.1, opts, "auto", 1.0, 1.0, torch.empty_like(q))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cascade_decode_matches_reference(dtype):
+    """A shared prefix (sequence 0's whole blocks) attended once for 8 sequences (the stacked
+    group of 32 heads per KV head), merged with each one's own keys; merge_attn_states on the GPU
+    against the CPU op."""
+    from pagedkv.cascade import cascade_decode
+
+    seed = random.randrange(1 << 30)
+    r, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    hkv, group, d, bs, prefix = 2, 4, 128, 16, 1024
+    own = [r.choice([0, 1, 37, 256, r.randint(1, 300)]) for _ in range(8)]
+    kv = make_paged_kv(gen, [prefix] + own, hkv, d, bs, dtype, "nhd")
+    q = torch.randn(len(own), hkv * group, d, generator=gen).to(dtype).cuda()
+    scale = d**-0.5
+    out = cascade_decode(
+        q,
+        kv.key_cache,
+        kv.value_cache,
+        hkv,
+        scale,
+        kv.block_tables[:1, : prefix // bs].contiguous(),
+        prefix,
+        kv.block_tables[1:].contiguous(),
+        torch.tensor(own, dtype=torch.int32, device="cuda"),
+    )
+    torch.cuda.synchronize()
+    # The reference over each sequence's whole context: the shared blocks, then its own.
+    full = torch.cat(
+        [kv.block_tables[:1, : prefix // bs].expand(len(own), -1), kv.block_tables[1:]], dim=1
+    )
+    whole = type(kv)(kv.key_cache, kv.value_cache, kv.k_logical, kv.v_logical, full, bs)
+    opts = {"alibi": None, "softcap": 0.0, "window": 0}
+    ref = decode_ref(q, whole, [prefix + n for n in own], scale, opts)
+    assert rel_err(out, ref) < TOL[dtype], (seed, own)
+
+    t, h = 5, 8
+    po, so = (torch.randn(t, h, d, generator=gen).to(dtype) for _ in range(2))
+    pl, sl = (torch.randn(h, t, generator=gen) * 3 for _ in range(2))
+    pl[0, 0] = -float("inf")
+    outs = []
+    for dev in ("cpu", "cuda"):
+        o = torch.empty(t, h, d, dtype=dtype, device=dev)
+        lse = torch.empty(h, t, device=dev)
+        ops.merge_attn_states(o, po.to(dev), pl.to(dev), so.to(dev), sl.to(dev), lse)
+        outs.append((o.cpu().float(), lse.cpu()))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-2)
+    assert torch.allclose(outs[0][1], outs[1][1], atol=1e-4)
