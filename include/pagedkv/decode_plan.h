@@ -9,13 +9,15 @@
 //
 // A plan is two int32 arrays the engine refills each step (one host -> device copy with the other
 // step metadata; their sizes, and so a captured CUDA graph's launch shapes, never change):
-//   work_items  [capacity, 3]: item i = (seq, key_lo, key_hi), keys [key_lo, key_hi) of sequence
-//               seq; the items of sequence s are contiguous, in key order; unused items are
-//               (-1, 0, 0) and run nothing.
-//   seq_offsets [num_seqs + 1]: sequence s's items are offsets[s] .. offsets[s + 1] - 1 (none for a
-//               sequence without visible keys: its output is zero, as paged_attention_v1's).
-// Item i's partial result (normalised output, exp-sum, max logit of each query head) lands in
-// row i of the op's workspace; a reduction merges each sequence's rows.
+//   work_items  [capacity, 4]: item i = (seq, key_lo, key_hi, row): keys [key_lo, key_hi) of
+//               sequence seq, whose partial result (normalised output, exp-sum, max logit of each
+//               query head) lands in workspace row `row`. Items are listed longest first (the
+//               grid runs them in that order, so the short ones fill the tail of the long ones:
+//               longest-processing-time-first scheduling); unused items are (-1, 0, 0, -1) and
+//               run nothing.
+//   seq_offsets [num_seqs + 1]: sequence s's pieces write rows offsets[s] .. offsets[s + 1] - 1,
+//               in key order (none for a sequence without visible keys: its output is zero, as
+//               paged_attention_v1's); a reduction merges each sequence's rows.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,7 @@ inline constexpr int kBalancedKeyUnit = 16;
 // in balance.
 inline constexpr int kBalancedMinChunk = 128;
 
-inline constexpr int kBalancedItemInts = 3;  // (seq, key_lo, key_hi)
+inline constexpr int kBalancedItemInts = 4;  // (seq, key_lo, key_hi, row)
 
 // Items a plan may need for `num_seqs` sequences and `target_items` wanted: each sequence adds at
 // most one item to total / chunk (the rounding up of its piece count).
@@ -43,7 +45,7 @@ inline int64_t balanced_plan_capacity(int64_t target_items, int64_t num_seqs) {
 // the smallest multiple of kBalancedKeyUnit, at least min_chunk, with total keys / length <=
 // target_items; it grows where the items would not fit `capacity`. Each sequence is then cut into
 // ceil(visible / length) pieces of near-equal length, boundaries on multiples of kBalancedKeyUnit.
-// work_items [capacity * 3] and seq_offsets [num_seqs + 1] are written whole. Returns the number of
+// work_items [capacity * 4] and seq_offsets [num_seqs + 1] are written whole. Returns the number of
 // items used. Throws ValueError on negative lengths, target_items < 1, min_chunk < 32, or a
 // capacity below the number of sequences with visible keys.
 int plan_balanced_decode(const int32_t* seq_lens, int num_seqs, int sliding_window,

@@ -372,6 +372,8 @@ PARTITION_SIZE: int = 512
 
 BALANCED_MIN_CHUNK: int = 128
 
+BALANCED_ITEM_INTS: int = 4
+
 def ops_reshape_and_cache(key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, slot_mapping: NDArray, kv_cache_dtype: str, k_scale: float, v_scale: float, flash: bool, stream: int = 0, k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """
     Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at slot_mapping (vLLM layout, or NHD when flash=True).

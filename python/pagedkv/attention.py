@@ -133,7 +133,7 @@ def _balanced_plan(
         query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
     )
     cap = ops.balanced_plan_capacity(target, lens.shape[0])
-    items = np.empty((cap, 3), np.int32)
+    items = np.empty((cap, ops.BALANCED_ITEM_INTS), np.int32)
     offsets = np.empty(lens.shape[0] + 1, np.int32)
     used = ops.plan_balanced_decode(lens, items, offsets, target, sliding_window)
     window = sliding_window or 0

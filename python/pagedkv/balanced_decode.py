@@ -85,15 +85,16 @@ class BalancedDecode:
         self.max_seqs, self.target_items, self.min_chunk = max_seqs, target_items, min_chunk
         self.capacity = ops.balanced_plan_capacity(target_items, max_seqs)
         cuda = torch.device(device).type == "cuda"
-        n = self.capacity * 3 + max_seqs + 1
+        k = ops.BALANCED_ITEM_INTS
+        n = self.capacity * k + max_seqs + 1
         # One buffer for items and offsets: one copy per step.
         self._host = torch.zeros(n, dtype=torch.int32, pin_memory=cuda)
-        self._host[: self.capacity * 3].view(self.capacity, 3)[:, 0] = -1  # unused items
+        self._host[: self.capacity * k].view(self.capacity, k)[:, 0] = -1  # unused items
         self._dev = self._host.to(device)
-        self.items_host = self._host[: self.capacity * 3].view(self.capacity, 3)
-        self.offsets_host = self._host[self.capacity * 3 :]
-        self.items = self._dev[: self.capacity * 3].view(self.capacity, 3)
-        self.offsets = self._dev[self.capacity * 3 :]
+        self.items_host = self._host[: self.capacity * k].view(self.capacity, k)
+        self.offsets_host = self._host[self.capacity * k :]
+        self.items = self._dev[: self.capacity * k].view(self.capacity, k)
+        self.offsets = self._dev[self.capacity * k :]
         self.exp_sums = torch.empty(self.capacity, num_heads, dtype=torch.float32, device=device)
         self.max_logits = torch.empty_like(self.exp_sums)
         self.tmp_out = torch.empty(

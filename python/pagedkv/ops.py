@@ -61,6 +61,7 @@ __all__ = [
     "balanced_plan_capacity",
     "merge_attn_states",
     "BALANCED_MIN_CHUNK",
+    "BALANCED_ITEM_INTS",
     "decode_kernel",
     "decode_partition_size",
     "context_attention_fwd",
@@ -84,6 +85,8 @@ __all__ = [
 PARTITION_SIZE: int = _C.PARTITION_SIZE
 #: Default shortest piece (keys) of a work-balanced decode plan.
 BALANCED_MIN_CHUNK: int = _C.BALANCED_MIN_CHUNK
+#: Ints per work item of a balanced plan: (seq, key_lo, key_hi, row).
+BALANCED_ITEM_INTS: int = _C.BALANCED_ITEM_INTS
 #: kv_cache_dtype names ("fp8" = "fp8_e4m3"), in vLLM's order.
 KV_CACHE_DTYPES: tuple[str, ...] = _C.KV_CACHE_DTYPES
 #: Head sizes every attention op supports.
@@ -448,8 +451,8 @@ def paged_attention_balanced(
     lse: Optional[Any] = None,
 ) -> None:
     """Work-balanced decode attention over a plan from ``plan_balanced_decode`` (copied to the
-    query's device): work item i = ``work_items[i]`` = (seq, key_lo, key_hi) attends sequence
-    seq's keys [key_lo, key_hi) and writes its partial to row i of exp_sums / max_logits
+    query's device): work item ``work_items[i]`` = (seq, key_lo, key_hi, row) attends sequence
+    seq's keys [key_lo, key_hi) and writes its partial to row ``row`` of exp_sums / max_logits
     [capacity, num_heads] and tmp_out [capacity, num_heads, head_size] (float32); then each
     sequence's rows ``seq_offsets[s] .. seq_offsets[s + 1] - 1`` merge into ``out``. On a GPU it
     runs on the Hopper decode (``kernel`` "auto" or "hopper"; other kernels are refused).
@@ -548,10 +551,11 @@ def plan_balanced_decode(
     sliding_window: Optional[int] = None,
     min_chunk: int = BALANCED_MIN_CHUNK,
 ) -> int:
-    """Fills a work-balanced decode plan in host int32 arrays ``work_items`` [capacity, 3] and
+    """Fills a work-balanced decode plan in host int32 arrays ``work_items`` [capacity, 4] and
     ``seq_offsets`` [num_seqs + 1] from host int32 ``seq_lens``: every sequence's visible keys
     cut into pieces of near-equal length (total keys / ``target_items``, at least ``min_chunk``,
-    in 16-key units); unused items are (-1, 0, 0). Returns the items used."""
+    in 16-key units), listed longest first as (seq, key_lo, key_hi, row); unused items are
+    (-1, 0, 0, -1). Returns the items used."""
     _arrays(seq_lens=seq_lens, work_items=work_items, seq_offsets=seq_offsets)
     return _C.ops_plan_balanced_decode(
         seq_lens,

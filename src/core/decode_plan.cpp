@@ -3,6 +3,7 @@
 #include "pagedkv/decode_plan.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "pagedkv/error.h"
 
@@ -59,7 +60,13 @@ int plan_balanced_decode(const int32_t* seq_lens, int num_seqs, int sliding_wind
   const int64_t chunk =
       piece_length(total, longest, nonempty, target_items, min_chunk, capacity);
   // Pieces of sequence s: boundaries lo + j * visible / n rounded up to whole units (pieces are
-  // longer than chunk / 2 >= one unit, so the rounding keeps them non-empty and in order).
+  // longer than chunk / 2 >= one unit, so the rounding keeps them non-empty and in order). Their
+  // rows follow the sequences; the list is then ordered longest first.
+  struct Piece {
+    int32_t seq, lo, hi, row;
+  };
+  std::vector<Piece> pieces;
+  pieces.reserve(static_cast<size_t>(std::min<int64_t>(capacity, total / chunk + nonempty)));
   int32_t item = 0;
   for (int s = 0; s < num_seqs; ++s) {
     seq_offsets[s] = item;
@@ -70,18 +77,21 @@ int plan_balanced_decode(const int32_t* seq_lens, int num_seqs, int sliding_wind
       const int64_t lo = j == 0 ? v.lo : round_up(v.lo + j * v.count() / n, kBalancedKeyUnit);
       const int64_t hi =
           j + 1 == n ? v.len : round_up(v.lo + (j + 1) * v.count() / n, kBalancedKeyUnit);
-      int32_t* w = work_items + int64_t(item) * kBalancedItemInts;
-      w[0] = s;
-      w[1] = static_cast<int32_t>(lo);
-      w[2] = static_cast<int32_t>(hi);
+      pieces.push_back({s, static_cast<int32_t>(lo), static_cast<int32_t>(hi), item});
       ++item;
     }
   }
   seq_offsets[num_seqs] = item;
-  for (int i = item; i < capacity; ++i) {
+  std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    return a.hi - a.lo > b.hi - b.lo;
+  });
+  for (int i = 0; i < capacity; ++i) {
     int32_t* w = work_items + int64_t(i) * kBalancedItemInts;
-    w[0] = -1;
-    w[1] = w[2] = 0;
+    const Piece p = i < item ? pieces[i] : Piece{-1, 0, 0, -1};
+    w[0] = p.seq;
+    w[1] = p.lo;
+    w[2] = p.hi;
+    w[3] = p.row;
   }
   return item;
 }

@@ -1,6 +1,8 @@
 // paged_attention_balanced and its planner over arrays (include/pagedkv/ops.h): argument checks
 // for both backends, the host plan's values, then dispatch to the CPU or CUDA kernels.
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/parallel.h"
@@ -13,14 +15,24 @@
 namespace pagedkv::ops {
 namespace {
 
-// A host plan's values: each sequence's items (seq_offsets[s] .. seq_offsets[s + 1] - 1, within
-// the capacity, in order) name it and cover its visible keys in order, so the merge sees every
-// key once.
+// A host plan's values: every used item (seq >= 0) writes its own row within the capacity, and
+// each sequence's rows (seq_offsets[s] .. seq_offsets[s + 1] - 1, in order) hold items of that
+// sequence covering its visible keys in order, so the merge sees every key once.
 void check_host_plan(const TensorView& work_items, const TensorView& seq_offsets,
                      const TensorView& seq_lens, int sliding_window) {
   const int64_t S = seq_lens.size(0), cap = work_items.size(0);
   const int32_t* w = work_items.data_as<const int32_t>();
   const int32_t* off = seq_offsets.data_as<const int32_t>();
+  std::vector<int64_t> item_of_row(static_cast<size_t>(cap), -1);
+  for (int64_t i = 0; i < cap; ++i) {
+    const int32_t* item = w + i * kBalancedItemInts;
+    if (item[0] < 0) continue;  // unused
+    PAGEDKV_CHECK(item[0] < S && item[3] >= 0 && item[3] < cap && item_of_row[item[3]] < 0,
+                  "work_items[", i, "] = (", item[0], ", ", item[1], ", ", item[2], ", ", item[3],
+                  ") must name a sequence below ", S, " and a row below ", cap,
+                  " that no other item writes");
+    item_of_row[item[3]] = i;
+  }
   PAGEDKV_CHECK(off[0] == 0, "seq_offsets[0] = ", off[0], " must be 0");
   for (int64_t s = 0; s < S; ++s) {
     PAGEDKV_CHECK(off[s] <= off[s + 1] && off[s + 1] <= cap, "seq_offsets[", s + 1, "] = ",
@@ -28,12 +40,16 @@ void check_host_plan(const TensorView& work_items, const TensorView& seq_offsets
                   ", capacity = ", cap, "]");
     const int64_t len = detail::host_int(seq_lens, s);
     int64_t next = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
-    for (int64_t i = off[s]; i < off[s + 1]; ++i) {
-      const int32_t* item = w + i * kBalancedItemInts;
-      PAGEDKV_CHECK(item[0] == s && item[1] == next && item[2] > item[1] && item[2] <= len,
-                    "work_items[", i, "] = (", item[0], ", ", item[1], ", ", item[2],
-                    ") must be sequence ", s, "'s next keys: (", s, ", ", next, ", hi) with ",
-                    next, " < hi <= seq_lens[", s, "] = ", len);
+    for (int64_t r = off[s]; r < off[s + 1]; ++r) {
+      const int64_t i = item_of_row[r];
+      const int32_t* item = i < 0 ? nullptr : w + i * kBalancedItemInts;
+      PAGEDKV_CHECK(item != nullptr && item[0] == s && item[1] == next && item[2] > item[1] &&
+                        item[2] <= len,
+                    "work_items: row ", r, " must hold sequence ", s, "'s next keys [", next,
+                    ", hi) with hi <= seq_lens[", s, "] = ", len, ", got ",
+                    i < 0 ? std::string("no item")
+                          : ::pagedkv::detail::concat("item ", i, " = (", item[0], ", ", item[1],
+                                                      ", ", item[2], ")"));
       next = item[2];
     }
     PAGEDKV_CHECK(next == len, "work_items: sequence ", s, "'s items end at key ", next,

@@ -79,6 +79,7 @@ void bind_ops(nb::module_& m) {
   m.attr("SUPPORTED_HEAD_SIZES") = as_tuple(kSupportedHeadSizes);
   m.attr("PARTITION_SIZE") = kPartitionSize;
   m.attr("BALANCED_MIN_CHUNK") = kBalancedMinChunk;
+  m.attr("BALANCED_ITEM_INTS") = kBalancedItemInts;
 
   m.def(
       "ops_reshape_and_cache",

@@ -29,31 +29,54 @@ Plan make_plan(const std::vector<int32_t>& lens, int window, int target, int min
   return p;
 }
 
-// The plan covers each sequence's visible keys exactly once, in order, with its items contiguous,
-// inner boundaries on 16-key chunks, and unused items marked; returns the longest piece.
+// The plan covers each sequence's visible keys exactly once, in order, its pieces in rows
+// offsets[s] .. offsets[s + 1] - 1, each row written by one item, inner boundaries on 16-key
+// chunks, the items listed longest first and unused ones marked; returns the longest piece.
 int check_cover(const Plan& p, const std::vector<int32_t>& lens, int window) {
   const int S = static_cast<int>(lens.size());
-  int longest = 0;
+  const int cap = static_cast<int>(p.items.size() / kBalancedItemInts);
+  std::vector<int> item_of_row(cap, -1);
+  int longest = 0, previous = 1 << 30;
+  for (int i = 0; i < p.used; ++i) {
+    const int32_t* w = &p.items[size_t(i) * kBalancedItemInts];
+    EXPECT_TRUE(w[3] >= 0 && w[3] < p.used && item_of_row[w[3]] < 0) << "item " << i;
+    if (w[3] >= 0 && w[3] < p.used) item_of_row[w[3]] = i;
+    EXPECT_LE(w[2] - w[1], previous) << "item " << i << " is longer than the one before";
+    previous = w[2] - w[1];
+    longest = std::max(longest, w[2] - w[1]);
+  }
+  for (int i = p.used; i < cap; ++i) {
+    EXPECT_EQ(p.items[size_t(i) * kBalancedItemInts], -1) << "unused item " << i;
+    EXPECT_EQ(p.items[size_t(i) * kBalancedItemInts + 3], -1) << "unused item " << i;
+  }
   EXPECT_EQ(p.offsets[0], 0);
   EXPECT_EQ(p.offsets[S], p.used);
   for (int s = 0; s < S; ++s) {
     const int lo = window > 0 ? std::max(0, lens[s] - window) : 0;
     int next = lo;
-    for (int i = p.offsets[s]; i < p.offsets[s + 1]; ++i) {
-      const int32_t* w = &p.items[size_t(i) * kBalancedItemInts];
-      EXPECT_EQ(w[0], s) << "item " << i;
-      EXPECT_EQ(w[1], next) << "item " << i;
-      EXPECT_LT(w[1], w[2]) << "item " << i;
-      if (w[1] != lo) EXPECT_EQ(w[1] % kBalancedKeyUnit, 0) << "item " << i;
-      longest = std::max(longest, w[2] - w[1]);
+    for (int r = p.offsets[s]; r < p.offsets[s + 1]; ++r) {
+      if (item_of_row[r] < 0) {
+        ADD_FAILURE() << "row " << r << " has no item";
+        return longest;
+      }
+      const int32_t* w = &p.items[size_t(item_of_row[r]) * kBalancedItemInts];
+      EXPECT_EQ(w[0], s) << "row " << r;
+      EXPECT_EQ(w[1], next) << "row " << r;
+      EXPECT_LT(w[1], w[2]) << "row " << r;
+      if (w[1] != lo) EXPECT_EQ(w[1] % kBalancedKeyUnit, 0) << "row " << r;
       next = w[2];
     }
     EXPECT_EQ(next, lens[s]) << "sequence " << s;
   }
-  for (size_t i = p.used; i < p.items.size() / kBalancedItemInts; ++i) {
-    EXPECT_EQ(p.items[i * kBalancedItemInts], -1) << "unused item " << i;
-  }
   return longest;
+}
+
+// The item that writes row r.
+const int32_t* item_at_row(const Plan& p, int r) {
+  for (size_t i = 0; i < p.items.size(); i += kBalancedItemInts) {
+    if (p.items[i + 3] == r) return &p.items[i];
+  }
+  return nullptr;
 }
 
 TEST(BalancedDecodePlan, UniformLengthsSplitEvenly) {
@@ -62,7 +85,8 @@ TEST(BalancedDecodePlan, UniformLengthsSplitEvenly) {
   EXPECT_EQ(p.used, 16);
   EXPECT_EQ(p.offsets, (std::vector<int32_t>{0, 4, 8, 12, 16}));
   EXPECT_EQ(check_cover(p, lens, -1), 256);
-  const int32_t* w = &p.items[5 * kBalancedItemInts];  // sequence 1, second piece
+  const int32_t* w = item_at_row(p, 5);  // sequence 1, second piece
+  ASSERT_NE(w, nullptr);
   EXPECT_EQ(w[0], 1);
   EXPECT_EQ(w[1], 256);
   EXPECT_EQ(w[2], 512);
@@ -102,7 +126,7 @@ TEST(BalancedDecodePlan, SlidingWindowAndEmptySequences) {
   check_cover(p, lens, 1000);
   EXPECT_EQ(p.offsets[0], p.offsets[1]);  // no keys: no item
   EXPECT_EQ(p.offsets[3], p.offsets[4]);
-  EXPECT_EQ(p.items[size_t(p.offsets[1]) * kBalancedItemInts + 1], 4000);  // window start
+  EXPECT_EQ(item_at_row(p, p.offsets[1])[1], 4000);  // window start
 }
 
 TEST(BalancedDecodePlan, TightCapacityGrowsThePieces) {
@@ -120,7 +144,7 @@ TEST(BalancedDecodePlan, TightCapacityGrowsThePieces) {
 
 TEST(BalancedDecodePlan, RefusesBadArguments) {
   using testing::error_of;
-  std::vector<int32_t> items(30), offsets(3);
+  std::vector<int32_t> items(40), offsets(3);
   const std::vector<int32_t> neg{5, -1};
   EXPECT_NE(error_of([&] {
               plan_balanced_decode(neg.data(), 2, -1, 4, 128, 10, items.data(), offsets.data());

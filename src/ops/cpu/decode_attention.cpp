@@ -227,24 +227,24 @@ void run_v2(const DecodeProblem& p, int64_t num_seqs) {
       num_seqs * H * P * D);
 }
 
-// Work-balanced decode (ops::paged_attention_balanced): one task per (work item, KV head) writes
-// the item's partial at workspace row item * num_heads + head, then each sequence's rows merge.
-void run_balanced(const DecodeProblem& p, int64_t num_seqs, const int32_t* work_items,
-                  const int32_t* seq_offsets) {
+// Work-balanced decode (ops::paged_attention_balanced): one task per (used work item, KV head)
+// writes the item's partial at workspace row * num_heads + head, then each sequence's rows merge.
+void run_balanced(const DecodeProblem& p, int64_t num_seqs, int64_t capacity,
+                  const int32_t* work_items, const int32_t* seq_offsets) {
   const int H = p.num_heads, D = p.head_size, G = p.group;
   const int64_t items = seq_offsets[num_seqs];
   parallel_for(
-      items * p.num_kv_heads,
+      capacity * p.num_kv_heads,
       [&](int64_t task) {
-        const int64_t item = task / p.num_kv_heads;
+        const int32_t* w = work_items + task / p.num_kv_heads * kBalancedItemInts;
+        if (w[0] < 0) return;  // unused item
         const int kh = static_cast<int>(task % p.num_kv_heads);
-        const int32_t* w = work_items + item * kBalancedItemInts;
-        const int64_t seq = w[0], seq_len = p.seq_lens[seq];
+        const int64_t seq = w[0], seq_len = p.seq_lens[seq], row = w[3];
         thread_local std::vector<float> state;
         float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
         PartialState st{buf, buf + G, buf + 2 * G};
         attend_range(p, seq, kh, w[1], w[2], seq_len, st);
-        store_partials(p, st, item * H + kh * G, 1);
+        store_partials(p, st, row * H + kh * G, 1);
       },
       decode_work(p, num_seqs));
   parallel_for(
@@ -324,7 +324,7 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
   p.tmp_dtype = tmp_out.dtype();
   p.lse = lse ? lse->data_as<float>() : nullptr;
   p.num_seqs = query.size(0);
-  run_balanced(p, query.size(0), work_items.data_as<const int32_t>(),
+  run_balanced(p, query.size(0), work_items.size(0), work_items.data_as<const int32_t>(),
                seq_offsets.data_as<const int32_t>());
 }
 

@@ -87,6 +87,8 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                         opts.kernel, op);
   PAGEDKV_CHECK(work_items.size(0) <= kMaxPlanItems, "work_items: at most ", kMaxPlanItems,
                 " work items on CUDA, got ", work_items.size(0));
+  PAGEDKV_CHECK(reinterpret_cast<uintptr_t>(work_items.data()) % 16 == 0,
+                "work_items must be 16-byte aligned on CUDA (an item is read as one int4)");
   // Split mode with one partition per row: item r's partial lands in workspace row r.
   p.partition_size = 1;
   p.max_parts = 1;

@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const StageLayout sl{bp, bp.row_stride, bp.swz};
-  const int row = bp.heads_first ? blockIdx.y : blockIdx.x;  // the sequence, or a balanced item
-  const int hc = bp.heads_first ? blockIdx.x : blockIdx.y;   // KV head x head chunk
+  int row = bp.heads_first ? blockIdx.y : blockIdx.x;       // the sequence, or a balanced item
+  const int hc = bp.heads_first ? blockIdx.x : blockIdx.y;  // KV head x head chunk
   const int kvh = hc / bp.gchunks;
   const int g0 = (hc % bp.gchunks) * SH::NR;
   const int ng = min(SH::NR, p.group - g0);
@@ -118,12 +118,12 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   // the cache, the block tables, a scale array) are visible only after this.
   pdl_wait();
   tl.stamp(kAfterWait);
-  // Balanced mode: the row is a work item of the plan (its sequence and keys), and its partial
-  // goes to workspace row `row` (max_parts = 1, part 0).
+  // Balanced mode: the grid row is a work item of the plan (its sequence and keys), whose partial
+  // goes to the item's workspace row (max_parts = 1, part 0).
   int seq = row, item_lo = 0, item_hi = 0;
   const bool planned = p.work_items != nullptr;
   if (planned) {
-    if (!plan_item(p, row, seq, item_lo, item_hi)) return;
+    if (!plan_item(p, row, seq, item_lo, item_hi, row)) return;
     part = 0;
   }
   const BlockIds ids{bp, p.block_tables + int64_t(seq) * p.bt_stride, lane};

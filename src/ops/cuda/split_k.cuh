@@ -26,16 +26,17 @@ __device__ __forceinline__ bool key_range(const AttnParams& p, int q_pos, int pa
   return true;
 }
 
-// Balanced mode (p.work_items != nullptr): work item `item`'s sequence and planned keys [lo, hi);
-// false for an unused item (seq -1) or one naming no sequence of the call (a device plan is not
-// checked on the host).
-__device__ __forceinline__ bool plan_item(const AttnParams& p, int item, int& seq, int& lo,
-                                          int& hi) {
-  const int* w = p.work_items + 3 * int64_t(item);
-  seq = w[0];
-  lo = w[1];
-  hi = w[2];
-  return seq >= 0 && seq < p.num_q;
+// Balanced mode (p.work_items != nullptr): work item `item`'s sequence, planned keys [lo, hi) and
+// workspace row; false for an unused item (seq -1) or one naming no sequence of the call or a
+// row outside the plan (a device plan is not checked on the host).
+__device__ __forceinline__ bool plan_item(const AttnParams& p, int item, int& seq, int& lo, int& hi,
+                                          int& row) {
+  const int4 w = reinterpret_cast<const int4*>(p.work_items)[item];  // kBalancedItemInts = 4
+  seq = w.x;
+  lo = w.y;
+  hi = w.z;
+  row = w.w;
+  return seq >= 0 && seq < p.num_q && row >= 0 && row < p.plan_items;
 }
 
 // A balanced item's keys: its planned range within the query's sliding window and context (the

@@ -21,7 +21,7 @@ torch = need("torch")
 
 def _plan(lens: list[int], target: int, window: int | None, min_chunk: int = 32):
     cap = ops.balanced_plan_capacity(target, len(lens))
-    items = np.full((cap, 3), 12345, np.int32)
+    items = np.full((cap, ops.BALANCED_ITEM_INTS), 12345, np.int32)
     offsets = np.full(len(lens) + 1, 12345, np.int32)
     used = ops.plan_balanced_decode(
         np.array(lens, np.int32), items, offsets, target, window, min_chunk
@@ -122,7 +122,7 @@ def test_balanced_matches_reference(seed: int, layout: str, fp8: str, fw: str, d
 
 def test_plan_pieces_are_balanced_and_cover_every_key() -> None:
     """Zipf lengths: every piece at most the balanced share (+ one 16-key unit of rounding),
-    each sequence's pieces contiguous, unused items marked."""
+    listed longest first, each sequence's pieces in its rows in key order, unused items marked."""
     rng = np.random.default_rng(7)
     w = 1.0 / np.arange(1, 65) ** 1.5
     lens = [max(1, int(x)) for x in rng.permutation(w / w.sum() * 1024 * 64)]
@@ -132,9 +132,12 @@ def test_plan_pieces_are_balanced_and_cover_every_key() -> None:
     pieces = items[:used, 2] - items[:used, 1]
     assert pieces.max() <= share + 16
     assert used <= target + len(lens)
+    assert (np.diff(pieces) <= 0).all()  # longest first
     assert (items[used:, 0] == -1).all()
+    by_row = items[:used][np.argsort(items[:used, 3])]
+    assert (by_row[:, 3] == np.arange(used)).all()  # every row written once
     for s, n in enumerate(lens):
-        rows = items[offsets[s] : offsets[s + 1]]
+        rows = by_row[offsets[s] : offsets[s + 1]]
         assert (rows[:, 0] == s).all()
         assert rows[0, 1] == 0 and rows[-1, 2] == n
         assert (rows[1:, 1] == rows[:-1, 2]).all()
@@ -152,9 +155,13 @@ def test_balanced_refuses_bad_plans_and_kernels() -> None:
         _run(kv, query, lens, it, off, "numpy", 0.1, **kw, **extra)
 
     bad = items.copy()
-    bad[0, 2] += 16  # a piece past its neighbour's start
-    with pytest.raises(ValueError, match=r"work_items\[1\]"):
+    bad[bad[:, 3] == 0, 2] += 16  # sequence 0's first piece past its neighbour's start
+    with pytest.raises(ValueError, match="row 1 must hold sequence 0's next keys"):
         run(bad, offsets)
+    twice = items.copy()
+    twice[1, 3] = twice[0, 3]
+    with pytest.raises(ValueError, match=r"work_items\[1\] .* that no other item writes"):
+        run(twice, offsets)
     short = offsets.copy()
     short[1] -= 1  # sequence 0's last piece left out
     with pytest.raises(ValueError, match="sequence 0's items end at key"):
@@ -180,7 +187,7 @@ def test_balanced_refuses_bad_plans_and_kernels() -> None:
         )
     with pytest.raises(ValueError, match="room for 1 work items but 2 sequences"):
         ops.plan_balanced_decode(
-            np.array(lens, np.int32), np.zeros((1, 3), np.int32), np.zeros(3, np.int32), 4
+            np.array(lens, np.int32), np.zeros((1, 4), np.int32), np.zeros(3, np.int32), 4
         )
 
 
@@ -232,6 +239,6 @@ def test_forward_decode_schedules_and_reusable_plan() -> None:
         )
         assert ref.rel_error(to_np(out), want_b) < 2e-6, batch
     # The auto rule: a plan that halves the longest CTA wins, one that does not loses.
-    items = np.array([[0, 0, 100], [0, 100, 200], [1, 0, 50]], np.int32)
+    items = np.array([[0, 0, 100, 0], [0, 100, 200, 1], [1, 0, 50, 2]], np.int32)
     assert prefers_balanced([200, 50], 0, items, 3)
     assert not prefers_balanced([200, 50], 128, items, 3)
