@@ -32,7 +32,7 @@ class Plan:
     """A plan of fixed capacity in host and device arrays (as the engine keeps it)."""
 
     def __init__(self, capacity: int, num_seqs: int, heads: int, head_size: int) -> None:
-        self.items = torch.zeros(capacity, 3, dtype=torch.int32)
+        self.items = torch.zeros(capacity, ops.BALANCED_ITEM_INTS, dtype=torch.int32)
         self.offsets = torch.zeros(num_seqs + 1, dtype=torch.int32)
         self.d_items, self.d_offsets = self.items.cuda(), self.offsets.cuda()
         self.es = torch.full((capacity, heads), float("nan"), device="cuda")
