@@ -58,9 +58,9 @@ def prefers_balanced(
     lens = np.asarray(seq_lens, dtype=np.int64)
     if lens.size == 0 or used <= 0:
         return False
-    longest = int(lens.max())
+    longest = int(lens.max())  # the most keys one sequence's query sees
     if sliding_window and sliding_window > 0:
-        longest = min(longest, int(sliding_window) + partition_size)
+        longest = min(longest, int(sliding_window))
     critical = min(partition_size, longest) if partition_size > 0 else longest
     return longest_piece(work_items, used) <= AUTO_GAIN * critical
 
