@@ -246,6 +246,7 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
 SKEW_BATCHES = [16, 64, 128, 256]
 SKEW_EXPONENTS = [0.0, 1.0, 1.5]
 SKEW_MEAN = 1024
+WAVES = (1, 2, 4)  # balanced plans timed: target items in waves of the resident CTAs
 
 
 def zipf_lengths(b: int, s: float, mean: int = SKEW_MEAN, seed: int = 0) -> list[int]:
@@ -273,9 +274,9 @@ def _skew_cache(lens: list[int]) -> tuple:
 
 def bench_skewed(b: int, s: float, sms: int) -> dict:
     """One skewed batch: ours on the library's choice (forward_decode's "auto" rule with the host
-    lengths), the previous split-K (partition rule) alone, the balanced plan at one and two waves
+    lengths), the previous split-K (partition rule) alone, the balanced plan at 1, 2 and 4 waves
     of work items, FA2 varlen on the same keys packed contiguously; max |ours - FA2|."""
-    from pagedkv.balanced_decode import BalancedDecode, prefers_balanced
+    from pagedkv.balanced_decode import TARGET_WAVES, BalancedDecode, prefers_balanced
 
     lens = zipf_lengths(b, s)
     max_len, total = max(lens), sum(lens)
@@ -296,10 +297,10 @@ def bench_skewed(b: int, s: float, sms: int) -> dict:
             return lambda: ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=ps)
         return lambda: ops.paged_attention_v1(out, *args)
 
-    target = ops.balanced_decode_target(q, caches[0][0], caches[0][1], HKV)
+    per_wave = ops.balanced_decode_target(q, caches[0][0], caches[0][1], HKV)
     plans = {}
-    for waves in (1, 2):
-        plan = BalancedDecode(b, HQ, D, target * waves, "cuda")
+    for waves in WAVES:
+        plan = BalancedDecode(b, HQ, D, per_wave * waves, "cuda")
         plan.fill(lens)
         plans[waves] = plan
 
@@ -309,13 +310,13 @@ def bench_skewed(b: int, s: float, sms: int) -> dict:
 
         return [make(*c) for c in caches]
 
-    res = {"bytes": kv_bytes, "ps": ps, "pieces": plans[1].used}
+    ours = plans[TARGET_WAVES]
+    res = {"bytes": kv_bytes, "ps": ps, "pieces": ours.used}
     res["split"] = time_graph([split(*c) for c in caches])
-    res["bal1"] = time_graph(balanced(plans[1]))
-    res["bal2"] = time_graph(balanced(plans[2]))
-    p1 = plans[1]
-    use = prefers_balanced(lens, ps, p1.items_host.numpy(), p1.used)
-    res["auto"] = res["bal1"] if use else res["split"]
+    for waves in WAVES:
+        res[f"bal{waves}"] = time_graph(balanced(plans[waves]))
+    use = prefers_balanced(lens, ps, ours.items_host.numpy(), ours.used)
+    res["auto"] = res[f"bal{TARGET_WAVES}"] if use else res["split"]
     res["auto_is"] = "bal" if use else ("v2" if ps else "v1")
     # FA2 varlen over the same keys packed contiguously ([total, HKV, D]).
     kc, vc, bt = caches[0]
@@ -335,7 +336,7 @@ def bench_skewed(b: int, s: float, sms: int) -> dict:
         )[0]
 
     res["fa2"] = try_time(lambda: [fa2])
-    plans[1].run(out, q, kc, vc, HKV, D**-0.5, bt, sl, max_len)
+    ours.run(out, q, kc, vc, HKV, D**-0.5, bt, sl, max_len)
     ref = fa2() if res["fa2"] is not None else None
     res["err"] = None if ref is None else float((out.float() - ref.float()).abs().max())
     return res
@@ -345,12 +346,13 @@ def print_skewed(sms: int, bw: float, quick: bool) -> None:
     print(
         f"\nSkewed decode batches (lengths ~ 1/i^s, mean {SKEW_MEAN}, shuffled; us; KV bytes "
         "read / time vs copy BW)\n  ours = the library's choice (auto: which), split = the "
-        "previous split-K alone, bal1 / bal2 = the balanced plan at one / two waves of items"
+        "previous split-K alone, bal1 / bal2 / bal4 = the balanced plan at 1 / 2 / 4 waves of "
+        "work items (the library's: TARGET_WAVES); items = the library's plan's"
     )
     print(
         f"{'B':>4} {'s':>4} {'max L':>6} {'split':>6} {'auto':>4} {'ours':>9} {'split':>9} "
-        f"{'bal1':>9} {'bal2':>9} {'FA2 var':>9} {'vs split':>8} {'vs FA2':>7} {'TB/s':>6} "
-        f"{'of copy':>7} {'split of':>8} {'items':>6} {'max err':>8}"
+        f"{'bal1':>9} {'bal2':>9} {'bal4':>9} {'FA2 var':>9} {'vs split':>8} {'vs FA2':>7} "
+        f"{'TB/s':>6} {'of copy':>7} {'split of':>8} {'items':>6} {'max err':>8}"
     )
     for b in SKEW_BATCHES[:2] if quick else SKEW_BATCHES:
         for s in SKEW_EXPONENTS:
@@ -360,6 +362,7 @@ def print_skewed(sms: int, bw: float, quick: bool) -> None:
             print(
                 f"{b:>4} {s:>4} {max(zipf_lengths(b, s)):>6} {r['ps']:>6} {r['auto_is']:>4} "
                 f"{fmt(r['auto'])} {fmt(r['split'])} {fmt(r['bal1'])} {fmt(r['bal2'])} "
+                f"{fmt(r['bal4'])} "
                 f"{fmt(r['fa2'])} {ratio(r['split'], r['auto']):>8} "
                 f"{ratio(r['fa2'], r['auto']):>7} {tbs / 1e12:6.2f} {tbs / bw:7.2f} "
                 f"{r['bytes'] / r['split'] / bw:8.2f} {r['pieces']:>6} {err:>8}"

@@ -129,7 +129,7 @@ def _balanced_plan(
     if schedule == "auto" and (runs == "cpu" or not host_lens):
         return None  # auto: on a GPU, and only where the lengths need no synchronisation
     lens = _host_int32(seq_lens_cpu if seq_lens_cpu is not None else seq_lens)
-    target = ops.balanced_decode_target(
+    target = balanced_decode.target_items(
         query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
     )
     cap = ops.balanced_plan_capacity(target, lens.shape[0])

@@ -35,6 +35,29 @@ AUTO_GAIN = 0.5
 GRAPH_SCHEDULE = "partition"
 
 
+# Work items a plan aims at, in "waves" of the items the GPU runs at once
+# (ops.balanced_decode_target). One wave leaves the pieces as long as a slot's whole share, so
+# the sequences' rounded-up piece counts spill into a second, part-empty wave; more waves shorten
+# the pieces (the tail of list scheduling is one piece) at the cost of more partials to merge.
+TARGET_WAVES = 2
+
+
+def target_items(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    kv_cache_dtype: str = "auto",
+    kernel: str = "auto",
+    waves: int = TARGET_WAVES,
+) -> int:
+    """The planner's target_items for a call: ``waves`` x ops.balanced_decode_target."""
+    per_wave = ops.balanced_decode_target(
+        query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
+    )
+    return waves * per_wave
+
+
 def check_schedule(schedule: str) -> str:
     if schedule not in DECODE_SCHEDULES:
         raise ValueError(f"schedule must be one of {DECODE_SCHEDULES}, got {schedule!r}")
@@ -69,7 +92,7 @@ class BalancedDecode:
     """A balanced plan and its workspace for up to ``max_seqs`` sequences on ``device`` (torch):
     host (pinned on CUDA) and device plan arrays, refilled by ``fill`` each step; ``run`` calls
     ops.paged_attention_balanced on the device copy. ``target_items``: the planner's target
-    (ops.balanced_decode_target for the caller's query and caches)."""
+    (target_items() for the caller's query and caches)."""
 
     def __init__(
         self,

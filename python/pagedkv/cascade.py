@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from pagedkv import ops
-from pagedkv.balanced_decode import BalancedDecode
+from pagedkv.balanced_decode import BalancedDecode, target_items
 
 
 def _block_size(key_cache: torch.Tensor) -> int:
@@ -50,13 +50,11 @@ class CascadeDecode:
         dev = query.device
         # The shared pass: one "sequence" whose group is every sequence's heads of a KV head.
         self.stacked = torch.empty(1, h * s, d, dtype=query.dtype, device=dev)
-        target = ops.balanced_decode_target(
+        target = target_items(
             self.stacked, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
         )
         self.prefix_plan = BalancedDecode(1, h * s, d, target, dev)
-        target = ops.balanced_decode_target(
-            query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
-        )
+        target = target_items(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel)
         self.suffix_plan = BalancedDecode(s, h, d, target, dev)
         self.prefix_out = torch.empty_like(self.stacked)
         self.prefix_lse = torch.empty(h * s, 1, dtype=torch.float32, device=dev)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pagedkv import ops
-from pagedkv.balanced_decode import GRAPH_SCHEDULE, StepPlans
+from pagedkv.balanced_decode import GRAPH_SCHEDULE, StepPlans, target_items
 from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
@@ -231,7 +231,7 @@ class ModelRunner:
         cache = self.kv_caches[0][0]
         if ops.decode_kernel(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype) != "hopper":
             return None
-        target = ops.balanced_decode_target(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
+        target = target_items(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
         return StepPlans(
             self.cfg.max_num_seqs,
             self.num_heads,
