@@ -102,12 +102,15 @@ class BalancedDecode:
         target_items: int,
         device: Any,
         min_chunk: int = ops.BALANCED_MIN_CHUNK,
+        pin: bool = True,
     ) -> None:
         import torch
 
         self.max_seqs, self.target_items, self.min_chunk = max_seqs, target_items, min_chunk
         self.capacity = ops.balanced_plan_capacity(target_items, max_seqs)
-        cuda = torch.device(device).type == "cuda"
+        # Pinned host arrays make the per-step copy asynchronous (plans kept across steps);
+        # pin=False suits a plan made for one step (pinning costs more than it saves there).
+        cuda = torch.device(device).type == "cuda" and pin
         k = ops.BALANCED_ITEM_INTS
         n = self.capacity * k + max_seqs + 1
         # One buffer for items and offsets: one copy per step.
@@ -208,67 +211,3 @@ class BalancedDecode:
             v_scale,
             **kw,
         )
-
-
-class StepPlans:
-    """An engine's balanced plans: one BalancedDecode per sliding window its layers use (made
-    on first use), each filled at most once per step.
-
-    Eager steps (``begin_step`` with the decode rows' host lengths): every layer asks
-    ``for_layer``; the first ask of a window fills its plan, and the schedule decides (for
-    "auto", prefers_balanced against the layer's partition split). Steps replayed from a CUDA
-    graph (``begin_step(None)``): the graph captured the balanced path where the schedule is
-    "balanced" (graphs="balanced"), and the runner refills the plans before each replay
-    (``fill_all``)."""
-
-    def __init__(
-        self,
-        max_seqs: int,
-        num_heads: int,
-        head_size: int,
-        target_items: int,
-        device: Any,
-        schedule: str = "auto",
-        graphs: str = "partition",
-    ) -> None:
-        self.schedule = check_schedule(schedule)
-        self.graphs = graphs if schedule != "partition" else "partition"
-        self._shape = (max_seqs, num_heads, head_size, target_items, device)
-        self.plans: dict[int, BalancedDecode] = {}
-        self._lens: Optional[np.ndarray] = None
-        self._choice: dict[int, bool] = {}
-        self.balanced_layers = 0  # eager layer calls that ran a balanced plan (tests, logs)
-
-    def plan(self, window: int) -> BalancedDecode:
-        if window not in self.plans:
-            max_seqs, heads, head_size, target, device = self._shape
-            self.plans[window] = BalancedDecode(max_seqs, heads, head_size, target, device)
-        return self.plans[window]
-
-    def begin_step(self, decode_lens: Optional[Any]) -> None:
-        self._lens = None if decode_lens is None else np.asarray(decode_lens, dtype=np.int32)
-        self._choice = {}
-
-    def for_layer(self, window: int, partition_size: int) -> Optional[BalancedDecode]:
-        """The plan this layer's decode runs on, or None for the partition split."""
-        if self.schedule == "partition":
-            return None
-        if self._lens is None:  # a graph capture or replay
-            return self.plan(window) if self.graphs == "balanced" else None
-        if window not in self._choice:
-            plan = self.plan(window)
-            used = plan.fill(self._lens, window or None)
-            self._choice[window] = self.schedule == "balanced" or prefers_balanced(
-                self._lens, partition_size, plan.items_host.numpy(), used, window
-            )
-        if not self._choice[window]:
-            return None
-        self.balanced_layers += 1
-        return self.plans[window]
-
-    def fill_all(self, decode_lens: Any, rows: int) -> None:
-        """Before a graph replay of ``rows`` rows: every plan the graphs read, refilled."""
-        if self.graphs != "balanced":
-            return
-        for window, plan in self.plans.items():
-            plan.fill(decode_lens, window or None, rows)

@@ -18,10 +18,33 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from pagedkv import ops
 from pagedkv.balanced_decode import BalancedDecode, target_items
+
+# The engine's rule: a decode step runs the cascade where at least CASCADE_MIN_SEQS sequences
+# share a prefix that covers at least CASCADE_MIN_SHARE of the keys they read (the reads it
+# saves: every sequence but one skips the prefix).
+CASCADE_MIN_SEQS = 4
+CASCADE_MIN_SHARE = 0.5
+
+
+def shared_prefix_blocks(seq_lens: Any, block_tables: Any, block_size: int) -> int:
+    """Leading blocks every sequence of the batch has in common (the same physical blocks: the
+    prefix cache's sharing), whole and filled in all of them; 0 where the batch does not pass
+    the engine's rule (CASCADE_MIN_SEQS, CASCADE_MIN_SHARE)."""
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    tables = np.asarray(block_tables)
+    if lens.shape[0] < CASCADE_MIN_SEQS:
+        return 0
+    n = min(int(lens.min()) // block_size, tables.shape[1])
+    same = (tables[:, :n] == tables[:1, :n]).all(axis=0)
+    blocks = int(n if same.all() else np.argmin(same))
+    if blocks * block_size * lens.shape[0] < CASCADE_MIN_SHARE * lens.sum():
+        return 0
+    return blocks
 
 
 def _block_size(key_cache: torch.Tensor) -> int:
@@ -41,6 +64,7 @@ class CascadeDecode:
         num_kv_heads: int,
         kv_cache_dtype: str = "auto",
         kernel: str = "auto",
+        pin: bool = True,
     ) -> None:
         s, h, d = (int(x) for x in query.shape)
         self.num_seqs, self.num_heads, self.head_size = s, h, d
@@ -53,9 +77,9 @@ class CascadeDecode:
         target = target_items(
             self.stacked, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
         )
-        self.prefix_plan = BalancedDecode(1, h * s, d, target, dev)
+        self.prefix_plan = BalancedDecode(1, h * s, d, target, dev, pin=pin)
         target = target_items(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel)
-        self.suffix_plan = BalancedDecode(s, h, d, target, dev)
+        self.suffix_plan = BalancedDecode(s, h, d, target, dev, pin=pin)
         self.prefix_out = torch.empty_like(self.stacked)
         self.prefix_lse = torch.empty(h * s, 1, dtype=torch.float32, device=dev)
         self.suffix_out = torch.empty(s, h, d, dtype=query.dtype, device=dev)
@@ -153,7 +177,7 @@ def cascade_decode(
     head_size] over a shared prefix of ``prefix_len`` keys (whole blocks, prefix_block_table
     [1, blocks]) followed by each sequence's own ``suffix_lens`` keys (suffix_block_tables). The
     own lengths are read on the host (``suffix_lens_cpu``, else a copy of suffix_lens)."""
-    c = CascadeDecode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel)
+    c = CascadeDecode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel, False)
     lens = suffix_lens_cpu if suffix_lens_cpu is not None else suffix_lens.cpu()
     c.plan(prefix_len, lens)
     out = torch.empty_like(query)

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from pagedkv import ops
-from pagedkv.balanced_decode import GRAPH_SCHEDULE, StepPlans, target_items
+from pagedkv.balanced_decode import GRAPH_SCHEDULE, target_items
 from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.decode_plans import StepPlans
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 from pagedkv.lora.manager import LoRAManager
 
@@ -337,8 +338,11 @@ class ModelRunner:
             max_decode_seq_len=int(plan.max_decode_seq_len),
         )
         assert self.backend is not None
-        if self.step_plans is not None:  # the balanced plans of this step's decode rows
-            self.step_plans.begin_step(seq_lens[int(plan.num_prefills) :])
+        if self.step_plans is not None:  # the decode plans of this step's decode rows
+            p = int(plan.num_prefills)
+            self.step_plans.begin_step(
+                seq_lens[p:], plan.block_tables[p:n_seq, :width], self.block_size
+            )
         self.backend.set_metadata(meta)
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
         pos = _dev(plan.positions[:n_tok], torch.int64, dev)

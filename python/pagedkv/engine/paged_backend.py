@@ -19,7 +19,7 @@ from typing import List, Optional
 import torch
 
 from pagedkv import ops
-from pagedkv.balanced_decode import StepPlans
+from pagedkv.engine.decode_plans import StepPlans
 from pagedkv.models.attention_backend import AttentionSpec
 
 # Keys per partition of paged_attention_v2 on the CPU (vLLM's _PARTITION_SIZE, the kernels' one
@@ -140,6 +140,10 @@ class PagedAttentionBackend:
         n = meta.num_prefills
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len
+        if self.step_plans is not None and self._cascade(
+            meta, spec, out, q, key_cache, value_cache, block_tables, seq_lens, max_len
+        ):
+            return
         partition_size = self._partition_size(q, key_cache, value_cache, max_len)
         plan = (
             None
@@ -221,6 +225,48 @@ class PagedAttentionBackend:
             sliding_window=spec.sliding_window,
             partition_size=partition_size,
         )
+
+    def _cascade(
+        self,
+        meta: AttentionMetadata,
+        spec: AttentionSpec,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        max_len: int,
+    ) -> bool:
+        """The cascade decode where this step's rows share a prefix (StepPlans); False if not."""
+        assert self.step_plans is not None
+        got = self.step_plans.cascade_for_layer(
+            q,
+            key_cache,
+            value_cache,
+            self.num_kv_heads,
+            self.kv_cache_dtype,
+            spec.sliding_window or 0,
+            seq_lens,
+        )
+        if got is None:
+            return False
+        cascade, shared, own_lens = got
+        cascade.run(
+            out,
+            q,
+            key_cache,
+            value_cache,
+            spec.scale,
+            block_tables[:1, :shared],
+            block_tables[:, shared:],
+            own_lens,
+            max_len - shared * self.block_size,
+            self.k_scale,
+            self.v_scale,
+            spec.logits_soft_cap,
+        )
+        return True
 
     def _partition_size(
         self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, max_len: int
