@@ -315,6 +315,12 @@ def bench_skewed(b: int, s: float, sms: int) -> dict:
     res["split"] = time_graph([split(*c) for c in caches])
     for waves in WAVES:
         res[f"bal{waves}"] = time_graph(balanced(plans[waves]))
+    # The balanced launch on one item per sequence: the single pass's work plus the plan's
+    # machinery (partials, reduction), what a graph captured on the balanced path costs where
+    # the pieces do not win.
+    whole = BalancedDecode(b, HQ, D, per_wave * TARGET_WAVES, "cuda")
+    whole.fill(lens, whole=True)
+    res["whole"] = time_graph(balanced(whole))
     use = prefers_balanced(lens, ps, ours.items_host.numpy(), ours.used)
     res["auto"] = res[f"bal{TARGET_WAVES}"] if use else res["split"]
     res["auto_is"] = "bal" if use else ("v2" if ps else "v1")
@@ -347,11 +353,13 @@ def print_skewed(sms: int, bw: float, quick: bool) -> None:
         f"\nSkewed decode batches (lengths ~ 1/i^s, mean {SKEW_MEAN}, shuffled; us; KV bytes "
         "read / time vs copy BW)\n  ours = the library's choice (auto: which), split = the "
         "previous split-K alone, bal1 / bal2 / bal4 = the balanced plan at 1 / 2 / 4 waves of "
-        "work items (the library's: TARGET_WAVES); items = the library's plan's"
+        "work items (the library's: TARGET_WAVES), bal v1 = the balanced launch on one item per "
+        "sequence; items = the library's plan's"
     )
     print(
         f"{'B':>4} {'s':>4} {'max L':>6} {'split':>6} {'auto':>4} {'ours':>9} {'split':>9} "
-        f"{'bal1':>9} {'bal2':>9} {'bal4':>9} {'FA2 var':>9} {'vs split':>8} {'vs FA2':>7} "
+        f"{'bal1':>9} {'bal2':>9} {'bal4':>9} {'bal v1':>9} {'FA2 var':>9} {'vs split':>8} "
+        f"{'vs FA2':>7} "
         f"{'TB/s':>6} {'of copy':>7} {'split of':>8} {'items':>6} {'max err':>8}"
     )
     for b in SKEW_BATCHES[:2] if quick else SKEW_BATCHES:
@@ -362,7 +370,7 @@ def print_skewed(sms: int, bw: float, quick: bool) -> None:
             print(
                 f"{b:>4} {s:>4} {max(zipf_lengths(b, s)):>6} {r['ps']:>6} {r['auto_is']:>4} "
                 f"{fmt(r['auto'])} {fmt(r['split'])} {fmt(r['bal1'])} {fmt(r['bal2'])} "
-                f"{fmt(r['bal4'])} "
+                f"{fmt(r['bal4'])} {fmt(r['whole'])} "
                 f"{fmt(r['fa2'])} {ratio(r['split'], r['auto']):>8} "
                 f"{ratio(r['fa2'], r['auto']):>7} {tbs / 1e12:6.2f} {tbs / bw:7.2f} "
                 f"{r['bytes'] / r['split'] / bw:8.2f} {r['pieces']:>6} {err:>8}"

@@ -135,12 +135,17 @@ class BalancedDecode:
         return ops.balanced_plan_capacity(self.target_items, rows)
 
     def fill(
-        self, seq_lens: Any, sliding_window: Optional[int] = None, rows: Optional[int] = None
+        self,
+        seq_lens: Any,
+        sliding_window: Optional[int] = None,
+        rows: Optional[int] = None,
+        whole: bool = False,
     ) -> int:
         """Plans host int32 ``seq_lens`` (numpy or torch) for a call of ``rows`` query rows
         (default: one per length; rows past the lengths get no items: zero output) into the host
         arrays and queues their copy to the device on the current stream; returns the items
-        used."""
+        used. ``whole``: one item per sequence (the single pass's work, on the same launch: what
+        a captured graph runs where the balanced pieces do not win)."""
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the pinned buffer
         lens = np.ascontiguousarray(np.asarray(seq_lens, dtype=np.int32))
@@ -151,13 +156,14 @@ class BalancedDecode:
                 f"{n} sequences in {rows} rows but the plan was made for {self.max_seqs} rows"
             )
         cap = self.capacity_for(rows)
+        longest = int(lens.max()) if n else 0
         self.used = ops.plan_balanced_decode(
             lens,
             self.items_host[:cap],
             self.offsets_host[: n + 1],
             self.target_items,
             sliding_window,
-            self.min_chunk,
+            max(self.min_chunk, longest + ops.BALANCED_MIN_CHUNK) if whole else self.min_chunk,
         )
         self.offsets_host[n + 1 :] = self.used  # rows past the planned ones: no items (zeros)
         self._dev.copy_(self._host, non_blocking=self._copied is not None)

@@ -118,8 +118,14 @@ class StepPlans:
         return self.plans[window]
 
     def fill_all(self, decode_lens: Any, rows: int) -> None:
-        """Before a graph replay of ``rows`` rows: every plan the graphs read, refilled."""
+        """Before a graph replay of ``rows`` rows: every plan the graphs read, refilled. With
+        "auto", a plan whose pieces do not win (prefers_balanced against the single pass) is
+        refilled with one item per sequence: the graph's launch runs the single pass's work."""
         if self.graphs != "balanced":
             return
         for window, plan in self.plans.items():
-            plan.fill(decode_lens, window or None, rows)
+            used = plan.fill(decode_lens, window or None, rows)
+            if self.schedule == "auto" and not prefers_balanced(
+                decode_lens, 0, plan.items_host.numpy(), used, window
+            ):
+                plan.fill(decode_lens, window or None, rows, whole=True)

@@ -73,3 +73,18 @@ def test_shared_prefix_rule() -> None:
     assert shared_prefix_blocks([64, 64, 64], t[:3], 16) == 0  # fewer than 4 sequences
     assert shared_prefix_blocks([20, 64, 64, 64], t, 16) == 0  # a sequence fills only block 0
     assert shared_prefix_blocks([64, 64, 64, 640], t, 16) == 0  # the prefix is a small share
+
+
+def test_graph_plans_fall_back_to_one_item_per_sequence() -> None:
+    """Graphs captured on the balanced path (graphs="balanced"): before each replay, "auto"
+    keeps the pieces of a skewed batch and gives a uniform one one item per sequence (the single
+    pass's work on the same launch); padding rows get no items."""
+    plans = StepPlans(8, H, D, target_items=6, device="cpu", graphs="balanced")
+    plan = plans.plan(0)
+    plans.fill_all([900, 30, 20, 10], rows=6)
+    assert plan.used > 4 and plan.longest_piece() < 900
+    # Pieces of 160 keys would not halve 300-key sequences: one item per sequence.
+    plans.fill_all([300, 300, 300, 300], rows=6)
+    assert plan.used == 4 and plan.longest_piece() == 300
+    offsets = plan.offsets_host.numpy()
+    assert (offsets[5:] == 4).all()  # rows 4 and 5 (padding): no items
