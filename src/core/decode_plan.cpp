@@ -29,8 +29,8 @@ Visible visible_keys(int32_t len, int sliding_window) {
 int64_t piece_length(int64_t total, int64_t longest, int64_t nonempty, int target_items,
                      int min_chunk, int capacity) {
   const int64_t unit = kBalancedKeyUnit;
-  int64_t chunk = std::max(round_up(min_chunk, unit), round_up((total + target_items - 1) /
-                                                                   target_items, unit));
+  int64_t chunk = std::max(round_up(min_chunk, unit),
+                           round_up((total + target_items - 1) / target_items, unit));
   if ((total + chunk - 1) / chunk + nonempty <= capacity) return chunk;
   const int64_t spare = capacity - nonempty;
   return spare > 0 ? std::max(chunk, round_up((total + spare - 1) / spare, unit))
@@ -44,8 +44,8 @@ int plan_balanced_decode(const int32_t* seq_lens, int num_seqs, int sliding_wind
                          int32_t* seq_offsets) {
   PAGEDKV_CHECK(num_seqs >= 0, "num_seqs must be >= 0, got ", num_seqs);
   PAGEDKV_CHECK(target_items >= 1, "target_items must be >= 1, got ", target_items);
-  PAGEDKV_CHECK(min_chunk >= 2 * kBalancedKeyUnit, "min_chunk must be >= ",
-                2 * kBalancedKeyUnit, " keys, got ", min_chunk);
+  PAGEDKV_CHECK(min_chunk >= 2 * kBalancedKeyUnit, "min_chunk must be >= ", 2 * kBalancedKeyUnit,
+                " keys, got ", min_chunk);
   PAGEDKV_CHECK(capacity >= 0, "capacity must be >= 0, got ", capacity);
   int64_t total = 0, longest = 0, nonempty = 0;
   for (int s = 0; s < num_seqs; ++s) {
@@ -57,8 +57,7 @@ int plan_balanced_decode(const int32_t* seq_lens, int num_seqs, int sliding_wind
   }
   PAGEDKV_CHECK(nonempty <= capacity, "the plan has room for ", capacity, " work items but ",
                 nonempty, " sequences have keys to attend to");
-  const int64_t chunk =
-      piece_length(total, longest, nonempty, target_items, min_chunk, capacity);
+  const int64_t chunk = piece_length(total, longest, nonempty, target_items, min_chunk, capacity);
   // Pieces of sequence s: boundaries lo + j * visible / n rounded up to whole units (pieces are
   // longer than chunk / 2 >= one unit, so the rounding keeps them non-empty and in order). Their
   // rows follow the sequences; the list is then ordered longest first.
@@ -82,9 +81,8 @@ int plan_balanced_decode(const int32_t* seq_lens, int num_seqs, int sliding_wind
     }
   }
   seq_offsets[num_seqs] = item;
-  std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
-    return a.hi - a.lo > b.hi - b.lo;
-  });
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.hi - a.lo > b.hi - b.lo; });
   for (int i = 0; i < capacity; ++i) {
     int32_t* w = work_items + int64_t(i) * kBalancedItemInts;
     const Piece p = i < item ? pieces[i] : Piece{-1, 0, 0, -1};

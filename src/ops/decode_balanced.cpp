@@ -35,21 +35,21 @@ void check_host_plan(const TensorView& work_items, const TensorView& seq_offsets
   }
   PAGEDKV_CHECK(off[0] == 0, "seq_offsets[0] = ", off[0], " must be 0");
   for (int64_t s = 0; s < S; ++s) {
-    PAGEDKV_CHECK(off[s] <= off[s + 1] && off[s + 1] <= cap, "seq_offsets[", s + 1, "] = ",
-                  off[s + 1], " must be in [seq_offsets[", s, "] = ", off[s],
+    PAGEDKV_CHECK(off[s] <= off[s + 1] && off[s + 1] <= cap, "seq_offsets[", s + 1,
+                  "] = ", off[s + 1], " must be in [seq_offsets[", s, "] = ", off[s],
                   ", capacity = ", cap, "]");
     const int64_t len = detail::host_int(seq_lens, s);
     int64_t next = sliding_window > 0 ? std::max<int64_t>(0, len - sliding_window) : 0;
     for (int64_t r = off[s]; r < off[s + 1]; ++r) {
       const int64_t i = item_of_row[r];
       const int32_t* item = i < 0 ? nullptr : w + i * kBalancedItemInts;
-      PAGEDKV_CHECK(item != nullptr && item[0] == s && item[1] == next && item[2] > item[1] &&
-                        item[2] <= len,
-                    "work_items: row ", r, " must hold sequence ", s, "'s next keys [", next,
-                    ", hi) with hi <= seq_lens[", s, "] = ", len, ", got ",
-                    i < 0 ? std::string("no item")
-                          : ::pagedkv::detail::concat("item ", i, " = (", item[0], ", ", item[1],
-                                                      ", ", item[2], ")"));
+      PAGEDKV_CHECK(
+          item != nullptr && item[0] == s && item[1] == next && item[2] > item[1] && item[2] <= len,
+          "work_items: row ", r, " must hold sequence ", s, "'s next keys [", next,
+          ", hi) with hi <= seq_lens[", s, "] = ", len, ", got ",
+          i < 0 ? std::string("no item")
+                : ::pagedkv::detail::concat("item ", i, " = (", item[0], ", ", item[1], ", ",
+                                            item[2], ")"));
       next = item[2];
     }
     PAGEDKV_CHECK(next == len, "work_items: sequence ", s, "'s items end at key ", next,
@@ -114,8 +114,8 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
   }
   detail::check_no_overlap(written[0], {written[1], written[2]});
   detail::check_no_overlap(written[1], {written[2]});
-  detail::check_no_overlap({&out, "out"}, {{&work_items, "work_items"},
-                                           {&seq_offsets, "seq_offsets"}});
+  detail::check_no_overlap({&out, "out"},
+                           {{&work_items, "work_items"}, {&seq_offsets, "seq_offsets"}});
   if (lse) {
     detail::check_devices({{&query, "query"}, {&*lse, "lse"}});
     check_dtype(*lse, "lse", {DType::kFloat32});
@@ -136,8 +136,8 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
     check_host_plan(work_items, seq_offsets, seq_lens, opts.sliding_window);
     if (S == 0) return;
     cpu_ops::paged_attention_balanced(out, exp_sums, max_logits, tmp_out, query, key_cache,
-                                      value_cache, num_kv_heads, block_tables, seq_lens,
-                                      work_items, seq_offsets, opts, lse);
+                                      value_cache, num_kv_heads, block_tables, seq_lens, work_items,
+                                      seq_offsets, opts, lse);
     return;
   }
 #ifdef PAGEDKV_WITH_CUDA
@@ -172,10 +172,10 @@ int plan_balanced_decode(const TensorView& seq_lens, const TensorView& work_item
   detail::check_data({arrays[0], arrays[1], arrays[2]});
   detail::check_no_overlap(arrays[1], {arrays[0], arrays[2]});
   detail::check_no_overlap(arrays[2], {arrays[0]});
-  return ::pagedkv::plan_balanced_decode(seq_lens.data_as<const int32_t>(),
-                              static_cast<int>(seq_lens.size(0)), sliding_window, target_items,
-                              min_chunk, static_cast<int>(work_items.size(0)),
-                              work_items.data_as<int32_t>(), seq_offsets.data_as<int32_t>());
+  return ::pagedkv::plan_balanced_decode(
+      seq_lens.data_as<const int32_t>(), static_cast<int>(seq_lens.size(0)), sliding_window,
+      target_items, min_chunk, static_cast<int>(work_items.size(0)), work_items.data_as<int32_t>(),
+      seq_offsets.data_as<int32_t>());
 }
 
 int balanced_decode_target(const TensorView& query, const TensorView& key_cache,

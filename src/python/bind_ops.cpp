@@ -175,8 +175,8 @@ void bind_ops(nb::module_& m) {
          InArray key_cache, InArray value_cache, int num_kv_heads, float scale,
          InArray block_tables, InArray seq_lens, InArray work_items, InArray seq_offsets,
          int max_seq_len, std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype,
-         float k_scale, float v_scale, float logits_soft_cap, int sliding_window,
-         uintptr_t stream, const std::string& kernel, std::optional<InArray> k_scale_array,
+         float k_scale, float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream,
+         const std::string& kernel, std::optional<InArray> k_scale_array,
          std::optional<InArray> v_scale_array, std::optional<OutArray> lse) {
         const AttentionOptions o =
             make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
@@ -200,11 +200,11 @@ void bind_ops(nb::module_& m) {
       },
       "out"_a.noconvert(), "exp_sums"_a.noconvert(), "max_logits"_a.noconvert(),
       "tmp_out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
-      "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "work_items"_a,
-      "seq_offsets"_a, "max_seq_len"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a,
-      "v_scale"_a, "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
-      "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
-      "v_scale_array"_a.none() = nb::none(), "lse"_a.noconvert().none() = nb::none(),
+      "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "work_items"_a, "seq_offsets"_a,
+      "max_seq_len"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
+      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0, "kernel"_a = "auto",
+      "k_scale_array"_a.none() = nb::none(), "v_scale_array"_a.none() = nb::none(),
+      "lse"_a.noconvert().none() = nb::none(),
       "Work-balanced decode attention over a plan (ops_plan_balanced_decode): each work item's "
       "partial into its workspace row, then each sequence's rows merged into `out` (and their "
       "log-sum-exps into `lse` [num_heads, num_seqs] when given).");
@@ -223,8 +223,8 @@ void bind_ops(nb::module_& m) {
         nb::gil_scoped_release release;
         ops::merge_attn_states(o, ol, po, pl, so, sl, to_stream(stream));
       },
-      "output"_a.noconvert(), "prefix_output"_a, "prefix_lse"_a, "suffix_output"_a,
-      "suffix_lse"_a, "output_lse"_a.noconvert().none() = nb::none(), "stream"_a = 0,
+      "output"_a.noconvert(), "prefix_output"_a, "prefix_lse"_a, "suffix_output"_a, "suffix_lse"_a,
+      "output_lse"_a.noconvert().none() = nb::none(), "stream"_a = 0,
       "Merges two attention results over disjoint keys by their log-sum-exps (vLLM "
       "merge_attn_states).");
 
@@ -232,10 +232,9 @@ void bind_ops(nb::module_& m) {
       "ops_plan_balanced_decode",
       [](InArray seq_lens, OutArray work_items, OutArray seq_offsets, int target_items,
          int sliding_window, int min_chunk) {
-        return ops::plan_balanced_decode(to_view(seq_lens, "seq_lens"),
-                                         to_view(work_items, "work_items"),
-                                         to_view(seq_offsets, "seq_offsets"), target_items,
-                                         sliding_window, min_chunk);
+        return ops::plan_balanced_decode(
+            to_view(seq_lens, "seq_lens"), to_view(work_items, "work_items"),
+            to_view(seq_offsets, "seq_offsets"), target_items, sliding_window, min_chunk);
       },
       "seq_lens"_a, "work_items"_a.noconvert(), "seq_offsets"_a.noconvert(), "target_items"_a,
       "sliding_window"_a = -1, "min_chunk"_a = kBalancedMinChunk,
@@ -246,10 +245,10 @@ void bind_ops(nb::module_& m) {
       "ops_balanced_decode_target",
       [](InArray query, InArray key_cache, InArray value_cache, int num_kv_heads,
          const std::string& kv_cache_dtype, const std::string& kernel) {
-        return ops::balanced_decode_target(
-            to_view(query, "query"), to_view(key_cache, "key_cache"),
-            to_view(value_cache, "value_cache"), num_kv_heads,
-            parse_kv_cache_dtype(kv_cache_dtype), parse_attention_kernel(kernel));
+        return ops::balanced_decode_target(to_view(query, "query"), to_view(key_cache, "key_cache"),
+                                           to_view(value_cache, "value_cache"), num_kv_heads,
+                                           parse_kv_cache_dtype(kv_cache_dtype),
+                                           parse_attention_kernel(kernel));
       },
       "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "kv_cache_dtype"_a,
       "kernel"_a = "auto",

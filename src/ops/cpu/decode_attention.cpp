@@ -190,7 +190,8 @@ void merge_partials(const DecodeProblem& p, int64_t first, int64_t count, int64_
   }
   scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
   store_row(acc, p.out.dtype, p.out.row(seq, h), D);
-  if (p.lse != nullptr) p.lse[h * p.num_seqs + seq] = total > 0.0f ? gmax + std::log(total) : kNegInf;
+  if (p.lse != nullptr)
+    p.lse[h * p.num_seqs + seq] = total > 0.0f ? gmax + std::log(total) : kNegInf;
 }
 
 void run_v2(const DecodeProblem& p, int64_t num_seqs) {
@@ -307,7 +308,6 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   p.partition_size = partition_size;
   run_v2(p, query.size(0));
 }
-
 
 void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
                               const TensorView& max_logits, const TensorView& tmp_out,

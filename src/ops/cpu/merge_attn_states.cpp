@@ -39,7 +39,8 @@ void merge_attn_states(const TensorView& output, const std::optional<TensorView>
           a[d] = nan ? NAN : sum > 0.0f ? (wp * a[d] + ws * b[d]) / sum : 0.0f;
         }
         store_row(a, out.dtype, out.row(t, h), D);
-        if (lo_all != nullptr) lo_all[h * T + t] = nan ? NAN : sum > 0.0f ? m + std::log(sum) : kNegInf;
+        if (lo_all != nullptr)
+          lo_all[h * T + t] = nan ? NAN : sum > 0.0f ? m + std::log(sum) : kNegInf;
       },
       T * H * D);
 }

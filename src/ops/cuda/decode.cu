@@ -8,11 +8,11 @@
 #include <algorithm>
 
 #include "ops/cuda/attention_setup.h"
-#include "ops/cuda/device_props.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_bulk.h"
 #include "ops/cuda/decode_mma.h"
 #include "ops/cuda/decode_reduce.h"
+#include "ops/cuda/device_props.h"
 #include "ops/cuda/kernel_choice.h"
 
 namespace pagedkv::cuda_ops {
@@ -61,8 +61,10 @@ void check_balanced_kernel(const AttnParams& p, DType qdtype, KVCacheDType cache
                 "' has no balanced variant (on CUDA the balanced decode runs on 'hopper')");
   const bool vec16 = vector_ok(key_cache, 16) && vector_ok(value_cache, 16);
   const char* why = decode_bulk_uncovered(p, qdtype, cache, vec16);
-  PAGEDKV_CHECK(why == nullptr, op, ": the balanced decode runs on kernel 'hopper', which does "
-                "not cover this call: ", why == nullptr ? "" : why);
+  PAGEDKV_CHECK(why == nullptr, op,
+                ": the balanced decode runs on kernel 'hopper', which does "
+                "not cover this call: ",
+                why == nullptr ? "" : why);
 }
 
 // Work items one plan may hold on CUDA: the reduction keeps a sequence's weights in shared
@@ -83,8 +85,8 @@ void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
   DeviceGuard guard(query.device());
   AttnParams p = make_attn_params(out, query, key_cache, value_cache, num_kv_heads, block_tables,
                                   seq_lens, opts);
-  check_balanced_kernel(p, query.dtype(), opts.kv_cache_dtype, key_cache, value_cache,
-                        opts.kernel, op);
+  check_balanced_kernel(p, query.dtype(), opts.kv_cache_dtype, key_cache, value_cache, opts.kernel,
+                        op);
   PAGEDKV_CHECK(work_items.size(0) <= kMaxPlanItems, "work_items: at most ", kMaxPlanItems,
                 " work items on CUDA, got ", work_items.size(0));
   PAGEDKV_CHECK(reinterpret_cast<uintptr_t>(work_items.data()) % 16 == 0,

@@ -100,8 +100,8 @@ template <typename QT, typename TT>
 void launch_kernel(const AttnParams& p, cudaStream_t s) {
   const int most = p.seq_offsets != nullptr ? p.plan_items : p.max_parts;  // partials per row
   launch_dependent(decode_reduce_kernel<QT, TT>, dim3(p.num_heads, p.num_q), dim3(kThreads),
-                   int(sizeof(float) * std::max(1, most)), s, decode_pdl(), "paged_attention_v2 (reduce)",
-                   p);
+                   int(sizeof(float) * std::max(1, most)), s, decode_pdl(),
+                   "paged_attention_v2 (reduce)", p);
 }
 
 template <typename QT>
