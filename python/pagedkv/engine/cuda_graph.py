@@ -48,6 +48,8 @@ class CudaGraphRunner:
         self.num_heads, self.num_kv_heads = runner.num_heads, runner.num_kv_heads  # this rank's
         self.head_dim, self.block_size = runner.head_dim, runner.block_size
         self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
+        # The balanced decode's plans (refilled before each replay where the graphs use them).
+        self.step_plans = runner.step_plans
         self.batch_sizes = capture_sizes(max_num_seqs)
         self.max_len = min(runner.max_model_len, runner.cfg.max_seq_len_to_capture)
         max_bs, dev = self.batch_sizes[-1], runner.device
@@ -94,6 +96,7 @@ class CudaGraphRunner:
             self.head_dim,
             self.block_size,
             self.kv_cache_dtype,
+            self.step_plans,
         )
         backend.set_metadata(
             AttentionMetadata(
@@ -113,6 +116,8 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def _capture_all(self) -> None:
         model, pool = self.model, None
+        if self.step_plans is not None:
+            self.step_plans.begin_step(None)  # capture: the graphs' fixed schedule
         with _gc_paused():
             # Largest first, so smaller graphs reuse the memory pool of the larger ones.
             for bs in reversed(self.batch_sizes):
@@ -181,6 +186,8 @@ class CudaGraphRunner:
             self.input_ids[:n].copy_(fill_placeholders(self.input_ids[:n], prev_tokens))
         if self.intermediate is not None:
             self.intermediate[:n].copy_(intermediate)  # padding rows keep finite old values
+        if self.step_plans is not None:
+            self.step_plans.fill_all(seq_lens, bs)  # padding rows: no items (zero output)
         graph, out = (self.graphs if lora_slots is None else self.lora_graphs)[bs]
         graph.replay()
         self.num_replays += 1

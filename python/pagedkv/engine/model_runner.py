@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from pagedkv import ops
+from pagedkv.balanced_decode import GRAPH_SCHEDULE, target_items
 from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.decode_plans import StepPlans
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 from pagedkv.lora.manager import LoRAManager
 
@@ -58,6 +60,7 @@ class ModelRunner:
         self.cpu_caches: List[torch.Tensor] = []
         self.backend: Optional[PagedAttentionBackend] = None
         self.graphs: Any = None  # CudaGraphRunner once captured
+        self.step_plans: Optional[StepPlans] = None  # the balanced decode's (allocate_kv_cache)
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
         self.lora: Optional[LoRAManager] = (
@@ -194,6 +197,7 @@ class ModelRunner:
                 torch.empty(host_shape, dtype=self.cache_dtype, pin_memory=pin)
                 for _ in range(self.num_layers)
             ]
+        self.step_plans = self._step_plans()
         self.backend = self._make_backend(self.kv_caches)
         kind = "GPU" if self.device.type == "cuda" else "CPU"
         logger.info(
@@ -215,6 +219,27 @@ class ModelRunner:
             self.head_dim,
             self.block_size,
             self.kv_cache_dtype,
+            self.step_plans,
+        )
+
+    def _step_plans(self) -> Optional[StepPlans]:
+        """The balanced decode's plans where the decode runs on the Hopper kernel (the one with
+        a balanced variant), else None. Eager steps choose per step ("auto"); CUDA graphs keep
+        the partition split (balanced_decode.GRAPH_SCHEDULE)."""
+        if self.device.type != "cuda" or not self.kv_caches:
+            return None
+        q = torch.empty(1, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        cache = self.kv_caches[0][0]
+        if ops.decode_kernel(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype) != "hopper":
+            return None
+        target = target_items(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
+        return StepPlans(
+            self.cfg.max_num_seqs,
+            self.num_heads,
+            self.head_dim,
+            target,
+            self.device,
+            graphs=GRAPH_SCHEDULE,
         )
 
     def _cache_dtype_name(self) -> str:
@@ -322,6 +347,11 @@ class ModelRunner:
             max_decode_seq_len=int(plan.max_decode_seq_len),
         )
         assert self.backend is not None
+        if self.step_plans is not None:  # the decode plans of this step's decode rows
+            p = int(plan.num_prefills)
+            self.step_plans.begin_step(
+                seq_lens[p:], plan.block_tables[p:n_seq, :width], self.block_size
+            )
         self.backend.set_metadata(meta)
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
         if prev_tokens is not None:
