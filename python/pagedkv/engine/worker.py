@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from pagedkv.distributed import get_pp_group, get_tp_group, get_world_group
+from pagedkv.distributed.shm_ring import PeerGone
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
 
@@ -147,11 +148,15 @@ def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
         )
 
 
-def worker_loop(worker: Worker) -> None:
-    """A non-driver rank: runs the driver's commands until it says stop (or dies)."""
-    world = get_world_group()
+def worker_loop(worker: Worker, channel: Any) -> None:
+    """A non-driver rank: runs the driver's commands (from command_channel) until it says stop
+    (or is gone)."""
     while True:
-        name, args = world.broadcast_object(None, src=0)
+        try:
+            name, args = channel.recv()
+        except PeerGone:
+            logger.error("the driver process is gone; this worker stops")
+            return
         if name == SHUTDOWN:
             return
         getattr(worker, name)(*args)
