@@ -11,7 +11,9 @@ On the CPU (gloo), on a tiny model where the forward is cheap, so the per-step p
              apart so none queues behind another:
                pickle   GroupCoordinator.broadcast_object over gloo (the carrier before #29)
                flat     one flat uint8 tensor broadcast over gloo (the torchrun path)
-               shm      the shared-memory ring (single node)
+               shm      the shared-memory ring (single node), workers not spinning (the
+                        CPU engine's setting: they yield, then sleep on a semaphore)
+               shm-spin the same, workers busy-spinning first (the CUDA engine's setting)
 
   PYTHONPATH=python python3 benchmarks/parallel_step_overhead.py [engine|transport|all]
 """
@@ -114,6 +116,7 @@ def _plan(batch: int) -> Any:
 def _carrier(kind: str, rank: int, world: int, shm: Any) -> Any:
     from pagedkv.distributed import get_world_group
     from pagedkv.engine.command_channel import BroadcastChannel, ShmChannel
+    from pagedkv.engine.executor_mp import _CUDA_SPIN_S
 
     if kind == "pickle":
         return None
@@ -121,7 +124,10 @@ def _carrier(kind: str, rank: int, world: int, shm: Any) -> Any:
         return BroadcastChannel(get_world_group(), torch.device("cpu"))
     if rank == 0:
         return shm
-    return ShmChannel.attach(shm, rank - 1, alive=lambda: True)
+    if not isinstance(shm, ShmChannel):  # (one reader for both shm runs: it counts messages)
+        shm = ShmChannel.attach(shm, rank - 1, lambda: True)
+    shm.spin_s = _CUDA_SPIN_S if kind == "shm-spin" else 0.0
+    return shm
 
 
 def _send(kind: str, carrier: Any, msg: Any) -> None:
@@ -155,8 +161,10 @@ def _transport_rank(rank: int, world: int, port: int, shm: Any, out: Any) -> Non
     initialize_model_parallel(world, 1, torch.device("cpu"))
     group = get_world_group()
     results: Dict[str, Any] = {}
-    for kind in ("pickle", "flat", "shm"):
+    for kind in ("pickle", "flat", "shm", "shm-spin"):
         carrier = _carrier(kind, rank, world, shm)
+        if kind.startswith("shm"):
+            shm = carrier
         for bs in BATCHES:
             msg = ("execute", (_plan(bs),))
             sends, times = [], []
