@@ -77,6 +77,11 @@ class GroupCoordinator:
         """Sends ``x`` to the group's rank ``dst`` (the receiver knows shape and dtype)."""
         dist.send(x.contiguous(), dst=self.ranks[dst], group=self.device_group)
 
+    def isend(self, x: torch.Tensor, dst: int) -> Any:
+        """Starts sending ``x`` to the group's rank ``dst``; returns the work to wait() on
+        (``x`` must stay unchanged until then)."""
+        return dist.isend(x.contiguous(), dst=self.ranks[dst], group=self.device_group)
+
     def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int) -> torch.Tensor:
         out = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         dist.recv(out, src=self.ranks[src], group=self.device_group)

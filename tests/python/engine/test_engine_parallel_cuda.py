@@ -70,11 +70,20 @@ def _generate(path: str, **kw: Any) -> tuple[list, int]:
     return [o.outputs[0] for o in outs], replays
 
 
-@pytest.mark.parametrize("tp,pp,kv", [(2, 1, "auto"), (1, 2, "auto"), (2, 1, "fp8")])
-def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str) -> None:
+# micro: pipeline_micro_batch_tokens (8: the prefill steps run as 2 micro-batches, the
+# stages overlapping; a decode-only micro-batch may replay a CUDA graph).
+@pytest.mark.parametrize(
+    "tp,pp,kv,micro",
+    [(2, 1, "auto", 256), (1, 2, "auto", 256), (1, 2, "auto", 8), (2, 1, "fp8", 256)],
+)
+def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str, micro: int) -> None:
     want, _ = _generate(model, kv_cache_dtype=kv)
     got, replays = _generate(
-        model, kv_cache_dtype=kv, tensor_parallel_size=tp, pipeline_parallel_size=pp
+        model,
+        kv_cache_dtype=kv,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        pipeline_micro_batch_tokens=micro,
     )
     assert replays > 0  # the decode steps ran as CUDA graphs
     same = sum(a.token_ids == b.token_ids for a, b in zip(want, got))
