@@ -129,3 +129,51 @@ def test_reader_of_a_gone_writer_stops() -> None:
         reader.close()
         ring.close()
     assert time.monotonic() - t0 < 2.0
+
+
+def _broadcast_rank(rank: int, store_path: str) -> None:
+    import torch
+    from pagedkv.distributed import (
+        destroy_model_parallel,
+        get_world_group,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from pagedkv.engine.command_channel import BroadcastChannel
+
+    store = torch.distributed.FileStore(store_path, 2)
+    init_distributed_environment(2, rank, "gloo", None, 30.0, store)
+    initialize_model_parallel(2, 1, torch.device("cpu"))
+    chan = BroadcastChannel(get_world_group(), torch.device("cpu"))
+    # A small command, one past the first buffer (a second broadcast), then small again.
+    commands = [("execute", (_plan(3, 2, 1),)), ("execute", (_plan(300, 80, 2),)), ("stop", ())]
+    assert command_codec.encode(*commands[1])[0] > BroadcastChannel.CAPACITY
+    try:
+        for name, args in commands:
+            if rank == 0:
+                chan.send(name, args)
+            else:
+                got = chan.recv()
+                assert got[0] == name
+                _assert_same(args, got[1])
+    finally:
+        destroy_model_parallel()
+
+
+def test_flat_broadcast_carries_small_and_oversized_commands(tmp_path) -> None:
+    """torchrun's carrier, on gloo between two processes (forked: seconds, not a re-import)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [
+        ctx.Process(target=_broadcast_rank, args=(r, str(tmp_path / "store"))) for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert codes == [0, 0], codes
