@@ -121,7 +121,7 @@ def _carrier(kind: str, rank: int, world: int, shm: Any) -> Any:
     if kind == "pickle":
         return None
     if kind == "flat":
-        return BroadcastChannel(get_world_group(), torch.device("cpu"))
+        return BroadcastChannel(get_world_group())
     if rank == 0:
         return shm
     if not isinstance(shm, ShmChannel):  # (one reader for both shm runs: it counts messages)

@@ -30,9 +30,6 @@ class GroupCoordinator:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     device_group: Any = None  # ProcessGroup for device tensors (None: one rank)
     cpu_group: Any = None  # gloo ProcessGroup for host objects (None: one rank)
-    # The world's carrier of the driver's commands under torchrun on CUDA (an NCCL group with
-    # the idle timeout: workers wait in it while the engine is idle); None elsewhere.
-    command_group: Any = None
 
     @property
     def world_size(self) -> int:
@@ -167,11 +164,7 @@ def initialize_model_parallel(
     # The world's host group carries the driver's commands, which idle workers wait for as
     # long as the engine is idle: no timeout worth the name (a dead driver closes the sockets).
     control = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
-    # (NCCL creates a communicator at its first collective: unused, this group costs nothing.)
-    command = dist.new_group(backend=backend, timeout=_IDLE_TIMEOUT) if backend == "nccl" else None
-    _WORLD = GroupCoordinator(
-        list(range(world)), rank, device, dist.group.WORLD, control, command
-    )
+    _WORLD = GroupCoordinator(list(range(world)), rank, device, dist.group.WORLD, control)
     tp_groups = [[p * tp + t for t in range(tp)] for p in range(pp)]
     pp_groups = [[p * tp + t for p in range(pp)] for t in range(tp)]
     _TP = _make_group(tp_groups, rank, device, backend)

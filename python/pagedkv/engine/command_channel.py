@@ -7,9 +7,11 @@ ring (distributed/shm_ring.py): the driver copies it in (one memcpy per array) a
 workers wait on the slot's sequence number. No collective, no round trip.
 
 BroadcastChannel: torchrun (multi-node: the ranks may not share memory). One broadcast of a
-fixed-size flat uint8 buffer over the world (a second one only for a command larger than the
-buffer); on CUDA the buffer lives on the device and goes over NCCL, on a group whose timeout
-is long because idle workers wait in it for as long as the engine is idle.
+fixed-size flat uint8 buffer over the world's gloo group (a second one only for a command
+larger than the buffer). Not NCCL, on purpose: idle workers wait in this broadcast for as long
+as the engine is idle, so its group has no timeout worth the name, and a driver that dies
+leaves an NCCL collective waiting forever, where gloo's sockets close and the workers end. At
+multi-node step times (tens of ms) one gloo broadcast per command is well under 1 %.
 """
 
 from __future__ import annotations
@@ -78,16 +80,10 @@ class BroadcastChannel:
 
     CAPACITY = 1 << 16  # bytes of the first broadcast: a decode step's plan up to ~100 seqs
 
-    def __init__(self, group: GroupCoordinator, device: torch.device) -> None:
-        self.src = group.ranks[0]
-        self.on_device = device.type == "cuda"
-        self.pg = group.command_group if self.on_device else group.cpu_group
-        self.device = device if self.on_device else torch.device("cpu")
-        self.host = torch.empty(self.CAPACITY, dtype=torch.uint8, pin_memory=self.on_device)
-        self.host_np = self.host.numpy()
-        self.buf = torch.empty_like(self.host, device=self.device) if self.on_device else self.host
-        # The last host-to-device copy of ``host``: done before ``host`` is written again.
-        self.copied = torch.cuda.Event() if self.on_device else None
+    def __init__(self, group: GroupCoordinator) -> None:
+        self.src, self.pg = group.ranks[0], group.cpu_group
+        self.buf = torch.empty(self.CAPACITY, dtype=torch.uint8)
+        self.buf_np = self.buf.numpy()
 
     def _broadcast(self, t: torch.Tensor) -> None:
         dist.broadcast(t, src=self.src, group=self.pg)
@@ -96,29 +92,24 @@ class BroadcastChannel:
         nbytes, pieces = command_codec.encode(name, args)
         # 8 bytes of length, then the command; what does not fit goes in a second broadcast.
         total = 8 + nbytes
-        if self.copied is not None:
-            self.copied.synchronize()
-        flat = self.host_np if total <= self.CAPACITY else np.empty(total, np.uint8)
+        flat = self.buf_np if total <= self.CAPACITY else np.empty(total, np.uint8)
         flat[:8].view(np.int64)[0] = nbytes
         command_codec.write(flat[8:], pieces)
-        if flat is not self.host_np:
-            self.host_np[:] = flat[: self.CAPACITY]
-        if self.copied is not None:
-            self.buf.copy_(self.host, non_blocking=True)
-            self.copied.record()
+        if flat is not self.buf_np:
+            self.buf_np[:] = flat[: self.CAPACITY]
         self._broadcast(self.buf)
         if total > self.CAPACITY:
-            self._broadcast(torch.from_numpy(flat[self.CAPACITY :]).to(self.device))
+            self._broadcast(torch.from_numpy(flat[self.CAPACITY :]))
 
     def recv(self) -> Command:
         self._broadcast(self.buf)
-        head = self.buf.cpu().numpy() if self.on_device else self.host_np
+        head = self.buf_np
         total = 8 + int(head[:8].view(np.int64)[0])
         if total <= self.CAPACITY:
             return command_codec.decode(head[8:total])
-        rest = torch.empty(total - self.CAPACITY, dtype=torch.uint8, device=self.device)
+        rest = torch.empty(total - self.CAPACITY, dtype=torch.uint8)
         self._broadcast(rest)
-        return command_codec.decode(np.concatenate([head, rest.cpu().numpy()])[8:])
+        return command_codec.decode(np.concatenate([head, rest.numpy()])[8:])
 
     def close(self) -> None:
         pass

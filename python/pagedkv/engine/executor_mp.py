@@ -10,7 +10,7 @@ Each call of the runner interface (execute, compute_logits, apply_block_ops, set
 sent to the workers as a command with the plan as flat arrays (PlanArrays), then run locally:
 all ranks run the same Worker method together (see worker.py). The commands travel as flat
 bytes (command_channel.py): through a shared-memory ring when the driver spawned the workers,
-as one flat-buffer broadcast under torchrun.
+as one flat-buffer broadcast (gloo) under torchrun.
 
 Failure: a monitor thread watches the worker processes; when one dies, the others are killed
 and the process groups aborted, so the driver's pending collective fails at once and the engine
@@ -103,7 +103,7 @@ class MultiprocExecutor:
             device = _rank_device(device, local_rank)
             init_distributed_environment(world, rank, backend, "env://", COLLECTIVE_TIMEOUT_S)
             initialize_model_parallel(tp, pp, device)
-            self._state.channel = BroadcastChannel(get_world_group(), device)
+            self._state.channel = BroadcastChannel(get_world_group())
             if rank != 0:
                 # torchrun forwards SIGTERM to every rank; only the driver decides what it means
                 # (the server drains, then shuts the workers down), as with Ctrl-C below.

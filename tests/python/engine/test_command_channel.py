@@ -144,7 +144,7 @@ def _broadcast_rank(rank: int, store_path: str) -> None:
     store = torch.distributed.FileStore(store_path, 2)
     init_distributed_environment(2, rank, "gloo", None, 30.0, store)
     initialize_model_parallel(2, 1, torch.device("cpu"))
-    chan = BroadcastChannel(get_world_group(), torch.device("cpu"))
+    chan = BroadcastChannel(get_world_group())
     # A small command, one past the first buffer (a second broadcast), then small again.
     commands = [("execute", (_plan(3, 2, 1),)), ("execute", (_plan(300, 80, 2),)), ("stop", ())]
     assert command_codec.encode(*commands[1])[0] > BroadcastChannel.CAPACITY

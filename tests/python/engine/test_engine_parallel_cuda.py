@@ -111,8 +111,9 @@ print("TOKENS" + json.dumps([o.outputs[0].token_ids for o in out]), flush=True)
 
 
 def test_torchrun_two_gpus_match_one(model: str, tmp_path: Any) -> None:
-    """torchrun's ranks: the driver's commands travel as one flat-buffer broadcast over NCCL
-    (command_channel.BroadcastChannel on the device), not through shared memory."""
+    """torchrun's ranks (NCCL between the GPUs): the driver's commands travel as one
+    flat-buffer broadcast over gloo (command_channel.BroadcastChannel), not through shared
+    memory."""
     script = tmp_path / "run.py"
     script.write_text(_TORCHRUN_SCRIPT)
     with socket.socket() as s:
