@@ -7,8 +7,8 @@ On the CPU (gloo), on a tiny model where the forward is cheap, so the per-step p
              the tiny model's all-reduces)
   transport  one step's command (a decode PlanArrays of batch B, 2 k-token block tables) from
              the driver to W workers by each carrier: the driver's send time and the latency
-             until a worker holds the decoded plan (system-wide monotonic clock), messages 2 ms
-             apart so none queues behind another:
+             until a worker holds the decoded plan (medians; system-wide monotonic clock),
+             messages 2 ms apart so none queues behind another:
                pickle   GroupCoordinator.broadcast_object over gloo (the carrier before #29)
                flat     one flat uint8 tensor broadcast over gloo (the torchrun path)
                shm      the shared-memory ring (single node), workers not spinning (the
@@ -183,8 +183,11 @@ def _transport_rank(rank: int, world: int, port: int, shm: Any, out: Any) -> Non
             dist.all_gather_object(gathered, (sends, times), group=group.cpu_group)
             if rank == 0:
                 t_send = [s for s, _ in gathered[0][0]][10:]
-                send_us = np.mean([b - a for a, b in gathered[0][0][10:]]) * 1e6
-                lat = [np.mean(np.array(w[1][10:]) - np.array(t_send)) * 1e6 for w in gathered[1:]]
+                # Medians: a shared machine's scheduling hiccups would dominate a mean.
+                send_us = np.median([b - a for a, b in gathered[0][0][10:]]) * 1e6
+                lat = [
+                    np.median(np.array(w[1][10:]) - np.array(t_send)) * 1e6 for w in gathered[1:]
+                ]
                 results[f"{kind}_b{bs}"] = (send_us, max(lat))
                 print(
                     f"transport {kind:6s} batch {bs:3d}: driver send {send_us:8.1f} us, "
