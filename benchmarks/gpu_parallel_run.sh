@@ -45,12 +45,12 @@ echo "== summary"
 $BENCH report --out-dir "$OUT"
 
 echo "== command transport (CPU, gloo / shared memory)"
-timeout -k 5 25 python3 benchmarks/parallel_step_overhead.py transport \
+timeout -k 5 20 python3 benchmarks/parallel_step_overhead.py transport \
   > "$OUT/transport.log" 2>&1
 echo "exit $?"; grep "^transport" "$OUT/transport.log"
 
 echo "== CUDA tests (2 GPUs)"
-timeout -k 5 80 python3 -m pytest tests/python/engine/test_engine_parallel_cuda.py -q \
+timeout -k 5 100 python3 -m pytest tests/python/engine/test_engine_parallel_cuda.py -q \
   -p no:cacheprovider --tb=short -rfE > "$OUT/parallel_cuda_tests.log" 2>&1
 echo "exit $?"; tail -25 "$OUT/parallel_cuda_tests.log"
 
