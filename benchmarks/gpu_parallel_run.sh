@@ -3,7 +3,8 @@
 # one call of under 5 minutes (the whole script runs under `timeout`):
 #   1. TP=1 vs TP=2 on a random-weight Llama-3-8B-shaped bf16 model (8 layers unless LAYERS):
 #      decode throughput at batch 1/32/256, prefill TFLOP/s, greedy agreement; summary.md
-#   2. NCCL all-reduce latency at decode sizes ([batch, 4096] bf16; eager and in a CUDA graph)
+#   2. all-reduce latency at decode sizes ([batch, 4096] bf16; eager and in a CUDA graph): NCCL
+#      and torch's symmetric-memory one-shot all-reduce (NVLink peer reads, no multicast)
 #   3. the per-step command transport on this host's CPUs (pickle over gloo vs flat broadcast vs
 #      the shared-memory ring: benchmarks/parallel_step_overhead.py transport)
 #   4. the CUDA tests of TP=2 / PP=2 / TP=2 fp8 engines and torchrun TP=2 against one GPU
