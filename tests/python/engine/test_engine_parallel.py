@@ -294,3 +294,57 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+_KILLED_DRIVER_SCRIPT = """
+import sys, time
+import torch
+from pagedkv import LLM
+
+
+def main():
+    torch.set_num_threads(1)
+    llm = LLM(sys.argv[1], device="cpu", skip_tokenizer_init=True, max_model_len=128,
+              kv_cache_space=0.01, tensor_parallel_size=2)
+    ring = llm.llm_engine.runner._state.channel.ring.shm.name
+    print("PIDS", ring, *[p.pid for p in llm.llm_engine.runner._state.procs], flush=True)
+    time.sleep(60)  # idle: the workers wait for a command
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_killed_driver_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
+    """The driver dies without a word (SIGKILL) while its workers wait on the command ring:
+    they notice within their liveness check and exit, and the ring's shared memory goes."""
+    script = tmp_path / "driver.py"
+    script.write_text(_KILLED_DRIVER_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), models["tiny-llama"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line
+        ring, *pids = line.split()[1:]
+        workers = [int(p) for p in pids]
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        any(_pid_alive(p) for p in workers) or os.path.exists(f"/dev/shm/{ring}")
+    ):
+        time.sleep(0.1)
+    assert not any(_pid_alive(p) for p in workers), "a worker outlived its killed driver"
+    assert not os.path.exists(f"/dev/shm/{ring}"), "the command ring outlived the engine"
