@@ -8,6 +8,7 @@
 #   3. the per-step command transport on this host's CPUs (pickle over gloo vs flat broadcast vs
 #      the shared-memory ring: benchmarks/parallel_step_overhead.py transport)
 #   4. the CUDA tests of TP=2 / PP=2 / TP=2 fp8 engines and torchrun TP=2 against one GPU
+#   5. PP=2 prefill with pipeline micro-batches off and on, on this host's CPUs (gloo)
 # Logs and JSON go to $OUT (default ./gpu_out). Timeouts: each step under `timeout`, the whole
 # script under 295 s; the engine's process groups time out after 600 s, and NCCL's watchdog
 # (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, heartbeat 60 s) turns a stuck collective into an error;
@@ -54,6 +55,10 @@ echo "== CUDA tests (2 GPUs)"
 timeout -k 5 100 python3 -m pytest tests/python/engine/test_engine_parallel_cuda.py -q \
   -p no:cacheprovider --tb=short -rfE > "$OUT/parallel_cuda_tests.log" 2>&1
 echo "exit $?"; tail -25 "$OUT/parallel_cuda_tests.log"
+
+echo "== pipeline micro-batches (CPU, gloo; last: the first thing the time limit cuts)"
+timeout -k 5 40 python3 benchmarks/parallel_step_overhead.py pipeline > "$OUT/pipeline.log" 2>&1
+echo "exit $?"; grep "^pipeline" "$OUT/pipeline.log"
 
 # No worker may outlive its engine.
 if pgrep -f "multiprocessing.spawn" > /dev/null; then

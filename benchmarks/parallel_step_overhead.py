@@ -15,7 +15,10 @@ On the CPU (gloo), on a tiny model where the forward is cheap, so the per-step p
                         CPU engine's setting: they yield, then sleep on a semaphore)
                shm-spin the same, workers busy-spinning first (the CUDA engine's setting)
 
-  PYTHONPATH=python python3 benchmarks/parallel_step_overhead.py [engine|transport|all]
+  pipeline   prefill time of PP=2 with micro-batches off and on (8 layers, hidden 256, 8 x 96
+             prompt tokens): the stages overlap when micro-batched
+
+  PYTHONPATH=python python3 benchmarks/parallel_step_overhead.py [engine|transport|pipeline|all]
 """
 
 from __future__ import annotations
@@ -83,6 +86,51 @@ def engine_steps(tp_sizes: List[int], batches: List[int], steps: int) -> Dict[st
                 )
                 res[f"tp{tp}_b{bs}"] = best * 1e3
                 print(f"engine tp={tp} batch {bs}: decode step {best * 1e3:.2f} ms", flush=True)
+            del llm
+    return res
+
+
+# ---------------------------------------------------------------------------------- pipeline
+def pipeline_prefill(micro_tokens: List[int], repeats: int) -> Dict[str, float]:
+    """Prefill time of PP=2 (one process per stage) with micro-batches off (0) or of the given
+    sizes: with them, stage 1 runs micro-batch j while stage 2 runs j-1."""
+    from pagedkv import LLM
+    from pagedkv.testing import save_random_model
+
+    torch.set_num_threads(1)
+    res: Dict[str, float] = {}
+    prompts = [{"prompt_token_ids": [3 + (i * 7 + j) % 250 for j in range(96)]} for i in range(8)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_random_model(
+            os.path.join(tmp, "m"),
+            "tiny-llama",
+            seed=0,
+            tokenizer=False,
+            vocab_size=300,
+            hidden_size=256,
+            head_dim=32,
+            intermediate_size=1024,
+            num_hidden_layers=8,
+        )
+        for micro in micro_tokens:
+            llm = LLM(
+                path,
+                device="cpu",
+                skip_tokenizer_init=True,
+                max_model_len=256,
+                kv_cache_space=0.05,
+                enable_prefix_caching=False,
+                pipeline_parallel_size=2,
+                pipeline_micro_batch_tokens=micro,
+            )
+            _run(llm, prompts[:2], 1)  # warm-up
+            best = min(_run(llm, prompts, 1) for _ in range(repeats))
+            res[f"micro{micro}"] = best * 1e3
+            print(
+                f"pipeline PP=2 micro-batch tokens {micro}: 8 x 96-token prefill "
+                f"{best * 1e3:.1f} ms",
+                flush=True,
+            )
             del llm
     return res
 
@@ -225,7 +273,9 @@ def transport(world: int) -> Dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", nargs="?", default="all", choices=["engine", "transport", "all"])
+    ap.add_argument(
+        "what", nargs="?", default="all", choices=["engine", "transport", "pipeline", "all"]
+    )
     ap.add_argument("--ranks", type=int, default=2, help="transport: driver + ranks-1 workers")
     ap.add_argument("--steps", type=int, default=24)
     args = ap.parse_args()
@@ -233,6 +283,8 @@ def main() -> None:
         engine_steps([1, 2], [1, 32], args.steps)
     if args.what in ("transport", "all"):
         transport(args.ranks)
+    if args.what in ("pipeline", "all"):
+        pipeline_prefill([0, 96], 5)
 
 
 if __name__ == "__main__":
