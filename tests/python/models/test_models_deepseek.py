@@ -83,6 +83,20 @@ def test_deepseek_greedy_matches_hf(case: str, tmp_path) -> None:
     print(f"{case}: max logprob gap vs HF {worst:.2e}")
 
 
+def test_deepseek_bf16_checkpoint_matches_hf(tmp_path) -> None:
+    """Weights stored in bfloat16 (the router's too), both sides computing in float32."""
+    path = save_random_model(
+        str(tmp_path / "bf16"),
+        "tiny-deepseek-v3",
+        seed=8,
+        tokenizer=False,
+        vocab_size=VOCAB,
+        dtype=torch.bfloat16,
+    )
+    prompts = _prompts(3)
+    assert_same_greedy(engine_greedy(_llm(path), prompts, 16), hf_greedy(path, prompts, 16))
+
+
 @pytest.mark.parametrize(
     ("preset", "overrides", "message"),
     [
