@@ -140,7 +140,9 @@ def test_bf16_on_cuda_agrees_with_hf_bf16(case: str, tmp_path) -> None:
     prompts = _prompts(len(case) + 1)
     got = engine_greedy(_llm(path, "bfloat16"), prompts, 24)
     ref_model = (
-        transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16, attn_implementation="eager"
+        )
         .to("cuda")
         .eval()
     )
