@@ -1,8 +1,9 @@
 """The parallel layers on real process groups (gloo, CPU): a tiny random Llama (2 KV heads),
 Qwen2 (1 KV head: replicated under TP=2, tied embeddings), Mixtral, Qwen2-MoE and DeepSeek
-(experts split along their intermediate dimension, shared experts; DeepSeek's MLA heads) sharded over 2 ranks, by tensors (TP=2) or
-by layers (PP=2, hidden states sent between the stages), must give the logits of the unsharded
-model, each rank having loaded only its shard."""
+(experts split along their intermediate dimension, shared experts; DeepSeek's MLA heads)
+sharded over 2 ranks, by tensors (TP=2) or by layers (PP=2, hidden states sent between the
+stages), must give the logits of the unsharded model, each rank having loaded only its
+shard."""
 
 from __future__ import annotations
 
