@@ -84,7 +84,8 @@ def main() -> None:
     print("prompt lengths", [len(p) for p in prompts], "first ids", [p[:3] for p in prompts])
     n = 24
     runs = {
-        "hf": hf_greedy(path, prompts, n),
+        "hf": hf_greedy(path, prompts, n),  # eager attention
+        "hf-default": hf_greedy(path, prompts, n, attn_implementation=None),
         "hf-nocap": hf_greedy(nocap, prompts, n),
         "cpu": engine_greedy(_engine(path, "cpu"), prompts, n),
         "cuda": engine_greedy(_engine(path, device), prompts, n),
@@ -99,6 +100,8 @@ def main() -> None:
         ("cuda", "hf-nocap"),
         ("cuda-nocap", "hf"),
         ("hf-nocap", "hf"),
+        ("hf-default", "hf"),
+        ("cuda", "hf-default"),
     ]:
         print(f"{a:>10} vs {b:<8}: {_gaps(runs[a], runs[b])}")
 
