@@ -74,6 +74,17 @@ CASES = {
     "gpt2": ("tiny-gpt2", dict(n_embd=256, n_head=4, n_layer=3, n_positions=1024)),
     # MLA (K and V padded to 64 / 128 in the cache) and grouped-routing MoE on the fused experts.
     "deepseek-v2": ("tiny-deepseek-v2", dict(hidden_size=256, max_position_embeddings=1024)),
+    # The released models' cache head size: K 128 + 64 = 192, V 128 padded to it.
+    "deepseek-v2-hd192": (
+        "tiny-deepseek-v2",
+        dict(
+            hidden_size=256,
+            max_position_embeddings=1024,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+    ),
     "deepseek-v3": (
         "tiny-deepseek-v3",
         dict(hidden_size=256, qk_nope_head_dim=96, qk_rope_head_dim=32, v_head_dim=64),

@@ -26,6 +26,18 @@ CASES = {
         "tiny-deepseek-v2",
         {"q_lora_rank": 24, "topk_method": "greedy", "rope_scaling": None, "v_head_dim": 32},
     ),
+    # The released models' head sizes: K 128 + 64 = 192, V 128 padded to 192.
+    "v2-head-192": (
+        "tiny-deepseek-v2",
+        {
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "topk_method": "greedy",
+        },
+    ),
     "v3": ("tiny-deepseek-v3", {}),
     "v3-rotate-half-yarn": (
         "tiny-deepseek-v3",
