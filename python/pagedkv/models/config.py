@@ -46,6 +46,8 @@ SEQUENCE_CLASSIFIERS = {
     "GPT2ForSequenceClassification": "GPT2LMHeadModel",
     "GPTNeoXForSequenceClassification": "GPTNeoXForCausalLM",
     "OPTForSequenceClassification": "OPTForCausalLM",
+    "DeepseekV2ForSequenceClassification": "DeepseekV2ForCausalLM",
+    "DeepseekV3ForSequenceClassification": "DeepseekV3ForCausalLM",
 }
 # config.json without "architectures": model_type -> HF architecture name.
 _MODEL_TYPES = {

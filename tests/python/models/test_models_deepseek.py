@@ -16,7 +16,9 @@ torch = need("torch")
 need("transformers")
 
 from pagedkv import LLM  # noqa: E402
+from pagedkv.models import load_model  # noqa: E402
 from pagedkv.models.config import ModelConfig  # noqa: E402
+from pagedkv.models.reference_backend import DenseAttentionBackend  # noqa: E402
 from pagedkv.testing import hf_config, save_random_model  # noqa: E402
 
 VOCAB = 256
@@ -107,6 +109,37 @@ def test_deepseek_bf16_checkpoint_matches_hf(tmp_path) -> None:
     )
     prompts = _prompts(3)
     assert_same_greedy(engine_greedy(_llm(path), prompts, 16), hf_greedy(path, prompts, 16))
+
+
+@pytest.mark.parametrize("version", ["2", "3"])
+def test_deepseek_sequence_classifier_matches_hf(version: str, tmp_path) -> None:
+    import transformers
+
+    arch = f"DeepseekV{version}ForSequenceClassification"
+    path = save_random_model(
+        str(tmp_path / arch),
+        f"tiny-deepseek-v{version}",
+        seed=9,
+        tokenizer=False,
+        vocab_size=VOCAB,
+        architectures=[arch],
+        num_labels=3,
+        pad_token_id=0,
+    )
+    model, config = load_model(path, torch.float32, "cpu")
+    assert config.is_classifier and config.num_labels == 3
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32
+    ).eval()
+    seqs = [torch.tensor(p) for p in _prompts(11)]
+    loc = np.cumsum([0] + [len(s) for s in seqs]).tolist()
+    hidden = model(
+        torch.cat(seqs), torch.cat([torch.arange(len(s)) for s in seqs]), DenseAttentionBackend(loc)
+    )
+    got = model.classify(hidden[[b - 1 for b in loc[1:]]])
+    with torch.no_grad():
+        expected = torch.cat([ref(s[None]).logits for s in seqs])
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
