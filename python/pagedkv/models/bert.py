@@ -122,8 +122,11 @@ def roberta_positions(
 class BertModel(nn.Module):
     """BertModel / BertForSequenceClassification (RoBERTa-style subclasses below)."""
 
-    # How the cross-encoder head reads a sequence (vLLM's default_pooling_type): its first token.
-    default_pooling_type = "CLS"
+    # What the pooling engine reads: the rows a default pooler (and ``classify``) takes, each
+    # sequence's first token (vLLM's default_pooling_type); and that attention is
+    # bidirectional (no chunked prefill, no prefix caching).
+    pooling_type = "CLS"
+    is_causal = False
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -85,6 +85,7 @@ def test_hidden_states_equal_hf(kind: str, tmp_path) -> None:
     path = save_random_encoder(str(tmp_path / kind), kind, seed=11)
     model, cfg = load_model(path, torch.float32, "cpu")
     assert cfg.is_encoder and not cfg.attention_spec(0).causal
+    assert model.pooling_type == "CLS" and not model.is_causal  # read by the pooling engine
     seqs, types = _encode(path)
     if kind == "bert":
         assert any(1 in t for t in types)  # the pairs carry segment B
