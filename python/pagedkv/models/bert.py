@@ -199,7 +199,12 @@ class BertModel(nn.Module):
                 if name.startswith(prefix):
                     name = name[len(prefix) :]
                     break
-            return None if name.startswith(_UNUSED) else name
+            if name.startswith(_UNUSED):
+                return None
+            # TF-converted checkpoints name LayerNorm's parameters gamma / beta.
+            return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+                "LayerNorm.beta", "LayerNorm.bias"
+            )
 
         written = load_weights_into(self, weights, _FUSED, rename=rename)
         if not any(name.startswith("pooler.") for name in written):

@@ -183,6 +183,8 @@ class ModelConfig:
             if s["rope_type"] == "yarn" and s.get("original_max_position_embeddings"):
                 length = int(s["original_max_position_embeddings"])
             length = int(length * float(s["factor"]))
+        if self.extra.get("roberta_positions"):  # rows 0..pad_token_id are never a position
+            length -= int(self.extra["pad_token_id"]) + 1
         return length
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBacken
 from pagedkv.models import load_model  # noqa: E402
 from pagedkv.models.bert import roberta_positions  # noqa: E402
 from pagedkv.models.config import ModelConfig  # noqa: E402
+from pagedkv.models.reference_backend import DenseAttentionBackend  # noqa: E402
 from pagedkv.testing import save_random_encoder  # noqa: E402
 
 TEXTS = [
@@ -101,6 +102,13 @@ def test_hidden_states_equal_hf(kind: str, tmp_path) -> None:
                 input_ids=torch.tensor([s]), token_type_ids=torch.tensor([t])
             ).last_hidden_state[0]
         assert (h - want).abs().max().item() <= 1e-4
+        # The torch reference backend honours AttentionSpec.causal too.
+        dense = model(torch.tensor(s), torch.arange(len(s)), DenseAttentionBackend(), None,
+                      torch.tensor(t))  # fmt: skip
+        assert (dense - want).abs().max().item() <= 1e-4
+    # RoBERTa's positions start at pad_token_id + 1: fewer tokens fit than the table's rows.
+    offset = 0 if kind == "bert" else cfg.extra["pad_token_id"] + 1
+    assert cfg.derived_max_model_len() == cfg.max_position_embeddings - offset
     # Non-causal for real: the first token of a sequence changes with a later token.
     s0 = list(seqs[1])
     s1 = s0[:-2] + [s0[-3], s0[-1]]
