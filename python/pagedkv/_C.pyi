@@ -438,9 +438,9 @@ def ops_balanced_decode_target(query: NDArray, key_cache: NDArray, value_cache: 
     The work items a balanced decode runs at once on this call's device (the planner's target_items).
     """
 
-def ops_context_attention_fwd(out: NDArray, query: NDArray, key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, block_tables: NDArray, query_start_loc: NDArray, seq_lens: NDArray, max_query_len: int, scale: float, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
+def ops_context_attention_fwd(out: NDArray, query: NDArray, key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, block_tables: NDArray, query_start_loc: NDArray, seq_lens: NDArray, max_query_len: int, scale: float, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None, causal: bool = True) -> None:
     """
-    Prefill/extend attention: new tokens attend causally to the cached context and themselves; writes `out`.
+    Prefill/extend attention: new tokens attend causally to the cached context and themselves (causal=False: to all of their sequence's keys); writes `out`.
     """
 
 def ops_copy_blocks(key_caches: Sequence[NDArray], value_caches: Sequence[NDArray], block_mapping: NDArray, stream: int = 0) -> None:

@@ -33,6 +33,10 @@ _HF_FAMILIES = {
     # Multi-head latent attention and grouped-routing MoE (models/deepseek_v2.py).
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v2",
+    # Encoders (non-causal attention, no generation: models/bert.py).
+    "BertModel": "bert",
+    "RobertaModel": "bert",
+    "XLMRobertaModel": "bert",
 }
 # `*ForSequenceClassification` heads on the families above: HF name -> the causal LM it wraps.
 SEQUENCE_CLASSIFIERS = {
@@ -48,6 +52,10 @@ SEQUENCE_CLASSIFIERS = {
     "OPTForSequenceClassification": "OPTForCausalLM",
     "DeepseekV2ForSequenceClassification": "DeepseekV2ForCausalLM",
     "DeepseekV3ForSequenceClassification": "DeepseekV3ForCausalLM",
+    # Cross-encoders: the encoder under its own head (pooler / classification head, bert.py).
+    "BertForSequenceClassification": "BertModel",
+    "RobertaForSequenceClassification": "RobertaModel",
+    "XLMRobertaForSequenceClassification": "XLMRobertaModel",
 }
 # config.json without "architectures": model_type -> HF architecture name.
 _MODEL_TYPES = {
@@ -66,6 +74,9 @@ _MODEL_TYPES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "bert": "BertModel",
+    "roberta": "RobertaModel",
+    "xlm-roberta": "XLMRobertaModel",
 }
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
@@ -135,6 +146,11 @@ class ModelConfig:
         return self.architecture in SEQUENCE_CLASSIFIERS
 
     @property
+    def is_encoder(self) -> bool:
+        """A bidirectional encoder (BERT family): non-causal attention, nothing to generate."""
+        return self.family == "bert"
+
+    @property
     def eos_token_ids(self) -> list[int]:
         if self.eos_token_id is None:
             return []
@@ -156,6 +172,7 @@ class ModelConfig:
             scale=self.head_dim**-0.5 if scale is None else scale,
             sliding_window=self.layer_sliding_window(layer_idx),
             logits_soft_cap=self.attn_logit_softcapping or 0.0,
+            causal=not self.is_encoder,
         )
 
     def derived_max_model_len(self) -> int:
@@ -174,6 +191,8 @@ class ModelConfig:
             if s["rope_type"] == "yarn" and s.get("original_max_position_embeddings"):
                 length = int(s["original_max_position_embeddings"])
             length = int(length * float(s["factor"]))
+        if self.extra.get("roberta_positions"):  # rows 0..pad_token_id are never a position
+            length -= int(self.extra["pad_token_id"]) + 1
         return length
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,6 +219,7 @@ class ModelConfig:
             "gpt_neox": _gpt_neox_fields,
             "gemma": _gemma_fields,
             "deepseek_v2": _deepseek_fields,
+            "bert": _bert_fields,
         }.get(family, _llama_fields)
         try:
             fields = parse(causal, d)
@@ -488,6 +508,37 @@ def _opt_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
         do_layer_norm_before=d.get("do_layer_norm_before", True),
         layer_norm_elementwise_affine=d.get("layer_norm_elementwise_affine", True),
         extra={"remove_final_layer_norm": d.get("_remove_final_layer_norm", False)},
+    )
+
+
+def _bert_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
+    """BERT / RoBERTa / XLM-R: post-LayerNorm blocks with biases everywhere, learned absolute
+    positions (RoBERTa's start after padding_idx) and token-type embeddings."""
+    kind = d.get("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise ValueError(
+            f"config.json: position_embedding_type {kind!r} is not supported for {arch} "
+            "(only 'absolute')"
+        )
+    if d.get("is_decoder") or d.get("add_cross_attention"):
+        raise ValueError(f"config.json: {arch} as a decoder (is_decoder) is not supported")
+    heads = d["num_attention_heads"]
+    roberta = arch != "BertModel"
+    return dict(
+        num_key_value_heads=heads,
+        head_dim=d["hidden_size"] // heads,
+        intermediate_size=d["intermediate_size"],
+        layer_norm_eps=d.get("layer_norm_eps", 1e-12),
+        attention_bias=True,
+        mlp_bias=True,
+        hidden_act=d.get("hidden_act", "gelu"),
+        extra={
+            "type_vocab_size": d.get("type_vocab_size", 2),
+            # RoBERTa / XLM-R number positions from pad_token_id + 1 (HF's padding_idx), and
+            # give pad tokens the position pad_token_id.
+            "roberta_positions": roberta,
+            "pad_token_id": d.get("pad_token_id", 1 if roberta else 0),
+        },
     )
 
 
