@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_sync
 from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.llm_inputs import (
     check_priority,
@@ -110,6 +111,26 @@ class LLM:
             self.llm_engine.abort_request(ids)  # a bad prompt rejects the whole call
             raise
         return self._run_engine(ids, use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        params: BeamSearchParams,
+        lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+        use_tqdm: bool = False,
+    ) -> List[BeamSearchOutput]:
+        """vLLM's beam search: per prompt, the ``params.beam_width`` best hypotheses (best
+        first), scored as HF transformers' beam search (engine/beam_search.py)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        items = normalise_prompts(prompts, None)
+        loras = per_prompt_lora(lora_request, len(items))
+        bar = progress_bar(total=len(items), desc="Beam search") if use_tqdm else None
+        try:
+            return beam_search_sync(self, items, params, loras, bar)
+        finally:
+            if bar is not None:
+                bar.close()
 
     def chat(
         self,
