@@ -232,20 +232,24 @@ async def beam_search_async(
     request_id: str,
     prompt_token_ids: List[int],
     params: BeamSearchParams,
-    max_tokens: int,
     lora_request: Any = None,
+    decode: Optional[Callable[[List[int]], str]] = None,
+    priority: int = 0,
 ) -> BeamSearchOutput:
     """Beam search of one tokenized prompt on an AsyncLLMEngine (the server's path): each
     step's beam requests run concurrently with everything else the engine serves. Cancelling
-    the call aborts the step's requests (their streams close)."""
-    search = BeamSearch(prompt_token_ids, params, engine.engine.eos_token_ids, max_tokens)
+    the call aborts the step's requests (their streams close). ``decode``: generated ids ->
+    text (default: the engine's decoder, special tokens skipped; None without a tokenizer);
+    the prompt must leave room for params.max_tokens (the server checks it)."""
+    core = engine.engine
+    search = BeamSearch(prompt_token_ids, params, core.eos_token_ids, params.max_tokens)
     kw = {"lora_request": lora_request} if lora_request is not None else {}
     step = 0
 
     async def one(i: int, ids: List[int]) -> StepLogprobs:
         final = None
         async for out in engine.generate(
-            ids, search.step_params(), f"{request_id}-beam{step}.{i}", **kw
+            ids, search.step_params(), f"{request_id}-beam{step}.{i}", priority=priority, **kw
         ):
             final = out  # cumulative outputs: the last one is the finished request
         return first_logprobs(final)
@@ -254,8 +258,9 @@ async def beam_search_async(
         steps = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(search.pending())))
         search.advance(steps)
         step += 1
-    decoder = getattr(engine.engine, "decoder", None)
-    return search.output(decoder.decode if decoder is not None else None)
+    if decode is None and getattr(core, "decoder", None) is not None:
+        decode = core.decoder.decode
+    return search.output(decode)
 
 
 def beam_search_sync(
