@@ -123,8 +123,7 @@ class BeamSearch:
         self.params = params
         self.eos = frozenset(() if params.ignore_eos else (int(t) for t in eos_token_ids))
         self.max_tokens = max_tokens
-        # HF's beams_to_keep: enough candidates that beam_width of them are not EOS.
-        self.num_candidates = max(2, 1 + len(self.eos)) * params.beam_width
+        self.num_candidates = num_candidates(params, len(self.eos))
         self.running: List[_Beam] = [_Beam()]  # HF starts from one beam (the others at -1e9)
         self.finished: List[Tuple[float, _Beam, str]] = []  # (score, beam, reason), best first
         self.num_generated = 0
@@ -137,15 +136,7 @@ class BeamSearch:
         return [self.prompt + b.tokens for b in self.running]
 
     def step_params(self) -> SamplingParams:
-        """One greedy token with the top candidates' logprobs; nothing else computed."""
-        return SamplingParams(
-            temperature=0.0,
-            max_tokens=1,
-            logprobs=self.num_candidates,
-            ignore_eos=True,
-            detokenize=False,
-            output_kind="final_only",
-        )
+        return step_params(self.num_candidates)
 
     def advance(self, steps: Sequence[StepLogprobs]) -> None:
         """One step: ``steps[i]`` is the top logprobs of the next token of ``running[i]``."""
@@ -207,6 +198,23 @@ class BeamSearch:
         return BeamSearchOutput(sequences=seqs)
 
 
+def num_candidates(params: BeamSearchParams, num_eos: int) -> int:
+    """HF's beams_to_keep: enough candidates a step that beam_width of them are not EOS."""
+    return max(2, 1 + (0 if params.ignore_eos else num_eos)) * params.beam_width
+
+
+def step_params(num_logprobs: int) -> SamplingParams:
+    """A beam's request: one greedy token with the top candidates' logprobs, no text."""
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=1,
+        logprobs=num_logprobs,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind="final_only",
+    )
+
+
 def first_logprobs(out: Any) -> StepLogprobs:
     """The top logprobs of the one token a beam request generated."""
     logprobs = out.outputs[0].logprobs
@@ -218,7 +226,7 @@ def first_logprobs(out: Any) -> StepLogprobs:
 def check_width(params: BeamSearchParams, num_eos: int, max_logprobs: int) -> None:
     """Each beam needs its top (HF's) 2 x beam_width candidates (more with several EOS ids)
     from the engine, which caps logprobs at max_logprobs."""
-    need = max(2, 1 + (0 if params.ignore_eos else num_eos)) * params.beam_width
+    need = num_candidates(params, num_eos)
     if need > max_logprobs:
         raise ValueError(
             f"beam_width={params.beam_width} needs the top {need} logprobs of each beam per "
@@ -276,8 +284,8 @@ def beam_search_sync(
     engine = llm.llm_engine
     eos = engine.eos_token_ids
     check_width(params, len(eos), engine.input_processor.max_logprobs)
-    probe = BeamSearch([], params, eos, params.max_tokens)
-    firsts = llm.generate(items, probe.step_params(), use_tqdm=False, lora_request=loras)
+    step = step_params(num_candidates(params, len(eos)))
+    firsts = llm.generate(items, step, use_tqdm=False, lora_request=loras)
     limit = engine.model_config.max_model_len
     searches = []
     for out in firsts:
@@ -297,7 +305,7 @@ def beam_search_sync(
                 prompts.append({"prompt_token_ids": ids})
                 owners.append(s)
                 step_loras.append(loras[i])
-        outs = llm.generate(prompts, probe.step_params(), use_tqdm=False, lora_request=step_loras)
+        outs = llm.generate(prompts, step, use_tqdm=False, lora_request=step_loras)
         by_search: Dict[int, List[StepLogprobs]] = {}
         for s, out in zip(owners, outs):
             by_search.setdefault(id(s), []).append(first_logprobs(out))

@@ -209,3 +209,16 @@ def test_bad_params_are_refused_by_name(llm: Any) -> None:
     with pytest.raises(TypeError, match="BeamSearchParams"):
         llm.beam_search([[5, 6, 7]], {"beam_width": 2})
     assert_no_leak(llm)
+
+
+def test_the_context_ends_hypotheses_as_in_generate(llm: Any) -> None:
+    """A prompt 3 tokens short of max_model_len: hypotheses of 3 tokens, finished by length,
+    the same as asking for 3 tokens."""
+    g = torch.Generator().manual_seed(1)
+    prompt = {"prompt_token_ids": torch.randint(3, VOCAB, (125,), generator=g).tolist()}
+    (out,) = llm.beam_search([prompt], BeamSearchParams(2, MAX_TOKENS, ignore_eos=True))
+    (short,) = llm.beam_search([prompt], BeamSearchParams(2, 3, ignore_eos=True))
+    assert [len(s.generated_token_ids) for s in out.sequences] == [3, 3]
+    assert [s.tokens for s in out.sequences] == [s.tokens for s in short.sequences]
+    assert {s.finish_reason for s in out.sequences} == {"length"}
+    assert_no_leak(llm)

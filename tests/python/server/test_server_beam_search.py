@@ -10,6 +10,7 @@ highest cumulative logprob (vLLM's meaning).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -150,4 +151,26 @@ def test_best_of_returns_the_most_likely_samples(http: Any, engine: Any) -> None
     r = http.post("/v1/completions", json={**body, "n": 1, "best_of": 3})
     assert r.status_code == 200, r.text
     assert [c["text"] for c in r.json()["choices"]] == [max(samples)[1]]
+    idle(engine)
+
+
+def test_a_cancelled_beam_search_aborts_its_requests(engine: Any) -> None:
+    """A client gone mid-search (the handler's task cancelled) leaves nothing in the engine."""
+    from pagedkv.engine.beam_search import beam_search_async
+
+    ids = engine.tokenizer.encode(PROMPTS[1])
+    params = BeamSearchParams(4, 100, ignore_eos=True)
+    steps = []
+
+    async def run() -> None:
+        task = asyncio.ensure_future(beam_search_async(engine, "gone", ids, params))
+        while not engine.engine.requests:  # until a step's beam requests are in
+            await asyncio.sleep(0.005)
+        steps.append(len(engine.engine.requests))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert steps and steps[0] >= 1
     idle(engine)
