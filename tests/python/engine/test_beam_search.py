@@ -10,18 +10,18 @@ left, and the beams' shared prefixes came from the prefix cache.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 from typing import Any
 
 import pytest
+from support.beam_reference import hf_beams
 from support.deps import need
 from support.engine import assert_no_leak
 
 torch = need("torch")
-transformers = need("transformers")
+need("transformers")
 
 from pagedkv import LLM, BeamSearchParams  # noqa: E402
 from pagedkv.engine.beam_search import beam_score  # noqa: E402
@@ -78,41 +78,6 @@ def _with_eos(model: str, eos: list[int]) -> str:
     return path
 
 
-@functools.lru_cache(maxsize=2)
-def _hf_model(path: str) -> Any:
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def _hf_beams(
-    path: str, prompt: list[int], width: int, lp: float, eos: bool
-) -> list[tuple[list[int], float]]:
-    """HF's hypotheses (generated tokens, EOS included) and scores, best first."""
-    ref = _hf_model(path)
-    eos_ids = ref.config.eos_token_id if eos else None
-    ref.generation_config.eos_token_id = eos_ids
-    eos_ids = [eos_ids] if isinstance(eos_ids, int) else eos_ids or []
-    with torch.no_grad():
-        out = ref.generate(
-            torch.tensor([prompt]),
-            do_sample=False,
-            num_beams=width,
-            num_return_sequences=width,
-            max_new_tokens=MAX_TOKENS,
-            length_penalty=lp,
-            output_scores=True,
-            return_dict_in_generate=True,
-            pad_token_id=0,
-        )
-    beams = []
-    for row, score in zip(out.sequences, out.sequences_scores):
-        tokens = row[len(prompt) :].tolist()
-        ends = [j for j, t in enumerate(tokens) if t in eos_ids]
-        if ends:  # HF pads after the EOS
-            tokens = tokens[: ends[0] + 1]
-        beams.append((tokens, float(score)))
-    return beams
-
-
 def _check_against_hf(llm: Any, path: str, width: int, lp: float, eos: bool) -> list[str]:
     prompts = _prompts()
     params = BeamSearchParams(
@@ -122,7 +87,7 @@ def _check_against_hf(llm: Any, path: str, width: int, lp: float, eos: bool) -> 
     assert_no_leak(llm)
     reasons = []
     for i, (prompt, out) in enumerate(zip(prompts, outs)):
-        expected = _hf_beams(path, prompt, width, lp, eos)
+        expected = hf_beams(path, prompt, width, lp, eos, MAX_TOKENS)
         assert len(out.sequences) == width
         for j, (seq, (ref_tokens, ref_score)) in enumerate(zip(out.sequences, expected)):
             assert seq.tokens[: len(prompt)] == prompt
@@ -221,4 +186,17 @@ def test_the_context_ends_hypotheses_as_in_generate(llm: Any) -> None:
     assert [len(s.generated_token_ids) for s in out.sequences] == [3, 3]
     assert [s.tokens for s in out.sequences] == [s.tokens for s in short.sequences]
     assert {s.finish_reason for s in out.sequences} == {"length"}
+    assert_no_leak(llm)
+
+
+def test_concurrency_limit_batches_the_prompts_alike(llm: Any) -> None:
+    prompts = [{"prompt_token_ids": p} for p in _prompts()]
+    params = BeamSearchParams(2, 4, ignore_eos=True)
+    together = llm.beam_search(prompts, params)
+    one_by_one = llm.beam_search(prompts, params, concurrency_limit=1)
+    assert [[s.tokens for s in o.sequences] for o in together] == [
+        [s.tokens for s in o.sequences] for o in one_by_one
+    ]
+    with pytest.raises(ValueError, match="concurrency_limit"):
+        llm.beam_search(prompts, params, concurrency_limit=0)
     assert_no_leak(llm)
