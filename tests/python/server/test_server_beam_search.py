@@ -121,6 +121,7 @@ REFUSED = [
     ({"use_beam_search": True, "temperature": 0.7}, "temperature"),
     ({"use_beam_search": True, "n": 3, "best_of": 2}, "n"),
     ({"use_beam_search": True, "best_of": 11}, "best_of"),  # 22 logprobs > max_logprobs 20
+    ({"use_beam_search": True, "priority": 3}, "priority"),  # fcfs: the engine's rule
     ({"length_penalty": 0.5}, "length_penalty"),
     ({"best_of": 2, "stream": True, "temperature": 1.0}, "best_of"),
     ({"best_of": 2, "temperature": 0.0}, "best_of"),  # greedy samples would all match

@@ -19,6 +19,8 @@ from pagedkv.engine.beam_search import (
     BeamSearchParams,
     beam_search_async,
     check_width,
+    num_candidates,
+    step_params,
 )
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.entrypoints.openai.errors import bad_request, field_named_in
@@ -165,7 +167,24 @@ def beam_jobs(
         max_tokens = serving.max_tokens_for(len(ids), requested, length_field, prompt_param)
         if requested is None and defaults.get("max_tokens") is not None:
             max_tokens = min(max_tokens, int(defaults["max_tokens"]))
-        jobs.append((ids, text, beam_search_params(req, max_tokens, cap, num_eos)))
+        params = beam_search_params(req, max_tokens, cap, num_eos)
+        if processor is not None:
+            # The beams' requests are checked again in the engine, past the point where an
+            # error can still be a 400: what they share (prompt, priority, limits) is checked
+            # here, once, as the first step's request.
+            first = step_params(num_candidates(params, num_eos))
+            try:
+                processor.process(
+                    "beam-check",
+                    None,
+                    first,
+                    prompt_token_ids=ids,
+                    priority=req.priority,
+                    limits=serving.state.limits,
+                )
+            except (ValueError, TypeError) as exc:
+                raise serving._as_400(exc, prompt_param) from exc
+        jobs.append((ids, text, params))
     return jobs
 
 
