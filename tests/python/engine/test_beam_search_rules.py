@@ -33,7 +33,7 @@ def test_hypotheses_score_with_the_eos_counted_and_the_search_stops_on_hf_heuris
     assert [(round(s, 6), b.tokens) for s, b, _ in search.finished] == [(-0.075, [1, 9])]
     assert search.pending() == [[100, 1, 4], [100, 2, 5]]
     search.advance([top(t9=-0.1, t7=-0.2), top(t9=-0.1, t8=-3.0)])
-    # [1, 4, EOS] (rank 1st) finishes at -0.5 / 3; [2, 5, EOS] (3rd) is dropped. The best
+    # [1, 4, EOS] (ranked first) finishes at -0.5 / 3; [2, 5, EOS] (3rd) is dropped. The best
     # running beam, [1, 4, 7] at -0.6 / 3 = -0.2, cannot beat the worst finished: done.
     assert search.done
     out = search.output(None)
