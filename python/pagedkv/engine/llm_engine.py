@@ -8,7 +8,8 @@ tokens and decides which sequences finished and why; the OutputProcessor
 (output_processor.py) detokenizes, applies stop strings and builds the RequestOutputs. The one
 thing flowing back is the samples a stop string finished, which the core then stops in the
 scheduler. n > 1 samples fork from the parent right after its prompt completes, sharing its
-prompt blocks.
+prompt blocks. With async_scheduling the core overlaps the host's work for the next step with
+the device's current one (see engine_core.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class LLMEngine:
             self.structured,
             self.config.max_num_seqs,
             LoRAAdmission(self.config.max_loras) if lora is not None else None,
+            self.config.async_scheduling,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
 
