@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from pagedkv.engine.outputs import Logprob
+from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler
 from pagedkv.engine.step_sampling import Entry, StepSampling, TokenLogprob
@@ -78,6 +79,8 @@ class StepResult:
     updates: List[SeqUpdate]
     # Prompt-logprob entries this step added (to req.prompt_logprobs), for their token texts.
     prompt_logprobs: List[Dict[int, Logprob]]
+    # The requests whose own work raised (already aborted here), with their errors.
+    failures: RequestFailures
 
 
 class EngineCore:
@@ -104,6 +107,7 @@ class EngineCore:
         self._inflight: Optional[_InFlight] = None  # overlapped: launched, not yet applied
         self._failed = False  # a failed step was interrupted while failing
         self._now = 0.0  # when the step under way was scheduled
+        self._failures = RequestFailures()  # the step's requests whose own work raised
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: RequestState, priority: int) -> None:
@@ -191,8 +195,9 @@ class EngineCore:
         After it raised, fail_step() must run before the next step."""
         assert not self._failed, "fail_step() first"
         self._step_entries = []
+        self._failures = RequestFailures()
         if self.async_scheduling:
-            return self._overlapped_step()
+            return self._with_failures(self._overlapped_step())
         plan = self._schedule()
         if plan is None:
             return None
@@ -202,7 +207,17 @@ class EngineCore:
         host = work.host(tokens)
         finished = self.scheduler.update(plan, host)
         self._plan = None
-        return self._apply(entries, host, work, finished, self._now)
+        return self._with_failures(self._apply(entries, host, work, finished, self._now))
+
+    def _with_failures(self, result: Optional[StepResult]) -> Optional[StepResult]:
+        """The step's result carrying every request failure found in it (the overlapped
+        step's too: found while sampling the next step, reported at once)."""
+        if result is None and not self._failures:
+            return None
+        if result is None:
+            result = StepResult(self._now, [], [], self._failures)
+        result.failures = self._failures
+        return result
 
     def _overlapped_step(self) -> Optional[StepResult]:
         prev = self._inflight
@@ -324,6 +339,11 @@ class EngineCore:
         for req, pos, d in work.prompt_logprobs:
             assert req.prompt_logprobs is not None and len(req.prompt_logprobs) == pos
             req.prompt_logprobs.append(d)
+        # A request whose own work raised leaves the step before the scheduler hears of its
+        # rows (their entries are dropped from the plan: they drew nothing).
+        for req, _ in work.failures.items():
+            self.abort_request(req)
+        self._failures.merge(work.failures)
         return work, tokens
 
     def _would_finish(self, sched_id: str, token: int) -> bool:
@@ -344,16 +364,20 @@ class EngineCore:
         done = {f.request_id: f for f in finished}
         logprobs, forks = work.logprobs, work.forks
         updates: List[SeqUpdate] = []
+        failures = self._failures
         for i, tok in enumerate(tokens.tolist()):
             entry = entries[i]
-            if tok < 0 or entry is None or entry[1].finished:
+            if tok < 0 or entry is None or entry[1].finished or entry[0] in failures:
                 continue
             req, seq = entry
             if forks and i in forks:  # before the parent can be finished by a stop string
                 updates += self._fork_children(req, seq, forks[i], logprobs)
             lp = logprobs.get(id(seq)) if logprobs else None
             updates.append(self._append(req, seq, tok, lp, done.get(seq.sched_id)))
-        return StepResult(now, updates, [d for _, _, d in work.prompt_logprobs])
+        for req, _ in failures.items():  # (a matcher that raised: the others were aborted)
+            self.abort_request(req)
+        kept = [u for u in updates if u.req not in failures]
+        return StepResult(now, kept, [d for _, _, d in work.prompt_logprobs], failures)
 
     def _fork_children(
         self,
@@ -384,7 +408,10 @@ class EngineCore:
             if seq.logprobs is not None and lp[1] is not None:
                 seq.logprobs.append(lp[1])
         # The matcher takes every token before the next step's bitmask is filled from it.
-        ended = seq.matcher is not None and advance(seq.matcher, tok)
+        ended = False
+        if seq.matcher is not None:
+            with self._failures.guard(req):
+                ended = advance(seq.matcher, tok)
         if fin is not None:
             seq.finish_reason, seq.stop_reason = fin.reason, fin.stop_token_id
             self.seq_owner.pop(seq.sched_id or "", None)
