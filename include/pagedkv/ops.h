@@ -99,6 +99,10 @@ struct AttentionOptions {
   std::optional<TensorView> alibi_slopes;  // [num_heads] float32
   float logits_soft_cap = 0.0f;            // > 0: logits = cap * tanh(logits / cap)
   int sliding_window = -1;                 // > 0: attend to the last `sliding_window` keys
+  // false (encoders, context_attention_fwd only): every query token sees all seq_lens keys of its
+  // sequence, later ones included; needs sliding_window off. Decode (one query at the sequence's
+  // end) sees the same keys either way.
+  bool causal = true;
   KVCacheDType kv_cache_dtype = KVCacheDType::kAuto;
   Scale k_scale;
   Scale v_scale;
@@ -228,7 +232,8 @@ int decode_partition_size(const TensorView& query, const TensorView& key_cache,
                           AttentionKernel kernel = AttentionKernel::kAuto);
 
 // Prefill / extend attention (chunked prefill, prefix reuse): the query tokens of each sequence
-// attend causally to the sequence's cached context (from the paged cache) and to themselves.
+// attend causally to the sequence's cached context (from the paged cache) and to themselves; with
+// opts.causal false (encoders) every query token attends to all of the sequence's keys.
 //   query, out: [num_tokens, num_heads, head_size]
 //   key, value: [num_tokens, num_kv_heads, head_size] of the new tokens (already written to the
 //               cache or not: the kernel reads the new tokens from here, the context from cache)

@@ -411,10 +411,12 @@ class PagedAttention:
         logits_soft_cap: float = 0.0,
         stream: Any = None,
         kernel: str = "auto",
+        causal: bool = True,
     ) -> Any:
         """Prefill / extend attention: the new tokens (query/key/value [num_tokens, heads,
-        head_size]) attend causally to their sequence's cached context and to themselves.
-        Returns the output like query. scale defaults to 1/sqrt(head_size)."""
+        head_size]) attend causally to their sequence's cached context and to themselves
+        (causal=False, for encoders: to all of their sequence's keys). Returns the output like
+        query. scale defaults to 1/sqrt(head_size)."""
         _tensor.check_array(query, "query")
         _check_rank(query, "query", (3,), "[num_tokens, num_heads, head_size]")
         output = _tensor.empty(query.shape, _tensor.dtype_name(query), like=query)
@@ -444,6 +446,7 @@ class PagedAttention:
             logits_soft_cap=logits_soft_cap,
             stream=stream,
             kernel=kernel,
+            causal=causal,
         )
         return _tensor.finish(output, query)
 

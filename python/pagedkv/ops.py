@@ -176,6 +176,13 @@ def _str(x: Any, name: str) -> str:
     return x
 
 
+def _bool(x: Any, name: str) -> bool:
+    """A Python bool (an int or a string is refused: a flag passed positionally by mistake)."""
+    if isinstance(x, bool):
+        return x
+    raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+
+
 def _window(sliding_window: Optional[int]) -> int:
     if sliding_window is None:
         return -1
@@ -659,6 +666,7 @@ def context_attention_fwd(
     logits_soft_cap: float = 0.0,
     stream: Any = None,
     kernel: str = "auto",
+    causal: bool = True,
 ) -> None:
     """Prefill / extend attention with a paged prefix (vLLM's prefix_prefill signature).
 
@@ -666,8 +674,10 @@ def context_attention_fwd(
     head_size]; b_loc: block tables [num_seqs, max_blocks] int32; b_start_loc: query_start_loc
     [num_seqs + 1] int32; b_seq_len: seq_lens [num_seqs] int32 (context + new tokens).
     Query token i of a sequence sits at position context_len + i and sees keys 0..itself
-    (and, with sliding_window, only the last sliding_window of them). sm_scale defaults to
-    1/sqrt(head_size). max_seq_len is unused (accepted for vLLM compatibility).
+    (and, with sliding_window, only the last sliding_window of them); with causal=False
+    (encoders) every query token sees all b_seq_len keys of its sequence (sliding_window must be
+    None). sm_scale defaults to 1/sqrt(head_size). max_seq_len is unused (accepted for vLLM
+    compatibility).
     """
     _arrays(
         q=q,
@@ -708,6 +718,7 @@ def context_attention_fwd(
         _window(sliding_window),
         stream_handle(stream, q),
         _str(kernel, "kernel"),
+        causal=_bool(causal, "causal"),
         **arrays,
     )
 

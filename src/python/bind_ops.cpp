@@ -262,11 +262,12 @@ void bind_ops(nb::module_& m) {
          int max_query_len, float scale, std::optional<InArray> alibi_slopes,
          const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
          int sliding_window, uintptr_t stream, const std::string& kernel,
-         std::optional<InArray> k_scale_array, std::optional<InArray> v_scale_array) {
-        const AttentionOptions o =
+         std::optional<InArray> k_scale_array, std::optional<InArray> v_scale_array, bool causal) {
+        AttentionOptions o =
             make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
                          make_scale(k_scale, k_scale_array, "k_scale"),
                          make_scale(v_scale, v_scale_array, "v_scale"), kernel);
+        o.causal = causal;
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView vk = to_view(key, "key"), vv = to_view(value, "value");
         const TensorView kc = to_view(key_cache, "key_cache");
@@ -283,9 +284,9 @@ void bind_ops(nb::module_& m) {
       "max_query_len"_a, "scale"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a,
       "v_scale"_a, "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
       "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
-      "v_scale_array"_a.none() = nb::none(),
+      "v_scale_array"_a.none() = nb::none(), "causal"_a = true,
       "Prefill/extend attention: new tokens attend causally to the cached context and "
-      "themselves; writes `out`.");
+      "themselves (causal=False: to all of their sequence's keys); writes `out`.");
 
   m.def(
       "ops_copy_blocks",

@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from pagedkv.engine.model_runner import fill_placeholders
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
 
@@ -149,10 +150,16 @@ class CudaGraphRunner:
         )
 
     def run(
-        self, plan: Any, intermediate: Any = None, lora_slots: Optional[np.ndarray] = None
+        self,
+        plan: Any,
+        intermediate: Any = None,
+        prev_tokens: Optional[torch.Tensor] = None,
+        lora_slots: Optional[np.ndarray] = None,
     ) -> torch.Tensor:
-        """``intermediate``: the previous stage's hidden states [n, hidden] (later stages);
-        ``lora_slots``: each row's adapter slot (-1 = none), or None for the plain graphs."""
+        """``intermediate``: the previous stage's hidden states [n, hidden] (later stages).
+        ``prev_tokens`` fill in the placeholder input ids of an overlapped step (see
+        ModelRunner.execute). ``lora_slots``: each row's adapter slot (-1 = none), or None for
+        the plain graphs."""
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
@@ -175,6 +182,8 @@ class CudaGraphRunner:
             hl[:n], hl[n:bs] = lora_slots[:n], -1
             self._dev_lora[:bs].copy_(self._host_lora[:bs], non_blocking=True)
         self._copied.record()
+        if prev_tokens is not None:
+            self.input_ids[:n].copy_(fill_placeholders(self.input_ids[:n], prev_tokens))
         if self.intermediate is not None:
             self.intermediate[:n].copy_(intermediate)  # padding rows keep finite old values
         if self.step_plans is not None:

@@ -126,6 +126,7 @@ class PagedAttentionBackend:
             sliding_window=spec.sliding_window,
             sm_scale=spec.scale,
             logits_soft_cap=spec.logits_soft_cap,
+            causal=spec.causal,
         )
 
     def _decode(
@@ -137,6 +138,8 @@ class PagedAttentionBackend:
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
     ) -> None:
+        if not spec.causal:  # an encoder's token would need keys that come after it
+            raise ValueError("non-causal (encoder) attention has no decode step")
         n = meta.num_prefills
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len

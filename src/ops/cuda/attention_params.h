@@ -37,6 +37,7 @@ struct AttnParams {
   DeviceScale k_scale, v_scale;  // fp8 cache dequantisation (1 otherwise); new tokens unscaled
   const float* alibi;            // [num_heads] float32 or nullptr
   int window;                    // > 0: keys with q_pos - key_pos < window
+  bool causal;                   // false (prefill of encoders): a query sees its whole sequence
   bool kv_vec;                   // cache runs can be read with 16-byte loads
   bool new_vec;                  // k_new / v_new rows can be read with 16-byte loads
 

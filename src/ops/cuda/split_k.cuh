@@ -11,7 +11,8 @@
 
 namespace pagedkv::cuda_ops {
 
-// Keys [lo, hi) a CTA attends to for the query at position q_pos: its sliding window and, in
+// Keys [lo, hi) a CTA attends to for a query whose last visible key is q_pos (its own position,
+// or its sequence's last for non-causal prefill, which has no window): its sliding window and, in
 // split mode, partition `part`. False when that partition starts past the query (the CTA then
 // writes nothing, as vLLM leaves such partitions untouched).
 __device__ __forceinline__ bool key_range(const AttnParams& p, int q_pos, int part, int& lo,
