@@ -50,6 +50,7 @@ _BOOL_FIELDS = (
     "trust_remote_code",
     "disable_log_stats",
     "enable_lora",
+    "async_scheduling",
 )
 
 
@@ -79,6 +80,9 @@ class EngineConfig:
     seed: Optional[int] = 0  # None means 0, as in vLLM V1
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # CUDA graphs cover decodes up to this length
+    # Schedule and launch step N+1 while the device runs step N (vLLM's async scheduling,
+    # SGLang's overlap scheduler): the serial loop's outputs, less device idle time.
+    async_scheduling: bool = False
     served_model_name: Optional[str] = None
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs have no text
     # Most logprobs / prompt_logprobs a request may ask for (vLLM's default 20; -1: the vocab).
@@ -206,6 +210,11 @@ class EngineConfig:
             )
         if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("enable_lora with tensor or pipeline parallelism is not supported yet")
+        if self.async_scheduling and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            # The workers would need the previous step's tokens on every rank's device.
+            raise ValueError(
+                "async_scheduling with tensor or pipeline parallelism is not supported yet"
+            )
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):

@@ -149,6 +149,12 @@ ENGINE_FLAGS = (
     ),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
     Flag(
+        "async_scheduling",
+        False,
+        "schedule and launch the next step while the device runs the current one",
+        kind="switch",
+    ),
+    Flag(
         "max_logprobs",
         20,
         "most logprobs (and prompt logprobs) a request may ask for; -1: the vocabulary size",
