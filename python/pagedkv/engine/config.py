@@ -106,6 +106,15 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
+    # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
+    # "pooling"; convert "auto" | "none" | "embed" | "classify" | "reward"; pooler_config (or its
+    # older name override_pooler_config): PoolerConfig fields over the checkpoint's own.
+    task: str = "auto"
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[Dict[str, Any]] = None
+    override_pooler_config: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -184,6 +193,9 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         self._check_model_source()
+        from pagedkv.engine.runner_choice import check_runner_args
+
+        check_runner_args(self)
 
     def _validate_lora(self) -> None:
         if self.max_loras < 1:

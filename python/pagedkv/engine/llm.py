@@ -14,14 +14,15 @@ import logging
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.llm_inputs import (
     check_priority,
     normalise_conversations,
     normalise_prompts,
     per_prompt_params,
 )
+from pagedkv.engine.llm_pooling import PoolingMixin
 from pagedkv.engine.outputs import RequestOutput
+from pagedkv.engine.runner_choice import make_engine
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.lora.request import LoRARequest
 from pagedkv.models.progress import progress_bar
@@ -48,12 +49,14 @@ def _ensure_log_handler() -> None:
     logger.propagate = False
 
 
-class LLM:
+class LLM(PoolingMixin):
     def __init__(
         self, model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any
     ) -> None:
         _ensure_log_handler()
-        self.llm_engine = LLMEngine(model, tokenizer=tokenizer, **kwargs)
+        # An LLMEngine, or a PoolingEngine for pooling models (embed / classify / score: see
+        # llm_pooling.py).
+        self.llm_engine = make_engine(model, tokenizer=tokenizer, **kwargs)
         self._counter = 0
 
     def get_tokenizer(self) -> Any:
@@ -81,6 +84,7 @@ class LLM:
         [...]}; ``prompts`` may be one prompt or a list. ``sampling_params`` is one for all or a
         list with one per prompt; so is ``lora_request`` (the LoRA adapter, None = the base
         model; needs enable_lora=True)."""
+        self._refuse_pooling("generate")
         items = normalise_prompts(prompts, prompt_token_ids)
         loras = per_prompt_lora(lora_request, len(items))
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
@@ -125,6 +129,7 @@ class LLM:
         ``messages`` is one conversation, a list of {"role": str, "content": str} dicts, or a
         list of such conversations. ``chat_template_kwargs`` (vLLM's name) and any other
         keyword (continue_final_message=True, ...) become variables of the template."""
+        self._refuse_pooling("chat")
         if chat_template_kwargs is not None:
             if not isinstance(chat_template_kwargs, dict):
                 raise TypeError(

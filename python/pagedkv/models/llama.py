@@ -230,6 +230,8 @@ class LlamaForCausalLM(CausalLM):
         head_from_embedding = cfg.tie_word_embeddings and not is_first_stage()
 
         def rename(name: str) -> Optional[str]:
+            if cfg.is_base_model and not name.startswith("model."):
+                name = "model." + name  # a bare LlamaModel's tensors (sentence-transformers)
             if "rotary_emb.inv_freq" in name:
                 return None
             if name == "lm_head.weight" and cfg.tie_word_embeddings:

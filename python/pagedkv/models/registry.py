@@ -96,8 +96,9 @@ def _local_dir(path: str, model: str) -> ModelSource:
 
 def model_class(architecture: str) -> type[nn.Module]:
     """The class for an HF architecture name; a ``*ForSequenceClassification`` one is its
-    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head)."""
-    from pagedkv.models.config import SEQUENCE_CLASSIFIERS
+    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head), a
+    bare ``*Model`` one (BASE_MODELS) the same class with no head."""
+    from pagedkv.models.config import BASE_MODELS, SEQUENCE_CLASSIFIERS
     from pagedkv.models.gemma import GemmaForCausalLM
     from pagedkv.models.gpt2 import GPT2LMHeadModel
     from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
@@ -122,10 +123,10 @@ def model_class(architecture: str) -> type[nn.Module]:
         "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     }
-    causal = SEQUENCE_CLASSIFIERS.get(architecture, architecture)
+    causal = SEQUENCE_CLASSIFIERS.get(architecture) or BASE_MODELS.get(architecture) or architecture
     if causal not in classes:
         raise ValueError(
             f"architecture {architecture!r} is not supported; supported: "
-            f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS)}"
+            f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS) + sorted(BASE_MODELS)}"
         )
     return classes[causal]
