@@ -164,7 +164,7 @@ class PoolingMixin:
         if tok is None:
             raise ValueError("score needs a tokenizer (skip_tokenizer_init=True)")
         ids = tok.hf(a, b)["input_ids"]
-        return {"prompt": None, "prompt_token_ids": list(ids)}
+        return {"prompt_token_ids": list(ids)}
 
     def _pool(
         self,
