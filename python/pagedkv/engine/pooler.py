@@ -134,12 +134,15 @@ def _st_pooling_type(folder: str) -> str:
     return ours[0]
 
 
-def matryoshka_info(directory: Optional[str]) -> tuple[bool, Optional[List[int]]]:
-    """(the model was trained for Matryoshka truncation, the sizes its config lists)."""
+def _hf_config(directory: Optional[str]) -> dict:
     if directory is None or not os.path.isfile(os.path.join(directory, "config.json")):
-        return False, None
+        return {}
     with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-        d = json.load(f)
+        return dict(json.load(f))
+
+
+def matryoshka_info(d: dict) -> tuple[bool, Optional[List[int]]]:
+    """(the model was trained for Matryoshka truncation, the sizes its config lists)."""
     dims = d.get("matryoshka_dimensions")
     return bool(d.get("is_matryoshka") or dims), (list(dims) if dims else None)
 
@@ -154,7 +157,11 @@ class Pooler:
         self.default_type = str(getattr(model, "pooling_type", "LAST"))
         self.is_classifier = bool(model.config.is_classifier)
         self.num_labels = int(model.config.num_labels or 0)
-        self.is_matryoshka, self.matryoshka_dims = matryoshka_info(directory)
+        hf = _hf_config(directory)
+        self.is_matryoshka, self.matryoshka_dims = matryoshka_info(hf)
+        # Class names of a classifier's outputs (config.json's id2label), for /classify.
+        labels = hf.get("id2label") or {}
+        self.id2label = {int(k): str(v) for k, v in labels.items()}
 
     # ------------------------------------------------------------------ what a task needs
     def pooling_type(self, task: str) -> str:

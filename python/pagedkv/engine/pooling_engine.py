@@ -32,6 +32,7 @@ import torch
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_setup import build_engine_parts
 from pagedkv.engine.input_processor import (
+    EngineRequest,
     InputProcessor,
     RequestLimits,
     check_request_id,
@@ -55,16 +56,12 @@ SUPPORTED_TASKS = {
 
 
 @dataclass
-class PoolingEngineRequest:
-    """A checked pooling request (what PoolingEngine.add_request runs as is)."""
+class PoolingEngineRequest(EngineRequest):
+    """A checked pooling request (what PoolingEngine.add_request runs as is). An EngineRequest
+    so that AsyncLLMEngine and the server pass it through unchanged; ``params`` holds the
+    PoolingParams, ``max_tokens`` is 1 (the placeholder token that ends it)."""
 
-    request_id: str
-    prompt: Optional[str]
-    prompt_token_ids: List[int]
-    params: PoolingParams
-    task: str
-    priority: int = 0
-    arrival_time: float = field(default_factory=time.time)
+    task: str = "embed"
 
 
 @dataclass
@@ -138,7 +135,7 @@ class PoolingInputProcessor:
         priority = self.base.check_priority(priority)
         text, ids = self._prompt(prompt, prompt_token_ids, params)
         return PoolingEngineRequest(
-            request_id, text, ids, params, task, priority, arrival_time or time.time()
+            request_id, text, ids, params, 1, priority, arrival_time or time.time(), task=task
         )
 
     def _prompt(
