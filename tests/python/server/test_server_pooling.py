@@ -28,20 +28,10 @@ TEXTS = ["hello world", "Paged attention keeps the KV cache in blocks.", "a b c 
 def _embedding_folder(root: str) -> str:
     """A causal LM checkpoint with sentence-transformers files: MEAN pooling, Normalize."""
     path = save_random_model(root, "tiny-llama", seed=4, head_dim=32, is_matryoshka=True)
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
     modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {
-            "idx": 2,
-            "name": "2",
-            "path": "2_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
+        {"idx": i, "name": str(i), "path": p, "type": f"sentence_transformers.models.{kind}"}
+        for i, (p, kind) in enumerate(kinds)
     ]
     with open(os.path.join(path, "modules.json"), "w") as f:
         json.dump(modules, f)
