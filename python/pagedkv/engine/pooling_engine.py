@@ -24,7 +24,7 @@ import logging
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Union, cast
 
 import numpy as np
 import torch
@@ -62,6 +62,10 @@ class PoolingEngineRequest(EngineRequest):
     PoolingParams, ``max_tokens`` is 1 (the placeholder token that ends it)."""
 
     task: str = "embed"
+
+    @property
+    def pooling_params(self) -> PoolingParams:
+        return cast(PoolingParams, self.params)
 
 
 @dataclass
@@ -135,7 +139,14 @@ class PoolingInputProcessor:
         priority = self.base.check_priority(priority)
         text, ids = self._prompt(prompt, prompt_token_ids, params)
         return PoolingEngineRequest(
-            request_id, text, ids, params, 1, priority, arrival_time or time.time(), task=task
+            request_id,
+            text,
+            ids,
+            params,  # type: ignore[arg-type]  # (EngineRequest declares SamplingParams)
+            1,
+            priority,
+            arrival_time or time.time(),
+            task=task,
         )
 
     def _prompt(
@@ -330,7 +341,7 @@ class PoolingEngine:
             [r.req.task for r in done],
             [r.rows_read() for r in done],
             [r.req.prompt_token_ids for r in done],
-            [r.req.params for r in done],
+            [r.req.pooling_params for r in done],
         )
         outs = []
         for run, x in zip(done, data):

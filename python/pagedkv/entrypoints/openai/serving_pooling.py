@@ -247,7 +247,7 @@ class OpenAIServingPooling(OpenAIServing):
             raise bad_request("use_activation applies to cross-encoders", param="use_activation")
         texts = list(dict.fromkeys(left + right))  # each distinct text embedded once
         keep = self._keep_last(req)
-        prompts = [
+        prompts: List[Prompt] = [
             (await self.encode_async(t, req.add_special_tokens, "text_1", keep), None)
             for t in texts
         ]
