@@ -278,27 +278,28 @@ class ModelRunner:
         On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
         ``lora_ids``: the LoRA adapter id of each of the plan's sequences (0 = none)."""
         if self.lora is None or lora_ids is None or not any(lora_ids):
-            return self._execute(plan, intermediate, False)
+            return self._execute(plan, intermediate, None)
         n_seq = int(plan.num_seqs)
         per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
-        self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
-        try:  # the captured graphs run without adapters: an adapter step runs eagerly
-            return self._execute(plan, intermediate, True)
+        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
+        try:
+            return self._execute(plan, intermediate, slots)
         finally:
             self.lora.end_step()
 
     def _execute(
-        self, plan: Any, intermediate: Optional[torch.Tensor], eager: bool
+        self, plan: Any, intermediate: Optional[torch.Tensor], lora_slots: Optional[np.ndarray]
     ) -> torch.Tensor:
+        """``lora_slots``: each token's adapter slot (-1 = none), None for a step without
+        adapters; a decode step with adapters replays the graphs captured with them."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
         if (
             self.graphs is not None
-            and not eager
             and plan.num_prefills == 0
-            and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))
+            and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len), lora_slots is not None)
         ):
-            return self.graphs.run(plan, intermediate)
+            return self.graphs.run(plan, intermediate, lora_slots)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self.device

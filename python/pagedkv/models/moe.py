@@ -76,6 +76,48 @@ class MoEConfig:
         return None
 
 
+# fused_experts' kernels: "pagedkv" is the core's grouped GEMM (include/pagedkv/moe.h, every
+# device and dtype); "grouped_mm" is torch's CUTLASS grouped GEMM (torch._grouped_mm, bf16 on
+# Hopper), which the H200 benchmark measured several times faster (benchmarks/RESULTS.md, "MoE").
+MOE_KERNELS = ("auto", "pagedkv", "grouped_mm")
+
+
+def _grouped_mm_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """torch._grouped_mm's conditions: a CUDA bf16 problem on sm90+, 16-byte aligned rows."""
+    return (
+        hasattr(torch, "_grouped_mm")
+        and x.is_cuda
+        and x.dtype == w13.dtype == w2.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        and x.shape[-1] % 8 == 0
+        and w2.shape[-1] % 8 == 0
+    )
+
+
+def _experts_grouped_mm(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act: str,
+) -> torch.Tensor:
+    """fused_experts through torch._grouped_mm: the (token, slot) pairs sorted by expert, one
+    grouped GEMM per projection over per-expert row ranges (offsets stay on the device: no host
+    sync, CUDA-graph safe), the weighted rows put back in pair order and summed per token in a
+    fixed order (deterministic, unlike an index_add)."""
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=w13.shape[0]), 0).to(torch.int32)
+    h = torch._grouped_mm(x[order // k], w13.transpose(1, 2), offs=offs)  # [T*k, 2I]
+    y = torch._grouped_mm(act_and_mul(act)(h), w2.transpose(1, 2), offs=offs)  # [T*k, H]
+    y = y * topk_weights.reshape(-1)[order].to(y.dtype).unsqueeze(1)
+    pairs = torch.empty_like(y)
+    pairs[order] = y
+    return pairs.view(t, k, -1).sum(dim=1)
+
+
 def fused_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -83,8 +125,14 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     act: str = "silu",
+    kernel: str = "auto",
 ) -> torch.Tensor:
-    """x [T, H] through each token's top-k experts, weighted and summed -> [T, H]."""
+    """x [T, H] through each token's top-k experts, weighted and summed -> [T, H]. ``kernel``:
+    one of MOE_KERNELS; "auto" takes grouped_mm where it applies, else pagedkv."""
+    if kernel not in MOE_KERNELS:
+        raise ValueError(f"kernel must be one of {MOE_KERNELS}, got {kernel!r}")
+    if kernel == "grouped_mm" or (kernel == "auto" and _grouped_mm_applies(x, w13, w2)):
+        return _experts_grouped_mm(x, w13, w2, topk_weights, topk_ids, act)
     t, k = topk_ids.shape
     num_experts = w13.shape[0]
     block = moe_ops.moe_block_size(t * k, num_experts)
@@ -268,6 +316,7 @@ __all__ = [
     "FusedMoE",
     "SparseMoeBlock",
     "fused_experts",
+    "MOE_KERNELS",
     "sparse_moe_block",
     "split_expert_weights",
     "canonical_name",
