@@ -149,7 +149,8 @@ def _build_rest(
         max_model_len=max_model_len,
     )
     scheduler = pagedkv.Scheduler(sched_cfg)
-    runner.capture_cuda_graphs(cfg.max_num_seqs)
+    if cfg.runner != "pooling":  # pooling steps are prefills: no decode graph would replay
+        runner.capture_cuda_graphs(cfg.max_num_seqs)
     eos = _eos_ids(tokenizer, mc, gen_eos_token_ids(generation))
     name = cfg.model or "smollm2"
     model_config = EngineModelConfig(
