@@ -173,3 +173,20 @@ def test_pooling_refusals(folders) -> None:
     assert len(out.prompt_token_ids) == 5
     with pytest.raises(ValueError, match="LLM.embed needs a pooling model"):
         LLM(device="cpu", kv_cache_space=0.02, max_model_len=64).embed("hi")
+
+
+def test_causal_lm_config_over_bare_model_tensors(folders, tmp_path) -> None:
+    """Qwen3-Embedding's layout: a *ForCausalLM config (tied head) over tensors saved without
+    the "model." prefix, served with task="embed"."""
+    import json
+    import shutil
+
+    path = str(tmp_path / "qwen3-embedding-like")
+    shutil.copytree(folders["cls"], path)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(architectures=["Qwen3ForCausalLM"], tie_word_embeddings=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    outs = _llm(path, task="embed").embed(TEXTS, use_tqdm=False)
+    _assert_same(_embeddings(outs), _reference(folders["cls"], TEXTS))
