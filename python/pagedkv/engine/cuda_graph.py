@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from pagedkv.engine.model_runner import fill_placeholders
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
 
@@ -47,6 +48,8 @@ class CudaGraphRunner:
         self.num_heads, self.num_kv_heads = runner.num_heads, runner.num_kv_heads  # this rank's
         self.head_dim, self.block_size = runner.head_dim, runner.block_size
         self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
+        # The balanced decode's plans (refilled before each replay where the graphs use them).
+        self.step_plans = runner.step_plans
         self.batch_sizes = capture_sizes(max_num_seqs)
         self.max_len = min(runner.max_model_len, runner.cfg.max_seq_len_to_capture)
         max_bs, dev = self.batch_sizes[-1], runner.device
@@ -93,6 +96,7 @@ class CudaGraphRunner:
             self.head_dim,
             self.block_size,
             self.kv_cache_dtype,
+            self.step_plans,
         )
         backend.set_metadata(
             AttentionMetadata(
@@ -112,6 +116,8 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def _capture_all(self) -> None:
         model, pool = self.model, None
+        if self.step_plans is not None:
+            self.step_plans.begin_step(None)  # capture: the graphs' fixed schedule
         with _gc_paused():
             # Largest first, so smaller graphs reuse the memory pool of the larger ones.
             for bs in reversed(self.batch_sizes):
@@ -144,10 +150,16 @@ class CudaGraphRunner:
         )
 
     def run(
-        self, plan: Any, intermediate: Any = None, lora_slots: Optional[np.ndarray] = None
+        self,
+        plan: Any,
+        intermediate: Any = None,
+        prev_tokens: Optional[torch.Tensor] = None,
+        lora_slots: Optional[np.ndarray] = None,
     ) -> torch.Tensor:
-        """``intermediate``: the previous stage's hidden states [n, hidden] (later stages);
-        ``lora_slots``: each row's adapter slot (-1 = none), or None for the plain graphs."""
+        """``intermediate``: the previous stage's hidden states [n, hidden] (later stages).
+        ``prev_tokens`` fill in the placeholder input ids of an overlapped step (see
+        ModelRunner.execute). ``lora_slots``: each row's adapter slot (-1 = none), or None for
+        the plain graphs."""
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
@@ -170,8 +182,12 @@ class CudaGraphRunner:
             hl[:n], hl[n:bs] = lora_slots[:n], -1
             self._dev_lora[:bs].copy_(self._host_lora[:bs], non_blocking=True)
         self._copied.record()
+        if prev_tokens is not None:
+            self.input_ids[:n].copy_(fill_placeholders(self.input_ids[:n], prev_tokens))
         if self.intermediate is not None:
             self.intermediate[:n].copy_(intermediate)  # padding rows keep finite old values
+        if self.step_plans is not None:
+            self.step_plans.fill_all(seq_lens, bs)  # padding rows: no items (zero output)
         graph, out = (self.graphs if lora_slots is None else self.lora_graphs)[bs]
         graph.replay()
         self.num_replays += 1

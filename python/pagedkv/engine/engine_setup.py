@@ -238,6 +238,12 @@ def check_servable(mc: Any, pooling: bool = False) -> None:
         )
     if pooling:
         return
+    if mc.is_encoder:
+        raise ValueError(
+            f"{mc.architecture} is an encoder model (embeddings / classification / scores): "
+            "it cannot generate text; serve it with task='embed' / 'classify' / 'score' "
+            "(or runner='pooling')"
+        )
     if mc.is_classifier:
         raise ValueError(
             f"{mc.architecture} is a sequence-classification model: it scores "

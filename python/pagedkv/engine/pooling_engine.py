@@ -266,7 +266,6 @@ class PoolingEngine:
             request_id,
             req.prompt_token_ids,
             1,  # the placeholder token that ends it once the prompt is done
-            eos_token_id=None,
             stop_token_ids=[],
             priority=req.priority,
             ignore_eos=True,
@@ -307,7 +306,8 @@ class PoolingEngine:
             self._fail(plan, ids)
             raise
         finished = self.scheduler.update(plan, np.where(completes, 0, -1).astype(np.int64))
-        return self._finish([self.requests.pop(rid) for rid in finished if rid in self.requests])
+        ids_done = [f.request_id for f in finished]  # (all by length: the placeholder token)
+        return self._finish([self.requests.pop(rid) for rid in ids_done if rid in self.requests])
 
     def _gather(
         self, plan: Any, ids: List[Optional[str]], completes: np.ndarray, hidden: torch.Tensor
