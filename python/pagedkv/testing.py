@@ -498,6 +498,7 @@ def save_random_model(
 # Encoders (models/bert.py): transformers class names per kind (config, base model, classifier).
 ENCODER_KINDS = {
     "bert": ("BertConfig", "BertModel", "BertForSequenceClassification"),
+    "roberta": ("RobertaConfig", "RobertaModel", "RobertaForSequenceClassification"),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "XLMRobertaForSequenceClassification"),
 }
 _ENCODER_WORDS = [
@@ -550,12 +551,13 @@ def save_random_encoder(
     seed: int = 0,
     **overrides: Any,
 ) -> str:
-    """A tiny random BERT / XLM-RoBERTa checkpoint written by transformers' own classes
-    (``BertModel(BertConfig(...)).save_pretrained``), with its tokenizer (WordPiece for BERT,
-    Unigram for XLM-R). ``num_labels``: the ``*ForSequenceClassification`` cross-encoder
-    instead of the bare encoder. Weights are random with non-zero biases and LayerNorm weights
-    (transformers initialises those to 0 and 1, which would hide a missing bias or norm).
-    ``overrides`` replace config keys. Returns out_dir."""
+    """A tiny random BERT / RoBERTa / XLM-RoBERTa checkpoint written by transformers' own
+    classes (``BertModel(BertConfig(...)).save_pretrained``), with its tokenizer (WordPiece for
+    BERT, Unigram with RoBERTa's pair template otherwise). ``num_labels``: the
+    ``*ForSequenceClassification`` cross-encoder instead of the bare encoder. Weights are
+    random with non-zero biases and LayerNorm weights (transformers initialises those to 0 and
+    1, which would hide a missing bias or norm). ``overrides`` replace config keys. Returns
+    out_dir."""
     import transformers
 
     if kind not in ENCODER_KINDS:
