@@ -1,7 +1,7 @@
 """pagedkv C++ core: block allocator, scheduler and paged-attention ops"""
 
 from collections.abc import Sequence
-from typing import Annotated, overload
+from typing import Annotated
 
 import numpy
 import numpy.typing
@@ -194,6 +194,25 @@ class SchedulerConfig:
 
     def __repr__(self) -> str: ...
 
+class FinishedRequest:
+    """
+    A sequence the scheduler finished: request_id, reason ('stop' for an EOS or stop id, 'length' for max_tokens) and stop_token_id (the stop id that ended it; None for EOS and length).
+    """
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def stop_token_id(self) -> int | None: ...
+
+    @property
+    def is_eos(self) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
 class StepPlan:
     """
     One step's batch: prefills first, then decodes. Arrays are views valid until the next schedule(). Apply blocks_to_swap_out, blocks_to_swap_in, then blocks_to_copy before running the model. block_tables is padded with 0.
@@ -301,9 +320,9 @@ class Scheduler:
     @property
     def config(self) -> SchedulerConfig: ...
 
-    def add_request(self, request_id: str, prompt_token_ids: object, max_tokens: int, eos_token_id: int | None = None, stop_token_ids: object | None = (), priority: int = 0, ignore_eos: bool = False, min_tokens: int = 0, cache_salt: object | None = 0) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: object, max_tokens: int, eos_token_id: int | None = None, eos_token_ids: object | None = (), stop_token_ids: object | None = (), priority: int = 0, ignore_eos: bool = False, min_tokens: int = 0, cache_salt: object | None = 0) -> None:
         """
-        Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens > max_model_len, or a request that could never fit in num_blocks.
+        Queue a request. It finishes on any of eos_token_ids (and eos_token_id), unless ignore_eos, or stop_token_ids, once it has min_tokens; or at max_tokens. ValueError for an empty prompt, a duplicate id, prompt + max_tokens > max_model_len, or a request that could never fit in num_blocks.
         """
 
     def abort_request(self, request_id: str) -> bool:
@@ -312,18 +331,30 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Plan the next step (a StepPlan)."""
 
-    @overload
-    def update(self, plan: StepPlan, sampled_token_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list: ...
-
-    @overload
-    def update(self, plan: StepPlan, sampled_token_ids: object) -> list:
+    def update(self, plan: StepPlan, sampled_token_ids: object) -> list[FinishedRequest]:
         """
-        Apply a step's sampled tokens (one per plan entry, -1 where the entry does not sample). Returns the ids of the requests that finished (they are freed).
+        Apply a step's sampled tokens (one per plan entry, -1 where the entry does not sample). Returns the requests that finished (they are freed), with their reasons.
         """
 
-    def fork(self, parent_id: str, child_id: str, first_token: int) -> bool:
+    def advance(self, plan: StepPlan) -> None:
         """
-        n > 1 sampling: a child sharing the parent's prompt blocks. True if it finished at once (and was freed).
+        Overlap: the plan ran; each sampling entry i holds placeholder token -1 - i until resolve(). schedule() may run next.
+        """
+
+    def resolve(self, sampled_token_ids: object) -> list[FinishedRequest]:
+        """
+        Overlap: the advanced step's tokens (one per entry of its plan). Returns the finished requests; their entries in a plan scheduled since become slot -1.
+        """
+
+    @property
+    def has_unresolved_step(self) -> bool: ...
+
+    def would_finish(self, request_id: str, token: int) -> FinishedRequest | None:
+        """Whether `token` as the request's next token would finish it (and why)."""
+
+    def fork(self, parent_id: str, child_id: str, first_token: int) -> FinishedRequest | None:
+        """
+        n > 1 sampling: a child sharing the parent's prompt blocks. Returns why it finished at once (it is then freed), or None.
         """
 
     def has_unfinished_requests(self) -> bool: ...
@@ -370,6 +401,10 @@ SUPPORTED_HEAD_SIZES: tuple = (32, 64, 80, 96, 112, 120, 128, 192, 256)
 
 PARTITION_SIZE: int = 512
 
+BALANCED_MIN_CHUNK: int = 128
+
+BALANCED_ITEM_INTS: int = 4
+
 def ops_reshape_and_cache(key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, slot_mapping: NDArray, kv_cache_dtype: str, k_scale: float, v_scale: float, flash: bool, stream: int = 0, k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """
     Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at slot_mapping (vLLM layout, or NHD when flash=True).
@@ -381,6 +416,26 @@ def ops_paged_attention_v1(out: NDArray, query: NDArray, key_cache: NDArray, val
 def ops_paged_attention_v2(out: NDArray, exp_sums: NDArray, max_logits: NDArray, tmp_out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, partition_size: int = 512, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """
     Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.
+    """
+
+def ops_paged_attention_balanced(out: NDArray, exp_sums: NDArray, max_logits: NDArray, tmp_out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, work_items: NDArray, seq_offsets: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None, lse: NDArray | None = None) -> None:
+    """
+    Work-balanced decode attention over a plan (ops_plan_balanced_decode): each work item's partial into its workspace row, then each sequence's rows merged into `out` (and their log-sum-exps into `lse` [num_heads, num_seqs] when given).
+    """
+
+def ops_merge_attn_states(output: NDArray, prefix_output: NDArray, prefix_lse: NDArray, suffix_output: NDArray, suffix_lse: NDArray, output_lse: NDArray | None = None, stream: int = 0) -> None:
+    """
+    Merges two attention results over disjoint keys by their log-sum-exps (vLLM merge_attn_states).
+    """
+
+def ops_plan_balanced_decode(seq_lens: NDArray, work_items: NDArray, seq_offsets: NDArray, target_items: int, sliding_window: int = -1, min_chunk: int = 128) -> int:
+    """
+    Fills a work-balanced decode plan (host int32 arrays) from host seq_lens; returns the work items used.
+    """
+
+def ops_balanced_decode_target(query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, kv_cache_dtype: str, kernel: str = 'auto') -> int:
+    """
+    The work items a balanced decode runs at once on this call's device (the planner's target_items).
     """
 
 def ops_context_attention_fwd(out: NDArray, query: NDArray, key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, block_tables: NDArray, query_start_loc: NDArray, seq_lens: NDArray, max_query_len: int, scale: float, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None, causal: bool = True) -> None:

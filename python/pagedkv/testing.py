@@ -278,6 +278,81 @@ PRESETS: dict[str, dict[str, Any]] = {
         hidden_act="silu",
         use_sliding_window=False,
     ),
+    # MLA without a query bottleneck, a value head wider than the key (K and q padded), YaRN
+    # with mscale_all_dim (the softmax scale), group-limited softmax routing over 4 groups of 2,
+    # two shared experts, biases on the attention and MLPs; layer 0 dense.
+    "tiny-deepseek-v2": dict(
+        architectures=["DeepseekV2ForCausalLM"],
+        model_type="deepseek_v2",
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_shared_experts=2,
+        num_experts_per_tok=2,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=1.5,
+        norm_topk_prob=False,
+        first_k_dense_replace=1,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rope_scaling={
+            "type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        attention_bias=True,
+        mlp_bias=True,
+    ),
+    # A query bottleneck (q_lora_rank), interleaved rope, a value narrower than the key (V
+    # padded), noaux_tc routing: sigmoid scores, a correction bias, groups by their two best.
+    "tiny-deepseek-v3": dict(
+        architectures=["DeepseekV3ForCausalLM"],
+        model_type="deepseek_v3",
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=48,
+        kv_lora_rank=32,
+        qk_nope_head_dim=48,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rope_interleave=True,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        attention_bias=True,
+    ),
 }
 
 
@@ -409,6 +484,9 @@ def _hf_tensors(cfg_dict: dict[str, Any], g: torch.Generator) -> dict[str, torch
         model = getattr(transformers, cfg_dict["architectures"][0])(hf_cfg)
     params = dict(model.named_parameters())  # tied copies appear once
     t: dict[str, torch.Tensor] = {}
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router: in the checkpoint
+            t[name] = _bias(g, buf.shape[0])
     for module_name, module in model.named_modules():
         prefix = module_name + "." if module_name else ""
         for pname, p in module.named_parameters(recurse=False):
@@ -416,7 +494,9 @@ def _hf_tensors(cfg_dict: dict[str, Any], g: torch.Generator) -> dict[str, torch
             if name not in params:
                 continue
             shape = tuple(p.shape)
-            if pname == "bias":
+            if len(shape) == 3:  # stacked experts [E, out, in] (transformers 5)
+                t[name] = torch.stack([_linear(g, shape[1], shape[2]) for _ in range(shape[0])])
+            elif pname == "bias":
                 t[name] = _bias(g, shape[0])
             elif isinstance(module, nn.Embedding):
                 t[name] = torch.randn(*shape, generator=g) / math.sqrt(shape[1])

@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_sync
 from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.llm_inputs import (
     check_priority,
@@ -110,6 +111,35 @@ class LLM:
             self.llm_engine.abort_request(ids)  # a bad prompt rejects the whole call
             raise
         return self._run_engine(ids, use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        params: BeamSearchParams,
+        lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+        use_tqdm: bool = False,
+        concurrency_limit: Optional[int] = None,
+    ) -> List[BeamSearchOutput]:
+        """vLLM's beam search: per prompt, the ``params.beam_width`` best hypotheses (best
+        first), scored as HF transformers' beam search (engine/beam_search.py). At most
+        ``concurrency_limit`` prompts search at a time (None: all of them)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        items = normalise_prompts(prompts, None)
+        loras = per_prompt_lora(lora_request, len(items))
+        limit = max(len(items), 1) if concurrency_limit is None else concurrency_limit
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"concurrency_limit must be a positive integer, got {limit!r}")
+        bar = progress_bar(total=len(items), desc="Beam search") if use_tqdm else None
+        try:
+            outs: List[BeamSearchOutput] = []
+            for at in range(0, len(items), limit):
+                chunk = slice(at, at + limit)
+                outs += beam_search_sync(self, items[chunk], params, loras[chunk], bar)
+            return outs
+        finally:
+            if bar is not None:
+                bar.close()
 
     def chat(
         self,

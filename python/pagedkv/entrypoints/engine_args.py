@@ -179,6 +179,14 @@ ENGINE_FLAGS = (
         type=t.int_at_least(1),
     ),
     Flag(
+        "pipeline_micro_batch_tokens",
+        256,
+        "under pipeline parallelism, a step with at least twice this many prefill tokens "
+        "runs as micro-batches of at least this many (at most one per stage), so the stages "
+        "overlap; 0: never (decode-only steps always run whole)",
+        type=t.int_at_least(0),
+    ),
+    Flag(
         "enable_lora",
         False,
         "serve LoRA adapters (PEFT folders) next to the base model",
