@@ -110,11 +110,13 @@ class EngineConfig:
     override_generation_config: Optional[Dict[str, Any]] = None  # its keys replaced
     # LoRA adapters (pagedkv.lora): max_loras device slots (the most adapters one step may use)
     # of rank up to max_lora_rank; max_cpu_loras adapters kept in host memory (default
-    # max_loras).
+    # max_loras); lora_kernel: how the deltas run, one of models/lora.py's LORA_KERNELS ("auto":
+    # torch._grouped_mm's SGMV on Hopper bf16, else the core's BGMV ops).
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    lora_kernel: str = "auto"
     # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
     # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
     # "pooling"; convert "auto" | "none" | "embed" | "classify" | "reward"; pooler_config (or its
@@ -212,6 +214,12 @@ class EngineConfig:
         check_runner_args(self)
 
     def _validate_lora(self) -> None:
+        from pagedkv.models.lora import LORA_KERNELS
+
+        if self.lora_kernel not in LORA_KERNELS:
+            raise ValueError(
+                f"lora_kernel must be one of {', '.join(LORA_KERNELS)}, got {self.lora_kernel!r}"
+            )
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
