@@ -5,8 +5,11 @@ one slot, all slots, ranks below max_rank and slices an adapter does not target.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from support.deps import need
+from support.lora_reference import lora_linear_ref
 
 torch = need("torch")
 
@@ -58,6 +61,10 @@ def _adapters(
     return out
 
 
+def _np(t: Any) -> Any:
+    return None if t is None else t.detach().double().numpy()
+
+
 def _reference(
     layer: torch.nn.Module,
     x: torch.Tensor,
@@ -65,17 +72,9 @@ def _reference(
     idx: torch.Tensor,
     sizes: list[int],
 ) -> torch.Tensor:
-    w = layer.weight.double()
-    bias = layer.bias
-    y = x.double() @ w.T + (0 if bias is None else bias.double())
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    for t, slot in enumerate(idx.tolist()):
-        if slot < 0:
-            continue
-        for i, (a, b) in adapters[slot].items():
-            cols = slice(starts[i], starts[i] + sizes[i])
-            y[t, cols] += x[t].double() @ a.double().T @ b.double().T
-    return y
+    parts = [{i: (_np(a), _np(b)) for i, (a, b) in ad.items()} for ad in adapters]
+    want = lora_linear_ref(_np(layer.weight), _np(layer.bias), _np(x), parts, idx.numpy(), sizes)
+    return torch.from_numpy(want)
 
 
 CASES = [  # layer kind, tokens, max_loras, slot pattern
