@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 from pagedkv import ops
 from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
+from pagedkv.models.lora import LORA_KERNELS
 from pagedkv.entrypoints.arg_types import CLIError
 
 # vLLM's --kv-cache-dtype choices: the kernels' one list (include/pagedkv/ops.h, read through
@@ -211,6 +212,15 @@ ENGINE_FLAGS = (
         "LoRA adapters kept in host memory",
         type=t.int_at_least(1),
         shown="--max-loras",
+    ),
+    Flag(
+        "lora_kernel",
+        "auto",
+        "how the adapters' deltas run: 'grouped_mm' (torch._grouped_mm SGMV, bf16 on sm90+), "
+        "'pagedkv' (the core's BGMV ops, every device and dtype), 'auto': grouped_mm where it "
+        "applies",
+        type=t.choice_of(LORA_KERNELS),
+        metavar="{" + ",".join(LORA_KERNELS) + "}",
     ),
     # Pooling models (embeddings, classifiers, cross-encoders): vLLM's names.
     Flag(
