@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 from pagedkv import ops
 from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
-from pagedkv.models.lora import LORA_KERNELS
 from pagedkv.entrypoints.arg_types import CLIError
+from pagedkv.models.lora import LORA_KERNELS
 
 # vLLM's --kv-cache-dtype choices: the kernels' one list (include/pagedkv/ops.h, read through
 # pagedkv.ops, which does not import torch).
