@@ -7,9 +7,9 @@
 #   SKIP_BUILD=1 bash benchmarks/gpu_lorafast_run.sh     (reuses the installed CUDA build)
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
-timeout 100 python3 -m pytest -q -p no:cacheprovider -m cuda -rfEs --tb=short \
+timeout 80 python3 -m pytest -q -p no:cacheprovider -m cuda -rfEs --tb=short \
   tests/python/kernels/test_lora_grouped_mm_cuda.py tests/python/kernels/test_lora_cuda.py \
   tests/python/engine/test_lora_engine.py > "$OUT/lorafast_cuda_tests.log" 2>&1
 tail -15 "$OUT/lorafast_cuda_tests.log"
-timeout 130 python3 benchmarks/lora_bench.py --model-dir /tmp/llama1b \
+timeout 150 python3 benchmarks/lora_bench.py --model-dir /tmp/llama1b \
   --json "$OUT/lora_bench.json" 2>&1 | tee "$OUT/lora_bench.log" | tail -30
