@@ -50,6 +50,7 @@ _BOOL_FIELDS = (
     "trust_remote_code",
     "disable_log_stats",
     "enable_lora",
+    "async_scheduling",
 )
 
 
@@ -79,6 +80,9 @@ class EngineConfig:
     seed: Optional[int] = 0  # None means 0, as in vLLM V1
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # CUDA graphs cover decodes up to this length
+    # Schedule and launch step N+1 while the device runs step N (vLLM's async scheduling,
+    # SGLang's overlap scheduler): the serial loop's outputs, less device idle time.
+    async_scheduling: bool = False
     served_model_name: Optional[str] = None
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs have no text
     # Most logprobs / prompt_logprobs a request may ask for (vLLM's default 20; -1: the vocab).
@@ -111,6 +115,15 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
+    # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
+    # "pooling"; convert "auto" | "none" | "embed" | "classify" | "reward"; pooler_config (or its
+    # older name override_pooler_config): PoolerConfig fields over the checkpoint's own.
+    task: str = "auto"
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[Dict[str, Any]] = None
+    override_pooler_config: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -194,6 +207,9 @@ class EngineConfig:
                 f"{self.pipeline_micro_batch_tokens}"
             )
         self._check_model_source()
+        from pagedkv.engine.runner_choice import check_runner_args
+
+        check_runner_args(self)
 
     def _validate_lora(self) -> None:
         if self.max_loras < 1:
@@ -206,6 +222,11 @@ class EngineConfig:
             )
         if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("enable_lora with tensor or pipeline parallelism is not supported yet")
+        if self.async_scheduling and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            # The workers would need the previous step's tokens on every rank's device.
+            raise ValueError(
+                "async_scheduling with tensor or pipeline parallelism is not supported yet"
+            )
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):

@@ -51,12 +51,7 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "model_impl": Refused("pagedkv runs its own model code", (None, "auto")),
     "max_parallel_loading_workers": Refused(_LOADER),
     "use_tqdm_on_load": Refused("loading progress follows the log level", (None, True)),
-    "task": Refused("pagedkv runs generation only", (None, "auto", "generate")),
-    "runner": Refused("pagedkv runs generation only", (None, "auto", "generate")),
-    "convert": Refused("pagedkv runs generation only", (None, "auto", "none")),
     "enable_prompt_embeds": Refused("prompts are text or token ids", _OFF),
-    "pooler_config": Refused("pagedkv runs generation only"),
-    "override_pooler_config": Refused("pagedkv runs generation only"),
     # Parallelism and placement.
     "data_parallel_size": Refused(_ONE_DEVICE, (None, 1)),
     "distributed_executor_backend": Refused(_ONE_DEVICE, (None, "mp", "uni")),
@@ -90,7 +85,6 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "max_long_partial_prefills": Refused("one partial prefill per step", (None, 1)),
     "long_prefill_token_threshold": Refused("one partial prefill per step", (None, 0)),
     "scheduler_cls": Refused("the scheduler is pagedkv's C++ one"),
-    "async_scheduling": Refused("asynchronous scheduling is not supported yet", _OFF),
     "cuda_graph_sizes": Refused(
         "CUDA graphs cover decode batches up to max_seq_len_to_capture", (None, [])
     ),
