@@ -71,10 +71,30 @@ class Scheduler {
   const StepPlan& schedule();
 
   // Applies a step's results: `sampled[i]` is the token sampled for plan entry i (ignored where
-  // plan.sample_indices[i] < 0; pass -1). Returns the slots of the requests that finished, in
-  // plan order; their blocks are freed at once (their ids stay readable via request_id()
-  // until the next schedule()).
+  // plan.sample_indices[i] < 0; pass -1). A plan with draft tokens needs update_accepted(). Returns
+  // the slots of the requests that finished, in plan order; their blocks are freed at once (their
+  // ids stay readable via request_id() until the next schedule()).
   const std::vector<int32_t>& update(const StepPlan& plan, const int64_t* sampled, size_t n);
+  // Speculative decoding (and the general form of update()): entry i emitted counts[i] tokens,
+  // stored one entry after the other in `tokens` (num_tokens in all). A sampling entry emits
+  // 1 to plan.num_draft_tokens[i] + 1 tokens: its drafts up to the first rejected one, then
+  // the target's own token; an entry that samples nothing (sample_indices < 0) emits 0. Tokens
+  // are appended up to a stop (eos, stop id, max_tokens); the rest are dropped (see
+  // num_appended()). The KV slots of rejected drafts are given back: the request keeps only
+  // the blocks its accepted tokens need, and only full accepted blocks enter the prefix cache.
+  // Throws ValueError (nothing changed) when counts are out of range, the sum differs from
+  // num_tokens, or an emitted token other than the last differs from its draft.
+  const std::vector<int32_t>& update_accepted(const StepPlan& plan, const int64_t* tokens,
+                                              size_t num_tokens, const int32_t* counts, size_t n);
+  // Per entry of the plan passed to the last update: how many of its tokens were appended.
+  const std::vector<int32_t>& num_appended() const;
+
+  // Speculative decoding: tokens proposed to follow the request's current tokens. The next
+  // schedule() feeds up to all of them after the request's last token when it decodes (fewer
+  // within the step's budget, max_tokens, or when its blocks would not fit: drafts never cause
+  // a preemption), and consumes them. Throws ValueError for an unknown id or a negative token.
+  void set_draft_tokens(const std::string& request_id, const int32_t* tokens, size_t n);
+
   // Convenience: the finished request ids.
   std::vector<std::string> update(const StepPlan& plan, const std::vector<int64_t>& sampled);
 

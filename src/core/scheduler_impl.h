@@ -44,6 +44,9 @@ struct Scheduler::Impl {
   std::vector<ScheduledEntry> entries;
   std::vector<Request*> admitted;
   std::vector<int32_t> finished;
+  std::vector<int32_t> appended;     // per plan entry: tokens the last update appended
+  std::vector<int64_t> flat_tokens;  // update(): the sampled tokens as update_accepted() wants
+  std::vector<int32_t> flat_counts;
 
   // scheduler.cpp
   Request* find(const std::string& id) const;
@@ -53,12 +56,16 @@ struct Scheduler::Impl {
   void release(Request* req, bool recycle_slot = true);
   Request* just_finished(const std::string& id) const;
   bool append_token(Request& req, int32_t token);  // true when the request finished
+  void check_accepted(const int64_t* tokens, size_t num_tokens, const int32_t* counts,
+                      size_t n) const;
+  void apply_accepted(const int64_t* tokens, const int32_t* counts);
   void check_new_request(const std::string& id, size_t prompt_len,
                          const RequestParams& params) const;
 
   // scheduler_step.cpp
   void schedule_step();
   void schedule_running(int32_t* budget, bool* preempted);
+  int32_t usable_drafts(const Request& req, int32_t budget_left) const;
   void schedule_queued(int32_t* budget);
   bool try_swap_in(Request* req, int32_t* budget);
   bool try_admit(Request* req, int32_t* budget);
