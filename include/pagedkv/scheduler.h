@@ -71,9 +71,9 @@ class Scheduler {
   const StepPlan& schedule();
 
   // Applies a step's results: `sampled[i]` is the token sampled for plan entry i (ignored where
-  // plan.sample_indices[i] < 0; pass -1). A plan with draft tokens needs update_accepted(). Returns
-  // the slots of the requests that finished, in plan order; their blocks are freed at once (their
-  // ids stay readable via request_id() until the next schedule()).
+  // plan.sample_indices[i] < 0; pass -1). A plan entry with draft tokens needs update_accepted().
+  // Returns the slots of the requests that finished, in plan order; their blocks are freed at once
+  // (their ids stay readable via request_id() until the next schedule()).
   const std::vector<int32_t>& update(const StepPlan& plan, const int64_t* sampled, size_t n);
   // Speculative decoding (and the general form of update()): entry i emitted counts[i] tokens,
   // stored one entry after the other in `tokens` (num_tokens in all). A sampling entry emits

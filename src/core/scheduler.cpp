@@ -226,9 +226,10 @@ const std::vector<int32_t>& Scheduler::update(const StepPlan& plan, const int64_
   const StepPlan& p = s.plan;
   PAGEDKV_CHECK(&plan == &p, "plan: not a plan of this scheduler");
   if (p.num_seqs == 0 || !s.plan_pending) return update_accepted(plan, nullptr, 0, nullptr, 0);
-  PAGEDKV_CHECK(
-      p.num_draft_tokens_total == 0,
-      "plan: this step feeds draft tokens; pass the accepted tokens to update_accepted()");
+  for (int32_t i = 0; i < p.num_seqs; ++i) {  // (a failed step aborts them all: allowed)
+    PAGEDKV_CHECK(p.slots[i] < 0 || p.num_draft_tokens[i] == 0, "plan: entry ", i,
+                  " feeds draft tokens; pass the accepted tokens to update_accepted()");
+  }
   PAGEDKV_CHECK(n == static_cast<size_t>(p.num_seqs), "sampled_token_ids: expected ", p.num_seqs,
                 " entries (one per plan entry), got ", n);
   PAGEDKV_CHECK(sampled != nullptr, "sampled_token_ids: null pointer for ", n, " entries");

@@ -91,6 +91,13 @@ TEST_F(SpecStep, DraftsAreAnExtendQueryWithSlotsForAllOfThem) {
   EXPECT_THROW(s.update(p, {700}), ValueError) << "a draft plan needs update_accepted";
 }
 
+TEST_F(SpecStep, AFailedStepAbortsItsSpeculatingEntriesAndPassesNoTokens) {
+  const StepPlan& p = s.schedule();
+  ASSERT_TRUE(s.abort_request("a"));
+  EXPECT_TRUE(s.update(p, {-1}).empty());
+  EXPECT_EQ(s.num_free_blocks(), 32);
+}
+
 TEST_F(SpecStep, AcceptAllKeepsEveryBlockAndAppendsKPlusOne) {
   const StepPlan& p = s.schedule();
   const int32_t free_after_schedule = s.num_free_blocks();
