@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from pagedkv import ops
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
 from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 
 # vLLM's --kv-cache-dtype choices, the kernels' one list (include/pagedkv/ops.h). "auto": the
@@ -106,6 +107,8 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    # vLLM's speculative_config dict; only method "ngram" (engine/spec_decode/config.py).
+    speculative_config: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -144,6 +147,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         self._check_types()
+        SpeculativeConfig.from_dict(self.speculative_config)  # refuses what is not supported
         if self.seed is None:
             self.seed = 0
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):

@@ -24,6 +24,8 @@ from pagedkv.engine.input_processor import EngineRequest, InputProcessor
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampling_params import SamplingParams
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
+from pagedkv.engine.spec_decode.speculator import Speculator, emitted_arrays
 from pagedkv.engine.step_sampling import StepSampling
 from pagedkv.engine.structured_output import GrammarCache, advance
 from pagedkv.lora.admission import LoRAAdmission
@@ -66,6 +68,8 @@ class LLMEngine:
         self._step_entries: List[tuple[RequestState, SeqState]] = []
         self._plan_applied = True
         self._failed_plan: Any = None
+        spec = SpeculativeConfig.from_dict(self.config.speculative_config)
+        self.speculator = Speculator(spec, self.sampler) if spec is not None else None
         lora = getattr(self.runner, "lora", None)
         self.lora_admission = LoRAAdmission(self.config.max_loras) if lora is not None else None
 
@@ -307,7 +311,18 @@ class LLMEngine:
             hidden = self.runner.execute(plan)
         work = StepSampling(self, plan, entries)
         sampled = work.run(hidden)  # [n] int64, -1 where nothing was sampled
-        finished_ids = set(self.scheduler.update(plan, sampled))
+        spec: Dict[int, List[int]] = {}
+        if self.speculator is not None and int(plan.num_draft_tokens_total):
+            spec = self.speculator.verify(plan, hidden, work.entries, self.runner.compute_logits)
+        if spec:
+            tokens, counts = emitted_arrays(plan, sampled, spec)
+            finished_ids = set(self.scheduler.update_accepted(plan, tokens, counts))
+            # Emitted past a stop are dropped by the scheduler: show what it kept.
+            for i, n_kept in enumerate(self.scheduler.num_appended):
+                if i in spec:
+                    spec[i] = spec[i][:n_kept]
+        else:
+            finished_ids = set(self.scheduler.update(plan, sampled))
         self._plan_applied = True
         logprobs, forks = work.logprobs, work.forks
         # Only requests with something to report: streaming ones, and those whose sample
@@ -320,18 +335,24 @@ class LLMEngine:
             req, seq = work.entries[i]
             if forks and i in forks:  # before the parent can be finished by a stop string
                 num_tokens += self._fork_children(req, seq, forks[i], work, now)
-            self._accept_token(
-                req,
-                seq,
-                tok,
-                logprobs.get(id(seq)) if logprobs else None,
-                seq.sched_id in finished_ids,
-                now,
-            )
-            num_tokens += 1
+            toks = spec.get(i, (tok,))
+            for j, t in enumerate(toks):
+                if seq.finished:  # a stop string ended it: the rest is not output
+                    break
+                self._accept_token(
+                    req,
+                    seq,
+                    t,
+                    logprobs.get(id(seq)) if logprobs else None,
+                    j == len(toks) - 1 and seq.sched_id in finished_ids,
+                    now,
+                )
+                num_tokens += 1
             if not req.final_only or seq.finish_reason is not None:
                 touched[req.request_id] = req
         self.stats["generation_tokens"] += num_tokens
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler, work.entries)
         return self._collect_outputs(touched)
 
     def _fork_children(
@@ -455,4 +476,5 @@ class LLMEngine:
             "generation_tokens": self.stats["generation_tokens"],
             "num_gpu_blocks": self.num_gpu_blocks,
             "num_free_blocks": int(s.num_free_blocks),
+            **(self.speculator.metrics.as_stats() if self.speculator is not None else {}),
         }
