@@ -103,30 +103,50 @@ class Speculator:
             rows.extend(range(int(qsl[i + 1] - num_draft[i] - 1), int(qsl[i + 1])))
         picked = torch.tensor(rows, dtype=torch.long, device=hidden.device)
         logits = compute_logits(hidden, picked)
-        out: Dict[int, List[int]] = {}
+        # Per speculating entry: its rows of `logits`, drafts, and (unless a plain argmax)
+        # the sampling row of each position. Knob-processed in two batches: greedy, random.
+        spans: List[Tuple[int, int, List[int]]] = []
+        greedy: List[int] = []
+        random: List[int] = []
+        knob_rows: Dict[int, SamplingRow] = {}
         at = 0
         for i in spec:
             k = int(num_draft[i])
             drafts = input_ids[qsl[i + 1] - k : qsl[i + 1]].tolist()
+            spans.append((int(i), at, drafts))
             req, seq = entries[i]
-            out[int(i)] = self._verify_one(req, seq, logits[at : at + k + 1], drafts)
+            if not req.argmax_row(seq):  # plain greedy, nothing banned now (nor later)
+                for j in range(k + 1):
+                    knob_rows[at + j] = self._row(req, seq, drafts[:j])
+                (greedy if req.params.sampling_type_greedy else random).extend(
+                    range(at, at + k + 1)
+                )
             at += k + 1
+        target = logits
+        if greedy or random:
+            target = logits.float().clone()
+        if greedy:
+            idx = torch.tensor(greedy, device=logits.device)
+            target[idx] = Sampler.processed_logits(logits[idx], [knob_rows[r] for r in greedy])
+        probs: Dict[int, torch.Tensor] = {}
+        if random:
+            idx = torch.tensor(random, device=logits.device)
+            p = Sampler.target_probs(logits[idx], [knob_rows[r] for r in random]).cpu()
+            probs = {r: p[j] for j, r in enumerate(random)}
+        out: Dict[int, List[int]] = {}
+        for i, start, drafts in spans:
+            k = len(drafts)
+            req, seq = entries[i]
+            if start in probs:
+                gen = seq.generator if seq.generator is not None else self.sampler.generator
+                p_rows = torch.stack([probs[start + j] for j in range(k + 1)])
+                out[i] = verify_sampled(p_rows, drafts, None, gen)
+            else:
+                out[i] = verify_greedy(target[start : start + k + 1], drafts)
             self.metrics.num_drafts += 1
             self.metrics.num_draft_tokens += k
-            self.metrics.num_accepted_tokens += len(out[int(i)]) - 1
+            self.metrics.num_accepted_tokens += len(out[i]) - 1
         return out
-
-    def _verify_one(
-        self, req: RequestState, seq: SeqState, logits: torch.Tensor, drafts: List[int]
-    ) -> List[int]:
-        if req.argmax_row(seq):  # plain greedy, nothing banned now (nor later: bans only lift)
-            return verify_greedy(logits, drafts)
-        rows = [self._row(req, seq, drafts[:j]) for j in range(len(drafts) + 1)]
-        if req.params.sampling_type_greedy:
-            return verify_greedy(Sampler.processed_logits(logits, rows), drafts)
-        probs = Sampler.target_probs(logits, rows).cpu()
-        generator = seq.generator if seq.generator is not None else self.sampler.generator
-        return verify_sampled(probs, drafts, None, generator)
 
     @staticmethod
     def _row(req: RequestState, seq: SeqState, accepted: List[int]) -> SamplingRow:
