@@ -58,14 +58,25 @@ def _tokens(model_dir: str, **kw) -> tuple:
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     assert_no_leak(llm)
-    return [list(o.outputs[0].token_ids) for o in outs], llm.llm_engine.get_stats()
+    return [list(o.outputs[0].token_ids) for o in outs], llm.llm_engine
 
 
-@pytest.mark.parametrize("blocks", [512, 12])
-def test_greedy_speculation_on_cuda_equals_plain_greedy(model_dir: str, blocks: int) -> None:
+@pytest.mark.parametrize(("blocks", "eager"), [(512, False), (512, True), (12, False)])
+def test_greedy_speculation_on_cuda_equals_plain_greedy(
+    model_dir: str, blocks: int, eager: bool
+) -> None:
+    """Verification steps replayed from CUDA graphs (each entry padded to k+1 tokens) or run
+    eagerly; with a 12-block cache, under preemption."""
     want, _ = _tokens(model_dir)
-    got, stats = _tokens(model_dir, speculative_config=NGRAM, num_gpu_blocks_override=blocks)
+    got, engine = _tokens(
+        model_dir, speculative_config=NGRAM, num_gpu_blocks_override=blocks, enforce_eager=eager
+    )
     assert got == want
+    stats = engine.get_stats()
     assert stats["spec_decode_num_drafts"] > 0
+    graphs = engine.runner.verify_graphs
+    assert (graphs is None) == eager
+    if not eager:
+        assert graphs.num_replays > 0
     if blocks == 12:
         assert stats["num_preemptions"] > 0
