@@ -3,12 +3,13 @@
 A verification step feeds each speculating sequence's last token and its k drafts (an extend
 query of k+1 tokens), so the decode graphs (one query token per sequence) cannot run it, and
 eagerly it would pay the Python and launch overhead that graphs remove: at batch 1 that overhead
-costs more than speculation saves. These graphs run steps in which every entry is a decode, with
-or without drafts: each entry is padded to Q = num_speculative_tokens + 1 query tokens, the
-batch to a captured size. A padding token sits after its entry's real tokens (causal attention:
-no real token sees it), is not written to the cache (slot -1), and reuses its entry's last
-position (within the rotary tables); a padding entry is a Q-token query with no context. The
-model's hidden rows come back in the plan's token order.
+costs more than speculation saves. These graphs run steps in which no entry feeds more than
+Q = num_speculative_tokens + 1 tokens (decodes with or without drafts, short prompt chunks):
+each entry is padded to Q query tokens, the batch to a captured size. A padding token sits
+after its entry's real tokens (causal attention: no real token sees it), is not written to the
+cache (slot -1), and reuses its entry's last position (within the rotary tables); a padding
+entry is a Q-token query with no context. The model's hidden rows come back in the plan's token
+order.
 
 The extend kernel is graph-safe like the decode ones: no host sync, no allocation, a launch
 shape fixed by the token count and Q.
@@ -100,15 +101,13 @@ class VerifyGraphRunner:
         return graph.pool()
 
     def can_run(self, plan: Any) -> bool:
-        """Every entry a decode (drafts or not), at least one with drafts, within the sizes."""
+        """Some entry feeds several tokens (else the decode graphs run it), none more than Q,
+        within the captured sizes. Decided from the layout alone (not from the drafts), so
+        every tensor-parallel rank, which gets the plan's arrays, decides the same."""
         n = int(plan.num_seqs)
-        if not int(plan.num_draft_tokens_total) or n > self.batch_sizes[-1]:
+        if int(plan.max_query_len) <= 1 or int(plan.max_query_len) > self.q:
             return False
-        p = int(plan.num_prefills)
-        if p and int(np.count_nonzero(np.asarray(plan.num_draft_tokens[:p]))) != p:
-            return False  # a real prompt chunk
-        qsl = np.asarray(plan.query_start_loc[: n + 1])
-        if int(np.diff(qsl).max()) > self.q:
+        if n > self.batch_sizes[-1]:
             return False
         return int(np.asarray(plan.seq_lens[:n]).max()) + self.q <= self.max_len
 
