@@ -81,12 +81,13 @@ def profile(model_dir: str, batch: int, args: argparse.Namespace) -> Dict[str, A
     )
     eng = llm.llm_engine
     totals: Dict[str, float] = collections.defaultdict(float)
-    eng.scheduler = _TimedScheduler(eng.scheduler, totals)
+    eng.core.scheduler = _TimedScheduler(eng.scheduler, totals)
     eng.runner.execute = timed(totals, "execute", eng.runner.execute)
     model = eng.runner.model
     model.compute_logits = timed(totals, "logits", model.compute_logits)
-    eng.sampler = timed(totals, "sampler", eng.sampler)
-    eng._collect_outputs = timed(totals, "outputs", eng._collect_outputs)
+    eng.core.sampler = timed(totals, "sampler", eng.sampler)
+    out = eng.output_processor
+    out._collect_outputs = timed(totals, "outputs", out._collect_outputs)
     real_run = step_sampling.StepSampling.run
     step_sampling.StepSampling.run = timed(totals, "sampling", real_run)
     steps = [0]

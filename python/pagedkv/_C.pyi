@@ -1,7 +1,7 @@
 """pagedkv C++ core: block allocator, scheduler and paged-attention ops"""
 
 from collections.abc import Sequence
-from typing import Annotated, overload
+from typing import Annotated
 
 import numpy
 import numpy.typing
@@ -194,6 +194,25 @@ class SchedulerConfig:
 
     def __repr__(self) -> str: ...
 
+class FinishedRequest:
+    """
+    A sequence the scheduler finished: request_id, reason ('stop' for an EOS or stop id, 'length' for max_tokens) and stop_token_id (the stop id that ended it; None for EOS and length).
+    """
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def stop_token_id(self) -> int | None: ...
+
+    @property
+    def is_eos(self) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
 class StepPlan:
     """
     One step's batch: prefills first, then decodes. Arrays are views valid until the next schedule(). Apply blocks_to_swap_out, blocks_to_swap_in, then blocks_to_copy before running the model. block_tables is padded with 0.
@@ -311,9 +330,9 @@ class Scheduler:
     @property
     def config(self) -> SchedulerConfig: ...
 
-    def add_request(self, request_id: str, prompt_token_ids: object, max_tokens: int, eos_token_id: int | None = None, stop_token_ids: object | None = (), priority: int = 0, ignore_eos: bool = False, min_tokens: int = 0, cache_salt: object | None = 0) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: object, max_tokens: int, eos_token_id: int | None = None, eos_token_ids: object | None = (), stop_token_ids: object | None = (), priority: int = 0, ignore_eos: bool = False, min_tokens: int = 0, cache_salt: object | None = 0) -> None:
         """
-        Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens > max_model_len, or a request that could never fit in num_blocks.
+        Queue a request. It finishes on any of eos_token_ids (and eos_token_id), unless ignore_eos, or stop_token_ids, once it has min_tokens; or at max_tokens. ValueError for an empty prompt, a duplicate id, prompt + max_tokens > max_model_len, or a request that could never fit in num_blocks.
         """
 
     def abort_request(self, request_id: str) -> bool:
@@ -322,18 +341,30 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Plan the next step (a StepPlan)."""
 
-    @overload
-    def update(self, plan: StepPlan, sampled_token_ids: Annotated[NDArray[numpy.int64], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list: ...
+    def update(self, plan: StepPlan, sampled_token_ids: object) -> list[FinishedRequest]:
+        """
+        Apply a step's sampled tokens (one per plan entry, -1 where the entry does not sample). Returns the requests that finished (they are freed), with their reasons.
+        """
 
-    @overload
-    def update(self, plan: StepPlan, sampled_token_ids: object) -> list:
+    def advance(self, plan: StepPlan) -> None:
         """
-        Apply a step's sampled tokens (one per plan entry, -1 where the entry does not sample). Returns the ids of the requests that finished (they are freed).
+        Overlap: the plan ran; each sampling entry i holds placeholder token -1 - i until resolve(). schedule() may run next.
         """
+
+    def resolve(self, sampled_token_ids: object) -> list[FinishedRequest]:
+        """
+        Overlap: the advanced step's tokens (one per entry of its plan). Returns the finished requests; their entries in a plan scheduled since become slot -1.
+        """
+
+    @property
+    def has_unresolved_step(self) -> bool: ...
+
+    def would_finish(self, request_id: str, token: int) -> FinishedRequest | None:
+        """Whether `token` as the request's next token would finish it (and why)."""
 
     def update_accepted(self, plan: StepPlan, token_ids: object, num_accepted: object) -> list:
         """
-        Speculative steps: entry i emitted num_accepted[i] tokens (its accepted drafts, then the target's token; 0 for an entry that samples nothing), concatenated in token_ids. Rejected drafts' KV blocks are given back. Returns the finished ids.
+        Speculative steps: entry i emitted num_accepted[i] tokens (its accepted drafts, then the target's token; 0 for an entry that samples nothing), concatenated in token_ids. Rejected drafts' KV blocks are given back. Returns the finished requests (FinishedRequest), as update() does.
         """
 
     @property
@@ -347,9 +378,9 @@ class Scheduler:
         Speculative decoding: tokens proposed to follow the request; the next schedule() feeds them (or fewer) after its last token if it decodes, and consumes them.
         """
 
-    def fork(self, parent_id: str, child_id: str, first_token: int) -> bool:
+    def fork(self, parent_id: str, child_id: str, first_token: int) -> FinishedRequest | None:
         """
-        n > 1 sampling: a child sharing the parent's prompt blocks. True if it finished at once (and was freed).
+        n > 1 sampling: a child sharing the parent's prompt blocks. Returns why it finished at once (it is then freed), or None.
         """
 
     def has_unfinished_requests(self) -> bool: ...

@@ -188,8 +188,8 @@ def simulate(
         clock += (step_time_ms * 1e-3 + per_token_us * 1e-6 * plan.num_tokens) if n else 1e-3
         for i in np.flatnonzero(samples):
             res.ttft.setdefault(ids[i], clock - arrival[ids[i]])
-        for rid in sched.update(plan, sampled):
-            res.latency[rid] = clock - arrival[rid]
+        for done in sched.update(plan, sampled):
+            res.latency[done.request_id] = clock - arrival[done.request_id]
         stats.kv_usage = sched.kv_cache_usage
         stats.num_running, stats.num_waiting = sched.num_running, sched.num_waiting
         stats.num_swapped = sched.num_swapped

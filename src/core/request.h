@@ -12,7 +12,8 @@
 
 namespace pagedkv {
 
-enum class RequestState : uint8_t { kFree, kWaiting, kRunning, kSwapped };
+// kFinishing: advanced to max_tokens with a placeholder token; freed by the next resolve().
+enum class RequestState : uint8_t { kFree, kWaiting, kRunning, kSwapped, kFinishing };
 
 struct Request {
   std::string id;

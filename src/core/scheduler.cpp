@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "finish_rule.h"
 #include "pagedkv/error.h"
 #include "scheduler_impl.h"
 
@@ -67,17 +68,32 @@ Request* Scheduler::Impl::just_finished(const std::string& id) const {
   return nullptr;
 }
 
-bool Scheduler::Impl::append_token(Request& req, int32_t token) {
-  req.tokens.push_back(token);
-  const RequestParams& p = req.params;
-  const int32_t generated = req.num_generated();
-  if (generated >= p.min_tokens) {
-    if (!p.ignore_eos && p.eos_token_id >= 0 && token == p.eos_token_id) return true;
-    for (int32_t stop : p.stop_token_ids) {
-      if (token == stop) return true;
-    }
+void Scheduler::Impl::unlink(Request* req) {
+  switch (req->state) {
+    case RequestState::kRunning: erase_running(req); break;
+    case RequestState::kWaiting: waiting.erase(req); break;
+    case RequestState::kSwapped: swapped.erase(req); break;
+    case RequestState::kFinishing:
+    case RequestState::kFree: break;
   }
-  return generated >= p.max_tokens;
+}
+
+void Scheduler::Impl::drop_entries(int32_t slot) {
+  if (plan_pending) std::replace(plan.slots.begin(), plan.slots.begin() + plan.num_seqs, slot, -1);
+  if (unresolved) std::replace(advanced_slots.begin(), advanced_slots.end(), slot, -1);
+}
+
+void Scheduler::Impl::check_sampled(const int32_t* slots, const uint8_t* samples,
+                                    size_t num_entries, const int64_t* sampled, size_t n) const {
+  PAGEDKV_CHECK(n == num_entries, "sampled_token_ids: expected ", num_entries,
+                " entries (one per plan entry), got ", n);
+  PAGEDKV_CHECK(sampled != nullptr || n == 0, "sampled_token_ids: null pointer for ", n,
+                " entries");
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0 || !samples[i]) continue;
+    PAGEDKV_CHECK(sampled[i] >= 0 && sampled[i] <= std::numeric_limits<int32_t>::max(),
+                  "sampled_token_ids: entry ", i, " samples a token but got ", sampled[i]);
+  }
 }
 
 void Scheduler::Impl::check_new_request(const std::string& id, size_t prompt_len,
@@ -150,14 +166,18 @@ void Scheduler::Impl::apply_accepted(const int64_t* tokens, const int32_t* count
     Request& req = *pool[static_cast<size_t>(slot)];
     const int32_t query = p.query_start_loc[i + 1] - p.query_start_loc[i];
     const int32_t rejected = c > 0 ? p.num_draft_tokens[i] - (c - 1) : 0;
-    bool done = false;
-    while (!done && appended[i] < c)
-      done = append_token(req, static_cast<int32_t>(emitted[appended[i]++]));
+    Finished f;
+    while (f.reason == FinishReason::kNone && appended[i] < c) {
+      const auto token = static_cast<int32_t>(emitted[appended[i]++]);
+      req.tokens.push_back(token);
+      f = decide_finish(req.params, req.num_generated(), token);
+    }
     // KV kept: the fed tokens up to the last accepted draft (fewer when a stop came first).
     req.num_computed = std::min(req.num_computed + query - rejected, req.num_tokens());
     kv.cache_full_blocks(req);
-    if (done) {
-      finished.push_back(slot);
+    if (f.reason != FinishReason::kNone) {
+      f.slot = slot;
+      finished.push_back(f);
     } else if (rejected > 0) {
       kv.truncate(req, req.num_computed);
     }
@@ -197,18 +217,11 @@ bool Scheduler::abort_request(const std::string& request_id) {
   Impl& s = *impl_;
   Request* r = s.find(request_id);
   if (r == nullptr) return false;
+  s.drop_entries(r->slot);  // its entries in the pending / advanced step are skipped
   StepPlan& p = s.plan;
-  if (s.plan_pending) {  // its entry in the pending plan is skipped by update()
-    std::replace(p.slots.begin(), p.slots.begin() + p.num_seqs, r->slot, -1);
-  }
   p.preempted_slots.erase(std::remove(p.preempted_slots.begin(), p.preempted_slots.end(), r->slot),
                           p.preempted_slots.end());
-  switch (r->state) {
-    case RequestState::kRunning: s.erase_running(r); break;
-    case RequestState::kWaiting: s.waiting.erase(r); break;
-    case RequestState::kSwapped: s.swapped.erase(r); break;
-    case RequestState::kFree: break;
-  }
+  s.unlink(r);
   s.release(r);
   return true;
 }
@@ -220,107 +233,177 @@ const StepPlan& Scheduler::schedule() {
   return impl_->plan;
 }
 
-const std::vector<int32_t>& Scheduler::update(const StepPlan& plan, const int64_t* sampled,
-                                              size_t n) {
+const std::vector<Finished>& Scheduler::update(const StepPlan& plan, const int64_t* sampled,
+                                               size_t n) {
   Impl& s = *impl_;
   const StepPlan& p = s.plan;
   PAGEDKV_CHECK(&plan == &p, "plan: not a plan of this scheduler");
-  if (p.num_seqs == 0 || !s.plan_pending) return update_accepted(plan, nullptr, 0, nullptr, 0);
+  PAGEDKV_CHECK(!s.unresolved, "update(): an advanced step awaits resolve()");
+  if (p.num_seqs == 0) {
+    s.finished.clear();
+    return s.finished;
+  }
+  PAGEDKV_CHECK(s.plan_pending, "plan: this plan was already applied by update()");
+  // Checked before anything changes, so a bad call leaves the plan pending.
+  s.advanced_samples.resize(static_cast<size_t>(p.num_seqs));
+  for (int32_t i = 0; i < p.num_seqs; ++i) s.advanced_samples[i] = p.sample_indices[i] >= 0;
+  s.check_sampled(p.slots.data(), s.advanced_samples.data(), static_cast<size_t>(p.num_seqs),
+                  sampled, n);
+  advance(plan);
+  return resolve(sampled, n);
+}
+
+void Scheduler::advance(const StepPlan& plan) {
+  Impl& s = *impl_;
+  const StepPlan& p = s.plan;
+  PAGEDKV_CHECK(&plan == &p, "plan: not a plan of this scheduler");
+  PAGEDKV_CHECK(!s.unresolved, "advance(): the previous advanced step was not resolved yet");
+  if (p.num_seqs == 0) return;
+  PAGEDKV_CHECK(s.plan_pending, "plan: this plan was already applied by update()");
   for (int32_t i = 0; i < p.num_seqs; ++i) {  // (a failed step aborts them all: allowed)
     PAGEDKV_CHECK(p.slots[i] < 0 || p.num_draft_tokens[i] == 0, "plan: entry ", i,
                   " feeds draft tokens; pass the accepted tokens to update_accepted()");
   }
-  PAGEDKV_CHECK(n == static_cast<size_t>(p.num_seqs), "sampled_token_ids: expected ", p.num_seqs,
-                " entries (one per plan entry), got ", n);
-  PAGEDKV_CHECK(sampled != nullptr, "sampled_token_ids: null pointer for ", n, " entries");
-  for (int32_t i = 0; i < p.num_seqs; ++i) {
-    if (p.slots[i] < 0 || p.sample_indices[i] < 0) continue;
-    PAGEDKV_CHECK(sampled[i] >= 0 && sampled[i] <= std::numeric_limits<int32_t>::max(),
-                  "sampled_token_ids: entry ", i, " samples a token but got ", sampled[i]);
-  }
-  // One token per sampling entry, none for a partial prompt chunk.
-  s.flat_tokens.clear();
-  s.flat_counts.assign(n, 0);
+  const size_t n = static_cast<size_t>(p.num_seqs);
+  s.advanced_slots.assign(p.slots.begin(), p.slots.begin() + p.num_seqs);
+  s.advanced_samples.resize(n);
+  bool any_done = false;
   for (size_t i = 0; i < n; ++i) {
-    if (p.sample_indices[i] < 0) continue;
-    s.flat_tokens.push_back(sampled[i]);
-    s.flat_counts[i] = 1;
+    s.advanced_samples[i] = p.sample_indices[i] >= 0;
+    const int32_t slot = p.slots[i];
+    if (slot < 0) continue;  // aborted since schedule()
+    Request& req = *s.pool[static_cast<size_t>(slot)];
+    req.num_computed += p.query_start_loc[i + 1] - p.query_start_loc[i];
+    s.kv.cache_full_blocks(req);
+    if (!s.advanced_samples[i]) continue;
+    req.tokens.push_back(-1 - static_cast<int32_t>(i));
+    if (req.num_generated() >= req.params.max_tokens) {
+      // Done whatever the token: not scheduled again, freed by resolve().
+      req.state = RequestState::kFinishing;
+      any_done = true;
+    }
   }
-  return update_accepted(plan, s.flat_tokens.data(), s.flat_tokens.size(), s.flat_counts.data(), n);
+  if (any_done) {
+    s.running.erase(
+        std::remove_if(s.running.begin(), s.running.end(),
+                       [](const Request* r) { return r->state == RequestState::kFinishing; }),
+        s.running.end());
+  }
+  s.plan_pending = false;
+  s.unresolved = true;
 }
 
-const std::vector<int32_t>& Scheduler::update_accepted(const StepPlan& plan, const int64_t* tokens,
-                                                       size_t num_tokens, const int32_t* counts,
-                                                       size_t n) {
+const std::vector<Finished>& Scheduler::resolve(const int64_t* sampled, size_t n) {
+  Impl& s = *impl_;
+  PAGEDKV_CHECK(s.unresolved, "resolve(): no advanced step awaits its tokens");
+  s.check_sampled(s.advanced_slots.data(), s.advanced_samples.data(), s.advanced_slots.size(),
+                  sampled, n);
+  s.finished.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t slot = s.advanced_slots[i];
+    if (slot < 0 || !s.advanced_samples[i]) continue;
+    Request& req = *s.pool[static_cast<size_t>(slot)];
+    const auto token = static_cast<int32_t>(sampled[i]);
+    req.tokens.set_last_generated(token);
+    Finished f = decide_finish(req.params, req.num_generated(), token);
+    if (f.reason != FinishReason::kNone) {
+      f.slot = slot;
+      s.finished.push_back(f);
+    }
+  }
+  s.unresolved = false;
+  // Their slots (and Request objects) are recycled at the next schedule(): until then
+  // request_id(slot) still names them and fork() can still read a finished parent.
+  for (const Finished& f : s.finished) {
+    Request* r = s.pool[static_cast<size_t>(f.slot)].get();
+    s.drop_entries(f.slot);  // a plan scheduled since the advance() ran it on
+    s.unlink(r);
+    s.release(r, false);
+  }
+  return s.finished;
+}
+
+const std::vector<Finished>& Scheduler::update_accepted(const StepPlan& plan, const int64_t* tokens,
+                                                        size_t num_tokens, const int32_t* counts,
+                                                        size_t n) {
   Impl& s = *impl_;
   const StepPlan& p = s.plan;
   PAGEDKV_CHECK(&plan == &p, "plan: not a plan of this scheduler");
+  PAGEDKV_CHECK(!s.unresolved, "update_accepted(): an advanced step awaits resolve()");
   s.finished.clear();
   if (p.num_seqs == 0) return s.finished;
   PAGEDKV_CHECK(s.plan_pending, "plan: this plan was already applied by update()");
   s.check_accepted(tokens, num_tokens, counts, n);
   s.apply_accepted(tokens, counts);
   s.plan_pending = false;
-  if (!s.finished.empty()) {
-    // Their slots (and Request objects) are recycled at the next schedule(): until then
-    // request_id(slot) still names them and fork() can still read a finished parent.
-    for (int32_t slot : s.finished) s.release(s.pool[static_cast<size_t>(slot)].get(), false);
-    s.running.erase(
-        std::remove_if(s.running.begin(), s.running.end(),
-                       [](const Request* r) { return r->state == RequestState::kFree; }),
-        s.running.end());
+  // As in resolve(): recycled at the next schedule(), readable until then.
+  for (const Finished& f : s.finished) {
+    Request* r = s.pool[static_cast<size_t>(f.slot)].get();
+    s.unlink(r);
+    s.release(r, false);
   }
   return s.finished;
 }
 
 const std::vector<int32_t>& Scheduler::num_appended() const { return impl_->appended; }
 
+bool Scheduler::has_unresolved_step() const { return impl_->unresolved; }
+
+Finished Scheduler::would_finish(const std::string& request_id, int32_t token) const {
+  const Request* r = impl_->find(request_id);
+  PAGEDKV_CHECK(r != nullptr, "request_id: unknown request '", request_id, "'");
+  return decide_finish(r->params, r->num_generated() + 1, token);
+}
+
 std::vector<std::string> Scheduler::update(const StepPlan& plan,
                                            const std::vector<int64_t>& sampled) {
   std::vector<std::string> ids;
-  for (int32_t slot : update(plan, sampled.data(), sampled.size())) ids.push_back(request_id(slot));
+  for (const Finished& f : update(plan, sampled.data(), sampled.size())) {
+    ids.push_back(request_id(f.slot));
+  }
   return ids;
 }
 
-bool Scheduler::fork(const std::string& parent_id, const std::string& child_id,
-                     int32_t first_token) {
+Finished Scheduler::fork(const std::string& parent_id, const std::string& child_id,
+                         int32_t first_token) {
   Impl& s = *impl_;
   Request* parent = s.find(parent_id);
   if (parent == nullptr) parent = s.just_finished(parent_id);
   PAGEDKV_CHECK(parent != nullptr, "parent_id: unknown request '", parent_id, "'");
   PAGEDKV_CHECK(s.by_id.find(child_id) == s.by_id.end(), "child_id: '", child_id,
                 "' is already in use");
-  const bool live = parent->state == RequestState::kRunning;
-  PAGEDKV_CHECK((live || parent->state == RequestState::kFree) && parent->num_generated() == 1 &&
-                    parent->num_computed == parent->num_prompt_tokens,
+  // Running with its prompt in the cache: the child shares its blocks. Finished, or preempted
+  // by a step scheduled since (overlap), it re-prefills.
+  const bool live =
+      parent->state == RequestState::kRunning && parent->num_computed == parent->num_prompt_tokens;
+  PAGEDKV_CHECK(parent->state != RequestState::kFinishing && parent->num_generated() == 1 &&
+                    parent->num_computed <= parent->num_prompt_tokens,
                 "parent_id: fork '", parent_id,
                 "' right after the update() that completed its prompt (it has ",
                 parent->num_generated(), " generated tokens)");
   PAGEDKV_CHECK(first_token >= 0, "first_token must be >= 0, got ", first_token);
+  Finished done = decide_finish(parent->params, 1, first_token);
+  if (done.reason != FinishReason::kNone) return done;  // it never needs a seat or blocks
   Request* child = s.new_request(child_id);
   child->params = parent->params;
   child->priority = parent->priority;
   child->num_prompt_tokens = parent->num_prompt_tokens;
   child->tokens.share_prompt(parent->tokens);  // not a copy: the prompt is read-only
-  if (s.append_token(*child, first_token)) {
-    s.release(child);
-    return true;
-  }
+  child->tokens.push_back(first_token);
   if (live && s.running.size() < static_cast<size_t>(s.config.max_num_seqs)) {
     s.kv.share_prefix(*parent, *child, parent->num_prompt_tokens);
     child->num_computed = child->prefill_target = child->num_prompt_tokens;
     child->state = RequestState::kRunning;
     s.insert_running(child);
   } else {
-    // No seat this step, or the parent already finished (its first token was a stop token)
-    // and its blocks are gone: wait like a preempted request, keeping the tokens; the prefix
-    // cache usually still holds the prompt.
+    // No seat this step, or the parent's blocks are gone: wait like a preempted request,
+    // keeping the tokens; the prefix cache usually still holds the prompt.
     child->num_computed = 0;
     child->prefill_target = child->num_tokens();
     child->state = RequestState::kWaiting;
     s.waiting.insert(child);
   }
-  return false;
+  return done;
 }
 
 void Scheduler::set_draft_tokens(const std::string& request_id, const int32_t* tokens, size_t n) {

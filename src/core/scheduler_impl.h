@@ -26,7 +26,12 @@ struct Scheduler::Impl {
   KvCacheManager kv;
   StepPlan plan;
   StepPlanBuilder builder;
-  bool plan_pending = false;  // a non-empty plan awaits update()
+  bool plan_pending = false;  // a non-empty plan awaits update() / advance()
+  // The advanced step awaiting resolve(): its plan's slots (-1: aborted since) and which
+  // entries sampled (so a plan scheduled meanwhile can reuse the plan buffer).
+  bool unresolved = false;
+  std::vector<int32_t> advanced_slots;
+  std::vector<uint8_t> advanced_samples;
   SchedulerCounters counters;
 
   // Requests by slot; freed slots are reused (their Request objects too).
@@ -43,10 +48,8 @@ struct Scheduler::Impl {
   // Per-step scratch.
   std::vector<ScheduledEntry> entries;
   std::vector<Request*> admitted;
-  std::vector<int32_t> finished;
-  std::vector<int32_t> appended;     // per plan entry: tokens the last update appended
-  std::vector<int64_t> flat_tokens;  // update(): the sampled tokens as update_accepted() wants
-  std::vector<int32_t> flat_counts;
+  std::vector<Finished> finished;
+  std::vector<int32_t> appended;  // per plan entry: tokens the last update_accepted() appended
 
   // scheduler.cpp
   Request* find(const std::string& id) const;
@@ -55,7 +58,12 @@ struct Scheduler::Impl {
   // finished in update()) from the next schedule() on.
   void release(Request* req, bool recycle_slot = true);
   Request* just_finished(const std::string& id) const;
-  bool append_token(Request& req, int32_t token);  // true when the request finished
+  // Takes the request out of whichever queue holds it (none once it awaits resolve()).
+  void unlink(Request* req);
+  // Replaces `slot` by -1 in the pending plan and the advanced step: its entries are skipped.
+  void drop_entries(int32_t slot);
+  void check_sampled(const int32_t* slots, const uint8_t* samples, size_t num_entries,
+                     const int64_t* sampled, size_t n) const;
   void check_accepted(const int64_t* tokens, size_t num_tokens, const int32_t* counts,
                       size_t n) const;
   void apply_accepted(const int64_t* tokens, const int32_t* counts);

@@ -32,6 +32,10 @@ class TokenSeq {
     generated_.clear();
   }
   void push_back(int32_t token) { generated_.push_back(token); }
+  // The last generated token (there must be one): read, or replaced once its value is known
+  // (Scheduler::resolve() puts the sampled token where advance() left a placeholder).
+  int32_t last_generated() const { return generated_.back(); }
+  void set_last_generated(int32_t token) { generated_.back() = token; }
 
   size_t num_prompt() const { return prompt_ ? prompt_->size() : 0; }
   size_t size() const { return num_prompt() + generated_.size(); }

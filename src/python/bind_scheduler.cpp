@@ -154,14 +154,84 @@ SchedulingPolicy to_policy(const std::string& s) {
   throw ValueError("policy must be 'fcfs' or 'priority', got '" + s + "'");
 }
 
+// A finished sequence as Python sees it: its id and vLLM's finish_reason / stop_reason.
+struct PyFinished {
+  nb::object request_id;
+  FinishReason reason;
+  int32_t stop_token_id;
+};
+
+nb::object finished_object(const Finished& f, nb::object id) {
+  if (f.reason == FinishReason::kNone) return nb::none();
+  return nb::cast(PyFinished{std::move(id), f.reason, f.stop_token_id});
+}
+
+nb::list finished_list(const PyScheduler& s, const std::vector<Finished>& done) {
+  nb::list out;
+  for (const Finished& f : done) {
+    out.append(finished_object(f, s.ids_of(&f.slot, 1)[0]));
+  }
+  return out;
+}
+
 nb::list update(PyScheduler& s, const StepPlan& plan, const int64_t* sampled, size_t n) {
-  const std::vector<int32_t>* finished;
+  const std::vector<Finished>* finished;
   {
     PyScheduler::Busy busy(s);
     nb::gil_scoped_release release;
     finished = &s.update(plan, sampled, n);
   }
-  return s.ids_of(finished->data(), finished->size());
+  return finished_list(s, *finished);
+}
+
+nb::list resolve(PyScheduler& s, const int64_t* sampled, size_t n) {
+  const std::vector<Finished>* finished;
+  {
+    PyScheduler::Busy busy(s);
+    nb::gil_scoped_release release;
+    finished = &s.resolve(sampled, n);
+  }
+  return finished_list(s, *finished);
+}
+
+// Sampled tokens from a numpy int64 array without a copy, or from any sequence of ints.
+template <typename F>
+nb::list with_tokens(PyScheduler& s, nb::handle sampled, F&& apply) {
+  nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> arr;
+  if (nb::try_cast(sampled, arr, false)) return apply(arr.data(), arr.shape(0));
+  s.scratch.clear();
+  nb::object seq = nb::borrow(sampled);
+  if (nb::hasattr(seq, "tolist")) seq = seq.attr("tolist")();
+  if (!nb::try_cast(seq, s.scratch)) {
+    throw TypeError("sampled_token_ids: expected a sequence of ints");
+  }
+  return apply(s.scratch.data(), s.scratch.size());
+}
+
+void bind_finished(nb::module_& m) {
+  nb::class_<PyFinished>(m, "FinishedRequest",
+                         "A sequence the scheduler finished: request_id, reason ('stop' for an "
+                         "EOS or stop id, 'length' for max_tokens) and stop_token_id (the stop "
+                         "id that ended it; None for EOS and length).")
+      .def_prop_ro(
+          "request_id", [](const PyFinished& f) { return f.request_id; },
+          nb::sig("def request_id(self) -> str"))
+      .def_prop_ro("reason", [](const PyFinished& f) { return finish_reason_name(f.reason); })
+      .def_prop_ro("stop_token_id",
+                   [](const PyFinished& f) -> std::optional<int32_t> {
+                     if (f.reason != FinishReason::kStopToken) return std::nullopt;
+                     return f.stop_token_id;
+                   })
+      .def_prop_ro("is_eos", [](const PyFinished& f) { return f.reason == FinishReason::kEos; })
+      .def("__repr__", [](const PyFinished& f) {
+        std::string r =
+            "FinishedRequest(request_id=" + std::string(nb::repr(f.request_id).c_str()) +
+            ", reason='" + finish_reason_name(f.reason) + "'";
+        if (f.reason == FinishReason::kStopToken) {
+          r += ", stop_token_id=" + std::to_string(f.stop_token_id);
+        }
+        return r + ")";
+      });
 }
 
 void bind_config(nb::module_& m) {
@@ -320,6 +390,7 @@ void bind_plan(nb::module_& m) {
 
 void bind_scheduler(nb::module_& m) {
   bind_config(m);
+  bind_finished(m);
   bind_plan(m);
   using S = PyScheduler;
   nb::class_<S>(m, "Scheduler", "Continuous-batching scheduler over a paged KV cache (C++).")
@@ -328,15 +399,17 @@ void bind_scheduler(nb::module_& m) {
       .def(
           "add_request",
           [](S& s, nb::handle request_id, nb::handle prompt_token_ids, nb::handle max_tokens,
-             std::optional<int64_t> eos_token_id, nb::handle stop_token_ids, nb::handle priority,
-             bool ignore_eos, nb::handle min_tokens, nb::handle cache_salt) {
+             std::optional<int64_t> eos_token_id, nb::handle eos_token_ids,
+             nb::handle stop_token_ids, nb::handle priority, bool ignore_eos, nb::handle min_tokens,
+             nb::handle cache_salt) {
             const std::string id = to_id(request_id, "request_id");
             std::vector<int32_t> prompt = to_token_ids(prompt_token_ids, "prompt_token_ids");
             RequestParams p;
             p.max_tokens = int_arg<int32_t>(max_tokens, "max_tokens");
             PAGEDKV_CHECK(!eos_token_id || (*eos_token_id >= 0 && *eos_token_id <= INT32_MAX),
                           "eos_token_id out of range");
-            p.eos_token_id = eos_token_id ? static_cast<int32_t>(*eos_token_id) : -1;
+            p.eos_token_ids = to_token_ids(eos_token_ids, "eos_token_ids");
+            if (eos_token_id) p.eos_token_ids.push_back(static_cast<int32_t>(*eos_token_id));
             p.stop_token_ids = to_token_ids(stop_token_ids, "stop_token_ids");
             p.priority = int_arg<int32_t>(priority, "priority");
             p.ignore_eos = ignore_eos;
@@ -348,14 +421,18 @@ void bind_scheduler(nb::module_& m) {
           },
           nb::sig("def add_request(self, request_id: str, prompt_token_ids: object, "
                   "max_tokens: int, eos_token_id: int | None = None, "
+                  "eos_token_ids: object | None = (), "
                   "stop_token_ids: object | None = (), priority: int = 0, "
                   "ignore_eos: bool = False, min_tokens: int = 0, "
                   "cache_salt: object | None = 0) -> None"),
           nb::arg("request_id").none(), nb::arg("prompt_token_ids"), nb::arg("max_tokens").none(),
-          nb::arg("eos_token_id") = nb::none(), nb::arg("stop_token_ids").none() = nb::tuple(),
-          nb::arg("priority").none() = 0, nb::arg("ignore_eos") = false,
-          nb::arg("min_tokens").none() = 0, nb::arg("cache_salt").none() = 0,
-          "Queue a request. ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
+          nb::arg("eos_token_id") = nb::none(), nb::arg("eos_token_ids").none() = nb::tuple(),
+          nb::arg("stop_token_ids").none() = nb::tuple(), nb::arg("priority").none() = 0,
+          nb::arg("ignore_eos") = false, nb::arg("min_tokens").none() = 0,
+          nb::arg("cache_salt").none() = 0,
+          "Queue a request. It finishes on any of eos_token_ids (and eos_token_id), unless "
+          "ignore_eos, or stop_token_ids, once it has min_tokens; or at max_tokens. "
+          "ValueError for an empty prompt, a duplicate id, prompt + max_tokens "
           "> max_model_len, or a request that could never fit in num_blocks.")
       .def(
           "abort_request",
@@ -376,25 +453,46 @@ void bind_scheduler(nb::module_& m) {
           nb::rv_policy::reference_internal, "Plan the next step (a StepPlan).")
       .def(
           "update",
-          [](S& s, const StepPlan& plan,
-             nb::ndarray<const int64_t, nb::ndim<1>, nb::device::cpu, nb::c_contig> sampled) {
-            return update(s, plan, sampled.data(), sampled.shape(0));
-          },
-          nb::arg("plan"), nb::arg("sampled_token_ids"))
-      .def(
-          "update",
           [](S& s, const StepPlan& plan, nb::handle sampled) {
-            s.scratch.clear();
-            nb::object seq = nb::borrow(sampled);
-            if (nb::hasattr(seq, "tolist")) seq = seq.attr("tolist")();
-            if (!nb::try_cast(seq, s.scratch)) {
-              throw TypeError("sampled_token_ids: expected a sequence of ints");
-            }
-            return update(s, plan, s.scratch.data(), s.scratch.size());
+            return with_tokens(s, sampled,
+                               [&](const int64_t* t, size_t n) { return update(s, plan, t, n); });
           },
+          nb::sig("def update(self, plan: StepPlan, sampled_token_ids: object) -> "
+                  "list[FinishedRequest]"),
           nb::arg("plan"), nb::arg("sampled_token_ids"),
           "Apply a step's sampled tokens (one per plan entry, -1 where the entry does not "
-          "sample). Returns the ids of the requests that finished (they are freed).")
+          "sample). Returns the requests that finished (they are freed), with their reasons.")
+      .def(
+          "advance",
+          [](S& s, const StepPlan& plan) {
+            S::Busy busy(s);
+            s.advance(plan);
+          },
+          nb::arg("plan"),
+          "Overlap: the plan ran; each sampling entry i holds placeholder token -1 - i until "
+          "resolve(). schedule() may run next.")
+      .def(
+          "resolve",
+          [](S& s, nb::handle sampled) {
+            return with_tokens(s, sampled,
+                               [&](const int64_t* t, size_t n) { return resolve(s, t, n); });
+          },
+          nb::sig("def resolve(self, sampled_token_ids: object) -> list[FinishedRequest]"),
+          nb::arg("sampled_token_ids"),
+          "Overlap: the advanced step's tokens (one per entry of its plan). Returns the "
+          "finished requests; their entries in a plan scheduled since become slot -1.")
+      .def_prop_ro("has_unresolved_step", &S::has_unresolved_step)
+      .def(
+          "would_finish",
+          [](S& s, nb::handle request_id, nb::handle token) {
+            const std::string id = to_id(request_id, "request_id");
+            const Finished f = s.would_finish(id, int_arg<int32_t>(token, "token"));
+            return finished_object(f, nb::borrow(request_id));
+          },
+          nb::sig("def would_finish(self, request_id: str, token: int) -> "
+                  "FinishedRequest | None"),
+          nb::arg("request_id").none(), nb::arg("token").none(),
+          "Whether `token` as the request's next token would finish it (and why).")
       .def(
           "update_accepted",
           [](S& s, const StepPlan& plan, nb::handle token_ids, nb::handle num_accepted) {
@@ -407,21 +505,22 @@ void bind_scheduler(nb::module_& m) {
             if (!nb::try_cast(c, counts)) {
               throw TypeError("num_accepted: expected a sequence of ints");
             }
-            const std::vector<int32_t>* finished;
+            const std::vector<Finished>* finished;
             {
               S::Busy busy(s);
               nb::gil_scoped_release release;
               finished = &s.update_accepted(plan, tokens.data(), tokens.size(), counts.data(),
                                             counts.size());
             }
-            return s.ids_of(finished->data(), finished->size());
+            return finished_list(s, *finished);
           },
           nb::sig("def update_accepted(self, plan: StepPlan, token_ids: object, "
                   "num_accepted: object) -> list"),
           nb::arg("plan"), nb::arg("token_ids"), nb::arg("num_accepted"),
           "Speculative steps: entry i emitted num_accepted[i] tokens (its accepted drafts, then "
           "the target's token; 0 for an entry that samples nothing), concatenated in token_ids. "
-          "Rejected drafts' KV blocks are given back. Returns the finished ids.")
+          "Rejected drafts' KV blocks are given back. Returns the finished requests "
+          "(FinishedRequest), as update() does.")
       .def_prop_ro(
           "num_appended", [](const S& s) { return s.num_appended(); },
           "Per entry of the last updated plan: tokens appended (fewer than emitted after a stop)")
@@ -443,14 +542,17 @@ void bind_scheduler(nb::module_& m) {
             const std::string parent = to_id(parent_id, "parent_id");
             const std::string child = to_id(child_id, "child_id");
             S::Busy busy(s);
-            bool done = s.fork(parent, child, int_arg<int32_t>(first_token, "first_token"));
-            if (!done) s.remember(s.slot_of(child), nb::borrow(child_id));
-            return done;
+            Finished done = s.fork(parent, child, int_arg<int32_t>(first_token, "first_token"));
+            if (done.reason == FinishReason::kNone) {
+              s.remember(s.slot_of(child), nb::borrow(child_id));
+            }
+            return finished_object(done, nb::borrow(child_id));
           },
-          nb::sig("def fork(self, parent_id: str, child_id: str, first_token: int) -> bool"),
+          nb::sig("def fork(self, parent_id: str, child_id: str, first_token: int) -> "
+                  "FinishedRequest | None"),
           nb::arg("parent_id").none(), nb::arg("child_id").none(), nb::arg("first_token").none(),
-          "n > 1 sampling: a child sharing the parent's prompt blocks. True if it finished at "
-          "once (and was freed).")
+          "n > 1 sampling: a child sharing the parent's prompt blocks. Returns why it finished "
+          "at once (it is then freed), or None.")
       .def("has_unfinished_requests", &S::has_unfinished_requests)
       .def("get_token_ids", &S::get_token_ids, nb::arg("request_id"))
       .def("get_num_generated", &S::get_num_generated, nb::arg("request_id"))

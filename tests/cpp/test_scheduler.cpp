@@ -157,7 +157,7 @@ TEST(Scheduler, RandomTracesKeepEveryTokenAndLeakNothing) {
           if (rng() % 2)
             std::copy(shared.begin(), shared.begin() + std::min(len, 16), prompt.begin());
           RequestParams p = max_tokens(1 + static_cast<int32_t>(rng() % 20));
-          p.eos_token_id = d.eos;
+          p.eos_token_ids = {d.eos};
           d.add("r" + std::to_string(next++), prompt, p);
         }
         if (step < 400 && rng() % 17 == 0 && next > 0) {
@@ -245,7 +245,7 @@ TEST(Scheduler, ForkSharesPromptBlocksAndCopiesOnWrite) {
   const StepPlan& p1 = s.schedule();
   s.update(p1, {50});
   int32_t free_before = s.num_free_blocks();
-  EXPECT_FALSE(s.fork("p", "c", 60));
+  EXPECT_EQ(s.fork("p", "c", 60).reason, FinishReason::kNone);
   EXPECT_EQ(s.num_free_blocks(), free_before);  // shared, nothing new
   EXPECT_EQ(s.get_token_ids("c"), (std::vector<int32_t>{11, 12, 13, 14, 15, 16, 60}));
   const StepPlan& p2 = s.schedule();
@@ -273,10 +273,10 @@ TEST(Scheduler, ForkSharesPromptBlocksAndCopiesOnWrite) {
 TEST(Scheduler, ForkedChildFinishingAtOnceIsFreed) {
   Scheduler s(make_config(32, 4));
   RequestParams p = max_tokens(4);
-  p.eos_token_id = 2;
+  p.eos_token_ids = {2};
   s.add_request("p", std::vector<int32_t>{5, 6, 7}, p);
   s.update(s.schedule(), {9});
-  EXPECT_TRUE(s.fork("p", "c", 2));
+  EXPECT_EQ(s.fork("p", "c", 2).reason, FinishReason::kEos);
   EXPECT_FALSE(s.has_request("c"));
   EXPECT_TRUE(s.abort_request("p"));
   EXPECT_EQ(s.num_free_blocks(), 32);
@@ -353,12 +353,13 @@ TEST(Scheduler, ForkFromAParentThatJustFinished) {
   Scheduler s(c);
   RequestParams p;
   p.max_tokens = 3;
-  p.eos_token_id = 2;
+  p.eos_token_ids = {2};
   std::vector<int32_t> prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
   s.add_request("p", prompt, p);
   EXPECT_EQ(s.update(s.schedule(), {2}), std::vector<std::string>{"p"});
-  EXPECT_FALSE(s.fork("p", "c1", 40));
-  EXPECT_FALSE(s.fork("p", "c2", 41));  // the finished parent's record outlives the first fork
+  EXPECT_EQ(s.fork("p", "c1", 40).reason, FinishReason::kNone);
+  EXPECT_EQ(s.fork("p", "c2", 41).reason,
+            FinishReason::kNone);  // the finished parent's record outlives the first fork
   const StepPlan& plan = s.schedule();
   ASSERT_EQ(plan.num_seqs, 2);
   EXPECT_EQ(plan.num_prefills, 2);

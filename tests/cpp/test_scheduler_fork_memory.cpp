@@ -47,7 +47,9 @@ size_t bytes_per_fork(int32_t prompt_len, int32_t n) {
   std::vector<std::string> ids;
   for (int32_t i = 1; i < n; ++i) ids.push_back("p#" + std::to_string(i));
   const size_t before = g_bytes_allocated.load();
-  for (int32_t i = 1; i < n; ++i) EXPECT_FALSE(s.fork("p", ids[i - 1], 100 + i));
+  for (int32_t i = 1; i < n; ++i) {
+    EXPECT_EQ(s.fork("p", ids[i - 1], 100 + i).reason, FinishReason::kNone);
+  }
   const size_t bytes = (g_bytes_allocated.load() - before) / static_cast<size_t>(n - 1);
   // The children still see the whole prompt, and run.
   std::vector<int32_t> want = s.get_token_ids("p");

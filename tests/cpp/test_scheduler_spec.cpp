@@ -49,8 +49,8 @@ void prefill(Scheduler& s, const std::vector<std::string>& ids, int32_t prompt_l
   s.update(p, std::vector<int64_t>(ids.size(), 500));
 }
 
-const std::vector<int32_t>& update_one(Scheduler& s, const StepPlan& p,
-                                       const std::vector<int64_t>& emitted) {
+const std::vector<Finished>& update_one(Scheduler& s, const StepPlan& p,
+                                        const std::vector<int64_t>& emitted) {
   const int32_t count = static_cast<int32_t>(emitted.size());
   return s.update_accepted(p, emitted.data(), emitted.size(), &count, 1);
 }
@@ -193,7 +193,7 @@ TEST_F(SpecStep, MaxTokensCapsTheDraftsAndFinishesTheRequest) {
 TEST(SchedulerSpec, EosAmongAcceptedDraftsFinishesThere) {
   Scheduler s(config(32, 4));
   RequestParams params = max_tokens(20);
-  params.eos_token_id = 7;
+  params.eos_token_ids = {7};
   s.add_request("a", range_tokens(100, 6), params);
   s.update(s.schedule(), {500});
   std::vector<int32_t> draft{601, 7, 603};

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from pagedkv.engine.model_runner import fill_placeholders
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
 
@@ -123,8 +124,12 @@ class CudaGraphRunner:
     def can_run(self, num_seqs: int, max_seq_len: int) -> bool:
         return num_seqs <= self.batch_sizes[-1] and max_seq_len <= self.max_len
 
-    def run(self, plan: Any, intermediate: Any = None) -> torch.Tensor:
-        """``intermediate``: the previous stage's hidden states [n, hidden] (later stages)."""
+    def run(
+        self, plan: Any, intermediate: Any = None, prev_tokens: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """``intermediate``: the previous stage's hidden states [n, hidden] (later stages).
+        ``prev_tokens`` fill in the placeholder input ids of an overlapped step (see
+        ModelRunner.execute)."""
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
@@ -143,6 +148,8 @@ class CudaGraphRunner:
         end = max_bs + n * width
         self._dev32[:end].copy_(self._host32[:end], non_blocking=True)
         self._copied.record()
+        if prev_tokens is not None:
+            self.input_ids[:n].copy_(fill_placeholders(self.input_ids[:n], prev_tokens))
         if self.intermediate is not None:
             self.intermediate[:n].copy_(intermediate)  # padding rows keep finite old values
         graph, out = self.graphs[bs]

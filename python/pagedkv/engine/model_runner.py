@@ -280,22 +280,30 @@ class ModelRunner:
         plan: Any,
         intermediate: Optional[torch.Tensor] = None,
         lora_ids: Optional[Sequence[int]] = None,
+        prev_tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
         On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
-        ``lora_ids``: the LoRA adapter id of each of the plan's sequences (0 = none)."""
+        ``lora_ids``: the LoRA adapter id of each of the plan's sequences (0 = none).
+        ``prev_tokens``: the previous step's sampled tokens, on the device, when the plan was
+        scheduled before they reached the host (overlapped scheduling: its input ids hold
+        placeholders for them, see Scheduler.advance)."""
         if self.lora is None or lora_ids is None or not any(lora_ids):
-            return self._execute(plan, intermediate, False)
+            return self._execute(plan, intermediate, False, prev_tokens)
         n_seq = int(plan.num_seqs)
         per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
         self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
         try:  # the captured graphs run without adapters: an adapter step runs eagerly
-            return self._execute(plan, intermediate, True)
+            return self._execute(plan, intermediate, True, prev_tokens)
         finally:
             self.lora.end_step()
 
     def _execute(
-        self, plan: Any, intermediate: Optional[torch.Tensor], eager: bool
+        self,
+        plan: Any,
+        intermediate: Optional[torch.Tensor],
+        eager: bool,
+        prev_tokens: Optional[torch.Tensor],
     ) -> torch.Tensor:
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
@@ -312,7 +320,7 @@ class ModelRunner:
             and plan.num_prefills == 0
             and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))
         ):
-            return self.graphs.run(plan, intermediate)
+            return self.graphs.run(plan, intermediate, prev_tokens)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self.device
@@ -330,6 +338,8 @@ class ModelRunner:
         assert self.backend is not None
         self.backend.set_metadata(meta)
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
+        if prev_tokens is not None:
+            ids = fill_placeholders(ids, prev_tokens)
         pos = _dev(plan.positions[:n_tok], torch.int64, dev)
         return self._forward(ids, pos, self.backend, intermediate)
 
@@ -355,11 +365,27 @@ class ModelRunner:
         return self.model.compute_logits(picked, upcast=upcast)
 
 
+def fill_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+    """Input ids with each placeholder -1 - i (Scheduler.advance()) replaced by the token the
+    previous step sampled for its entry i, on the device: no host round trip."""
+    src = (-1 - ids).clamp_(min=0)
+    return torch.where(ids < 0, prev_tokens.index_select(0, src), ids)
+
+
 def _dev(arr: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(arr))
     if t.dtype != dtype:
         t = t.to(dtype)
-    return t.to(device, non_blocking=True) if device.type != "cpu" else t
+    return to_device(t, device)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without waiting for the device: a copy from pageable memory
+    first waits for the stream's queued work, which would stall an overlapped step until the
+    previous one finished; from pinned memory (cached by torch's host allocator) it does not."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _reserve_rotary(

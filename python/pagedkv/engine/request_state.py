@@ -1,7 +1,8 @@
 """Engine-side state of a request: its samples (n / best_of), text, logprobs and finish.
 
-The scheduler owns tokens and KV blocks; this side owns what the user sees: detokenized text,
-stop strings (which only text can detect), logprobs, and building RequestOutput objects.
+The scheduler owns tokens and KV blocks and decides when a sequence finishes (EOS ids, stop ids,
+min_tokens, max_tokens); this side owns what the user sees: detokenized text, stop strings
+(which only text can detect), logprobs, and building RequestOutput objects.
 """
 
 from __future__ import annotations
@@ -136,17 +137,6 @@ class RequestState:
         )
 
     # ------------------------------------------------------------ stop rules
-    def would_finish(self, num_tokens: int, token: int) -> Optional[str]:
-        """The finish reason the scheduler applies when `token` becomes output token number
-        `num_tokens` (1-based), or None; mirrors the scheduler's rules."""
-        p = self.params
-        if num_tokens >= p.min_tokens:
-            if token in (p.stop_token_ids or []):
-                return "stop"
-            if not p.ignore_eos and token in self.eos_token_ids:
-                return "stop"
-        return "length" if num_tokens >= self.max_tokens else None
-
     def banned_tokens(self, seq: SeqState) -> List[int]:
         """EOS and stop ids cannot be sampled before min_tokens (as vLLM's logits processor);
         nor the last token of a bad word whose other tokens end the output (vLLM matches the
@@ -162,16 +152,6 @@ class RequestState:
             if k == 0 or (len(out) >= k and out[len(out) - k :] == word[:k]):
                 banned.append(word[-1])
         return banned
-
-    def finish_by_scheduler(self, seq: SeqState) -> None:
-        last = seq.token_ids[-1]
-        p = self.params
-        if last in (p.stop_token_ids or []) and len(seq.token_ids) >= p.min_tokens:
-            seq.finish_reason, seq.stop_reason = "stop", last
-        elif not p.ignore_eos and last in self.eos_token_ids and len(seq.token_ids) >= p.min_tokens:
-            seq.finish_reason, seq.stop_reason = "stop", None
-        else:
-            seq.finish_reason = "length"
 
     def check_stop_strings(self, seq: SeqState, new_text_len: int) -> bool:
         """Finds a stop string in the newly added text; truncates and finishes on a match."""

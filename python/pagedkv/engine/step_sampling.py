@@ -4,30 +4,60 @@ Rows: one per plan entry that completes a chunk (plan.sample_indices >= 0); for 
 n / best_of > 1 whose prompt just completed, one row per sample, drawn from the same logits with
 each sample's own generator (the samples then fork in the scheduler); plus, for requests asking
 for prompt logprobs, one row per prompt position of their prefill chunk.
+
+It reads the step's plan and request states and writes nothing but its own results (tokens,
+logprobs, forks, the parent of each n > 1 group, prompt logprobs): the engine core applies them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_state import RequestState, SeqState
-from pagedkv.engine.sampler import SamplerOutput, SamplingRow
-from pagedkv.engine.structured_output import apply_logits_processors
+from pagedkv.engine.sampler import Sampler, SamplerOutput, SamplingRow
+from pagedkv.engine.structured_output import GrammarCache, apply_logits_processors
 
 Entry = Tuple[RequestState, SeqState]
+# A token's logprobs: (the sampled token's logprob or None, the top-k dict or None).
+TokenLogprob = Tuple[Optional[float], Optional[Dict[int, Logprob]]]
 
 
 class StepSampling:
-    def __init__(self, engine: Any, plan: Any, entries: List[Entry]) -> None:
-        self.engine, self.plan, self.entries = engine, plan, entries
+    """Samples one step. ``compute_logits(hidden, rows, upcast)`` is the runner's (or the
+    executor's) LM head; ``grammars`` fills and applies structured-output bitmasks;
+    ``would_finish(sched_id, token)`` asks the scheduler whether the token ends that sequence;
+    ``max_rows`` bounds the rows sampled at once (max_num_seqs). ``entries`` hold None for plan
+    entries not to be sampled (aborted since the plan was made)."""
+
+    def __init__(
+        self,
+        compute_logits: Callable[..., torch.Tensor],
+        sampler: Sampler,
+        grammars: Optional[GrammarCache],
+        would_finish: Callable[[str, int], bool],
+        max_rows: int,
+        plan: object,
+        entries: List[Optional[Entry]],
+    ) -> None:
+        self.compute_logits, self.sampler, self.grammars = compute_logits, sampler, grammars
+        self.would_finish, self.max_rows = would_finish, max_rows
+        self.plan: Any = plan
+        self.entries = entries
+        # The step's tokens on the host when they were drawn there (else None: see host()).
+        self.tokens: Optional[np.ndarray] = None
         # entry index -> [(sample, token)] of the samples that fork from that entry
         self.forks: Dict[int, List[Tuple[SeqState, int]]] = {}
-        # id(seq) -> (sampled token's logprob or None, top-k dict or None)
-        self.logprobs: Dict[int, Tuple[Optional[float], Optional[dict]]] = {}
+        # entry index -> the sample that goes on under the entry's scheduler id (n > 1)
+        self.parents: Dict[int, SeqState] = {}
+        # id(seq) -> its token's logprobs
+        self.logprobs: Dict[int, TokenLogprob] = {}
+        # (request, prompt position, {token: Logprob}) for each prompt position scored
+        self.prompt_logprobs: List[Tuple[RequestState, int, Dict[int, Logprob]]] = []
         # Structured outputs: allowed tokens of each sampling row (None: no row constrained).
         self.bitmask: Optional[torch.Tensor] = None
 
@@ -42,19 +72,39 @@ class StepSampling:
             need_logprob=(p.best_of or p.n) > p.n,
         )
 
-    def run(self, hidden: torch.Tensor) -> np.ndarray:
+    def run(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[num entries] int64 tokens on the hidden states' device, -1 where nothing was
+        sampled. The plain-argmax batch stays on the device (no host sync: an overlapped step
+        reads it on the host only after launching the next one)."""
         plan, n = self.plan, len(self.entries)
         sample_idx = np.asarray(plan.sample_indices[:n])
-        if all(req.argmax_row(seq) for req, seq in self.entries):
+        live = [e for e in self.entries if e is not None]
+        if len(live) < n:
+            sample_idx = sample_idx.copy()
+            sample_idx[[i for i, e in enumerate(self.entries) if e is None]] = -1
+        if all(req.argmax_row(seq) for req, seq in live):
             return self._argmax(hidden, sample_idx)
+        self.tokens = self._draw(hidden, sample_idx)
+        return to_device(torch.from_numpy(self.tokens), hidden.device)
+
+    def host(self, device_tokens: torch.Tensor) -> np.ndarray:
+        """run()'s tokens on the host (copied, waiting for the device, if drawn there)."""
+        if self.tokens is None:
+            self.tokens = device_tokens.cpu().numpy()
+        return self.tokens
+
+    def _draw(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> np.ndarray:
+        """Samples the rows one by one on the host: knobs, n > 1, logprobs, grammars."""
+        n = len(self.entries)
         rows: List[SamplingRow] = []
         row_src: List[int] = []  # sampling row -> its row of logits (n samples share one)
         logit_rows: List[int] = []  # distinct hidden rows to compute logits for
         owners: List[Tuple[int, SeqState]] = []
-        for i, (req, seq) in enumerate(self.entries):
+        for i, entry in enumerate(self.entries):
             idx = int(sample_idx[i])
-            if idx < 0:
+            if idx < 0 or entry is None:
                 continue
+            req, seq = entry
             group = [seq] if req.forked or len(req.seqs) == 1 or seq.token_ids else req.seqs
             logit_rows.append(idx)
             for s in group:
@@ -62,11 +112,11 @@ class StepSampling:
                 row_src.append(len(logit_rows) - 1)
                 owners.append((i, s))
         prompt_rows, prompt_next, prompt_owner = self._prompt_logprob_rows()
-        grammars = self.engine.structured
+        grammars = self.grammars
         if grammars is not None:  # on the CPU, while the device may still run the forward
             self.bitmask = grammars.fill_bitmask([s.matcher for _, s in owners])
         all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long, device=hidden.device)
-        logits = self.engine.runner.compute_logits(hidden, all_rows)
+        logits = self.compute_logits(hidden, all_rows)
         sampled = np.full(n, -1, dtype=np.int64)
         if rows:
             self._assign(self._sample(logits, rows, row_src), owners, sampled)
@@ -81,16 +131,16 @@ class StepSampling:
         tensors, so the n samples of a prompt (n may be 100000) go in chunks of at most
         max_num_seqs rows: memory stays bounded by the batch limit, as in a decode step. A
         seeded sample draws from its own generator, so chunking does not change its tokens."""
-        chunk = self.engine.config.max_num_seqs
+        chunk = self.max_rows
         if row_src[-1] == len(rows) - 1 and len(rows) <= chunk:  # no fan-out: one batch
-            return self.engine.sampler(self._constrain(logits[: len(rows)], rows, 0), rows)
+            return self.sampler(self._constrain(logits[: len(rows)], rows, 0), rows)
         src = torch.tensor(row_src, dtype=torch.long, device=logits.device)
         merged = SamplerOutput([], [], [])
         for a in range(0, len(rows), chunk):
             # Indexing, not index_select: on CPU, index_select of repeated rows (all the n
             # samples read one row) runs about 60x slower (torch 2.13).
             part = self._constrain(logits[src[a : a + chunk]], rows[a : a + chunk], a)
-            out = self.engine.sampler(part, rows[a : a + chunk])
+            out = self.sampler(part, rows[a : a + chunk])
             merged.token_ids += out.token_ids
             merged.sampled_logprobs += out.sampled_logprobs
             merged.logprobs += out.logprobs
@@ -105,7 +155,8 @@ class StepSampling:
             return logits
         logits = logits.float() if logits.dtype != torch.float32 else logits
         if mask is not None:
-            self.engine.structured.apply_bitmask(logits, mask[first : first + len(rows)])
+            assert self.grammars is not None
+            self.grammars.apply_bitmask(logits, mask[first : first + len(rows)])
         for i in procs:
             r = rows[i]
             apply_logits_processors(
@@ -113,21 +164,25 @@ class StepSampling:
             )
         return logits
 
-    def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> np.ndarray:
+    def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> torch.Tensor:
         """Every row is a plain argmax (the common greedy batch): no per-row Python objects,
-        one device-to-host copy. Same tokens as the Sampler's greedy path: argmax over the same
-        logits, on the model's dtype (the float32 copy the Sampler makes changes no ordering)."""
+        no host sync. Same tokens as the Sampler's greedy path: argmax over the same logits,
+        on the model's dtype (the float32 copy the Sampler makes changes no ordering)."""
+        n, dev = len(sample_idx), hidden.device
         rows = np.flatnonzero(sample_idx >= 0)
-        sampled = np.full(len(sample_idx), -1, dtype=np.int64)
         if not len(rows):
-            return sampled
+            self.tokens = np.full(n, -1, dtype=np.int64)
+            return to_device(torch.from_numpy(self.tokens), dev)
         idx = sample_idx[rows]
         picked = None  # decode-only step: every hidden row is sampled, in order
         if not (len(idx) == hidden.shape[0] and np.array_equal(idx, np.arange(len(idx)))):
-            picked = torch.from_numpy(idx.astype(np.int64)).to(hidden.device)
-        logits = self.engine.runner.compute_logits(hidden, picked, upcast=False)
-        sampled[rows] = logits.argmax(dim=-1).cpu().numpy()
-        return sampled
+            picked = to_device(torch.from_numpy(idx.astype(np.int64)), dev)
+        tokens = self.compute_logits(hidden, picked, upcast=False).argmax(dim=-1)
+        if len(rows) == n:
+            return tokens
+        out = torch.full((n,), -1, dtype=torch.int64, device=tokens.device)
+        out[to_device(torch.from_numpy(rows.astype(np.int64)), tokens.device)] = tokens
+        return out
 
     def _assign(
         self, out: SamplerOutput, owners: List[Tuple[int, SeqState]], sampled: np.ndarray
@@ -137,28 +192,17 @@ class StepSampling:
             by_entry.setdefault(i, []).append((s, out.token_ids[j]))
             self.logprobs[id(s)] = (out.sampled_logprobs[j], out.logprobs[j])
         for i, group in by_entry.items():
-            req, _ = self.entries[i]
             if len(group) == 1:
                 sampled[i] = group[0][1]
                 continue
             # n > 1: the scheduler's parent must outlive this step to be forked from, so give
             # that role to a sample whose first token does not finish it, when there is one.
-            k = next(
-                (
-                    j
-                    for j, (s, t) in enumerate(group)
-                    if req.would_finish(len(s.token_ids) + 1, t) is None
-                ),
-                0,
-            )
-            parent, tok = group[k]
-            old_parent = self.entries[i][1]
-            sched_id = old_parent.sched_id
-            old_parent.sched_id = None
-            parent.sched_id = sched_id
-            self.engine.seq_owner[parent.sched_id] = (req, parent)
-            self.entries[i] = (req, parent)
-            sampled[i] = tok
+            entry = self.entries[i]
+            assert entry is not None and entry[1].sched_id is not None
+            sched_id = entry[1].sched_id
+            k = next((j for j, (_, t) in enumerate(group) if not self.would_finish(sched_id, t)), 0)
+            parent, sampled[i] = group[k]
+            self.parents[i] = parent
             self.forks[i] = [g for j, g in enumerate(group) if j != k]
 
     def _prompt_logprob_rows(self) -> Tuple[List[int], List[int], List[Tuple[RequestState, int]]]:
@@ -167,9 +211,11 @@ class StepSampling:
         nxt: List[int] = []
         owner: List[Tuple[RequestState, int]] = []
         for i in range(int(plan.num_prefills)):
-            req, seq = self.entries[i]
-            if req.prompt_logprobs is None or seq.token_ids:
+            entry = self.entries[i]
+            if entry is None or entry[0].prompt_logprobs is None or entry[1].token_ids:
                 continue
+            req = entry[0]
+            assert req.prompt_logprobs is not None
             total = len(req.prompt_token_ids)
             ctx = int(plan.context_lens[i])
             q0, q1 = int(plan.query_start_loc[i]), int(plan.query_start_loc[i + 1])
@@ -186,7 +232,7 @@ class StepSampling:
         self, logits: torch.Tensor, nxt: List[int], owner: List[Tuple[RequestState, int]]
     ) -> None:
         k = max(r.params.prompt_logprobs or 0 for r, _ in owner)
-        dicts = self.engine.sampler.prompt_logprobs(logits, nxt, k)
+        dicts = self.sampler.prompt_logprobs(logits, nxt, k)
         for (req, pos), d in zip(owner, dicts):
             want = req.params.prompt_logprobs or 0
             keep = {
@@ -194,9 +240,7 @@ class StepSampling:
                 for t, lp in d.items()
                 if lp.rank is not None and (lp.rank <= want or t == req.prompt_token_ids[pos])
             }
-            self.engine.decode_logprob_tokens(keep)
-            assert req.prompt_logprobs is not None and len(req.prompt_logprobs) == pos
-            req.prompt_logprobs.append(_with_ranks(keep))
+            self.prompt_logprobs.append((req, pos, _with_ranks(keep)))
 
 
 def _with_ranks(d: Dict[int, Logprob]) -> Dict[int, Logprob]:

@@ -31,7 +31,7 @@ def test_seed000_chunked_prefill_trace() -> None:
     assert p.seq_lens.tolist() == [484, 28] and p.query_start_loc.tolist() == [0, 484, 512]
     assert (p.max_query_len, p.max_prefill_seq_len, p.max_decode_seq_len) == (484, 484, 0)
     assert p.sample_indices.tolist() == [483, -1]
-    assert s.update(p, [101, -1]) == []
+    assert [f.request_id for f in s.update(p, [101, -1])] == []
     exp["a"].append(101)
 
     p = s.schedule()
@@ -64,7 +64,7 @@ def test_seed002_token_granular_prefix_reuse() -> None:
     first = [1, 29871, 29896, 29906, 29941, 29946, 29945]
     second = first + [29896, 29906, 29941, 29946, 29945]
     s.add_request("first", first, 1)
-    assert s.update(s.schedule(), [5]) == ["first"]
+    assert [f.request_id for f in s.update(s.schedule(), [5])] == ["first"]
     s.add_request("second", second, 1)
     p = s.schedule()
     assert p.num_seqs == 1 and p.context_lens.tolist() == [7] and p.seq_lens.tolist() == [12]
@@ -97,7 +97,7 @@ def test_update_accepts_lists_numpy_and_torch() -> None:
     s.update(s.schedule(), [7, 8, 9])
     s.update(s.schedule(), np.array([7, 8, 9], dtype=np.int32))
     s.update(s.schedule(), torch.tensor([7, 8, 9]))
-    assert s.update(s.schedule(), np.array([7, 8, 9])) == ["r0", "r1", "r2"]
+    assert [f.request_id for f in s.update(s.schedule(), np.array([7, 8, 9]))] == ["r0", "r1", "r2"]
     assert s.num_free_blocks == 64
 
 
@@ -148,8 +148,8 @@ def test_stop_rules_eos_stop_ids_min_tokens_ignore_eos() -> None:
     s.add_request("stop", [1, 2], 10, stop_token_ids=[5, 6])
     s.add_request("min", [1, 2], 10, eos_token_id=0, min_tokens=2)
     s.add_request("ign", (1, 2), 2, eos_token_id=0, ignore_eos=True, stop_token_ids=None)
-    assert s.update(s.schedule(), [0, 6, 0, 0]) == ["eos", "stop"]
-    assert s.update(s.schedule(), [0, 0]) == ["min", "ign"]
+    assert [f.request_id for f in s.update(s.schedule(), [0, 6, 0, 0])] == ["eos", "stop"]
+    assert [f.request_id for f in s.update(s.schedule(), [0, 0])] == ["min", "ign"]
     assert s.num_free_blocks == 64
 
 
@@ -159,8 +159,8 @@ def test_fork_shares_prompt_blocks_and_copies_the_partial_block_on_write() -> No
     s.add_request("p", prompt, 3, eos_token_id=2)
     s.update(s.schedule(), [50])
     free = s.num_free_blocks
-    assert s.fork("p", "c", 60) is False
-    assert s.fork("p", "d", 2) is True and "d" not in s  # stop token: finished at once
+    assert s.fork("p", "c", 60) is None
+    assert s.fork("p", "d", 2) is not None and "d" not in s  # stop token: finished at once
     assert s.num_free_blocks == free
     assert s.get_token_ids("c") == prompt + [60] and s.get_num_generated("c") == 1
     p = s.schedule()
@@ -215,7 +215,7 @@ def test_abort_between_schedule_and_update() -> None:
     p = s.schedule()
     assert s.abort_request("a")
     assert p.request_ids == [None, "b"]
-    assert s.update(p, [9, 9]) == []
+    assert [f.request_id for f in s.update(p, [9, 9])] == []
     assert s.get_num_generated("b") == 1
     assert s.abort_request("b") and s.num_free_blocks == 32
 
@@ -242,10 +242,10 @@ def test_fork_after_the_parent_finished_on_its_first_token() -> None:
     s.add_request("p", prompt, 3, eos_token_id=2)
     plan = s.schedule()
     d.kv.run(plan, {"p": prompt})
-    assert s.update(plan, [2]) == ["p"]
+    assert [f.request_id for f in s.update(plan, [2])] == ["p"]
     assert s.num_free_blocks == 32
-    assert s.fork("p", "c", 40) is False
-    assert s.fork("p", "d", 41) is False
+    assert s.fork("p", "c", 40) is None
+    assert s.fork("p", "d", 41) is None
     d.tokens = {"c": prompt + [40], "d": prompt + [41]}
     d.prompt_len = {"c": len(prompt), "d": len(prompt)}
     d.params = {"c": {"max_tokens": 3}, "d": {"max_tokens": 3}}

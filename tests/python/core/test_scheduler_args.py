@@ -26,7 +26,7 @@ def test_request_ids_with_nul_are_kept_whole() -> None:
     assert plan.request_ids == ["x\x00y", "x\x00z"]
     s.update(plan, [5, 5])
     assert s.abort_request("x\x00y")  # was False: the request could never be aborted
-    assert s.fork("x\x00z", "x\x00child", 6) is False
+    assert s.fork("x\x00z", "x\x00child", 6) is None
     assert "x\x00child" in s
     assert s.abort_request("x\x00z") and s.abort_request("x\x00child")
     assert not s.has_unfinished_requests()

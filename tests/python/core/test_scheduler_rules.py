@@ -15,7 +15,7 @@ def _step(s: Scheduler, token: int = 1) -> tuple[list, list[int], list[str]]:
     """One schedule() + update() feeding `token` to every sampled row: (ids, seq_lens, done)."""
     p = s.schedule()
     ids, lens = list(p.request_ids), p.seq_lens.tolist()
-    done = s.update(p, [token] * p.num_seqs)
+    done = [f.request_id for f in s.update(p, [token] * p.num_seqs)]
     return ids, lens, done
 
 
@@ -39,7 +39,7 @@ def test_no_admission_in_a_step_that_preempted() -> None:
     p = s.schedule()
     assert (list(p.request_ids), p.seq_lens.tolist()) == (["C", "A"], [4, 10])
     assert s.num_waiting == 1 and s.num_free_blocks == 1
-    assert s.update(p, [1, 1]) == ["C"]
+    assert [f.request_id for f in s.update(p, [1, 1])] == ["C"]
 
 
 def test_equal_priority_never_preempts() -> None:
@@ -117,7 +117,7 @@ def test_block_table_rows_are_padded_after_a_longer_previous_occupant() -> None:
     s.add_request("A", list(range(100, 140)), 1)  # 40 tokens: 10 blocks
     p = s.schedule()
     assert sum(1 for b in p.block_tables[0] if b != 0) >= 9  # ten distinct ids, one may be 0
-    assert s.update(p, [1]) == ["A"]
+    assert [f.request_id for f in s.update(p, [1])] == ["A"]
     s.add_request("B", [7, 8, 9], 2)
     p = s.schedule()
     assert list(p.request_ids) == ["B"]
@@ -134,7 +134,7 @@ def test_forked_child_inherits_the_parents_priority() -> None:
     )
     s.add_request("P", [11, 12, 13, 14, 15, 16], 6, priority=5)
     _step(s)
-    assert s.fork("P", "C", 2) is False
+    assert s.fork("P", "C", 2) is None
     s.add_request("W", [21, 22, 23, 24], 2, priority=3)
     ids, lens, _ = _step(s)
     assert (ids, lens) == (["W", "P"], [4, 7])
@@ -145,7 +145,7 @@ def test_fork_without_a_free_seat_waits() -> None:
     s = Scheduler(SchedulerConfig(16, 4, max_num_seqs=1))
     s.add_request("P", [11, 12, 13, 14, 15, 16], 3)
     _step(s)
-    assert s.fork("P", "C", 2) is False
+    assert s.fork("P", "C", 2) is None
     assert s.num_running == 1 and s.num_waiting == 1
     assert _step(s)[:2] == (["P"], [7])
     while s.has_unfinished_requests():

@@ -53,7 +53,7 @@ def test_sampling_batches_stay_within_max_num_seqs(llm):
     # max_num_seqs rows, however large n is.
     eng = llm.llm_engine
     sizes = []
-    real = eng.sampler
+    real = eng.core.sampler  # the engine core samples
 
     class Spy:
         def __getattr__(self, name):
@@ -63,13 +63,13 @@ def test_sampling_batches_stay_within_max_num_seqs(llm):
             sizes.append(logits.shape[0])
             return real(logits, rows)
 
-    eng.sampler = Spy()
+    eng.core.sampler = Spy()
     try:
         out = llm.generate(
             [[1]], SamplingParams(n=10 * MAX_NUM_SEQS + 3, max_tokens=1, seed=11), use_tqdm=False
         )[0]
     finally:
-        eng.sampler = real
+        eng.core.sampler = real
     assert len(out.outputs) == 10 * MAX_NUM_SEQS + 3
     assert sizes and max(sizes) <= MAX_NUM_SEQS and sum(sizes) == 10 * MAX_NUM_SEQS + 3
     assert_no_leak(llm)

@@ -92,15 +92,15 @@ def test_step_with_no_sequences_still_moves_blocks(llm: LLM) -> None:
         key[3].fill_(7.0)
         value[3].fill_(5.0)
         host_key[1].fill_(0.0)
-        eng.scheduler = _Scheduler(real, _Plan(10**9, swap_out=[(3, 1)]))
+        eng.core.scheduler = _Scheduler(real, _Plan(10**9, swap_out=[(3, 1)]))
         assert eng.step() == []
         assert bool((host_key[1] == 7.0).all()), "the swap-out of an empty plan was dropped"
         host_key[2].fill_(9.0)
-        eng.scheduler = _Scheduler(real, _Plan(10**9 + 1, swap_in=[(2, 4)], copy=[(3, 5)]))
+        eng.core.scheduler = _Scheduler(real, _Plan(10**9 + 1, swap_in=[(2, 4)], copy=[(3, 5)]))
         assert eng.step() == []
         assert bool((key[4] == 9.0).all()) and bool((value[5] == 5.0).all())
     finally:
-        eng.scheduler = real
+        eng.core.scheduler = real
     out = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert out[0].finished
     assert_no_leak(llm)

@@ -1,11 +1,12 @@
-"""RequestState's stop rules, min_tokens bans, stop-string truncation, streamed hold-back and
+"""RequestState's min_tokens bans, stop-string truncation, streamed hold-back and
 best_of selection, on hand-built states (no model: these run in milliseconds).
 
 Until now they were only reached through end-to-end generation with the default model, which
 takes minutes per run and exercises each rule at one point at most. Expected values here follow
-vLLM's documented semantics: EOS / stop ids count only from min_tokens on, a stop string is cut
-from the text unless include_stop_str_in_output, streamed text never shows a possible stop-string
-prefix, best_of keeps the n samples with the highest cumulative logprob.
+vLLM's documented semantics (the finishing rule itself is the scheduler's, tested in
+tests/python/core/test_scheduler_finish.py): a stop string is cut from the text unless
+include_stop_str_in_output, streamed text never shows a possible stop-string prefix, best_of
+keeps the n samples with the highest cumulative logprob.
 """
 
 from __future__ import annotations
@@ -28,21 +29,6 @@ def _state(n_seqs: int = 1, max_tokens: int = 10, **kw) -> RequestState:
     return req
 
 
-def test_would_finish_follows_min_tokens_stop_ids_eos_and_max_tokens() -> None:
-    req = _state(max_tokens=5, min_tokens=2, stop_token_ids=[9])
-    assert req.would_finish(1, EOS) is None  # before min_tokens: EOS does not stop
-    assert req.would_finish(1, 9) is None
-    assert req.would_finish(2, EOS) == "stop"  # the min_tokens-th token may stop
-    assert req.would_finish(2, 9) == "stop"
-    assert req.would_finish(3, 4) is None
-    assert req.would_finish(4, 4) is None
-    assert req.would_finish(5, 4) == "length"
-    assert req.would_finish(5, 9) == "stop"  # a stop id on the last token: "stop" wins
-    ign = _state(max_tokens=3, ignore_eos=True, stop_token_ids=[9])
-    assert ign.would_finish(1, EOS) is None
-    assert ign.would_finish(1, 9) == "stop"  # ignore_eos leaves stop ids alone
-
-
 def test_banned_tokens_until_min_tokens() -> None:
     req = _state(min_tokens=2, stop_token_ids=[9])
     seq = req.seqs[0]
@@ -53,24 +39,6 @@ def test_banned_tokens_until_min_tokens() -> None:
     assert req.banned_tokens(seq) == []
     ign = _state(min_tokens=3, ignore_eos=True, stop_token_ids=[9])
     assert ign.banned_tokens(ign.seqs[0]) == [9]  # EOS is never a stop here, so not banned
-
-
-def test_finish_by_scheduler_reasons() -> None:
-    req = _state(max_tokens=3, min_tokens=1, stop_token_ids=[9])
-    seq = req.seqs[0]
-    seq.token_ids = [9]
-    req.finish_by_scheduler(seq)
-    assert (seq.finish_reason, seq.stop_reason) == ("stop", 9)
-    seq = SeqState(index=1, token_ids=[4, EOS])
-    req.finish_by_scheduler(seq)
-    assert (seq.finish_reason, seq.stop_reason) == ("stop", None)
-    seq = SeqState(index=2, token_ids=[4, 4, 4])
-    req.finish_by_scheduler(seq)
-    assert (seq.finish_reason, seq.stop_reason) == ("length", None)
-    ign = _state(max_tokens=2, ignore_eos=True)
-    seq = SeqState(index=0, token_ids=[4, EOS])
-    ign.finish_by_scheduler(seq)
-    assert (seq.finish_reason, seq.stop_reason) == ("length", None)
 
 
 def test_stop_strings_truncate_and_wait_for_min_tokens() -> None:

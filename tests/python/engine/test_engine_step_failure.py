@@ -18,8 +18,8 @@ need("torch")
 need("gguf")
 
 from pagedkv.engine.llm import LLM  # noqa: E402
-from pagedkv.engine.llm_engine import LLMEngine  # noqa: E402
 from pagedkv.engine.model_runner import ModelRunner  # noqa: E402
+from pagedkv.engine.output_processor import OutputProcessor  # noqa: E402
 from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 from pagedkv.engine.step_sampling import StepSampling  # noqa: E402
 
@@ -63,7 +63,7 @@ def _raise_once(monkeypatch, cls, name, exc, on_call=1, when=None):
 
 # Where the step fails: in the forward (before the plan's update), in sampling, and after the
 # scheduler's update() (while the engine applies the tokens and text).
-WHERE = [(ModelRunner, "execute"), (StepSampling, "run"), (LLMEngine, "_accept_token")]
+WHERE = [(ModelRunner, "execute"), (StepSampling, "run"), (OutputProcessor, "_accept_token")]
 
 
 @pytest.mark.parametrize("cls,name", WHERE, ids=[n for _, n in WHERE])
@@ -116,7 +116,7 @@ def test_failed_n_samples_step_after_the_fork(llm, monkeypatch):
     eng.add_request("n3", PROMPTS[2], params)
     eng.step()  # the prompt, and the forks
     assert len(eng.seq_owner) == 3
-    _raise_once(monkeypatch, LLMEngine, "_accept_token", ValueError("detokenizer bug"), 2)
+    _raise_once(monkeypatch, OutputProcessor, "_accept_token", ValueError("detokenizer bug"), 2)
     with pytest.raises(ValueError, match="detokenizer bug"):
         eng.step()
     monkeypatch.undo()

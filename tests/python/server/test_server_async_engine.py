@@ -257,16 +257,16 @@ def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(
     from pagedkv.entrypoints.openai.api_server import build_app
 
     llm_engine = engine.engine
-    real = llm_engine._run_plan
+    real = llm_engine.runner.execute
     fail_next = [True]
 
-    def flaky(plan):  # type: ignore[no-untyped-def]
+    def flaky(plan, *args, **kwargs):  # type: ignore[no-untyped-def]
         if fail_next[0]:
             fail_next[0] = False
             raise RuntimeError("simulated one-off failure")
-        return real(plan)
+        return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(llm_engine, "_run_plan", flaky)
+    monkeypatch.setattr(llm_engine.runner, "execute", flaky)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
     async def run(rid: str) -> list:

@@ -226,16 +226,16 @@ def test_a_step_failing_because_of_its_requests_never_kills_the_engine(
     that fails aborts its requests (their callers get the error) and the engine goes on, however
     often it happens."""
     llm_engine = engine.engine
-    real = llm_engine._run_plan
+    real = llm_engine.runner.execute
     fail = [5]
 
-    def flaky(plan):  # type: ignore[no-untyped-def]
+    def flaky(plan, *args, **kwargs):  # type: ignore[no-untyped-def]
         if fail[0]:
             fail[0] -= 1
             raise ValueError("Overflow when unpacking long long")
-        return real(plan)
+        return real(plan, *args, **kwargs)
 
-    monkeypatch.setattr(llm_engine, "_run_plan", flaky)
+    monkeypatch.setattr(llm_engine.runner, "execute", flaky)
     params = SamplingParams(max_tokens=2)
 
     async def run(rid: str) -> list:

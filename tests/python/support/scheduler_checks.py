@@ -117,7 +117,7 @@ class Driver:
                 sampled[i] = self._sample()
                 self.tokens[rid].append(int(sampled[i]))
         self.plans += 1
-        done = self.s.update(plan, sampled)
+        done = [f.request_id for f in self.s.update(plan, sampled)]
         for rid in done:
             toks = self.tokens.pop(rid)
             gen = len(toks) - self.prompt_len[rid]

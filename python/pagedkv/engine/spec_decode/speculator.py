@@ -31,6 +31,8 @@ from pagedkv.engine.spec_decode.ngram_proposer import NgramProposer
 from pagedkv.engine.spec_decode.rejection_sampler import verify_greedy, verify_sampled
 
 Entry = Tuple[RequestState, SeqState]
+# A plan entry's sequence; None for an entry dropped since the plan was scheduled.
+MaybeEntry = Optional[Entry]
 
 
 @dataclass
@@ -73,10 +75,13 @@ class Speculator:
         self.metrics = SpecDecodeMetrics()
 
     # ------------------------------------------------------------------ before a step
-    def propose(self, scheduler: Any, entries: Iterable[Entry]) -> None:
+    def propose(self, scheduler: Any, entries: Iterable[MaybeEntry]) -> None:
         """Drafts for the sequences that just got a token and still run (the next step decodes
         them). A sequence left without drafts decodes one token, as without speculation."""
-        for req, seq in entries:
+        for entry in entries:
+            if entry is None:
+                continue
+            req, seq = entry
             if seq.sched_id is None or not seq.token_ids or not can_speculate(req, seq):
                 continue
             room = req.max_tokens - len(seq.token_ids) - 1  # the last token is never a draft
@@ -88,13 +93,13 @@ class Speculator:
 
     # ------------------------------------------------------------------ after the forward
     def verify(
-        self, plan: Any, hidden: torch.Tensor, entries: List[Entry], compute_logits: Any
+        self, plan: Any, hidden: torch.Tensor, entries: List[MaybeEntry], compute_logits: Any
     ) -> Dict[int, List[int]]:
         """Plan entry index -> the tokens it emits (1 to k+1), for every speculating entry."""
         n = len(entries)
         num_draft = np.asarray(plan.num_draft_tokens[:n])
-        spec = np.flatnonzero(num_draft > 0)
-        if not len(spec):
+        spec = [i for i in np.flatnonzero(num_draft > 0).tolist() if entries[i] is not None]
+        if not spec:
             return {}
         qsl = np.asarray(plan.query_start_loc[: n + 1])
         input_ids = np.asarray(plan.input_ids[: int(plan.num_tokens)])
@@ -113,8 +118,8 @@ class Speculator:
         for i in spec:
             k = int(num_draft[i])
             drafts = input_ids[qsl[i + 1] - k : qsl[i + 1]].tolist()
-            spans.append((int(i), at, drafts))
-            req, seq = entries[i]
+            spans.append((i, at, drafts))
+            req, seq = _live(entries[i])
             if not req.argmax_row(seq):  # plain greedy, nothing banned now (nor later)
                 for j in range(k + 1):
                     knob_rows[at + j] = self._row(req, seq, drafts[:j])
@@ -136,7 +141,7 @@ class Speculator:
         out: Dict[int, List[int]] = {}
         for i, start, drafts in spans:
             k = len(drafts)
-            req, seq = entries[i]
+            req, seq = _live(entries[i])
             if start in probs:
                 gen = seq.generator if seq.generator is not None else self.sampler.generator
                 p_rows = torch.stack([probs[start + j] for j in range(k + 1)])
@@ -156,8 +161,13 @@ class Speculator:
         return SamplingRow(req.params, req.prompt_token_ids, out, None, req.banned_tokens(ahead))
 
 
+def _live(entry: MaybeEntry) -> Entry:
+    assert entry is not None
+    return entry
+
+
 def emitted_arrays(
-    plan: Any, sampled: np.ndarray, spec: Dict[int, List[int]]
+    sampled: np.ndarray, spec: Dict[int, List[int]]
 ) -> Tuple[np.ndarray, np.ndarray]:
     """(token_ids, num_accepted) for Scheduler.update_accepted: the speculating entries' emitted
     tokens, one sampled token for every other sampling entry, nothing for a partial chunk."""
