@@ -179,3 +179,44 @@ def test_every_emitted_token_is_one_the_plain_sampler_could_draw(model_dir: str)
         for s, _ in zip(itertools.count(), PROMPTS)
     ]
     assert _tokens(_llm(model_dir, NGRAM), top1) == _tokens(_llm(model_dir), greedy)
+
+
+def test_a_stop_string_inside_the_accepted_drafts_ends_the_output_there(
+    tmp_path_factory: Any,
+) -> None:
+    """A speculative step appends several tokens at once; a stop string found in the first of
+    them ends the sample there: text and token ids as plain decoding gives them."""
+    path = save_random_model(
+        str(tmp_path_factory.mktemp("spec_stop")),
+        "tiny-llama",
+        seed=3,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        max_position_embeddings=1024,
+    )
+    kw: Dict[str, Any] = dict(device="cpu", kv_cache_space=0.02, max_model_len=256)
+    prompt = "one two three four one two three four one two three four one two"
+    plain = LLM(path, **kw)
+    # Greedy over a few word tokens: a random model's output then cycles, so drafts hit.
+    words = plain.get_tokenizer().encode(" one two three four five six seven eight")
+    knobs: Dict[str, Any] = dict(temperature=0.0, max_tokens=40, allowed_token_ids=words)
+    full = plain.generate(prompt, SamplingParams(**knobs), use_tqdm=False)[0].outputs[0]
+    # A stop string of several output tokens: once the output cycles, the step that completes
+    # it has accepted drafts past it.
+    stop = plain.get_tokenizer().decode(list(full.token_ids[10:21]))
+    assert stop.strip() and full.text.find(stop) > 0, (full.text, stop)
+    params = SamplingParams(**knobs, stop=[stop])
+    want = plain.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    spec = LLM(path, **kw, speculative_config={**NGRAM, "prompt_lookup_min": 1})
+    got = spec.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert (got.text, list(got.token_ids), got.finish_reason) == (
+        want.text,
+        list(want.token_ids),
+        want.finish_reason,
+    )
+    assert spec.llm_engine.get_stats()["spec_decode_num_accepted_tokens"] > 0
+    assert_no_leak(spec)
