@@ -8,6 +8,7 @@ draft tokens, from the engine's spec_decode_* counters), mean tokens per verific
 the decode speed-up (generated tokens per second of generate() wall time, after a warm-up).
 
     python benchmarks/spec_decode.py [--device cpu|cuda] [--max-tokens 128] [--repeats 2]
+        [--setting 1,3,4 ...]
 """
 
 from __future__ import annotations
@@ -58,7 +59,18 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument(
+        "--setting",
+        action="append",
+        default=None,
+        help="lookup_min,lookup_max,k (repeatable; default: "
+        + " ".join(",".join(map(str, s)) for s in SETTINGS)
+        + ")",
+    )
     args = ap.parse_args()
+    settings = (
+        [tuple(int(x) for x in s.split(",")) for s in args.setting] if args.setting else SETTINGS
+    )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     common: Dict[str, Any] = dict(device=args.device, max_model_len=1024, max_num_seqs=8)
     if args.device == "cpu":
@@ -69,7 +81,7 @@ def main() -> None:
     print(f"plain decode: {plain['tokens']} tokens, {base_tps:.1f} tok/s")
     print("lookup min/max  k  acceptance  tokens/step  tok/s   speed-up  identical")
     results = [{"setting": "plain", "tok_s": base_tps, "tokens": plain["tokens"]}]
-    for lo, hi, k in SETTINGS:
+    for lo, hi, k in settings:
         spec_cfg = {
             "method": "ngram",
             "num_speculative_tokens": k,
