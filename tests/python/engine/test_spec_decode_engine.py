@@ -220,3 +220,22 @@ def test_a_stop_string_inside_the_accepted_drafts_ends_the_output_there(
     )
     assert spec.llm_engine.get_stats()["spec_decode_num_accepted_tokens"] > 0
     assert_no_leak(spec)
+
+
+@pytest.mark.slow
+def test_greedy_speculation_on_the_default_model_equals_plain_greedy() -> None:
+    """SmolLM2 on an input-grounded prompt (repeat a text): many drafts accepted, same text."""
+    text = (
+        "The block allocator hands out fixed-size blocks of key and value cache to sequences; "
+        "finished sequences give their blocks back."
+    )
+    prompt = f"Repeat the following text exactly.\n\nText: {text}\n\nRepeated text:"
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    kw: Dict[str, Any] = dict(device="cpu", kv_cache_space=0.05, max_model_len=256)
+    want = LLM(**kw).generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    spec = LLM(**kw, speculative_config={**NGRAM, "prompt_lookup_min": 2})
+    got = spec.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert list(got.token_ids) == list(want.token_ids)
+    stats = spec.llm_engine.get_stats()
+    assert stats["spec_decode_num_accepted_tokens"] >= 8, stats
+    assert_no_leak(spec)
