@@ -28,7 +28,7 @@ from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
 from pagedkv.engine.spec_decode.config import SpeculativeConfig
 from pagedkv.engine.spec_decode.ngram_proposer import NgramProposer
-from pagedkv.engine.spec_decode.rejection_sampler import verify_greedy, verify_sampled
+from pagedkv.engine.spec_decode.rejection_sampler import accept_greedy, verify_sampled
 
 Entry = Tuple[RequestState, SeqState]
 # A plan entry's sequence; None for an entry dropped since the plan was scheduled.
@@ -138,6 +138,7 @@ class Speculator:
             idx = torch.tensor(random, device=logits.device)
             p = Sampler.target_probs(logits[idx], [knob_rows[r] for r in random]).cpu()
             probs = {r: p[j] for j, r in enumerate(random)}
+        best = target.argmax(dim=-1).tolist()  # one device sync for every greedy row
         out: Dict[int, List[int]] = {}
         for i, start, drafts in spans:
             k = len(drafts)
@@ -147,7 +148,7 @@ class Speculator:
                 p_rows = torch.stack([probs[start + j] for j in range(k + 1)])
                 out[i] = verify_sampled(p_rows, drafts, None, gen)
             else:
-                out[i] = verify_greedy(target[start : start + k + 1], drafts)
+                out[i] = accept_greedy(best[start : start + k + 1], drafts)
             self.metrics.num_drafts += 1
             self.metrics.num_draft_tokens += k
             self.metrics.num_accepted_tokens += len(out[i]) - 1
