@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run
     from pagedkv._C import BlockAllocator, Scheduler, SchedulerConfig, StepPlan
     from pagedkv.attention import PagedAttention
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+    from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams
     from pagedkv.engine.llm import LLM
     from pagedkv.engine.llm_engine import LLMEngine
     from pagedkv.engine.outputs import CompletionOutput, RequestOutput
@@ -41,6 +42,8 @@ __all__ = [
     "StepPlan",
     "LLM",
     "SamplingParams",
+    "BeamSearchParams",
+    "BeamSearchOutput",
     "RequestOutputKind",
     "StructuredOutputsParams",
     "GuidedDecodingParams",
@@ -62,6 +65,8 @@ _LAZY = {
     "StepPlan": "pagedkv._C",
     "LLM": "pagedkv.engine.llm",
     "SamplingParams": "pagedkv.engine.sampling_params",
+    "BeamSearchParams": "pagedkv.engine.beam_search",
+    "BeamSearchOutput": "pagedkv.engine.beam_search",
     "RequestOutputKind": "pagedkv.engine.sampling_params",
     "StructuredOutputsParams": "pagedkv.engine.structured_output",
     "GuidedDecodingParams": "pagedkv.engine.structured_output",

@@ -36,6 +36,7 @@ import threading
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Union
 
 from pagedkv.engine.input_processor import EngineRequest
+from pagedkv.engine.request_failures import is_device_error
 
 logger = logging.getLogger("pagedkv.engine")
 
@@ -68,27 +69,6 @@ class StepFailedError(RuntimeError):
 
 
 _MAX_FAILED_STEPS = 3  # consecutive failed steps, none aborting a request, that kill the loop
-# Text of the errors torch raises for a broken device (its error types vary by version).
-_DEVICE_ERROR_MARKS = (
-    "CUDA error",
-    "CUBLAS_STATUS",
-    "CUDNN_STATUS",
-    "cuDNN error",
-    "device-side assert",
-    "NCCL error",
-    "an illegal memory access",
-)
-
-
-def is_device_error(exc: BaseException) -> bool:
-    """A fault of the device, not of a request: the engine cannot go on after it."""
-    import torch
-
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(exc, accelerator_error):
-        return True
-    text = str(exc)
-    return any(mark in text for mark in _DEVICE_ERROR_MARKS)
 
 
 class RequestStream:
@@ -399,7 +379,7 @@ class AsyncLLMEngine:
                     logger.exception("an engine step failed")
                     continue
                 failures = 0
-                self._dispatch(outputs)
+                self._dispatch(outputs, self.engine.take_request_errors())
                 self._after_step(dict(self.engine.get_stats()))
                 stalled = busy and not outputs
         except BaseException as exc:  # noqa: BLE001 - any failure kills the loop; report it
@@ -460,13 +440,20 @@ class AsyncLLMEngine:
                 logger.debug("abort %s: %r", cmd[1], exc)
             fut.set_result(None)
 
-    def _dispatch(self, outputs: List[Any]) -> None:
+    def _dispatch(self, outputs: List[Any], errors: Dict[str, Exception]) -> None:
+        """The step's outputs to their streams; a request that failed alone (``errors``: its
+        own work raised, the engine aborted it) gets StepFailedError instead."""
         for out in outputs:
             with self._lock:
                 stream = self._streams.get(out.request_id)
-            if stream is not None:
-                stream.last = _snapshot(out, stream.last)
-                stream.put(stream.last)
+            if stream is None:
+                continue
+            exc = errors.get(out.request_id)
+            if exc is not None:
+                stream.put(StepFailedError(f"request {out.request_id!r} failed: {exc!r}"))
+                continue
+            stream.last = _snapshot(out, stream.last)
+            stream.put(stream.last)
 
     def _fail_dropped(self, exc: Exception) -> int:
         """After a failed step: the streams of requests the engine no longer holds (it aborted

@@ -29,6 +29,7 @@ _INT_FIELDS = (
     "max_logprobs",
     "tensor_parallel_size",
     "pipeline_parallel_size",
+    "pipeline_micro_batch_tokens",
     "max_loras",
     "max_lora_rank",
 )
@@ -50,6 +51,7 @@ _BOOL_FIELDS = (
     "trust_remote_code",
     "disable_log_stats",
     "enable_lora",
+    "async_scheduling",
 )
 
 
@@ -79,6 +81,9 @@ class EngineConfig:
     seed: Optional[int] = 0  # None means 0, as in vLLM V1
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # CUDA graphs cover decodes up to this length
+    # Schedule and launch step N+1 while the device runs step N (vLLM's async scheduling,
+    # SGLang's overlap scheduler): the serial loop's outputs, less device idle time.
+    async_scheduling: bool = False
     served_model_name: Optional[str] = None
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs have no text
     # Most logprobs / prompt_logprobs a request may ask for (vLLM's default 20; -1: the vocab).
@@ -91,6 +96,10 @@ class EngineConfig:
     # Ranks = tensor x pipeline parallel size, one process each (engine/executor_mp.py).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Pipeline stages overlap within a step: a step with at least twice this many prefill
+    # tokens is cut into micro-batches of at least this many (at most one per stage); 0: never
+    # cut; decode-only steps are never cut (engine/micro_batches.py says why).
+    pipeline_micro_batch_tokens: int = 256
     # Where the model comes from and how its config is read (vLLM's names).
     revision: Optional[str] = None  # hub branch / tag / commit of the model
     tokenizer_revision: Optional[str] = None
@@ -187,6 +196,11 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pipeline_micro_batch_tokens < 0:
+            raise ValueError(
+                "pipeline_micro_batch_tokens must be >= 0 (0: no micro-batches), got "
+                f"{self.pipeline_micro_batch_tokens}"
+            )
         self._check_model_source()
 
     def _validate_lora(self) -> None:
@@ -200,6 +214,15 @@ class EngineConfig:
             )
         if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("enable_lora with tensor or pipeline parallelism is not supported yet")
+        if self.async_scheduling and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            # The workers would need the previous step's tokens on every rank's device.
+            raise ValueError(
+                "async_scheduling with tensor or pipeline parallelism is not supported yet"
+            )
+        if self.async_scheduling and self.speculative_config:
+            # An overlapped step plans the next one before this one's tokens (hence its
+            # drafts) are known.
+            raise ValueError("speculative_config with async_scheduling is not supported yet")
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):

@@ -7,6 +7,18 @@ sequences finished); turning that into text and RequestOutputs is the output pro
 Why a sequence finished is decided by the C++ scheduler only (EOS ids, stop ids, min_tokens,
 max_tokens), and by a structured-output grammar reaching its end; stop *strings* need text, so
 the output processor finds them and the core then stops the sequence (stop_sequence).
+
+Overlapped (``async_scheduling=True``, vLLM's async scheduling, SGLang's overlap scheduler):
+while the device runs step N, the host schedules step N+1 and launches its forward before step
+N's tokens reach the host. Scheduler.advance() gives each sequence that step N sampled a
+placeholder token; the runner fills the placeholders in on the device from step N's tokens.
+Step N's tokens are then applied (Scheduler.resolve(); a sequence they finished was already
+scheduled in N+1, and its row there is dropped) before step N+1 is sampled, so sampling sees
+what the serial loop sees: penalties and logits processors read the up-to-date outputs, and a
+grammar matcher accepts token t before the bitmask for t+1 is filled. No request kind needs the
+serial step for that reason; what overlap hides is the scheduling, the step's metadata and the
+forward's launch (and, in LLMEngine, the output processing of step N). step() returns step N's
+results while step N+1 runs; the outputs are those of the serial loop.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import numpy as np
 import torch
 
 from pagedkv.engine.outputs import Logprob
+from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler
 from pagedkv.engine.spec_decode.speculator import Speculator, emitted_arrays
@@ -43,6 +56,23 @@ class SeqUpdate:
 
 
 @dataclass
+class _InFlight:
+    """A step launched and sampled on the device whose tokens the host has not applied."""
+
+    entries: List[Optional[Entry]]
+    tokens: torch.Tensor  # [num entries] int64 on the device, -1 where nothing was sampled
+    host: Any  # the tokens on the host (numpy), or a pinned tensor being copied into
+    copied: Any  # CUDA event of that copy, or None
+    work: StepSampling
+    now: float
+
+    def host_tokens(self) -> np.ndarray:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host.numpy() if isinstance(self.host, torch.Tensor) else self.host
+
+
+@dataclass
 class StepResult:
     """What one step did, in batch order (forked samples right after their parent's entry)."""
 
@@ -50,6 +80,8 @@ class StepResult:
     updates: List[SeqUpdate]
     # Prompt-logprob entries this step added (to req.prompt_logprobs), for their token texts.
     prompt_logprobs: List[Dict[int, Logprob]]
+    # The requests whose own work raised (already aborted here), with their errors.
+    failures: RequestFailures
 
 
 class EngineCore:
@@ -62,18 +94,23 @@ class EngineCore:
         max_num_seqs: int,
         lora_admission: Optional[LoRAAdmission] = None,
         speculator: Optional[Speculator] = None,
+        async_scheduling: bool = False,
     ) -> None:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
         self.speculator = speculator  # n-gram speculative decoding (speculative_config)
         self.grammars, self.max_num_seqs = grammars, max_num_seqs
         self.lora_admission = lora_admission
+        self.async_scheduling = async_scheduling
         self._lora_held: Set[str] = set()  # requests with an adapter, admitted or waiting
         self.seq_owner: Dict[str, Tuple[RequestState, SeqState]] = {}  # scheduler id -> seq
-        # What a failed step must abort (see fail_step): the entries of the step under way.
+        # What a failed step must abort (see fail_step): the entries of the steps under way,
+        # including the one whose results are being applied.
         self._step_entries: List[Optional[Entry]] = []
-        self._plan: Any = None  # scheduled, not yet passed to update()
+        self._plan: Any = None  # scheduled, not yet passed to update() / advance()
+        self._inflight: Optional[_InFlight] = None  # overlapped: launched, not yet applied
         self._failed = False  # a failed step was interrupted while failing
         self._now = 0.0  # when the step under way was scheduled
+        self._failures = RequestFailures()  # the step's requests whose own work raised
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: RequestState, priority: int) -> None:
@@ -139,6 +176,17 @@ class EngineCore:
             if not waiting.finished:  # (an aborted one was dropped from the queue)
                 self._add_to_scheduler(waiting, priority)
 
+    def set_async_scheduling(self, on: bool) -> None:
+        """Switches between the serial and the overlapped loop while no request runs (a
+        benchmark compares both on one engine). A step left in flight then holds only rows
+        dropped since: it is resolved with no tokens."""
+        if self.seq_owner:
+            raise RuntimeError("set_async_scheduling: requests are running")
+        if self._inflight is not None:
+            self.scheduler.resolve(np.full(len(self._inflight.entries), -1, dtype=np.int64))
+            self._inflight = None
+        self.async_scheduling = bool(on)
+
     @property
     def step_failed(self) -> bool:
         """A step failed and fail_step() has not completed since."""
@@ -146,10 +194,13 @@ class EngineCore:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> Optional[StepResult]:
-        """Runs one step; None when nothing ran. After it raised, fail_step() must run before
-        the next step."""
+        """Runs one step; None when nothing ran (or, overlapped, nothing was applied yet).
+        After it raised, fail_step() must run before the next step."""
         assert not self._failed, "fail_step() first"
         self._step_entries = []
+        self._failures = RequestFailures()
+        if self.async_scheduling:
+            return self._with_failures(self._overlapped_step())
         plan = self._schedule()
         if plan is None:
             return None
@@ -168,10 +219,61 @@ class EngineCore:
         else:
             finished = self.scheduler.update(plan, host)
         self._plan = None
-        result = self._apply(entries, host, work, finished, self._now, spec)
+        result = self._with_failures(
+            self._apply(entries, host, work, finished, self._now, spec)
+        )
         if self.speculator is not None:
             self.speculator.propose(self.scheduler, entries)
         return result
+
+    def _with_failures(self, result: Optional[StepResult]) -> Optional[StepResult]:
+        """The step's result carrying every request failure found in it (the overlapped
+        step's too: found while sampling the next step, reported at once)."""
+        if result is None and not self._failures:
+            return None
+        if result is None:
+            result = StepResult(self._now, [], [], self._failures)
+        result.failures = self._failures
+        return result
+
+    def _overlapped_step(self) -> Optional[StepResult]:
+        prev = self._inflight
+        plan = self._schedule()
+        if plan is None and prev is None:
+            return None
+        hidden = None
+        if plan is not None:
+            # Step N+1 goes to the device before step N's tokens come back.
+            prev_tokens = prev.tokens if prev is not None else None
+            hidden = self._execute(plan, self._entries(plan), prev_tokens)
+        result = None
+        if prev is not None:
+            self._step_entries = list(prev.entries)
+            tokens = prev.host_tokens()
+            finished = self.scheduler.resolve(tokens)  # drops finished rows from plan N+1
+            self._inflight = None
+            result = self._apply(prev.entries, tokens, prev.work, finished, prev.now)
+        if plan is not None:
+            assert hidden is not None
+            entries = self._begin(plan)  # after resolve(): rows it dropped are None
+            self._step_entries += entries
+            work, tokens = self._sample(plan, entries, hidden)
+            flight = self._in_flight(entries, work, tokens)
+            self.scheduler.advance(plan)
+            self._plan, self._inflight = None, flight
+        return result
+
+    def _in_flight(
+        self, entries: List[Optional[Entry]], work: StepSampling, tokens: torch.Tensor
+    ) -> _InFlight:
+        if work.tokens is not None or tokens.device.type == "cpu":
+            return _InFlight(entries, tokens, work.host(tokens), None, work, self._now)
+        # The copy back starts now and is waited for only when the next step has launched.
+        pinned = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        pinned.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _InFlight(entries, tokens, pinned, event, work, self._now)
 
     def _schedule(self) -> Any:
         """The next plan, or None when it has no sequence (its block work done)."""
@@ -191,15 +293,16 @@ class EngineCore:
         self._plan = plan
         return plan
 
-    def _begin(self, plan: Any) -> List[Optional[Entry]]:
-        """The plan's sequences (None for an entry dropped since it was scheduled); records
-        when each request was first scheduled."""
-        n = int(plan.num_seqs)
-        now = self._now = time.time()  # one clock read per step: its tokens arrive together
+    def _entries(self, plan: Any) -> List[Optional[Entry]]:
+        """The plan's sequences (None for an entry dropped since it was scheduled)."""
         owner = self.seq_owner
-        entries: List[Optional[Entry]] = [
-            owner.get(sid) if sid is not None else None for sid in list(plan.request_ids)[:n]
-        ]
+        ids = list(plan.request_ids)[: int(plan.num_seqs)]
+        return [owner.get(sid) if sid is not None else None for sid in ids]
+
+    def _begin(self, plan: Any) -> List[Optional[Entry]]:
+        """The plan's sequences; records when each request was first scheduled."""
+        now = self._now = time.time()  # one clock read per step: its tokens arrive together
+        entries = self._entries(plan)
         context_lens = None
         for i, entry in enumerate(entries):
             if entry is not None and entry[0].metrics.first_scheduled_time is None:
@@ -212,11 +315,18 @@ class EngineCore:
                 req.num_cached_tokens = int(context_lens[i])
         return entries
 
-    def _execute(self, plan: Any, entries: List[Optional[Entry]]) -> torch.Tensor:
-        if self.lora_admission is None:
-            return self.runner.execute(plan)
-        lora_ids = [e[0].lora_id if e is not None else 0 for e in entries]
-        return self.runner.execute(plan, lora_ids=lora_ids)
+    def _execute(
+        self,
+        plan: Any,
+        entries: List[Optional[Entry]],
+        prev_tokens: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        kw: Dict[str, Any] = {}
+        if prev_tokens is not None:  # (the executor over several ranks does not take it)
+            kw["prev_tokens"] = prev_tokens
+        if self.lora_admission is not None:
+            kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]
+        return self.runner.execute(plan, **kw)
 
     def _sample(
         self, plan: Any, entries: List[Optional[Entry]], hidden: torch.Tensor
@@ -246,6 +356,11 @@ class EngineCore:
         for req, pos, d in work.prompt_logprobs:
             assert req.prompt_logprobs is not None and len(req.prompt_logprobs) == pos
             req.prompt_logprobs.append(d)
+        # A request whose own work raised leaves the step before the scheduler hears of its
+        # rows (their entries are dropped from the plan: they drew nothing).
+        for req, _ in work.failures.items():
+            self.abort_request(req)
+        self._failures.merge(work.failures)
         return work, tokens
 
     def _would_finish(self, sched_id: str, token: int) -> bool:
@@ -267,9 +382,10 @@ class EngineCore:
         done = {f.request_id: f for f in finished}
         logprobs, forks = work.logprobs, work.forks
         updates: List[SeqUpdate] = []
+        failures = self._failures
         for i, tok in enumerate(tokens.tolist()):
             entry = entries[i]
-            if tok < 0 or entry is None or entry[1].finished:
+            if tok < 0 or entry is None or entry[1].finished or entry[0] in failures:
                 continue
             req, seq = entry
             if forks and i in forks:  # before the parent can be finished by a stop string
@@ -282,7 +398,10 @@ class EngineCore:
             fin = done.get(seq.sched_id)
             for j, t in enumerate(toks):  # (a speculating sequence has no logprobs)
                 updates.append(self._append(req, seq, t, None, fin if j == len(toks) - 1 else None))
-        return StepResult(now, updates, [d for _, _, d in work.prompt_logprobs])
+        for req, _ in failures.items():  # (a matcher that raised: the others were aborted)
+            self.abort_request(req)
+        kept = [u for u in updates if u.req not in failures]
+        return StepResult(now, kept, [d for _, _, d in work.prompt_logprobs], failures)
 
     def _fork_children(
         self,
@@ -313,7 +432,10 @@ class EngineCore:
             if seq.logprobs is not None and lp[1] is not None:
                 seq.logprobs.append(lp[1])
         # The matcher takes every token before the next step's bitmask is filled from it.
-        ended = seq.matcher is not None and advance(seq.matcher, tok)
+        ended = False
+        if seq.matcher is not None:
+            with self._failures.guard(req):
+                ended = advance(seq.matcher, tok)
         if fin is not None:
             seq.finish_reason, seq.stop_reason = fin.reason, fin.stop_token_id
             self.seq_owner.pop(seq.sched_id or "", None)
@@ -330,17 +452,18 @@ class EngineCore:
     def fail_step(self) -> List[RequestState]:
         """Keeps the engine usable after a step raised (a bug, a value the sampler cannot
         take, Ctrl-C during LLM.generate), in the core or while its results were applied.
-        The requests of the step are left half-stepped (tokens drawn but not applied, KV
-        written or not, text half-updated), with no state to resume them from: they are
-        aborted, freeing their blocks; the other requests go on. A plan not yet applied is
-        then passed to update() with no tokens, which the scheduler requires before the next
-        schedule(): it skips the entries aborted since, so this changes nothing else.
+        The requests of the steps under way are left half-stepped (tokens drawn but not
+        applied, KV written or not, text half-updated), with no state to resume them from:
+        they are aborted, freeing their blocks; the other requests go on. A plan not yet
+        applied is then passed to the scheduler with no tokens, which it requires before the
+        next schedule(): it skips the entries aborted since, so this changes nothing else.
         Idempotent: the caller calls it again (step_failed) if it was itself interrupted.
         Returns the aborted requests (the caller forgets them)."""
         self._failed = True
-        plan = self._plan
+        plan, inflight = self._plan, self._inflight
         reqs: Dict[int, RequestState] = {}
-        for entry in self._step_entries:
+        entries = list(self._step_entries) + (list(inflight.entries) if inflight else [])
+        for entry in entries:
             if entry is not None:
                 reqs[id(entry[0])] = entry[0]
         plan_ids: List[str] = []
@@ -362,9 +485,13 @@ class EngineCore:
                 if not seq.finished:
                     seq.finish_reason = "abort"
             self._release_lora(req)
+        for sid in plan_ids:  # any entry the engine did not know of
+            self.scheduler.abort_request(sid)
+        if self.scheduler.has_unresolved_step:  # every entry aborted: no token is read
+            n_prev = len(inflight.entries) if inflight is not None else 0
+            self.scheduler.resolve(np.full(n_prev, -1, dtype=np.int64))
+        self._inflight = None
         if plan is not None:
-            for sid in plan_ids:  # any entry the engine did not know of
-                self.scheduler.abort_request(sid)
             self.scheduler.update(plan, np.full(int(plan.num_seqs), -1, dtype=np.int64))
             self._plan = None
         self._step_entries, self._failed = [], False

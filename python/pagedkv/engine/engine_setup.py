@@ -216,6 +216,11 @@ def check_servable(mc: Any) -> None:
             f"{mc.architecture} has head size {mc.head_dim}, which the paged "
             f"attention kernels do not support; supported head sizes: {sizes}"
         )
+    if mc.is_encoder:
+        raise ValueError(
+            f"{mc.architecture} is an encoder model (embeddings / classification / scores): "
+            "it cannot generate text; the engine serves causal LMs only"
+        )
     if mc.is_classifier:
         raise ValueError(
             f"{mc.architecture} is a sequence-classification model: it scores "

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
+from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_sync
 from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.llm_inputs import (
     check_priority,
@@ -22,6 +23,7 @@ from pagedkv.engine.llm_inputs import (
     per_prompt_params,
 )
 from pagedkv.engine.outputs import RequestOutput
+from pagedkv.engine.request_failures import RequestFailedError
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.lora.request import LoRARequest
 from pagedkv.models.progress import progress_bar
@@ -111,6 +113,35 @@ class LLM:
             raise
         return self._run_engine(ids, use_tqdm)
 
+    def beam_search(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        params: BeamSearchParams,
+        lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+        use_tqdm: bool = False,
+        concurrency_limit: Optional[int] = None,
+    ) -> List[BeamSearchOutput]:
+        """vLLM's beam search: per prompt, the ``params.beam_width`` best hypotheses (best
+        first), scored as HF transformers' beam search (engine/beam_search.py). At most
+        ``concurrency_limit`` prompts search at a time (None: all of them)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        items = normalise_prompts(prompts, None)
+        loras = per_prompt_lora(lora_request, len(items))
+        limit = max(len(items), 1) if concurrency_limit is None else concurrency_limit
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"concurrency_limit must be a positive integer, got {limit!r}")
+        bar = progress_bar(total=len(items), desc="Beam search") if use_tqdm else None
+        try:
+            outs: List[BeamSearchOutput] = []
+            for at in range(0, len(items), limit):
+                chunk = slice(at, at + limit)
+                outs += beam_search_sync(self, items[chunk], params, loras[chunk], bar)
+            return outs
+        finally:
+            if bar is not None:
+                bar.close()
+
     def chat(
         self,
         messages: Union[List[Message], Sequence[List[Message]]],
@@ -157,7 +188,9 @@ class LLM:
         bar = _progress(len(ids), use_tqdm)
         try:
             while engine.has_unfinished_requests():
-                done = [o for o in engine.step() if o.finished and o.request_id in wanted]
+                outs = engine.step()
+                _raise_request_errors(engine.take_request_errors(), wanted)
+                done = [o for o in outs if o.finished and o.request_id in wanted]
                 results.update((o.request_id, o) for o in done)
                 if bar is not None and done:
                     _bar_advance(bar, done)
@@ -168,6 +201,15 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [results[i] for i in ids]
+
+
+def _raise_request_errors(errors: Dict[str, Exception], wanted: Set[str]) -> None:
+    """A request of this call failed alone (its own work raised, e.g. its logits processor):
+    generate() cannot return its output, so it raises that error, naming the request."""
+    mine = [rid for rid in errors if rid in wanted]
+    if mine:
+        rid = mine[0]
+        raise RequestFailedError(f"request {rid!r} failed: {errors[rid]!r}") from errors[rid]
 
 
 def _final_only(p: SamplingParams) -> SamplingParams:

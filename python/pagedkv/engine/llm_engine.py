@@ -8,7 +8,8 @@ tokens and decides which sequences finished and why; the OutputProcessor
 (output_processor.py) detokenizes, applies stop strings and builds the RequestOutputs. The one
 thing flowing back is the samples a stop string finished, which the core then stops in the
 scheduler. n > 1 samples fork from the parent right after its prompt completes, sharing its
-prompt blocks.
+prompt blocks. With async_scheduling the core overlaps the host's work for the next step with
+the device's current one (see engine_core.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pagedkv.engine.engine_setup import build_engine_parts
 from pagedkv.engine.input_processor import EngineRequest, InputProcessor
 from pagedkv.engine.output_processor import OutputProcessor
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
+from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.engine.spec_decode.config import SpeculativeConfig
@@ -64,9 +66,11 @@ class LLMEngine:
             self.structured,
             self.config.max_num_seqs,
             LoRAAdmission(self.config.max_loras) if lora is not None else None,
-            _speculator(self.config.speculative_config, parts.sampler),
+            self.config.async_scheduling,
+            speculator=_speculator(self.config.speculative_config, parts.sampler),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._request_errors: Dict[str, Exception] = {}  # see take_request_errors
 
     # The pieces' state, by the names callers and tests have always used (read-only: a test
     # that swaps the scheduler or the sampler does it on the core).
@@ -225,7 +229,30 @@ class LLMEngine:
             raise
         for req, seq in stopped:
             self.core.stop_sequence(req, seq)
-        return outputs
+        return outputs + self._fail_requests(result.failures)
+
+    def _fail_requests(self, failures: RequestFailures) -> List[RequestOutput]:
+        """Aborts the requests whose own work raised in the step (the others went on); their
+        errors wait for take_request_errors(). Returns their final outputs (finish_reason
+        "abort"), so that a caller waiting for them to finish is not left waiting."""
+        outs: List[RequestOutput] = []
+        for req, exc in failures.items():
+            self.core.abort_request(req)
+            self.output_processor.drop([req])
+            self._request_errors[req.request_id] = exc
+            logger.warning("request %r failed and was aborted: %r", req.request_id, exc)
+            try:
+                outs.append(req.to_output())
+            except Exception:  # noqa: BLE001 - its error is already recorded
+                logger.exception("request %r: no final output", req.request_id)
+        return outs
+
+    def take_request_errors(self) -> Dict[str, Exception]:
+        """The errors of the requests that failed alone since the last call (request id ->
+        the exception its own work raised: a logits processor, its grammar, the sampler on its
+        row, detokenization); each such request was aborted and its final output returned."""
+        errors, self._request_errors = self._request_errors, {}
+        return errors
 
     def _fail_step(self) -> List[str]:
         """Aborts the requests of the failed step (EngineCore.fail_step) and forgets them;

@@ -4,7 +4,9 @@ Takes the engine core's StepResult (tokens appended, finishes decided by the sch
 does what needs text: incremental detokenization, stop strings (which finish a sample the
 scheduler does not know is done: the caller then stops it in the core), the token texts of
 logprobs, request metrics, and the RequestOutputs of the requests with something to show. It
-holds the live requests by id and forgets each once its final output is built.
+holds the live requests by id and forgets each once its final output is built. Each request's
+work runs under a guard naming it: an error there fails that request alone (the caller aborts
+it), the other requests' outputs are built as usual.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.direct_decoder import DirectDecoder
 from pagedkv.engine.engine_core import StepResult
 from pagedkv.engine.outputs import Logprob, RequestOutput
+from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.step_sampling import TokenLogprob
 
@@ -37,9 +40,11 @@ class OutputProcessor:
 
     def process(self, result: StepResult) -> Tuple[List[RequestOutput], List[Stopped]]:
         """(the outputs of this step, the samples a stop string finished: the caller stops
-        them in the core)."""
+        them in the core). Requests whose work raised are added to result.failures, and have
+        no output here."""
         for d in result.prompt_logprobs:
             self.decode_logprob_tokens(d)
+        failures = result.failures
         # Only requests with something to report: streaming ones, and those whose sample
         # finished (generate()'s final_only requests report once, at the end).
         touched: Dict[str, RequestState] = {}
@@ -48,19 +53,23 @@ class OutputProcessor:
         num_tokens = 0
         for u in result.updates:
             req, seq = u.req, u.seq
+            if req in failures:
+                continue
             if id(seq) in cut:
                 # A speculative step appended several tokens; those after the stop string
                 # are not output (they are the sample's last ones).
                 seq.token_ids.pop()
                 continue
             num_tokens += 1
-            if self._accept_token(req, seq, u.token, u.logprob, u.sched_finished, result.now):
-                stopped.append((req, seq))
-                cut.add(id(seq))
-            if not req.final_only or seq.finish_reason is not None:
-                touched[req.request_id] = req
+            with failures.guard(req):
+                if self._accept_token(req, seq, u.token, u.logprob, u.sched_finished, result.now):
+                    stopped.append((req, seq))
+                    cut.add(id(seq))
+                if not req.final_only or seq.finish_reason is not None:
+                    touched[req.request_id] = req
         self.stats["generation_tokens"] += num_tokens
-        return self._collect_outputs(touched), stopped
+        outputs = self._collect_outputs(touched, failures)
+        return outputs, [(r, s) for r, s in stopped if r not in failures]
 
     def _accept_token(
         self,
@@ -126,13 +135,18 @@ class OutputProcessor:
             lp.decoded_token = text
         return d
 
-    def _collect_outputs(self, touched: Dict[str, RequestState]) -> List[RequestOutput]:
+    def _collect_outputs(
+        self, touched: Dict[str, RequestState], failures: RequestFailures
+    ) -> List[RequestOutput]:
         outs = []
         for req in touched.values():
+            if req in failures:
+                continue
             best_of = req.params.best_of or req.params.n  # set by SamplingParams.__post_init__
             if not req.finished and (req.final_only or best_of > req.params.n):
                 continue  # best_of picks the winners at the end only
-            outs.append(req.to_output())
+            with failures.guard(req):
+                outs.append(req.to_output())
             if req.finished:
                 self.requests.pop(req.request_id, None)
         return outs

@@ -6,7 +6,10 @@ each sample's own generator (the samples then fork in the scheduler); plus, for 
 for prompt logprobs, one row per prompt position of their prefill chunk.
 
 It reads the step's plan and request states and writes nothing but its own results (tokens,
-logprobs, forks, the parent of each n > 1 group, prompt logprobs): the engine core applies them.
+logprobs, forks, the parent of each n > 1 group, prompt logprobs, the requests whose own work
+raised): the engine core applies them. Per-request work (building a row's bans, a grammar's
+bitmask, logits processors, the sampler's penalties and logprobs) runs under a guard naming the
+request: an error there fails that request alone (its rows draw nothing), the others go on.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.outputs import Logprob
+from pagedkv.engine.request_failures import RequestFailures, is_device_error
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from pagedkv.engine.structured_output import GrammarCache, apply_logits_processors
@@ -58,6 +62,9 @@ class StepSampling:
         self.logprobs: Dict[int, TokenLogprob] = {}
         # (request, prompt position, {token: Logprob}) for each prompt position scored
         self.prompt_logprobs: List[Tuple[RequestState, int, Dict[int, Logprob]]] = []
+        # The requests whose own work raised (their rows drew nothing: the core aborts them).
+        self.failures = RequestFailures()
+        self._row_reqs: List[RequestState] = []  # sampling row -> its request
         # Structured outputs: allowed tokens of each sampling row (None: no row constrained).
         self.bitmask: Optional[torch.Tensor] = None
 
@@ -106,15 +113,20 @@ class StepSampling:
                 continue
             req, seq = entry
             group = [seq] if req.forked or len(req.seqs) == 1 or seq.token_ids else req.seqs
+            built: List[SamplingRow] = []
+            with self.failures.guard(req):
+                built = [self._row(req, s) for s in group]
+            if req in self.failures:
+                continue
             logit_rows.append(idx)
-            for s in group:
-                rows.append(self._row(req, s))
+            for s, row in zip(group, built):
+                rows.append(row)
                 row_src.append(len(logit_rows) - 1)
                 owners.append((i, s))
+                self._row_reqs.append(req)
         prompt_rows, prompt_next, prompt_owner = self._prompt_logprob_rows()
-        grammars = self.grammars
-        if grammars is not None:  # on the CPU, while the device may still run the forward
-            self.bitmask = grammars.fill_bitmask([s.matcher for _, s in owners])
+        if self.grammars is not None:  # on the CPU, while the device may still run the forward
+            self.bitmask = self._fill_bitmask(self.grammars, [s.matcher for _, s in owners])
         all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long, device=hidden.device)
         logits = self.compute_logits(hidden, all_rows)
         sampled = np.full(n, -1, dtype=np.int64)
@@ -133,14 +145,14 @@ class StepSampling:
         seeded sample draws from its own generator, so chunking does not change its tokens."""
         chunk = self.max_rows
         if row_src[-1] == len(rows) - 1 and len(rows) <= chunk:  # no fan-out: one batch
-            return self.sampler(self._constrain(logits[: len(rows)], rows, 0), rows)
+            return self._draw_batch(self._constrain(logits[: len(rows)], rows, 0), rows, 0)
         src = torch.tensor(row_src, dtype=torch.long, device=logits.device)
         merged = SamplerOutput([], [], [])
         for a in range(0, len(rows), chunk):
             # Indexing, not index_select: on CPU, index_select of repeated rows (all the n
             # samples read one row) runs about 60x slower (torch 2.13).
             part = self._constrain(logits[src[a : a + chunk]], rows[a : a + chunk], a)
-            out = self.sampler(part, rows[a : a + chunk])
+            out = self._draw_batch(part, rows[a : a + chunk], a)
             merged.token_ids += out.token_ids
             merged.sampled_logprobs += out.sampled_logprobs
             merged.logprobs += out.logprobs
@@ -159,10 +171,56 @@ class StepSampling:
             self.grammars.apply_bitmask(logits, mask[first : first + len(rows)])
         for i in procs:
             r = rows[i]
-            apply_logits_processors(
-                logits[i], r.params.logits_processors or (), r.prompt_token_ids, r.output_token_ids
-            )
+            req = self._row_reqs[first + i]
+            with self.failures.guard(req):
+                apply_logits_processors(
+                    logits[i],
+                    r.params.logits_processors or (),
+                    r.prompt_token_ids,
+                    r.output_token_ids,
+                )
+            if req in self.failures:
+                with torch.inference_mode():  # (the step's logits are inference tensors)
+                    logits[i] = 0.0  # whatever the processor left: the row must stay drawable
         return logits
+
+    def _draw_batch(
+        self, logits: torch.Tensor, rows: List[SamplingRow], first: int
+    ) -> SamplerOutput:
+        """The sampler over rows [first, first + len(rows)). If the batch raises, the rows are
+        drawn one by one to find the culprits: their requests are blamed and draw nothing
+        (token -1), the other rows keep their tokens (greedy ones the same; a seeded row may
+        have drawn from its generator in the failed batch already)."""
+        try:
+            return self.sampler(logits, rows)
+        except Exception as exc:
+            if is_device_error(exc):
+                raise
+        out = SamplerOutput([], [], [])
+        for j, row in enumerate(rows):
+            one = SamplerOutput([-1], [None], [None])
+            with self.failures.guard(self._row_reqs[first + j]):
+                one = self.sampler(logits[j : j + 1], [row])
+            out.token_ids += one.token_ids
+            out.sampled_logprobs += one.sampled_logprobs
+            out.logprobs += one.logprobs
+        return out
+
+    def _fill_bitmask(self, grammars: GrammarCache, matchers: List[Any]) -> Optional[torch.Tensor]:
+        """The grammars' bitmask; if filling it raises, the matchers are tried one by one and
+        the requests of those that raise are blamed (their rows are left unconstrained: they
+        draw nothing that is kept)."""
+        try:
+            return grammars.fill_bitmask(matchers)
+        except Exception as exc:
+            if is_device_error(exc):
+                raise
+        for j, m in enumerate(matchers):
+            if m is not None:
+                with self.failures.guard(self._row_reqs[j]):
+                    grammars.fill_bitmask([m])
+        kept = [None if self._row_reqs[j] in self.failures else m for j, m in enumerate(matchers)]
+        return grammars.fill_bitmask(kept)
 
     def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> torch.Tensor:
         """Every row is a plain argmax (the common greedy batch): no per-row Python objects,
@@ -192,14 +250,17 @@ class StepSampling:
             by_entry.setdefault(i, []).append((s, out.token_ids[j]))
             self.logprobs[id(s)] = (out.sampled_logprobs[j], out.logprobs[j])
         for i, group in by_entry.items():
+            entry = self.entries[i]
+            assert entry is not None
+            if entry[0] in self.failures:
+                continue  # draws nothing (-1): the core aborts the request
             if len(group) == 1:
                 sampled[i] = group[0][1]
                 continue
             # n > 1: the scheduler's parent must outlive this step to be forked from, so give
             # that role to a sample whose first token does not finish it, when there is one.
-            entry = self.entries[i]
-            assert entry is not None and entry[1].sched_id is not None
             sched_id = entry[1].sched_id
+            assert sched_id is not None
             k = next((j for j, (_, t) in enumerate(group) if not self.would_finish(sched_id, t)), 0)
             parent, sampled[i] = group[k]
             self.parents[i] = parent

@@ -90,7 +90,6 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "max_long_partial_prefills": Refused("one partial prefill per step", (None, 1)),
     "long_prefill_token_threshold": Refused("one partial prefill per step", (None, 0)),
     "scheduler_cls": Refused("the scheduler is pagedkv's C++ one"),
-    "async_scheduling": Refused("asynchronous scheduling is not supported yet", _OFF),
     "cuda_graph_sizes": Refused(
         "CUDA graphs cover decode batches up to max_seq_len_to_capture", (None, [])
     ),

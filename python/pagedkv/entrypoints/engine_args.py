@@ -149,6 +149,12 @@ ENGINE_FLAGS = (
     ),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
     Flag(
+        "async_scheduling",
+        False,
+        "schedule and launch the next step while the device runs the current one",
+        kind="switch",
+    ),
+    Flag(
         "max_logprobs",
         20,
         "most logprobs (and prompt logprobs) a request may ask for; -1: the vocabulary size",
@@ -177,6 +183,14 @@ ENGINE_FLAGS = (
         "pipeline stages the layers are split into (ranks = "
         "tensor x pipeline parallel size; under torchrun, its WORLD_SIZE)",
         type=t.int_at_least(1),
+    ),
+    Flag(
+        "pipeline_micro_batch_tokens",
+        256,
+        "under pipeline parallelism, a step with at least twice this many prefill tokens "
+        "runs as micro-batches of at least this many (at most one per stage), so the stages "
+        "overlap; 0: never (decode-only steps always run whole)",
+        type=t.int_at_least(0),
     ),
     Flag(
         "enable_lora",

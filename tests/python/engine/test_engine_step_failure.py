@@ -110,16 +110,28 @@ def test_failed_step_fails_only_its_requests(llm, reference, monkeypatch):
 
 
 def test_failed_n_samples_step_after_the_fork(llm, monkeypatch):
-    # n = 3 samples fork from the parent after its prompt; fail the step after that.
+    # n = 3 samples fork from the parent after its prompt; fail the step after that: an
+    # interrupt fails the step (every request of it), an error of the request's own work
+    # (here its detokenization) fails that request alone, with its error (issue #25).
     eng = llm.llm_engine
     params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=30, ignore_eos=True)
     eng.add_request("n3", PROMPTS[2], params)
     eng.step()  # the prompt, and the forks
     assert len(eng.seq_owner) == 3
-    _raise_once(monkeypatch, OutputProcessor, "_accept_token", ValueError("detokenizer bug"), 2)
-    with pytest.raises(ValueError, match="detokenizer bug"):
+    _raise_once(monkeypatch, OutputProcessor, "_accept_token", KeyboardInterrupt(), 2)
+    with pytest.raises(KeyboardInterrupt):
         eng.step()
     monkeypatch.undo()
+    assert not eng.requests and not eng.seq_owner and not eng.step()
+    assert_no_leak(llm)
+    eng.add_request("n3", PROMPTS[2], params)
+    eng.step()
+    _raise_once(monkeypatch, OutputProcessor, "_accept_token", ValueError("detokenizer bug"), 2)
+    outs = eng.step()  # no exception: the request failed alone
+    monkeypatch.undo()
+    assert [o.request_id for o in outs] == ["n3"] and outs[0].finished
+    assert {c.finish_reason for c in outs[0].outputs} == {"abort"}
+    assert "detokenizer bug" in repr(eng.take_request_errors()["n3"])
     assert not eng.requests and not eng.seq_owner and not eng.step()
     assert_no_leak(llm)
     again = llm.generate(PROMPTS[2], params, use_tqdm=False)[0]

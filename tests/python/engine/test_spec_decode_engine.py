@@ -162,13 +162,16 @@ def test_sampled_speculation_follows_the_target_distribution(model_dir: str) -> 
         ({**NGRAM, "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 2}, "prompt_lookup_max"),
         ({**NGRAM, "prompt_lookup_min": 5}, "prompt_lookup_min"),
+        ({**NGRAM, "async_scheduling": True}, "async_scheduling"),
     ],
 )
 def test_unsupported_speculative_configs_are_refused_by_name(
     model_dir: str, config: Dict[str, Any], match: str
 ) -> None:
+    config = dict(config)
+    overlap = config.pop("async_scheduling", False)
     with pytest.raises(ValueError, match=match):
-        _llm(model_dir, config)
+        _llm(model_dir, config, async_scheduling=overlap)
 
 
 def test_every_emitted_token_is_one_the_plain_sampler_could_draw(model_dir: str) -> None:

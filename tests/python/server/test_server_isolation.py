@@ -248,6 +248,37 @@ def test_a_step_failing_because_of_its_requests_never_kills_the_engine(
     alive(http, engine)
 
 
+def test_a_request_the_sampler_cannot_take_fails_alone(
+    engine: AsyncLLMEngine, http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request makes the batched sampler raise (as top_k = 2**64 did): the sampler is
+    retried row by row, that request alone gets the error, the one sharing its steps gets
+    the output it gets alone, and the engine serves on (issue #25)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pagedkv.engine.sampler import Sampler
+
+    good = {"prompt": "hello there", "max_tokens": 12, "temperature": 0, "logprobs": 1}
+    want = post(http, "/v1/completions", good).json()["choices"][0]["text"]
+    real = Sampler.__call__
+
+    def flaky(self, logits, rows):  # type: ignore[no-untyped-def]
+        if any(r.params.logprobs == 3 for r in rows):
+            raise ValueError("Overflow when unpacking long long")
+        return real(self, logits, rows)
+
+    monkeypatch.setattr(Sampler, "__call__", flaky)
+    bad = {**good, "prompt": "hi", "logprobs": 3}
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(post, http, "/v1/completions", body) for body in (good, bad)]
+        ok, failed = (f.result() for f in futures)
+    monkeypatch.undo()
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == want, ok.text
+    assert failed.status_code == 500 and "Overflow" in failed.json()["error"]["message"]
+    assert not engine.is_dead
+    alive(http, engine)
+
+
 def test_models_have_vllms_parent_and_permission(http):
     card = http.get("/v1/models").json()["data"][0]
     assert card["parent"] is None and card["root"]

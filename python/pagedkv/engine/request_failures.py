@@ -1,0 +1,72 @@
+"""Which request a step's failure belongs to: per-request work runs under a guard naming its
+request, so that an error there (a user's logits processor, a grammar matcher, a penalty the
+sampler cannot take, the detokenizer) fails that request alone while the step goes on for the
+others. Device faults belong to no request: they are never caught here (the engine cannot go on
+after one, see AsyncLLMEngine)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, List, Tuple
+
+from pagedkv.engine.request_state import RequestState
+
+# Text of the errors torch raises for a broken device (its error types vary by version).
+_DEVICE_ERROR_MARKS = (
+    "CUDA error",
+    "CUBLAS_STATUS",
+    "CUDNN_STATUS",
+    "cuDNN error",
+    "device-side assert",
+    "NCCL error",
+    "an illegal memory access",
+)
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """A fault of the device, not of a request: the engine cannot go on after it."""
+    import torch
+
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return any(mark in text for mark in _DEVICE_ERROR_MARKS)
+
+
+class RequestFailedError(RuntimeError):
+    """A request's own work raised during a step: the engine aborted it (the others go on)."""
+
+
+class RequestFailures:
+    """The requests whose own work raised in a step, each with its first error."""
+
+    def __init__(self) -> None:
+        self._errors: Dict[str, Tuple[RequestState, Exception]] = {}
+
+    @contextlib.contextmanager
+    def guard(self, req: RequestState) -> Iterator[None]:
+        """Runs a block of ``req``'s own work; an Exception there is recorded against ``req``
+        and swallowed (BaseExceptions such as KeyboardInterrupt, and device errors, pass)."""
+        try:
+            yield
+        except Exception as exc:
+            if is_device_error(exc):
+                raise
+            self.blame(req, exc)
+
+    def blame(self, req: RequestState, exc: Exception) -> None:
+        self._errors.setdefault(req.request_id, (req, exc))
+
+    def __contains__(self, req: RequestState) -> bool:
+        return req.request_id in self._errors
+
+    def __bool__(self) -> bool:
+        return bool(self._errors)
+
+    def items(self) -> List[Tuple[RequestState, Exception]]:
+        return list(self._errors.values())
+
+    def merge(self, other: RequestFailures) -> None:
+        for req, exc in other.items():
+            self.blame(req, exc)
