@@ -93,8 +93,8 @@ class EngineCore:
         grammars: Optional[GrammarCache],
         max_num_seqs: int,
         lora_admission: Optional[LoRAAdmission] = None,
-        speculator: Optional[Speculator] = None,
         async_scheduling: bool = False,
+        speculator: Optional[Speculator] = None,
     ) -> None:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
         self.speculator = speculator  # n-gram speculative decoding (speculative_config)
