@@ -81,16 +81,23 @@ class SpeculativeConfig:
             )
         lo = hi if lo is None else lo
         hi = lo if hi is None else hi
-        for name, v in (
-            ("num_speculative_tokens", k),
-            ("prompt_lookup_min", lo),
-            ("prompt_lookup_max", hi),
-        ):
-            if type(v) is not int or v < 1:
-                raise ValueError(f"speculative_config[{name!r}] must be an int >= 1, got {v!r}")
+        k, lo, hi = (
+            _positive_int(name, v)
+            for name, v in (
+                ("num_speculative_tokens", k),
+                ("prompt_lookup_min", lo),
+                ("prompt_lookup_max", hi),
+            )
+        )
         if lo > hi:
             raise ValueError(
                 f"speculative_config: prompt_lookup_min ({lo}) must not exceed "
                 f"prompt_lookup_max ({hi})"
             )
         return cls(method, k, lo, hi)
+
+
+def _positive_int(name: str, v: Any) -> int:
+    if type(v) is not int or v < 1:
+        raise ValueError(f"speculative_config[{name!r}] must be an int >= 1, got {v!r}")
+    return v
