@@ -17,6 +17,7 @@ shape fixed by the token count and Q.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
@@ -116,27 +117,13 @@ class VerifyGraphRunner:
         n, q = int(plan.num_seqs), self.q
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
-        qsl = np.asarray(plan.query_start_loc[: n + 1])
-        lens = np.diff(qsl)
-        seq_lens = np.asarray(plan.seq_lens[:n])
-        num_tokens = int(qsl[-1])
-        # Row of each plan token in the padded layout, and of each padding token's entry.
-        entry = np.repeat(np.arange(n), lens)
-        rows = entry * q + (np.arange(num_tokens) - qsl[entry])
-        used = max(1, -(-int(seq_lens.max()) // self.block_size))
+        lay = padded_layout(plan, q, bs)
+        used = max(1, -(-int(np.asarray(plan.seq_lens[:n]).max()) // self.block_size))
         self._copied.synchronize()  # the previous step's copy has read the mirrors
         h64 = self._host64.numpy()
-        last = np.asarray(plan.positions[:num_tokens])[qsl[1:] - 1]
-        h64[0, : bs * q] = 0
-        h64[1, : bs * q] = 0
-        h64[1, : n * q] = np.repeat(last, q)  # padding tokens: their entry's last position
-        h64[2, : bs * q] = -1
-        h64[0, rows] = plan.input_ids[:num_tokens]
-        h64[1, rows] = plan.positions[:num_tokens]
-        h64[2, rows] = plan.slot_mapping[:num_tokens]
+        h64[0, : bs * q], h64[1, : bs * q], h64[2, : bs * q] = lay.ids, lay.positions, lay.slots
         h32 = self._host32.numpy()
-        h32[:n] = seq_lens + (q - lens)  # context + Q
-        h32[n:bs] = q
+        h32[:bs] = lay.seq_lens
         tables = h32[2 * max_bs + 1 :].reshape(max_bs, width)
         tables[:n, :used] = plan.block_tables[:n, :used]
         self._dev64.copy_(self._host64, non_blocking=True)
@@ -146,5 +133,36 @@ class VerifyGraphRunner:
         graph, out = self.graphs[bs]
         graph.replay()
         self.num_replays += 1
-        index = torch.from_numpy(rows.astype(np.int64)).to(out.device, non_blocking=True)
+        index = torch.from_numpy(lay.rows).to(out.device, non_blocking=True)
         return out.index_select(0, index)
+
+
+@dataclass
+class PaddedLayout:
+    """A plan's tokens with every entry padded to q query tokens and the batch to bs entries."""
+
+    ids: np.ndarray  # [bs * q] int64 (padding: 0)
+    positions: np.ndarray  # [bs * q] int64 (padding: its entry's last position, or 0)
+    slots: np.ndarray  # [bs * q] int64 (padding: -1, not written)
+    seq_lens: np.ndarray  # [bs] int32: context + q (padding entries: q, no context)
+    rows: np.ndarray  # [num_tokens] int64: each plan token's row in the padded layout
+
+
+def padded_layout(plan: Any, q: int, bs: int) -> PaddedLayout:
+    n = int(plan.num_seqs)
+    qsl = np.asarray(plan.query_start_loc[: n + 1]).astype(np.int64)
+    lens = np.diff(qsl)
+    num_tokens = int(qsl[-1])
+    entry = np.repeat(np.arange(n), lens)
+    rows = entry * q + (np.arange(num_tokens) - qsl[entry])
+    positions = np.asarray(plan.positions[:num_tokens])
+    ids = np.zeros(bs * q, dtype=np.int64)
+    pos = np.zeros(bs * q, dtype=np.int64)
+    pos[: n * q] = np.repeat(positions[qsl[1:] - 1], q)
+    slots = np.full(bs * q, -1, dtype=np.int64)
+    ids[rows] = plan.input_ids[:num_tokens]
+    pos[rows] = positions
+    slots[rows] = plan.slot_mapping[:num_tokens]
+    seq_lens = np.full(bs, q, dtype=np.int32)
+    seq_lens[:n] = np.asarray(plan.seq_lens[:n]) + (q - lens)
+    return PaddedLayout(ids, pos, slots, seq_lens, rows.astype(np.int64))
