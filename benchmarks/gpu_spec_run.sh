@@ -8,6 +8,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 (cd tests/python && timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short \
   engine/test_spec_decode_cuda.py engine/test_spec_decode_engine.py \
+  engine/test_spec_decode_verify_layout.py \
   > "$OUT/spec_tests.log" 2>&1); tail -5 "$OUT/spec_tests.log"
 timeout 120 python3 benchmarks/spec_decode.py --device cuda --max-tokens 256 --repeats 3 \
   --json "$OUT/spec_decode.json" 2>&1 | grep -v "Loading\|INFO" | tee "$OUT/spec_decode.log"
