@@ -6,7 +6,7 @@
 #   SKIP_BUILD=1 bash benchmarks/gpu_spec_run.sh     (reuses the installed CUDA build)
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
-(cd tests/python && timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short \
+(cd tests/python && timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short -m "not slow" \
   engine/test_spec_decode_cuda.py engine/test_spec_decode_engine.py \
   engine/test_spec_decode_verify_layout.py \
   > "$OUT/spec_tests.log" 2>&1); tail -5 "$OUT/spec_tests.log"
