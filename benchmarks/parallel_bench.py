@@ -305,14 +305,23 @@ def _allreduce_rank(rank: int, port: int, hidden: int, out: str, batches: List[i
         x = torch.randn(bs, hidden, dtype=torch.bfloat16, device="cuda")
         eager, graph = _time_collective(functools.partial(dist.all_reduce, x))
         res[str(bs)] = {"eager_us": eager, "graph_us": graph, "bytes": x.numel() * 2}
-        try:  # (x has been summed into itself hundreds of times: fresh inputs)
-            res[str(bs)].update(_one_shot(torch.randn_like(x), dist))
+    # NCCL's figures are written first: a one-shot attempt that hangs (one rank failing its
+    # rendezvous) then loses nothing when the step's timeout ends it.
+    _write_rank0(rank, out, res)
+    for bs in batches:
+        x = torch.randn(bs, hidden, dtype=torch.bfloat16, device="cuda")
+        try:
+            res[str(bs)].update(_one_shot(x, dist))
         except Exception as exc:  # noqa: BLE001 (an older torch, no P2P: say so, go on)
             res[str(bs)]["one_shot_error"] = repr(exc)[:300]
+    _write_rank0(rank, out, res)
+    dist.destroy_process_group()
+
+
+def _write_rank0(rank: int, out: str, res: Dict[str, Any]) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(res, f)
-    dist.destroy_process_group()
 
 
 def run_allreduce(out: str, hidden: int, batches: List[int]) -> None:

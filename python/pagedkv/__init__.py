@@ -24,6 +24,17 @@ if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run
     from pagedkv.engine.llm import LLM
     from pagedkv.engine.llm_engine import LLMEngine
     from pagedkv.engine.outputs import CompletionOutput, RequestOutput
+    from pagedkv.engine.pooling_outputs import (
+        ClassificationOutput,
+        ClassificationRequestOutput,
+        EmbeddingOutput,
+        EmbeddingRequestOutput,
+        PoolingOutput,
+        PoolingRequestOutput,
+        ScoringOutput,
+        ScoringRequestOutput,
+    )
+    from pagedkv.engine.pooling_params import PoolingParams
     from pagedkv.engine.sampling_params import RequestOutputKind, SamplingParams
     from pagedkv.engine.structured_output import GuidedDecodingParams, StructuredOutputsParams
     from pagedkv.lora.request import LoRARequest
@@ -52,6 +63,15 @@ __all__ = [
     "LLMEngine",
     "AsyncLLMEngine",
     "LoRARequest",
+    "PoolingParams",
+    "PoolingOutput",
+    "PoolingRequestOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
+    "ScoringOutput",
+    "ScoringRequestOutput",
 ]
 
 # Public names and the module that defines each; imported on first use so that `import pagedkv`
@@ -75,6 +95,15 @@ _LAZY = {
     "LLMEngine": "pagedkv.engine.llm_engine",
     "AsyncLLMEngine": "pagedkv.engine.async_llm_engine",
     "LoRARequest": "pagedkv.lora.request",
+    "PoolingParams": "pagedkv.engine.pooling_params",
+    "PoolingOutput": "pagedkv.engine.pooling_outputs",
+    "PoolingRequestOutput": "pagedkv.engine.pooling_outputs",
+    "EmbeddingOutput": "pagedkv.engine.pooling_outputs",
+    "EmbeddingRequestOutput": "pagedkv.engine.pooling_outputs",
+    "ClassificationOutput": "pagedkv.engine.pooling_outputs",
+    "ClassificationRequestOutput": "pagedkv.engine.pooling_outputs",
+    "ScoringOutput": "pagedkv.engine.pooling_outputs",
+    "ScoringRequestOutput": "pagedkv.engine.pooling_outputs",
 }
 
 

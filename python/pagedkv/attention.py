@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -93,10 +94,8 @@ def _like(a: np.ndarray, like: Any) -> Any:
         import torch
 
         return torch.from_numpy(a).to(like.device)
-    if fw == "cupy":
-        import cupy
-
-        return cupy.asarray(a)
+    if fw == "cupy":  # (a cupy array means cupy is imported)
+        return sys.modules["cupy"].asarray(a)
     return a
 
 

@@ -121,7 +121,7 @@ class CascadeDecode:
         s, kvh, g, d = self.num_seqs, self.num_kv_heads, self.group, self.head_size
         # [s, kvh, g, d] -> [kvh, s, g, d]: KV head kvh's stacked group is (sequence, head).
         self.stacked.view(kvh, s, g, d).copy_(query.reshape(s, kvh, g, d).transpose(0, 1))
-        kw = dict(logits_soft_cap=logits_soft_cap, kernel=self.kernel)
+        kw: dict[str, Any] = dict(logits_soft_cap=logits_soft_cap, kernel=self.kernel)
         common = (key_cache, value_cache, kvh, scale)
         self.prefix_plan.run(
             self.prefix_out,

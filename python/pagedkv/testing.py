@@ -578,49 +578,68 @@ def save_random_model(
 # Encoders (models/bert.py): transformers class names per kind (config, base model, classifier).
 ENCODER_KINDS = {
     "bert": ("BertConfig", "BertModel", "BertForSequenceClassification"),
+    "roberta": ("RobertaConfig", "RobertaModel", "RobertaForSequenceClassification"),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "XLMRobertaForSequenceClassification"),
 }
 _ENCODER_WORDS = [
-    "the", "a", "an", "is", "are", "was", "what", "who", "how", "why", "cat", "cats", "dog",
-    "dogs", "sat", "on", "mat", "hello", "world", "paris", "capital", "of", "france", "city",
-    "river", "big", "small", "red", "blue", "it", "this", "that", "and", "or", "not",
+    "the",
+    "a",
+    "an",
+    "is",
+    "are",
+    "was",
+    "what",
+    "who",
+    "how",
+    "why",
+    "cat",
+    "cats",
+    "dog",
+    "dogs",
+    "sat",
+    "on",
+    "mat",
+    "hello",
+    "world",
+    "paris",
+    "capital",
+    "of",
+    "france",
+    "city",
+    "river",
+    "big",
+    "small",
+    "red",
+    "blue",
+    "it",
+    "this",
+    "that",
+    "and",
+    "or",
+    "not",
 ]
 
 
-def _wordpiece_tokenizer(out_dir: str) -> Any:
-    """A BertTokenizerFast over a tiny WordPiece vocab: specials, words, single letters and
-    their ## continuations (so any lower-case ASCII text tokenizes without [UNK])."""
-    from transformers import BertTokenizerFast
+def _wordpiece_tokenizer() -> Any:
+    """A BERT tokenizer over a tiny WordPiece vocab: specials, words, single letters and their
+    ## continuations (so any lower-case ASCII text tokenizes without [UNK])."""
+    from transformers import BertTokenizer  # transformers 5: the tokenizers-backed (fast) one
 
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,?!'")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_ENCODER_WORDS, *letters]
     vocab += ["##" + c for c in letters]
-    return BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True)
+    return BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True)
 
 
 def _unigram_tokenizer() -> Any:
-    """An XLMRobertaTokenizerFast over a tiny Unigram vocab (<s> A </s></s> B </s> pairs)."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-    from tokenizers import models as tok_models
-    from transformers import XLMRobertaTokenizerFast
+    """An XLM-R tokenizer over a tiny Unigram vocab (XLM-R's special ids: <s> 0, <pad> 1,
+    </s> 2, <unk> 3; pairs as <s> A </s></s> B </s>)."""
+    from transformers import XLMRobertaTokenizer
 
     specials = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("<mask>", 0.0)]
     words = [("\u2581" + w, -1.0 - 0.01 * i) for i, w in enumerate(_ENCODER_WORDS)]
     chars = [(c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789.,?!'"] + [("\u2581", -4.0)]
-    tk = Tokenizer(tok_models.Unigram(specials + words + chars, unk_id=3))
-    tk.pre_tokenizer = pre_tokenizers.Metaspace()
-    tk.decoder = decoders.Metaspace()
-    tk.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    return XLMRobertaTokenizerFast(
-        tokenizer_object=tk,
-        bos_token="<s>",
-        eos_token="</s>",
-        sep_token="</s>",
-        cls_token="<s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        mask_token="<mask>",
-    )
+    return XLMRobertaTokenizer(vocab=specials + words + chars)
 
 
 def save_random_encoder(
@@ -630,19 +649,20 @@ def save_random_encoder(
     seed: int = 0,
     **overrides: Any,
 ) -> str:
-    """A tiny random BERT / XLM-RoBERTa checkpoint written by transformers' own classes
-    (``BertModel(BertConfig(...)).save_pretrained``), with its tokenizer (WordPiece for BERT,
-    Unigram for XLM-R). ``num_labels``: the ``*ForSequenceClassification`` cross-encoder
-    instead of the bare encoder. Weights are random with non-zero biases and LayerNorm weights
-    (transformers initialises those to 0 and 1, which would hide a missing bias or norm).
-    ``overrides`` replace config keys. Returns out_dir."""
+    """A tiny random BERT / RoBERTa / XLM-RoBERTa checkpoint written by transformers' own
+    classes (``BertModel(BertConfig(...)).save_pretrained``), with its tokenizer (WordPiece for
+    BERT, Unigram with RoBERTa's pair template otherwise). ``num_labels``: the
+    ``*ForSequenceClassification`` cross-encoder instead of the bare encoder. Weights are
+    random with non-zero biases and LayerNorm weights (transformers initialises those to 0 and
+    1, which would hide a missing bias or norm). ``overrides`` replace config keys. Returns
+    out_dir."""
     import transformers
 
     if kind not in ENCODER_KINDS:
         raise ValueError(f"kind {kind!r} unknown; choose from {sorted(ENCODER_KINDS)}")
     os.makedirs(out_dir, exist_ok=True)
     bert = kind == "bert"
-    tok = _wordpiece_tokenizer(out_dir) if bert else _unigram_tokenizer()
+    tok = _wordpiece_tokenizer() if bert else _unigram_tokenizer()
     config_cls, base_cls, head_cls = (getattr(transformers, n) for n in ENCODER_KINDS[kind])
     fields: dict[str, Any] = dict(
         vocab_size=len(tok),

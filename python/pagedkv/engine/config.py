@@ -118,6 +118,15 @@ class EngineConfig:
     max_cpu_loras: Optional[int] = None
     # vLLM's speculative_config dict; only method "ngram" (engine/spec_decode/config.py).
     speculative_config: Optional[Dict[str, Any]] = None
+    # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
+    # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
+    # "pooling"; convert "auto" | "none" | "embed" | "classify" | "reward"; pooler_config (or its
+    # older name override_pooler_config): PoolerConfig fields over the checkpoint's own.
+    task: str = "auto"
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[Dict[str, Any]] = None
+    override_pooler_config: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -202,6 +211,9 @@ class EngineConfig:
                 f"{self.pipeline_micro_batch_tokens}"
             )
         self._check_model_source()
+        from pagedkv.engine.runner_choice import check_runner_args
+
+        check_runner_args(self)
 
     def _validate_lora(self) -> None:
         if self.max_loras < 1:

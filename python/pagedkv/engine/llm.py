@@ -15,15 +15,16 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_sync
-from pagedkv.engine.llm_engine import LLMEngine
 from pagedkv.engine.llm_inputs import (
     check_priority,
     normalise_conversations,
     normalise_prompts,
     per_prompt_params,
 )
+from pagedkv.engine.llm_pooling import PoolingMixin
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.request_failures import RequestFailedError
+from pagedkv.engine.runner_choice import make_engine
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.lora.request import LoRARequest
 from pagedkv.models.progress import progress_bar
@@ -50,12 +51,14 @@ def _ensure_log_handler() -> None:
     logger.propagate = False
 
 
-class LLM:
+class LLM(PoolingMixin):
     def __init__(
         self, model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any
     ) -> None:
         _ensure_log_handler()
-        self.llm_engine = LLMEngine(model, tokenizer=tokenizer, **kwargs)
+        # An LLMEngine, or a PoolingEngine for pooling models (embed / classify / score: see
+        # llm_pooling.py).
+        self.llm_engine = make_engine(model, tokenizer=tokenizer, **kwargs)
         self._counter = 0
 
     def get_tokenizer(self) -> Any:
@@ -83,6 +86,7 @@ class LLM:
         [...]}; ``prompts`` may be one prompt or a list. ``sampling_params`` is one for all or a
         list with one per prompt; so is ``lora_request`` (the LoRA adapter, None = the base
         model; needs enable_lora=True)."""
+        self._refuse_pooling("generate")
         items = normalise_prompts(prompts, prompt_token_ids)
         loras = per_prompt_lora(lora_request, len(items))
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
@@ -156,6 +160,7 @@ class LLM:
         ``messages`` is one conversation, a list of {"role": str, "content": str} dicts, or a
         list of such conversations. ``chat_template_kwargs`` (vLLM's name) and any other
         keyword (continue_final_message=True, ...) become variables of the template."""
+        self._refuse_pooling("chat")
         if chat_template_kwargs is not None:
             if not isinstance(chat_template_kwargs, dict):
                 raise TypeError(

@@ -178,8 +178,9 @@ class ModelRunner:
             else torch.zeros(n, self.mc.hidden_size, dtype=self.dtype, device=self.device)
         )
         hidden = self._forward(ids, pos, backend, inter)
-        if pp.is_last_rank:
-            # The sampler's worst case: logits of max_num_seqs rows, sorted for top-k / top-p.
+        if pp.is_last_rank and getattr(self.model, "lm_head", None) is not None:
+            # The sampler's worst case (a pooling model has no LM head, no logits): logits of
+            # max_num_seqs rows, sorted for top-k / top-p.
             rows = hidden[:1].expand(self.cfg.max_num_seqs, -1)
             self.model.compute_logits(rows).sort(dim=-1, descending=True)
 

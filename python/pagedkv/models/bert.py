@@ -64,6 +64,29 @@ class BertEmbeddings(nn.Module):
         return self.LayerNorm(x + self.position_embeddings(positions))
 
 
+class BertOutput(nn.Module):
+    """``LayerNorm(residual + dense(h))``: the post-norm end of both sublayers (HF's
+    BertSelfOutput and BertOutput)."""
+
+    def __init__(self, cfg: ModelConfig, in_features: int) -> None:
+        super().__init__()
+        self.dense = RowParallelLinear(in_features, cfg.hidden_size, bias=True)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(residual + self.dense(h))
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, bias=True)
+        self.act = activation(cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
 class BertAttention(nn.Module):
     """Self-attention, then ``LayerNorm(x + dense(attention))`` (post-norm)."""
 
@@ -76,34 +99,42 @@ class BertAttention(nn.Module):
             cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, bias=True
         )
         self.num_heads = self.qkv_proj.num_heads  # this rank's
-        self.output = nn.Module()
-        self.output.dense = RowParallelLinear(cfg.hidden_size, cfg.hidden_size, bias=True)
-        self.output.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.output = BertOutput(cfg, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).view(t, 3, self.num_heads, self.head_dim).unbind(1)
         out = attn.forward(self.layer_idx, q, k, v, self.spec)
-        return self.output.LayerNorm(x + self.output.dense(out.reshape(t, -1)))
+        return self.output(out.reshape(t, -1), x)
 
 
 class BertLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.attention = BertAttention(cfg, layer_idx)
-        self.intermediate = nn.Module()
-        self.intermediate.dense = ColumnParallelLinear(
-            cfg.hidden_size, cfg.intermediate_size, bias=True
-        )
-        self.output = nn.Module()
-        self.output.dense = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias=True)
-        self.output.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.act = activation(cfg.hidden_act)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertOutput(cfg, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         x = self.attention(x, attn)
-        h = self.act(self.intermediate.dense(x))
-        return self.output.LayerNorm(x + self.output.dense(h))
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+
+
+class BertPooler(nn.Module):
+    """dense + tanh on each sequence's first token."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = ReplicatedLinear(cfg.hidden_size, cfg.hidden_size, bias=True)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(first))
 
 
 def roberta_positions(
@@ -134,12 +165,10 @@ class BertModel(nn.Module):
             raise ValueError(f"{cfg.architecture} does not support pipeline parallelism")
         self.config = cfg
         self.embeddings = BertEmbeddings(cfg)
-        self.encoder = nn.Module()
-        self.encoder.layer = nn.ModuleList(BertLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        # BertModel's pooler (dense + tanh on the first token); kept only when the checkpoint
-        # has it (load_weights), as the cross-encoder's head needs it.
-        self.pooler: Optional[nn.Module] = nn.Module()
-        self.pooler.dense = ReplicatedLinear(cfg.hidden_size, cfg.hidden_size, bias=True)
+        self.encoder = BertEncoder(cfg)
+        # BertModel's pooler; kept only when the checkpoint has it (load_weights), as the
+        # cross-encoder's head needs it.
+        self.pooler: Optional[BertPooler] = BertPooler(cfg)
         self.classifier: Optional[nn.Module] = self._make_classifier(cfg)
 
     def _make_classifier(self, cfg: ModelConfig) -> Optional[nn.Module]:
@@ -174,7 +203,7 @@ class BertModel(nn.Module):
     def _pool_first_token(self, first: torch.Tensor) -> torch.Tensor:
         if self.pooler is None:
             raise ValueError(f"the {self.config.architecture} checkpoint has no pooler weights")
-        return torch.tanh(self.pooler.dense(first))
+        return self.pooler(first)
 
     @torch.inference_mode()
     def classify(self, first: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,15 @@ SEQUENCE_CLASSIFIERS = {
     "RobertaForSequenceClassification": "RobertaModel",
     "XLMRobertaForSequenceClassification": "XLMRobertaModel",
 }
+# Bare decoders without a head (sentence-transformers saves its AutoModel so: e5-mistral,
+# Qwen3-Embedding style embedding models): HF name -> the causal LM whose body they are. Their
+# tensors lack the causal LM's "model." prefix; they serve pooling tasks only.
+BASE_MODELS = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+}
 # config.json without "architectures": model_type -> HF architecture name.
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
@@ -139,11 +148,16 @@ class ModelConfig:
     @property
     def causal_architecture(self) -> str:
         """The causal LM under a sequence classifier (the architecture itself otherwise)."""
-        return SEQUENCE_CLASSIFIERS.get(self.architecture, self.architecture)
+        return _causal(self.architecture)
 
     @property
     def is_classifier(self) -> bool:
         return self.architecture in SEQUENCE_CLASSIFIERS
+
+    @property
+    def is_base_model(self) -> bool:
+        """A bare decoder (no head): its final hidden states are all it gives."""
+        return self.architecture in BASE_MODELS
 
     @property
     def is_encoder(self) -> bool:
@@ -211,7 +225,7 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         arch = _architecture(d)
-        causal = SEQUENCE_CLASSIFIERS.get(arch, arch)
+        causal = _causal(arch)
         family = _HF_FAMILIES[causal]
         parse = {
             "opt": _opt_fields,
@@ -279,7 +293,7 @@ class ModelConfig:
 
 def _architecture(d: dict[str, Any]) -> str:
     archs = d.get("architectures") or []
-    known = {**_HF_FAMILIES, **SEQUENCE_CLASSIFIERS}
+    known = {**_HF_FAMILIES, **SEQUENCE_CLASSIFIERS, **BASE_MODELS}
     arch = next((a for a in archs if a in known), None) or _MODEL_TYPES.get(
         d.get("model_type", "") if not archs else ""
     )
@@ -289,6 +303,11 @@ def _architecture(d: dict[str, Any]) -> str:
             f"supported: {sorted(known)}"
         )
     return arch
+
+
+def _causal(arch: str) -> str:
+    """The causal LM a classifier or bare decoder is built on (``arch`` itself otherwise)."""
+    return SEQUENCE_CLASSIFIERS.get(arch) or BASE_MODELS.get(arch) or arch
 
 
 def _merge(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -169,8 +169,11 @@ def _experts_grouped_mm(
     fixed order (deterministic, unlike an index_add)."""
     t, k = topk_ids.shape
     flat = topk_ids.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    offs = torch.cumsum(torch.bincount(flat, minlength=w13.shape[0]), 0).to(torch.int32)
+    expert_of, order = torch.sort(flat, stable=True)
+    # Each expert's end row in the sorted pairs. (Not a bincount: on CUDA it reads the
+    # input's max on the host, which a CUDA graph cannot capture.)
+    experts = torch.arange(w13.shape[0], device=flat.device)
+    offs = torch.searchsorted(expert_of, experts, right=True).to(torch.int32)
     h = torch._grouped_mm(x[order // k], w13.transpose(1, 2), offs=offs)  # [T*k, 2I]
     y = torch._grouped_mm(act_and_mul(act)(h), w2.transpose(1, 2), offs=offs)  # [T*k, H]
     y = y * topk_weights.reshape(-1)[order].to(y.dtype).unsqueeze(1)

@@ -96,9 +96,10 @@ def _local_dir(path: str, model: str) -> ModelSource:
 
 def model_class(architecture: str) -> type[nn.Module]:
     """The class for an HF architecture name; a ``*ForSequenceClassification`` one is its
-    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head)."""
+    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head), a
+    bare ``*Model`` one (BASE_MODELS) the same class with no head."""
     from pagedkv.models.bert import BertModel, XLMRobertaModel
-    from pagedkv.models.config import SEQUENCE_CLASSIFIERS
+    from pagedkv.models.config import BASE_MODELS, SEQUENCE_CLASSIFIERS
     from pagedkv.models.deepseek_v2 import DeepseekV2ForCausalLM
     from pagedkv.models.gemma import GemmaForCausalLM
     from pagedkv.models.gpt2 import GPT2LMHeadModel
@@ -129,10 +130,10 @@ def model_class(architecture: str) -> type[nn.Module]:
         "RobertaModel": XLMRobertaModel,
         "XLMRobertaModel": XLMRobertaModel,
     }
-    causal = SEQUENCE_CLASSIFIERS.get(architecture, architecture)
+    causal = SEQUENCE_CLASSIFIERS.get(architecture) or BASE_MODELS.get(architecture) or architecture
     if causal not in classes:
         raise ValueError(
             f"architecture {architecture!r} is not supported; supported: "
-            f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS)}"
+            f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS) + sorted(BASE_MODELS)}"
         )
     return classes[causal]

@@ -73,9 +73,9 @@ void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t
     const int64_t qpos = ctx + i;
     // Visible keys of this query inside the tile: causal and sliding-window bounds (the tiles
     // of a non-causal call never pass the sequence's end).
-    const int j_end = p.causal ? static_cast<int>(std::max<int64_t>(
-                                     0, std::min<int64_t>(n, qpos - kpos0 + 1)))
-                               : n;
+    const int j_end =
+        p.causal ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n, qpos - kpos0 + 1)))
+                 : n;
     int j_begin = 0;
     if (p.window > 0) j_begin = static_cast<int>(std::max<int64_t>(0, qpos - p.window + 1 - kpos0));
     j_begin = std::min(j_begin, j_end);

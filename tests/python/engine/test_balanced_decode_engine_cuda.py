@@ -76,3 +76,38 @@ def test_skewed_eager_decode_runs_balanced_and_matches_partition(model_dir):
             la, lb = oa.outputs[0].logprobs[i], ob.outputs[0].logprobs[i]
             for tid in set(la) & set(lb):
                 assert abs(la[tid].logprob - lb[tid].logprob) < 0.05, (i, tid)
+
+
+def test_shared_prompt_eager_decode_runs_the_cascade(model_dir):
+    """Requests on one cached system prompt (the prefix cache shares its blocks): eager decode
+    steps run the cascade and give the partition split's tokens."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the cascade runs on the Hopper decode")
+    rng = np.random.default_rng(4)
+    system = rng.integers(5, 2000, 1024).tolist()
+    prompts = [system + rng.integers(5, 2000, 5).tolist() for _ in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    runs = {}
+    for schedule in ("auto", "partition"):
+        llm = LLM(
+            model_dir,
+            skip_tokenizer_init=True,
+            seed=0,
+            device="cuda",
+            dtype="bfloat16",
+            enforce_eager=True,
+            max_model_len=2048,
+            num_gpu_blocks_override=1024,
+        )
+        plans = llm.llm_engine.runner.step_plans
+        plans.schedule = schedule
+        llm.generate([prompts[0]], SamplingParams(max_tokens=1), use_tqdm=False)  # cache it
+        runs[schedule] = llm.generate(prompts, params, use_tqdm=False)
+        assert (plans.cascade_layers > 0) == (schedule == "auto"), plans.cascade_layers
+        assert_no_leak(llm)
+    toks = [
+        (x, y)
+        for oa, ob in zip(runs["auto"], runs["partition"])
+        for x, y in zip(oa.outputs[0].token_ids, ob.outputs[0].token_ids)
+    ]
+    assert np.mean([x == y for x, y in toks]) > 0.9  # bf16: only near-ties may flip

@@ -116,7 +116,7 @@ def test_hidden_states_equal_hf(kind: str, tmp_path) -> None:
     assert (a[0] - b[0]).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("kind", ["bert", "xlm-roberta"])
+@pytest.mark.parametrize("kind", ["bert", "roberta", "xlm-roberta"])
 def test_cross_encoder_logits_equal_hf(kind: str, tmp_path) -> None:
     path = save_random_encoder(str(tmp_path / kind), kind, num_labels=3, seed=5)
     model, cfg = load_model(path, torch.float32, "cpu")
@@ -125,12 +125,7 @@ def test_cross_encoder_logits_equal_hf(kind: str, tmp_path) -> None:
     hidden = paged_forward(model, cfg, seqs, types)
     first = torch.stack([h[0] for h in hidden])
     logits = model.classify(first)
-    hf = _hf(
-        "BertForSequenceClassification"
-        if kind == "bert"
-        else "XLMRobertaForSequenceClassification",
-        path,
-    )
+    hf = _hf(transformers.AutoConfig.from_pretrained(path).architectures[0], path)
     for i, (s, t) in enumerate(zip(seqs, types)):
         with torch.no_grad():
             want = hf(input_ids=torch.tensor([s]), token_type_ids=torch.tensor([t])).logits[0]
