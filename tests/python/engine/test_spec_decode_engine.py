@@ -163,15 +163,16 @@ def test_sampled_speculation_follows_the_target_distribution(model_dir: str) -> 
         ({"method": "ngram", "num_speculative_tokens": 2}, "prompt_lookup_max"),
         ({**NGRAM, "prompt_lookup_min": 5}, "prompt_lookup_min"),
         ({**NGRAM, "async_scheduling": True}, "async_scheduling"),
+        ({**NGRAM, "task": "embed"}, "pooling"),
     ],
 )
 def test_unsupported_speculative_configs_are_refused_by_name(
     model_dir: str, config: Dict[str, Any], match: str
 ) -> None:
     config = dict(config)
-    overlap = config.pop("async_scheduling", False)
+    engine_args = {k: config.pop(k) for k in ("async_scheduling", "task") if k in config}
     with pytest.raises(ValueError, match=match):
-        _llm(model_dir, config, async_scheduling=overlap)
+        _llm(model_dir, config, **engine_args)
 
 
 def test_every_emitted_token_is_one_the_plain_sampler_could_draw(model_dir: str) -> None:
