@@ -359,6 +359,11 @@ class PoolingEngine:
             )
         return outs
 
+    def take_request_errors(self) -> Dict[str, Exception]:
+        """LLMEngine's: errors of requests that failed alone. A pooling step has no per-request
+        work that can fail alone (a failed step fails all its requests): always empty."""
+        return {}
+
     # ------------------------------------------------------------------ stats
     def get_stats(self) -> Dict[str, Any]:
         s = self.scheduler
