@@ -311,6 +311,15 @@ ENGINE_FLAGS = (
         type=t.json_object,
         shown="none",
     ),
+    Flag(
+        "speculative_config",
+        None,
+        "JSON object of vLLM's speculative config; n-gram prompt lookup only, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+        '"prompt_lookup_min": 2}\'',
+        type=t.json_object,
+        shown="none (no speculation)",
+    ),
     # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
     Flag(
         "trust_remote_code",
