@@ -117,7 +117,11 @@ class EngineCore:
         if self.lora_admission is None or self.lora_admission.admit(
             req.lora_id, req.request_id, (req, priority)
         ):
-            self._add_to_scheduler(req, priority)
+            try:
+                self._add_to_scheduler(req, priority)
+            except BaseException:  # refused by the scheduler: its adapter place is free again
+                self._release_lora(req)
+                raise
 
     def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
         p = req.params
