@@ -1,7 +1,10 @@
 """GPU paged attention vs contiguous torch SDPA (cuDNN / FlashAttention backends), gather + SDPA
 and the card's copy bandwidth. One run prints one table.
 
-    python benchmarks/gpu_attention.py [--quick]
+    python benchmarks/gpu_attention.py [--quick] [--skewed | --skewed-only]
+
+--skewed adds decode batches of Zipf-skewed lengths (the work-balanced decode against the
+split-K and FlashAttention-2 varlen) and the cascade (shared-prefix) decode table.
 
 Decode, causal prefill, extend (new tokens over a cached prefix: chunked prefill, prefix reuse)
 and reshape_and_cache.
@@ -19,6 +22,7 @@ import contextlib
 import inspect
 import math
 import os
+import random
 import statistics
 from typing import Callable, Iterator, Optional
 
@@ -238,6 +242,211 @@ def bench_decode(b: int, length: int, sms: int, kv_dtype: str = "auto") -> dict:
     return res
 
 
+# Skewed batches: lengths L_i ~ 1 / i^s scaled to a mean of SKEW_MEAN, shuffled (s = 0: uniform).
+SKEW_BATCHES = [16, 64, 128, 256]
+SKEW_EXPONENTS = [0.0, 1.0, 1.5]
+SKEW_MEAN = 1024
+WAVES = (1, 2, 4)  # balanced plans timed: target items in waves of the resident CTAs
+
+
+def zipf_lengths(b: int, s: float, mean: int = SKEW_MEAN, seed: int = 0) -> list[int]:
+    w = [1.0 / (i + 1) ** s for i in range(b)]
+    total = sum(w)
+    lens = [max(1, round(x / total * mean * b)) for x in w]
+    random.Random(seed).shuffle(lens)
+    return lens
+
+
+def _skew_cache(lens: list[int]) -> tuple:
+    """One NHD cache holding every sequence's blocks, randomly permuted; tables padded with 0."""
+    need = [math.ceil(n / BS) for n in lens]
+    nb = sum(need)
+    kc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    vc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    perm = torch.randperm(nb, device="cuda", dtype=torch.int32)
+    bt = torch.zeros(len(lens), max(need), dtype=torch.int32, device="cuda")
+    pos = 0
+    for i, n in enumerate(need):
+        bt[i, :n] = perm[pos : pos + n]
+        pos += n
+    return kc, vc, bt
+
+
+def bench_skewed(b: int, s: float, sms: int) -> dict:
+    """One skewed batch: ours on the library's choice (forward_decode's "auto" rule with the host
+    lengths), the previous split-K (partition rule) alone, the balanced plan at 1, 2 and 4 waves
+    of work items, FA2 varlen on the same keys packed contiguously; max |ours - FA2|."""
+    from pagedkv.balanced_decode import TARGET_WAVES, BalancedDecode, prefers_balanced
+
+    lens = zipf_lengths(b, s)
+    max_len, total = max(lens), sum(lens)
+    kv_bytes = 2 * total * HKV * D * 2
+    n_sets = max(1, min(8, ROTATE_BYTES // kv_bytes))
+    caches = [_skew_cache(lens) for _ in range(n_sets)]
+    q = torch.randn(b, HQ, D, dtype=DTYPE, device="cuda")
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    ps = decode_partition(b, max_len, sms)
+    parts = math.ceil(max_len / ps) if ps else 1
+    es = torch.empty(b, HQ, parts, device="cuda")
+    ml, tmp = torch.empty_like(es), torch.empty(b, HQ, parts, D, device="cuda")
+
+    def split(kc, vc, bt):
+        args = (q, kc, vc, HKV, D**-0.5, bt, sl, BS, max_len, None, "auto", 1.0, 1.0)
+        if ps:
+            return lambda: ops.paged_attention_v2(out, es, ml, tmp, *args, partition_size=ps)
+        return lambda: ops.paged_attention_v1(out, *args)
+
+    per_wave = ops.balanced_decode_target(q, caches[0][0], caches[0][1], HKV)
+    plans = {}
+    for waves in WAVES:
+        plan = BalancedDecode(b, HQ, D, per_wave * waves, "cuda")
+        plan.fill(lens)
+        plans[waves] = plan
+
+    def balanced(plan):
+        def make(kc, vc, bt):
+            return lambda: plan.run(out, q, kc, vc, HKV, D**-0.5, bt, sl, max_len)
+
+        return [make(*c) for c in caches]
+
+    ours = plans[TARGET_WAVES]
+    res = {"bytes": kv_bytes, "ps": ps, "pieces": ours.used}
+    res["split"] = time_graph([split(*c) for c in caches])
+    for waves in WAVES:
+        res[f"bal{waves}"] = time_graph(balanced(plans[waves]))
+    # The balanced launch on one item per sequence: the single pass's work plus the plan's
+    # machinery (partials, reduction), what a graph captured on the balanced path costs where
+    # the pieces do not win.
+    whole = BalancedDecode(b, HQ, D, per_wave * TARGET_WAVES, "cuda")
+    whole.fill(lens, whole=True)
+    res["whole"] = time_graph(balanced(whole))
+    use = prefers_balanced(lens, ps, ours.items_host.numpy(), ours.used)
+    res["auto"] = res[f"bal{TARGET_WAVES}"] if use else res["split"]
+    res["auto_is"] = "bal" if use else ("v2" if ps else "v1")
+    # FA2 varlen over the same keys packed contiguously ([total, HKV, D]).
+    kc, vc, bt = caches[0]
+    ks, vs = [], []
+    for i, n in enumerate(lens):
+        blocks = bt[i, : math.ceil(n / BS)].long()
+        ks.append(kc[blocks].reshape(-1, HKV, D)[:n])
+        vs.append(vc[blocks].reshape(-1, HKV, D)[:n])
+    k, v = torch.cat(ks), torch.cat(vs)
+    cu_k = torch.zeros(b + 1, dtype=torch.int32, device="cuda")
+    cu_k[1:] = torch.cumsum(sl, 0)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+
+    def fa2():
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, 1, max_len, 0.0, False, False, scale=D**-0.5
+        )[0]
+
+    res["fa2"] = try_time(lambda: [fa2])
+    ours.run(out, q, kc, vc, HKV, D**-0.5, bt, sl, max_len)
+    ref = fa2() if res["fa2"] is not None else None
+    res["err"] = None if ref is None else float((out.float() - ref.float()).abs().max())
+    return res
+
+
+def print_skewed(sms: int, bw: float, quick: bool) -> None:
+    print(
+        f"\nSkewed decode batches (lengths ~ 1/i^s, mean {SKEW_MEAN}, shuffled; us; KV bytes "
+        "read / time vs copy BW)\n  ours = the library's choice (auto: which), split = the "
+        "previous split-K alone, bal1 / bal2 / bal4 = the balanced plan at 1 / 2 / 4 waves of "
+        "work items (the library's: TARGET_WAVES), bal v1 = the balanced launch on one item per "
+        "sequence; items = the library's plan's"
+    )
+    print(
+        f"{'B':>4} {'s':>4} {'max L':>6} {'split':>6} {'auto':>4} {'ours':>9} {'split':>9} "
+        f"{'bal1':>9} {'bal2':>9} {'bal4':>9} {'bal v1':>9} {'FA2 var':>9} {'vs split':>8} "
+        f"{'vs FA2':>7} "
+        f"{'TB/s':>6} {'of copy':>7} {'split of':>8} {'items':>6} {'max err':>8}"
+    )
+    for b in SKEW_BATCHES[:2] if quick else SKEW_BATCHES:
+        for s in SKEW_EXPONENTS:
+            r = bench_skewed(b, s, sms)
+            tbs = r["bytes"] / r["auto"]
+            err = "n/a" if r["err"] is None else f"{r['err']:8.4f}"
+            print(
+                f"{b:>4} {s:>4} {max(zipf_lengths(b, s)):>6} {r['ps']:>6} {r['auto_is']:>4} "
+                f"{fmt(r['auto'])} {fmt(r['split'])} {fmt(r['bal1'])} {fmt(r['bal2'])} "
+                f"{fmt(r['bal4'])} {fmt(r['whole'])} "
+                f"{fmt(r['fa2'])} {ratio(r['split'], r['auto']):>8} "
+                f"{ratio(r['fa2'], r['auto']):>7} {tbs / 1e12:6.2f} {tbs / bw:7.2f} "
+                f"{r['bytes'] / r['split'] / bw:8.2f} {r['pieces']:>6} {err:>8}"
+            )
+            torch.cuda.empty_cache()
+
+
+# Cascade: sequences x (shared prefix + own keys).
+CASCADE_SHAPES = [(64, 8192, 256), (16, 8192, 256), (64, 2048, 128)]
+
+
+def bench_cascade(b: int, prefix: int, own: int, sms: int) -> dict:
+    """b sequences sharing `prefix` cached keys (the same blocks), each with `own` more: the
+    plain decode over each whole context (the library's split-K) vs pagedkv.cascade (the prefix
+    attended once for all, merged with each own part); max |cascade - plain|."""
+    from pagedkv.cascade import CascadeDecode
+
+    pb, ob = prefix // BS, math.ceil(own / BS)
+    nb = pb + b * ob
+    kc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    vc = torch.randn(nb, BS, HKV, D, dtype=DTYPE, device="cuda")
+    perm = torch.randperm(nb, device="cuda", dtype=torch.int32)
+    prefix_table = perm[:pb].view(1, pb)
+    own_tables = perm[pb:].view(b, ob)
+    full = torch.cat([prefix_table.expand(b, -1), own_tables], dim=1).contiguous()
+    q = torch.randn(b, HQ, D, dtype=DTYPE, device="cuda")
+    total = prefix + own
+    sl = torch.full((b,), total, dtype=torch.int32, device="cuda")
+    own_sl = torch.full((b,), own, dtype=torch.int32, device="cuda")
+    plain_out, casc_out = torch.empty_like(q), torch.empty_like(q)
+    ps = decode_partition(b, total, sms)
+    parts = math.ceil(total / ps) if ps else 1
+    es = torch.empty(b, HQ, parts, device="cuda")
+    ml, tmp = torch.empty_like(es), torch.empty(b, HQ, parts, D, device="cuda")
+    args = (q, kc, vc, HKV, D**-0.5, full, sl, BS, total, None, "auto", 1.0, 1.0)
+
+    def plain():
+        if ps:
+            ops.paged_attention_v2(plain_out, es, ml, tmp, *args, partition_size=ps)
+        else:
+            ops.paged_attention_v1(plain_out, *args)
+
+    c = CascadeDecode(q, kc, vc, HKV)
+    c.plan(prefix, [own] * b)
+
+    def cascade():
+        c.run(casc_out, q, kc, vc, D**-0.5, prefix_table, own_tables, own_sl, own)
+
+    res = {"plain": time_graph([plain]), "cascade": time_graph([cascade])}
+    plain()
+    cascade()
+    res["err"] = float((plain_out.float() - casc_out.float()).abs().max())
+    res["plain_bytes"] = 2 * b * total * HKV * D * 2
+    res["cascade_bytes"] = 2 * (prefix + b * own) * HKV * D * 2
+    return res
+
+
+def print_cascade(sms: int, bw: float) -> None:
+    print(
+        "\nCascade decode, sequences sharing a cached prefix (us; plain = the split-K decode over "
+        "each whole context; TB/s = bytes each must read / time)"
+    )
+    print(
+        f"{'B*(prefix+own)':>16} {'plain':>9} {'cascade':>9} {'speed-up':>8} {'plain TB/s':>10} "
+        f"{'casc TB/s':>9} {'max err':>8}"
+    )
+    for b, prefix, own in CASCADE_SHAPES:
+        r = bench_cascade(b, prefix, own, sms)
+        print(
+            f"{b:>4}*({prefix:>5}+{own:<4}) {fmt(r['plain'])} {fmt(r['cascade'])} "
+            f"{ratio(r['plain'], r['cascade']):>8} {r['plain_bytes'] / r['plain'] / 1e12:10.2f} "
+            f"{r['cascade_bytes'] / r['cascade'] / 1e12:9.2f} {r['err']:8.4f}"
+        )
+        torch.cuda.empty_cache()
+
+
 def decode_kernel_name() -> str:
     """Which decode kernel the library runs on this benchmark's calls (NHD cache, bf16)."""
     q, cache = _probe(1)
@@ -449,6 +658,21 @@ def main() -> None:
         help="only the decode table (skip prefill and reshape_and_cache)",
     )
     ap.add_argument(
+        "--skewed",
+        action="store_true",
+        help="add the skewed-batch decode table (balanced vs split-K vs FA2 varlen)",
+    )
+    ap.add_argument(
+        "--cascade-only",
+        action="store_true",
+        help="only the cascade (shared-prefix) decode table",
+    )
+    ap.add_argument(
+        "--skewed-only",
+        action="store_true",
+        help="only the skewed-batch decode table (balanced vs split-K vs FA2 varlen)",
+    )
+    ap.add_argument(
         "--prefill-only",
         action="store_true",
         help="only the prefill table (skip decode and reshape_and_cache)",
@@ -471,6 +695,12 @@ def main() -> None:
         f"decode kernel: {decode_kernel_name()}; replays "
         f"{'from an idle GPU' if args.host_latency else 'queued ahead'}"
     )
+    if args.skewed_only:
+        print_skewed(sms, bw, args.quick)
+        return
+    if args.cascade_only:
+        print_cascade(sms, bw)
+        return
     dec = [] if args.prefill_only else DECODE_SHAPES[:2] if args.quick else DECODE_SHAPES
     print("\nDecode (us; speed-up = other time / ours; BW = KV bytes read / time vs copy BW)")
     print(
@@ -492,6 +722,9 @@ def main() -> None:
             f"{ratio(r['ours'], r8['ours']):>8}"
         )
         torch.cuda.empty_cache()
+    if args.skewed and not args.prefill_only:
+        print_skewed(sms, bw, args.quick)
+        print_cascade(sms, bw)
     if args.decode_only:
         return
     pre = PREFILL_SHAPES[:1] if args.quick else PREFILL_SHAPES

@@ -7,7 +7,7 @@
 # Needs xgrammar installed (scripts/install_deps.py's engine group).
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
-python3 -c "import xgrammar; print('xgrammar', xgrammar.__version__)" | tee "$OUT/xgrammar.txt" \
+python3 -c "import importlib.metadata as m, xgrammar; print('xgrammar', m.version('xgrammar'))" | tee "$OUT/xgrammar.txt" \
   || { echo "xgrammar is not installed: pip install xgrammar"; exit 1; }
 timeout 150 python3 benchmarks/structured_throughput.py --device cuda --batch 64 \
   --max-tokens 256 --rounds 3 --json "$OUT/structured_throughput.json" 2>&1 \

@@ -1,6 +1,7 @@
 """MoE throughput against the dense model of the same active parameters.
 
-Layer: one FusedMoE layer (pagedkv's topk_softmax + moe_align_block_size + two grouped GEMMs)
+Layer: one FusedMoE layer (topk_softmax + two grouped GEMMs: "moe" is fused_experts' auto
+kernel, torch._grouped_mm for bf16 on Hopper; "moe_pagedkv_kernel" the core's own grouped GEMM)
 against a dense SwiGLU MLP of intermediate size top_k * I (the same FLOPs per token, through
 torch / cuBLAS), and against the per-expert Python loop HF transformers runs, over batch sizes
 from decode (1 token) to prefill (4096 tokens). Engine: LLM.generate tokens/s of a random
@@ -79,9 +80,12 @@ def bench_layer(
     for t in tokens:
         x = torch.randn(t, hidden, device=device, dtype=dtype, generator=g)
 
-        def moe(x: torch.Tensor = x) -> torch.Tensor:
+        def moe(x: torch.Tensor = x, kernel: str = "auto") -> torch.Tensor:
             w, ids = ops.topk_softmax(F.linear(x, gate), top_k, True)
-            return fused_experts(x, w13, w2, w, ids)
+            return fused_experts(x, w13, w2, w, ids, kernel=kernel)
+
+        def moe_pagedkv(x: torch.Tensor = x) -> torch.Tensor:
+            return moe(x, "pagedkv")
 
         def dense(x: torch.Tensor = x) -> torch.Tensor:
             h = F.linear(x, dense_gu)
@@ -93,7 +97,12 @@ def bench_layer(
 
         flops = 2 * t * 3 * hidden * inter * top_k
         row: dict[str, Any] = {"shape": name, "tokens": t}
-        for key, fn in (("moe", moe), ("dense", dense), ("hf_loop", loop)):
+        for key, fn in (
+            ("moe", moe),
+            ("moe_pagedkv_kernel", moe_pagedkv),
+            ("dense", dense),
+            ("hf_loop", loop),
+        ):
             s = timed(fn, device, iters)
             row[f"{key}_us"] = round(s * 1e6, 1)
             row[f"{key}_tflops"] = round(flops / s / 1e12, 2)

@@ -5,8 +5,9 @@ Steps (each its own process, run by benchmarks/gpu_parallel_run.sh):
              where pagedkv.testing's CPU float32 generator takes minutes at this size)
   engine     one engine (--tp N): decode throughput at batch 1/32/256, prefill TFLOP/s, and
              greedy tokens of a fixed prompt set; JSON to --out
-  allreduce  NCCL all-reduce latency over 2 GPUs at decode sizes ([batch, hidden] bf16), eager
-             and inside a CUDA graph (how the decode runs it)
+  allreduce  all-reduce latency over 2 GPUs at decode sizes ([batch, hidden] bf16), eager
+             and inside a CUDA graph (how the decode runs it): NCCL, and torch's
+             symmetric-memory one-shot all-reduce (checked against NCCL's sum)
   report     the side-by-side table (speedups, greedy agreement, all-reduce share of a step)
 
   python benchmarks/parallel_bench.py write --dir /tmp/llama8b
@@ -21,10 +22,11 @@ script itself; the numbers mean nothing).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -231,6 +233,60 @@ def _prefill_flops(cfg: Dict[str, Any]) -> float:
 
 
 # ---------------------------------------------------------------------------------- allreduce
+def _time_collective(fn: Any) -> Tuple[float, float]:
+    """us per call of ``fn`` eagerly and inside a CUDA graph (as a captured decode step runs
+    its all-reduces: no launch overhead)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    n = 200
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    eager = a.elapsed_time(b) * 1e3 / n
+    graph, k = torch.cuda.CUDAGraph(), 64
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        for _ in range(k):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(10):
+        graph.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return eager, a.elapsed_time(b) * 1e3 / (10 * k)
+
+
+def _one_shot(x: torch.Tensor, dist: Any) -> Dict[str, Any]:
+    """torch's symmetric-memory one-shot all-reduce (each GPU reads the peers' buffers over
+    NVLink, no NCCL; no multicast needed): its time and its largest difference from NCCL's
+    sum of the same inputs."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD.group_name
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(group)
+    buf = symm_mem.empty(x.shape, dtype=x.dtype, device=x.device)
+    symm_mem.rendezvous(buf, group)
+    buf.copy_(x)
+    want = x.clone()
+    dist.all_reduce(want)
+    got = torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)
+    diff = (got.float() - want.float()).abs().max().item()
+    one_shot = torch.ops.symm_mem.one_shot_all_reduce
+    eager, graph = _time_collective(functools.partial(one_shot, buf, "sum", group))
+    return {"one_shot_eager_us": eager, "one_shot_graph_us": graph, "one_shot_max_diff": diff}
+
+
 def _allreduce_rank(rank: int, port: int, hidden: int, out: str, batches: List[int]) -> None:
     import datetime
 
@@ -247,43 +303,25 @@ def _allreduce_rank(rank: int, port: int, hidden: int, out: str, batches: List[i
     res: Dict[str, Any] = {}
     for bs in batches:
         x = torch.randn(bs, hidden, dtype=torch.bfloat16, device="cuda")
-        for _ in range(20):
-            dist.all_reduce(x)
-        torch.cuda.synchronize()
-        n = 200
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            dist.all_reduce(x)
-        b.record()
-        torch.cuda.synchronize()
-        eager = a.elapsed_time(b) * 1e3 / n
-        # In a CUDA graph, as a captured decode step runs them (no launch overhead).
-        graph, k = torch.cuda.CUDAGraph(), 64
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            dist.all_reduce(x)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(graph):
-            for _ in range(k):
-                dist.all_reduce(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(10):
-            graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        res[str(bs)] = {
-            "eager_us": eager,
-            "graph_us": a.elapsed_time(b) * 1e3 / (10 * k),
-            "bytes": x.numel() * 2,
-        }
+        eager, graph = _time_collective(functools.partial(dist.all_reduce, x))
+        res[str(bs)] = {"eager_us": eager, "graph_us": graph, "bytes": x.numel() * 2}
+    # NCCL's figures are written first: a one-shot attempt that hangs (one rank failing its
+    # rendezvous) then loses nothing when the step's timeout ends it.
+    _write_rank0(rank, out, res)
+    for bs in batches:
+        x = torch.randn(bs, hidden, dtype=torch.bfloat16, device="cuda")
+        try:
+            res[str(bs)].update(_one_shot(x, dist))
+        except Exception as exc:  # noqa: BLE001 (an older torch, no P2P: say so, go on)
+            res[str(bs)]["one_shot_error"] = repr(exc)[:300]
+    _write_rank0(rank, out, res)
+    dist.destroy_process_group()
+
+
+def _write_rank0(rank: int, out: str, res: Dict[str, Any]) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(res, f)
-    dist.destroy_process_group()
 
 
 def run_allreduce(out: str, hidden: int, batches: List[int]) -> None:
@@ -350,6 +388,15 @@ def report(out_dir: str) -> str:
             "NCCL all-reduce, 2 GPUs, bf16 [batch, hidden]: "
             + ", ".join(
                 f"batch {bs}: {v['eager_us']:.1f} us eager / {v['graph_us']:.1f} us in a graph"
+                for bs, v in ar.items()
+            ),
+            "symmetric-memory one-shot all-reduce, same sizes: "
+            + ", ".join(
+                f"batch {bs}: {v['one_shot_eager_us']:.1f} us eager / "
+                f"{v['one_shot_graph_us']:.1f} us in a graph (max diff vs NCCL "
+                f"{v['one_shot_max_diff']:.3g})"
+                if "one_shot_graph_us" in v
+                else f"batch {bs}: unavailable ({v.get('one_shot_error', '?')})"
                 for bs, v in ar.items()
             ),
         ]

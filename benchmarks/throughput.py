@@ -368,8 +368,11 @@ def main() -> None:
         same = check["token_ids"] == again["token_ids"]
         print(f"serial and overlapped greedy tokens identical (8 prompts): {same}")
     else:
-        results = [bench_pagedkv(args, llm, prompts, warmup,
-                                 overlap=None if args.async_scheduling == "off" else True)]
+        results = [
+            bench_pagedkv(
+                args, llm, prompts, warmup, overlap=None if args.async_scheduling == "off" else True
+            )
+        ]
     for r in results:
         r.pop("token_ids", None)
     hf = None

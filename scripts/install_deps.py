@@ -40,6 +40,7 @@ TEST = [
     "schemathesis",
     "jsonschema",
     "peft",
+    "sentence-transformers",  # the pooling tests' reference embeddings
 ]
 # scripts/lint.sh's tools, pinned so that pre-commit, CI and the Dockerfile agree on the verdict.
 LINT = [

@@ -99,6 +99,10 @@ struct AttentionOptions {
   std::optional<TensorView> alibi_slopes;  // [num_heads] float32
   float logits_soft_cap = 0.0f;            // > 0: logits = cap * tanh(logits / cap)
   int sliding_window = -1;                 // > 0: attend to the last `sliding_window` keys
+  // false (encoders, context_attention_fwd only): every query token sees all seq_lens keys of its
+  // sequence, later ones included; needs sliding_window off. Decode (one query at the sequence's
+  // end) sees the same keys either way.
+  bool causal = true;
   KVCacheDType kv_cache_dtype = KVCacheDType::kAuto;
   Scale k_scale;
   Scale v_scale;
@@ -139,6 +143,61 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const AttentionOptions& opts, int partition_size = kPartitionSize,
                         Stream stream = nullptr);
 
+// Work-balanced decode: the work items of a plan (pagedkv/decode_plan.h, from
+// plan_balanced_decode) each attend one sequence's keys [key_lo, key_hi) and write a partial
+// result to their row of the workspace; a reduction merges each sequence's rows (seq_offsets) in
+// fp32. The grid covers every item of the plan's capacity (fixed by the arrays' shapes, so a
+// captured CUDA graph stays valid while the engine refills the plan each step); unused items run
+// nothing. A sequence without items gets a zero output.
+//   work_items: [capacity, 3] int32; seq_offsets: [num_seqs + 1] int32 (on the op's device)
+//   exp_sums, max_logits: [capacity, num_heads] float32; tmp_out: [capacity, num_heads,
+//   head_size] float32
+// Kernels: "cpu" on the host; on a GPU the Hopper decode only ("hopper", which "auto" means here):
+// another named kernel, or a call the Hopper decode does not cover, raises ValueError. A host plan
+// is checked against seq_lens (each sequence's items cover its visible keys in order); a device
+// plan cannot be read without a synchronisation: its keys are clamped to the sequence, and items
+// naming no sequence of the call run nothing.
+// lse (optional, [num_heads, num_seqs] float32): each output row's log-sum-exp of its logits
+// (natural log; -inf without keys), for merge_attn_states (cascade attention).
+void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
+                              const TensorView& max_logits, const TensorView& tmp_out,
+                              const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              const TensorView& block_tables, const TensorView& seq_lens,
+                              const TensorView& work_items, const TensorView& seq_offsets,
+                              int max_seq_len, const AttentionOptions& opts,
+                              const std::optional<TensorView>& lse = std::nullopt,
+                              Stream stream = nullptr);
+
+// Merges two attention results of the same queries over disjoint key sets (cascade attention: a
+// shared prefix and each sequence's own suffix) by their log-sum-exps, as vLLM's
+// merge_attn_states: with m = max(lp, ls), wp = exp(lp - m), ws = exp(ls - m),
+//   output[t, h] = (wp * prefix_output[t, h] + ws * suffix_output[t, h]) / (wp + ws)
+//   output_lse[h, t] = m + log(wp + ws)
+// A -inf log-sum-exp (no key) weighs 0 (+inf is read as -inf, as vLLM does); both -inf give a
+// zero output and -inf; a NaN propagates.
+//   output, prefix_output, suffix_output: [num_tokens, num_heads, head_size], one float dtype,
+//   rows contiguous in head_size; prefix_lse, suffix_lse, output_lse (optional): [num_heads,
+//   num_tokens] float32.
+void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
+                       const TensorView& prefix_output, const TensorView& prefix_lse,
+                       const TensorView& suffix_output, const TensorView& suffix_lse,
+                       Stream stream = nullptr);
+
+// The planner over arrays: seq_lens [num_seqs], work_items [capacity, 3] and seq_offsets
+// [num_seqs + 1], int32 host arrays (contiguous outputs). Returns the items used.
+int plan_balanced_decode(const TensorView& seq_lens, const TensorView& work_items,
+                         const TensorView& seq_offsets, int target_items, int sliding_window,
+                         int min_chunk);
+
+// The planner's target_items for a balanced decode call on its device: the work items that run
+// at once (on a GPU, the Hopper decode's resident CTAs over the CTAs of one item: KV heads x head
+// chunks; on the CPU, four per thread over the KV heads). `kernel` as paged_attention_balanced's.
+int balanced_decode_target(const TensorView& query, const TensorView& key_cache,
+                           const TensorView& value_cache, int num_kv_heads,
+                           KVCacheDType kv_cache_dtype,
+                           AttentionKernel kernel = AttentionKernel::kAuto);
+
 // The kernel paged_attention_v1 / v2 run for this query and these caches on their device under
 // the choice `kernel` (AttentionKernel): never kAuto; ValueError when a named kernel does not
 // cover the call or does not run on the arrays' device.
@@ -173,7 +232,8 @@ int decode_partition_size(const TensorView& query, const TensorView& key_cache,
                           AttentionKernel kernel = AttentionKernel::kAuto);
 
 // Prefill / extend attention (chunked prefill, prefix reuse): the query tokens of each sequence
-// attend causally to the sequence's cached context (from the paged cache) and to themselves.
+// attend causally to the sequence's cached context (from the paged cache) and to themselves; with
+// opts.causal false (encoders) every query token attends to all of the sequence's keys.
 //   query, out: [num_tokens, num_heads, head_size]
 //   key, value: [num_tokens, num_kv_heads, head_size] of the new tokens (already written to the
 //               cache or not: the kernel reads the new tokens from here, the context from cache)

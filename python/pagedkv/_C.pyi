@@ -401,6 +401,10 @@ SUPPORTED_HEAD_SIZES: tuple = (32, 64, 80, 96, 112, 120, 128, 192, 256)
 
 PARTITION_SIZE: int = 512
 
+BALANCED_MIN_CHUNK: int = 128
+
+BALANCED_ITEM_INTS: int = 4
+
 def ops_reshape_and_cache(key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, slot_mapping: NDArray, kv_cache_dtype: str, k_scale: float, v_scale: float, flash: bool, stream: int = 0, k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
     """
     Writes key/value [num_tokens, num_kv_heads, head_size] into the paged caches at slot_mapping (vLLM layout, or NHD when flash=True).
@@ -414,9 +418,29 @@ def ops_paged_attention_v2(out: NDArray, exp_sums: NDArray, max_logits: NDArray,
     Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.
     """
 
-def ops_context_attention_fwd(out: NDArray, query: NDArray, key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, block_tables: NDArray, query_start_loc: NDArray, seq_lens: NDArray, max_query_len: int, scale: float, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None) -> None:
+def ops_paged_attention_balanced(out: NDArray, exp_sums: NDArray, max_logits: NDArray, tmp_out: NDArray, query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, scale: float, block_tables: NDArray, seq_lens: NDArray, work_items: NDArray, seq_offsets: NDArray, max_seq_len: int, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None, lse: NDArray | None = None) -> None:
     """
-    Prefill/extend attention: new tokens attend causally to the cached context and themselves; writes `out`.
+    Work-balanced decode attention over a plan (ops_plan_balanced_decode): each work item's partial into its workspace row, then each sequence's rows merged into `out` (and their log-sum-exps into `lse` [num_heads, num_seqs] when given).
+    """
+
+def ops_merge_attn_states(output: NDArray, prefix_output: NDArray, prefix_lse: NDArray, suffix_output: NDArray, suffix_lse: NDArray, output_lse: NDArray | None = None, stream: int = 0) -> None:
+    """
+    Merges two attention results over disjoint keys by their log-sum-exps (vLLM merge_attn_states).
+    """
+
+def ops_plan_balanced_decode(seq_lens: NDArray, work_items: NDArray, seq_offsets: NDArray, target_items: int, sliding_window: int = -1, min_chunk: int = 128) -> int:
+    """
+    Fills a work-balanced decode plan (host int32 arrays) from host seq_lens; returns the work items used.
+    """
+
+def ops_balanced_decode_target(query: NDArray, key_cache: NDArray, value_cache: NDArray, num_kv_heads: int, kv_cache_dtype: str, kernel: str = 'auto') -> int:
+    """
+    The work items a balanced decode runs at once on this call's device (the planner's target_items).
+    """
+
+def ops_context_attention_fwd(out: NDArray, query: NDArray, key: NDArray, value: NDArray, key_cache: NDArray, value_cache: NDArray, block_tables: NDArray, query_start_loc: NDArray, seq_lens: NDArray, max_query_len: int, scale: float, alibi_slopes: NDArray | None, kv_cache_dtype: str, k_scale: float, v_scale: float, logits_soft_cap: float = 0.0, sliding_window: int = -1, stream: int = 0, kernel: str = 'auto', k_scale_array: NDArray | None = None, v_scale_array: NDArray | None = None, causal: bool = True) -> None:
+    """
+    Prefill/extend attention: new tokens attend causally to the cached context and themselves (causal=False: to all of their sequence's keys); writes `out`.
     """
 
 def ops_copy_blocks(key_caches: Sequence[NDArray], value_caches: Sequence[NDArray], block_mapping: NDArray, stream: int = 0) -> None:

@@ -20,9 +20,21 @@ if TYPE_CHECKING:  # what type checkers see of the lazy exports below (never run
     from pagedkv._C import BlockAllocator, Scheduler, SchedulerConfig, StepPlan
     from pagedkv.attention import PagedAttention
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+    from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams
     from pagedkv.engine.llm import LLM
     from pagedkv.engine.llm_engine import LLMEngine
     from pagedkv.engine.outputs import CompletionOutput, RequestOutput
+    from pagedkv.engine.pooling_outputs import (
+        ClassificationOutput,
+        ClassificationRequestOutput,
+        EmbeddingOutput,
+        EmbeddingRequestOutput,
+        PoolingOutput,
+        PoolingRequestOutput,
+        ScoringOutput,
+        ScoringRequestOutput,
+    )
+    from pagedkv.engine.pooling_params import PoolingParams
     from pagedkv.engine.sampling_params import RequestOutputKind, SamplingParams
     from pagedkv.engine.structured_output import GuidedDecodingParams, StructuredOutputsParams
     from pagedkv.lora.request import LoRARequest
@@ -41,6 +53,8 @@ __all__ = [
     "StepPlan",
     "LLM",
     "SamplingParams",
+    "BeamSearchParams",
+    "BeamSearchOutput",
     "RequestOutputKind",
     "StructuredOutputsParams",
     "GuidedDecodingParams",
@@ -49,6 +63,15 @@ __all__ = [
     "LLMEngine",
     "AsyncLLMEngine",
     "LoRARequest",
+    "PoolingParams",
+    "PoolingOutput",
+    "PoolingRequestOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "ClassificationOutput",
+    "ClassificationRequestOutput",
+    "ScoringOutput",
+    "ScoringRequestOutput",
 ]
 
 # Public names and the module that defines each; imported on first use so that `import pagedkv`
@@ -62,6 +85,8 @@ _LAZY = {
     "StepPlan": "pagedkv._C",
     "LLM": "pagedkv.engine.llm",
     "SamplingParams": "pagedkv.engine.sampling_params",
+    "BeamSearchParams": "pagedkv.engine.beam_search",
+    "BeamSearchOutput": "pagedkv.engine.beam_search",
     "RequestOutputKind": "pagedkv.engine.sampling_params",
     "StructuredOutputsParams": "pagedkv.engine.structured_output",
     "GuidedDecodingParams": "pagedkv.engine.structured_output",
@@ -70,6 +95,15 @@ _LAZY = {
     "LLMEngine": "pagedkv.engine.llm_engine",
     "AsyncLLMEngine": "pagedkv.engine.async_llm_engine",
     "LoRARequest": "pagedkv.lora.request",
+    "PoolingParams": "pagedkv.engine.pooling_params",
+    "PoolingOutput": "pagedkv.engine.pooling_outputs",
+    "PoolingRequestOutput": "pagedkv.engine.pooling_outputs",
+    "EmbeddingOutput": "pagedkv.engine.pooling_outputs",
+    "EmbeddingRequestOutput": "pagedkv.engine.pooling_outputs",
+    "ClassificationOutput": "pagedkv.engine.pooling_outputs",
+    "ClassificationRequestOutput": "pagedkv.engine.pooling_outputs",
+    "ScoringOutput": "pagedkv.engine.pooling_outputs",
+    "ScoringRequestOutput": "pagedkv.engine.pooling_outputs",
 }
 
 

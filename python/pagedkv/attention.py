@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Any, List, Optional, Tuple
 
-from pagedkv import _C, _tensor, ops
+import numpy as np
+
+from pagedkv import _C, _tensor, balanced_decode, ops
 
 _PARTITION_SIZE = ops.PARTITION_SIZE
 _CACHE_LAYOUTS = (
@@ -73,6 +76,71 @@ def _view(x: Any, shape: Tuple[int, ...]) -> Any:
     if _tensor.framework(x) == "torch":
         return x.view(*shape)
     return x.reshape(shape)
+
+
+def _host_int32(x: Any) -> np.ndarray:
+    """An int array as host int32 numpy (a device array is copied: a synchronisation)."""
+    if hasattr(x, "detach"):  # torch
+        return x.detach().cpu().numpy().astype(np.int32, copy=False)
+    if hasattr(x, "get") and _tensor.is_cuda(x):  # cupy
+        return np.asarray(x.get(), dtype=np.int32)
+    return np.ascontiguousarray(np.asarray(x, dtype=np.int32))
+
+
+def _like(a: np.ndarray, like: Any) -> Any:
+    """A host numpy array in like's framework, on like's device."""
+    fw = _tensor.framework(like)
+    if fw == "torch":
+        import torch
+
+        return torch.from_numpy(a).to(like.device)
+    if fw == "cupy":  # (a cupy array means cupy is imported)
+        return sys.modules["cupy"].asarray(a)
+    return a
+
+
+def _balanced_plan(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    kv_cache_dtype: str,
+    kernel: str,
+    seq_lens: Any,
+    seq_lens_cpu: Optional[Any],
+    sliding_window: Optional[int],
+    schedule: str,
+    partition_size: int,
+) -> Optional[Tuple[Any, Any, int]]:
+    """forward_decode's balanced plan (work_items, seq_offsets on query's device, capacity), or
+    None where the call takes the partition split (module pagedkv.balanced_decode)."""
+    if schedule == "partition":
+        return None
+    runs = ops.decode_kernel(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel)
+    if runs not in ("cpu", "hopper"):
+        if schedule == "balanced":
+            raise ValueError(
+                f"schedule 'balanced' runs on the Hopper decode (or the CPU), but this call "
+                f"runs on kernel '{runs}'"
+            )
+        return None
+    host_lens = seq_lens_cpu is not None or not _tensor.is_cuda(seq_lens)
+    if schedule == "auto" and (runs == "cpu" or not host_lens):
+        return None  # auto: on a GPU, and only where the lengths need no synchronisation
+    lens = _host_int32(seq_lens_cpu if seq_lens_cpu is not None else seq_lens)
+    target = balanced_decode.target_items(
+        query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
+    )
+    cap = ops.balanced_plan_capacity(target, lens.shape[0])
+    items = np.empty((cap, ops.BALANCED_ITEM_INTS), np.int32)
+    offsets = np.empty(lens.shape[0] + 1, np.int32)
+    used = ops.plan_balanced_decode(lens, items, offsets, target, sliding_window)
+    window = sliding_window or 0
+    if schedule == "auto" and not balanced_decode.prefers_balanced(
+        lens, partition_size, items, used, window
+    ):
+        return None
+    return _like(items, query), _like(offsets, query), cap
 
 
 class PagedAttention:
@@ -184,12 +252,21 @@ class PagedAttention:
         sliding_window: Optional[int] = None,
         stream: Any = None,
         kernel: str = "auto",
+        schedule: str = "auto",
+        seq_lens_cpu: Optional[Any] = None,
     ) -> Any:
         """Decode attention; returns the output [num_seqs, num_heads, head_size] like query.
         The split-K partition is the library's (ops.decode_partition_size): on CUDA, split only
         when the batch leaves the GPU under-filled, for the kernel that runs; on the CPU,
         vLLM's rule: the single pass unless the context spans several 512-token partitions and
-        the batch is small, or max_seq_len > 8192."""
+        the batch is small, or max_seq_len > 8192.
+
+        ``schedule`` (pagedkv.balanced_decode): "partition" is the split above; "balanced" runs
+        ops.paged_attention_balanced over a plan made here from the host lengths
+        (``seq_lens_cpu``, else seq_lens itself, copied to the host: a synchronisation) on the
+        Hopper decode or the CPU (another kernel raises ValueError); "auto" takes the balanced
+        plan on a GPU where the host lengths are at hand (``seq_lens_cpu`` or host seq_lens) and
+        balanced_decode.prefers_balanced says it wins (skewed batches), else the split."""
         _tensor.check_array(query, "query")
         _tensor.check_array(key_cache, "key_cache")
         _check_rank(query, "query", (3,), "[num_seqs, num_heads, head_size]")
@@ -202,6 +279,46 @@ class PagedAttention:
         partition_size = ops.decode_partition_size(
             query, key_cache, value_cache, num_kv_heads, max_seq_len, kv_cache_dtype, kernel
         )
+        plan = _balanced_plan(
+            query,
+            key_cache,
+            value_cache,
+            num_kv_heads,
+            kv_cache_dtype,
+            kernel,
+            seq_lens,
+            seq_lens_cpu,
+            sliding_window,
+            balanced_decode.check_schedule(schedule),
+            partition_size,
+        )
+        if plan is not None:
+            items, offsets, cap = plan
+            ops.paged_attention_balanced(
+                output,
+                _tensor.empty((cap, num_heads), "float32", like=query),
+                _tensor.empty((cap, num_heads), "float32", like=query),
+                _tensor.empty((cap, num_heads, head_size), "float32", like=query),
+                query,
+                key_cache,
+                value_cache,
+                num_kv_heads,
+                scale,
+                block_tables,
+                seq_lens,
+                items,
+                offsets,
+                max_seq_len,
+                alibi_slopes,
+                kv_cache_dtype,
+                k_scale,
+                v_scale,
+                logits_soft_cap=logits_soft_cap,
+                sliding_window=sliding_window,
+                stream=stream,
+                kernel=kernel,
+            )
+            return _tensor.finish(output, query)
         use_v1 = partition_size == 0
         max_num_partitions = (max_seq_len + partition_size - 1) // max(1, partition_size)
         common = dict(
@@ -294,10 +411,12 @@ class PagedAttention:
         logits_soft_cap: float = 0.0,
         stream: Any = None,
         kernel: str = "auto",
+        causal: bool = True,
     ) -> Any:
         """Prefill / extend attention: the new tokens (query/key/value [num_tokens, heads,
-        head_size]) attend causally to their sequence's cached context and to themselves.
-        Returns the output like query. scale defaults to 1/sqrt(head_size)."""
+        head_size]) attend causally to their sequence's cached context and to themselves
+        (causal=False, for encoders: to all of their sequence's keys). Returns the output like
+        query. scale defaults to 1/sqrt(head_size)."""
         _tensor.check_array(query, "query")
         _check_rank(query, "query", (3,), "[num_tokens, num_heads, head_size]")
         output = _tensor.empty(query.shape, _tensor.dtype_name(query), like=query)
@@ -327,6 +446,7 @@ class PagedAttention:
             logits_soft_cap=logits_soft_cap,
             stream=stream,
             kernel=kernel,
+            causal=causal,
         )
         return _tensor.finish(output, query)
 

@@ -55,6 +55,13 @@ __all__ = [
     "reshape_and_cache_flash",
     "paged_attention_v1",
     "paged_attention_v2",
+    "paged_attention_balanced",
+    "plan_balanced_decode",
+    "balanced_decode_target",
+    "balanced_plan_capacity",
+    "merge_attn_states",
+    "BALANCED_MIN_CHUNK",
+    "BALANCED_ITEM_INTS",
     "decode_kernel",
     "decode_partition_size",
     "context_attention_fwd",
@@ -76,6 +83,10 @@ __all__ = [
 
 #: Keys per partition of paged_attention_v2 (vLLM's _PARTITION_SIZE).
 PARTITION_SIZE: int = _C.PARTITION_SIZE
+#: Default shortest piece (keys) of a work-balanced decode plan.
+BALANCED_MIN_CHUNK: int = _C.BALANCED_MIN_CHUNK
+#: Ints per work item of a balanced plan: (seq, key_lo, key_hi, row).
+BALANCED_ITEM_INTS: int = _C.BALANCED_ITEM_INTS
 #: kv_cache_dtype names ("fp8" = "fp8_e4m3"), in vLLM's order.
 KV_CACHE_DTYPES: tuple[str, ...] = _C.KV_CACHE_DTYPES
 #: Head sizes every attention op supports.
@@ -163,6 +174,13 @@ def _str(x: Any, name: str) -> str:
     if not isinstance(x, str):
         raise TypeError(f"{name} must be a str, got {type(x).__name__}")
     return x
+
+
+def _bool(x: Any, name: str) -> bool:
+    """A Python bool (an int or a string is refused: a flag passed positionally by mistake)."""
+    if isinstance(x, bool):
+        return x
+    raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
 
 
 def _window(sliding_window: Optional[int]) -> int:
@@ -413,6 +431,170 @@ def paged_attention_v2(
     )
 
 
+def paged_attention_balanced(
+    out: Any,
+    exp_sums: Any,
+    max_logits: Any,
+    tmp_out: Any,
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    scale: float,
+    block_tables: Any,
+    seq_lens: Any,
+    work_items: Any,
+    seq_offsets: Any,
+    max_seq_len: int,
+    alibi_slopes: Optional[Any] = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    *,
+    logits_soft_cap: float = 0.0,
+    sliding_window: Optional[int] = None,
+    stream: Any = None,
+    kernel: str = "auto",
+    lse: Optional[Any] = None,
+) -> None:
+    """Work-balanced decode attention over a plan from ``plan_balanced_decode`` (copied to the
+    query's device): work item ``work_items[i]`` = (seq, key_lo, key_hi, row) attends sequence
+    seq's keys [key_lo, key_hi) and writes its partial to row ``row`` of exp_sums / max_logits
+    [capacity, num_heads] and tmp_out [capacity, num_heads, head_size] (float32); then each
+    sequence's rows ``seq_offsets[s] .. seq_offsets[s + 1] - 1`` merge into ``out``. On a GPU it
+    runs on the Hopper decode (``kernel`` "auto" or "hopper"; other kernels are refused).
+    ``lse`` [num_heads, num_seqs] float32, when given, receives each output row's log-sum-exp
+    (for merge_attn_states)."""
+    _arrays(
+        out=out,
+        exp_sums=exp_sums,
+        max_logits=max_logits,
+        tmp_out=tmp_out,
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        work_items=work_items,
+        seq_offsets=seq_offsets,
+        alibi_slopes=alibi_slopes,
+    )
+    if lse is not None:
+        _arrays(lse=lse)
+    ks, vs, arrays = _scale_args(k_scale, v_scale)
+    _C.ops_paged_attention_balanced(
+        out,
+        exp_sums,
+        max_logits,
+        tmp_out,
+        query,
+        key_cache,
+        value_cache,
+        _int(num_kv_heads, "num_kv_heads"),
+        _scalar(scale, "scale"),
+        block_tables,
+        seq_lens,
+        work_items,
+        seq_offsets,
+        _int(max_seq_len, "max_seq_len"),
+        alibi_slopes,
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        ks,
+        vs,
+        _scalar(logits_soft_cap, "logits_soft_cap"),
+        _window(sliding_window),
+        stream_handle(stream, query),
+        _str(kernel, "kernel"),
+        **arrays,
+        lse=lse,
+    )
+
+
+def merge_attn_states(
+    output: Any,
+    prefix_output: Any,
+    prefix_lse: Any,
+    suffix_output: Any,
+    suffix_lse: Any,
+    output_lse: Optional[Any] = None,
+    *,
+    stream: Any = None,
+) -> None:
+    """vLLM's merge_attn_states: ``output`` [num_tokens, num_heads, head_size] = the two
+    attention results of the same queries over disjoint keys (prefix_output, suffix_output),
+    weighed by their log-sum-exps prefix_lse / suffix_lse [num_heads, num_tokens] float32 (an
+    infinite one, no keys, weighs 0); ``output_lse`` receives the merged log-sum-exp."""
+    _arrays(
+        output=output,
+        prefix_output=prefix_output,
+        prefix_lse=prefix_lse,
+        suffix_output=suffix_output,
+        suffix_lse=suffix_lse,
+    )
+    if output_lse is not None:
+        _arrays(output_lse=output_lse)
+    _C.ops_merge_attn_states(
+        output,
+        prefix_output,
+        prefix_lse,
+        suffix_output,
+        suffix_lse,
+        output_lse,
+        stream_handle(stream, output),
+    )
+
+
+def balanced_plan_capacity(target_items: int, num_seqs: int) -> int:
+    """Work items a balanced plan needs room for: ``target_items`` plus one per sequence (each
+    sequence's piece count rounds up)."""
+    return max(1, _int(target_items, "target_items")) + _int(num_seqs, "num_seqs")
+
+
+def plan_balanced_decode(
+    seq_lens: Any,
+    work_items: Any,
+    seq_offsets: Any,
+    target_items: int,
+    sliding_window: Optional[int] = None,
+    min_chunk: int = BALANCED_MIN_CHUNK,
+) -> int:
+    """Fills a work-balanced decode plan in host int32 arrays ``work_items`` [capacity, 4] and
+    ``seq_offsets`` [num_seqs + 1] from host int32 ``seq_lens``: every sequence's visible keys
+    cut into pieces of near-equal length (total keys / ``target_items``, at least ``min_chunk``,
+    in 16-key units), listed longest first as (seq, key_lo, key_hi, row); unused items are
+    (-1, 0, 0, -1). Returns the items used."""
+    _arrays(seq_lens=seq_lens, work_items=work_items, seq_offsets=seq_offsets)
+    return _C.ops_plan_balanced_decode(
+        seq_lens,
+        work_items,
+        seq_offsets,
+        _int(target_items, "target_items"),
+        _window(sliding_window),
+        _int(min_chunk, "min_chunk"),
+    )
+
+
+def balanced_decode_target(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    num_kv_heads: int,
+    kv_cache_dtype: str = "auto",
+    kernel: str = "auto",
+) -> int:
+    """The work items a balanced decode runs at once on this call's device (the planner's
+    ``target_items``): on a GPU the Hopper decode's resident CTAs over one item's CTAs."""
+    _arrays(query=query, key_cache=key_cache, value_cache=value_cache)
+    return _C.ops_balanced_decode_target(
+        query,
+        key_cache,
+        value_cache,
+        _int(num_kv_heads, "num_kv_heads"),
+        _str(kv_cache_dtype, "kv_cache_dtype"),
+        _str(kernel, "kernel"),
+    )
+
+
 def decode_kernel(
     query: Any,
     key_cache: Any,
@@ -484,6 +666,7 @@ def context_attention_fwd(
     logits_soft_cap: float = 0.0,
     stream: Any = None,
     kernel: str = "auto",
+    causal: bool = True,
 ) -> None:
     """Prefill / extend attention with a paged prefix (vLLM's prefix_prefill signature).
 
@@ -491,8 +674,10 @@ def context_attention_fwd(
     head_size]; b_loc: block tables [num_seqs, max_blocks] int32; b_start_loc: query_start_loc
     [num_seqs + 1] int32; b_seq_len: seq_lens [num_seqs] int32 (context + new tokens).
     Query token i of a sequence sits at position context_len + i and sees keys 0..itself
-    (and, with sliding_window, only the last sliding_window of them). sm_scale defaults to
-    1/sqrt(head_size). max_seq_len is unused (accepted for vLLM compatibility).
+    (and, with sliding_window, only the last sliding_window of them); with causal=False
+    (encoders) every query token sees all b_seq_len keys of its sequence (sliding_window must be
+    None). sm_scale defaults to 1/sqrt(head_size). max_seq_len is unused (accepted for vLLM
+    compatibility).
     """
     _arrays(
         q=q,
@@ -533,6 +718,7 @@ def context_attention_fwd(
         _window(sliding_window),
         stream_handle(stream, q),
         _str(kernel, "kernel"),
+        causal=_bool(causal, "causal"),
         **arrays,
     )
 

@@ -278,6 +278,81 @@ PRESETS: dict[str, dict[str, Any]] = {
         hidden_act="silu",
         use_sliding_window=False,
     ),
+    # MLA without a query bottleneck, a value head wider than the key (K and q padded), YaRN
+    # with mscale_all_dim (the softmax scale), group-limited softmax routing over 4 groups of 2,
+    # two shared experts, biases on the attention and MLPs; layer 0 dense.
+    "tiny-deepseek-v2": dict(
+        architectures=["DeepseekV2ForCausalLM"],
+        model_type="deepseek_v2",
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=None,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=16,
+        v_head_dim=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_shared_experts=2,
+        num_experts_per_tok=2,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=1.5,
+        norm_topk_prob=False,
+        first_k_dense_replace=1,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rope_scaling={
+            "type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        attention_bias=True,
+        mlp_bias=True,
+    ),
+    # A query bottleneck (q_lora_rank), interleaved rope, a value narrower than the key (V
+    # padded), noaux_tc routing: sigmoid scores, a correction bias, groups by their two best.
+    "tiny-deepseek-v3": dict(
+        architectures=["DeepseekV3ForCausalLM"],
+        model_type="deepseek_v3",
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=48,
+        kv_lora_rank=32,
+        qk_nope_head_dim=48,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        first_k_dense_replace=1,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        rope_interleave=True,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        attention_bias=True,
+    ),
 }
 
 
@@ -409,6 +484,9 @@ def _hf_tensors(cfg_dict: dict[str, Any], g: torch.Generator) -> dict[str, torch
         model = getattr(transformers, cfg_dict["architectures"][0])(hf_cfg)
     params = dict(model.named_parameters())  # tied copies appear once
     t: dict[str, torch.Tensor] = {}
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router: in the checkpoint
+            t[name] = _bias(g, buf.shape[0])
     for module_name, module in model.named_modules():
         prefix = module_name + "." if module_name else ""
         for pname, p in module.named_parameters(recurse=False):
@@ -416,7 +494,9 @@ def _hf_tensors(cfg_dict: dict[str, Any], g: torch.Generator) -> dict[str, torch
             if name not in params:
                 continue
             shape = tuple(p.shape)
-            if pname == "bias":
+            if len(shape) == 3:  # stacked experts [E, out, in] (transformers 5)
+                t[name] = torch.stack([_linear(g, shape[1], shape[2]) for _ in range(shape[0])])
+            elif pname == "bias":
                 t[name] = _bias(g, shape[0])
             elif isinstance(module, nn.Embedding):
                 t[name] = torch.randn(*shape, generator=g) / math.sqrt(shape[1])
@@ -492,6 +572,127 @@ def save_random_model(
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     if tok is not None:
         tok.hf.save_pretrained(out_dir)
+    return out_dir
+
+
+# Encoders (models/bert.py): transformers class names per kind (config, base model, classifier).
+ENCODER_KINDS = {
+    "bert": ("BertConfig", "BertModel", "BertForSequenceClassification"),
+    "roberta": ("RobertaConfig", "RobertaModel", "RobertaForSequenceClassification"),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "XLMRobertaForSequenceClassification"),
+}
+_ENCODER_WORDS = [
+    "the",
+    "a",
+    "an",
+    "is",
+    "are",
+    "was",
+    "what",
+    "who",
+    "how",
+    "why",
+    "cat",
+    "cats",
+    "dog",
+    "dogs",
+    "sat",
+    "on",
+    "mat",
+    "hello",
+    "world",
+    "paris",
+    "capital",
+    "of",
+    "france",
+    "city",
+    "river",
+    "big",
+    "small",
+    "red",
+    "blue",
+    "it",
+    "this",
+    "that",
+    "and",
+    "or",
+    "not",
+]
+
+
+def _wordpiece_tokenizer() -> Any:
+    """A BERT tokenizer over a tiny WordPiece vocab: specials, words, single letters and their
+    ## continuations (so any lower-case ASCII text tokenizes without [UNK])."""
+    from transformers import BertTokenizer  # transformers 5: the tokenizers-backed (fast) one
+
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,?!'")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_ENCODER_WORDS, *letters]
+    vocab += ["##" + c for c in letters]
+    return BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True)
+
+
+def _unigram_tokenizer() -> Any:
+    """An XLM-R tokenizer over a tiny Unigram vocab (XLM-R's special ids: <s> 0, <pad> 1,
+    </s> 2, <unk> 3; pairs as <s> A </s></s> B </s>)."""
+    from transformers import XLMRobertaTokenizer
+
+    specials = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("<mask>", 0.0)]
+    words = [("\u2581" + w, -1.0 - 0.01 * i) for i, w in enumerate(_ENCODER_WORDS)]
+    chars = [(c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789.,?!'"] + [("\u2581", -4.0)]
+    return XLMRobertaTokenizer(vocab=specials + words + chars)
+
+
+def save_random_encoder(
+    out_dir: str,
+    kind: str = "bert",
+    num_labels: Optional[int] = None,
+    seed: int = 0,
+    **overrides: Any,
+) -> str:
+    """A tiny random BERT / RoBERTa / XLM-RoBERTa checkpoint written by transformers' own
+    classes (``BertModel(BertConfig(...)).save_pretrained``), with its tokenizer (WordPiece for
+    BERT, Unigram with RoBERTa's pair template otherwise). ``num_labels``: the
+    ``*ForSequenceClassification`` cross-encoder instead of the bare encoder. Weights are
+    random with non-zero biases and LayerNorm weights (transformers initialises those to 0 and
+    1, which would hide a missing bias or norm). ``overrides`` replace config keys. Returns
+    out_dir."""
+    import transformers
+
+    if kind not in ENCODER_KINDS:
+        raise ValueError(f"kind {kind!r} unknown; choose from {sorted(ENCODER_KINDS)}")
+    os.makedirs(out_dir, exist_ok=True)
+    bert = kind == "bert"
+    tok = _wordpiece_tokenizer() if bert else _unigram_tokenizer()
+    config_cls, base_cls, head_cls = (getattr(transformers, n) for n in ENCODER_KINDS[kind])
+    fields: dict[str, Any] = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        hidden_act="gelu",
+        max_position_embeddings=128 if bert else 130,  # RoBERTa's start at pad_token_id + 1
+        type_vocab_size=2 if bert else 1,
+        pad_token_id=tok.pad_token_id,
+    )
+    if num_labels is not None:
+        fields["num_labels"] = num_labels
+    fields.update(overrides)
+    config = config_cls(**fields)
+    model = (head_cls if num_labels is not None else base_cls)(config)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(_bias(g, p.shape[0]))
+            elif p.dim() == 2 and "embeddings" in name:
+                p.copy_(torch.randn(*p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif p.dim() == 2:
+                p.copy_(_linear(g, p.shape[0], p.shape[1]))
+            else:
+                p.copy_(_norm(g, p.shape[0]))
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
     return out_dir
 
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/decode_checks.h"
 #include "ops/validate.h"
 #ifdef PAGEDKV_WITH_CUDA
 #include "ops/cuda/cuda_ops.h"
@@ -140,8 +141,9 @@ void check_cache_write(const TensorView& key, const TensorView& value, const Ten
   }
 }
 
-// The query and the caches of a decode call (what the kernel choice depends on); returns the
-// cache geometry.
+}  // namespace
+
+// Shared with the balanced decode (decode_balanced.cpp): decode_checks.h.
 CacheGeometry check_decode_query(const TensorView& query, const TensorView& key_cache,
                                  const TensorView& value_cache, int num_kv_heads,
                                  KVCacheDType kv_dtype) {
@@ -159,7 +161,6 @@ CacheGeometry check_decode_query(const TensorView& query, const TensorView& key_
   return g;
 }
 
-// Shared checks of the decode ops; returns the cache geometry.
 CacheGeometry check_decode(const TensorView& out, const TensorView& query,
                            const TensorView& key_cache, const TensorView& value_cache,
                            int num_kv_heads, const TensorView& block_tables,
@@ -198,8 +199,6 @@ CacheGeometry check_decode(const TensorView& out, const TensorView& query,
   }
   return g;
 }
-
-}  // namespace
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,

@@ -209,6 +209,9 @@ void check_attention_options(const AttentionOptions& o, int64_t num_heads, const
   PAGEDKV_CHECK(std::isfinite(o.logits_soft_cap) && o.logits_soft_cap >= 0,
                 "logits_soft_cap must be >= 0 (0 = off), got ", o.logits_soft_cap);
   check_scales(o.k_scale, o.v_scale, device);
+  // A window counts back from each query's position: without causality it has no single meaning.
+  PAGEDKV_CHECK(o.causal || o.sliding_window <= 0, "sliding_window (", o.sliding_window,
+                ") needs causal attention; causal=False attends to the whole sequence");
   if (o.alibi_slopes) {
     check_dtype(*o.alibi_slopes, "alibi_slopes", {DType::kFloat32});
     check_shape(*o.alibi_slopes, "alibi_slopes", {num_heads});

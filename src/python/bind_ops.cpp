@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/cpu/parallel.h"
+#include "pagedkv/decode_plan.h"
 #include "pagedkv/ops.h"
 #include "python/bindings.h"
 #include "python/tensor_caster.h"
@@ -77,6 +78,8 @@ void bind_ops(nb::module_& m) {
   m.attr("ATTENTION_KERNELS") = as_tuple(kAttentionKernelNames);
   m.attr("SUPPORTED_HEAD_SIZES") = as_tuple(kSupportedHeadSizes);
   m.attr("PARTITION_SIZE") = kPartitionSize;
+  m.attr("BALANCED_MIN_CHUNK") = kBalancedMinChunk;
+  m.attr("BALANCED_ITEM_INTS") = kBalancedItemInts;
 
   m.def(
       "ops_reshape_and_cache",
@@ -167,17 +170,104 @@ void bind_ops(nb::module_& m) {
       "Decode attention split into partitions (exp_sums / max_logits / tmp_out), then merged.");
 
   m.def(
+      "ops_paged_attention_balanced",
+      [](OutArray out, OutArray exp_sums, OutArray max_logits, OutArray tmp_out, InArray query,
+         InArray key_cache, InArray value_cache, int num_kv_heads, float scale,
+         InArray block_tables, InArray seq_lens, InArray work_items, InArray seq_offsets,
+         int max_seq_len, std::optional<InArray> alibi_slopes, const std::string& kv_cache_dtype,
+         float k_scale, float v_scale, float logits_soft_cap, int sliding_window, uintptr_t stream,
+         const std::string& kernel, std::optional<InArray> k_scale_array,
+         std::optional<InArray> v_scale_array, std::optional<OutArray> lse) {
+        const AttentionOptions o =
+            make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
+                         make_scale(k_scale, k_scale_array, "k_scale"),
+                         make_scale(v_scale, v_scale_array, "v_scale"), kernel);
+        const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
+        const TensorView es = to_view(exp_sums, "exp_sums");
+        const TensorView ml = to_view(max_logits, "max_logits");
+        const TensorView to = to_view(tmp_out, "tmp_out");
+        const TensorView kc = to_view(key_cache, "key_cache");
+        const TensorView vc = to_view(value_cache, "value_cache");
+        const TensorView bt = to_view(block_tables, "block_tables");
+        const TensorView sl = to_view(seq_lens, "seq_lens");
+        const TensorView wi = to_view(work_items, "work_items");
+        const TensorView so = to_view(seq_offsets, "seq_offsets");
+        std::optional<TensorView> vl;
+        if (lse) vl = to_view(*lse, "lse");
+        nb::gil_scoped_release release;
+        ops::paged_attention_balanced(vo, es, ml, to, vq, kc, vc, num_kv_heads, bt, sl, wi, so,
+                                      max_seq_len, o, vl, to_stream(stream));
+      },
+      "out"_a.noconvert(), "exp_sums"_a.noconvert(), "max_logits"_a.noconvert(),
+      "tmp_out"_a.noconvert(), "query"_a, "key_cache"_a.noconvert(), "value_cache"_a.noconvert(),
+      "num_kv_heads"_a, "scale"_a, "block_tables"_a, "seq_lens"_a, "work_items"_a, "seq_offsets"_a,
+      "max_seq_len"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a, "v_scale"_a,
+      "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0, "kernel"_a = "auto",
+      "k_scale_array"_a.none() = nb::none(), "v_scale_array"_a.none() = nb::none(),
+      "lse"_a.noconvert().none() = nb::none(),
+      "Work-balanced decode attention over a plan (ops_plan_balanced_decode): each work item's "
+      "partial into its workspace row, then each sequence's rows merged into `out` (and their "
+      "log-sum-exps into `lse` [num_heads, num_seqs] when given).");
+
+  m.def(
+      "ops_merge_attn_states",
+      [](OutArray output, InArray prefix_output, InArray prefix_lse, InArray suffix_output,
+         InArray suffix_lse, std::optional<OutArray> output_lse, uintptr_t stream) {
+        const TensorView o = to_view(output, "output");
+        const TensorView po = to_view(prefix_output, "prefix_output");
+        const TensorView pl = to_view(prefix_lse, "prefix_lse");
+        const TensorView so = to_view(suffix_output, "suffix_output");
+        const TensorView sl = to_view(suffix_lse, "suffix_lse");
+        std::optional<TensorView> ol;
+        if (output_lse) ol = to_view(*output_lse, "output_lse");
+        nb::gil_scoped_release release;
+        ops::merge_attn_states(o, ol, po, pl, so, sl, to_stream(stream));
+      },
+      "output"_a.noconvert(), "prefix_output"_a, "prefix_lse"_a, "suffix_output"_a, "suffix_lse"_a,
+      "output_lse"_a.noconvert().none() = nb::none(), "stream"_a = 0,
+      "Merges two attention results over disjoint keys by their log-sum-exps (vLLM "
+      "merge_attn_states).");
+
+  m.def(
+      "ops_plan_balanced_decode",
+      [](InArray seq_lens, OutArray work_items, OutArray seq_offsets, int target_items,
+         int sliding_window, int min_chunk) {
+        return ops::plan_balanced_decode(
+            to_view(seq_lens, "seq_lens"), to_view(work_items, "work_items"),
+            to_view(seq_offsets, "seq_offsets"), target_items, sliding_window, min_chunk);
+      },
+      "seq_lens"_a, "work_items"_a.noconvert(), "seq_offsets"_a.noconvert(), "target_items"_a,
+      "sliding_window"_a = -1, "min_chunk"_a = kBalancedMinChunk,
+      "Fills a work-balanced decode plan (host int32 arrays) from host seq_lens; returns the "
+      "work items used.");
+
+  m.def(
+      "ops_balanced_decode_target",
+      [](InArray query, InArray key_cache, InArray value_cache, int num_kv_heads,
+         const std::string& kv_cache_dtype, const std::string& kernel) {
+        return ops::balanced_decode_target(to_view(query, "query"), to_view(key_cache, "key_cache"),
+                                           to_view(value_cache, "value_cache"), num_kv_heads,
+                                           parse_kv_cache_dtype(kv_cache_dtype),
+                                           parse_attention_kernel(kernel));
+      },
+      "query"_a, "key_cache"_a, "value_cache"_a, "num_kv_heads"_a, "kv_cache_dtype"_a,
+      "kernel"_a = "auto",
+      "The work items a balanced decode runs at once on this call's device (the planner's "
+      "target_items).");
+
+  m.def(
       "ops_context_attention_fwd",
       [](OutArray out, InArray query, InArray key, InArray value, InArray key_cache,
          InArray value_cache, InArray block_tables, InArray query_start_loc, InArray seq_lens,
          int max_query_len, float scale, std::optional<InArray> alibi_slopes,
          const std::string& kv_cache_dtype, float k_scale, float v_scale, float logits_soft_cap,
          int sliding_window, uintptr_t stream, const std::string& kernel,
-         std::optional<InArray> k_scale_array, std::optional<InArray> v_scale_array) {
-        const AttentionOptions o =
+         std::optional<InArray> k_scale_array, std::optional<InArray> v_scale_array, bool causal) {
+        AttentionOptions o =
             make_options(scale, alibi_slopes, logits_soft_cap, sliding_window, kv_cache_dtype,
                          make_scale(k_scale, k_scale_array, "k_scale"),
                          make_scale(v_scale, v_scale_array, "v_scale"), kernel);
+        o.causal = causal;
         const TensorView vo = to_view(out, "out"), vq = to_view(query, "query");
         const TensorView vk = to_view(key, "key"), vv = to_view(value, "value");
         const TensorView kc = to_view(key_cache, "key_cache");
@@ -194,9 +284,9 @@ void bind_ops(nb::module_& m) {
       "max_query_len"_a, "scale"_a, "alibi_slopes"_a.none(), "kv_cache_dtype"_a, "k_scale"_a,
       "v_scale"_a, "logits_soft_cap"_a = 0.0f, "sliding_window"_a = -1, "stream"_a = 0,
       "kernel"_a = "auto", "k_scale_array"_a.none() = nb::none(),
-      "v_scale_array"_a.none() = nb::none(),
+      "v_scale_array"_a.none() = nb::none(), "causal"_a = true,
       "Prefill/extend attention: new tokens attend causally to the cached context and "
-      "themselves; writes `out`.");
+      "themselves (causal=False: to all of their sequence's keys); writes `out`.");
 
   m.def(
       "ops_copy_blocks",

@@ -3,7 +3,7 @@
 Ranks are laid out as Megatron / vLLM do: ``rank = pp_rank * tp_size + tp_rank``, so the ranks
 of one pipeline stage are consecutive (one node's GPUs share a stage's all-reduces). Every group
 has a device group (NCCL on CUDA, gloo on the CPU) for tensors on the model's device and a gloo
-group for host-side objects (the step plans).
+group for host-side values (the KV-block minimum; the driver's commands under torchrun).
 
 Until initialize_model_parallel() runs, every group is a local one-rank group: model layers built
 then are plain local layers and their collectives return the input unchanged, with no
@@ -73,6 +73,11 @@ class GroupCoordinator:
     def send(self, x: torch.Tensor, dst: int) -> None:
         """Sends ``x`` to the group's rank ``dst`` (the receiver knows shape and dtype)."""
         dist.send(x.contiguous(), dst=self.ranks[dst], group=self.device_group)
+
+    def isend(self, x: torch.Tensor, dst: int) -> Any:
+        """Starts sending ``x`` to the group's rank ``dst``; returns the work to wait() on
+        (``x`` must stay unchanged until then)."""
+        return dist.isend(x.contiguous(), dst=self.ranks[dst], group=self.device_group)
 
     def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int) -> torch.Tensor:
         out = torch.empty(tuple(shape), dtype=dtype, device=self.device)

@@ -167,10 +167,10 @@ class AsyncLLMEngine:
     """
 
     def __init__(self, engine: Any = None, **engine_kwargs: Any) -> None:
-        if engine is None:
-            from pagedkv.engine.llm_engine import LLMEngine
+        if engine is None:  # (a PoolingEngine for pooling models: runner_choice.py)
+            from pagedkv.engine.runner_choice import make_engine
 
-            engine = LLMEngine(**engine_kwargs)
+            engine = make_engine(**engine_kwargs)
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: Dict[str, RequestStream] = {}

@@ -28,6 +28,7 @@ _INT_FIELDS = (
     "max_logprobs",
     "tensor_parallel_size",
     "pipeline_parallel_size",
+    "pipeline_micro_batch_tokens",
     "max_loras",
     "max_lora_rank",
 )
@@ -94,6 +95,10 @@ class EngineConfig:
     # Ranks = tensor x pipeline parallel size, one process each (engine/executor_mp.py).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Pipeline stages overlap within a step: a step with at least twice this many prefill
+    # tokens is cut into micro-batches of at least this many (at most one per stage); 0: never
+    # cut; decode-only steps are never cut (engine/micro_batches.py says why).
+    pipeline_micro_batch_tokens: int = 256
     # Where the model comes from and how its config is read (vLLM's names).
     revision: Optional[str] = None  # hub branch / tag / commit of the model
     tokenizer_revision: Optional[str] = None
@@ -110,6 +115,15 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
+    # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
+    # "pooling"; convert "auto" | "none" | "embed" | "classify" | "reward"; pooler_config (or its
+    # older name override_pooler_config): PoolerConfig fields over the checkpoint's own.
+    task: str = "auto"
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[Dict[str, Any]] = None
+    override_pooler_config: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -187,7 +201,15 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pipeline_micro_batch_tokens < 0:
+            raise ValueError(
+                "pipeline_micro_batch_tokens must be >= 0 (0: no micro-batches), got "
+                f"{self.pipeline_micro_batch_tokens}"
+            )
         self._check_model_source()
+        from pagedkv.engine.runner_choice import check_runner_args
+
+        check_runner_args(self)
 
     def _validate_lora(self) -> None:
         if self.max_loras < 1:

@@ -48,6 +48,8 @@ class CudaGraphRunner:
         self.num_heads, self.num_kv_heads = runner.num_heads, runner.num_kv_heads  # this rank's
         self.head_dim, self.block_size = runner.head_dim, runner.block_size
         self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
+        # The balanced decode's plans (refilled before each replay where the graphs use them).
+        self.step_plans = runner.step_plans
         self.batch_sizes = capture_sizes(max_num_seqs)
         self.max_len = min(runner.max_model_len, runner.cfg.max_seq_len_to_capture)
         max_bs, dev = self.batch_sizes[-1], runner.device
@@ -72,6 +74,16 @@ class CudaGraphRunner:
             if runner.is_first_stage
             else torch.zeros(max_bs, runner.mc.hidden_size, dtype=runner.dtype, device=dev)
         )
+        # With LoRA enabled, a second graph per batch size runs the adapters' deltas, reading
+        # each row's adapter slot (-1 = none) from one more mirrored buffer; steps without an
+        # adapter keep the plain graphs (the LoRA kernels would only add launches there).
+        lora = getattr(runner, "lora", None)
+        self.lora_step = None if lora is None else lora.targets.step
+        self.lora_graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        if self.lora_step is not None:
+            self._host_lora, self._dev_lora = _mirrored((max_bs,), torch.int32, dev)
+            self._host_lora.fill_(-1)
+            self._dev_lora.fill_(-1)
         self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = 0  # decode steps served by a graph (tests and logs read it)
         self._capture_all()
@@ -84,6 +96,7 @@ class CudaGraphRunner:
             self.head_dim,
             self.block_size,
             self.kv_cache_dtype,
+            self.step_plans,
         )
         backend.set_metadata(
             AttentionMetadata(
@@ -103,13 +116,21 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def _capture_all(self) -> None:
         model, pool = self.model, None
+        if self.step_plans is not None:
+            self.step_plans.begin_step(None)  # capture: the graphs' fixed schedule
         with _gc_paused():
             # Largest first, so smaller graphs reuse the memory pool of the larger ones.
             for bs in reversed(self.batch_sizes):
-                pool = self._capture(model, bs, pool)
+                pool = self._capture(model, bs, pool, self.graphs)
+                if self.lora_step is not None:
+                    self.lora_step.token_lora_indices = self._dev_lora[:bs]
+                    try:
+                        pool = self._capture(model, bs, pool, self.lora_graphs)
+                    finally:
+                        self.lora_step.token_lora_indices = None
         torch.cuda.synchronize()
 
-    def _capture(self, model: Any, bs: int, pool: Any) -> Any:
+    def _capture(self, model: Any, bs: int, pool: Any, into: Dict[int, Any]) -> Any:
         backend = self._backend(bs)
         ids, pos = self.input_ids[:bs], self.positions[:bs]
         extra = [] if self.intermediate is None else [self.intermediate[:bs]]
@@ -118,18 +139,27 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             out = model.forward(ids, pos, backend, *extra)
-        self.graphs[bs] = (graph, out)
+        into[bs] = (graph, out)
         return graph.pool()
 
-    def can_run(self, num_seqs: int, max_seq_len: int) -> bool:
-        return num_seqs <= self.batch_sizes[-1] and max_seq_len <= self.max_len
+    def can_run(self, num_seqs: int, max_seq_len: int, lora: bool = False) -> bool:
+        return (
+            num_seqs <= self.batch_sizes[-1]
+            and max_seq_len <= self.max_len
+            and (not lora or self.lora_step is not None)
+        )
 
     def run(
-        self, plan: Any, intermediate: Any = None, prev_tokens: Optional[torch.Tensor] = None
+        self,
+        plan: Any,
+        intermediate: Any = None,
+        prev_tokens: Optional[torch.Tensor] = None,
+        lora_slots: Optional[np.ndarray] = None,
     ) -> torch.Tensor:
         """``intermediate``: the previous stage's hidden states [n, hidden] (later stages).
         ``prev_tokens`` fill in the placeholder input ids of an overlapped step (see
-        ModelRunner.execute)."""
+        ModelRunner.execute). ``lora_slots``: each row's adapter slot (-1 = none), or None for
+        the plain graphs."""
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
@@ -147,12 +177,18 @@ class CudaGraphRunner:
         self._dev64.copy_(self._host64, non_blocking=True)
         end = max_bs + n * width
         self._dev32[:end].copy_(self._host32[:end], non_blocking=True)
+        if lora_slots is not None:
+            hl = self._host_lora.numpy()
+            hl[:n], hl[n:bs] = lora_slots[:n], -1
+            self._dev_lora[:bs].copy_(self._host_lora[:bs], non_blocking=True)
         self._copied.record()
         if prev_tokens is not None:
             self.input_ids[:n].copy_(fill_placeholders(self.input_ids[:n], prev_tokens))
         if self.intermediate is not None:
             self.intermediate[:n].copy_(intermediate)  # padding rows keep finite old values
-        graph, out = self.graphs[bs]
+        if self.step_plans is not None:
+            self.step_plans.fill_all(seq_lens, bs)  # padding rows: no items (zero output)
+        graph, out = (self.graphs if lora_slots is None else self.lora_graphs)[bs]
         graph.replay()
         self.num_replays += 1
         return out[:n]

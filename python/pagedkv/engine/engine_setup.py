@@ -52,7 +52,19 @@ class EngineParts:
     eos_token_ids: List[int]
 
 
-def build_engine_parts(cfg: EngineConfig) -> EngineParts:
+def build_engine_parts(cfg: EngineConfig, pooling: bool = False) -> EngineParts:
+    """``pooling``: the parts of a PoolingEngine (cfg.runner == "pooling"); a generation engine
+    refuses a config that asks for pooling rather than ignoring it."""
+    asks_pooling = (
+        cfg.runner == "pooling"
+        or cfg.task not in ("auto", "generate")
+        or cfg.convert not in ("auto", "none")
+    )
+    if pooling != asks_pooling:
+        raise ValueError(
+            f"task={cfg.task!r}, runner={cfg.runner!r} run on the pooling engine: build it "
+            "with pagedkv.LLM(...) or pagedkv.engine.runner_choice.make_engine(...)"
+        )
     device = cfg.resolve_device()
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
@@ -137,7 +149,8 @@ def _build_rest(
         max_model_len=max_model_len,
     )
     scheduler = pagedkv.Scheduler(sched_cfg)
-    runner.capture_cuda_graphs(cfg.max_num_seqs)
+    if cfg.runner != "pooling":  # pooling steps are prefills: no decode graph would replay
+        runner.capture_cuda_graphs(cfg.max_num_seqs)
     eos = _eos_ids(tokenizer, mc, gen_eos_token_ids(generation))
     name = cfg.model or "smollm2"
     model_config = EngineModelConfig(
@@ -187,6 +200,7 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     overrides = cfg.config_overrides()
     key = (
         cfg.model,
+        cfg.runner,  # a pooling engine's model passed checks a generation one would not
         str(cfg.dtype),
         str(device),
         cfg.quantization,
@@ -197,17 +211,23 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
+    pooling = cfg.runner == "pooling"
     model, mc = load_model(
-        cfg.model, cfg.dtype, device, **cfg.model_load_kwargs(), check=check_servable
+        cfg.model,
+        cfg.dtype,
+        device,
+        **cfg.model_load_kwargs(),
+        check=lambda c: check_servable(c, pooling),
     )
     model.pagedkv_config = mc
     _LOADED[key] = model
     return model, mc
 
 
-def check_servable(mc: Any) -> None:
+def check_servable(mc: Any, pooling: bool = False) -> None:
     """Refuses, before any weight is read, a model the engine cannot serve: a head size the
-    attention kernels lack (it would fail at the first step), or a classifier (no lm_head)."""
+    attention kernels lack (it would fail at the first step), or, to generate, a model without
+    an lm_head (a classifier, a bare model: ``pooling`` engines serve those)."""
     from pagedkv import ops
 
     sizes = list(ops.SUPPORTED_HEAD_SIZES)  # the kernels' one list (include/pagedkv/ops.h)
@@ -216,11 +236,24 @@ def check_servable(mc: Any) -> None:
             f"{mc.architecture} has head size {mc.head_dim}, which the paged "
             f"attention kernels do not support; supported head sizes: {sizes}"
         )
+    if pooling:
+        return
+    if mc.is_encoder:
+        raise ValueError(
+            f"{mc.architecture} is an encoder model (embeddings / classification / scores): "
+            "it cannot generate text; serve it with task='embed' / 'classify' / 'score' "
+            "(or runner='pooling')"
+        )
     if mc.is_classifier:
         raise ValueError(
             f"{mc.architecture} is a sequence-classification model: it scores "
-            "text and cannot generate; the engine serves causal LMs only "
-            "(pooling / classify is not served yet)"
+            "text and cannot generate; serve it with task='classify' (or 'score', "
+            "runner='pooling')"
+        )
+    if mc.is_base_model:
+        raise ValueError(
+            f"{mc.architecture} is a bare model without a language-model head: it cannot "
+            "generate; serve it with task='embed' (or runner='pooling')"
         )
 
 

@@ -7,8 +7,10 @@ WORLD_SIZE, MASTER_ADDR in the environment: vLLM's ``external_launcher``) the la
 every rank: rank 0 becomes the driver and the other ranks serve its commands, then exit.
 
 Each call of the runner interface (execute, compute_logits, apply_block_ops, set-up steps) is
-broadcast to the workers as a command with the plan as flat arrays (PlanArrays), then run
-locally: all ranks run the same Worker method together (see worker.py).
+sent to the workers as a command with the plan as flat arrays (PlanArrays), then run locally:
+all ranks run the same Worker method together (see worker.py). The commands travel as flat
+bytes (command_channel.py): through a shared-memory ring when the driver spawned the workers,
+as one flat-buffer broadcast (gloo) under torchrun.
 
 Failure: a monitor thread watches the worker processes; when one dies, the others are killed
 and the process groups aborted, so the driver's pending collective fails at once and the engine
@@ -43,6 +45,7 @@ from pagedkv.distributed import (
     initialize_model_parallel,
     model_parallel_is_initialized,
 )
+from pagedkv.engine.command_channel import BroadcastChannel, ShmChannel
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.plan_arrays import PlanArrays
 from pagedkv.engine.worker import SHUTDOWN, Worker, worker_loop
@@ -55,6 +58,9 @@ COLLECTIVE_TIMEOUT_S = 600.0
 _JOIN_TIMEOUT_S = 10.0
 # Start-up: how long spawned ranks may take to import and reach the rendezvous.
 _STORE_TIMEOUT = datetime.timedelta(seconds=300)
+# How long a worker waiting for the next command busy-spins before yielding its core: a
+# decode step's host gap on a GPU; on the CPU the ranks share the cores, so no spin.
+_CUDA_SPIN_S = 0.02
 
 
 def launched_by_torchrun() -> bool:
@@ -67,6 +73,7 @@ class _Procs:
 
     def __init__(self) -> None:
         self.procs: List[Any] = []
+        self.channel: Any = None  # the driver's end of the command channel
         self.dead: Optional[str] = None  # why the executor can no longer run steps
         self.closing = False
         self.lock = threading.Lock()
@@ -96,17 +103,22 @@ class MultiprocExecutor:
             device = _rank_device(device, local_rank)
             init_distributed_environment(world, rank, backend, "env://", COLLECTIVE_TIMEOUT_S)
             initialize_model_parallel(tp, pp, device)
+            self._state.channel = BroadcastChannel(get_world_group())
             if rank != 0:
                 # torchrun forwards SIGTERM to every rank; only the driver decides what it means
                 # (the server drains, then shuts the workers down), as with Ctrl-C below.
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                _serve_as_worker(cfg, device)  # until the driver shuts down; never returns
+                # Until the driver shuts down; never returns.
+                _serve_as_worker(cfg, device, self._state.channel)
             self._finalizer = weakref.finalize(self, _shutdown, self._state)
         else:
             port = _free_port()
             store = torch.distributed.TCPStore(
                 "127.0.0.1", port, self.world_size, True, _STORE_TIMEOUT, wait_for_workers=False
             )
+            state = self._state
+            state.channel = ShmChannel.create(self.world_size - 1, COLLECTIVE_TIMEOUT_S)
+            state.channel.alive = lambda: state.dead is None
             self._spawn(cfg, device, port)
             self._finalizer = weakref.finalize(self, _shutdown, self._state)
             _wait_until_ready(store, self._state)
@@ -134,11 +146,12 @@ class MultiprocExecutor:
 
     def _spawn(self, cfg: EngineConfig, device: torch.device, port: int) -> None:
         ctx = multiprocessing.get_context("spawn")
+        channel = self._state.channel.handle
         for rank in range(1, self.world_size):
             p = ctx.Process(
                 target=_worker_process,
                 name=f"pagedkv-worker-{rank}",
-                args=(cfg, rank, self.world_size, device, port, os.getpid()),
+                args=(cfg, rank, self.world_size, device, port, os.getpid(), channel),
                 daemon=True,
             )
             p.start()
@@ -154,7 +167,7 @@ class MultiprocExecutor:
         if state.dead is not None:
             raise RuntimeError(f"the parallel engine is down: {state.dead}")
         try:
-            get_world_group().broadcast_object((name, args), src=0)
+            state.channel.send(name, args)
             return getattr(self.worker, name)(*args)
         except BaseException as exc:
             time.sleep(0.2)  # let the monitor name a dead worker, if that is what happened
@@ -234,7 +247,7 @@ def _shutdown(state: _Procs) -> None:
         state.closing = True
     if state.dead is None:
         try:
-            get_world_group().broadcast_object((SHUTDOWN, ()), src=0)
+            state.channel.send(SHUTDOWN, ())
             for p in state.procs:
                 p.join(_JOIN_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 (a broken group: killing them follows)
@@ -245,6 +258,8 @@ def _shutdown(state: _Procs) -> None:
         abort_model_parallel()
     else:
         destroy_model_parallel()
+    if state.channel is not None:
+        state.channel.close()
 
 
 def _monitor(state: _Procs) -> None:
@@ -284,7 +299,13 @@ def _wait_until_ready(store: Any, state: _Procs) -> None:
 
 
 def _worker_process(
-    cfg: EngineConfig, rank: int, world_size: int, device: torch.device, port: int, parent_pid: int
+    cfg: EngineConfig,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    port: int,
+    parent_pid: int,
+    channel: Tuple[Any, ...],
 ) -> None:
     """Entry point of a spawned rank."""
     # Ctrl-C reaches the whole process group: the driver alone decides what it means.
@@ -303,14 +324,17 @@ def _worker_process(
         store,
     )
     initialize_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, device)
-    _serve_as_worker(cfg, device)
+    spin_s = _CUDA_SPIN_S if device.type == "cuda" else 0.0
+    alive = lambda: os.getppid() == parent_pid  # noqa: E731
+    _serve_as_worker(cfg, device, ShmChannel.attach(channel, rank - 1, alive, spin_s))
 
 
-def _serve_as_worker(cfg: EngineConfig, device: torch.device) -> None:
+def _serve_as_worker(cfg: EngineConfig, device: torch.device, channel: Any) -> None:
     try:
-        worker_loop(Worker(cfg, device))
+        worker_loop(Worker(cfg, device), channel)
     finally:
         destroy_model_parallel()
+        channel.close()
     raise SystemExit(0)
 
 

@@ -14,15 +14,17 @@ import logging
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
-from pagedkv.engine.llm_engine import LLMEngine
+from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_sync
 from pagedkv.engine.llm_inputs import (
     check_priority,
     normalise_conversations,
     normalise_prompts,
     per_prompt_params,
 )
+from pagedkv.engine.llm_pooling import PoolingMixin
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.request_failures import RequestFailedError
+from pagedkv.engine.runner_choice import make_engine
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.lora.request import LoRARequest
 from pagedkv.models.progress import progress_bar
@@ -49,12 +51,14 @@ def _ensure_log_handler() -> None:
     logger.propagate = False
 
 
-class LLM:
+class LLM(PoolingMixin):
     def __init__(
         self, model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any
     ) -> None:
         _ensure_log_handler()
-        self.llm_engine = LLMEngine(model, tokenizer=tokenizer, **kwargs)
+        # An LLMEngine, or a PoolingEngine for pooling models (embed / classify / score: see
+        # llm_pooling.py).
+        self.llm_engine = make_engine(model, tokenizer=tokenizer, **kwargs)
         self._counter = 0
 
     def get_tokenizer(self) -> Any:
@@ -82,6 +86,7 @@ class LLM:
         [...]}; ``prompts`` may be one prompt or a list. ``sampling_params`` is one for all or a
         list with one per prompt; so is ``lora_request`` (the LoRA adapter, None = the base
         model; needs enable_lora=True)."""
+        self._refuse_pooling("generate")
         items = normalise_prompts(prompts, prompt_token_ids)
         loras = per_prompt_lora(lora_request, len(items))
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
@@ -112,6 +117,35 @@ class LLM:
             raise
         return self._run_engine(ids, use_tqdm)
 
+    def beam_search(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        params: BeamSearchParams,
+        lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+        use_tqdm: bool = False,
+        concurrency_limit: Optional[int] = None,
+    ) -> List[BeamSearchOutput]:
+        """vLLM's beam search: per prompt, the ``params.beam_width`` best hypotheses (best
+        first), scored as HF transformers' beam search (engine/beam_search.py). At most
+        ``concurrency_limit`` prompts search at a time (None: all of them)."""
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        items = normalise_prompts(prompts, None)
+        loras = per_prompt_lora(lora_request, len(items))
+        limit = max(len(items), 1) if concurrency_limit is None else concurrency_limit
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"concurrency_limit must be a positive integer, got {limit!r}")
+        bar = progress_bar(total=len(items), desc="Beam search") if use_tqdm else None
+        try:
+            outs: List[BeamSearchOutput] = []
+            for at in range(0, len(items), limit):
+                chunk = slice(at, at + limit)
+                outs += beam_search_sync(self, items[chunk], params, loras[chunk], bar)
+            return outs
+        finally:
+            if bar is not None:
+                bar.close()
+
     def chat(
         self,
         messages: Union[List[Message], Sequence[List[Message]]],
@@ -126,6 +160,7 @@ class LLM:
         ``messages`` is one conversation, a list of {"role": str, "content": str} dicts, or a
         list of such conversations. ``chat_template_kwargs`` (vLLM's name) and any other
         keyword (continue_final_message=True, ...) become variables of the template."""
+        self._refuse_pooling("chat")
         if chat_template_kwargs is not None:
             if not isinstance(chat_template_kwargs, dict):
                 raise TypeError(

@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from pagedkv import ops
+from pagedkv.balanced_decode import GRAPH_SCHEDULE, target_items
 from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.decode_plans import StepPlans
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 from pagedkv.lora.manager import LoRAManager
 
@@ -58,6 +60,7 @@ class ModelRunner:
         self.cpu_caches: List[torch.Tensor] = []
         self.backend: Optional[PagedAttentionBackend] = None
         self.graphs: Any = None  # CudaGraphRunner once captured
+        self.step_plans: Optional[StepPlans] = None  # the balanced decode's (allocate_kv_cache)
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
         self.lora: Optional[LoRAManager] = (
@@ -173,8 +176,9 @@ class ModelRunner:
             else torch.zeros(n, self.mc.hidden_size, dtype=self.dtype, device=self.device)
         )
         hidden = self._forward(ids, pos, backend, inter)
-        if pp.is_last_rank:
-            # The sampler's worst case: logits of max_num_seqs rows, sorted for top-k / top-p.
+        if pp.is_last_rank and getattr(self.model, "lm_head", None) is not None:
+            # The sampler's worst case (a pooling model has no LM head, no logits): logits of
+            # max_num_seqs rows, sorted for top-k / top-p.
             rows = hidden[:1].expand(self.cfg.max_num_seqs, -1)
             self.model.compute_logits(rows).sort(dim=-1, descending=True)
 
@@ -194,6 +198,7 @@ class ModelRunner:
                 torch.empty(host_shape, dtype=self.cache_dtype, pin_memory=pin)
                 for _ in range(self.num_layers)
             ]
+        self.step_plans = self._step_plans()
         self.backend = self._make_backend(self.kv_caches)
         kind = "GPU" if self.device.type == "cuda" else "CPU"
         logger.info(
@@ -215,6 +220,27 @@ class ModelRunner:
             self.head_dim,
             self.block_size,
             self.kv_cache_dtype,
+            self.step_plans,
+        )
+
+    def _step_plans(self) -> Optional[StepPlans]:
+        """The balanced decode's plans where the decode runs on the Hopper kernel (the one with
+        a balanced variant), else None. Eager steps choose per step ("auto"); CUDA graphs keep
+        the partition split (balanced_decode.GRAPH_SCHEDULE)."""
+        if self.device.type != "cuda" or not self.kv_caches:
+            return None
+        q = torch.empty(1, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        cache = self.kv_caches[0][0]
+        if ops.decode_kernel(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype) != "hopper":
+            return None
+        target = target_items(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
+        return StepPlans(
+            self.cfg.max_num_seqs,
+            self.num_heads,
+            self.head_dim,
+            target,
+            self.device,
+            graphs=GRAPH_SCHEDULE,
         )
 
     def _cache_dtype_name(self) -> str:
@@ -281,12 +307,12 @@ class ModelRunner:
         scheduled before they reached the host (overlapped scheduling: its input ids hold
         placeholders for them, see Scheduler.advance)."""
         if self.lora is None or lora_ids is None or not any(lora_ids):
-            return self._execute(plan, intermediate, False, prev_tokens)
+            return self._execute(plan, intermediate, None, prev_tokens)
         n_seq = int(plan.num_seqs)
         per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
-        self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
-        try:  # the captured graphs run without adapters: an adapter step runs eagerly
-            return self._execute(plan, intermediate, True, prev_tokens)
+        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
+        try:
+            return self._execute(plan, intermediate, slots, prev_tokens)
         finally:
             self.lora.end_step()
 
@@ -294,18 +320,19 @@ class ModelRunner:
         self,
         plan: Any,
         intermediate: Optional[torch.Tensor],
-        eager: bool,
+        lora_slots: Optional[np.ndarray],
         prev_tokens: Optional[torch.Tensor],
     ) -> torch.Tensor:
+        """``lora_slots``: each token's adapter slot (-1 = none), None for a step without
+        adapters; a decode step with adapters replays the graphs captured with them."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
         if (
             self.graphs is not None
-            and not eager
             and plan.num_prefills == 0
-            and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len))
+            and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len), lora_slots is not None)
         ):
-            return self.graphs.run(plan, intermediate, prev_tokens)
+            return self.graphs.run(plan, intermediate, prev_tokens, lora_slots)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self.device
@@ -321,6 +348,11 @@ class ModelRunner:
             max_decode_seq_len=int(plan.max_decode_seq_len),
         )
         assert self.backend is not None
+        if self.step_plans is not None:  # the decode plans of this step's decode rows
+            p = int(plan.num_prefills)
+            self.step_plans.begin_step(
+                seq_lens[p:], plan.block_tables[p:n_seq, :width], self.block_size
+            )
         self.backend.set_metadata(meta)
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
         if prev_tokens is not None:

@@ -5,8 +5,10 @@ model dtype, or as fp8 bytes with kv_cache_dtype "fp8" / "fp8_e4m3" / "fp8_e5m2"
 attend as the layer's AttentionSpec says (scale, sliding window, soft cap) — prefill / extend
 tokens (which come first in the batch) with context_attention_fwd,
 which reads the cached context from the pages and the new tokens from k/v; decode tokens (one
-per sequence, after the prefills) with paged_attention_v1/v2. The step's metadata is set once
-per forward by the model runner (``set_metadata``), so the model code stays cache-agnostic.
+per sequence, after the prefills) with paged_attention_v1/v2, or on a work-balanced plan
+(paged_attention_balanced; pagedkv.balanced_decode.StepPlans decides per step and window). The
+step's metadata is set once per forward by the model runner (``set_metadata``), so the model
+code stays cache-agnostic.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import List, Optional
 import torch
 
 from pagedkv import ops
+from pagedkv.engine.decode_plans import StepPlans
 from pagedkv.models.attention_backend import AttentionSpec
 
 # Keys per partition of paged_attention_v2 on the CPU (vLLM's _PARTITION_SIZE, the kernels' one
@@ -50,6 +53,7 @@ class PagedAttentionBackend:
         head_dim: int,
         block_size: int,
         kv_cache_dtype: str = "auto",
+        step_plans: Optional[StepPlans] = None,
     ) -> None:
         # kv_caches[layer]: [2, num_blocks, block_size, num_kv_heads, head_dim] (k, v), NHD;
         # the model dtype with kv_cache_dtype "auto", uint8 (fp8 bytes) otherwise.
@@ -60,6 +64,9 @@ class PagedAttentionBackend:
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim, self.block_size = head_dim, block_size
         self.meta: Optional[AttentionMetadata] = None
+        # The balanced decode's plans (None: the partition split only); the runner begins each
+        # step on them with the decode rows' host lengths.
+        self.step_plans = step_plans
 
     def set_metadata(self, meta: AttentionMetadata) -> None:
         self.meta = meta
@@ -119,6 +126,7 @@ class PagedAttentionBackend:
             sliding_window=spec.sliding_window,
             sm_scale=spec.scale,
             logits_soft_cap=spec.logits_soft_cap,
+            causal=spec.causal,
         )
 
     def _decode(
@@ -130,10 +138,40 @@ class PagedAttentionBackend:
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
     ) -> None:
+        if not spec.causal:  # an encoder's token would need keys that come after it
+            raise ValueError("non-causal (encoder) attention has no decode step")
         n = meta.num_prefills
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len
+        if self.step_plans is not None and self._cascade(
+            meta, spec, out, q, key_cache, value_cache, block_tables, seq_lens, max_len
+        ):
+            return
         partition_size = self._partition_size(q, key_cache, value_cache, max_len)
+        plan = (
+            None
+            if self.step_plans is None
+            else self.step_plans.for_layer(spec.sliding_window or 0, partition_size)
+        )
+        if plan is not None:
+            plan.run(
+                out,
+                q,
+                key_cache,
+                value_cache,
+                self.num_kv_heads,
+                spec.scale,
+                block_tables,
+                seq_lens,
+                max_len,
+                None,
+                self.kv_cache_dtype,
+                self.k_scale,
+                self.v_scale,
+                logits_soft_cap=spec.logits_soft_cap,
+                sliding_window=spec.sliding_window,
+            )
+            return
         if partition_size == 0:
             ops.paged_attention_v1(
                 out,
@@ -190,6 +228,48 @@ class PagedAttentionBackend:
             sliding_window=spec.sliding_window,
             partition_size=partition_size,
         )
+
+    def _cascade(
+        self,
+        meta: AttentionMetadata,
+        spec: AttentionSpec,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        max_len: int,
+    ) -> bool:
+        """The cascade decode where this step's rows share a prefix (StepPlans); False if not."""
+        assert self.step_plans is not None
+        got = self.step_plans.cascade_for_layer(
+            q,
+            key_cache,
+            value_cache,
+            self.num_kv_heads,
+            self.kv_cache_dtype,
+            spec.sliding_window or 0,
+            seq_lens,
+        )
+        if got is None:
+            return False
+        cascade, shared, own_lens = got
+        cascade.run(
+            out,
+            q,
+            key_cache,
+            value_cache,
+            spec.scale,
+            block_tables[:1, :shared],
+            block_tables[:, shared:],
+            own_lens,
+            max_len - shared * self.block_size,
+            self.k_scale,
+            self.v_scale,
+            spec.logits_soft_cap,
+        )
+        return True
 
     def _partition_size(
         self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, max_len: int

@@ -2,7 +2,7 @@
 
 The C++ scheduler runs once, on the driver; its StepPlan's arrays are views into the
 scheduler's memory, valid until the next schedule(). To run the same step on other ranks the
-driver sends this copy (pickled over the gloo group): the same fields, the same meaning (the
+driver sends this copy (as flat bytes: command_codec.py): the same fields, the same meaning (the
 metadata contract of the StepPlan is unchanged), trimmed to the rows and block-table columns the
 step uses. ModelRunner reads it exactly as it reads a StepPlan.
 """

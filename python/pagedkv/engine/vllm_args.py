@@ -51,12 +51,7 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "model_impl": Refused("pagedkv runs its own model code", (None, "auto")),
     "max_parallel_loading_workers": Refused(_LOADER),
     "use_tqdm_on_load": Refused("loading progress follows the log level", (None, True)),
-    "task": Refused("pagedkv runs generation only", (None, "auto", "generate")),
-    "runner": Refused("pagedkv runs generation only", (None, "auto", "generate")),
-    "convert": Refused("pagedkv runs generation only", (None, "auto", "none")),
     "enable_prompt_embeds": Refused("prompts are text or token ids", _OFF),
-    "pooler_config": Refused("pagedkv runs generation only"),
-    "override_pooler_config": Refused("pagedkv runs generation only"),
     # Parallelism and placement.
     "data_parallel_size": Refused(_ONE_DEVICE, (None, 1)),
     "distributed_executor_backend": Refused(_ONE_DEVICE, (None, "mp", "uni")),

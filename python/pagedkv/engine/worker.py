@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from pagedkv.distributed import get_pp_group, get_tp_group, get_world_group
+from pagedkv.distributed.shm_ring import PeerGone
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.micro_batches import split_plan
 from pagedkv.engine.model_runner import ModelRunner
 
 logger = logging.getLogger("pagedkv")
@@ -45,6 +47,7 @@ class Worker:
         _check_parallel_support(self.model, self.model_config.architecture)
         self.runner: Optional[ModelRunner] = None
         self._hidden: Optional[torch.Tensor] = None  # the last stage's latest hidden states
+        self.micro_batched_steps = 0  # steps run as pipeline micro-batches
 
     # ------------------------------------------------------------------ set-up
     def make_runner(self, max_model_len: int, max_num_batched_tokens: int) -> None:
@@ -89,18 +92,35 @@ class Worker:
         self._runner.finish_swap_out(plan)
 
     def execute(self, plan: Any) -> Optional[torch.Tensor]:
-        """The stage's forward; the final hidden states on the last stage, else None."""
+        """The stage's forward; the final hidden states on the last stage, else None. Under
+        pipeline parallelism a large step runs as micro-batches (micro_batches.py): this stage
+        sends micro-batch j on and starts j+1 while the next stage runs j."""
         pp = get_pp_group()
-        inter = None
-        if not pp.is_first_rank:
-            shape = (int(plan.num_tokens), self.model_config.hidden_size)
-            inter = pp.recv(shape, self.dtype, pp.rank_in_group - 1)
-        out = self._runner.execute(plan, inter)
+        if pp.world_size == 1:
+            self._hidden = self._runner.execute(plan, None)
+            return self._hidden
+        parts = split_plan(plan, pp.world_size, self.cfg.pipeline_micro_batch_tokens)
+        self.micro_batched_steps += len(parts) > 1
+        outs, sends = [], []
+        for part in parts:
+            inter = None
+            if not pp.is_first_rank:
+                shape = (int(part.num_tokens), self.model_config.hidden_size)
+                inter = pp.recv(shape, self.dtype, pp.rank_in_group - 1)
+            out = self._runner.execute(part, inter)
+            if len(parts) > 1:
+                # A captured graph's output is padded, and its buffer is the next replay's.
+                out = out[: int(part.num_tokens)].clone()
+            if pp.is_last_rank:
+                outs.append(out)
+            else:
+                sends.append((pp.isend(out, pp.rank_in_group + 1), out))
+        for work, _ in sends:
+            work.wait()
         if not pp.is_last_rank:
-            pp.send(out, pp.rank_in_group + 1)
             return None
-        self._hidden = out
-        return out
+        self._hidden = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return self._hidden
 
     def compute_logits(
         self, rows: Optional[np.ndarray], num_rows: int, upcast: bool
@@ -147,11 +167,15 @@ def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
         )
 
 
-def worker_loop(worker: Worker) -> None:
-    """A non-driver rank: runs the driver's commands until it says stop (or dies)."""
-    world = get_world_group()
+def worker_loop(worker: Worker, channel: Any) -> None:
+    """A non-driver rank: runs the driver's commands (from command_channel) until it says stop
+    (or is gone)."""
     while True:
-        name, args = world.broadcast_object(None, src=0)
+        try:
+            name, args = channel.recv()
+        except PeerGone:
+            logger.error("the driver process is gone; this worker stops")
+            return
         if name == SHUTDOWN:
             return
         getattr(worker, name)(*args)

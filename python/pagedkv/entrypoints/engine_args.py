@@ -185,6 +185,14 @@ ENGINE_FLAGS = (
         type=t.int_at_least(1),
     ),
     Flag(
+        "pipeline_micro_batch_tokens",
+        256,
+        "under pipeline parallelism, a step with at least twice this many prefill tokens "
+        "runs as micro-batches of at least this many (at most one per stage), so the stages "
+        "overlap; 0: never (decode-only steps always run whole)",
+        type=t.int_at_least(0),
+    ),
+    Flag(
         "enable_lora",
         False,
         "serve LoRA adapters (PEFT folders) next to the base model",
@@ -203,6 +211,45 @@ ENGINE_FLAGS = (
         "LoRA adapters kept in host memory",
         type=t.int_at_least(1),
         shown="--max-loras",
+    ),
+    # Pooling models (embeddings, classifiers, cross-encoders): vLLM's names.
+    Flag(
+        "task",
+        "auto",
+        "what the model serves: 'generate', or a pooling task: 'embed' (/v1/embeddings), "
+        "'classify' (/classify), 'score' (/score, /rerank), 'reward' (/pooling); 'auto': from "
+        "the checkpoint (a *ForSequenceClassification classifies, a bare *Model embeds)",
+        type=t.choice_of(("auto", "generate", "embed", "embedding", "classify", "score", "reward")),
+        metavar="{auto,generate,embed,classify,score,reward}",
+    ),
+    Flag(
+        "runner",
+        "auto",
+        "'generate' or 'pooling' (the pooling task follows the checkpoint)",
+        type=t.choice_of(("auto", "generate", "pooling")),
+        metavar="{auto,generate,pooling}",
+    ),
+    Flag(
+        "convert",
+        "auto",
+        "serve a causal LM as a pooling model: 'embed' (last-token hidden states)",
+        type=t.choice_of(("auto", "none", "embed", "classify", "reward")),
+        metavar="{auto,none,embed,classify,reward}",
+    ),
+    Flag(
+        "pooler_config",
+        None,
+        "JSON object of pooler settings over the checkpoint's, e.g. "
+        '\'{"pooling_type": "MEAN", "normalize": false}\'',
+        type=t.json_object,
+        shown="the checkpoint's sentence-transformers config, else vLLM's defaults",
+    ),
+    Flag(
+        "override_pooler_config",
+        None,
+        "older name of --pooler-config",
+        type=t.json_object,
+        shown="none",
     ),
     # Where the model comes from and how its config is read.
     Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),

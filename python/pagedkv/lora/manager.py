@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -101,9 +102,10 @@ class LoRAManager:
         self.slots[lora_int_id] = slot
         return slot
 
-    def prepare_step(self, token_adapter_ids: Sequence[int]) -> None:
+    def prepare_step(self, token_adapter_ids: Sequence[int]) -> Optional[np.ndarray]:
         """Sets the slot of every token of the next forward (adapter id per token, 0 = none),
-        loading adapters into slots as needed."""
+        loading adapters into slots as needed; returns those slots (int32, -1 = no adapter),
+        or None when no token has an adapter. A CUDA graph reads them from its own buffer."""
         wanted = {i for i in token_adapter_ids if i}
         if len(wanted) > self.max_loras:
             raise ValueError(
@@ -111,7 +113,7 @@ class LoRAManager:
             )
         if not wanted:
             self.targets.step.token_lora_indices = None
-            return
+            return None
         slot_of = {0: -1}
         for i in sorted(wanted):
             if i in self.slots:
@@ -120,8 +122,9 @@ class LoRAManager:
             else:
                 slot_of[i] = self._load_slot(i, wanted)
             self.host.move_to_end(i)
-        idx = torch.tensor([slot_of[i] for i in token_adapter_ids], dtype=torch.int32)
-        self.targets.step.token_lora_indices = idx.to(self.device)
+        slots = np.array([slot_of[i] for i in token_adapter_ids], dtype=np.int32)
+        self.targets.step.token_lora_indices = torch.from_numpy(slots).to(self.device)
+        return slots
 
     def end_step(self) -> None:
         self.targets.step.token_lora_indices = None

@@ -17,11 +17,14 @@ class AttentionSpec:
     sliding_window: each query sees only the last ``sliding_window`` keys (itself included), as HF
     transformers masks them (``kv_idx > q_idx - sliding_window``); None: the whole context.
     logits_soft_cap: ``cap * tanh(logit / cap)`` on the scaled logits (Gemma 2); 0: none.
+    causal: False for encoders (BERT): every token of a sequence sees all of its tokens, so the
+    whole sequence must be in one forward (no chunked prefill, no decode, no sliding window).
     """
 
     scale: float
     sliding_window: Optional[int] = None
     logits_soft_cap: float = 0.0
+    causal: bool = True
 
     @classmethod
     def default(cls, head_dim: int) -> AttentionSpec:
@@ -32,6 +35,8 @@ class AttentionSpec:
             raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
         if self.logits_soft_cap < 0:
             raise ValueError(f"logits_soft_cap must be >= 0, got {self.logits_soft_cap}")
+        if not self.causal and self.sliding_window is not None:
+            raise ValueError("sliding_window needs causal attention (causal=False was given)")
 
 
 @runtime_checkable
@@ -42,7 +47,7 @@ class AttentionBackend(Protocol):
     backend before calling ``model.forward``; the model only hands over each layer's projections
     after rotary embedding, and the layer's AttentionSpec. The backend writes k/v into its cache
     and attends causally over each sequence's cached context plus its new tokens, as the spec
-    says (scale, sliding window, soft cap).
+    says (scale, sliding window, soft cap; non-causal over the whole sequence for encoders).
     """
 
     def forward(

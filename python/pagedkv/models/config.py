@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -29,6 +30,13 @@ _HF_FAMILIES = {
     "MixtralForCausalLM": "llama",
     "Qwen2MoeForCausalLM": "llama",
     "Qwen3MoeForCausalLM": "llama",
+    # Multi-head latent attention and grouped-routing MoE (models/deepseek_v2.py).
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v2",
+    # Encoders (non-causal attention, no generation: models/bert.py).
+    "BertModel": "bert",
+    "RobertaModel": "bert",
+    "XLMRobertaModel": "bert",
 }
 # `*ForSequenceClassification` heads on the families above: HF name -> the causal LM it wraps.
 SEQUENCE_CLASSIFIERS = {
@@ -42,6 +50,21 @@ SEQUENCE_CLASSIFIERS = {
     "GPT2ForSequenceClassification": "GPT2LMHeadModel",
     "GPTNeoXForSequenceClassification": "GPTNeoXForCausalLM",
     "OPTForSequenceClassification": "OPTForCausalLM",
+    "DeepseekV2ForSequenceClassification": "DeepseekV2ForCausalLM",
+    "DeepseekV3ForSequenceClassification": "DeepseekV3ForCausalLM",
+    # Cross-encoders: the encoder under its own head (pooler / classification head, bert.py).
+    "BertForSequenceClassification": "BertModel",
+    "RobertaForSequenceClassification": "RobertaModel",
+    "XLMRobertaForSequenceClassification": "XLMRobertaModel",
+}
+# Bare decoders without a head (sentence-transformers saves its AutoModel so: e5-mistral,
+# Qwen3-Embedding style embedding models): HF name -> the causal LM whose body they are. Their
+# tensors lack the causal LM's "model." prefix; they serve pooling tasks only.
+BASE_MODELS = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
 }
 # config.json without "architectures": model_type -> HF architecture name.
 _MODEL_TYPES = {
@@ -58,6 +81,11 @@ _MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "bert": "BertModel",
+    "roberta": "RobertaModel",
+    "xlm-roberta": "XLMRobertaModel",
 }
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
@@ -120,11 +148,21 @@ class ModelConfig:
     @property
     def causal_architecture(self) -> str:
         """The causal LM under a sequence classifier (the architecture itself otherwise)."""
-        return SEQUENCE_CLASSIFIERS.get(self.architecture, self.architecture)
+        return _causal(self.architecture)
 
     @property
     def is_classifier(self) -> bool:
         return self.architecture in SEQUENCE_CLASSIFIERS
+
+    @property
+    def is_base_model(self) -> bool:
+        """A bare decoder (no head): its final hidden states are all it gives."""
+        return self.architecture in BASE_MODELS
+
+    @property
+    def is_encoder(self) -> bool:
+        """A bidirectional encoder (BERT family): non-causal attention, nothing to generate."""
+        return self.family == "bert"
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -148,6 +186,7 @@ class ModelConfig:
             scale=self.head_dim**-0.5 if scale is None else scale,
             sliding_window=self.layer_sliding_window(layer_idx),
             logits_soft_cap=self.attn_logit_softcapping or 0.0,
+            causal=not self.is_encoder,
         )
 
     def derived_max_model_len(self) -> int:
@@ -166,6 +205,8 @@ class ModelConfig:
             if s["rope_type"] == "yarn" and s.get("original_max_position_embeddings"):
                 length = int(s["original_max_position_embeddings"])
             length = int(length * float(s["factor"]))
+        if self.extra.get("roberta_positions"):  # rows 0..pad_token_id are never a position
+            length -= int(self.extra["pad_token_id"]) + 1
         return length
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,13 +225,15 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         arch = _architecture(d)
-        causal = SEQUENCE_CLASSIFIERS.get(arch, arch)
+        causal = _causal(arch)
         family = _HF_FAMILIES[causal]
         parse = {
             "opt": _opt_fields,
             "gpt2": _gpt2_fields,
             "gpt_neox": _gpt_neox_fields,
             "gemma": _gemma_fields,
+            "deepseek_v2": _deepseek_fields,
+            "bert": _bert_fields,
         }.get(family, _llama_fields)
         try:
             fields = parse(causal, d)
@@ -250,7 +293,7 @@ class ModelConfig:
 
 def _architecture(d: dict[str, Any]) -> str:
     archs = d.get("architectures") or []
-    known = {**_HF_FAMILIES, **SEQUENCE_CLASSIFIERS}
+    known = {**_HF_FAMILIES, **SEQUENCE_CLASSIFIERS, **BASE_MODELS}
     arch = next((a for a in archs if a in known), None) or _MODEL_TYPES.get(
         d.get("model_type", "") if not archs else ""
     )
@@ -260,6 +303,11 @@ def _architecture(d: dict[str, Any]) -> str:
             f"supported: {sorted(known)}"
         )
     return arch
+
+
+def _causal(arch: str) -> str:
+    """The causal LM a classifier or bare decoder is built on (``arch`` itself otherwise)."""
+    return SEQUENCE_CLASSIFIERS.get(arch) or BASE_MODELS.get(arch) or arch
 
 
 def _merge(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -380,6 +428,55 @@ def _gemma_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def _deepseek_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V2 / V3: multi-head latent attention (its shape in ``extra``, read by
+    models/deepseek_v2.py) and MoE layers with grouped routing (models/moe.py). The paged cache
+    holds each head's decompressed key [nope | rope] and value, both padded to ``head_dim``, the
+    larger of the two; the softmax scale is transformers' (1/sqrt(nope + rope), times mscale^2
+    under YaRN with mscale_all_dim)."""
+    heads = d["num_attention_heads"]
+    if (d.get("num_key_value_heads") or heads) != heads:
+        raise ValueError(
+            f"config.json: {arch} with num_key_value_heads != num_attention_heads is not "
+            "supported (every head decompresses its own key and value from the latent)"
+        )
+    nope, rope, v = d["qk_nope_head_dim"], d["qk_rope_head_dim"], d["v_head_dim"]
+    theta, scaling, _ = _hf_rope(d, 10000.0)
+    if scaling and scaling["rope_type"] == "yarn" and scaling.get("factor") is None:
+        # transformers' rule for a YaRN config without a factor (DeepSeek-V3 style).
+        original = scaling["original_max_position_embeddings"]
+        scaling["factor"] = d["max_position_embeddings"] / original
+    scale = (nope + rope) ** -0.5
+    if scaling and scaling.get("mscale_all_dim"):
+        factor = float(scaling["factor"])
+        m = 1.0 if factor <= 1 else 0.1 * float(scaling["mscale_all_dim"]) * math.log(factor) + 1.0
+        scale *= m * m
+    v3 = arch == "DeepseekV3ForCausalLM"
+    return dict(
+        num_key_value_heads=heads,
+        head_dim=max(nope + rope, v),
+        intermediate_size=d["intermediate_size"],
+        rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=d.get("tie_word_embeddings", False),
+        attention_bias=d.get("attention_bias", False),
+        mlp_bias=False if v3 else d.get("mlp_bias", False),  # DeepseekV3MLP has no biases
+        hidden_act=d.get("hidden_act", "silu"),
+        attention_scale=scale,
+        moe=MoEConfig.from_hf_dict(arch, d),
+        extra={
+            "q_lora_rank": d.get("q_lora_rank"),
+            "kv_lora_rank": d["kv_lora_rank"],
+            "qk_nope_head_dim": nope,
+            "qk_rope_head_dim": rope,
+            "v_head_dim": v,
+            # V3's rope_interleave and V2's complex rotation both turn (2i, 2i + 1) pairs.
+            "rope_interleave": bool(d.get("rope_interleave", True)) if v3 else True,
+        },
+    )
+
+
 def _gpt2_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
     hidden, heads = d["n_embd"], d["n_head"]
     if d.get("scale_attn_by_inverse_layer_idx"):
@@ -430,6 +527,37 @@ def _opt_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
         do_layer_norm_before=d.get("do_layer_norm_before", True),
         layer_norm_elementwise_affine=d.get("layer_norm_elementwise_affine", True),
         extra={"remove_final_layer_norm": d.get("_remove_final_layer_norm", False)},
+    )
+
+
+def _bert_fields(arch: str, d: dict[str, Any]) -> dict[str, Any]:
+    """BERT / RoBERTa / XLM-R: post-LayerNorm blocks with biases everywhere, learned absolute
+    positions (RoBERTa's start after padding_idx) and token-type embeddings."""
+    kind = d.get("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise ValueError(
+            f"config.json: position_embedding_type {kind!r} is not supported for {arch} "
+            "(only 'absolute')"
+        )
+    if d.get("is_decoder") or d.get("add_cross_attention"):
+        raise ValueError(f"config.json: {arch} as a decoder (is_decoder) is not supported")
+    heads = d["num_attention_heads"]
+    roberta = arch != "BertModel"
+    return dict(
+        num_key_value_heads=heads,
+        head_dim=d["hidden_size"] // heads,
+        intermediate_size=d["intermediate_size"],
+        layer_norm_eps=d.get("layer_norm_eps", 1e-12),
+        attention_bias=True,
+        mlp_bias=True,
+        hidden_act=d.get("hidden_act", "gelu"),
+        extra={
+            "type_vocab_size": d.get("type_vocab_size", 2),
+            # RoBERTa / XLM-R number positions from pad_token_id + 1 (HF's padding_idx), and
+            # give pad tokens the position pad_token_id.
+            "roberta_positions": roberta,
+            "pad_token_id": d.get("pad_token_id", 1 if roberta else 0),
+        },
     )
 
 

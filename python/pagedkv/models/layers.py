@@ -135,6 +135,10 @@ class CausalLM(nn.Module):
     score: Optional[nn.Module]
     # Gemma 2: logits squashed into (-cap, cap) as ``cap * tanh(logits / cap)``; 0: none.
     final_logit_softcap: float = 0.0
+    # For pooling (engine/pooler.py): the tokens the model pools by default, and whether its
+    # attention is causal (an encoder's is not: no chunked prefill, no prefix cache).
+    pooling_type: str = "LAST"
+    is_causal: bool = True
 
     def make_head(self, cfg: Any, in_features: int, embedding: nn.Module) -> None:
         """lm_head (tied to ``embedding`` when the config says so, on a stage that has both),
@@ -144,6 +148,8 @@ class CausalLM(nn.Module):
         from pagedkv.models.vocab_embedding import ParallelLMHead
 
         self.lm_head = self.score = None
+        if cfg.is_base_model:  # a bare decoder: hidden states only (pooling)
+            return
         if cfg.is_classifier:
             self.score = (
                 ReplicatedLinear(in_features, cfg.num_labels, bias=False)
@@ -162,10 +168,12 @@ class CausalLM(nn.Module):
         """hidden [N, hidden] -> logits [N, vocab], float32 unless ``upcast=False`` (then the
         model's dtype: enough for an argmax, and no [N, vocab] float32 copy)."""
         if self.lm_head is None:
-            raise ValueError(
-                f"{self.config.architecture} is a sequence classifier: it scores "
-                "sequences (classify) and does not generate text"
+            what = (
+                "a bare model without a language-model head: it embeds text"
+                if self.config.is_base_model
+                else "a sequence classifier: it scores sequences (classify)"
             )
+            raise ValueError(f"{self.config.architecture} is {what} and does not generate text")
         logits = self.lm_head(hidden)
         logits = logits.float() if upcast else logits
         if self.final_logit_softcap:

@@ -230,6 +230,10 @@ class LlamaForCausalLM(CausalLM):
         head_from_embedding = cfg.tie_word_embeddings and not is_first_stage()
 
         def rename(name: str) -> Optional[str]:
+            if not name.startswith(("model.", "lm_head.", "score.")):
+                # A bare LlamaModel's tensors (sentence-transformers saves them so; some
+                # embedding checkpoints, Qwen3-Embedding's, keep a *ForCausalLM config).
+                name = "model." + name
             if "rotary_emb.inv_freq" in name:
                 return None
             if name == "lm_head.weight" and cfg.tie_word_embeddings:

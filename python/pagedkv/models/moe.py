@@ -1,4 +1,5 @@
-"""Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE) over the fused MoE ops.
+"""Mixture-of-experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) over the fused MoE
+ops.
 
 The experts of a layer are stacked tensors, ``w13_weight`` [E, 2 * I, H] (each expert's gate
 rows, then its up rows) and ``w2_weight`` [E, H, I], so one grouped GEMM per projection runs
@@ -28,9 +29,17 @@ from pagedkv.models.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
+from pagedkv.models.moe_routing import GroupedRouting
 
 # HF architectures with sparse MoE layers and the experts' normalisation rule.
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = (
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+)
+_DEEPSEEK = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,11 @@ class MoEConfig:
     renormalize: bool
     decoder_sparse_step: int = 1  # Qwen: every step-th layer is sparse
     mlp_only_layers: tuple[int, ...] = ()  # Qwen: layers that stay dense
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert, sigmoid-gated
+    # Qwen2-MoE: one always-on expert, sigmoid-gated; DeepSeek: n_shared_experts of them fused
+    # into one MLP, ungated.
+    shared_expert_intermediate_size: int = 0
+    # DeepSeek: group-limited routing (moe_routing.py) instead of a softmax over the top-k.
+    routing: Optional[GroupedRouting] = None
 
     def is_sparse(self, layer_idx: int) -> bool:
         return (
@@ -73,7 +86,100 @@ class MoEConfig:
                 mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
                 shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size") or 0),
             )
+        if arch in _DEEPSEEK:
+            return _deepseek_moe(arch, d)
         return None
+
+
+def _deepseek_moe(arch: str, d: dict[str, Any]) -> MoEConfig:
+    """DeepSeek-V2 (softmax scores; "greedy" or "group_limited_greedy") and V3 ("noaux_tc":
+    sigmoid scores, a correction bias, groups scored by their two best experts); dense MLPs on
+    the first first_k_dense_replace layers. Keys transformers ignores but the original DeepSeek
+    code honours are refused where they would change the answer."""
+    v3 = arch == "DeepseekV3ForCausalLM"
+    method = d.get("topk_method") or ("noaux_tc" if v3 else "greedy")
+    methods = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
+    if method not in methods:
+        raise ValueError(f"config.json: {arch} with topk_method {method!r} is not supported")
+    scoring = d.get("scoring_func") or ("sigmoid" if v3 else "softmax")
+    if scoring != ("sigmoid" if v3 else "softmax"):
+        raise ValueError(f"config.json: {arch} with scoring_func {scoring!r} is not supported")
+    if int(d.get("moe_layer_freq") or 1) != 1:
+        raise ValueError(f"config.json: {arch} with moe_layer_freq != 1 is not supported")
+    renormalize = bool(d.get("norm_topk_prob", v3))
+    if renormalize and not v3:
+        # transformers' DeepSeek-V2 router never renormalises; the original code does.
+        raise ValueError(
+            "config.json: DeepseekV2ForCausalLM with norm_topk_prob true is not supported"
+        )
+    grouped = method != "greedy"
+    experts = d.get("n_routed_experts") or d.get("num_experts") or d["num_local_experts"]
+    routing = GroupedRouting(
+        scoring=scoring,
+        n_group=int(d["n_group"]) if grouped else 1,
+        topk_group=int(d["topk_group"]) if grouped else 1,
+        group_score="top2_sum" if v3 else "max",
+        renormalize=renormalize,
+        routed_scaling_factor=float(d.get("routed_scaling_factor", 2.5 if v3 else 1.0)),
+        correction_bias=v3,
+    )
+    top_k = int(d["num_experts_per_tok"])
+    routing.check_experts(int(experts), top_k)
+    moe_inter = int(d["moe_intermediate_size"])
+    return MoEConfig(
+        num_experts=int(experts),
+        top_k=top_k,
+        intermediate_size=moe_inter,
+        renormalize=renormalize,
+        mlp_only_layers=tuple(range(int(d.get("first_k_dense_replace") or 0))),
+        shared_expert_intermediate_size=moe_inter * int(d.get("n_shared_experts") or 0),
+        routing=routing,
+    )
+
+
+# fused_experts' kernels: "pagedkv" is the core's grouped GEMM (include/pagedkv/moe.h, every
+# device and dtype); "grouped_mm" is torch's CUTLASS grouped GEMM (torch._grouped_mm, bf16 on
+# Hopper), which the H200 benchmark measured several times faster (benchmarks/RESULTS.md, "MoE").
+MOE_KERNELS = ("auto", "pagedkv", "grouped_mm")
+
+
+def _grouped_mm_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """torch._grouped_mm's conditions: a CUDA bf16 problem on sm90+, 16-byte aligned rows."""
+    return (
+        hasattr(torch, "_grouped_mm")
+        and x.is_cuda
+        and x.dtype == w13.dtype == w2.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        and x.shape[-1] % 8 == 0
+        and w2.shape[-1] % 8 == 0
+    )
+
+
+def _experts_grouped_mm(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act: str,
+) -> torch.Tensor:
+    """fused_experts through torch._grouped_mm: the (token, slot) pairs sorted by expert, one
+    grouped GEMM per projection over per-expert row ranges (offsets stay on the device: no host
+    sync, CUDA-graph safe), the weighted rows put back in pair order and summed per token in a
+    fixed order (deterministic, unlike an index_add)."""
+    t, k = topk_ids.shape
+    flat = topk_ids.reshape(-1).long()
+    expert_of, order = torch.sort(flat, stable=True)
+    # Each expert's end row in the sorted pairs. (Not a bincount: on CUDA it reads the
+    # input's max on the host, which a CUDA graph cannot capture.)
+    experts = torch.arange(w13.shape[0], device=flat.device)
+    offs = torch.searchsorted(expert_of, experts, right=True).to(torch.int32)
+    h = torch._grouped_mm(x[order // k], w13.transpose(1, 2), offs=offs)  # [T*k, 2I]
+    y = torch._grouped_mm(act_and_mul(act)(h), w2.transpose(1, 2), offs=offs)  # [T*k, H]
+    y = y * topk_weights.reshape(-1)[order].to(y.dtype).unsqueeze(1)
+    pairs = torch.empty_like(y)
+    pairs[order] = y
+    return pairs.view(t, k, -1).sum(dim=1)
 
 
 def fused_experts(
@@ -83,8 +189,14 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     act: str = "silu",
+    kernel: str = "auto",
 ) -> torch.Tensor:
-    """x [T, H] through each token's top-k experts, weighted and summed -> [T, H]."""
+    """x [T, H] through each token's top-k experts, weighted and summed -> [T, H]. ``kernel``:
+    one of MOE_KERNELS; "auto" takes grouped_mm where it applies, else pagedkv."""
+    if kernel not in MOE_KERNELS:
+        raise ValueError(f"kernel must be one of {MOE_KERNELS}, got {kernel!r}")
+    if kernel == "grouped_mm" or (kernel == "auto" and _grouped_mm_applies(x, w13, w2)):
+        return _experts_grouped_mm(x, w13, w2, topk_weights, topk_ids, act)
     t, k = topk_ids.shape
     num_experts = w13.shape[0]
     block = moe_ops.moe_block_size(t * k, num_experts)
@@ -150,19 +262,27 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = moe_ops.topk_softmax(router_logits, self.top_k, self.renormalize)
+        return self.routed(x, weights, ids)
+
+    def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x [T, H] through the experts ``ids`` [T, k] (int32) chosen by a routing of the
+        caller's, weighted by ``weights`` [T, k] float32."""
         out = fused_experts(x, self.w13_weight, self.w2_weight, weights, ids, self.act)
         return get_tp_group().all_reduce(out)  # the ranks' intermediate slices summed
 
 
 class GatedMLP(nn.Module):
-    """A dense gated MLP with fused gate/up rows (Qwen2-MoE's shared expert)."""
+    """A dense gated MLP with fused gate/up rows (Qwen2-MoE's shared expert, DeepSeek's shared
+    experts and dense layers)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool = False
+    ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size] * 2, bias=False
+            hidden_size, [intermediate_size] * 2, bias=bias
         )
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
         self.act_and_mul = act_and_mul(hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -268,6 +388,7 @@ __all__ = [
     "FusedMoE",
     "SparseMoeBlock",
     "fused_experts",
+    "MOE_KERNELS",
     "sparse_moe_block",
     "split_expert_weights",
     "canonical_name",

@@ -24,7 +24,8 @@ def causal_attention(
     compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """q [Tq, Hq, D] are the tokens at positions context_len.., k/v [Tk, Hkv, D] all keys of the
-    sequence (Tk = context_len + Tq). Returns [Tq, Hq, D] in q's dtype. Plain matmul and softmax
+    sequence (Tk = context_len + Tq); a non-causal spec lets every query see all Tk keys.
+    Returns [Tq, Hq, D] in q's dtype. Plain matmul and softmax
     (no fused kernel): the soft cap sits between the two."""
     tq, hq = q.shape[0], q.shape[1]
     tk, hkv = k.shape[0], k.shape[1]
@@ -37,7 +38,7 @@ def causal_attention(
         logits = spec.logits_soft_cap * torch.tanh(logits / spec.logits_soft_cap)
     rows = torch.arange(tq, device=q.device)[:, None] + context_len
     cols = torch.arange(tk, device=q.device)[None, :]
-    visible = cols <= rows  # [Tq, Tk]
+    visible = (cols <= rows) | (not spec.causal)  # [Tq, Tk]
     if spec.sliding_window is not None:
         visible &= cols > rows - spec.sliding_window
     logits = logits.masked_fill(~visible, float("-inf"))

@@ -96,8 +96,11 @@ def _local_dir(path: str, model: str) -> ModelSource:
 
 def model_class(architecture: str) -> type[nn.Module]:
     """The class for an HF architecture name; a ``*ForSequenceClassification`` one is its
-    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head)."""
-    from pagedkv.models.config import SEQUENCE_CLASSIFIERS
+    causal LM's class, built with a score head instead of the lm_head (CausalLM.make_head), a
+    bare ``*Model`` one (BASE_MODELS) the same class with no head."""
+    from pagedkv.models.bert import BertModel, XLMRobertaModel
+    from pagedkv.models.config import BASE_MODELS, SEQUENCE_CLASSIFIERS
+    from pagedkv.models.deepseek_v2 import DeepseekV2ForCausalLM
     from pagedkv.models.gemma import GemmaForCausalLM
     from pagedkv.models.gpt2 import GPT2LMHeadModel
     from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
@@ -121,11 +124,16 @@ def model_class(architecture: str) -> type[nn.Module]:
         "MixtralForCausalLM": MixtralForCausalLM,
         "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
         "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+        "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+        "DeepseekV3ForCausalLM": DeepseekV2ForCausalLM,
+        "BertModel": BertModel,
+        "RobertaModel": XLMRobertaModel,
+        "XLMRobertaModel": XLMRobertaModel,
     }
-    causal = SEQUENCE_CLASSIFIERS.get(architecture, architecture)
+    causal = SEQUENCE_CLASSIFIERS.get(architecture) or BASE_MODELS.get(architecture) or architecture
     if causal not in classes:
         raise ValueError(
             f"architecture {architecture!r} is not supported; supported: "
-            f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS)}"
+            f"{sorted(classes) + sorted(SEQUENCE_CLASSIFIERS) + sorted(BASE_MODELS)}"
         )
     return classes[causal]

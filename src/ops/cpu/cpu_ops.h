@@ -37,6 +37,20 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
                         const AttentionOptions& opts, int partition_size);
 
+// Work-balanced decode over a validated host plan (ops::paged_attention_balanced).
+void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
+                              const TensorView& max_logits, const TensorView& tmp_out,
+                              const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              const TensorView& block_tables, const TensorView& seq_lens,
+                              const TensorView& work_items, const TensorView& seq_offsets,
+                              const AttentionOptions& opts, const std::optional<TensorView>& lse);
+
+// merge_attn_states (ops.h) on host arrays.
+void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
+                       const TensorView& prefix_output, const TensorView& prefix_lse,
+                       const TensorView& suffix_output, const TensorView& suffix_lse);
+
 void context_attention_fwd(const TensorView& out, const TensorView& query, const TensorView& key,
                            const TensorView& value, const TensorView& key_cache,
                            const TensorView& value_cache, const TensorView& block_tables,

@@ -11,6 +11,7 @@
 #include "ops/cpu/attention_common.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/parallel.h"
+#include "pagedkv/decode_plan.h"
 
 namespace pagedkv::cpu_ops {
 namespace {
@@ -29,6 +30,8 @@ struct DecodeProblem {
   char* tmp_out = nullptr;
   DType tmp_dtype = DType::kFloat32;
   int max_partitions = 1, partition_size = 0;  // 0: v1
+  float* lse = nullptr;  // balanced, optional: [num_heads, num_seqs] log-sum-exps
+  int64_t num_seqs = 0;
 };
 
 // Result of one (sequence, KV head, token range) item: per query head of the group, the max
@@ -148,9 +151,51 @@ void run_v1(const DecodeProblem& p, int64_t num_seqs) {
       decode_work(p, num_seqs));
 }
 
+// Stores a (sequence, KV head, key range) state as the partials of its G query heads: workspace
+// rows row0, row0 + stride, ... (normalised output, exp-sum, max logit).
+void store_partials(const DecodeProblem& p, const PartialState& st, int64_t row0, int64_t stride) {
+  const int D = p.head_size;
+  const int64_t tmp_elem = static_cast<int64_t>(dtype_size(p.tmp_dtype));
+  for (int g = 0; g < p.group; ++g) {
+    const int64_t idx = row0 + g * stride;
+    p.exp_sums[idx] = st.sum[g];
+    p.max_logits[idx] = st.max[g];
+    const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
+    scale_row(inv, st.acc + g * D, D);
+    store_row(st.acc + g * D, p.tmp_dtype, p.tmp_out + idx * D * tmp_elem, D);
+  }
+}
+
+// Merges `count` partials of query head h of sequence seq (workspace rows first, first + stride,
+// ...) in fp32 by their log-sum-exp into the output; no partial (no visible key) gives zeros.
+void merge_partials(const DecodeProblem& p, int64_t first, int64_t count, int64_t stride,
+                    int64_t seq, int h) {
+  thread_local std::vector<float> buf;
+  const int D = p.head_size;
+  const int64_t tmp_elem = static_cast<int64_t>(dtype_size(p.tmp_dtype));
+  float* acc = scratch(buf, 2 * static_cast<size_t>(D));
+  float* row = acc + D;
+  float gmax = kNegInf;
+  for (int64_t i = 0; i < count; ++i) gmax = std::max(gmax, p.max_logits[first + i * stride]);
+  std::fill(acc, acc + D, 0.0f);
+  float total = 0.0f;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t r = first + i * stride;
+    const float m = p.max_logits[r];
+    if (m == kNegInf) continue;  // partition fully outside the sliding window
+    const float w = p.exp_sums[r] * std::exp(m - gmax);
+    load_row(p.tmp_out + r * D * tmp_elem, p.tmp_dtype, row, D);
+    axpy(w, row, acc, D);
+    total += w;
+  }
+  scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
+  store_row(acc, p.out.dtype, p.out.row(seq, h), D);
+  if (p.lse != nullptr)
+    p.lse[h * p.num_seqs + seq] = total > 0.0f ? gmax + std::log(total) : kNegInf;
+}
+
 void run_v2(const DecodeProblem& p, int64_t num_seqs) {
   const int P = p.max_partitions, H = p.num_heads, D = p.head_size;
-  const int64_t tmp_elem = static_cast<int64_t>(dtype_size(p.tmp_dtype));
   // Phase 1: one item per (sequence, KV head, partition).
   parallel_for(
       num_seqs * p.num_kv_heads * P,
@@ -167,44 +212,51 @@ void run_v2(const DecodeProblem& p, int64_t num_seqs) {
         float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
         PartialState st{buf, buf + G, buf + 2 * G};
         attend_range(p, seq, kh, std::max(t0, window_start(p, seq_len)), t1, seq_len, st);
-        for (int g = 0; g < G; ++g) {
-          const int64_t idx = (seq * H + kh * G + g) * P + part;
-          p.exp_sums[idx] = st.sum[g];
-          p.max_logits[idx] = st.max[g];
-          const float inv = st.sum[g] > 0.0f ? 1.0f / st.sum[g] : 0.0f;
-          scale_row(inv, st.acc + g * D, D);
-          store_row(st.acc + g * D, p.tmp_dtype, p.tmp_out + idx * D * tmp_elem, D);
-        }
+        store_partials(p, st, (seq * H + kh * G) * P + part, P);
       },
       decode_work(p, num_seqs));
   // Phase 2: merge the partitions of each (sequence, head) in fp32.
   parallel_for(
       num_seqs * H,
       [&](int64_t item) {
-        thread_local std::vector<float> buf;
-        float* acc = scratch(buf, 2 * static_cast<size_t>(D));
-        float* row = acc + D;
         const int64_t seq = item / H;
         const int h = static_cast<int>(item % H);
         const int64_t seq_len = p.seq_lens[seq];
         const int64_t parts = (seq_len + p.partition_size - 1) / p.partition_size;
-        const int64_t base = (seq * H + h) * P;
-        float gmax = kNegInf;
-        for (int64_t i = 0; i < parts; ++i) gmax = std::max(gmax, p.max_logits[base + i]);
-        std::fill(acc, acc + D, 0.0f);
-        float total = 0.0f;
-        for (int64_t i = 0; i < parts; ++i) {
-          const float m = p.max_logits[base + i];
-          if (m == kNegInf) continue;  // partition fully outside the sliding window
-          const float w = p.exp_sums[base + i] * std::exp(m - gmax);
-          load_row(p.tmp_out + (base + i) * D * tmp_elem, p.tmp_dtype, row, D);
-          axpy(w, row, acc, D);
-          total += w;
-        }
-        scale_row(total > 0.0f ? 1.0f / total : 0.0f, acc, D);
-        store_row(acc, p.out.dtype, p.out.row(seq, h), D);
+        merge_partials(p, (seq * H + h) * P, parts, 1, seq, h);
       },
       num_seqs * H * P * D);
+}
+
+// Work-balanced decode (ops::paged_attention_balanced): one task per (used work item, KV head)
+// writes the item's partial at workspace row * num_heads + head, then each sequence's rows merge.
+void run_balanced(const DecodeProblem& p, int64_t num_seqs, int64_t capacity,
+                  const int32_t* work_items, const int32_t* seq_offsets) {
+  const int H = p.num_heads, D = p.head_size, G = p.group;
+  const int64_t items = seq_offsets[num_seqs];
+  parallel_for(
+      capacity * p.num_kv_heads,
+      [&](int64_t task) {
+        const int32_t* w = work_items + task / p.num_kv_heads * kBalancedItemInts;
+        if (w[0] < 0) return;  // unused item
+        const int kh = static_cast<int>(task % p.num_kv_heads);
+        const int64_t seq = w[0], seq_len = p.seq_lens[seq], row = w[3];
+        thread_local std::vector<float> state;
+        float* buf = scratch(state, static_cast<size_t>(G) * (D + 2));
+        PartialState st{buf, buf + G, buf + 2 * G};
+        attend_range(p, seq, kh, w[1], w[2], seq_len, st);
+        store_partials(p, st, row * H + kh * G, 1);
+      },
+      decode_work(p, num_seqs));
+  parallel_for(
+      num_seqs * H,
+      [&](int64_t task) {
+        const int64_t seq = task / H;
+        const int h = static_cast<int>(task % H);
+        const int64_t first = seq_offsets[seq];
+        merge_partials(p, first * H + h, seq_offsets[seq + 1] - first, H, seq, h);
+      },
+      items * H * D);
 }
 
 DecodeProblem make_problem(const TensorView& out, const TensorView& query,
@@ -255,6 +307,25 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
   p.max_partitions = static_cast<int>(exp_sums.size(2));
   p.partition_size = partition_size;
   run_v2(p, query.size(0));
+}
+
+void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
+                              const TensorView& max_logits, const TensorView& tmp_out,
+                              const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              const TensorView& block_tables, const TensorView& seq_lens,
+                              const TensorView& work_items, const TensorView& seq_offsets,
+                              const AttentionOptions& opts, const std::optional<TensorView>& lse) {
+  DecodeProblem p =
+      make_problem(out, query, key_cache, value_cache, num_kv_heads, block_tables, seq_lens, opts);
+  p.exp_sums = exp_sums.data_as<float>();
+  p.max_logits = max_logits.data_as<float>();
+  p.tmp_out = static_cast<char*>(tmp_out.data());
+  p.tmp_dtype = tmp_out.dtype();
+  p.lse = lse ? lse->data_as<float>() : nullptr;
+  p.num_seqs = query.size(0);
+  run_balanced(p, query.size(0), work_items.size(0), work_items.data_as<const int32_t>(),
+               seq_offsets.data_as<const int32_t>());
 }
 
 }  // namespace pagedkv::cpu_ops

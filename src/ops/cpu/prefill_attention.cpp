@@ -1,7 +1,8 @@
 // Prefill / extend attention (context_attention_fwd): the new query tokens of each sequence
 // attend causally to the sequence's cached context (read from the paged cache) and to the new
 // keys/values themselves (read from `key` / `value`). Chunked prefill and prefix reuse are the
-// same computation with a non-empty context.
+// same computation with a non-empty context. Non-causal calls (encoders) let every query token
+// see all of its sequence's keys: each row's last visible key is the sequence's last.
 //
 // Work item = (sequence, KV head, chunk of query tokens); the chunk's G * chunk query rows share
 // every K/V tile, which is converted to fp32 once. Softmax is computed online (running max and
@@ -28,6 +29,7 @@ struct PrefillProblem {
   LogitTransform transform;
   float scale = 1.0f;
   int num_heads = 0, num_kv_heads = 0, group = 0, head_size = 0, window = -1;
+  bool causal = true;
   int chunk = 16;  // query tokens per work item
 };
 
@@ -69,9 +71,11 @@ void fold_tile(const PrefillProblem& p, int kh, int64_t ctx, int64_t i0, int64_t
   pv_tile(st.q, D, R, kt, kMaxTile, D, n, S, kMaxTile);
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t qpos = ctx + i;
-    // Visible keys of this query inside the tile: causal and sliding-window bounds.
+    // Visible keys of this query inside the tile: causal and sliding-window bounds (the tiles
+    // of a non-causal call never pass the sequence's end).
     const int j_end =
-        static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n, qpos - kpos0 + 1)));
+        p.causal ? static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(n, qpos - kpos0 + 1)))
+                 : n;
     int j_begin = 0;
     if (p.window > 0) j_begin = static_cast<int>(std::max<int64_t>(0, qpos - p.window + 1 - kpos0));
     j_begin = std::min(j_begin, j_end);
@@ -146,7 +150,7 @@ void run_item(const PrefillProblem& p, const WorkItem& w, int kh) {
   float* kt = scratch(k_buf, static_cast<size_t>(kMaxTile) * D);
   float* vt = scratch(v_buf, static_cast<size_t>(kMaxTile) * D);
   // Keys any row of the chunk can see: [lo, hi).
-  const int64_t hi = ctx + i1;
+  const int64_t hi = p.causal ? ctx + i1 : ctx + q_len;
   const int64_t lo = p.window > 0 ? std::max<int64_t>(0, ctx + i0 - p.window + 1) : 0;
   const int bs = p.k.block_size;
   for (int64_t t = lo; t < std::min(hi, ctx);) {  // cached context, one block at a time
@@ -201,6 +205,7 @@ void context_attention_fwd(const TensorView& out, const TensorView& query, const
   p.group = p.num_heads / p.num_kv_heads;
   p.head_size = static_cast<int>(query.size(2));
   p.window = opts.sliding_window;
+  p.causal = opts.causal;
   // About 64 query rows per item: enough to amortise each K/V tile conversion.
   p.chunk = std::max(4, 64 / p.group);
 

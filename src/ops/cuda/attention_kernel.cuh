@@ -287,6 +287,7 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
 
   // ---- which sequence, query position and key range ----
   int seq = item, ctx_len, q_pos, new_base = 0;
+  int last_key;  // the last key position the query sees (its own, or its sequence's last)
   if (p.query_start_loc != nullptr) {
     int lo = 0, hi = p.num_seqs - 1;  // last seq with query_start_loc[seq] <= item
     while (lo < hi) {
@@ -301,13 +302,14 @@ __global__ void __launch_bounds__(128) paged_attention_kernel(const AttnParams p
     const int qlen = p.query_start_loc[seq + 1] - qs;
     ctx_len = p.seq_lens[seq] - qlen;
     q_pos = ctx_len + (item - qs);
+    last_key = p.causal ? q_pos : ctx_len + qlen - 1;
     new_base = qs;
   } else {
     ctx_len = p.seq_lens[seq];
-    q_pos = ctx_len - 1;
+    q_pos = last_key = ctx_len - 1;
   }
   int k_lo, k_hi;
-  if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
+  if (!key_range(p, last_key, part, k_lo, k_hi)) return;
 
   // ---- this lane's slice of the GC queries ----
   float q[GC][VEC];

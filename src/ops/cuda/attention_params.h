@@ -37,6 +37,7 @@ struct AttnParams {
   DeviceScale k_scale, v_scale;  // fp8 cache dequantisation (1 otherwise); new tokens unscaled
   const float* alibi;            // [num_heads] float32 or nullptr
   int window;                    // > 0: keys with q_pos - key_pos < window
+  bool causal;                   // false (prefill of encoders): a query sees its whole sequence
   bool kv_vec;                   // cache runs can be read with 16-byte loads
   bool new_vec;                  // k_new / v_new rows can be read with 16-byte loads
 
@@ -47,6 +48,15 @@ struct AttnParams {
   float* max_logits;  // [num_seqs, num_heads, max_parts]
   void* tmp_out;      // [num_seqs, num_heads, max_parts, head_size]
   bool tmp_f32;       // tmp_out is float32 (else the query dtype)
+
+  // Balanced mode (paged_attention_balanced, Hopper decode only) when work_items != nullptr: the
+  // CTA row r runs work item r of the plan (pagedkv/decode_plan.h) and writes its partial to
+  // workspace row r (split mode with max_parts = 1: the store's "sequence" is the item); the
+  // reduction merges sequence s's rows seq_offsets[s] .. seq_offsets[s + 1] - 1.
+  const int* work_items;   // [plan_items, 3]: (seq, key_lo, key_hi)
+  const int* seq_offsets;  // [num_seqs + 1]
+  int plan_items;          // the plan's capacity: the grid's rows
+  float* lse;              // optional: [num_heads, num_seqs] log-sum-exp of each merged row
 };
 
 // Launches the kernel for the query dtype (attention_{f32,f16,bf16}.cu); cache_fp8 is Fp8Kind.

@@ -34,6 +34,7 @@ AttnParams make_attn_shape(const TensorView& query, const TensorView& key_cache,
   p.softcap = opts.logits_soft_cap > 0.f ? opts.logits_soft_cap : 0.f;
   p.alibi = opts.alibi_slopes ? opts.alibi_slopes->data_as<const float>() : nullptr;
   p.window = opts.sliding_window > 0 ? opts.sliding_window : 0;
+  p.causal = opts.causal;
   const int run_bytes = std::min<int>(16, 8 * static_cast<int>(key_cache.element_size()));
   p.kv_vec = vector_ok(key_cache, run_bytes) && vector_ok(value_cache, run_bytes);
   return p;

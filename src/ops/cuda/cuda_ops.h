@@ -33,6 +33,27 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
                         const TensorView& block_tables, const TensorView& seq_lens, int max_seq_len,
                         const AttentionOptions& opts, int partition_size, Stream stream);
 
+// Work-balanced decode (ops::paged_attention_balanced) on the Hopper decode.
+void paged_attention_balanced(const TensorView& out, const TensorView& exp_sums,
+                              const TensorView& max_logits, const TensorView& tmp_out,
+                              const TensorView& query, const TensorView& key_cache,
+                              const TensorView& value_cache, int num_kv_heads,
+                              const TensorView& block_tables, const TensorView& seq_lens,
+                              const TensorView& work_items, const TensorView& seq_offsets,
+                              const AttentionOptions& opts, const std::optional<TensorView>& lse,
+                              Stream stream);
+
+// merge_attn_states (ops.h) on GPU arrays.
+void merge_attn_states(const TensorView& output, const std::optional<TensorView>& output_lse,
+                       const TensorView& prefix_output, const TensorView& prefix_lse,
+                       const TensorView& suffix_output, const TensorView& suffix_lse,
+                       Stream stream);
+
+// ops::balanced_decode_target on a GPU.
+int balanced_decode_target(const TensorView& query, const TensorView& key_cache,
+                           const TensorView& value_cache, int num_kv_heads,
+                           KVCacheDType kv_cache_dtype, AttentionKernel kernel);
+
 // The kernel the decode runs under the choice `kernel` (ValueError when a named one does not
 // cover the call).
 AttentionKernel decode_kernel(const TensorView& query, const TensorView& key_cache,

@@ -56,14 +56,15 @@ const char* plan(const AttnParams& a, KVCacheDType cache, bool tma, BulkDecodePa
   const int per_cta_min = fixed + kWarps * 2 * bp.stage_bytes;
   // Early-release kernels run no more CTAs per SM than their registers are capped for.
   const int most = bulk_early_release(D, bp.head_tiles) ? bulk_min_ctas(fp8, D, bp.head_tiles) : 4;
-  const int budget = kSmemPerSm / cta_target(per_cta_min, most) - 2048;  // reserved + static
+  bp.resident = cta_target(per_cta_min, most);
+  const int budget = kSmemPerSm / bp.resident - 2048;  // reserved + static
   bp.stages = std::clamp((budget - fixed) / kWarps / bp.stage_bytes, 2, kBulkMaxStages);
   bp.warp_bytes = round_up(
       std::max(bp.stages * bp.stage_bytes, 8 * bp.head_tiles * bulk_out_pitch(D) * 4), 1024);
   // A sequence's KV heads launch together (0-5 % faster than a KV head's sequences: the
   // interleaved (slot, head) rows of a cache block are read by CTAs running at the same time),
   // where the sequences fit the grid's y dimension.
-  bp.heads_first = a.num_q <= 65535;
+  bp.heads_first = (a.work_items != nullptr ? a.plan_items : a.num_q) <= 65535;
   if (smem_bytes(bp) > kCtaMax) return "the rings do not fit shared memory";
   return nullptr;
 }
@@ -75,6 +76,13 @@ int binary_version(int device) {
 }
 
 }  // namespace
+
+int decode_bulk_item_ctas(const AttnParams& p, KVCacheDType cache, int* resident) {
+  BulkDecodeParams bp;
+  plan(p, cache, false, bp);
+  *resident = bp.resident;
+  return p.num_kv_heads * bp.gchunks;
+}
 
 const char* decode_bulk_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache,
                                   bool vec16) {
@@ -100,9 +108,12 @@ void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, c
                   encode_cache_map(&bp.v_map, p.v_cache, p.vl, p, esz))) {
     plan(p, cache, false, bp);  // the driver refused the maps: row copies
   }
-  const int parts = p.partition_size > 0 ? p.max_parts : 1;
+  // Balanced mode: one row per work item of the plan, one partition (decode_plan.h).
+  const bool planned = p.work_items != nullptr;
+  const int parts = !planned && p.partition_size > 0 ? p.max_parts : 1;
+  const unsigned rows = planned ? p.plan_items : p.num_q;
   const unsigned heads = p.num_kv_heads * bp.gchunks;
-  const dim3 grid = bp.heads_first ? dim3(heads, p.num_q, parts) : dim3(p.num_q, heads, parts);
+  const dim3 grid = bp.heads_first ? dim3(heads, rows, parts) : dim3(rows, heads, parts);
   const int smem = smem_bytes(bp);
   const int fp8 = fp8_kind(cache);
   const uint64_t ctas = uint64_t(grid.x) * grid.y * grid.z;

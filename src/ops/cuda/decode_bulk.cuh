@@ -72,7 +72,8 @@ __device__ __forceinline__ void compute_chunk(const ChunkStream<SH>& cs, const T
   accumulate_pv(o, frags, pb);
 }
 
-// Grid: (num_seqs, num_kv_heads * gchunks, partitions), x and y swapped with heads_first; kThreads
+// Grid: (num_seqs, num_kv_heads * gchunks, partitions), x and y swapped with heads_first (balanced
+// mode: the plan's items in place of the sequences, one partition); kThreads
 // threads; dynamic shared memory smem_bytes(bp). HD: the head size (p.head_size, a multiple of
 // 16); NH: 8-head column tiles.
 template <typename QT, int KIND, int HD, int NH>
@@ -91,12 +92,12 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const StageLayout sl{bp, bp.row_stride, bp.swz};
-  const int seq = bp.heads_first ? blockIdx.y : blockIdx.x;
+  int row = bp.heads_first ? blockIdx.y : blockIdx.x;       // the sequence, or a balanced item
   const int hc = bp.heads_first ? blockIdx.x : blockIdx.y;  // KV head x head chunk
   const int kvh = hc / bp.gchunks;
   const int g0 = (hc % bp.gchunks) * SH::NR;
   const int ng = min(SH::NR, p.group - g0);
-  const int part = blockIdx.z;
+  int part = blockIdx.z;
   Timeline tl;  // profiling builds only (decode_timeline.h)
   tl.stamp(kEntry);
 
@@ -117,6 +118,14 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   // the cache, the block tables, a scale array) are visible only after this.
   pdl_wait();
   tl.stamp(kAfterWait);
+  // Balanced mode: the grid row is a work item of the plan (its sequence and keys), whose partial
+  // goes to the item's workspace row (max_parts = 1, part 0).
+  int seq = row, item_lo = 0, item_hi = 0;
+  const bool planned = p.work_items != nullptr;
+  if (planned) {
+    if (!plan_item(p, row, seq, item_lo, item_hi, row)) return;
+    part = 0;
+  }
   const BlockIds ids{bp, p.block_tables + int64_t(seq) * p.bt_stride, lane};
   // Without a sliding window a partition's first key does not depend on the sequence's length,
   // so the block ids of the warp's first S chunks load together with seq_lens: one load latency
@@ -125,15 +134,19 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
   int first[kBulkMaxStages];
   const bool early = p.window <= 0;
   if (early) {
-    const int lo = p.partition_size > 0 ? part * p.partition_size : 0;
+    const int lo = planned ? item_lo : p.partition_size > 0 ? part * p.partition_size : 0;
 #pragma unroll
     for (int j = 0; j < kBulkMaxStages; ++j) {
       first[j] = j < S ? ids.block_of(ids.key_of(lo / kKeys + warp + kWarps * j, lo)) : 0;
     }
   }
   const int q_pos = p.seq_lens[seq] - 1;
-  int k_lo, k_hi;
-  if (!key_range(p, q_pos, part, k_lo, k_hi)) return;
+  int k_lo = item_lo, k_hi = item_hi;
+  if (planned) {
+    plan_key_range(p, q_pos, k_lo, k_hi);
+  } else if (!key_range(p, q_pos, part, k_lo, k_hi)) {
+    return;
+  }
 
   // ---- this warp's chunks: cl + warp, cl + warp + kWarps, ... < ch ----
   const int cl = k_lo / kKeys, ch = (k_hi + kKeys - 1) / kKeys;
@@ -190,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, bulk_min_ctas(KIND != kNoFp8, HD, NH
 
   tl.stamp(kLoopDone);
   pdl_trigger();  // the next kernel (split mode: the reduction) may launch while CTAs finish
-  merge_and_store<SH>(bp, smem, cs.ring, st, o, sh, seq, kvh, g0, ng, part);
+  merge_and_store<SH>(bp, smem, cs.ring, st, o, sh, row, kvh, g0, ng, part);
   tl.write(bp.timeline);
 #else
   __trap();  // never launched: the host checks the device and the binary first

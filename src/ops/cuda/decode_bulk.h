@@ -36,6 +36,7 @@ struct BulkDecodeParams {
   int warp_bytes;   // a warp's shared memory (its ring; later its fp32 output for the merge)
   int q_bytes;      // the 16-bit query tile, [8 * head_tiles][head_size + 8]
   int heads_first;  // 1: grid (heads x chunks, seqs, parts), a sequence's KV heads launch together
+  int resident;     // CTAs per SM the rings are sized for
   uint64_t* timeline;  // profiling builds: per-CTA stamps (decode_timeline.h), else nullptr
 };
 
@@ -71,6 +72,10 @@ constexpr int bulk_min_ctas(bool fp8, int head_size, int head_tiles) {
 // vec16: both caches' rows can be moved as 16-byte vectors (vector_ok(cache, 16)).
 const char* decode_bulk_uncovered(const AttnParams& p, DType qdtype, KVCacheDType cache,
                                   bool vec16);
+
+// For a call decode_bulk_uncovered accepts: the CTAs of one sequence (or balanced work item), KV
+// heads x head chunks, and in *resident the CTAs per SM the shared-memory rings are sized for.
+int decode_bulk_item_ctas(const AttnParams& p, KVCacheDType cache, int* resident);
 
 // Launches on `s`; p.partition_size > 0 selects split mode (v2 partial results).
 void launch_decode_bulk(const AttnParams& p, DType qdtype, KVCacheDType cache, cudaStream_t s);

@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
   if (tile < 0) return;
   const int r0 = tile * BM;
   const int ctx = p.seq_lens[seq] - qlen;
-  const int k_hi = ctx + (min(r0 + BM, rows) - 1) / G + 1;
+  // Causal: up to the tile's last row; else every row sees the whole sequence.
+  const int k_hi = p.causal ? ctx + (min(r0 + BM, rows) - 1) / G + 1 : ctx + qlen;
   const int k_lo = p.window > 0 ? max(0, ctx + r0 / G - p.window + 1) : 0;
   const int* bt = p.block_tables + int64_t(seq) * p.bt_stride;
   // fp8 caches with 8-byte runs stage their bytes (VecFlags::cache_fp8); vLLM's value layout,
@@ -87,7 +88,9 @@ __global__ void __launch_bounds__(Tile<DP>::kThreads, 2)
   // This thread's accumulator rows: i = 2 * mt + h is row wr0 + mt * 16 + lane / 4 + 8 * h.
   const int wr0 = r0 + warp * MT * 16;
   const bool warp_live = wr0 < rows;
-  const int w_qmin = ctx + wr0 / G, w_qmax = ctx + (min(wr0 + MT * 16, rows) - 1) / G;
+  // The last keys the warp's first and last rows see.
+  const int w_qmin = last_key(p, ctx, wr0, rows);
+  const int w_qmax = last_key(p, ctx, min(wr0 + MT * 16, rows) - 1, rows);
   float o[MT][DP / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)

@@ -20,6 +20,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 // with soft-cap off); kPositions is what causal tiles need.
 enum class TileKind { kPlain, kPositions, kGeneral };
 
+// The last key position packed row gr (of `rows` = query tokens x group) sees: its own position
+// when causal, else the sequence's last (non-causal prefill of encoders).
+__device__ __forceinline__ int last_key(const AttnParams& p, int ctx, int gr, int rows) {
+  return ctx + (p.causal ? gr : rows - 1) / p.group;
+}
+
 // Turns this warp's S accumulators s (MT m16 tiles x BN keys from kt; thread rows i = 2 * mt + h at
 // wr0 + mt * 16 + lane / 4 + 8 * h) into unnormalised probabilities in place, and updates the
 // running row maxima m (log2 domain) and partial row sums l (this thread's columns only; reduced
@@ -43,7 +49,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][BN / 8][4], float 
 #pragma unroll
       for (int i = 0; i < NR; ++i) {
         const int gr = wr0 + (i >> 1) * 16 + lane / 4 + 8 * (i & 1);
-        hi[i] = ctx + gr / G - kt - 2 * (lane & 3);
+        hi[i] = last_key(p, ctx, gr, rows) - kt - 2 * (lane & 3);
         lo[i] = p.window > 0 ? hi[i] - p.window : -(1 << 30);
       }
 #pragma unroll
@@ -68,13 +74,14 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][BN / 8][4], float 
   } else {
     mul = 1.f;
     // Row positions and alibi slopes, recomputed per masked tile: registers are scarce.
-    int q_pos[NR];
+    int q_pos[NR], last[NR];
     float slope[NR];
 #pragma unroll
     for (int i = 0; i < NR; ++i) {
       mx[i] = m[i];
       const int gr = wr0 + (i >> 1) * 16 + lane / 4 + 8 * (i & 1);
       q_pos[i] = ctx + gr / G;
+      last[i] = last_key(p, ctx, gr, rows);
       slope[i] = p.alibi != nullptr && gr < rows ? p.alibi[kvh * G + gr % G] : 0.f;
     }
 #pragma unroll
@@ -87,7 +94,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][BN / 8][4], float 
           float x = s[mt][n][e] * p.qk_scale;
           if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
           x = (x + slope[i] * float(key - q_pos[i])) * kLog2e;
-          const bool masked = key > q_pos[i] || (p.window > 0 && key <= q_pos[i] - p.window);
+          const bool masked = key > last[i] || (p.window > 0 && key <= q_pos[i] - p.window);
           s[mt][n][e] = masked ? -INFINITY : x;
           mx[i] = fmaxf(mx[i], s[mt][n][e]);
         }

@@ -85,7 +85,7 @@ __device__ __forceinline__ void release(uint64_t* bar) {
 
 // This warpgroup's rows and the per-tile decisions (warpgroup-uniform).
 struct WgRows {
-  int wr0, q_min, q_max;  // first packed row; positions of its first and last live rows
+  int wr0, q_min, q_max;  // first packed row; last keys its first and last live rows see
   int warp_row;           // first packed row of this thread's warp
   bool any, extras;       // any live row; soft-cap / alibi / odd scale: every tile masked
 
@@ -93,8 +93,8 @@ struct WgRows {
     wr0 = w.r0 + wg * 64;
     warp_row = wr0 + ((threadIdx.x & 127) >> 5) * 16;
     any = wr0 < w.rows;
-    q_min = w.ctx + wr0 / p.group;
-    q_max = w.ctx + (min(wr0 + 64, w.rows) - 1) / p.group;
+    q_min = prefill::last_key(p, w.ctx, wr0, w.rows);
+    q_max = prefill::last_key(p, w.ctx, min(wr0 + 64, w.rows) - 1, w.rows);
     extras = p.softcap > 0.f || p.alibi != nullptr || !(p.qk_scale > 0.f);
   }
   // Keys [kt, kt + BN) touch these rows (causally, and inside the window).

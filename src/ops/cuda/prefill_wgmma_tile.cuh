@@ -59,7 +59,7 @@ __device__ __forceinline__ bool cta_work(const AttnParams& p, CtaWork& w) {
   w.r0 = tile * BM;
   w.ctx = p.seq_lens[w.seq] - qlen;
   w.kv_end = w.ctx + qlen;
-  w.k_hi = w.ctx + (min(w.r0 + BM, w.rows) - 1) / p.group + 1;
+  w.k_hi = p.causal ? w.ctx + (min(w.r0 + BM, w.rows) - 1) / p.group + 1 : w.kv_end;
   // Tiles start on a multiple of 16 keys so that 16-key copy groups never straddle a cache block
   // (block sizes are multiples of 16 for the cache maps); keys before the window are masked.
   w.k_lo = p.window > 0 ? max(0, w.ctx + w.r0 / p.group - p.window + 1) & ~15 : 0;

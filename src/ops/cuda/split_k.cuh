@@ -11,7 +11,8 @@
 
 namespace pagedkv::cuda_ops {
 
-// Keys [lo, hi) a CTA attends to for the query at position q_pos: its sliding window and, in
+// Keys [lo, hi) a CTA attends to for a query whose last visible key is q_pos (its own position,
+// or its sequence's last for non-causal prefill, which has no window): its sliding window and, in
 // split mode, partition `part`. False when that partition starts past the query (the CTA then
 // writes nothing, as vLLM leaves such partitions untouched).
 __device__ __forceinline__ bool key_range(const AttnParams& p, int q_pos, int part, int& lo,
@@ -24,6 +25,27 @@ __device__ __forceinline__ bool key_range(const AttnParams& p, int q_pos, int pa
     hi = min(hi, (part + 1) * p.partition_size);
   }
   return true;
+}
+
+// Balanced mode (p.work_items != nullptr): work item `item`'s sequence, planned keys [lo, hi) and
+// workspace row; false for an unused item (seq -1) or one naming no sequence of the call or a
+// row outside the plan (a device plan is not checked on the host).
+__device__ __forceinline__ bool plan_item(const AttnParams& p, int item, int& seq, int& lo, int& hi,
+                                          int& row) {
+  const int4 w = reinterpret_cast<const int4*>(p.work_items)[item];  // kBalancedItemInts = 4
+  seq = w.x;
+  lo = w.y;
+  hi = w.z;
+  row = w.w;
+  return seq >= 0 && seq < p.num_q && row >= 0 && row < p.plan_items;
+}
+
+// A balanced item's keys: its planned range within the query's sliding window and context (the
+// planner already keeps to them; the clamp keeps a bad device plan inside the sequence). An empty
+// range still writes its (empty) partial, which the merge weighs 0.
+__device__ __forceinline__ void plan_key_range(const AttnParams& p, int q_pos, int& lo, int& hi) {
+  lo = max(lo, p.window > 0 ? max(0, q_pos - p.window + 1) : 0);
+  hi = min(hi, q_pos + 1);
 }
 
 // How NW warps' online-softmax states of one query head merge: M, the largest maximum logit

@@ -20,8 +20,12 @@ def test_update_reports_eos_stop_ids_and_length() -> None:
     s.add_request("stop", [1, 2], 10, eos_token_ids=[3], stop_token_ids=[4, 5])
     s.add_request("len", [1, 2], 1, eos_token_id=3, ignore_eos=True)
     done = s.update(s.schedule(), np.array([4, 3, 4, 3]))
-    assert _reasons(done) == [("eos2", "stop", None, True), ("eos1", "stop", None, True),
-                              ("stop", "stop", 4, False), ("len", "length", None, False)]
+    assert _reasons(done) == [
+        ("eos2", "stop", None, True),
+        ("eos1", "stop", None, True),
+        ("stop", "stop", 4, False),
+        ("len", "length", None, False),
+    ]
     assert repr(done[2]) == "FinishedRequest(request_id='stop', reason='stop', stop_token_id=4)"
     assert s.num_free_blocks == 64
 

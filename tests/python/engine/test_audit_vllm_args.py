@@ -12,8 +12,6 @@ from pagedkv.engine.config import EngineConfig
 @pytest.mark.parametrize(
     "name, value",
     [
-        ("pooler_config", {"pooling_type": "MEAN"}),
-        ("override_pooler_config", {"normalize": True}),
         ("kv_sharing_fast_prefill", True),
         ("allowed_local_media_path", "/data"),
     ],

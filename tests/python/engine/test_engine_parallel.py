@@ -3,7 +3,8 @@
 One workload per layout, on tiny random Llama (2 KV heads), Qwen2 (1 KV head: replicated
 under TP=2; tied embeddings split over stages under PP) and Mixtral (experts split along their
 intermediate dimension): prompts sharing a prefix (prefix-cache
-hits) and more KV than the cache holds (preemption, by recompute or swap). Greedy tokens must be
+hits) and more KV than the cache holds (preemption, by recompute or swap); under PP, steps cut
+into micro-batches (stages overlapping) and steps run whole. Greedy tokens must be
 those of TP=1 and logprobs within 1e-4; no request or block may leak and no worker process may
 outlive the engine. A worker killed mid-run ends the engine with an error naming it.
 """
@@ -89,6 +90,8 @@ def _run(path: str, **kw: Any) -> tuple[list, dict, list]:
         stats = llm.llm_engine.get_stats()
         runner = llm.llm_engine.runner
         procs = list(runner._state.procs) if hasattr(runner, "_state") else []
+        if hasattr(runner, "worker"):
+            stats["micro_batched_steps"] = runner.worker.micro_batched_steps
     finally:
         del llm
         gc.collect()
@@ -98,19 +101,22 @@ def _run(path: str, **kw: Any) -> tuple[list, dict, list]:
 _REFERENCE: dict[tuple[str, str, str], list] = {}
 
 
+# micro: pipeline_micro_batch_tokens (256, the default, never cuts these small steps; 8 cuts
+# every step with 16+ prefill tokens into one micro-batch per stage).
 @pytest.mark.parametrize(
-    "preset,tp,pp,mode,kv",
+    "preset,tp,pp,mode,kv,micro",
     [
-        ("tiny-llama", 2, 1, "recompute", "auto"),
-        ("tiny-qwen2", 2, 1, "swap", "auto"),
-        ("tiny-qwen2", 1, 2, "recompute", "auto"),
-        ("tiny-llama", 2, 2, "swap", "auto"),
-        ("tiny-qwen2", 2, 1, "recompute", "fp8"),
-        ("tiny-mixtral", 2, 2, "recompute", "auto"),
+        ("tiny-llama", 2, 1, "recompute", "auto", 256),
+        ("tiny-qwen2", 2, 1, "swap", "auto", 256),
+        ("tiny-qwen2", 1, 2, "recompute", "auto", 256),
+        ("tiny-llama", 1, 2, "swap", "auto", 8),
+        ("tiny-llama", 2, 2, "swap", "auto", 256),
+        ("tiny-qwen2", 2, 1, "recompute", "fp8", 256),
+        ("tiny-mixtral", 2, 2, "recompute", "auto", 8),
     ],
 )
 def test_parallel_engine_matches_one_rank(
-    models: dict[str, str], preset: str, tp: int, pp: int, mode: str, kv: str
+    models: dict[str, str], preset: str, tp: int, pp: int, mode: str, kv: str, micro: int
 ) -> None:
     key = (preset, mode, kv)
     if key not in _REFERENCE:
@@ -122,7 +128,9 @@ def test_parallel_engine_matches_one_rank(
         kv_cache_dtype=kv,
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
+        pipeline_micro_batch_tokens=micro,
     )
+    assert (stats["micro_batched_steps"] > 0) == (micro < 256 and pp > 1), stats
     # fp8 caches: the ranks' k/v differ from one rank's in the last float32 bits (the
     # all-reduce sums in another order), which may flip an fp8 rounding.
     tol = 1e-2 if kv == "fp8" else 1e-4
@@ -286,3 +294,57 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+_KILLED_DRIVER_SCRIPT = """
+import sys, time
+import torch
+from pagedkv import LLM
+
+
+def main():
+    torch.set_num_threads(1)
+    llm = LLM(sys.argv[1], device="cpu", skip_tokenizer_init=True, max_model_len=128,
+              kv_cache_space=0.01, tensor_parallel_size=2)
+    ring = llm.llm_engine.runner._state.channel.ring.shm.name
+    print("PIDS", ring, *[p.pid for p in llm.llm_engine.runner._state.procs], flush=True)
+    time.sleep(60)  # idle: the workers wait for a command
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_killed_driver_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
+    """The driver dies without a word (SIGKILL) while its workers wait on the command ring:
+    they notice within their liveness check and exit, and the ring's shared memory goes."""
+    script = tmp_path / "driver.py"
+    script.write_text(_KILLED_DRIVER_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), models["tiny-llama"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("PIDS"), line
+        ring, *pids = line.split()[1:]
+        workers = [int(p) for p in pids]
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        any(_pid_alive(p) for p in workers) or os.path.exists(f"/dev/shm/{ring}")
+    ):
+        time.sleep(0.1)
+    assert not any(_pid_alive(p) for p in workers), "a worker outlived its killed driver"
+    assert not os.path.exists(f"/dev/shm/{ring}"), "the command ring outlived the engine"

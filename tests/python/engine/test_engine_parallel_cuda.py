@@ -5,6 +5,11 @@ previous stage's hidden states (PP), the memory profile on every rank, an fp8 KV
 from __future__ import annotations
 
 import gc
+import json
+import os
+import socket
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -65,11 +70,20 @@ def _generate(path: str, **kw: Any) -> tuple[list, int]:
     return [o.outputs[0] for o in outs], replays
 
 
-@pytest.mark.parametrize("tp,pp,kv", [(2, 1, "auto"), (1, 2, "auto"), (2, 1, "fp8")])
-def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str) -> None:
+# micro: pipeline_micro_batch_tokens (8: the prefill steps run as 2 micro-batches, the
+# stages overlapping; a decode-only micro-batch may replay a CUDA graph).
+@pytest.mark.parametrize(
+    "tp,pp,kv,micro",
+    [(2, 1, "auto", 256), (1, 2, "auto", 256), (1, 2, "auto", 8), (2, 1, "fp8", 256)],
+)
+def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str, micro: int) -> None:
     want, _ = _generate(model, kv_cache_dtype=kv)
     got, replays = _generate(
-        model, kv_cache_dtype=kv, tensor_parallel_size=tp, pipeline_parallel_size=pp
+        model,
+        kv_cache_dtype=kv,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        pipeline_micro_batch_tokens=micro,
     )
     assert replays > 0  # the decode steps ran as CUDA graphs
     same = sum(a.token_ids == b.token_ids for a, b in zip(want, got))
@@ -82,3 +96,59 @@ def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str) -> None:
     # fp8: the ranks' k/v differ from one GPU's in the last float32 bits (the all-reduce sums
     # in another order), which may flip an fp8 rounding.
     assert worst < (1e-2 if kv == "fp8" else 1e-3), worst
+
+
+_TORCHRUN_SCRIPT = """
+import json, sys
+from pagedkv import LLM, SamplingParams
+llm = LLM(sys.argv[1], device="cuda", dtype="float32", skip_tokenizer_init=True,
+          max_model_len=256, gpu_memory_utilization=0.3, tensor_parallel_size=2)
+out = llm.generate([{"prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6]}] * 3,
+                   SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                   use_tqdm=False)
+print("TOKENS" + json.dumps([o.outputs[0].token_ids for o in out]), flush=True)
+"""
+
+
+def test_torchrun_two_gpus_match_one(model: str, tmp_path: Any) -> None:
+    """torchrun's ranks (NCCL between the GPUs): the driver's commands travel as one
+    flat-buffer broadcast over gloo (command_channel.BroadcastChannel), not through shared
+    memory."""
+    script = tmp_path / "run.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            str(script),
+            model,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("TOKENS")]
+    assert len(lines) == 1, done.stdout
+    llm = LLM(model, **ENGINE)
+    try:
+        want = llm.generate(
+            [{"prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6]}] * 3,
+            SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+            use_tqdm=False,
+        )
+    finally:
+        del llm
+        gc.collect()
+    assert json.loads(lines[0][len("TOKENS") :]) == [o.outputs[0].token_ids for o in want]

@@ -70,15 +70,16 @@ def _expected(models, prompt: list[int], which: int) -> list[int]:
 
 
 def _llm(base: str, **kw) -> LLM:
+    cuda = kw.get("device") == "cuda"
+    memory = {"gpu_memory_utilization": 0.2} if cuda else {"device": "cpu", "kv_cache_space": 0.01}
     return LLM(
         base,
-        device="cpu",
+        **memory,
+        **kw,
         skip_tokenizer_init=True,
         enable_lora=True,
         max_lora_rank=8,
-        kv_cache_space=0.01,
         max_model_len=128,
-        **kw,
     )
 
 
@@ -128,3 +129,17 @@ def test_fewer_slots_than_adapters_and_preemption(world) -> None:
         LLM(
             base, device="cpu", skip_tokenizer_init=True, kv_cache_space=0.01, max_model_len=64
         ).generate([{"prompt_token_ids": [5, 6]}], lora_request=loras[1], use_tqdm=False)
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_run_adapters(world) -> None:
+    """On the GPU, decode steps with adapters replay the CUDA graphs captured with the LoRA
+    kernels (eager only for prefills): the same tokens as HF's merged models, for a batch that
+    mixes both adapters and the base model."""
+    base, models, loras = world
+    llm = _llm(base, max_loras=2, device="cuda", dtype="float32", max_num_seqs=8)
+    runner = llm.llm_engine.runner
+    assert runner.graphs is not None and runner.graphs.lora_graphs
+    before = runner.graphs.num_replays
+    _check(llm, models, loras, _prompts(6, 3), [1, 2, 0, 2, 1, 0])
+    assert runner.graphs.num_replays >= before + MAX_TOKENS - 1

@@ -84,8 +84,11 @@ def test_align_and_grouped_gemm(seed: int) -> None:
         assert np.abs(_np(out) - want).max(initial=0) <= TOL[str(dtype)[6:]] * scale
 
 
+@pytest.mark.parametrize("kernel", ["pagedkv", "auto"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_experts_matches_cpu_and_captures(dtype: torch.dtype) -> None:
+def test_fused_experts_matches_cpu_and_captures(dtype: torch.dtype, kernel: str) -> None:
+    """Both kernels (auto = torch._grouped_mm for bf16 on Hopper) against the CPU op, then
+    captured in a CUDA graph and replayed with new routing."""
     g = torch.Generator().manual_seed(2)
     t, h, inter, e, k = 37, 256, 96, 8, 2
     x = torch.randn(t, h, generator=g).to(dtype)
@@ -98,7 +101,7 @@ def test_fused_experts_matches_cpu_and_captures(dtype: torch.dtype) -> None:
 
     def run() -> torch.Tensor:
         wc, ic = ops.topk_softmax(lc, k, True)
-        return fused_experts(xc, w13c, w2c, wc, ic)
+        return fused_experts(xc, w13c, w2c, wc, ic, kernel=kernel)
 
     eager = run()
     tol = TOL[str(dtype)[6:]] * 4 * float(cpu.abs().max())

@@ -72,6 +72,23 @@ CASES = {
         ),
     ),
     "gpt2": ("tiny-gpt2", dict(n_embd=256, n_head=4, n_layer=3, n_positions=1024)),
+    # MLA (K and V padded to 64 / 128 in the cache) and grouped-routing MoE on the fused experts.
+    "deepseek-v2": ("tiny-deepseek-v2", dict(hidden_size=256, max_position_embeddings=1024)),
+    # The released models' cache head size: K 128 + 64 = 192, V 128 padded to it.
+    "deepseek-v2-hd192": (
+        "tiny-deepseek-v2",
+        dict(
+            hidden_size=256,
+            max_position_embeddings=1024,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+    ),
+    "deepseek-v3": (
+        "tiny-deepseek-v3",
+        dict(hidden_size=256, qk_nope_head_dim=96, qk_rope_head_dim=32, v_head_dim=64),
+    ),
     "gpt-neox": (
         "tiny-gpt-neox",
         dict(
@@ -134,7 +151,9 @@ def test_bf16_on_cuda_agrees_with_hf_bf16(case: str, tmp_path) -> None:
     prompts = _prompts(len(case) + 1)
     got = engine_greedy(_llm(path, "bfloat16"), prompts, 24)
     ref_model = (
-        transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16, attn_implementation="eager"
+        )
         .to("cuda")
         .eval()
     )

@@ -71,7 +71,8 @@ def test_unsupported_architecture(tmp_path) -> None:
                 "rope_scaling": {"rope_type": "mrope"},
             }
         )
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    unsupported = {"architectures": ["T5ForConditionalGeneration"]}
+    (tmp_path / "config.json").write_text(json.dumps(unsupported))
     from pagedkv.models import load_model
 
     with pytest.raises(ValueError, match="unsupported architecture"):

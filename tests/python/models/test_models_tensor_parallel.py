@@ -1,8 +1,9 @@
 """The parallel layers on real process groups (gloo, CPU): a tiny random Llama (2 KV heads),
-Qwen2 (1 KV head: replicated under TP=2, tied embeddings), Mixtral and Qwen2-MoE (experts split
-along their intermediate dimension, a shared expert) sharded over 2 ranks, by tensors (TP=2) or
-by layers (PP=2, hidden states sent between the stages), must give the logits of the unsharded
-model, each rank having loaded only its shard."""
+Qwen2 (1 KV head: replicated under TP=2, tied embeddings), Mixtral, Qwen2-MoE and DeepSeek
+(experts split along their intermediate dimension, shared experts; DeepSeek's MLA heads)
+sharded over 2 ranks, by tensors (TP=2) or by layers (PP=2, hidden states sent between the
+stages), must give the logits of the unsharded model, each rank having loaded only its
+shard."""
 
 from __future__ import annotations
 
@@ -83,6 +84,9 @@ def _free_port() -> int:
         ("tiny-mixtral", 2, 1),
         ("tiny-qwen2-moe", 2, 1),
         ("tiny-mixtral", 1, 2),
+        # MLA heads split (q_b_proj / kv_b_proj by heads, o_proj by rows; the latent replicated).
+        ("tiny-deepseek-v3", 2, 1),
+        ("tiny-deepseek-v2", 1, 2),
     ],
 )
 def test_sharded_logits_match_unsharded(preset: str, tp: int, pp: int, tmp_path) -> None:

@@ -111,8 +111,11 @@ def test_negative_expert_block_writes_zeros() -> None:
     assert (out[0] == 8).all() and (out[1] == 0).all()
 
 
+@pytest.mark.parametrize("kernel", ["pagedkv", "grouped_mm"])
 @pytest.mark.parametrize("renormalize", [False, True])
-def test_fused_experts_matches_dense_loop(renormalize: bool) -> None:
+def test_fused_experts_matches_dense_loop(renormalize: bool, kernel: str) -> None:
+    if kernel == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no _grouped_mm")
     g = torch.Generator().manual_seed(4)
     t, h, inter, e, k = 11, 32, 24, 6, 2
     x = torch.randn(t, h, generator=g)
@@ -120,7 +123,7 @@ def test_fused_experts_matches_dense_loop(renormalize: bool) -> None:
     w2 = torch.randn(e, h, inter, generator=g) / inter**0.5
     logits = torch.randn(t, e, generator=g)
     weights, ids = ops.topk_softmax(logits, k, renormalize)
-    out = fused_experts(x, w13, w2, weights, ids)
+    out = fused_experts(x, w13, w2, weights, ids, kernel=kernel)
     want = torch.zeros(t, h, dtype=torch.float64)
     for i in range(t):
         for j in range(k):

@@ -73,7 +73,7 @@ COMPLETION_ONLY = [
     ({"logprobs": 21}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
     ({"suffix": "tail"}, "suffix"),
-    ({"best_of": 3}, "best_of"),
+    ({"best_of": 1, "n": 2}, "best_of"),  # best_of < n (best_of > n samples: beam tests)
     ({"prompt": []}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": "hello " * (MAX_MODEL_LEN + 10)}, "prompt"),

@@ -1,6 +1,6 @@
 """Request fields of the OpenAI / vLLM API that change the output are applied (logit_bias,
 include_stop_str_in_output, prompt_logprobs, add_special_tokens) or refused with a 400 naming
-them (use_beam_search, functions, ...), never silently ignored; chat checks as vLLM's
+them (cache_salt, functions, ...), never silently ignored; chat checks as vLLM's
 (top_logprobs without logprobs, stream_options without stream, stop_reason in the streamed
 finish chunk); priority outside int32 is a 400; long prompts are tokenized off the event loop
 and the hopeless ones rejected by their length first. A real `pagedkv serve` subprocess on the
@@ -240,7 +240,7 @@ def test_bad_prompt_logprobs_400(server: RemoteServer, route: str, body: dict, e
 
 
 UNSUPPORTED = [
-    {"use_beam_search": True},
+    {"cache_salt": "tenant-a"},  # use_beam_search is served now (test_server_beam_search.py)
 ]
 CHAT_UNSUPPORTED = [
     {"functions": [{"name": "f"}]},

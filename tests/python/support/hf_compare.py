@@ -9,14 +9,24 @@ from typing import Any
 Greedy = list[tuple[list[int], list[float]]]  # per prompt: (tokens, logprob of each token)
 
 
-def hf_greedy(path: str, prompts: list[list[int]], max_tokens: int, dtype: Any = None) -> Greedy:
+def hf_greedy(
+    path: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    dtype: Any = None,
+    attn_implementation: str | None = "eager",
+) -> Greedy:
     """HF ``generate`` (greedy, its own KV cache) from each prompt alone, EOS disabled; the
-    logprobs are the log-softmax of its raw logits."""
+    logprobs are the log-softmax of its raw logits. The attention is HF's eager one: the
+    reference math in every transformers version (a default of "sdpa" drops Gemma 2's
+    attention soft cap in the versions that pick it for Gemma 2); None: transformers' default."""
     import torch
     import transformers
 
     dtype = dtype or torch.float32
-    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation
+    ).eval()
     ref.generation_config.eos_token_id = None
     out: Greedy = []
     for prompt in prompts:

@@ -36,6 +36,13 @@ class Problem:
     alibi: Optional[np.ndarray]  # [num_heads] or None
     softcap: float
     window: int
+    causal: bool = True  # False: every query sees its whole sequence (window 0)
+
+
+def last_key(pb: Problem, ctx: int, gr, rows: int):  # noqa: ANN001, ANN201 - int or array
+    """prefill_softmax.cuh: the last key packed row gr sees (its own position, or the
+    sequence's last when not causal)."""
+    return ctx + np.where(pb.causal, gr, rows - 1) // pb.group
 
 
 def tile_shape(dp: int) -> tuple[int, int, int]:
@@ -88,7 +95,7 @@ def run(pb: Problem, max_query_len: int) -> tuple[np.ndarray, np.ndarray]:
             continue
         r0 = tile * bm
         ctx = pb.seq_lens[seq] - qlen
-        k_hi = ctx + (min(r0 + bm, rows) - 1) // g + 1
+        k_hi = ctx + (min(r0 + bm, rows) - 1) // g + 1 if pb.causal else ctx + qlen
         k_lo = max(0, ctx + r0 // g - pb.window + 1) if pb.window > 0 else 0
         n_tiles = (k_hi - k_lo + bn - 1) // bn if k_hi > k_lo else 0
         sq = np.zeros((bm, dp), np.float32)  # load_q
@@ -133,8 +140,8 @@ def _warp(
     g, nrow = pb.group, mt_ * 16
     wr0 = r0 + warp * nrow
     warp_live = wr0 < rows
-    w_qmin = ctx + wr0 // g
-    w_qmax = ctx + (min(wr0 + nrow, rows) - 1) // g
+    w_qmin = last_key(pb, ctx, wr0, rows)
+    w_qmax = last_key(pb, ctx, min(wr0 + nrow, rows) - 1, rows)
     gr = wr0 + np.arange(nrow)
     o = np.zeros((nrow, sq.shape[1]), np.float32)
     m = np.full(nrow, -np.inf, np.float32)
@@ -151,7 +158,7 @@ def _warp(
         s = sq[warp * nrow : (warp + 1) * nrow] @ k.T
         q_pos = ctx + gr // g
         key = kt + np.arange(bn)
-        masked = key[None, :] > q_pos[:, None]
+        masked = key[None, :] > last_key(pb, ctx, gr, rows)[:, None]
         if pb.window > 0:
             masked |= key[None, :] <= q_pos[:, None] - pb.window
         if plain:  # prefill_softmax.cuh: TileKind::kPlain
@@ -188,7 +195,8 @@ def _warp(
 
 
 def reference(pb: Problem) -> np.ndarray:
-    """float64 causal attention with the same options."""
+    """float64 causal (or, with pb.causal False, bidirectional) attention with the same
+    options."""
     outs = []
     for s in range(len(pb.seq_lens)):
         qlen = pb.qsl[s + 1] - pb.qsl[s]
@@ -204,7 +212,7 @@ def reference(pb: Problem) -> np.ndarray:
             rel = np.arange(k.shape[0])[None] - (ctx + np.arange(qlen))[:, None]
             if pb.alibi is not None:
                 lg = lg + pb.alibi[h] * rel
-            mask = rel > 0
+            mask = (rel > 0) & pb.causal
             if pb.window > 0:
                 mask |= rel <= -pb.window
             lg = np.where(mask, -np.inf, lg)

@@ -99,9 +99,11 @@ def attention(
     alibi_slopes: Optional[np.ndarray] = None,
     soft_cap: float = 0.0,
     sliding_window: Optional[int] = None,
+    causal: bool = True,
 ) -> np.ndarray:
     """q [Lq, H, D] at positions q_pos; k, v [Lk, KVH, D] at positions 0..Lk-1.
-    Key j is visible to query i iff j <= q_pos[i] (and q_pos[i] - j < window). Logit =
+    Key j is visible to query i iff j <= q_pos[i] (and q_pos[i] - j < window); every key is
+    visible when not causal. Logit =
     cap * tanh(scale q.k / cap) (if cap > 0) + slope * (j - q_pos[i]). Rows with no visible key
     are 0."""
     lq, h, d = q.shape
@@ -116,7 +118,7 @@ def attention(
     rel = kpos[None, :] - q_pos[:, None]  # [Lq, Lk]
     if alibi_slopes is not None:
         s = s + np.asarray(alibi_slopes, np.float64)[:, None, None] * rel[None]
-    mask = rel <= 0
+    mask = (rel <= 0) | (not causal)
     if sliding_window is not None and sliding_window > 0:
         mask &= rel > -sliding_window
     s = np.where(mask[None], s, -np.inf)
@@ -162,7 +164,8 @@ def prefix_prefill(
     **kw,
 ) -> np.ndarray:
     """Reference of context_attention_fwd: each sequence's new tokens follow its cached
-    context (context_len = seq_len - query_len) and attend causally."""
+    context (context_len = seq_len - query_len) and attend causally (or, with causal=False in
+    kw, to the whole sequence)."""
     out = np.zeros(query.shape, np.float64)
     for i in range(len(seq_lens)):
         q0, q1 = int(query_start_loc[i]), int(query_start_loc[i + 1])

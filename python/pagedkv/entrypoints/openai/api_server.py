@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: ``build_app(engine, args)`` and ``run_server(args)``.
 
-Routes: /v1/models, /v1/completions, /v1/chat/completions (OpenAI), /tokenize, /detokenize,
-/health, /ping, /version, /metrics (vLLM's extras). With an API key, every /v1 route needs
+Routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings (OpenAI), /tokenize,
+/detokenize, /pooling, /classify, /score, /rerank (serving_pooling.py), /health, /ping,
+/version, /metrics (vLLM's extras). With an API key, every /v1 route needs
 ``Authorization: Bearer <key>``; the operational routes stay open for probes and scrapers.
 CORS is open unless --allowed-origins & co restrict it, as in vLLM.
 ``$PAGEDKV_MAX_N_SEQUENCES`` (default 16384, as vLLM's ``$VLLM_MAX_N_SEQUENCES``) caps the
@@ -45,6 +46,7 @@ from pagedkv.entrypoints.openai.serving_lora import (
     check_adapter,
     parse_lora_module,
 )
+from pagedkv.entrypoints.openai.serving_pooling import add_pooling_routes, refuse_generation
 
 logger = logging.getLogger("pagedkv.server")
 
@@ -285,13 +287,16 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         return JSONResponse(listing)
 
     add_lora_routes(app, state.lora)
+    add_pooling_routes(app, state)  # /v1/embeddings, /pooling, /classify, /score, /rerank
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request) -> Response:
+        refuse_generation(state, "/v1/completions")
         return await completion.create(req, raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, raw: Request) -> Response:
+        refuse_generation(state, "/v1/chat/completions")
         return await chat.create(req, raw)
 
     @app.post("/tokenize")

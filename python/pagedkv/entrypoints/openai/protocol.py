@@ -110,7 +110,11 @@ class _SamplingFields(_Body):
     # vLLM's extension: the response id is "cmpl-"/"chatcmpl-" + this (or the X-Request-Id
     # header, which wins); random when neither is given.
     request_id: Optional[str] = None
-    best_of: Optional[int] = None  # only best_of == n is served (see check_request)
+    # vLLM's meaning: sampling, the n best (by cumulative logprob) of best_of samples; with
+    # use_beam_search, the beam width (n when unset), the n best hypotheses returned.
+    best_of: Optional[int] = None
+    use_beam_search: bool = False  # vLLM's extension (serving_beam_search.py)
+    length_penalty: FiniteFloat = 1.0  # beam search's, as HF's: score = logprob / len ** it
     user: Optional[str] = None  # OpenAI's end-user tag: declared (as vLLM does), no effect
     # vLLM's extensions for token-level clients (RL trainers): the prompt's and each choice's
     # token ids in the answer, and logprob tokens spelled "token_id:<id>".

@@ -18,6 +18,7 @@ logger = logging.getLogger("pagedkv.server")
 # Request fields passed to SamplingParams under the same name when the client set them.
 _SAMPLING_FIELDS = (
     "n",
+    "best_of",
     "temperature",
     "top_p",
     "top_k",
@@ -59,7 +60,6 @@ def no_tool_choice(value: Any) -> bool:
 # that silently ignores it. Field -> "this value is harmless" (unset / the default behaviour).
 # Fields of both endpoints; the chat endpoint adds its own (serving_chat.py).
 UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
-    "use_beam_search": is_unset,
     "logits_processors": is_unset,
     "prompt_embeds": is_unset,
     "structural_tag": is_unset,
@@ -136,9 +136,10 @@ class RequestChecks:
                 "The following fields were present in the request but ignored: %s",
                 ", ".join(ignored),
             )
-        if req.best_of is not None and req.best_of != req.n:
-            # vLLM V1 has no best_of either; best_of == n is plain sampling.
-            raise bad_request("best_of is not supported (use n)", param="best_of")
+        beams = getattr(req, "use_beam_search", False)  # serving_beam_search.py's checks
+        if req.best_of is not None and req.best_of > req.n and req.stream and not beams:
+            # The best samples are known only at the end (OpenAI's rule too).
+            raise bad_request("best_of > n cannot be streamed", param="best_of")
         # A present, non-empty stream_options without stream (vLLM lets {} through).
         so = req.stream_options
         if so is not None and so.model_fields_set and not req.stream:

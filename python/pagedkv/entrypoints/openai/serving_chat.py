@@ -24,6 +24,7 @@ from pagedkv.entrypoints.openai.protocol import (
 from pagedkv.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from pagedkv.entrypoints.openai.request_checks import is_unset, no_tool_choice
 from pagedkv.entrypoints.openai.request_timer import RequestTimer
+from pagedkv.entrypoints.openai.serving_beam_search import beam_jobs, start_beam_searches
 from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
 from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
 from pagedkv.entrypoints.openai.tool_calls import (
@@ -211,6 +212,14 @@ class OpenAIServingChat(OpenAIServing):
         if requested is None:
             length_field, requested = "max_tokens", req.max_tokens
         max_tokens = self.max_tokens_for(len(ids), requested, length_field, "messages")
+        beams = beam_jobs(self, req, [(ids, prompt)], requested, length_field, "messages")
+        if beams is not None:
+            if tools is not None and tools.calls:
+                raise bad_request(
+                    "tool_choice required / named is not supported with use_beam_search",
+                    param="tool_choice",
+                )
+            return await self._beam_search(req, raw, beams, tools)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(
             req,
@@ -242,6 +251,23 @@ class OpenAIServingChat(OpenAIServing):
                 self._stream(req, request_id, streams, timer, ids, tools),
                 media_type="text/event-stream",
             )
+        result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer, tools))
+        if result is None:
+            return Response(status_code=499)
+        return JSONResponse(dump(result))
+
+    async def _beam_search(
+        self,
+        req: ChatCompletionRequest,
+        raw: Request,
+        beams: List[tuple],
+        tools: Optional[ToolChoice],
+    ) -> Response:
+        """use_beam_search (serving_beam_search.py): the n best hypotheses as the choices."""
+        request_id, engine_id = self.request_ids(raw, req, "chatcmpl")
+        self.log_request(request_id, [len(beams[0][0])], beams[0][2], False)
+        timer = RequestTimer(self.state.metrics, request_id)
+        streams = start_beam_searches(self, engine_id, beams, req)
         result = await cancel_on_disconnect(raw, self._full(req, request_id, streams, timer, tools))
         if result is None:
             return Response(status_code=499)

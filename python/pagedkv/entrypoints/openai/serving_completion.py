@@ -17,6 +17,7 @@ from pagedkv.entrypoints.openai.protocol import (
     dump,
 )
 from pagedkv.entrypoints.openai.request_timer import RequestTimer
+from pagedkv.entrypoints.openai.serving_beam_search import beam_jobs, start_beam_searches
 from pagedkv.entrypoints.openai.serving_engine import OpenAIServing
 from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
 
@@ -40,7 +41,8 @@ class OpenAIServingCompletion(OpenAIServing):
         # logprobs come back alone. The engine still runs one step (it generates at least one
         # token, which the answer leaves out; usage counts it, as vLLM's does).
         max_tokens = 1 if _echo_only(req) else req.max_tokens
-        jobs = [
+        beams = beam_jobs(self, req, prompts, max_tokens)
+        jobs = beams or [
             (
                 ids,
                 text,
@@ -53,7 +55,10 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id, engine_id = self.request_ids(raw, req, "cmpl")
         self.log_request(request_id, [len(ids) for ids, _ in prompts], jobs[0][2], bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
-        streams = await self.start_all(engine_id, jobs, req.priority, model=req.model)
+        if beams is not None:
+            streams: List[Any] = start_beam_searches(self, engine_id, beams, req)
+        else:
+            streams = await self.start_all(engine_id, jobs, req.priority, model=req.model)
         if req.stream:
             return StreamingResponse(
                 self._stream(req, request_id, prompts, streams, timer),

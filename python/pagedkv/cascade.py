@@ -1,0 +1,199 @@
+"""Cascade (shared-prefix) decode attention: many sequences whose contexts start with the same
+cached blocks (a system prompt the prefix cache shares) attend to those blocks once for all of
+them, then to their own blocks, and the two results merge by their log-sum-exps
+(ops.merge_attn_states).
+
+Why: a plain decode reads the shared blocks once per sequence, so 64 sequences over an 8k-token
+prompt read it 64 times. Here the shared pass stacks every sequence's query heads of a KV head
+into one GQA group of the "prefix sequence" ([1, kv_heads * seqs * group, head_size]): the
+Hopper decode then runs them as 16-head column tiles of its tensor-core tiles over the shared
+keys (the CTAs of one piece of the prefix read the same keys together, so HBM sees them about
+once), on a balanced plan over the prefix. The own blocks run as an ordinary balanced decode.
+
+Not covered (refused by name): ALiBi and sliding windows (both depend on each query's position,
+which the shared pass does not have), prefixes that end inside a block.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from pagedkv import ops
+from pagedkv.balanced_decode import BalancedDecode, target_items
+
+# The engine's rule: a decode step runs the cascade where at least CASCADE_MIN_SEQS sequences
+# share a prefix that covers at least CASCADE_MIN_SHARE of the keys they read (the reads it
+# saves: every sequence but one skips the prefix).
+CASCADE_MIN_SEQS = 4
+CASCADE_MIN_SHARE = 0.5
+
+
+def shared_prefix_blocks(seq_lens: Any, block_tables: Any, block_size: int) -> int:
+    """Leading blocks every sequence of the batch has in common (the same physical blocks: the
+    prefix cache's sharing), whole and filled in all of them; 0 where the batch does not pass
+    the engine's rule (CASCADE_MIN_SEQS, CASCADE_MIN_SHARE)."""
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    tables = np.asarray(block_tables)
+    if lens.shape[0] < CASCADE_MIN_SEQS:
+        return 0
+    n = min(int(lens.min()) // block_size, tables.shape[1])
+    same = (tables[:, :n] == tables[:1, :n]).all(axis=0)
+    blocks = int(n if same.all() else np.argmin(same))
+    if blocks * block_size * lens.shape[0] < CASCADE_MIN_SHARE * lens.sum():
+        return 0
+    return blocks
+
+
+def _block_size(key_cache: torch.Tensor) -> int:
+    return int(key_cache.shape[3] if key_cache.dim() == 5 else key_cache.shape[1])
+
+
+class CascadeDecode:
+    """Plans and workspaces for cascade decodes of up to ``max_seqs`` sequences sharing one
+    prefix: ``plan`` (host work, once per step) then ``run`` (device work only: a CUDA graph may
+    capture it and replay it after ``plan`` refills the plans)."""
+
+    def __init__(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        num_kv_heads: int,
+        kv_cache_dtype: str = "auto",
+        kernel: str = "auto",
+        pin: bool = True,
+    ) -> None:
+        s, h, d = (int(x) for x in query.shape)
+        self.num_seqs, self.num_heads, self.head_size = s, h, d
+        self.num_kv_heads, self.group = num_kv_heads, h // num_kv_heads
+        self.kv_cache_dtype, self.kernel = kv_cache_dtype, kernel
+        self.block_size = _block_size(key_cache)
+        dev = query.device
+        # The shared pass: one "sequence" whose group is every sequence's heads of a KV head.
+        self.stacked = torch.empty(1, h * s, d, dtype=query.dtype, device=dev)
+        target = target_items(
+            self.stacked, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel
+        )
+        self.prefix_plan = BalancedDecode(1, h * s, d, target, dev, pin=pin)
+        target = target_items(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel)
+        self.suffix_plan = BalancedDecode(s, h, d, target, dev, pin=pin)
+        self.prefix_out = torch.empty_like(self.stacked)
+        self.prefix_lse = torch.empty(h * s, 1, dtype=torch.float32, device=dev)
+        self.suffix_out = torch.empty(s, h, d, dtype=query.dtype, device=dev)
+        self.suffix_lse = torch.empty(h, s, dtype=torch.float32, device=dev)
+        self.prefix_lens = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.prefix_len = 0
+
+    def plan(self, prefix_len: int, suffix_lens: Any) -> None:
+        """Host plans for a shared prefix of ``prefix_len`` keys (whole blocks) and the own
+        lengths ``suffix_lens`` (host ints, one per sequence)."""
+        if prefix_len % self.block_size:
+            raise ValueError(
+                f"prefix_len = {prefix_len} must be whole blocks of {self.block_size} keys "
+                "(the shared blocks of the prefix cache)"
+            )
+        self.prefix_len = prefix_len
+        self.prefix_plan.fill([prefix_len])
+        self.prefix_lens.fill_(prefix_len)
+        self.suffix_plan.fill(suffix_lens)
+
+    def run(
+        self,
+        out: torch.Tensor,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        scale: float,
+        prefix_block_table: torch.Tensor,
+        suffix_block_tables: torch.Tensor,
+        suffix_lens: torch.Tensor,
+        max_suffix_len: int,
+        k_scale: Any = 1.0,
+        v_scale: Any = 1.0,
+        logits_soft_cap: float = 0.0,
+    ) -> None:
+        """out [num_seqs, num_heads, head_size] = attention of each query over the shared
+        prefix (prefix_block_table [1, blocks] int32) then its own keys (suffix_block_tables
+        [num_seqs, blocks], suffix_lens [num_seqs] on the device), as planned."""
+        s, kvh, g, d = self.num_seqs, self.num_kv_heads, self.group, self.head_size
+        # [s, kvh, g, d] -> [kvh, s, g, d]: KV head kvh's stacked group is (sequence, head).
+        self.stacked.view(kvh, s, g, d).copy_(query.reshape(s, kvh, g, d).transpose(0, 1))
+        kw: dict[str, Any] = dict(logits_soft_cap=logits_soft_cap, kernel=self.kernel)
+        common = (key_cache, value_cache, kvh, scale)
+        self.prefix_plan.run(
+            self.prefix_out,
+            self.stacked,
+            *common,
+            prefix_block_table,
+            self.prefix_lens,
+            self.prefix_len,
+            None,
+            self.kv_cache_dtype,
+            k_scale,
+            v_scale,
+            lse=self.prefix_lse,
+            **kw,
+        )
+        self.suffix_plan.run(
+            self.suffix_out,
+            query,
+            *common,
+            suffix_block_tables,
+            suffix_lens,
+            max_suffix_len,
+            None,
+            self.kv_cache_dtype,
+            k_scale,
+            v_scale,
+            lse=self.suffix_lse,
+            **kw,
+        )
+        prefix_out = self.prefix_out.view(kvh, s, g, d).transpose(0, 1).reshape(s, kvh * g, d)
+        prefix_lse = self.prefix_lse.view(kvh, s, g).transpose(1, 2).reshape(kvh * g, s)
+        ops.merge_attn_states(out, prefix_out, prefix_lse, self.suffix_out, self.suffix_lse)
+
+
+def cascade_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    num_kv_heads: int,
+    scale: float,
+    prefix_block_table: torch.Tensor,
+    prefix_len: int,
+    suffix_block_tables: torch.Tensor,
+    suffix_lens: torch.Tensor,
+    kv_cache_dtype: str = "auto",
+    k_scale: Any = 1.0,
+    v_scale: Any = 1.0,
+    logits_soft_cap: float = 0.0,
+    kernel: str = "auto",
+    suffix_lens_cpu: Optional[Any] = None,
+) -> torch.Tensor:
+    """One cascade decode (CascadeDecode planned and run once): query [num_seqs, num_heads,
+    head_size] over a shared prefix of ``prefix_len`` keys (whole blocks, prefix_block_table
+    [1, blocks]) followed by each sequence's own ``suffix_lens`` keys (suffix_block_tables). The
+    own lengths are read on the host (``suffix_lens_cpu``, else a copy of suffix_lens)."""
+    c = CascadeDecode(query, key_cache, value_cache, num_kv_heads, kv_cache_dtype, kernel, False)
+    lens = suffix_lens_cpu if suffix_lens_cpu is not None else suffix_lens.cpu()
+    c.plan(prefix_len, lens)
+    out = torch.empty_like(query)
+    max_suffix = int(max(int(x) for x in lens)) if len(lens) else 0
+    c.run(
+        out,
+        query,
+        key_cache,
+        value_cache,
+        scale,
+        prefix_block_table,
+        suffix_block_tables,
+        suffix_lens,
+        max_suffix,
+        k_scale,
+        v_scale,
+        logits_soft_cap,
+    )
+    return out
