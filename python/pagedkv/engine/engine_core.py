@@ -120,7 +120,11 @@ class EngineCore:
         if self.lora_admission is None or self.lora_admission.admit(
             req.lora_id, req.request_id, (req, priority)
         ):
-            self._add_to_scheduler(req, priority)
+            try:
+                self._add_to_scheduler(req, priority)
+            except BaseException:  # refused by the scheduler: its adapter place is free again
+                self._release_lora(req)
+                raise
 
     def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
         p = req.params
@@ -249,10 +253,10 @@ class EngineCore:
         result = None
         if prev is not None:
             self._step_entries = list(prev.entries)
-            tokens = prev.host_tokens()
-            finished = self.scheduler.resolve(tokens)  # drops finished rows from plan N+1
+            host = prev.host_tokens()
+            finished = self.scheduler.resolve(host)  # drops finished rows from plan N+1
             self._inflight = None
-            result = self._apply(prev.entries, tokens, prev.work, finished, prev.now)
+            result = self._apply(prev.entries, host, prev.work, finished, prev.now)
         if plan is not None:
             assert hidden is not None
             entries = self._begin(plan)  # after resolve(): rows it dropped are None
