@@ -129,7 +129,10 @@ def _model_dir(args: argparse.Namespace) -> str:
     for name in os.listdir(base):
         if name.endswith((".json", ".safetensors")) and not os.path.exists(f"{out}/{name}"):
             os.symlink(os.path.abspath(os.path.join(base, name)), os.path.join(out, name))
-    Tokenizer.from_pretrained(None).hf.save_pretrained(out)
+    hf = Tokenizer.from_pretrained(None).hf
+    if hf.pad_token is None:  # sentence-transformers pads its batches (the attention mask
+        hf.pad_token = hf.eos_token  # hides the pads; last-token pooling reads the mask)
+    hf.save_pretrained(out)
     template = os.path.join(out, "chat_template.jinja")
     if os.path.exists(template):  # sentence-transformers would wrap the texts in it
         os.remove(template)
