@@ -18,6 +18,7 @@ import torch
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.sampler import Sampler
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
 from pagedkv.models.generation_config import eos_token_ids as gen_eos_token_ids
 from pagedkv.models.generation_config import load_generation_config, sampling_defaults
 
@@ -116,6 +117,7 @@ def _build_rest(
         cfg.generation_config, model.source.directory if model.source.kind == "hf" else None
     )
     max_model_len = _max_model_len(cfg, mc)
+    _check_draft_length(cfg, max_model_len)
     batched = cfg.max_num_batched_tokens or _default_batched_tokens(cfg, device, max_model_len)
     if executor is not None:
         executor.make_runner(max_model_len, batched)
@@ -222,6 +224,18 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     model.pagedkv_config = mc
     _LOADED[key] = model
     return model, mc
+
+
+def _check_draft_length(cfg: EngineConfig, max_model_len: int) -> None:
+    """More drafts than a sequence can hold only size the CUDA verify graphs' buffers
+    (max_num_seqs x (k + 1) tokens): k = 1e9 failed at startup with an out-of-memory, 2**64 with
+    an overflow, neither naming the field."""
+    spec = SpeculativeConfig.from_dict(cfg.speculative_config)
+    if spec is not None and spec.num_speculative_tokens >= max_model_len:
+        raise ValueError(
+            f"speculative_config['num_speculative_tokens']={spec.num_speculative_tokens} must be "
+            f"below max_model_len={max_model_len}"
+        )
 
 
 def check_servable(mc: Any, pooling: bool = False) -> None:
