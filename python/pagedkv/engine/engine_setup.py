@@ -210,7 +210,9 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
         cfg.download_dir,
         json.dumps(overrides, sort_keys=True),
     )
-    model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
+    # enable_lora adds LoRA layers into the model itself: a shared model would be wrapped a
+    # second time (the next engine's adapters refused) and change under the other engines.
+    model: Any = None if cfg.enable_lora else _LOADED.get(key)  # (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
     pooling = cfg.runner == "pooling"
@@ -222,7 +224,8 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
         check=lambda c: check_servable(c, pooling),
     )
     model.pagedkv_config = mc
-    _LOADED[key] = model
+    if not cfg.enable_lora:
+        _LOADED[key] = model
     return model, mc
 
 
