@@ -18,6 +18,7 @@ import torch
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.sampler import Sampler
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
 from pagedkv.models.generation_config import eos_token_ids as gen_eos_token_ids
 from pagedkv.models.generation_config import load_generation_config, sampling_defaults
 
@@ -116,6 +117,7 @@ def _build_rest(
         cfg.generation_config, model.source.directory if model.source.kind == "hf" else None
     )
     max_model_len = _max_model_len(cfg, mc)
+    _check_draft_length(cfg, max_model_len)
     batched = cfg.max_num_batched_tokens or _default_batched_tokens(cfg, device, max_model_len)
     if executor is not None:
         executor.make_runner(max_model_len, batched)
@@ -208,7 +210,9 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
         cfg.download_dir,
         json.dumps(overrides, sort_keys=True),
     )
-    model: Any = _LOADED.get(key)  # a model class instance (adds pagedkv_config below)
+    # enable_lora adds LoRA layers into the model itself: a shared model would be wrapped a
+    # second time (the next engine's adapters refused) and change under the other engines.
+    model: Any = None if cfg.enable_lora else _LOADED.get(key)  # (adds pagedkv_config below)
     if model is not None:
         return model, model.pagedkv_config
     pooling = cfg.runner == "pooling"
@@ -220,8 +224,21 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
         check=lambda c: check_servable(c, pooling),
     )
     model.pagedkv_config = mc
-    _LOADED[key] = model
+    if not cfg.enable_lora:
+        _LOADED[key] = model
     return model, mc
+
+
+def _check_draft_length(cfg: EngineConfig, max_model_len: int) -> None:
+    """More drafts than a sequence can hold only size the CUDA verify graphs' buffers
+    (max_num_seqs x (k + 1) tokens): k = 1e9 failed at startup with an out-of-memory, 2**64 with
+    an overflow, neither naming the field."""
+    spec = SpeculativeConfig.from_dict(cfg.speculative_config)
+    if spec is not None and spec.num_speculative_tokens >= max_model_len:
+        raise ValueError(
+            f"speculative_config['num_speculative_tokens']={spec.num_speculative_tokens} must be "
+            f"below max_model_len={max_model_len}"
+        )
 
 
 def check_servable(mc: Any, pooling: bool = False) -> None:

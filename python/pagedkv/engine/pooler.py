@@ -180,6 +180,12 @@ class Pooler:
     def check(self, task: str, params: PoolingParams) -> None:
         """Refuses a request the model cannot serve (before it reaches the engine)."""
         params.verify(task, self.matryoshka_dims, self.is_matryoshka)
+        width = int(self.model.config.hidden_size)
+        if params.dimensions is not None and params.dimensions > width:
+            # Truncation cannot widen: a larger value was returned at full width, unnoticed.
+            raise ValueError(
+                f"dimensions={params.dimensions} exceeds the model's embedding size {width}"
+            )
         if task in ("classify", "score") and not self.is_classifier:
             raise ValueError(
                 f"task {task!r} needs a sequence-classification model (a "

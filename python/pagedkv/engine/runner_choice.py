@@ -104,6 +104,11 @@ def make_engine(model: Optional[str] = None, tokenizer: Optional[str] = None, **
 
     if cfg.speculative_config:  # pooling generates nothing to speculate on
         raise ValueError(f"speculative_config does not apply to pooling (task {task!r})")
+    if cfg.async_scheduling:  # PoolingEngine.step runs serially: the flag would be ignored
+        raise ValueError(
+            f"async_scheduling is not supported for pooling (task {task!r}): a pooling step "
+            "samples no tokens for the next step to overlap with"
+        )
     cfg.task, cfg.runner = task, "pooling"
     if cfg.override_pooler_config is not None:
         cfg.pooler_config, cfg.override_pooler_config = cfg.override_pooler_config, None
