@@ -11,10 +11,8 @@ import pytest
 from support.deps import need
 from support.hf_compare import (
     assert_classifier_matches_hf,
-    assert_same_greedy,
+    assert_engine_matches_hf,
     chunked_cpu_llm,
-    engine_greedy,
-    hf_greedy,
     random_prompts,
 )
 
@@ -69,10 +67,7 @@ def test_deepseek_greedy_matches_hf(case: str, tmp_path) -> None:
     path = save_random_model(
         str(tmp_path / case), preset, seed=7, tokenizer=False, vocab_size=VOCAB, **overrides
     )
-    prompts = random_prompts(len(case), VOCAB)
-    worst = assert_same_greedy(
-        engine_greedy(chunked_cpu_llm(path), prompts, 16), hf_greedy(path, prompts, 16)
-    )
+    worst = assert_engine_matches_hf(path, random_prompts(len(case), VOCAB))
     print(f"{case}: max logprob gap vs HF {worst:.2e}")
 
 
@@ -86,10 +81,7 @@ def test_deepseek_bf16_checkpoint_matches_hf(tmp_path) -> None:
         vocab_size=VOCAB,
         dtype=torch.bfloat16,
     )
-    prompts = random_prompts(3, VOCAB)
-    assert_same_greedy(
-        engine_greedy(chunked_cpu_llm(path), prompts, 16), hf_greedy(path, prompts, 16)
-    )
+    assert_engine_matches_hf(path, random_prompts(3, VOCAB))
 
 
 @pytest.mark.parametrize("version", ["2", "3"])

@@ -103,6 +103,15 @@ def chunked_cpu_llm(path: str) -> Any:
     )
 
 
+def assert_engine_matches_hf(path: str, prompts: list[list[int]], max_tokens: int = 16) -> float:
+    """chunked_cpu_llm's greedy tokens equal HF's (assert_same_greedy); returns the largest
+    logprob gap."""
+    return assert_same_greedy(
+        engine_greedy(chunked_cpu_llm(path), prompts, max_tokens),
+        hf_greedy(path, prompts, max_tokens),
+    )
+
+
 def assert_classifier_matches_hf(
     path: str, prompts: list[list[int]], num_labels: int
 ) -> tuple[Any, Any]:
