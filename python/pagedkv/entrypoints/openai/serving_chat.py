@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from fastapi import Request
@@ -350,16 +349,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt_ids: List[int],
         tools: Optional[ToolChoice] = None,
     ) -> AsyncIterator[str]:
-        base = {
-            "id": request_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": self.response_model(req.model),
-        }
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(
-            req.stream_options and req.stream_options.continuous_usage_stats
-        )
+        base, include_usage, continuous = self.stream_head(req, request_id, "chat.completion.chunk")
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
         bodies = self._chunks(
