@@ -21,6 +21,7 @@ from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.decode_plans import StepPlans
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
 from pagedkv.lora.manager import LoRAManager
 
 logger = logging.getLogger("pagedkv")
@@ -60,11 +61,12 @@ class ModelRunner:
         self.cpu_caches: List[torch.Tensor] = []
         self.backend: Optional[PagedAttentionBackend] = None
         self.graphs: Any = None  # CudaGraphRunner once captured
+        self.verify_graphs: Any = None  # VerifyGraphRunner (speculative decoding on CUDA)
         self.step_plans: Optional[StepPlans] = None  # the balanced decode's (allocate_kv_cache)
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
         self.lora: Optional[LoRAManager] = (
-            LoRAManager(model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras)
+            LoRAManager(model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras, cfg.lora_kernel)
             if cfg.enable_lora
             else None
         )
@@ -256,6 +258,12 @@ class ModelRunner:
 
         t0 = time.perf_counter()
         self.graphs = CudaGraphRunner(self, max_num_seqs)
+        spec = SpeculativeConfig.from_dict(self.cfg.speculative_config)
+        pp = get_pp_group()
+        if spec is not None and pp.is_first_rank and pp.is_last_rank:
+            from pagedkv.engine.spec_decode.verify_graph import VerifyGraphRunner
+
+            self.verify_graphs = VerifyGraphRunner(self, max_num_seqs, spec.num_speculative_tokens)
         logger.info(
             "captured CUDA graphs for decode batch sizes %s in %.1f s",
             self.graphs.batch_sizes,
@@ -327,6 +335,13 @@ class ModelRunner:
         adapters; a decode step with adapters replays the graphs captured with them."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
+        if (
+            self.verify_graphs is not None
+            and lora_slots is None
+            and intermediate is None
+            and self.verify_graphs.can_run(plan)
+        ):
+            return self.verify_graphs.run(plan)
         if (
             self.graphs is not None
             and plan.num_prefills == 0

@@ -283,6 +283,12 @@ class PoolingEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def take_request_errors(self) -> Dict[str, Exception]:
+        """LLMEngine's hook for requests that failed alone in a step (AsyncLLMEngine reads it
+        after every step). A pooling step has no per-request work that can fail alone: a
+        failed step aborts all of its requests (_fail) and raises, so there is never one."""
+        return {}
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
