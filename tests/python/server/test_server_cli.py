@@ -152,7 +152,6 @@ def test_logging_level_from_environment(env, level, monkeypatch: pytest.MonkeyPa
 def test_vllm_flags_that_change_nothing_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM command lines run unchanged: --trust-remote-code, parallel sizes,
     --disable-log-stats; a parallel size of 0 is an argparse error naming the flag."""
-
     argv = [
         "--trust-remote-code",
         "--tensor-parallel-size",
