@@ -31,8 +31,8 @@ from pagedkv.models.pipeline_stage import (
     is_first_stage,
     is_last_stage,
     last_stage_only,
+    stage_input,
     stage_layers,
-    stage_start,
 )
 from pagedkv.models.rotary import RotaryEmbedding
 from pagedkv.models.vocab_embedding import VocabParallelEmbedding
@@ -210,7 +210,11 @@ class LlamaForCausalLM(CausalLM):
         (the residual stream: each layer adds to it) and the input ids are not read; a stage
         before the last returns its residual stream, un-normalised."""
         m = self.model
-        x = stage_start(lambda: self.embed(input_ids), intermediate)
+        x = (
+            self.embed(input_ids)
+            if is_first_stage()
+            else stage_input(intermediate, "hidden states")
+        )
         rope_of = self.layer_ropes(positions)
         residual: Optional[torch.Tensor] = None
         for layer in m.layers[m.start_layer : m.end_layer]:
