@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pagedkv
 import pytest
 from support.deps import under_ci
@@ -34,3 +36,17 @@ def smollm2_gguf() -> str:
         if under_ci():
             pytest.fail(f"the default model is missing under CI: {e}")
         pytest.skip(str(e))
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread during the test (opt in: ``pytestmark =
+    pytest.mark.usefixtures("one_torch_thread")``): tiny matmuls on a shared 2-core machine run
+    ~10x slower through torch's thread pool, and engine workers of their own processes would
+    only contend."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

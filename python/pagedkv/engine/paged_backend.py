@@ -153,43 +153,31 @@ class PagedAttentionBackend:
             if self.step_plans is None
             else self.step_plans.for_layer(spec.sliding_window or 0, partition_size)
         )
+        # The decode ops' arguments after out (and v2's buffers), in vLLM's order.
+        args = (
+            q,
+            key_cache,
+            value_cache,
+            self.num_kv_heads,
+            spec.scale,
+            block_tables,
+            seq_lens,
+        )
+        scaled = (self.kv_cache_dtype, self.k_scale, self.v_scale)
+        cap, window = spec.logits_soft_cap, spec.sliding_window
         if plan is not None:
-            plan.run(
-                out,
-                q,
-                key_cache,
-                value_cache,
-                self.num_kv_heads,
-                spec.scale,
-                block_tables,
-                seq_lens,
-                max_len,
-                None,
-                self.kv_cache_dtype,
-                self.k_scale,
-                self.v_scale,
-                logits_soft_cap=spec.logits_soft_cap,
-                sliding_window=spec.sliding_window,
-            )
+            plan.run(out, *args, max_len, None, *scaled, logits_soft_cap=cap, sliding_window=window)
             return
         if partition_size == 0:
             ops.paged_attention_v1(
                 out,
-                q,
-                key_cache,
-                value_cache,
-                self.num_kv_heads,
-                spec.scale,
-                block_tables,
-                seq_lens,
+                *args,
                 self.block_size,
                 max_len,
                 None,
-                self.kv_cache_dtype,
-                self.k_scale,
-                self.v_scale,
-                logits_soft_cap=spec.logits_soft_cap,
-                sliding_window=spec.sliding_window,
+                *scaled,
+                logits_soft_cap=cap,
+                sliding_window=window,
             )
             return
         num_partitions = (max_len + partition_size - 1) // partition_size
@@ -211,21 +199,13 @@ class PagedAttentionBackend:
             exp_sums,
             max_logits,
             tmp_out,
-            q,
-            key_cache,
-            value_cache,
-            self.num_kv_heads,
-            spec.scale,
-            block_tables,
-            seq_lens,
+            *args,
             self.block_size,
             max_len,
             None,
-            self.kv_cache_dtype,
-            self.k_scale,
-            self.v_scale,
-            logits_soft_cap=spec.logits_soft_cap,
-            sliding_window=spec.sliding_window,
+            *scaled,
+            logits_soft_cap=cap,
+            sliding_window=window,
             partition_size=partition_size,
         )
 

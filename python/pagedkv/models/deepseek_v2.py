@@ -38,15 +38,10 @@ from pagedkv.models.attention_backend import AttentionBackend
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import RMSNorm
 from pagedkv.models.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
-from pagedkv.models.llama import LlamaForCausalLM, Rope
+from pagedkv.models.llama import LlamaForCausalLM, ResidualStreamLayer, Rope
 from pagedkv.models.moe import FusedMoE, GatedMLP, MoEConfig, split_expert_weights
 from pagedkv.models.moe_routing import grouped_topk
-from pagedkv.models.pipeline_stage import (
-    PPMissingLayer,
-    is_first_stage,
-    is_last_stage,
-    stage_layers,
-)
+from pagedkv.models.pipeline_stage import first_stage_only, last_stage_only, stage_layers
 from pagedkv.models.rotary import RotaryEmbedding
 from pagedkv.models.vocab_embedding import VocabParallelEmbedding
 
@@ -150,7 +145,7 @@ class DeepseekMoE(nn.Module):
         return out
 
 
-class DeepseekDecoderLayer(nn.Module):
+class DeepseekDecoderLayer(ResidualStreamLayer):
     def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
         super().__init__()
         self.self_attn = DeepseekAttention(cfg, layer_idx, cache_idx)
@@ -165,26 +160,12 @@ class DeepseekDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope, attn: AttentionBackend
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As LlamaDecoderLayer.forward (the residual stream beside the block)."""
-        if residual is None:
-            residual, x = x, self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope, attn)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
 
 class DeepseekModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = (
-            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-            if is_first_stage()
-            else PPMissingLayer()
+        self.embed_tokens = first_stage_only(
+            lambda: VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         )
         rope = int(cfg.extra["qk_rope_head_dim"])
         self.rotary = RotaryEmbedding(
@@ -198,9 +179,7 @@ class DeepseekModel(nn.Module):
         self.layers, self.start_layer, self.end_layer = stage_layers(
             cfg.num_hidden_layers, lambda i, cache_idx: DeepseekDecoderLayer(cfg, i, cache_idx)
         )
-        self.norm = (
-            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() else PPMissingLayer()
-        )
+        self.norm = last_stage_only(lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):

@@ -15,13 +15,15 @@ from torch import nn
 from pagedkv.models.attention_backend import AttentionBackend
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.layers import RMSNorm
-from pagedkv.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, Rope, rotary_dim
-from pagedkv.models.pipeline_stage import (
-    PPMissingLayer,
-    is_first_stage,
-    is_last_stage,
-    stage_layers,
+from pagedkv.models.llama import (
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    Rope,
+    model_rotary,
+    rotary_dim,
 )
+from pagedkv.models.pipeline_stage import first_stage_only, last_stage_only, stage_layers
 from pagedkv.models.rotary import RotaryEmbedding
 from pagedkv.models.vocab_embedding import VocabParallelEmbedding
 
@@ -44,7 +46,7 @@ class GemmaDecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope, attn: AttentionBackend
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As LlamaDecoderLayer.forward, each sublayer's output normalised once more before it
+        """As ResidualStreamLayer.forward, each sublayer's output normalised once more before it
         joins the residual stream."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
@@ -58,14 +60,12 @@ class GemmaDecoderLayer(nn.Module):
 class GemmaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = (
-            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-            if is_first_stage()
-            else PPMissingLayer()
+        self.embed_tokens = first_stage_only(
+            lambda: VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         )
-        dim, max_pos = rotary_dim(cfg), cfg.max_position_embeddings
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_pos, cfg.rope_theta, cfg.rope_scaling, dim)
+        self.rotary = model_rotary(cfg)
         # Gemma 3: the sliding layers' rope has its own base and no scaling.
+        dim, max_pos = rotary_dim(cfg), cfg.max_position_embeddings
         self.rotary_local = (
             RotaryEmbedding(cfg.head_dim, max_pos, cfg.rope_local_theta, None, dim)
             if cfg.rope_local_theta is not None
@@ -74,10 +74,8 @@ class GemmaModel(nn.Module):
         self.layers, self.start_layer, self.end_layer = stage_layers(
             cfg.num_hidden_layers, lambda i, cache_idx: GemmaDecoderLayer(cfg, i, cache_idx)
         )
-        self.norm = (
-            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, weight_offset=1.0)
-            if is_last_stage()
-            else PPMissingLayer()
+        self.norm = last_stage_only(
+            lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, weight_offset=1.0)
         )
 
 

@@ -21,10 +21,11 @@ from pagedkv.models.layers import (
 )
 from pagedkv.models.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedkv.models.pipeline_stage import (
-    PPMissingLayer,
+    first_stage_only,
     is_first_stage,
     is_last_stage,
-    stage_input,
+    last_stage_only,
+    run_stage,
     stage_layers,
 )
 from pagedkv.models.vocab_embedding import VocabParallelEmbedding
@@ -78,14 +79,14 @@ class GPT2Model(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        first, h = is_first_stage(), cfg.hidden_size
-        self.wte = VocabParallelEmbedding(cfg.vocab_size, h) if first else PPMissingLayer()
+        h = cfg.hidden_size
+        self.wte = first_stage_only(lambda: VocabParallelEmbedding(cfg.vocab_size, h))
         # Learned positions: small, and looked up by position ids: every rank holds them all.
-        self.wpe = Embedding(cfg.max_position_embeddings, h) if first else PPMissingLayer()
+        self.wpe = first_stage_only(lambda: Embedding(cfg.max_position_embeddings, h))
         self.h, self.start_layer, self.end_layer = stage_layers(
             cfg.num_hidden_layers, lambda i, cache_idx: GPT2Block(cfg, i, cache_idx)
         )
-        self.ln_f = LayerNorm(h, cfg.layer_norm_eps) if is_last_stage() else PPMissingLayer()
+        self.ln_f = last_stage_only(lambda: LayerNorm(h, cfg.layer_norm_eps))
 
 
 class GPT2LMHeadModel(CausalLM):
@@ -105,13 +106,13 @@ class GPT2LMHeadModel(CausalLM):
     ) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
         m = self.transformer
-        if is_first_stage():
-            x = m.wte(input_ids) + m.wpe(positions)
-        else:
-            x = stage_input(intermediate, "hidden states")
-        for block in m.h[m.start_layer : m.end_layer]:
-            x = block(x, attn)
-        return m.ln_f(x) if is_last_stage() else x
+        return run_stage(
+            lambda: m.wte(input_ids) + m.wpe(positions),
+            intermediate,
+            m.h[m.start_layer : m.end_layer],
+            lambda block, x: block(x, attn),
+            m.ln_f,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         cfg = self.config

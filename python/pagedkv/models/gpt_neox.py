@@ -20,15 +20,15 @@ from pagedkv.models.layers import (
     load_weights_into,
 )
 from pagedkv.models.linear import ColumnParallelLinear, RowParallelLinear
-from pagedkv.models.llama import Rope, rotary_dim
+from pagedkv.models.llama import Rope, model_rotary
 from pagedkv.models.pipeline_stage import (
-    PPMissingLayer,
+    first_stage_only,
     is_first_stage,
     is_last_stage,
-    stage_input,
+    last_stage_only,
+    run_stage,
     stage_layers,
 )
-from pagedkv.models.rotary import RotaryEmbedding
 from pagedkv.models.vocab_embedding import VocabParallelEmbedding
 
 
@@ -87,23 +87,15 @@ class GPTNeoXLayer(nn.Module):
 class GPTNeoXModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_in = (
-            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-            if is_first_stage()
-            else PPMissingLayer()
+        self.embed_in = first_stage_only(
+            lambda: VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         )
-        self.rotary = RotaryEmbedding(
-            cfg.head_dim,
-            cfg.max_position_embeddings,
-            cfg.rope_theta,
-            cfg.rope_scaling,
-            rotary_dim(cfg),
-        )
+        self.rotary = model_rotary(cfg)
         self.layers, self.start_layer, self.end_layer = stage_layers(
             cfg.num_hidden_layers, lambda i, cache_idx: GPTNeoXLayer(cfg, i, cache_idx)
         )
-        self.final_layer_norm = (
-            LayerNorm(cfg.hidden_size, cfg.layer_norm_eps) if is_last_stage() else PPMissingLayer()
+        self.final_layer_norm = last_stage_only(
+            lambda: LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         )
 
 
@@ -124,15 +116,14 @@ class GPTNeoXForCausalLM(CausalLM):
     ) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
         m = self.gpt_neox
-        x = (
-            m.embed_in(input_ids)
-            if is_first_stage()
-            else stage_input(intermediate, "hidden states")
-        )
         rope = partial(m.rotary, positions)
-        for layer in m.layers[m.start_layer : m.end_layer]:
-            x = layer(x, rope, attn)
-        return m.final_layer_norm(x) if is_last_stage() else x
+        return run_stage(
+            lambda: m.embed_in(input_ids),
+            intermediate,
+            m.layers[m.start_layer : m.end_layer],
+            lambda layer, x: layer(x, rope, attn),
+            m.final_layer_norm,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         cfg = self.config

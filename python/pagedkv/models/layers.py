@@ -144,22 +144,18 @@ class CausalLM(nn.Module):
         """lm_head (tied to ``embedding`` when the config says so, on a stage that has both),
         or the classifier's score; only the last pipeline stage has one."""
         from pagedkv.models.linear import ReplicatedLinear
-        from pagedkv.models.pipeline_stage import PPMissingLayer, is_first_stage, is_last_stage
+        from pagedkv.models.pipeline_stage import is_first_stage, is_last_stage, last_stage_only
         from pagedkv.models.vocab_embedding import ParallelLMHead
 
         self.lm_head = self.score = None
         if cfg.is_base_model:  # a bare decoder: hidden states only (pooling)
             return
         if cfg.is_classifier:
-            self.score = (
-                ReplicatedLinear(in_features, cfg.num_labels, bias=False)
-                if is_last_stage()
-                else PPMissingLayer()
+            self.score = last_stage_only(
+                lambda: ReplicatedLinear(in_features, cfg.num_labels, bias=False)
             )
             return
-        self.lm_head = (
-            ParallelLMHead(cfg.vocab_size, in_features) if is_last_stage() else PPMissingLayer()
-        )
+        self.lm_head = last_stage_only(lambda: ParallelLMHead(cfg.vocab_size, in_features))
         if cfg.tie_word_embeddings and is_first_stage() and is_last_stage():
             self.lm_head.weight = embedding.weight
 

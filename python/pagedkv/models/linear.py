@@ -28,8 +28,19 @@ ShardId = Union[int, str, None]
 WeightLoader = Callable[..., None]
 
 
-def _param(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+def _param(*shape: int, loader: WeightLoader) -> nn.Parameter:
+    """An uninitialised parameter that ``loader`` fills from the checkpoint."""
+    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    param.weight_loader = loader  # type: ignore[attr-defined]
+    return param
+
+
+def check_not_fused(shard_id: ShardId) -> None:
+    """The loader of a parameter that is not fused refuses a part of a fused tensor."""
+    if shard_id is not None:
+        raise ValueError(
+            f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
+        )
 
 
 def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -44,10 +55,7 @@ def default_weight_loader(
     param: torch.Tensor, loaded: torch.Tensor, shard_id: ShardId = None
 ) -> None:
     """A replicated parameter: the whole checkpoint tensor, on every rank."""
-    if shard_id is not None:
-        raise ValueError(
-            f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
-        )
+    check_not_fused(shard_id)
     copy_checked(param.data, loaded)
 
 
@@ -81,19 +89,15 @@ class ColumnParallelLinear(nn.Module):
         self.output_size_per_partition = _split(output_size, "output size")
         self.gather_output = gather_output
         self.tp_rank = get_tp_group().rank_in_group
-        self.weight = _param(self.output_size_per_partition, input_size)
-        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
-        self.bias = _param(self.output_size_per_partition) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        self.weight = _param(self.output_size_per_partition, input_size, loader=self.weight_loader)
+        self.bias = (
+            _param(self.output_size_per_partition, loader=self.weight_loader) if bias else None
+        )
 
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
     ) -> None:
-        if shard_id is not None:
-            raise ValueError(
-                f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
-            )
+        check_not_fused(shard_id)
         size = param.shape[0]
         if loaded.shape[0] != size * get_tp_group().world_size:
             raise ValueError(
@@ -222,19 +226,14 @@ class RowParallelLinear(nn.Module):
         self.input_size_per_partition = _split(input_size, "input size")
         self.reduce_results = reduce_results
         self.tp_rank = get_tp_group().rank_in_group
-        self.weight = _param(output_size, self.input_size_per_partition)
-        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
-        self.bias = _param(output_size) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.weight = _param(output_size, self.input_size_per_partition, loader=self.weight_loader)
+        # Added once, after the sum: every rank holds the whole bias.
+        self.bias = _param(output_size, loader=default_weight_loader) if bias else None
 
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
     ) -> None:
-        if shard_id is not None:
-            raise ValueError(
-                f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
-            )
+        check_not_fused(shard_id)
         size = param.shape[1]
         expected = (param.shape[0], size * get_tp_group().world_size)
         if tuple(loaded.shape) != expected:
@@ -256,11 +255,8 @@ class ReplicatedLinear(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True) -> None:
         super().__init__()
-        self.weight = _param(output_size, input_size)
-        self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
-        self.bias = _param(output_size) if bias else None
-        if self.bias is not None:
-            self.bias.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+        self.weight = _param(output_size, input_size, loader=default_weight_loader)
+        self.bias = _param(output_size, loader=default_weight_loader) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)

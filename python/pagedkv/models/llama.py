@@ -27,9 +27,10 @@ from pagedkv.models.layers import (
 from pagedkv.models.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedkv.models.moe import sparse_moe_block
 from pagedkv.models.pipeline_stage import (
-    PPMissingLayer,
+    first_stage_only,
     is_first_stage,
     is_last_stage,
+    last_stage_only,
     stage_input,
     stage_layers,
 )
@@ -110,16 +111,14 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
-        # Mixtral / Qwen-MoE: a sparse MoE block where the config makes the layer sparse
-        # (decided by the model's layer index, which differs from cache_idx on later stages).
-        moe = sparse_moe_block(cfg, layer_idx)
-        self.mlp = moe if moe is not None else LlamaMLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+class ResidualStreamLayer(nn.Module):
+    """A pre-norm decoder layer (input_layernorm, self_attn, post_attention_layernorm, mlp)
+    whose residual stream rides beside it: Llama's and DeepSeek's."""
+
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+    self_attn: nn.Module
+    mlp: nn.Module
 
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor], rope: Rope, attn: AttentionBackend
@@ -136,9 +135,28 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+class LlamaDecoderLayer(ResidualStreamLayer):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, cache_idx: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_idx, cache_idx)
+        # Mixtral / Qwen-MoE: a sparse MoE block where the config makes the layer sparse
+        # (decided by the model's layer index, which differs from cache_idx on later stages).
+        moe = sparse_moe_block(cfg, layer_idx)
+        self.mlp = moe if moe is not None else LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
 def rotary_dim(cfg: ModelConfig) -> int:
     """The dims of each head that rotary turns (all but for partial rotary)."""
     return int(cfg.head_dim * cfg.partial_rotary_factor)
+
+
+def model_rotary(cfg: ModelConfig) -> RotaryEmbedding:
+    """The model's rotary as its config describes it (base, scaling, partial rotary)."""
+    return RotaryEmbedding(
+        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, rotary_dim(cfg)
+    )
 
 
 class LlamaModel(nn.Module):
@@ -147,25 +165,15 @@ class LlamaModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = (
-            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-            if is_first_stage()
-            else PPMissingLayer()
+        self.embed_tokens = first_stage_only(
+            lambda: VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         )
         # cos/sin are looked up once per forward and shared by all layers.
-        self.rotary = RotaryEmbedding(
-            cfg.head_dim,
-            cfg.max_position_embeddings,
-            cfg.rope_theta,
-            cfg.rope_scaling,
-            rotary_dim(cfg),
-        )
+        self.rotary = model_rotary(cfg)
         self.layers, self.start_layer, self.end_layer = stage_layers(
             cfg.num_hidden_layers, lambda i, cache_idx: LlamaDecoderLayer(cfg, i, cache_idx)
         )
-        self.norm = (
-            RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if is_last_stage() else PPMissingLayer()
-        )
+        self.norm = last_stage_only(lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
 
 
 class LlamaForCausalLM(CausalLM):

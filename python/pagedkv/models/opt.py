@@ -27,7 +27,7 @@ from pagedkv.models.pipeline_stage import (
     PPMissingLayer,
     is_first_stage,
     is_last_stage,
-    stage_input,
+    run_stage,
     stage_layers,
 )
 from pagedkv.models.vocab_embedding import VocabParallelEmbedding
@@ -143,20 +143,25 @@ class OPTForCausalLM(CausalLM):
     ) -> torch.Tensor:
         """As LlamaForCausalLM.forward (``intermediate``: the previous stage's output)."""
         dec = self.decoder
-        if is_first_stage():
+
+        def embed() -> torch.Tensor:
             x = dec.embed_tokens(input_ids)
             if dec.project_in is not None:
                 x = dec.project_in(x)
-            x = x + dec.embed_positions(positions + _POSITION_OFFSET)
-        else:
-            x = stage_input(intermediate, "hidden states")
-        for layer in dec.layers[dec.start_layer : dec.end_layer]:
-            x = layer(x, attn)
-        if not is_last_stage():
-            return x
-        if dec.final_layer_norm is not None:
-            x = dec.final_layer_norm(x)
-        return dec.project_out(x) if dec.project_out is not None else x
+            return x + dec.embed_positions(positions + _POSITION_OFFSET)
+
+        def finish(x: torch.Tensor) -> torch.Tensor:
+            if dec.final_layer_norm is not None:
+                x = dec.final_layer_norm(x)
+            return dec.project_out(x) if dec.project_out is not None else x
+
+        return run_stage(
+            embed,
+            intermediate,
+            dec.layers[dec.start_layer : dec.end_layer],
+            lambda layer, x: layer(x, attn),
+            finish,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         cfg = self.config

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedkv.distributed import get_tp_group
-from pagedkv.models.linear import ShardId, copy_checked, default_weight_loader
+from pagedkv.models.linear import ShardId, check_not_fused, copy_checked, default_weight_loader
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -34,10 +34,7 @@ class VocabParallelEmbedding(nn.Module):
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None
     ) -> None:
-        if shard_id is not None:
-            raise ValueError(
-                f"is a part ({shard_id!r}) of a fused tensor, but the parameter is not fused"
-            )
+        check_not_fused(shard_id)
         expected = (self.num_embeddings, self.embedding_dim)
         if tuple(loaded.shape) != expected:
             raise ValueError(f"has shape {tuple(loaded.shape)}, expected {expected}")

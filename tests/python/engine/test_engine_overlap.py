@@ -37,12 +37,7 @@ def model_dir(tmp_path_factory) -> str:
         "tiny-llama",
         seed=5,
         tokenizer=False,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        head_dim=32,  # wider heads than the preset's 16
         vocab_size=VOCAB,
         max_position_embeddings=512,
     )
@@ -199,12 +194,7 @@ def test_stop_strings_found_a_step_late_are_cut_the_same(tmp_path) -> None:
         "tiny-llama",
         seed=3,
         tokenizer=True,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        head_dim=32,  # wider heads than the preset's 16
         max_position_embeddings=512,
     )
     prompts = _prompts(3, 5, 3, 8)
@@ -270,12 +260,7 @@ def test_structured_outputs_and_logits_processors(tmp_path) -> None:
         "tiny-llama",
         seed=7,
         tokenizer=True,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        head_dim=32,  # wider heads than the preset's 16
         max_position_embeddings=512,
     )
     schema = {

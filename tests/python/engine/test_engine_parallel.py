@@ -32,6 +32,9 @@ from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.distributed import model_parallel_is_initialized  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
+# Each rank is a process: more threads than cores would only contend.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 VOCAB = 300
 SHAPES = {  # head_dim 32: the smallest the paged kernels take
     "tiny-llama": dict(hidden_size=64, head_dim=32, num_hidden_layers=3),
@@ -47,16 +50,6 @@ ENGINE = dict(
     num_cpu_blocks=64,
     max_num_seqs=8,
 )
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Each rank is a process: more threads than cores would only contend (the workers take
-    cores // ranks threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -46,12 +46,7 @@ def _llm(tmp_path_factory, blocks: int) -> LLM:
         "tiny-llama",
         seed=7,
         tokenizer=True,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        head_dim=32,  # wider heads than the preset's 16
         vocab_size=49152,
         max_position_embeddings=1024,
     )

@@ -32,12 +32,7 @@ def model_dir(tmp_path_factory) -> str:
         "tiny-llama",
         seed=3,
         tokenizer=False,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        head_dim=32,  # wider heads than the preset's 16
         vocab_size=VOCAB,
         max_position_embeddings=1024,
     )

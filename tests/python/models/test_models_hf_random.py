@@ -13,6 +13,8 @@ from pagedkv.models import load_model  # noqa: E402
 from pagedkv.models.reference_backend import DenseAttentionBackend  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 VOCAB = 512
 CASES = {
     "llama-gqa": ("tiny-llama", {}),
@@ -53,14 +55,6 @@ CASES = {
     "opt": ("tiny-opt", {}),
     "opt-post-norm-proj": ("tiny-opt", {"do_layer_norm_before": False, "word_embed_proj_dim": 32}),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -15,6 +15,8 @@ from pagedkv.models import load_model  # noqa: E402
 from pagedkv.models.reference_backend import DenseAttentionBackend  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 VOCAB = 512
 PRESETS = ["tiny-mixtral", "tiny-qwen2-moe", "tiny-qwen3-moe"]
 
@@ -24,14 +26,6 @@ def _supported(preset: str) -> None:
 
     if preset == "tiny-qwen3-moe" and "qk_norm" not in ModelConfig.__dataclass_fields__:
         pytest.skip("Qwen3-MoE needs the q/k RMSNorm of Qwen3 (ModelConfig.qk_norm)")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=PRESETS)

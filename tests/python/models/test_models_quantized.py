@@ -21,6 +21,8 @@ from pagedkv.models import load_model  # noqa: E402
 from pagedkv.models.reference_backend import DenseAttentionBackend  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 VOCAB = 512
 CASES = {
     "fp8-per-tensor": ("fp8", {}),
@@ -28,14 +30,6 @@ CASES = {
     "awq-g32": ("awq", {"group_size": 32}),
     "gptq-g16": ("gptq", {"group_size": 16}),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

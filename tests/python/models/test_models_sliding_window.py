@@ -16,6 +16,8 @@ from pagedkv import LLM  # noqa: E402
 from pagedkv.models.config import ModelConfig  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 VOCAB = 256
 WINDOW = 7  # not a multiple of the block size: the window's edge falls inside a block
 SHAPE = dict(
@@ -28,14 +30,6 @@ SHAPE = dict(
     vocab_size=VOCAB,
     max_position_embeddings=512,
 )
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _prompts(n: int, seed: int, lo: int, hi: int) -> list[list[int]]:

@@ -20,6 +20,7 @@ from support.paged_cases import (
     empty_like_fw,
     make_paged_kv,
     rand_array,
+    run_paged_decode,
     to_fw,
     to_np,
     tolerance,
@@ -76,51 +77,22 @@ def _decode_case(
     seq_lens = to_fw(np.array(lens), fw, "int32")
     out = empty_like_fw((s, h, d), fw, dtype)
     max_len_arg = max(lens)
-    kw = dict(logits_soft_cap=cap, sliding_window=window)
-    if version == 1:
-        ops.paged_attention_v1(
-            out,
-            query,
-            kv.key_cache,
-            kv.value_cache,
-            kvh,
-            scale,
-            kv.block_tables,
-            seq_lens,
-            bs,
-            max_len_arg,
-            slopes,
-            fp8,
-            k_scale,
-            v_scale,
-            **kw,
-        )
-    else:
-        parts = (max_len_arg + 511) // 512
-        exp_sums = empty_like_fw((s, h, parts), fw, "float32")
-        max_logits = empty_like_fw((s, h, parts), fw, "float32")
-        tmp = empty_like_fw((s, h, parts, d), fw, "float32")
-        ops.paged_attention_v2(
-            out,
-            exp_sums,
-            max_logits,
-            tmp,
-            query,
-            kv.key_cache,
-            kv.value_cache,
-            kvh,
-            scale,
-            kv.block_tables,
-            seq_lens,
-            bs,
-            max_len_arg,
-            slopes,
-            fp8,
-            k_scale,
-            v_scale,
-            **kw,
-        )
-        _check_partitions(to_np(exp_sums), to_np(max_logits), to_np(tmp), to_np(out), lens)
+    parts = run_paged_decode(
+        version,
+        out,
+        query,
+        kv,
+        kvh,
+        scale,
+        seq_lens,
+        bs,
+        max_len_arg,
+        slopes,
+        logits_soft_cap=cap,
+        sliding_window=window,
+    )
+    if parts is not None:
+        _check_partitions(*(to_np(a) for a in parts), to_np(out), lens)
     assert type(out) is type(query)
     got = to_np(out)
     assert not np.isnan(got).any(), "output element not written"
@@ -465,41 +437,10 @@ def test_decode_matrix(layout: str, block_size: int, group: int) -> None:
     want = ref.decode(q64, kv.k_dense, kv.v_dense, kv.block_tables_np, np.array(lens), 0.09)
     for version in (1, 2):
         out = empty_like_fw(query.shape, fw, dtype)
-        if version == 1:
-            ops.paged_attention_v1(
-                out,
-                query,
-                kv.key_cache,
-                kv.value_cache,
-                kvh,
-                0.09,
-                kv.block_tables,
-                seq_lens,
-                block_size,
-                max(lens),
-            )
-        else:
-            p = 3
-            es, ml = (
-                empty_like_fw((3, kvh * group, p), fw, "float32"),
-                empty_like_fw((3, kvh * group, p), fw, "float32"),
-            )
-            tmp = empty_like_fw((3, kvh * group, p, d), fw, dtype)  # query dtype is accepted
-            ops.paged_attention_v2(
-                out,
-                es,
-                ml,
-                tmp,
-                query,
-                kv.key_cache,
-                kv.value_cache,
-                kvh,
-                0.09,
-                kv.block_tables,
-                seq_lens,
-                block_size,
-                max(lens),
-            )
+        # v2's tmp_out in the query dtype: accepted as well as float32.
+        run_paged_decode(
+            version, out, query, kv, kvh, 0.09, seq_lens, block_size, max(lens), tmp_dtype=dtype
+        )
         got = to_np(out)
         assert not np.isnan(got).any()
         assert ref.rel_error(got, want) < tolerance(dtype), (version, fw, dtype, d, kvh, lens)

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pagedkv import PagedAttention, ops
+from pagedkv import PagedAttention
 from support import reference_attention as ref
 from support.deps import need
-from support.paged_cases import empty_like_fw, make_paged_kv, rand_array, to_fw, to_np
+from support.paged_cases import (
+    empty_like_fw,
+    make_paged_kv,
+    rand_array,
+    run_paged_decode,
+    to_fw,
+    to_np,
+)
 
 torch = need("torch")
 
@@ -121,45 +128,21 @@ def test_decode_alibi_window_softcap_and_strided_slopes(version: int, layout: st
             sliding_window=window,
         )
         out = empty_like_fw((3, h, d), "numpy", "float32")
-        kw = dict(logits_soft_cap=cap, sliding_window=window)
-        if version == 1:
-            ops.paged_attention_v1(
-                out,
-                query,
-                kv.key_cache,
-                kv.value_cache,
-                kvh,
-                0.1,
-                kv.block_tables,
-                seq_lens,
-                bs,
-                700,
-                slopes,
-                **kw,
-            )
-        else:
-            p = (700 + 255) // 256
-            es = empty_like_fw((3, h, p), "numpy", "float32")
-            ml = empty_like_fw((3, h, p), "numpy", "float32")
-            tmp = empty_like_fw((3, h, p, d), "numpy", "float32")
-            ops.paged_attention_v2(
-                out,
-                es,
-                ml,
-                tmp,
-                query,
-                kv.key_cache,
-                kv.value_cache,
-                kvh,
-                0.1,
-                kv.block_tables,
-                seq_lens,
-                bs,
-                700,
-                slopes,
-                partition_size=256,
-                **kw,
-            )
+        run_paged_decode(
+            version,
+            out,
+            query,
+            kv,
+            kvh,
+            0.1,
+            seq_lens,
+            bs,
+            700,
+            slopes,
+            partition_size=256,
+            logits_soft_cap=cap,
+            sliding_window=window,
+        )
         assert not np.isnan(out).any()
         assert ref.rel_error(out, want) < TOL, (version, layout, strided)
 

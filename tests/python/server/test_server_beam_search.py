@@ -11,11 +11,11 @@ highest cumulative logprob (vLLM's meaning).
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 from support.deps import need
+from support.server import wait_engine_idle
 
 need("torch")
 need("fastapi")
@@ -58,14 +58,6 @@ def http(engine: Any) -> Any:
         yield client
 
 
-def idle(engine: Any) -> None:
-    """No request left in the engine and every KV block free once the answer is out."""
-    deadline = time.monotonic() + 20
-    while engine.get_stats()["kv_cache_usage_perc"] != 0 or engine.engine.requests:
-        assert time.monotonic() < deadline, engine.get_stats()
-        time.sleep(0.02)
-
-
 def expected(offline: Any, prompt: Any, width: int, n: int, lp: float = 1.0) -> list:
     params = BeamSearchParams(width, 6, ignore_eos=True, length_penalty=lp)
     (out,) = offline.beam_search([prompt], params)
@@ -92,7 +84,7 @@ def test_completions_beam_search_equals_offline(http: Any, engine: Any, offline:
         assert got == expected(offline, prompt, width=3, n=2, lp=0.5)
         assert all(c["finish_reason"] == "length" for c in choices[2 * i : 2 * i + 2])
     assert r.json()["usage"]["completion_tokens"] == 4 * 6
-    idle(engine)
+    wait_engine_idle(engine)
 
 
 def test_chat_beam_search_equals_offline(http: Any, engine: Any, offline: Any) -> None:
@@ -110,7 +102,7 @@ def test_chat_beam_search_equals_offline(http: Any, engine: Any, offline: Any) -
     prompt = {"prompt_token_ids": data["prompt_token_ids"]}
     got = [(c["token_ids"], c["message"]["content"]) for c in data["choices"]]
     assert got == expected(offline, prompt, width=2, n=2)
-    idle(engine)
+    wait_engine_idle(engine)
 
 
 REFUSED = [
@@ -152,7 +144,7 @@ def test_best_of_returns_the_most_likely_samples(http: Any, engine: Any) -> None
     r = http.post("/v1/completions", json={**body, "n": 1, "best_of": 3})
     assert r.status_code == 200, r.text
     assert [c["text"] for c in r.json()["choices"]] == [max(samples)[1]]
-    idle(engine)
+    wait_engine_idle(engine)
 
 
 def test_a_cancelled_beam_search_aborts_its_requests(engine: Any) -> None:
@@ -174,4 +166,4 @@ def test_a_cancelled_beam_search_aborts_its_requests(engine: Any) -> None:
 
     asyncio.run(run())
     assert steps and steps[0] >= 1
-    idle(engine)
+    wait_engine_idle(engine)

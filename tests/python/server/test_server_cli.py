@@ -16,6 +16,29 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return serve.resolve(build_parser().parse_args(["serve", *argv]))
 
 
+def engine_kwargs(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> dict:
+    """What `serve` with ``argv`` passes to the engine: a stand-in AsyncLLMEngine.__init__
+    records it (no model load)."""
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+
+    given: dict = {}
+    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
+    AsyncLLMEngine.from_engine_args(parse(argv))
+    return given
+
+
+# Engine flags of `generate` that `serve` takes too.
+GENERATE_FLAGS = [
+    "--tokenizer",
+    "tok",
+    "--preemption-mode",
+    "swap",
+    "--swap-space",
+    "1.5",
+    "--enforce-eager",
+]
+
+
 def test_defaults_are_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
     opts = parse([])
@@ -82,30 +105,15 @@ def test_every_flag_has_help() -> None:
 
 
 def test_kv_cache_dtype_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
-
     assert parse([]).kv_cache_dtype == "auto"
     with pytest.raises(SystemExit):
         parse(["--kv-cache-dtype", "int4"])
-    given: dict = {}
-    # Stands in for the engine (no model load): records what run_server's builder passes on.
-    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
-    AsyncLLMEngine.from_engine_args(parse(["--kv-cache-dtype", "fp8_e5m2", "--port", "1"]))
+    given = engine_kwargs(monkeypatch, ["--kv-cache-dtype", "fp8_e5m2", "--port", "1"])
     assert given["kv_cache_dtype"] == "fp8_e5m2" and "port" not in given
 
 
 def test_serve_has_the_engine_flags_of_generate() -> None:
-    opts = parse(
-        [
-            "--tokenizer",
-            "tok",
-            "--preemption-mode",
-            "swap",
-            "--swap-space",
-            "1.5",
-            "--enforce-eager",
-        ]
-    )
+    opts = parse(GENERATE_FLAGS)
     assert (opts.tokenizer, opts.preemption_mode, opts.swap_space) == ("tok", "swap", 1.5)
     assert opts.enforce_eager is True
     opts = parse([])
@@ -114,23 +122,7 @@ def test_serve_has_the_engine_flags_of_generate() -> None:
 
 
 def test_serve_engine_flags_reach_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
-
-    given: dict = {}
-    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
-    AsyncLLMEngine.from_engine_args(
-        parse(
-            [
-                "--tokenizer",
-                "tok",
-                "--preemption-mode",
-                "swap",
-                "--swap-space",
-                "1.5",
-                "--enforce-eager",
-            ]
-        )
-    )
+    given = engine_kwargs(monkeypatch, GENERATE_FLAGS)
     assert given["tokenizer"] == "tok"
     assert (given.get("preemption_mode"), given.get("swap_space")) == ("swap", 1.5)
     assert given.get("enforce_eager") is True
@@ -160,8 +152,6 @@ def test_logging_level_from_environment(env, level, monkeypatch: pytest.MonkeyPa
 def test_vllm_flags_that_change_nothing_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM command lines run unchanged: --trust-remote-code, parallel sizes,
     --disable-log-stats; a parallel size of 0 is an argparse error naming the flag."""
-    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
-
     argv = [
         "--trust-remote-code",
         "--tensor-parallel-size",
@@ -172,9 +162,7 @@ def test_vllm_flags_that_change_nothing_are_accepted(monkeypatch: pytest.MonkeyP
         "--scheduling-policy",
         "priority",
     ]
-    given: dict = {}
-    monkeypatch.setattr(AsyncLLMEngine, "__init__", lambda self, **kw: given.update(kw))
-    AsyncLLMEngine.from_engine_args(parse(argv))
+    given = engine_kwargs(monkeypatch, argv)
     assert given["trust_remote_code"] is True and given["disable_log_stats"] is True
     assert given["tensor_parallel_size"] == 1 and given["scheduling_policy"] == "priority"
     assert parse([]).scheduling_policy == "fcfs"

@@ -5,11 +5,9 @@ and no KV block leaked."""
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import pytest
 from support.deps import need
+from support.server import in_process_app, tiny_async_engine, wait_engine_idle
 
 need("torch")
 need("schemathesis")
@@ -17,8 +15,6 @@ need("schemathesis")
 import schemathesis  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine  # noqa: E402
-from pagedkv.entrypoints.openai.api_server import build_app  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
 
 # Small limits keep each fuzzed request cheap on the tiny model (n, lists, bodies).
 LIMITS = dict(
@@ -33,22 +29,8 @@ LIMITS = dict(
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory):
-    path = save_random_model(
-        str(tmp_path_factory.mktemp("fuzz_model")),
-        "tiny-llama",
-        seed=7,
-        head_dim=32,
-        max_position_embeddings=256,
-    )
-    eng = AsyncLLMEngine(
-        model=path,
-        device="cpu",
-        dtype="float32",
-        block_size=8,
-        num_gpu_blocks_override=64,
-        max_model_len=64,
-        max_num_seqs=8,
-        max_logprobs=5,
+    eng = tiny_async_engine(
+        tmp_path_factory, "fuzz_model", seed=7, max_model_len=64, max_logprobs=5
     )
     yield eng
     eng.shutdown()
@@ -56,7 +38,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def app(engine: AsyncLLMEngine):
-    return build_app(engine, argparse.Namespace(**LIMITS))
+    return in_process_app(engine, **LIMITS)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +79,4 @@ def test_zz_engine_alive_and_nothing_leaked(engine: AsyncLLMEngine, app: object)
         r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 200, r.text
     assert not engine.is_dead
-    inner = engine.engine
-    deadline = time.monotonic() + 30
-    while inner.requests or inner.scheduler.num_free_blocks != inner.num_gpu_blocks:
-        assert time.monotonic() < deadline, ("KV blocks leaked", engine.get_stats())
-        time.sleep(0.05)
+    wait_engine_idle(engine, timeout=30)

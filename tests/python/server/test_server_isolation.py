@@ -13,6 +13,7 @@ import time
 
 import pytest
 from support.deps import need
+from support.server import in_process_app, tiny_async_engine, wait_engine_idle
 
 need("torch")
 need("fastapi")
@@ -21,8 +22,6 @@ need("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine, StepFailedError  # noqa: E402
 from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
-from pagedkv.entrypoints.openai.api_server import build_app  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
 
 LIMITS = dict(
     max_stop_strings=4,
@@ -35,30 +34,14 @@ LIMITS = dict(
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory):
-    path = save_random_model(
-        str(tmp_path_factory.mktemp("isolation_model")),
-        "tiny-llama",
-        seed=5,
-        head_dim=32,
-        max_position_embeddings=256,
-    )
-    eng = AsyncLLMEngine(
-        model=path,
-        device="cpu",
-        dtype="float32",
-        block_size=8,
-        num_gpu_blocks_override=64,
-        max_model_len=128,
-        max_num_seqs=8,
-    )
+    eng = tiny_async_engine(tmp_path_factory, "isolation_model", seed=5, max_model_len=128)
     yield eng
     eng.shutdown()
 
 
 @pytest.fixture(scope="module")
 def http(engine: AsyncLLMEngine):
-    app = build_app(engine, argparse.Namespace(**LIMITS))
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(in_process_app(engine, **LIMITS), raise_server_exceptions=False) as client:
         yield client
 
 
@@ -84,10 +67,7 @@ def alive(http: TestClient, engine: AsyncLLMEngine) -> None:
     r = post(http, "/v1/completions", {"prompt": "hello", "max_tokens": 2})
     assert r.status_code == 200, r.text
     assert http.get("/health").status_code == 200
-    deadline = time.monotonic() + 20
-    while engine.get_stats()["kv_cache_usage_perc"] != 0 or engine.engine.requests:
-        assert time.monotonic() < deadline, engine.get_stats()
-        time.sleep(0.02)
+    wait_engine_idle(engine)
 
 
 NUMERIC = [

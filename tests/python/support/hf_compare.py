@@ -75,3 +75,67 @@ def assert_same_greedy(got: Greedy, expected: Greedy, tol: float = 1e-4) -> floa
             worst = max(worst, abs(a - b))
             assert abs(a - b) < tol, f"prompt {i}, token {j}: logprob {a} vs HF {b}"
     return worst
+
+
+def random_prompts(seed: int, vocab: int) -> list[list[int]]:
+    """3 prompts of 5 to 39 random token ids (ids 0-2 left out: special tokens)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, vocab, int(n)).tolist() for n in rng.integers(5, 40, 3)]
+
+
+def chunked_cpu_llm(path: str) -> Any:
+    """The float32 CPU engine on a tokenizer-less checkpoint with small blocks and steps: the
+    prompts prefill in chunks and decode across many blocks."""
+    from pagedkv import LLM
+
+    return LLM(
+        path,
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        seed=0,
+        block_size=8,
+        num_gpu_blocks_override=64,
+        max_model_len=128,
+        max_num_batched_tokens=32,
+    )
+
+
+def assert_engine_matches_hf(path: str, prompts: list[list[int]], max_tokens: int = 16) -> float:
+    """chunked_cpu_llm's greedy tokens equal HF's (assert_same_greedy); returns the largest
+    logprob gap."""
+    return assert_same_greedy(
+        engine_greedy(chunked_cpu_llm(path), prompts, max_tokens),
+        hf_greedy(path, prompts, max_tokens),
+    )
+
+
+def assert_classifier_matches_hf(
+    path: str, prompts: list[list[int]], num_labels: int
+) -> tuple[Any, Any]:
+    """A *ForSequenceClassification checkpoint: our model's class logits of each prompt's last
+    token (the prompts run as one batch) equal HF's, float32, within 1e-4. Returns our model
+    and its hidden states of the batch, for more checks."""
+    import numpy as np
+    import torch
+    import transformers
+    from pagedkv.models import load_model
+    from pagedkv.models.reference_backend import DenseAttentionBackend
+
+    model, config = load_model(path, torch.float32, "cpu")
+    assert config.is_classifier and config.num_labels == num_labels
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32
+    ).eval()
+    seqs = [torch.tensor(p) for p in prompts]
+    loc = np.cumsum([0] + [len(s) for s in seqs]).tolist()
+    hidden = model(
+        torch.cat(seqs), torch.cat([torch.arange(len(s)) for s in seqs]), DenseAttentionBackend(loc)
+    )
+    got = model.classify(hidden[[b - 1 for b in loc[1:]]])
+    with torch.no_grad():
+        expected = torch.cat([ref(s[None]).logits for s in seqs])
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    return model, hidden

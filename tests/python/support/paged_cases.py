@@ -166,3 +166,57 @@ def alibi(
 
 def tolerance(dtype: str) -> float:
     return 2e-6 if dtype == "float32" else 1e-2
+
+
+def run_paged_decode(
+    version: int,
+    out: Any,
+    query: Any,
+    kv: PagedKV,
+    num_kv_heads: int,
+    scale: float,
+    seq_lens: Any,
+    block_size: int,
+    max_len: int,
+    alibi_slopes: Any = None,
+    *,
+    partition_size: Optional[int] = None,
+    tmp_dtype: str = "float32",
+    **kw: Any,
+) -> Optional[tuple[Any, Any, Any]]:
+    """ops.paged_attention_v1 (version 1) or _v2 (version 2) into ``out`` over ``kv`` (its
+    cache dtype and scales). v2's partition buffers are made here, NaN-poisoned, in the query's
+    framework and device (tmp_out in ``tmp_dtype``) and returned as (exp_sums, max_logits,
+    tmp_out); v1 returns None. ``kw``: the ops' keyword options (logits_soft_cap, ...)."""
+    from pagedkv import ops
+
+    args = (
+        query,
+        kv.key_cache,
+        kv.value_cache,
+        num_kv_heads,
+        scale,
+        kv.block_tables,
+        seq_lens,
+        block_size,
+        max_len,
+        alibi_slopes,
+        kv.kv_cache_dtype,
+        kv.k_scale,
+        kv.v_scale,
+    )
+    if version == 1:
+        ops.paged_attention_v1(out, *args, **kw)
+        return None
+    partition_size = partition_size or ops.PARTITION_SIZE
+    fw = "numpy" if isinstance(query, np.ndarray) else "torch"
+    device = "cpu" if fw == "numpy" else query.device
+    n, h, d = query.shape
+    parts = -(-max_len // partition_size)
+    exp_sums = empty_like_fw((n, h, parts), fw, "float32", device)
+    max_logits = empty_like_fw((n, h, parts), fw, "float32", device)
+    tmp = empty_like_fw((n, h, parts, d), fw, tmp_dtype, device)
+    ops.paged_attention_v2(
+        out, exp_sums, max_logits, tmp, *args, partition_size=partition_size, **kw
+    )
+    return exp_sums, max_logits, tmp

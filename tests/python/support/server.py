@@ -1,7 +1,10 @@
-"""Launch a real `python -m pagedkv serve` on a free loopback port and wait for /health."""
+"""Servers for the server tests: a real `python -m pagedkv serve` on a free loopback port
+(RemoteServer, small_server), or the app in process on a tiny random model (tiny_async_engine,
+in_process_app, wait_engine_idle)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -54,6 +57,58 @@ def small_server(
         tmp / "server.log",
         env=env,
     )
+
+
+def tiny_async_engine(
+    tmp_path_factory: Any,
+    name: str,
+    *,
+    seed: int,
+    max_model_len: int,
+    num_gpu_blocks: int = 64,
+    max_num_seqs: int = 8,
+    **engine_kw: Any,
+) -> Any:
+    """An AsyncLLMEngine on a fresh tiny random llama (CPU, float32, 8-token blocks), saved in
+    a temporary directory `name`; ``engine_kw``: more engine arguments. The caller shuts it
+    down."""
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine
+    from pagedkv.testing import save_random_model
+
+    path = save_random_model(
+        str(tmp_path_factory.mktemp(name)),
+        "tiny-llama",
+        seed=seed,
+        head_dim=32,
+        max_position_embeddings=256,
+    )
+    return AsyncLLMEngine(
+        model=path,
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=num_gpu_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        **engine_kw,
+    )
+
+
+def in_process_app(engine: Any, **server_args: Any) -> Any:
+    """The OpenAI app over `engine`, as `serve` builds it; ``server_args``: the `serve` flags
+    the app reads (limits, headers), by their argparse names."""
+    from pagedkv.entrypoints.openai.api_server import build_app
+
+    return build_app(engine, argparse.Namespace(**server_args))
+
+
+def wait_engine_idle(engine: Any, timeout: float = 20.0) -> None:
+    """Waits until an in-process AsyncLLMEngine holds no request and no KV block (the answer
+    reaches the client before the engine has freed the request's blocks)."""
+    deadline = time.monotonic() + timeout
+    while engine.get_stats()["kv_cache_usage_perc"] != 0 or engine.engine.requests:
+        assert time.monotonic() < deadline, ("KV blocks leaked", engine.get_stats())
+        time.sleep(0.02)
 
 
 class RemoteServer:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from fastapi import Request
@@ -350,16 +349,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt_ids: List[int],
         tools: Optional[ToolChoice] = None,
     ) -> AsyncIterator[str]:
-        base = {
-            "id": request_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": self.response_model(req.model),
-        }
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(
-            req.stream_options and req.stream_options.continuous_usage_stats
-        )
+        base, include_usage, continuous = self.stream_head(req, request_id, "chat.completion.chunk")
         latest: List[Any] = [None]
         reasons: List[Optional[str]] = [None] * req.n  # by choice index
         bodies = self._chunks(
@@ -382,45 +372,29 @@ class OpenAIServingChat(OpenAIServing):
         tools: Optional[ToolChoice] = None,
     ) -> AsyncIterator[Dict[str, Any]]:
         prompt_tokens = len(prompt_ids)
-        # The role comes first, in a chunk of its own per choice, as OpenAI sends it; with
-        # continuous usage stats it carries the prompt's usage, as vLLM's does.
-        for i in range(req.n):
+
+        def opening(i: int, delta: Dict[str, Any]) -> Dict[str, Any]:
+            """A chunk sent before the model's tokens: with continuous usage stats it carries
+            the prompt's usage, as vLLM's does."""
             body = dict(
                 base,
-                choices=[
-                    {
-                        "index": i,
-                        "delta": {"role": self.role(req), "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
+                choices=[{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}],
             )
             if continuous:
                 body["usage"] = UsageInfo(
                     prompt_tokens=prompt_tokens, total_tokens=prompt_tokens
                 ).model_dump()
+            return body
+
+        # The role comes first, in a chunk of its own per choice, as OpenAI sends it.
+        for i in range(req.n):
+            body = opening(i, {"role": self.role(req), "content": ""})
             if req.return_token_ids and i == 0:  # vLLM's: with the first chunk
                 body["prompt_token_ids"] = list(prompt_ids)
             yield body
         echo = self.echoed(req)
         for i in range(req.n if echo else 0):  # then the echoed text, as vLLM streams it
-            body = dict(
-                base,
-                choices=[
-                    {
-                        "index": i,
-                        "delta": {"content": echo},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            )
-            if continuous:
-                body["usage"] = UsageInfo(
-                    prompt_tokens=prompt_tokens, total_tokens=prompt_tokens
-                ).model_dump()
-            yield body
+            yield opening(i, {"content": echo})
         calls = _StreamedCalls(tools) if tools is not None and tools.mode != "none" else None
         name = self.state.reasoning_parser
         thoughts = _StreamedReasoning(REASONING_PARSERS[name]()) if name else None

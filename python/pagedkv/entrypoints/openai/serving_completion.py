@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 from fastapi import Request
@@ -179,16 +178,7 @@ class OpenAIServingCompletion(OpenAIServing):
         streams: List[Any],
         timer: RequestTimer,
     ) -> AsyncIterator[str]:
-        base = {
-            "id": request_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.response_model(req.model),
-        }
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(
-            req.stream_options and req.stream_options.continuous_usage_stats
-        )
+        base, include_usage, continuous = self.stream_head(req, request_id, "text_completion")
         reasons: List[Optional[str]] = [None] * (len(prompts) * req.n)  # by choice index
         latest: List[Any] = [None] * len(streams)
         bodies = self._chunks(req, base, prompts, streams, timer, latest, reasons, continuous)

@@ -133,6 +133,22 @@ class OpenAIServing(RequestChecks, TokenizerWork, ResponseStreams):
             else self.state.model_name
         )
 
+    def stream_head(self, req: Any, request_id: str, obj: str) -> tuple[dict, bool, bool]:
+        """A streamed response's (chunk base, include_usage, continuous): what every chunk
+        carries (id, ``obj``, created, model), whether a usage chunk ends the stream
+        (stream_options.include_usage) and whether every chunk carries usage too
+        (continuous_usage_stats, only with include_usage)."""
+        base = {
+            "id": request_id,
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.response_model(req.model),
+        }
+        opts = req.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts and opts.continuous_usage_stats)
+        return base, include_usage, continuous
+
     @staticmethod
     def _as_400(exc: Exception, prompt_param: str) -> APIError:
         """The InputProcessor's / engine's error as a 400 naming the request field its
