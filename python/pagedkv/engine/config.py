@@ -124,6 +124,9 @@ class EngineConfig:
     convert: str = "auto"
     pooler_config: Optional[Dict[str, Any]] = None
     override_pooler_config: Optional[Dict[str, Any]] = None
+    # Multimodal models (engine/multimodal.py): vLLM's most items of each modality one prompt
+    # may carry, e.g. {"image": 2} (a modality left out: DEFAULT_MM_LIMIT).
+    limit_mm_per_prompt: Optional[Dict[str, int]] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -212,6 +215,10 @@ class EngineConfig:
         check_runner_args(self)
 
     def _validate_lora(self) -> None:
+        if self.limit_mm_per_prompt is not None:
+            from pagedkv.engine.multimodal import check_mm_limits
+
+            check_mm_limits(self.limit_mm_per_prompt)
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:

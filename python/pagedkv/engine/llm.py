@@ -87,7 +87,8 @@ class LLM(PoolingMixin):
         list with one per prompt; so is ``lora_request`` (the LoRA adapter, None = the base
         model; needs enable_lora=True)."""
         self._refuse_pooling("generate")
-        items = normalise_prompts(prompts, prompt_token_ids)
+        arch = self.llm_engine.model_config.hf_config.architecture
+        items = normalise_prompts(prompts, prompt_token_ids, arch)
         loras = per_prompt_lora(lora_request, len(items))
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
         params = []
@@ -103,11 +104,12 @@ class LLM(PoolingMixin):
             for i, (item, p) in enumerate(zip(items, params)):
                 rid = str(self._counter)
                 self._counter += 1
+                mm = "multi_modal_data" in item  # (the whole dict carries the images)
                 self.llm_engine.add_request(
                     rid,
-                    item.get("prompt"),
+                    item if mm else item.get("prompt"),
                     p,
-                    prompt_token_ids=item.get("prompt_token_ids"),
+                    prompt_token_ids=None if mm else item.get("prompt_token_ids"),
                     priority=priority[i] if priority else 0,
                     lora_request=loras[i],
                 )

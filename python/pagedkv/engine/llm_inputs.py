@@ -51,7 +51,9 @@ def _is_token_ids(v: Any) -> bool:
     return _token_ids(v) is not None
 
 
-def prompt_item(p: Any, name: str) -> Dict[str, Any]:
+def prompt_item(p: Any, name: str, architecture: Optional[str] = None) -> Dict[str, Any]:
+    """One prompt as a dict; ``architecture``: the model's, whose modalities a prompt's
+    multi_modal_data may carry (none when not given)."""
     p = _listed(p)
     if isinstance(p, str):
         return {"prompt": p}
@@ -61,8 +63,9 @@ def prompt_item(p: Any, name: str) -> Dict[str, Any]:
                 f"{name}: a prompt dict needs 'prompt' or 'prompt_token_ids', got "
                 f"keys {sorted(map(str, p))}"
             )
-        check_prompt_modalities(p, name)
-        unknown = sorted(str(k) for k in p if k not in _PROMPT_KEYS)
+        check_prompt_modalities(p, name, architecture)
+        keys = _PROMPT_KEYS + ("multi_modal_data",)  # (checked above)
+        unknown = sorted(str(k) for k in p if k not in keys)
         if unknown:  # an ignored key would be a silently dropped input
             raise ValueError(
                 f"{name}: unsupported prompt keys {unknown} (a prompt dict takes "
@@ -86,8 +89,11 @@ def prompt_item(p: Any, name: str) -> Dict[str, Any]:
     raise TypeError(f"{name} must be {_PROMPT_FORMS}, got {_describe(p)}")
 
 
-def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any]]:
-    """One dict per prompt, with "prompt" and / or "prompt_token_ids"."""
+def normalise_prompts(
+    prompts: Any, prompt_token_ids: Any, architecture: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """One dict per prompt, with "prompt" and / or "prompt_token_ids" (and the
+    multi_modal_data the ``architecture`` takes)."""
     if prompt_token_ids is not None:  # vLLM's older keyword
         prompt_token_ids = _listed(prompt_token_ids)
         if not isinstance(prompt_token_ids, (list, tuple)) or _is_token_ids(prompt_token_ids):
@@ -108,12 +114,12 @@ def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any
         raise ValueError("prompts must be given")
     prompts = _listed(prompts)
     if isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0):
-        return [prompt_item(prompts, "prompts")]
+        return [prompt_item(prompts, "prompts", architecture)]
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(
             f"prompts must be {_PROMPT_FORMS}, or a list of these; got {_describe(prompts)}"
         )
-    return [prompt_item(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+    return [prompt_item(p, f"prompts[{i}]", architecture) for i, p in enumerate(prompts)]
 
 
 def per_prompt_params(params: Any, n: int) -> List[SamplingParams]:

@@ -1,0 +1,192 @@
+"""LLaVA-1.5 image inputs against HF transformers: a tiny random LlavaForConditionalGeneration
+(CLIP vision tower + Llama, built and saved with transformers' own classes, random weights with
+non-zero biases and norm weights), its LlavaProcessor, and greedy tokens equal to HF's generate
+on image + text prompts (float32, CPU); images keyed into the prefix cache by content."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.deps import need
+
+torch = need("torch")
+need("transformers")
+need("PIL")
+
+from pagedkv import LLM, SamplingParams  # noqa: E402
+from pagedkv.engine.multimodal import UnsupportedModalityError  # noqa: E402
+from PIL import Image  # noqa: E402
+
+IMAGE_TOKEN = "<image>"
+PROMPT_ONE = "USER: <image>\nWhat is shown here? ASSISTANT:"
+PROMPT_TWO = "USER: <image> and <image>: which is brighter? ASSISTANT:"
+MAX_TOKENS = 8
+
+
+def _image(seed: int, h: int = 37, w: int = 45) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _randomise(model: torch.nn.Module, seed: int) -> None:
+    """Every weight random: norms around 1, biases and projections non-zero."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            else:
+                p.copy_(0.15 * noise)
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory) -> str:
+    from pagedkv.engine.tokenizer import Tokenizer
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    out = str(tmp_path_factory.mktemp("tiny_llava"))
+    tok = Tokenizer.from_pretrained(None).hf  # SmolLM2's, with an image token added
+    tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=7,
+        projection_dim=16,
+    )
+    text = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tok) + 7,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_seq_length=16,
+    )
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).eval()
+    _randomise(model, seed=3)
+    model.save_pretrained(out)
+    images = CLIPImageProcessor(
+        size={"shortest_edge": 28},
+        crop_size={"height": 28, "width": 28},
+        image_mean=[0.4, 0.5, 0.6],
+        image_std=[0.3, 0.25, 0.2],
+    )
+    LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy="default",
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    ).save_pretrained(out)
+    return out
+
+
+_HF: dict = {}
+
+
+def _hf_greedy(folder: str, prompt: str, images: list) -> list[int]:
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    if folder not in _HF:
+        _HF[folder] = (
+            AutoProcessor.from_pretrained(folder),
+            LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(),
+        )
+    processor, model = _HF[folder]
+    inputs = processor(text=prompt, images=images, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def llm_image_id(folder: str) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(folder).image_token_index)
+
+
+def _llm(folder: str, **kw) -> LLM:
+    return LLM(folder, device="cpu", kv_cache_space=0.02, max_model_len=128, block_size=8, **kw)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+
+
+def test_greedy_equals_hf_with_images_in_one_batch(llava_dir: str) -> None:
+    """Two prompts with different images (one with two images) in one batch, and again with
+    prefill chunks that cut through the image placeholders."""
+    cases = [(PROMPT_ONE, [_image(1)]), (PROMPT_TWO, [_image(2), _image(3, 60, 30)])]
+    expected = [_hf_greedy(llava_dir, p, ims) for p, ims in cases]
+    prompts = [{"prompt": p, "multi_modal_data": {"image": ims}} for p, ims in cases]
+    for kw in ({}, {"max_num_batched_tokens": 12, "max_num_seqs": 2}):
+        outs = _llm(llava_dir, **kw).generate(prompts, GREEDY, use_tqdm=False)
+        got = [list(o.outputs[0].token_ids) for o in outs]
+        assert got == expected, kw
+        # The engine's prompt is HF's expanded one: 16 placeholders per image.
+        image_id = llm_image_id(llava_dir)
+        assert [o.prompt_token_ids.count(image_id) for o in outs] == [16, 32]
+
+
+def test_prefix_cache_is_keyed_by_image_content(llava_dir: str) -> None:
+    llm = _llm(llava_dir)
+    first = llm.generate(
+        {"prompt": PROMPT_ONE, "multi_modal_data": {"image": _image(5)}}, GREEDY, use_tqdm=False
+    )[0]
+    same = llm.generate(
+        {"prompt": PROMPT_ONE, "multi_modal_data": {"image": _image(5)}}, GREEDY, use_tqdm=False
+    )[0]
+    other = llm.generate(
+        {"prompt": PROMPT_ONE, "multi_modal_data": {"image": _image(6)}}, GREEDY, use_tqdm=False
+    )[0]
+    assert first.num_cached_tokens == 0
+    assert same.num_cached_tokens >= 16  # the image's blocks came from the cache
+    assert list(same.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    assert other.num_cached_tokens == 0  # another image shares no block, not even the text
+    assert list(other.outputs[0].token_ids) == _hf_greedy(llava_dir, PROMPT_ONE, [_image(6)])
+    # (and the images matter: HF answers the two differently)
+    assert _hf_greedy(llava_dir, PROMPT_ONE, [_image(5)]) != list(other.outputs[0].token_ids)
+
+
+def test_image_prompts_are_checked(llava_dir: str) -> None:
+    llm = _llm(llava_dir, limit_mm_per_prompt={"image": 1})
+    two = {"prompt": PROMPT_TWO, "multi_modal_data": {"image": [_image(1), _image(2)]}}
+    with pytest.raises(ValueError, match=r"2 images, more than limit_mm_per_prompt allows \(1\)"):
+        llm.generate(two, GREEDY, use_tqdm=False)
+    wrong = {"prompt": PROMPT_ONE + IMAGE_TOKEN, "multi_modal_data": {"image": _image(1)}}
+    with pytest.raises(ValueError, match=r"2 image tokens .* for 1 image"):
+        llm.generate(wrong, GREEDY, use_tqdm=False)
+    with pytest.raises(UnsupportedModalityError, match=r"audio inputs are not supported"):
+        llm.generate(
+            {"prompt": "hi", "multi_modal_data": {"audio": (b"", 16000)}}, GREEDY, use_tqdm=False
+        )
+    with pytest.raises(TypeError, match=r"must be a PIL.Image"):
+        llm.generate(
+            {"prompt": PROMPT_ONE, "multi_modal_data": {"image": np.zeros((4, 4, 3))}},
+            GREEDY,
+            use_tqdm=False,
+        )
+    assert not llm.llm_engine.has_unfinished_requests()
