@@ -138,11 +138,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 
 def test_greedy_equals_hf_with_images_in_one_batch(llava_dir: str) -> None:
     """Two prompts with different images (one with two images) in one batch, and again with
-    prefill chunks that cut through the image placeholders."""
+    prefill chunks that cut through the image placeholders (serial and overlapped steps)."""
     cases = [(PROMPT_ONE, [_image(1)]), (PROMPT_TWO, [_image(2), _image(3, 60, 30)])]
     expected = [_hf_greedy(llava_dir, p, ims) for p, ims in cases]
     prompts = [{"prompt": p, "multi_modal_data": {"image": ims}} for p, ims in cases]
-    for kw in ({}, {"max_num_batched_tokens": 12, "max_num_seqs": 2}):
+    chunked = {"max_num_batched_tokens": 12, "max_num_seqs": 2}
+    for kw in ({}, chunked, {**chunked, "async_scheduling": True}):
         outs = _llm(llava_dir, **kw).generate(prompts, GREEDY, use_tqdm=False)
         got = [list(o.outputs[0].token_ids) for o in outs]
         assert got == expected, kw
