@@ -172,6 +172,84 @@ class ImageInputProcessor:
         return out
 
 
+MAX_IMAGE_BYTES = 20 << 20  # one fetched or decoded image
+
+
+def load_image_url(url: Any, where: str, allowed_domains: Optional[Sequence[str]] = None) -> Any:
+    """An OpenAI ``image_url`` -> PIL.Image: a ``data:`` URL (base64) always; an http(s) URL
+    only from a host in ``allowed_domains`` (vLLM's --allowed-media-domains: the server must
+    not fetch what a client names, e.g. internal addresses); any other scheme is refused."""
+    import base64
+    import binascii
+    import io
+    from urllib.parse import urlparse
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"{where}: image_url.url must be a non-empty string")
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "data":
+        head, _, payload = url.partition(",")
+        if not head.endswith(";base64"):
+            raise ValueError(f"{where}: a data: image URL must be base64 (data:image/...;base64,)")
+        try:
+            raw = base64.b64decode(payload, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"{where}: the data: URL is not valid base64 ({exc})") from None
+    elif scheme in ("http", "https"):
+        host = urlparse(url).hostname or ""
+        if not allowed_domains or host not in allowed_domains:
+            raise ValueError(
+                f"{where}: fetching image URLs from {host!r} is not allowed; send the image "
+                "as a data: URL or start the server with --allowed-media-domains " + host
+            )
+        raw = _fetch(url, where)
+    else:
+        raise ValueError(f"{where}: image URLs must be data: or http(s) URLs, got {scheme}:")
+    if len(raw) > MAX_IMAGE_BYTES:
+        raise ValueError(f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes")
+    try:
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ValueError(f"{where}: not a readable image ({exc})") from None
+    return image
+
+
+def _fetch(url: str, where: str) -> bytes:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 (allow-listed host)
+            return bytes(resp.read(MAX_IMAGE_BYTES + 1))
+    except OSError as exc:
+        raise ValueError(f"{where}: could not fetch the image ({exc})") from None
+
+
+@dataclass
+class ChatImages:
+    """The images of a conversation's ``image_url`` parts, gathered while its messages become
+    text; each part becomes the model's image token in the text (vLLM's placement for string
+    chat templates: the parts in order, joined by newlines)."""
+
+    architecture: Optional[str]
+    image_token: str
+    allowed_domains: Optional[Sequence[str]] = None
+    images: Optional[List[Any]] = None
+
+    def take(self, part: Any, where: str) -> str:
+        """An image_url part -> the text that stands for it."""
+        spec = getattr(part, "image_url", None)
+        if spec is None and isinstance(part, Mapping):
+            spec = part.get("image_url")
+        url = spec.get("url") if isinstance(spec, Mapping) else spec
+        if self.images is None:
+            self.images = []
+        self.images.append(load_image_url(url, where, self.allowed_domains))
+        return self.image_token
+
+
 def image_input_processor(
     runner: Any, hf_config: Any, limits: Optional[Mapping[str, int]]
 ) -> Optional[ImageInputProcessor]:

@@ -15,9 +15,9 @@ need("PIL")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.engine.multimodal import UnsupportedModalityError  # noqa: E402
+from pagedkv.testing import IMAGE_TOKEN, save_random_llava  # noqa: E402
 from PIL import Image  # noqa: E402
 
-IMAGE_TOKEN = "<image>"
 PROMPT_ONE = "USER: <image>\nWhat is shown here? ASSISTANT:"
 PROMPT_TWO = "USER: <image> and <image>: which is brighter? ASSISTANT:"
 MAX_TOKENS = 8
@@ -28,81 +28,9 @@ def _image(seed: int, h: int = 37, w: int = 45) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
-def _randomise(model: torch.nn.Module, seed: int) -> None:
-    """Every weight random: norms around 1, biases and projections non-zero."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * noise)
-            else:
-                p.copy_(0.15 * noise)
-
-
 @pytest.fixture(scope="module")
 def llava_dir(tmp_path_factory) -> str:
-    from pagedkv.engine.tokenizer import Tokenizer
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
-
-    out = str(tmp_path_factory.mktemp("tiny_llava"))
-    tok = Tokenizer.from_pretrained(None).hf  # SmolLM2's, with an image token added
-    tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=7,
-        projection_dim=16,
-    )
-    text = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=len(tok) + 7,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        image_seq_length=16,
-    )
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(config).eval()
-    _randomise(model, seed=3)
-    model.save_pretrained(out)
-    images = CLIPImageProcessor(
-        size={"shortest_edge": 28},
-        crop_size={"height": 28, "width": 28},
-        image_mean=[0.4, 0.5, 0.6],
-        image_std=[0.3, 0.25, 0.2],
-    )
-    LlavaProcessor(
-        image_processor=images,
-        tokenizer=tok,
-        patch_size=7,
-        vision_feature_select_strategy="default",
-        image_token=IMAGE_TOKEN,
-        num_additional_image_tokens=1,
-    ).save_pretrained(out)
-    return out
+    return save_random_llava(str(tmp_path_factory.mktemp("tiny_llava")), seed=3)
 
 
 _HF: dict = {}
