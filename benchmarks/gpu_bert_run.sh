@@ -9,7 +9,7 @@ T=tests/python
 timeout 90 python3 -m pytest $T/kernels/test_prefill_noncausal_cuda.py -q -p no:cacheprovider \
   --tb=short -rfE > "$OUT/noncausal_cuda.log" 2>&1
 tail -5 "$OUT/noncausal_cuda.log"
-timeout 120 python3 -m pytest $T/kernels/test_ops_cuda.py $T/kernels/test_prefill_mma_cuda.py -q \
+timeout 100 python3 -m pytest $T/kernels/test_ops_cuda.py $T/kernels/test_prefill_mma_cuda.py -q \
   -k "prefill" -p no:cacheprovider --tb=short -rfE > "$OUT/prefill_cuda.log" 2>&1
 tail -5 "$OUT/prefill_cuda.log"
 timeout 60 python3 -m pytest $T/models/test_models_bert.py $T/ops/test_ops_noncausal.py -q \

@@ -1,7 +1,10 @@
 """Multi-LoRA throughput: generation tokens/s of a batch whose requests use 8 distinct rank-16
-adapters (round robin) vs the same batch without adapters, on one engine (random ~1B Llama).
+adapters (round robin) vs the same batch without adapters, on one engine per LoRA kernel
+(random ~1B Llama): "grouped_mm" (torch._grouped_mm SGMV, bf16 on sm90+) and "pagedkv" (the
+core's BGMV ops) by default, one after the other in this run.
 
   python benchmarks/lora_bench.py --model-dir /tmp/llama1b --json lora.json
+  python benchmarks/lora_bench.py --kernel pagedkv
 
 The adapters are PEFT folders of random A/B matrices over q/k/v/o/gate/up/down, written here
 (no peft needed). Target: the adapter batch at >= 0.8x the base batch's tokens/s.
@@ -10,6 +13,7 @@ The adapters are PEFT folders of random A/B matrices over q/k/v/o/gate/up/down, 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -58,6 +62,36 @@ def write_adapter(out: str, cfg: dict, rank: int, seed: int) -> str:
     return out
 
 
+def _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM) -> dict:
+    """base / LoRA / base-again tokens/s on one engine whose adapters run through ``kernel``."""
+    llm = LLM(
+        args.model_dir,
+        skip_tokenizer_init=True,
+        enable_lora=True,
+        max_loras=args.num_adapters,
+        max_lora_rank=args.rank,
+        lora_kernel=kernel,
+        enable_prefix_caching=False,
+    )
+    runner = llm.llm_engine.runner
+    chosen = sorted({layer.kernel for layer in runner.lora.targets.layers})
+    llm.generate(prompts[:8], params, use_tqdm=False, lora_request=per_prompt[:8])  # warm-up
+
+    def run(lora_request) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_request)
+        torch.cuda.synchronize()
+        return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
+
+    replays = runner.graphs.num_replays if runner.graphs is not None else 0
+    row = {"layers_kernel": chosen, "base_tok_s": run(None), "lora_tok_s": run(per_prompt)}
+    row["base_tok_s_again"] = run(None)
+    row["ratio"] = row["lora_tok_s"] / max(row["base_tok_s"], row["base_tok_s_again"])
+    row["graph_replays"] = (runner.graphs.num_replays if runner.graphs is not None else 0) - replays
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", default="/tmp/llama1b")
@@ -66,6 +100,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-adapters", type=int, default=8)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument(
+        "--kernel",
+        default="both",
+        choices=("both", "auto", "pagedkv", "grouped_mm"),
+        help="the engine's lora_kernel; 'both': grouped_mm, then pagedkv",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -80,14 +120,6 @@ def main() -> None:
         LoRARequest(f"a{i}", i + 1, write_adapter(f"{args.model_dir}_lora{i}", cfg, args.rank, i))
         for i in range(args.num_adapters)
     ]
-    llm = LLM(
-        args.model_dir,
-        skip_tokenizer_init=True,
-        enable_lora=True,
-        max_loras=args.num_adapters,
-        max_lora_rank=args.rank,
-        enable_prefix_caching=False,
-    )
     g = torch.Generator().manual_seed(0)
     vocab = cfg["vocab_size"]
     prompts = [
@@ -95,19 +127,14 @@ def main() -> None:
         for _ in range(args.num_prompts)
     ]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    llm.generate(prompts[:8], params, use_tqdm=False, lora_request=loras[:8])  # warm-up
-
-    def run(lora_request) -> float:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_request)
-        torch.cuda.synchronize()
-        return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
-
     per_prompt = [loras[i % len(loras)] for i in range(args.num_prompts)]
-    result = {"base_tok_s": run(None), "lora_tok_s": run(per_prompt)}
-    result["base_tok_s_again"] = run(None)
-    result["ratio"] = result["lora_tok_s"] / max(result["base_tok_s"], result["base_tok_s_again"])
+    kernels = ["grouped_mm", "pagedkv"] if args.kernel == "both" else [args.kernel]
+    result: dict = {}
+    for kernel in kernels:
+        result[kernel] = _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM)
+        print(json.dumps({kernel: result[kernel]}), flush=True)
+        gc.collect()  # the engine of this kernel, before the next one takes the GPU memory
+        torch.cuda.empty_cache()
     result.update(
         adapters=args.num_adapters,
         rank=args.rank,

@@ -149,7 +149,8 @@ void paged_attention_v2(const TensorView& out, const TensorView& exp_sums,
 // fp32. The grid covers every item of the plan's capacity (fixed by the arrays' shapes, so a
 // captured CUDA graph stays valid while the engine refills the plan each step); unused items run
 // nothing. A sequence without items gets a zero output.
-//   work_items: [capacity, 3] int32; seq_offsets: [num_seqs + 1] int32 (on the op's device)
+//   work_items: [capacity, 4] int32 (CUDA: 16-byte aligned); seq_offsets: [num_seqs + 1] int32
+//   (both on the op's device)
 //   exp_sums, max_logits: [capacity, num_heads] float32; tmp_out: [capacity, num_heads,
 //   head_size] float32
 // Kernels: "cpu" on the host; on a GPU the Hopper decode only ("hopper", which "auto" means here):
@@ -184,7 +185,7 @@ void merge_attn_states(const TensorView& output, const std::optional<TensorView>
                        const TensorView& suffix_output, const TensorView& suffix_lse,
                        Stream stream = nullptr);
 
-// The planner over arrays: seq_lens [num_seqs], work_items [capacity, 3] and seq_offsets
+// The planner over arrays: seq_lens [num_seqs], work_items [capacity, 4] and seq_offsets
 // [num_seqs + 1], int32 host arrays (contiguous outputs). Returns the items used.
 int plan_balanced_decode(const TensorView& seq_lens, const TensorView& work_items,
                          const TensorView& seq_offsets, int target_items, int sliding_window,

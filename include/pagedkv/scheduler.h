@@ -80,8 +80,30 @@ class Scheduler {
   // Applies a step's results: `sampled[i]` is the token sampled for plan entry i (ignored where
   // plan.sample_indices[i] < 0; pass -1). Returns the requests that finished and why, in plan
   // order; their blocks are freed at once (their ids stay readable via request_id() until the
-  // next schedule()). Same as advance(plan) then resolve(sampled, n), checked first.
+  // next schedule()). Same as advance(plan) then resolve(sampled, n), checked first. A plan
+  // entry with draft tokens needs update_accepted().
   const std::vector<Finished>& update(const StepPlan& plan, const int64_t* sampled, size_t n);
+  // Speculative decoding (and the general form of update()): entry i emitted counts[i] tokens,
+  // stored one entry after the other in `tokens` (num_tokens in all). A sampling entry emits
+  // 1 to plan.num_draft_tokens[i] + 1 tokens: its drafts up to the first rejected one, then
+  // the target's own token; an entry that samples nothing (sample_indices < 0) emits 0. Tokens
+  // are appended up to a finish (the same rule as update()); the rest are dropped (see
+  // num_appended()). The KV slots of rejected drafts are given back: the request keeps only
+  // the blocks its accepted tokens need, and only full accepted blocks enter the prefix cache.
+  // Throws ValueError (nothing changed) when counts are out of range, the sum differs from
+  // num_tokens, or an emitted token other than the last differs from its draft. Not for
+  // overlapped steps (advance() refuses a plan with drafts).
+  const std::vector<Finished>& update_accepted(const StepPlan& plan, const int64_t* tokens,
+                                               size_t num_tokens, const int32_t* counts, size_t n);
+  // Per entry of the plan passed to the last update_accepted(): how many tokens it appended.
+  const std::vector<int32_t>& num_appended() const;
+
+  // Speculative decoding: tokens proposed to follow the request's current tokens. The next
+  // schedule() feeds up to all of them after the request's last token when it decodes (fewer
+  // within the step's budget, max_tokens, or when its blocks would not fit: drafts never cause
+  // a preemption), and consumes them. Throws ValueError for an unknown id or a negative token.
+  void set_draft_tokens(const std::string& request_id, const int32_t* tokens, size_t n);
+
   // Convenience: the finished request ids.
   std::vector<std::string> update(const StepPlan& plan, const std::vector<int64_t>& sampled);
 

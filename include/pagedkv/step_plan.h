@@ -35,9 +35,10 @@ struct StepPlan {
   int32_t num_decode_tokens = 0;
   int32_t num_tokens = 0;  // num_prefill_tokens + num_decode_tokens
   int32_t max_query_len = 0;
-  int32_t max_prefill_seq_len = 0;  // 0 when there is no prefill
-  int32_t max_decode_seq_len = 0;   // 0 when there is no decode
-  int32_t max_blocks_per_seq = 0;   // row width of block_tables
+  int32_t max_prefill_seq_len = 0;     // 0 when there is no prefill
+  int32_t max_decode_seq_len = 0;      // 0 when there is no decode
+  int32_t max_blocks_per_seq = 0;      // row width of block_tables
+  int32_t num_draft_tokens_total = 0;  // sum of num_draft_tokens (0: no speculation this step)
 
   // The arrays are allocated once for the batch limits (max_num_batched_tokens, max_num_seqs)
   // and reused by every step, so a step allocates nothing: only their first num_tokens /
@@ -52,6 +53,9 @@ struct StepPlan {
   std::vector<int32_t> seq_start_loc;    // [num_seqs + 1] prefix sums of seq_lens
   std::vector<int32_t> sample_indices;   // [num_seqs] token index to sample, -1 = partial chunk
   std::vector<int32_t> slots;  // [num_seqs] request slot (Scheduler::request_id), -1 = aborted
+  // [num_seqs] draft tokens fed by entry i after its last sampled token (speculative decoding:
+  // such an entry is laid out with the prefills and its query is 1 + num_draft_tokens[i] long).
+  std::vector<int32_t> num_draft_tokens;
   // [max_num_seqs, max_blocks_per_seq] row-major, padded with kBlockTablePad. calloc'ed so
   // rows never used cost no memory.
   std::unique_ptr<int32_t[], decltype(&std::free)> block_tables{nullptr, &std::free};

@@ -248,6 +248,16 @@ class StepPlan:
     @property
     def step(self) -> int: ...
 
+    @property
+    def num_draft_tokens_total(self) -> int:
+        """Draft tokens fed in this step (0: no speculative entry)"""
+
+    @property
+    def num_draft_tokens(self) -> NDArray[numpy.int32]:
+        """
+        [num_seqs] int32 draft tokens fed after each entry's last token (speculative decoding; such an entry is laid out with the prefills)
+        """
+
     def __len__(self) -> int: ...
 
     @property
@@ -351,6 +361,22 @@ class Scheduler:
 
     def would_finish(self, request_id: str, token: int) -> FinishedRequest | None:
         """Whether `token` as the request's next token would finish it (and why)."""
+
+    def update_accepted(self, plan: StepPlan, token_ids: object, num_accepted: object) -> list:
+        """
+        Speculative steps: entry i emitted num_accepted[i] tokens (its accepted drafts, then the target's token; 0 for an entry that samples nothing), concatenated in token_ids. Rejected drafts' KV blocks are given back. Returns the finished requests (FinishedRequest), as update() does.
+        """
+
+    @property
+    def num_appended(self) -> list[int]:
+        """
+        Per entry of the last updated plan: tokens appended (fewer than emitted after a stop)
+        """
+
+    def set_draft_tokens(self, request_id: str, draft_token_ids: object) -> None:
+        """
+        Speculative decoding: tokens proposed to follow the request; the next schedule() feeds them (or fewer) after its last token if it decodes, and consumes them.
+        """
 
     def fork(self, parent_id: str, child_id: str, first_token: int) -> FinishedRequest | None:
         """

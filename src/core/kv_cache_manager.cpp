@@ -77,6 +77,15 @@ void KvCacheManager::cache_full_blocks(Request& req) {
   }
 }
 
+void KvCacheManager::truncate(Request& req, int32_t num_tokens) {
+  const size_t keep = static_cast<size_t>(blocks_for(num_tokens));
+  if (req.blocks.size() <= keep) return;
+  allocator_.free(req.blocks.data() + keep, req.blocks.size() - keep);
+  req.blocks.resize(keep);
+  // Not an append: a block-table row cached for the longer list must be rewritten.
+  req.touch_blocks();
+}
+
 void KvCacheManager::free_blocks(Request& req) {
   if (!req.blocks.empty()) allocator_.free(req.blocks.data(), req.blocks.size());
   req.blocks.clear();

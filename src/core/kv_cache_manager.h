@@ -35,6 +35,9 @@ class KvCacheManager {
   int32_t match_prefix(Request& req);
   // Registers req's blocks that became full since the last call.
   void cache_full_blocks(Request& req);
+  // Speculative rollback: frees req's blocks past the first blocks_for(num_tokens) (they hold
+  // only rejected draft tokens' KV). Registered hashes are of full accepted blocks: kept.
+  void truncate(Request& req, int32_t num_tokens);
   // Frees all device blocks of req (tail-first) and forgets their hashes.
   void free_blocks(Request& req);
   // The child shares the parent's first blocks_for(num_tokens) blocks.

@@ -40,6 +40,9 @@ struct Request {
     table_version = ++counter;
   }
   int32_t num_scheduled = 0;  // tokens scheduled in the current step (0 = not yet)
+  // Speculative decoding: tokens proposed to follow the sequence (set_draft_tokens), consumed
+  // (and cleared) by the next schedule(); dropped on preemption.
+  std::vector<int32_t> draft;
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_generated() const { return num_tokens() - num_prompt_tokens; }

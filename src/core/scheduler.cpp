@@ -113,6 +113,77 @@ void Scheduler::Impl::check_new_request(const std::string& id, size_t prompt_len
                 "; it could never run");
 }
 
+// All checks before any change, so a bad call leaves the scheduler as it was.
+void Scheduler::Impl::check_accepted(const int64_t* tokens, size_t num_tokens,
+                                     const int32_t* counts, size_t n) const {
+  const StepPlan& p = plan;
+  PAGEDKV_CHECK(n == static_cast<size_t>(p.num_seqs), "num_accepted: expected ", p.num_seqs,
+                " entries (one per plan entry), got ", n);
+  PAGEDKV_CHECK(counts != nullptr, "num_accepted: null pointer for ", n, " entries");
+  PAGEDKV_CHECK(tokens != nullptr || num_tokens == 0, "token_ids: null pointer for ", num_tokens,
+                " tokens");
+  size_t off = 0;
+  for (int32_t i = 0; i < p.num_seqs; ++i) {
+    const int32_t c = counts[i];
+    const int32_t k = p.num_draft_tokens[i];
+    const bool samples = p.sample_indices[i] >= 0;
+    PAGEDKV_CHECK(c >= 0, "num_accepted: entry ", i, " is negative (", c, ")");
+    PAGEDKV_CHECK(off + static_cast<size_t>(c) <= num_tokens, "token_ids: ", num_tokens,
+                  " tokens, fewer than num_accepted adds up to");
+    if (p.slots[i] >= 0) {  // an entry aborted since schedule() is skipped
+      PAGEDKV_CHECK(samples ? c >= 1 && c <= k + 1 : c == 0, "num_accepted: entry ", i,
+                    samples ? " must emit 1 to num_draft_tokens + 1 = " : " samples nothing: 0, ",
+                    samples ? k + 1 : 0, " tokens, got ", c);
+      // The KV computed this step holds the drafts: only a prefix of them can be kept.
+      const int32_t* draft = &p.input_ids[p.query_start_loc[i + 1] - k];
+      for (int32_t j = 0; j < c; ++j) {
+        const int64_t t = tokens[off + j];
+        PAGEDKV_CHECK(t >= 0 && t <= std::numeric_limits<int32_t>::max(), "token_ids: entry ", i,
+                      " token ", j, " is out of range (", t, ")");
+        PAGEDKV_CHECK(j == c - 1 || t == draft[j], "token_ids: entry ", i, " token ", j, " (", t,
+                      ") differs from its draft (", draft[j],
+                      "); only the last emitted token may differ");
+      }
+    }
+    off += static_cast<size_t>(c);
+  }
+  PAGEDKV_CHECK(off == num_tokens, "token_ids: ", num_tokens,
+                " tokens, but num_accepted adds up to ", off);
+}
+
+// Appends each entry's emitted tokens (up to its stop), advances what is cached by the tokens
+// whose KV this step kept, and gives back the blocks that held only rejected drafts.
+void Scheduler::Impl::apply_accepted(const int64_t* tokens, const int32_t* counts) {
+  const StepPlan& p = plan;
+  appended.assign(static_cast<size_t>(p.num_seqs), 0);
+  size_t off = 0;
+  for (int32_t i = 0; i < p.num_seqs; ++i) {
+    const int32_t c = counts[i];
+    const int64_t* emitted = tokens + off;
+    off += static_cast<size_t>(c);
+    const int32_t slot = p.slots[i];
+    if (slot < 0) continue;  // aborted since schedule()
+    Request& req = *pool[static_cast<size_t>(slot)];
+    const int32_t query = p.query_start_loc[i + 1] - p.query_start_loc[i];
+    const int32_t rejected = c > 0 ? p.num_draft_tokens[i] - (c - 1) : 0;
+    Finished f;
+    while (f.reason == FinishReason::kNone && appended[i] < c) {
+      const auto token = static_cast<int32_t>(emitted[appended[i]++]);
+      req.tokens.push_back(token);
+      f = decide_finish(req.params, req.num_generated(), token);
+    }
+    // KV kept: the fed tokens up to the last accepted draft (fewer when a stop came first).
+    req.num_computed = std::min(req.num_computed + query - rejected, req.num_tokens());
+    kv.cache_full_blocks(req);
+    if (f.reason != FinishReason::kNone) {
+      f.slot = slot;
+      finished.push_back(f);
+    } else if (rejected > 0) {
+      kv.truncate(req, req.num_computed);
+    }
+  }
+}
+
 // ---- public API ---------------------------------------------------------------------------
 
 Scheduler::Scheduler(const SchedulerConfig& config) : impl_(std::make_unique<Impl>(config)) {
@@ -189,6 +260,10 @@ void Scheduler::advance(const StepPlan& plan) {
   PAGEDKV_CHECK(!s.unresolved, "advance(): the previous advanced step was not resolved yet");
   if (p.num_seqs == 0) return;
   PAGEDKV_CHECK(s.plan_pending, "plan: this plan was already applied by update()");
+  for (int32_t i = 0; i < p.num_seqs; ++i) {  // (a failed step aborts them all: allowed)
+    PAGEDKV_CHECK(p.slots[i] < 0 || p.num_draft_tokens[i] == 0, "plan: entry ", i,
+                  " feeds draft tokens; pass the accepted tokens to update_accepted()");
+  }
   const size_t n = static_cast<size_t>(p.num_seqs);
   s.advanced_slots.assign(p.slots.begin(), p.slots.begin() + p.num_seqs);
   s.advanced_samples.resize(n);
@@ -248,6 +323,30 @@ const std::vector<Finished>& Scheduler::resolve(const int64_t* sampled, size_t n
   return s.finished;
 }
 
+const std::vector<Finished>& Scheduler::update_accepted(const StepPlan& plan, const int64_t* tokens,
+                                                        size_t num_tokens, const int32_t* counts,
+                                                        size_t n) {
+  Impl& s = *impl_;
+  const StepPlan& p = s.plan;
+  PAGEDKV_CHECK(&plan == &p, "plan: not a plan of this scheduler");
+  PAGEDKV_CHECK(!s.unresolved, "update_accepted(): an advanced step awaits resolve()");
+  s.finished.clear();
+  if (p.num_seqs == 0) return s.finished;
+  PAGEDKV_CHECK(s.plan_pending, "plan: this plan was already applied by update()");
+  s.check_accepted(tokens, num_tokens, counts, n);
+  s.apply_accepted(tokens, counts);
+  s.plan_pending = false;
+  // As in resolve(): recycled at the next schedule(), readable until then.
+  for (const Finished& f : s.finished) {
+    Request* r = s.pool[static_cast<size_t>(f.slot)].get();
+    s.unlink(r);
+    s.release(r, false);
+  }
+  return s.finished;
+}
+
+const std::vector<int32_t>& Scheduler::num_appended() const { return impl_->appended; }
+
 bool Scheduler::has_unresolved_step() const { return impl_->unresolved; }
 
 Finished Scheduler::would_finish(const std::string& request_id, int32_t token) const {
@@ -305,6 +404,16 @@ Finished Scheduler::fork(const std::string& parent_id, const std::string& child_
     s.waiting.insert(child);
   }
   return done;
+}
+
+void Scheduler::set_draft_tokens(const std::string& request_id, const int32_t* tokens, size_t n) {
+  Request* r = impl_->find(request_id);
+  PAGEDKV_CHECK(r != nullptr, "request_id: unknown request '", request_id, "'");
+  PAGEDKV_CHECK(tokens != nullptr || n == 0, "draft_token_ids: null pointer for ", n, " tokens");
+  for (size_t i = 0; i < n; ++i) {
+    PAGEDKV_CHECK(tokens[i] >= 0, "draft_token_ids: token ", i, " is negative (", tokens[i], ")");
+  }
+  r->draft.assign(tokens, tokens + n);
 }
 
 const std::string& Scheduler::request_id(int32_t slot) const {

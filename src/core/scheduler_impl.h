@@ -49,6 +49,7 @@ struct Scheduler::Impl {
   std::vector<ScheduledEntry> entries;
   std::vector<Request*> admitted;
   std::vector<Finished> finished;
+  std::vector<int32_t> appended;  // per plan entry: tokens the last update_accepted() appended
 
   // scheduler.cpp
   Request* find(const std::string& id) const;
@@ -63,12 +64,16 @@ struct Scheduler::Impl {
   void drop_entries(int32_t slot);
   void check_sampled(const int32_t* slots, const uint8_t* samples, size_t num_entries,
                      const int64_t* sampled, size_t n) const;
+  void check_accepted(const int64_t* tokens, size_t num_tokens, const int32_t* counts,
+                      size_t n) const;
+  void apply_accepted(const int64_t* tokens, const int32_t* counts);
   void check_new_request(const std::string& id, size_t prompt_len,
                          const RequestParams& params) const;
 
   // scheduler_step.cpp
   void schedule_step();
   void schedule_running(int32_t* budget, bool* preempted);
+  int32_t usable_drafts(const Request& req, int32_t budget_left) const;
   void schedule_queued(int32_t* budget);
   bool try_swap_in(Request* req, int32_t* budget);
   bool try_admit(Request* req, int32_t* budget);

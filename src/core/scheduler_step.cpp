@@ -24,7 +24,10 @@ void Scheduler::Impl::schedule_step() {
   BlockPairs copies = kv.allocator().take_pending_copies();
   plan.blocks_to_copy.swap(copies);
   builder.build(entries);
-  for (const ScheduledEntry& e : entries) e.req->num_scheduled = 0;
+  for (const ScheduledEntry& e : entries) {
+    e.req->num_scheduled = 0;
+    e.req->draft.clear();  // consumed: update() verifies against the plan's input_ids
+  }
   plan_pending = plan.num_seqs > 0;
 }
 
@@ -50,8 +53,16 @@ void Scheduler::Impl::schedule_running(int32_t* budget, bool* preempted) {
         }
         num_new = *budget;
       }
+      // A decode feeds its drafts too (speculative decoding), budget and room permitting.
+      int32_t num_draft = prefills ? 0 : usable_drafts(*req, *budget - num_new);
+      num_new += num_draft;
       bool self_preempted = false;
       while (!kv.ensure_slots(*req, req->num_computed + num_new)) {
+        if (num_draft > 0) {  // drafts are optional: drop them before preempting anyone
+          num_new -= num_draft;
+          num_draft = 0;
+          continue;
+        }
         Request* victim = pick_victim();
         preempt(victim);
         *preempted = true;
@@ -62,11 +73,21 @@ void Scheduler::Impl::schedule_running(int32_t* budget, bool* preempted) {
       }
       if (self_preempted) continue;  // running[i] is now the next sequence
       req->num_scheduled = num_new;
-      entries.push_back({req, num_new, prefills});
+      // A decode with drafts has a multi-token query: it runs with the prefills (extend path).
+      entries.push_back({req, num_new, prefills || num_draft > 0, num_draft});
       *budget -= num_new;
       ++i;
     }
   }
+}
+
+// How many of req's drafts a decode can feed: within the step's remaining budget, and never
+// past max_tokens (a token after the last one is never emitted, and the request's longest
+// cache, checked at admission, stays prompt + max_tokens - 1).
+int32_t Scheduler::Impl::usable_drafts(const Request& req, int32_t budget_left) const {
+  const int32_t room = req.params.max_tokens - req.num_generated() - 1;
+  const int32_t k = std::min({static_cast<int32_t>(req.draft.size()), budget_left, room});
+  return std::max(k, 0);
 }
 
 // Priority policy: a waiting request that outranks the lowest-priority running one, and does
@@ -98,6 +119,7 @@ void Scheduler::Impl::preempt(Request* victim) {
   erase_running(victim);
   ++counters.num_preemptions;
   ++victim->num_preemptions;
+  victim->draft.clear();  // proposed for a state it leaves; the engine proposes again later
   if (config.preemption_mode == PreemptionMode::kSwap &&
       kv.swap_out(*victim, &plan.blocks_to_swap_out)) {
     victim->state = RequestState::kSwapped;

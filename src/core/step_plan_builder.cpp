@@ -21,6 +21,7 @@ StepPlanBuilder::StepPlanBuilder(const SchedulerConfig& config, StepPlan* plan)
   plan->seq_start_loc.resize(seqs + 1);
   plan->sample_indices.resize(seqs);
   plan->slots.resize(seqs);
+  plan->num_draft_tokens.resize(seqs);
   // calloc: zero pages are mapped lazily, so a wide table costs only the rows in use, and the
   // padding (kBlockTablePad == 0) is already in place.
   static_assert(kBlockTablePad == 0, "calloc provides the padding");
@@ -37,6 +38,7 @@ void StepPlanBuilder::begin_step() {
   ++p.step;
   p.num_seqs = p.num_prefills = p.num_prefill_tokens = p.num_decode_tokens = p.num_tokens = 0;
   p.max_query_len = p.max_prefill_seq_len = p.max_decode_seq_len = 0;
+  p.num_draft_tokens_total = 0;
   p.query_start_loc[0] = 0;
   p.seq_start_loc[0] = 0;
   p.blocks_to_swap_out.clear();
@@ -64,8 +66,11 @@ void StepPlanBuilder::add_entry(const ScheduledEntry& e, int32_t row) {
   const int32_t seq_len = ctx + e.num_tokens;
   const int32_t start = p.num_tokens;
 
-  req.tokens.copy_to(static_cast<size_t>(ctx), static_cast<size_t>(e.num_tokens),
+  // The sequence's own tokens, then its drafts (which are not part of req.tokens).
+  const int32_t own = e.num_tokens - e.num_draft;
+  req.tokens.copy_to(static_cast<size_t>(ctx), static_cast<size_t>(own),
                      &p.input_ids[static_cast<size_t>(start)]);
+  std::copy_n(req.draft.data(), e.num_draft, &p.input_ids[static_cast<size_t>(start + own)]);
   const BlockId* blocks = req.blocks.data();
   for (int32_t t = 0; t < e.num_tokens; ++t) {
     const int32_t pos = ctx + t;
@@ -78,8 +83,10 @@ void StepPlanBuilder::add_entry(const ScheduledEntry& e, int32_t row) {
   p.context_lens[row] = ctx;
   p.query_start_loc[row + 1] = p.num_tokens;
   p.seq_start_loc[row + 1] = p.seq_start_loc[row] + seq_len;
-  p.sample_indices[row] = seq_len == req.num_tokens() ? p.num_tokens - 1 : -1;
+  p.sample_indices[row] = seq_len - e.num_draft == req.num_tokens() ? p.num_tokens - 1 : -1;
   p.slots[row] = req.slot;
+  p.num_draft_tokens[row] = e.num_draft;
+  p.num_draft_tokens_total += e.num_draft;
   p.max_query_len = std::max(p.max_query_len, e.num_tokens);
   if (e.prefill) {
     p.num_prefill_tokens += e.num_tokens;

@@ -14,8 +14,9 @@ namespace pagedkv {
 
 struct ScheduledEntry {
   Request* req;
-  int32_t num_tokens;  // query length this step
-  bool prefill;
+  int32_t num_tokens;     // query length this step
+  bool prefill;           // laid out with the prefills (several query tokens: extend path)
+  int32_t num_draft = 0;  // draft tokens fed after the sequence's last token (speculative decode)
 };
 
 class StepPlanBuilder {

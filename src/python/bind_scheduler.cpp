@@ -325,6 +325,15 @@ void bind_plan(nb::module_& m) {
       .def_ro("max_decode_seq_len", &P::max_decode_seq_len)
       .def_ro("max_blocks_per_seq", &P::max_blocks_per_seq)
       .def_ro("step", &P::step)
+      .def_ro("num_draft_tokens_total", &P::num_draft_tokens_total,
+              "Draft tokens fed in this step (0: no speculative entry)")
+      .def_prop_ro(
+          "num_draft_tokens",
+          [](P& p) {
+            return view<int32_t>(p, p.num_draft_tokens.data(), {static_cast<size_t>(p.num_seqs)});
+          },
+          "[num_seqs] int32 draft tokens fed after each entry's last token (speculative "
+          "decoding; such an entry is laid out with the prefills)")
       .def("__len__", [](const P& p) { return p.num_seqs; })
       .def_prop_ro(
           "request_ids", [](const P& p) { return owner_of(p).ids_of(p.slots.data(), p.num_seqs); },
@@ -484,6 +493,49 @@ void bind_scheduler(nb::module_& m) {
                   "FinishedRequest | None"),
           nb::arg("request_id").none(), nb::arg("token").none(),
           "Whether `token` as the request's next token would finish it (and why).")
+      .def(
+          "update_accepted",
+          [](S& s, const StepPlan& plan, nb::handle token_ids, nb::handle num_accepted) {
+            std::vector<int64_t> tokens;
+            std::vector<int32_t> counts;
+            nb::object t = nb::borrow(token_ids), c = nb::borrow(num_accepted);
+            if (nb::hasattr(t, "tolist")) t = t.attr("tolist")();
+            if (nb::hasattr(c, "tolist")) c = c.attr("tolist")();
+            if (!nb::try_cast(t, tokens)) throw TypeError("token_ids: expected a sequence of ints");
+            if (!nb::try_cast(c, counts)) {
+              throw TypeError("num_accepted: expected a sequence of ints");
+            }
+            const std::vector<Finished>* finished;
+            {
+              S::Busy busy(s);
+              nb::gil_scoped_release release;
+              finished = &s.update_accepted(plan, tokens.data(), tokens.size(), counts.data(),
+                                            counts.size());
+            }
+            return finished_list(s, *finished);
+          },
+          nb::sig("def update_accepted(self, plan: StepPlan, token_ids: object, "
+                  "num_accepted: object) -> list"),
+          nb::arg("plan"), nb::arg("token_ids"), nb::arg("num_accepted"),
+          "Speculative steps: entry i emitted num_accepted[i] tokens (its accepted drafts, then "
+          "the target's token; 0 for an entry that samples nothing), concatenated in token_ids. "
+          "Rejected drafts' KV blocks are given back. Returns the finished requests "
+          "(FinishedRequest), as update() does.")
+      .def_prop_ro(
+          "num_appended", [](const S& s) { return s.num_appended(); },
+          "Per entry of the last updated plan: tokens appended (fewer than emitted after a stop)")
+      .def(
+          "set_draft_tokens",
+          [](S& s, nb::handle request_id, nb::handle draft_token_ids) {
+            const std::string id = to_id(request_id, "request_id");
+            std::vector<int32_t> draft = to_token_ids(draft_token_ids, "draft_token_ids");
+            S::Busy busy(s);
+            s.set_draft_tokens(id, draft.data(), draft.size());
+          },
+          nb::sig("def set_draft_tokens(self, request_id: str, draft_token_ids: object) -> None"),
+          nb::arg("request_id").none(), nb::arg("draft_token_ids"),
+          "Speculative decoding: tokens proposed to follow the request; the next schedule() "
+          "feeds them (or fewer) after its last token if it decodes, and consumes them.")
       .def(
           "fork",
           [](S& s, nb::handle parent_id, nb::handle child_id, nb::handle first_token) {

@@ -93,8 +93,16 @@ class BeamSearchOutput:
 
 
 def beam_score(cum_logprob: float, num_generated: int, length_penalty: float) -> float:
-    """HF's length-normalised score of a finished hypothesis."""
-    return cum_logprob / (num_generated**length_penalty)
+    """HF's length-normalised score of a finished hypothesis. An extreme (finite) penalty
+    saturates as HF's float math does (the length factor becomes inf or 0) instead of raising
+    OverflowError or ZeroDivisionError in Python's float power and division."""
+    try:
+        factor = float(num_generated) ** length_penalty
+    except OverflowError:
+        factor = math.inf
+    if factor == 0.0:
+        return -math.inf if cum_logprob < 0 else 0.0
+    return cum_logprob / factor
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from pagedkv import ops
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
 from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 
 # vLLM's --kv-cache-dtype choices, the kernels' one list (include/pagedkv/ops.h). "auto": the
@@ -110,11 +111,15 @@ class EngineConfig:
     override_generation_config: Optional[Dict[str, Any]] = None  # its keys replaced
     # LoRA adapters (pagedkv.lora): max_loras device slots (the most adapters one step may use)
     # of rank up to max_lora_rank; max_cpu_loras adapters kept in host memory (default
-    # max_loras).
+    # max_loras); lora_kernel: how the deltas run, one of models/lora.py's LORA_KERNELS ("auto":
+    # torch._grouped_mm's SGMV on Hopper bf16, else the core's BGMV ops).
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    lora_kernel: str = "auto"
+    # vLLM's speculative_config dict; only method "ngram" (engine/spec_decode/config.py).
+    speculative_config: Optional[Dict[str, Any]] = None
     # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
     # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
     # "pooling"; convert "auto" | "none" | "embed" | "classify" | "reward"; pooler_config (or its
@@ -165,6 +170,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         self._check_types()
+        SpeculativeConfig.from_dict(self.speculative_config)  # refuses what is not supported
         if self.seed is None:
             self.seed = 0
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
@@ -213,12 +219,18 @@ class EngineConfig:
         from pagedkv.engine.runner_choice import check_runner_args
 
         check_runner_args(self)
-
-    def _validate_lora(self) -> None:
         if self.limit_mm_per_prompt is not None:
             from pagedkv.engine.multimodal import check_mm_limits
 
             check_mm_limits(self.limit_mm_per_prompt)
+
+    def _validate_lora(self) -> None:
+        from pagedkv.models.lora import LORA_KERNELS
+
+        if self.lora_kernel not in LORA_KERNELS:
+            raise ValueError(
+                f"lora_kernel must be one of {', '.join(LORA_KERNELS)}, got {self.lora_kernel!r}"
+            )
         if self.max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
         if self.max_lora_rank < 1:
@@ -234,6 +246,10 @@ class EngineConfig:
             raise ValueError(
                 "async_scheduling with tensor or pipeline parallelism is not supported yet"
             )
+        if self.async_scheduling and self.speculative_config:
+            # An overlapped step plans the next one before this one's tokens (hence its
+            # drafts) are known.
+            raise ValueError("speculative_config with async_scheduling is not supported yet")
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):

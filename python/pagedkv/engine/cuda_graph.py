@@ -123,22 +123,30 @@ class CudaGraphRunner:
             for bs in reversed(self.batch_sizes):
                 pool = self._capture(model, bs, pool, self.graphs)
                 if self.lora_step is not None:
-                    self.lora_step.token_lora_indices = self._dev_lora[:bs]
                     try:
-                        pool = self._capture(model, bs, pool, self.lora_graphs)
+                        pool = self._capture(model, bs, pool, self.lora_graphs, lora=True)
                     finally:
                         self.lora_step.token_lora_indices = None
         torch.cuda.synchronize()
 
-    def _capture(self, model: Any, bs: int, pool: Any, into: Dict[int, Any]) -> Any:
+    def _capture(
+        self, model: Any, bs: int, pool: Any, into: Dict[int, Any], lora: bool = False
+    ) -> Any:
         backend = self._backend(bs)
         ids, pos = self.input_ids[:bs], self.positions[:bs]
         extra = [] if self.intermediate is None else [self.intermediate[:bs]]
-        model.forward(ids, pos, backend, *extra)  # warm-up: lazy inits must not happen in capture
+
+        def forward() -> torch.Tensor:
+            if lora:  # set anew per forward: the capture must hold the adapters' grouping too
+                assert self.lora_step is not None
+                self.lora_step.token_lora_indices = self._dev_lora[:bs]
+            return model.forward(ids, pos, backend, *extra)
+
+        forward()  # warm-up: lazy inits must not happen in capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            out = model.forward(ids, pos, backend, *extra)
+            out = forward()
         into[bs] = (graph, out)
         return graph.pool()
 

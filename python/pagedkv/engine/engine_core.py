@@ -36,6 +36,7 @@ from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler
+from pagedkv.engine.spec_decode.speculator import Speculator, emitted_arrays
 from pagedkv.engine.step_sampling import Entry, StepSampling, TokenLogprob
 from pagedkv.engine.structured_output import GrammarCache, advance
 from pagedkv.lora.admission import LoRAAdmission
@@ -94,8 +95,10 @@ class EngineCore:
         max_num_seqs: int,
         lora_admission: Optional[LoRAAdmission] = None,
         async_scheduling: bool = False,
+        speculator: Optional[Speculator] = None,
     ) -> None:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
+        self.speculator = speculator  # n-gram speculative decoding (speculative_config)
         self.grammars, self.max_num_seqs = grammars, max_num_seqs
         self.lora_admission = lora_admission
         self.async_scheduling = async_scheduling
@@ -118,7 +121,11 @@ class EngineCore:
         if self.lora_admission is None or self.lora_admission.admit(
             req.lora_id, req.request_id, (req, priority)
         ):
-            self._add_to_scheduler(req, priority)
+            try:
+                self._add_to_scheduler(req, priority)
+            except BaseException:  # refused by the scheduler: its adapter place is free again
+                self._release_lora(req)
+                raise
 
     def _add_to_scheduler(self, req: RequestState, priority: int) -> None:
         p = req.params
@@ -209,9 +216,23 @@ class EngineCore:
         hidden = self._execute(plan, entries)
         work, tokens = self._sample(plan, entries, hidden)
         host = work.host(tokens)
-        finished = self.scheduler.update(plan, host)
+        spec: Dict[int, List[int]] = {}
+        if self.speculator is not None and int(plan.num_draft_tokens_total):
+            spec = self.speculator.verify(plan, hidden, entries, self.runner.compute_logits)
+        if spec:  # the speculating entries emit their verified tokens instead of one sample
+            flat, counts = emitted_arrays(host, spec)
+            finished = self.scheduler.update_accepted(plan, flat, counts)
+            kept = self.scheduler.num_appended  # fewer where a finish came first
+            spec = {i: toks[: kept[i]] for i, toks in spec.items()}
+        else:
+            finished = self.scheduler.update(plan, host)
         self._plan = None
-        return self._with_failures(self._apply(entries, host, work, finished, self._now))
+        result = self._with_failures(
+            self._apply(entries, host, work, finished, self._now, spec)
+        )
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler, entries)
+        return result
 
     def _with_failures(self, result: Optional[StepResult]) -> Optional[StepResult]:
         """The step's result carrying every request failure found in it (the overlapped
@@ -236,10 +257,10 @@ class EngineCore:
         result = None
         if prev is not None:
             self._step_entries = list(prev.entries)
-            tokens = prev.host_tokens()
-            finished = self.scheduler.resolve(tokens)  # drops finished rows from plan N+1
+            host = prev.host_tokens()
+            finished = self.scheduler.resolve(host)  # drops finished rows from plan N+1
             self._inflight = None
-            result = self._apply(prev.entries, tokens, prev.work, finished, prev.now)
+            result = self._apply(prev.entries, host, prev.work, finished, prev.now)
         if plan is not None:
             assert hidden is not None
             entries = self._begin(plan)  # after resolve(): rows it dropped are None
@@ -363,10 +384,11 @@ class EngineCore:
         work: StepSampling,
         finished: List[Any],
         now: float,
+        spec: Optional[Dict[int, List[int]]] = None,
     ) -> StepResult:
         """Appends the step's tokens to their sequences (and forks n > 1 samples); a sequence
-        the scheduler finished gets its reason. Skips sequences finished since the step was
-        scheduled."""
+        the scheduler finished gets its reason (with its last token). Skips sequences finished
+        since the step was scheduled. ``spec``: the tokens of the speculating entries."""
         done = {f.request_id: f for f in finished}
         logprobs, forks = work.logprobs, work.forks
         updates: List[SeqUpdate] = []
@@ -379,7 +401,13 @@ class EngineCore:
             if forks and i in forks:  # before the parent can be finished by a stop string
                 updates += self._fork_children(req, seq, forks[i], logprobs)
             lp = logprobs.get(id(seq)) if logprobs else None
-            updates.append(self._append(req, seq, tok, lp, done.get(seq.sched_id)))
+            toks = spec.get(i) if spec else None
+            if toks is None:
+                updates.append(self._append(req, seq, tok, lp, done.get(seq.sched_id)))
+                continue
+            fin = done.get(seq.sched_id)
+            for j, t in enumerate(toks):  # (a speculating sequence has no logprobs)
+                updates.append(self._append(req, seq, t, None, fin if j == len(toks) - 1 else None))
         for req, _ in failures.items():  # (a matcher that raised: the others were aborted)
             self.abort_request(req)
         kept = [u for u in updates if u.req not in failures]

@@ -27,6 +27,8 @@ from pagedkv.engine.outputs import RequestMetrics, RequestOutput
 from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampling_params import SamplingParams
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
+from pagedkv.engine.spec_decode.speculator import Speculator
 from pagedkv.engine.structured_output import GrammarCache
 from pagedkv.lora.admission import LoRAAdmission
 from pagedkv.lora.request import LoRARequest
@@ -70,6 +72,7 @@ class LLMEngine:
             self.config.max_num_seqs,
             LoRAAdmission(self.config.max_loras) if lora is not None else None,
             self.config.async_scheduling,
+            speculator=_speculator(self.config.speculative_config, parts.sampler),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_errors: Dict[str, Exception] = {}  # see take_request_errors
@@ -279,4 +282,10 @@ class LLMEngine:
             "generation_tokens": self.stats["generation_tokens"],
             "num_gpu_blocks": self.num_gpu_blocks,
             "num_free_blocks": int(s.num_free_blocks),
+            **(self.core.speculator.metrics.as_stats() if self.core.speculator else {}),
         }
+
+
+def _speculator(config: Optional[Dict[str, Any]], sampler: Any) -> Optional[Speculator]:
+    spec = SpeculativeConfig.from_dict(config)
+    return Speculator(spec, sampler) if spec is not None else None

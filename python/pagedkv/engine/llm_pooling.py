@@ -163,8 +163,7 @@ class PoolingMixin:
             raise TypeError("a cross-encoder scores text pairs: data_1 and data_2 must be strings")
         if tok is None:
             raise ValueError("score needs a tokenizer (skip_tokenizer_init=True)")
-        ids = tok.hf(a, b)["input_ids"]
-        return {"prompt_token_ids": list(ids)}
+        return {"prompt_token_ids": pair_token_ids(tok, a, b)}
 
     def _pool(
         self,
@@ -193,6 +192,19 @@ class PoolingMixin:
             engine.abort_request(ids)  # a bad prompt rejects the whole call
             raise
         return _run(engine, ids, use_tqdm)
+
+
+def pair_token_ids(tokenizer: Any, a: str, b: str) -> List[int]:
+    """A cross-encoder's input: the tokenizer's (a, b) text pair. Refused where the pair's
+    second segment has token types of its own (BERT cross-encoders): the engine feeds the
+    model token ids and positions only, and a score without the types would be wrong."""
+    enc = tokenizer.hf(a, b)
+    if any(enc.get("token_type_ids") or ()):
+        raise ValueError(
+            "score: this cross-encoder tells the two texts apart by token_type_ids (BERT "
+            "style), which pagedkv does not pass to the model yet"
+        )
+    return list(enc["input_ids"])
 
 
 _METHODS = {"embed": "embed", "classify": "classify", "score": "score", "reward": "reward"}

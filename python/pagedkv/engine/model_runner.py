@@ -21,6 +21,7 @@ from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.decode_plans import StepPlans
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
+from pagedkv.engine.spec_decode.config import SpeculativeConfig
 from pagedkv.lora.manager import LoRAManager
 
 logger = logging.getLogger("pagedkv")
@@ -62,11 +63,14 @@ class ModelRunner:
         self.graphs: Any = None  # CudaGraphRunner once captured
         # A vision-language model (models/llava.py): its prefills may carry image rows.
         self.takes_images = hasattr(model, "encode_images")
+        self.verify_graphs: Any = None  # VerifyGraphRunner (speculative decoding on CUDA)
         self.step_plans: Optional[StepPlans] = None  # the balanced decode's (allocate_kv_cache)
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
         self.lora: Optional[LoRAManager] = (
-            LoRAManager(model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras)
+            LoRAManager(
+                model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras, cfg.lora_kernel
+            )
             if cfg.enable_lora
             else None
         )
@@ -258,6 +262,12 @@ class ModelRunner:
 
         t0 = time.perf_counter()
         self.graphs = CudaGraphRunner(self, max_num_seqs)
+        spec = SpeculativeConfig.from_dict(self.cfg.speculative_config)
+        pp = get_pp_group()
+        if spec is not None and pp.is_first_rank and pp.is_last_rank:
+            from pagedkv.engine.spec_decode.verify_graph import VerifyGraphRunner
+
+            self.verify_graphs = VerifyGraphRunner(self, max_num_seqs, spec.num_speculative_tokens)
         logger.info(
             "captured CUDA graphs for decode batch sizes %s in %.1f s",
             self.graphs.batch_sizes,
@@ -304,13 +314,13 @@ class ModelRunner:
         image_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
-        ``image_rows``: (rows of the step's tokens, the image embeddings that replace their
-        token embeddings), from multimodal.step_image_rows.
         On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
         ``lora_ids``: the LoRA adapter id of each of the plan's sequences (0 = none).
         ``prev_tokens``: the previous step's sampled tokens, on the device, when the plan was
         scheduled before they reached the host (overlapped scheduling: its input ids hold
-        placeholders for them, see Scheduler.advance)."""
+        placeholders for them, see Scheduler.advance). ``image_rows``: (rows of the step's
+        tokens, the image embeddings that replace their token embeddings), from
+        multimodal.step_image_rows."""
         if self.lora is None or lora_ids is None or not any(lora_ids):
             return self._execute(plan, intermediate, None, prev_tokens, image_rows)
         n_seq = int(plan.num_seqs)
@@ -333,6 +343,14 @@ class ModelRunner:
         adapters; a decode step with adapters replays the graphs captured with them."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
+        if (
+            self.verify_graphs is not None
+            and lora_slots is None
+            and image_rows is None
+            and intermediate is None
+            and self.verify_graphs.can_run(plan)
+        ):
+            return self.verify_graphs.run(plan)
         if (
             self.graphs is not None
             and plan.num_prefills == 0

@@ -11,7 +11,7 @@ it), the other requests' outputs are built as usual.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.direct_decoder import DirectDecoder
@@ -49,16 +49,25 @@ class OutputProcessor:
         # finished (generate()'s final_only requests report once, at the end).
         touched: Dict[str, RequestState] = {}
         stopped: List[Stopped] = []
+        cut: Set[int] = set()  # samples a stop string ended inside this step's tokens
+        num_tokens = 0
         for u in result.updates:
             req, seq = u.req, u.seq
             if req in failures:
                 continue
+            if id(seq) in cut:
+                # A speculative step appended several tokens; those after the stop string
+                # are not output (they are the sample's last ones).
+                seq.token_ids.pop()
+                continue
+            num_tokens += 1
             with failures.guard(req):
                 if self._accept_token(req, seq, u.token, u.logprob, u.sched_finished, result.now):
                     stopped.append((req, seq))
+                    cut.add(id(seq))
                 if not req.final_only or seq.finish_reason is not None:
                     touched[req.request_id] = req
-        self.stats["generation_tokens"] += len(result.updates)
+        self.stats["generation_tokens"] += num_tokens
         outputs = self._collect_outputs(touched, failures)
         return outputs, [(r, s) for r, s in stopped if r not in failures]
 

@@ -283,8 +283,19 @@ class PoolingEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def take_request_errors(self) -> Dict[str, Exception]:
+        """LLMEngine's hook for requests that failed alone in a step (AsyncLLMEngine reads it
+        after every step). A pooling step has no per-request work that can fail alone: a
+        failed step aborts all of its requests (_fail) and raises, so there is never one."""
+        return {}
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
+
+    def take_request_errors(self) -> Dict[str, Exception]:
+        """LLMEngine's interface (AsyncLLMEngine reads it after each step): a pooling step has
+        no per-request work that fails one request alone, so there is never one to report."""
+        return {}
 
     # ------------------------------------------------------------------ one step
     def step(self) -> List[PoolingRequestOutput]:
@@ -358,6 +369,11 @@ class PoolingEngine:
                 )
             )
         return outs
+
+    def take_request_errors(self) -> Dict[str, Exception]:
+        """LLMEngine's: errors of requests that failed alone. A pooling step has no per-request
+        work that can fail alone (a failed step fails all its requests): always empty."""
+        return {}
 
     # ------------------------------------------------------------------ stats
     def get_stats(self) -> Dict[str, Any]:

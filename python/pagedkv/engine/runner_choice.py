@@ -102,6 +102,8 @@ def make_engine(model: Optional[str] = None, tokenizer: Optional[str] = None, **
         return LLMEngine(model, tokenizer=tokenizer, **kwargs)
     from pagedkv.engine.pooling_engine import PoolingEngine
 
+    if cfg.speculative_config:  # pooling generates nothing to speculate on
+        raise ValueError(f"speculative_config does not apply to pooling (task {task!r})")
     cfg.task, cfg.runner = task, "pooling"
     if cfg.override_pooler_config is not None:
         cfg.pooler_config, cfg.override_pooler_config = cfg.override_pooler_config, None

@@ -87,19 +87,7 @@ class Sampler:
         if not rows:
             return SamplerOutput([], [], [])
         raw = logits
-        logits = logits.float()
-        if any(
-            r.banned_token_ids
-            or _has_penalty(r.params)
-            or r.params.logit_bias
-            or r.params.allowed_token_ids is not None
-            for r in rows
-        ):
-            logits = logits.clone() if logits is raw else logits  # keep raw logits for logprobs
-            _apply_allowed(logits, rows)
-            _apply_logit_bias(logits, rows)
-            _mask_banned(logits, rows)
-            _apply_penalties(logits, rows)
+        logits = self.processed_logits(logits, rows)
         random_idx = [i for i, r in enumerate(rows) if not r.params.sampling_type_greedy]
         if not random_idx:
             tokens = logits.argmax(dim=-1)
@@ -111,7 +99,39 @@ class Sampler:
             tokens[idx] = self._sample_random(logits[idx], [rows[i] for i in random_idx])
         return _gather_logprobs(raw, tokens, rows)
 
-    def _sample_random(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
+    @staticmethod
+    def processed_logits(logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
+        """float32 logits after the masks, biases and penalties (a copy where they change
+        anything: the raw logits stay for logprobs). A greedy row takes their argmax."""
+        raw = logits
+        logits = logits.float()
+        if any(
+            r.banned_token_ids
+            or _has_penalty(r.params)
+            or r.params.logit_bias
+            or r.params.allowed_token_ids is not None
+            for r in rows
+        ):
+            logits = logits.clone() if logits is raw else logits
+            _apply_allowed(logits, rows)
+            _apply_logit_bias(logits, rows)
+            _mask_banned(logits, rows)
+            _apply_penalties(logits, rows)
+        return logits
+
+    @staticmethod
+    def target_probs(logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
+        """[rows, vocab] float32: the distribution each (random) row's draw follows, after
+        every knob, normalised: what a speculative verifier must keep (the rejection sampler)."""
+        probs, thresholds = Sampler._truncation(Sampler.processed_logits(logits, rows), rows)
+        probs = probs.masked_fill(probs < thresholds.unsqueeze(1), 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+    @staticmethod
+    def _truncation(
+        logits: torch.Tensor, rows: List[SamplingRow]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Temperature softmax and the top-k / top-p / min-p thresholds (keep probs >= them)."""
         dev = logits.device
         temps = _column([r.params.temperature for r in rows], torch.float32, dev)
         probs = (logits / temps.unsqueeze(1)).softmax(dim=-1)
@@ -128,6 +148,11 @@ class Sampler:
                 _column(top_p, torch.float32, dev),
                 _column(min_p, torch.float32, dev),
             )
+        return probs, thresholds
+
+    def _sample_random(self, logits: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
+        dev = logits.device
+        probs, thresholds = self._truncation(logits, rows)
         tokens = torch.empty(len(rows), dtype=torch.int64, device=dev)
         ops.sample_exponential_race(tokens, probs, thresholds, self._race_keys(rows))
         return tokens

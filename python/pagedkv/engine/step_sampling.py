@@ -293,8 +293,17 @@ class StepSampling:
         self, logits: torch.Tensor, nxt: List[int], owner: List[Tuple[RequestState, int]]
     ) -> None:
         k = max(r.params.prompt_logprobs or 0 for r, _ in owner)
-        dicts = self.sampler.prompt_logprobs(logits, nxt, k)
+        try:
+            dicts: List[Optional[Dict[int, Logprob]]] = list(
+                self.sampler.prompt_logprobs(logits, nxt, k)
+            )
+        except Exception as exc:
+            if is_device_error(exc):
+                raise
+            dicts = self._prompt_logprobs_by_request(logits, nxt, owner)
         for (req, pos), d in zip(owner, dicts):
+            if d is None or req in self.failures:
+                continue
             want = req.params.prompt_logprobs or 0
             keep = {
                 t: lp
@@ -302,6 +311,24 @@ class StepSampling:
                 if lp.rank is not None and (lp.rank <= want or t == req.prompt_token_ids[pos])
             }
             self.prompt_logprobs.append((req, pos, _with_ranks(keep)))
+
+    def _prompt_logprobs_by_request(
+        self, logits: torch.Tensor, nxt: List[int], owner: List[Tuple[RequestState, int]]
+    ) -> List[Optional[Dict[int, Logprob]]]:
+        """The batch raised: each request's rows on their own, to blame the culprits (None
+        for their rows)."""
+        dicts: List[Optional[Dict[int, Logprob]]] = [None] * len(owner)
+        rows: Dict[int, List[int]] = {}
+        for j, (req, _) in enumerate(owner):
+            rows.setdefault(id(req), []).append(j)
+        for idx in rows.values():
+            req = owner[idx[0]][0]
+            k = req.params.prompt_logprobs or 0
+            with self.failures.guard(req):
+                got = self.sampler.prompt_logprobs(logits[idx], [nxt[j] for j in idx], k)
+                for j, d in zip(idx, got):
+                    dicts[j] = d
+        return dicts
 
 
 def _with_ranks(d: Dict[int, Logprob]) -> Dict[int, Logprob]:

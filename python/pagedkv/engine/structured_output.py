@@ -19,6 +19,7 @@ that has seen fewer tokens than its sample (a sample created mid-way) is rebuilt
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -219,7 +220,10 @@ class GrammarCache:
         rows = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
         if rows:
             if self._batch is None:
-                self._batch = xgr.BatchGrammarMatcher(max_threads=self._threads)
+                # (no more threads than the machine has: xgrammar warns and clamps)
+                self._batch = xgr.BatchGrammarMatcher(
+                    max_threads=max(1, min(self._threads, os.cpu_count() or 1))
+                )
             self._batch.batch_fill_next_token_bitmask([matchers[i] for i in rows], mask, rows)
         return mask
 

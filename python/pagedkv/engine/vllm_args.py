@@ -27,7 +27,7 @@ _ONE_DEVICE = "pagedkv runs the model in one process on one device"
 _LORA_DTYPE = "LoRA adapters run in the model's dtype"
 _NO_LORA_TP = "LoRA adapters are not sharded over tensor-parallel ranks yet"
 _NO_MM = "pagedkv serves text-only models"
-_NO_SPEC = "speculative decoding is not supported yet"
+_NO_SPEC = "speculative decoding sizes its own lookahead (speculative_config)"
 _NO_COMPILE = "pagedkv runs its own kernels and CUDA graphs, not torch.compile"
 _LOADER = "pagedkv loads safetensors / GGUF checkpoints with its own loader"
 _OFF = (None, False)
@@ -101,7 +101,6 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "guided_decoding_backend": Refused(
         "structured outputs use xgrammar", (None, "auto", "xgrammar")
     ),
-    "speculative_config": Refused(_NO_SPEC),
     # LoRA and multimodal.
     # (enable_lora, max_loras, max_lora_rank, max_cpu_loras, limit_mm_per_prompt are
     # EngineConfig's own.)

@@ -14,6 +14,7 @@ from pagedkv import ops
 from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
+from pagedkv.models.lora import LORA_KERNELS
 
 # vLLM's --kv-cache-dtype choices: the kernels' one list (include/pagedkv/ops.h, read through
 # pagedkv.ops, which does not import torch).
@@ -212,6 +213,15 @@ ENGINE_FLAGS = (
         type=t.int_at_least(1),
         shown="--max-loras",
     ),
+    Flag(
+        "lora_kernel",
+        "auto",
+        "how the adapters' deltas run: 'grouped_mm' (torch._grouped_mm SGMV, bf16 on sm90+), "
+        "'pagedkv' (the core's BGMV ops, every device and dtype), 'auto': grouped_mm where it "
+        "applies",
+        type=t.choice_of(LORA_KERNELS),
+        metavar="{" + ",".join(LORA_KERNELS) + "}",
+    ),
     # Pooling models (embeddings, classifiers, cross-encoders): vLLM's names.
     Flag(
         "task",
@@ -308,6 +318,15 @@ ENGINE_FLAGS = (
         "JSON object of generation-config keys replaced (e.g. '{\"temperature\": 0.5}')",
         type=t.json_object,
         shown="none",
+    ),
+    Flag(
+        "speculative_config",
+        None,
+        "JSON object of vLLM's speculative config; n-gram prompt lookup only, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+        '"prompt_lookup_min": 2}\'',
+        type=t.json_object,
+        shown="none (no speculation)",
     ),
     # vLLM flags that change nothing here, accepted so that vLLM command lines run unchanged.
     Flag(

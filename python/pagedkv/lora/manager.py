@@ -22,7 +22,9 @@ class LoRAManager:
         max_loras: int,
         max_lora_rank: int,
         max_cpu_loras: Optional[int] = None,
+        kernel: str = "auto",
     ) -> None:
+        """``kernel``: how the layers apply the deltas, one of models/lora.py's LORA_KERNELS."""
         if max_loras < 1 or max_lora_rank < 1:
             raise ValueError(
                 f"max_loras ({max_loras}) and max_lora_rank ({max_lora_rank}) must be positive"
@@ -35,7 +37,7 @@ class LoRAManager:
             max_lora_rank,
             max_cpu_loras,
         )
-        self.targets: LoRATargets = add_lora_layers(model, max_loras, max_lora_rank)
+        self.targets: LoRATargets = add_lora_layers(model, max_loras, max_lora_rank, kernel)
         self.device = next(model.parameters()).device
         self.host: OrderedDict[int, tuple[LoRARequest, LoRAAdapter]] = OrderedDict()
         self.slots: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU first

@@ -1,12 +1,21 @@
 """LoRA layers: a linear layer of models/linear.py wrapped so that each token of a step adds the
 low-rank delta of its own adapter, ``y[t] += (x[t] A_l^T) B_l^T`` with l = the token's slot, for
-all adapters of the step in one ``lora_shrink`` and one ``lora_expand`` (pagedkv.ops).
+all adapters of the step in one shrink and one expand.
 
 Fused layers hold one slice per projection of the checkpoint (qkv_proj: q/k/v, gate_up_proj:
 gate/up); an adapter's A matrices of the slices are stacked into one shrink, and each output
 column reads its own slice's part of the shrunk row. The slots' weights live in ``a_stack``
-[max_loras, slices * max_rank, in] and ``b_stack`` [max_loras, out, max_rank]; a smaller rank is
-zero-padded and a slice the adapter does not target stays zero.
+[max_loras + 1, slices * max_rank, in] and ``b_stack`` [max_loras + 1, out, slices * max_rank],
+block-diagonal: slice i's output rows are zero outside its rank columns i * max_rank ..., so
+one expand serves all slices. A smaller rank is zero-padded, a slice the adapter does not
+target stays zero, and the last slot stays all zero (tokens without an adapter, see
+LoRAStep.groups).
+
+Two kernels (``kernel``, one of LORA_KERNELS): "pagedkv", the core's BGMV ops
+(pagedkv.ops.lora_shrink / lora_expand, every device and dtype: each token reads its adapter's
+weights), and "grouped_mm", punica's SGMV through torch._grouped_mm (CUTLASS grouped GEMM, bf16
+on Hopper): the step's tokens sorted by slot, one GEMM over each slot's run of rows. "auto"
+takes grouped_mm where it applies, as models/moe.py's fused_experts does.
 """
 
 from __future__ import annotations
@@ -33,13 +42,78 @@ PACKED_MODULES = {
 }
 
 
-@dataclass
+LORA_KERNELS = ("auto", "pagedkv", "grouped_mm")
+
+
 class LoRAStep:
     """The adapters of the step under way, shared by every LoRA layer of a model: the slot of
     each token (int32 [T] on the model's device, -1 = no adapter) or None when no token of the
-    step has an adapter (the layers then add nothing)."""
+    step has an adapter (the layers then add nothing).
 
-    token_lora_indices: Optional[torch.Tensor] = None
+    The grouped_mm kernel wants the tokens grouped by slot; the first layer of a forward that
+    asks computes the grouping on the device (no host sync, so a CUDA graph captures it and
+    recomputes it from its slot buffer on each replay) and the later layers reuse it. Setting
+    ``token_lora_indices`` drops it: set them before each forward, also when they are the same
+    tensor (a graph's capture runs a warm-up forward first)."""
+
+    def __init__(self, max_loras: int) -> None:
+        self.max_loras = max_loras
+        self._indices: Optional[torch.Tensor] = None
+        self._groups: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+
+    @property
+    def token_lora_indices(self) -> Optional[torch.Tensor]:
+        return self._indices
+
+    @token_lora_indices.setter
+    def token_lora_indices(self, indices: Optional[torch.Tensor]) -> None:
+        self._indices, self._groups = indices, None
+
+    def groups(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(order, offs)``: the step's token rows sorted by slot (stable; tokens without an
+        adapter last, as slot max_loras, whose weights are zero) and each slot's end row in
+        that order (int32 [max_loras + 1], the last = T): torch._grouped_mm's offsets."""
+        if self._groups is None:
+            idx = self._indices
+            assert idx is not None, "groups() of a step without adapters"
+            key = torch.where(idx < 0, self.max_loras, idx).long()
+            slot_of, order = torch.sort(key, stable=True)
+            # Not a bincount: on CUDA it reads the max on the host, which a graph cannot capture.
+            slots = torch.arange(self.max_loras + 1, device=idx.device)
+            offs = torch.searchsorted(slot_of, slots, right=True).to(torch.int32)
+            self._groups = (order, offs)
+        return self._groups
+
+
+def grouped_mm_applies(weight: torch.Tensor, ranks: int) -> bool:
+    """torch._grouped_mm's conditions for a layer of ``weight`` [out, in] whose shrunk rows are
+    ``ranks`` wide: a CUDA bf16 problem on sm90+, every row 16-byte aligned."""
+    out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
+    return (
+        hasattr(torch, "_grouped_mm")
+        and weight.is_cuda
+        and weight.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(weight.device) >= (9, 0)
+        and in_features % 8 == 0
+        and out_features % 8 == 0
+        and ranks % 8 == 0
+    )
+
+
+def _check_grouped_mm(weight: torch.Tensor, ranks: int) -> None:
+    """Refuses kernel="grouped_mm" where torch cannot run it graph-safe: off the fast path,
+    CUDA's torch._grouped_mm falls back to per-group GEMMs that read the offsets on the host (a
+    sync, which a CUDA graph cannot capture). The CPU version serves tests."""
+    if not hasattr(torch, "_grouped_mm"):
+        raise ValueError(
+            f"LoRA kernel 'grouped_mm' needs torch._grouped_mm (torch {torch.__version__})"
+        )
+    if weight.is_cuda and not grouped_mm_applies(weight, ranks):
+        raise ValueError(
+            "LoRA kernel 'grouped_mm' on CUDA needs bfloat16 weights on sm90+ and dimensions "
+            f"divisible by 8 (layer {tuple(weight.shape)} {weight.dtype}, slices * max_rank = "
+            f"{ranks}); use 'pagedkv' or 'auto'"
+        )
 
 
 class LoRALinear(nn.Module):
@@ -56,31 +130,44 @@ class LoRALinear(nn.Module):
         max_loras: int,
         max_rank: int,
         step: LoRAStep,
+        kernel: str = "auto",
     ) -> None:
         super().__init__()
+        if kernel not in LORA_KERNELS:
+            raise ValueError(f"LoRA kernel must be one of {LORA_KERNELS}, got {kernel!r}")
         self.base = base
         self.slice_names, self.slice_sizes = slice_names, slice_sizes
-        self.max_rank, self.step = max_rank, step
+        self.max_loras, self.max_rank, self.step = max_loras, max_rank, step
         weight: torch.Tensor = base.weight  # type: ignore[assignment]
         out_features, in_features = int(weight.shape[0]), int(weight.shape[1])
         self.in_features = in_features
+        ranks = len(slice_names) * max_rank
+        if kernel == "grouped_mm":
+            _check_grouped_mm(weight, ranks)
+        if kernel == "auto":
+            kernel = "grouped_mm" if grouped_mm_applies(weight, ranks) else "pagedkv"
+        self.kernel = kernel
         dt, dev = weight.dtype, weight.device
+        # One more slot than max_loras: the all-zero slot of tokens without an adapter.
         self.register_buffer(
             "a_stack",
-            torch.zeros(max_loras, len(slice_names) * max_rank, in_features, dtype=dt, device=dev),
+            torch.zeros(max_loras + 1, ranks, in_features, dtype=dt, device=dev),
             persistent=False,
         )
         self.register_buffer(
             "b_stack",
-            torch.zeros(max_loras, out_features, max_rank, dtype=dt, device=dev),
+            torch.zeros(max_loras + 1, out_features, ranks, dtype=dt, device=dev),
             persistent=False,
         )
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_loras:
+            raise ValueError(f"LoRA slot {slot} is out of range [0, {self.max_loras})")
 
     def set_slot(self, slot: int, parts: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Writes an adapter into ``slot``: ``parts[i] = (A [r, in], B [slice_i, r])`` for the
         slices it targets; the others are zeroed."""
-        self.a_stack[slot].zero_()
-        self.b_stack[slot].zero_()
+        self.clear_slot(slot)
         starts = [sum(self.slice_sizes[:i]) for i in range(len(self.slice_sizes))]
         for i, (a, b) in parts.items():
             r = a.shape[0]
@@ -95,9 +182,11 @@ class LoRALinear(nn.Module):
                 )
             row = i * self.max_rank
             self.a_stack[slot, row : row + r].copy_(a)
-            self.b_stack[slot, starts[i] : starts[i] + self.slice_sizes[i], :r].copy_(b)
+            rows = slice(starts[i], starts[i] + self.slice_sizes[i])
+            self.b_stack[slot, rows, row : row + r].copy_(b)
 
     def clear_slot(self, slot: int) -> None:
+        self._check_slot(slot)
         self.a_stack[slot].zero_()
         self.b_stack[slot].zero_()
 
@@ -107,8 +196,17 @@ class LoRALinear(nn.Module):
         if idx is None:
             return y
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        buf = ops.lora_shrink(x2, self.a_stack, idx)
-        ops.lora_expand(y2, buf, self.b_stack, idx, self.slice_sizes)
+        if self.kernel == "grouped_mm":
+            order, offs = self.step.groups()
+            buf = torch._grouped_mm(x2[order], self.a_stack.transpose(1, 2), offs=offs)
+            delta = torch._grouped_mm(buf, self.b_stack.transpose(1, 2), offs=offs)
+            y2.index_add_(0, order, delta)  # order is a permutation: no two rows collide
+            return y
+        # The core's expand reads the block-diagonal B as one slice of rank slices * max_rank
+        # (the zeros outside a column's own slice add nothing).
+        a, b = self.a_stack[: self.max_loras], self.b_stack[: self.max_loras]
+        buf = ops.lora_shrink(x2, a, idx)
+        ops.lora_expand(y2, buf, b, idx)
         return y
 
 
@@ -131,19 +229,22 @@ class LoRATargets:
     by_module: dict[str, tuple[LoRALinear, int]] = field(default_factory=dict)
 
 
-def add_lora_layers(model: nn.Module, max_loras: int, max_rank: int) -> LoRATargets:
+def add_lora_layers(
+    model: nn.Module, max_loras: int, max_rank: int, kernel: str = "auto"
+) -> LoRATargets:
     """Wraps every column-/row-parallel linear layer of ``model`` (the LM head and embeddings
-    are not among them) in a LoRALinear with ``max_loras`` slots of rank ``max_rank``."""
+    are not among them) in a LoRALinear with ``max_loras`` slots of rank ``max_rank`` whose
+    deltas run through ``kernel`` (one of LORA_KERNELS)."""
     if get_tp_group().world_size != 1:
         raise ValueError("enable_lora with tensor_parallel_size > 1 is not supported yet")
-    targets = LoRATargets(LoRAStep())
+    targets = LoRATargets(LoRAStep(max_loras))
     linear = (ColumnParallelLinear, RowParallelLinear)
     found = [(n, m) for n, m in model.named_modules() if isinstance(m, linear)]
     for full, layer in found:
         parent_name, _, name = full.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         names, sizes = _slices(name, layer)
-        wrapped = LoRALinear(layer, names, sizes, max_loras, max_rank, targets.step)
+        wrapped = LoRALinear(layer, names, sizes, max_loras, max_rank, targets.step, kernel)
         setattr(parent, name, wrapped)
         targets.layers.append(wrapped)
         prefix = f"{parent_name}." if parent_name else ""

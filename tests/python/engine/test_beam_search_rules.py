@@ -3,6 +3,8 @@ logprobs (no model: milliseconds). The model-level equality with HF is test_beam
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pagedkv.engine.beam_search import BeamSearch, BeamSearchParams
 from pagedkv.engine.outputs import Logprob
@@ -68,3 +70,13 @@ def test_ignore_eos_makes_eos_an_ordinary_token() -> None:
     assert search.num_candidates == 2
     search.advance([top(t9=-0.1, t2=-0.2)])
     assert search.pending() == [[100, 9]] and not search.finished
+
+
+@pytest.mark.parametrize("length_penalty", [1e308, -1e308, 2000.0, -2000.0])
+def test_extreme_length_penalties_saturate_instead_of_raising(length_penalty: float) -> None:
+    # 2 ** 1e308 overflowed (OverflowError) and 2 ** -1e308 divided by zero: a server 500.
+    params = BeamSearchParams(2, 3, length_penalty=length_penalty)
+    search = BeamSearch([100], params, [EOS], 10)
+    search.advance([top(t1=-0.1, t2=-0.5, t9=-3.0, t4=-4.0)])
+    search.advance([top(t9=-0.1, t3=-0.2, t5=-2.0, t6=-3.0), top(t9=-0.1, t7=-0.3, t8=-1.0)])
+    assert search.finished and all(not math.isnan(score) for score, _, _ in search.finished)

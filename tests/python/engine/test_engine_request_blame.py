@@ -179,3 +179,28 @@ def test_generate_raises_the_failed_requests_error_by_name(model_dir: str):
     assert not llm.llm_engine.take_request_errors()
     assert_no_leak(llm)
     assert len(_solo(llm, prompts[1], _greedy())) == 12
+
+
+def test_a_failing_prompt_logprobs_request_fails_alone(model_dir: str, monkeypatch):
+    llm = _llm(model_dir)
+    prompts = _prompts(2)
+    good = _greedy(prompt_logprobs=1)
+    want = llm.generate({"prompt_token_ids": prompts[0]}, good, use_tqdm=False)[0]
+    real = Sampler.prompt_logprobs
+
+    def flaky(self, logits, nxt, k):  # type: ignore[no-untyped-def]
+        if k == 3:  # only the batch holding the marked request asks for 3
+            raise ValueError("prompt logprobs bug")
+        return real(logits, nxt, k)  # (a staticmethod)
+
+    monkeypatch.setattr(Sampler, "prompt_logprobs", flaky)
+    done = _run(llm, {"ok": (prompts[0], good), "bad": (prompts[1], _greedy(prompt_logprobs=3))})
+    monkeypatch.undo()
+    assert "prompt logprobs bug" in repr(llm.llm_engine.take_request_errors()["bad"])
+    assert done["bad"].outputs[0].finish_reason == "abort"
+    got = done["ok"]
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    assert [None if d is None else sorted(d) for d in got.prompt_logprobs] == [
+        None if d is None else sorted(d) for d in want.prompt_logprobs
+    ]
+    assert_no_leak(llm)

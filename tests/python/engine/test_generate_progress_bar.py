@@ -25,6 +25,9 @@ class WavesEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.pending)
 
+    def take_request_errors(self) -> dict:
+        return {}  # no request fails alone here
+
     def step(self) -> list[Any]:
         time.sleep(self.step_s)
         self.steps += 1

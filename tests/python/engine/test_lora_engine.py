@@ -103,9 +103,12 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (int(5 + 7 * i % 23),), generator=g).tolist() for i in range(n)]
 
 
-def test_mixed_batch_and_shared_prefix(world) -> None:
+@pytest.mark.parametrize("kernel", ["auto", "grouped_mm"])
+def test_mixed_batch_and_shared_prefix(world, kernel: str) -> None:
+    if kernel == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
     base, models, loras = world
-    llm = _llm(base, max_loras=2)
+    llm = _llm(base, max_loras=2, lora_kernel=kernel)
     prompts = _prompts(6, 0)
     _check(llm, models, loras, prompts, [1, 2, 0, 1, 2, 0])
     # one 40-token prompt under each adapter, twice: the second round hits the cache of its own
@@ -143,3 +146,33 @@ def test_cuda_graphs_run_adapters(world) -> None:
     before = runner.graphs.num_replays
     _check(llm, models, loras, _prompts(6, 3), [1, 2, 0, 2, 1, 0])
     assert runner.graphs.num_replays >= before + MAX_TOKENS - 1
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_grouped_mm_kernel(world) -> None:
+    """lora_kernel="grouped_mm" (torch._grouped_mm, bf16 on sm90+) through the engine's CUDA
+    graphs gives the tokens of the core's kernel: greedy tokens agree until a near tie (the
+    two kernels round the bf16 deltas differently), where the logprobs still agree."""
+    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("torch._grouped_mm's fast path needs sm90+")
+    base, _, loras = world
+    prompts = [{"prompt_token_ids": p} for p in _prompts(6, 4)]
+    which = [loras[w] for w in (1, 2, 0, 2, 1, 1)]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
+    runs = {}
+    for kernel in ("grouped_mm", "pagedkv"):
+        llm = _llm(base, max_loras=2, device="cuda", dtype="bfloat16", lora_kernel=kernel)
+        runner = llm.llm_engine.runner
+        assert {layer.kernel for layer in runner.lora.targets.layers} == {kernel}
+        before = runner.graphs.num_replays
+        runs[kernel] = llm.generate(prompts, params, use_tqdm=False, lora_request=which)
+        assert runner.graphs.num_replays >= before + MAX_TOKENS - 1
+        del llm, runner
+    for got, want in zip(runs["grouped_mm"], runs["pagedkv"]):
+        g, w = got.outputs[0], want.outputs[0]
+        for pos, (tg, tw) in enumerate(zip(g.token_ids, w.token_ids)):
+            lp_g, lp_w = g.logprobs[pos], w.logprobs[pos]
+            assert abs(lp_g[tg].logprob - lp_w[tw].logprob) < 0.05, (pos, tg, tw)
+            if tg != tw:  # a near tie: the other kernel's token is as likely here
+                assert tw in lp_g and abs(lp_g[tw].logprob - lp_g[tg].logprob) < 0.05
+                break

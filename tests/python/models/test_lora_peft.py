@@ -69,11 +69,17 @@ def _run(model, manager, seqs, ids):
         manager.end_step()
 
 
-@pytest.mark.parametrize("max_loras", [2, 1])
-def test_logits_equal_peft_merged(setup, max_loras: int) -> None:
+@pytest.mark.parametrize(
+    "max_loras,kernel", [(2, "auto"), (1, "auto"), (2, "grouped_mm"), (1, "grouped_mm")]
+)
+def test_logits_equal_peft_merged(setup, max_loras: int, kernel: str) -> None:
+    if kernel == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
     base, adapters, refs = setup
     model, _ = load_model(base, torch.float32, "cpu")
-    manager = LoRAManager(model, max_loras=max_loras, max_lora_rank=8, max_cpu_loras=2)
+    manager = LoRAManager(
+        model, max_loras=max_loras, max_lora_rank=8, max_cpu_loras=2, kernel=kernel
+    )
     for i, path in enumerate(adapters, start=1):
         manager.add_adapter(LoRARequest(f"a{i}", i, path))
     g = torch.Generator().manual_seed(0)

@@ -187,7 +187,7 @@ def test_unsupported_head_size_refused_before_weights(tmp_path) -> None:
         _llm(path)
 
 
-def test_classifier_refused_by_the_engine(tmp_path) -> None:
+def test_classifier_classifies_and_refuses_generation(tmp_path) -> None:
     path = save_random_model(
         str(tmp_path / "cls"),
         "tiny-llama",
@@ -196,5 +196,8 @@ def test_classifier_refused_by_the_engine(tmp_path) -> None:
         num_labels=2,
         **SHAPE,
     )
+    # task "auto" serves it with the pooling engine (LLM.classify: tests/python/engine/
+    # test_pooling_classify.py); asked to generate, it is refused before any weight is read.
+    assert _llm(path).llm_engine.task == "classify"
     with pytest.raises(ValueError, match="sequence-classification model"):
-        _llm(path)
+        _llm(path, task="generate")

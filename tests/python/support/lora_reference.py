@@ -38,3 +38,24 @@ def expand_ref(
 def random_indices(torch: Any, tokens: int, num_loras: int, gen: Any) -> Any:
     """int32 indices in [-1, num_loras): some tokens without an adapter."""
     return torch.randint(-1, num_loras, (tokens,), generator=gen, dtype=torch.int32)
+
+
+def lora_linear_ref(
+    weight: np.ndarray,
+    bias: Any,
+    x: np.ndarray,
+    adapters: list[dict[int, tuple[np.ndarray, np.ndarray]]],
+    idx: np.ndarray,
+    slice_sizes: list[int],
+) -> np.ndarray:
+    """A LoRA layer's output in float64 from the adapters' own matrices: ``x W^T + bias`` plus,
+    for each token with a slot, ``x A_i^T B_i^T`` in the columns of each slice i its adapter
+    targets (``adapters[slot][i] = (A [r, in], B [slice_i, r])``)."""
+    y = x @ weight.T + (0.0 if bias is None else bias)
+    starts = np.concatenate([[0], np.cumsum(slice_sizes)])
+    for t, slot in enumerate(idx):
+        if slot < 0:
+            continue
+        for i, (a, b) in adapters[slot].items():
+            y[t, starts[i] : starts[i + 1]] += x[t] @ a.T @ b.T
+    return y

@@ -22,7 +22,11 @@ import torch
 
 def verify_greedy(target_logits: torch.Tensor, draft_token_ids: List[int]) -> List[int]:
     """[k+1, V] target logits, k drafts -> the emitted tokens (1 to k+1)."""
-    best = target_logits.argmax(dim=-1).tolist()
+    return accept_greedy(target_logits.argmax(dim=-1).tolist(), draft_token_ids)
+
+
+def accept_greedy(best: List[int], draft_token_ids: List[int]) -> List[int]:
+    """The target's argmax at each of the k+1 positions, k drafts -> the emitted tokens."""
     out: List[int] = []
     for i, x in enumerate(draft_token_ids):
         out.append(best[i])

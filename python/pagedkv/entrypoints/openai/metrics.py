@@ -75,6 +75,24 @@ _ENGINE_METRICS = (
         "Requests preempted (recomputed later) for lack of KV blocks.",
     ),
     ("prompt_tokens", "prompt_tokens", "counter", "Prefill tokens processed."),
+    (
+        "spec_decode_num_drafts",
+        "spec_decode_num_drafts",
+        "counter",
+        "Speculative decoding: sequence steps that fed draft tokens.",
+    ),
+    (
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_draft_tokens",
+        "counter",
+        "Speculative decoding: draft tokens fed to the target model.",
+    ),
+    (
+        "spec_decode_num_accepted_tokens",
+        "spec_decode_num_accepted_tokens",
+        "counter",
+        "Speculative decoding: draft tokens accepted.",
+    ),
     ("generation_tokens", "generation_tokens", "counter", "Tokens generated."),
 )
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from pagedkv.engine.llm_pooling import pair_token_ids
 from pagedkv.engine.pooling_params import PoolingParams
 from pagedkv.entrypoints.openai.errors import APIError, bad_request
 from pagedkv.entrypoints.openai.protocol_pooling import (
@@ -226,7 +227,10 @@ class OpenAIServingPooling(OpenAIServing):
         out: List[Prompt] = []
         for a, b in zip(left, right):
             self.check_length(len(a) + len(b), "text_2")
-            ids = await self.in_tokenizer_thread(lambda a=a, b=b: list(tok.hf(a, b)["input_ids"]))
+            try:
+                ids = await self.in_tokenizer_thread(pair_token_ids, tok, a, b)
+            except ValueError as exc:
+                raise bad_request(str(exc), param="text_2") from None
             out.append((ids[-keep:] if keep else ids, None))
         return out
 

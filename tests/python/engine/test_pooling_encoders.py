@@ -1,0 +1,71 @@
+"""BERT-family encoders through the pooling engine (non-causal attention: one prefill per
+prompt, no prefix cache): a bare BertModel embeds with CLS pooling like sentence-transformers,
+an XLM-RoBERTa cross-encoder (bge-reranker style) scores like HF; a BERT cross-encoder, whose
+pairs need token_type_ids, is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from support.deps import need
+
+transformers = need("transformers")
+need("sentence_transformers")
+
+from pagedkv import LLM  # noqa: E402
+from pagedkv.testing import save_random_encoder  # noqa: E402
+
+TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a"]
+
+
+def _llm(path: str, **kw) -> LLM:
+    return LLM(path, device="cpu", kv_cache_space=0.02, max_model_len=128, **kw)
+
+
+def test_bert_embeddings_match_sentence_transformers(tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    path = save_random_encoder(str(tmp_path / "bert"), "bert", seed=3)
+    llm = _llm(path)  # task "auto": an encoder embeds
+    engine = llm.llm_engine
+    assert engine.task == "embed" and engine.pooler.pooling_type("embed") == "CLS"
+    assert not engine.config.enable_chunked_prefill and not engine.config.enable_prefix_caching
+    got = torch.tensor([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
+    body = Transformer(path)
+    st = SentenceTransformer(
+        modules=[body, Pooling(body.get_embedding_dimension(), pooling_mode="cls"), Normalize()],
+        device="cpu",
+    )
+    ref = st.encode(TEXTS, convert_to_tensor=True).float()
+    assert F.cosine_similarity(got, ref, dim=-1).min().item() >= 0.9999
+    # The same prompt twice: nothing comes from the cache (an encoder's keys see the future).
+    again = llm.embed(TEXTS[1], use_tqdm=False)[0]
+    assert again.num_cached_tokens == 0
+
+
+def test_xlm_roberta_cross_encoder_scores_match_hf(tmp_path) -> None:
+    path = save_random_encoder(str(tmp_path / "xlmr"), "xlm-roberta", num_labels=1, seed=4)
+    llm = _llm(path, task="score")
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    query = "what is a panda?"
+    got = [o.outputs.score for o in llm.score(query, TEXTS, use_tqdm=False)]
+    with torch.no_grad():
+        logits = [ref(**tok(query, t, return_tensors="pt")).logits[0, 0] for t in TEXTS]
+    torch.testing.assert_close(torch.tensor(got), torch.sigmoid(torch.stack(logits)))
+
+
+def test_bert_cross_encoder_pairs_refused(tmp_path) -> None:
+    path = save_random_encoder(str(tmp_path / "bert_ce"), "bert", num_labels=1, seed=5)
+    llm = _llm(path, task="score")
+    with pytest.raises(ValueError, match="token_type_ids"):
+        llm.score("query", TEXTS)
+    # One text: its token types are all 0, so classify runs (as HF does without a pair).
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    out = llm.classify(TEXTS[1], use_tqdm=False)[0]
+    with torch.no_grad():
+        logit = ref(**tok(TEXTS[1], return_tensors="pt")).logits[0, 0]
+    assert abs(out.outputs.probs[0] - torch.sigmoid(logit).item()) < 1e-5
