@@ -119,3 +119,14 @@ def test_image_prompts_are_checked(llava_dir: str) -> None:
             use_tqdm=False,
         )
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_greedy_equals_hf_on_cuda(llava_dir: str) -> None:
+    """The CUDA kernels (float32, eager and CUDA-graph decode) against HF on the CPU."""
+    cases = [(PROMPT_ONE, [_image(7)]), (PROMPT_TWO, [_image(8), _image(9)])]
+    expected = [_hf_greedy(llava_dir, p, ims) for p, ims in cases]
+    llm = LLM(llava_dir, device="cuda", dtype="float32", max_model_len=128, block_size=16)
+    prompts = [{"prompt": p, "multi_modal_data": {"image": ims}} for p, ims in cases]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == expected
