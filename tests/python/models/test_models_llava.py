@@ -130,3 +130,17 @@ def test_greedy_equals_hf_on_cuda(llava_dir: str) -> None:
     prompts = [{"prompt": p, "multi_modal_data": {"image": ims}} for p, ims in cases]
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == expected
+
+
+def test_images_survive_recompute_preemption(llava_dir: str) -> None:
+    """A KV cache too small for three image prompts: preempted requests recompute their prompt
+    (image rows included) and answer as without preemption."""
+    prompts = [
+        {"prompt": PROMPT_ONE, "multi_modal_data": {"image": _image(20 + i)}} for i in (0, 1, 2)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    roomy = _llm(llava_dir).generate(prompts, params, use_tqdm=False)
+    tight = LLM(llava_dir, device="cpu", num_gpu_blocks_override=12, max_model_len=96, block_size=8)
+    outs = tight.generate(prompts, params, use_tqdm=False)
+    assert tight.llm_engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in roomy]
