@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from pagedkv.engine.multimodal import check_chat_part, check_prompt_modalities
+from pagedkv.engine.multimodal import ChatImages, check_chat_part, check_prompt_modalities
 from pagedkv.engine.sampling_params import SamplingParams
 
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
@@ -149,9 +149,11 @@ def check_priority(priority: Optional[Any], n: int) -> None:
         raise ValueError("priority must have one entry per prompt")
 
 
-def _message(m: Any, name: str) -> Dict[str, Any]:
+def _message(m: Any, name: str, images: Optional[ChatImages] = None) -> Dict[str, Any]:
     """A copy of the message with its content as one string: a list of text parts
-    ({"type": "text", "text": str}, OpenAI's form) is joined with newlines, as the server does."""
+    ({"type": "text", "text": str}, OpenAI's form) is joined with newlines, as the server does.
+    ``images``: for a model that reads images, gathers the image_url / image_pil parts (each
+    becomes the image token in the text)."""
     if not isinstance(m, dict):
         raise TypeError(f"{name} must be a dict with 'role' and 'content', got {_describe(m)}")
     for key in ("role", "content"):
@@ -167,7 +169,12 @@ def _message(m: Any, name: str) -> Dict[str, Any]:
         texts = []
         for k, part in enumerate(content):
             if isinstance(part, dict):
-                check_chat_part(part.get("type"), f"{name}['content'][{k}]")
+                where = f"{name}['content'][{k}]"
+                arch = images.architecture if images is not None else None
+                check_chat_part(part.get("type"), where, arch)
+                if images is not None and part.get("type") in ("image_url", "image_pil"):
+                    texts.append(images.take(part, where))
+                    continue
             if not (
                 isinstance(part, dict)
                 and part.get("type") == "text"
@@ -189,9 +196,16 @@ def _message(m: Any, name: str) -> Dict[str, Any]:
     return {**m, "content": content}
 
 
-def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
+def normalise_conversations(
+    messages: Any, make_images: Optional[Callable[[], ChatImages]] = None
+) -> List[List[Dict[str, Any]]]:
     """messages: one conversation (a list of {'role', 'content'} dicts) or a list of them.
-    Returns copies; the caller's dicts are not changed."""
+    Returns copies; the caller's dicts are not changed. ``make_images``: a new image collector
+    per conversation (a model that reads images; see multimodal.ChatImages)."""
+
+    def collector() -> Optional[ChatImages]:
+        return make_images() if make_images is not None else None
+
     form = (
         "a list of {'role': str, 'content': str} dicts (one conversation) or a list of such lists"
     )
@@ -207,8 +221,10 @@ def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
                     f"messages[{i}] must be a non-empty list of message dicts "
                     f"(a conversation), got {_describe(conv)}"
                 )
-        return [
-            [_message(m, f"messages[{i}][{j}]") for j, m in enumerate(conv)]
-            for i, conv in enumerate(convs)
-        ]
-    return [[_message(m, f"messages[{j}]") for j, m in enumerate(messages)]]
+        out = []
+        for i, conv in enumerate(convs):
+            images = collector()
+            out.append([_message(m, f"messages[{i}][{j}]", images) for j, m in enumerate(conv)])
+        return out
+    images = collector()
+    return [[_message(m, f"messages[{j}]", images) for j, m in enumerate(messages)]]

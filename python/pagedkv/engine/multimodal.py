@@ -239,13 +239,16 @@ class ChatImages:
     images: Optional[List[Any]] = None
 
     def take(self, part: Any, where: str) -> str:
-        """An image_url part -> the text that stands for it."""
+        """An image_url (or, offline, image_pil) part -> the text that stands for it."""
+        if self.images is None:
+            self.images = []
+        if isinstance(part, Mapping) and part.get("type") == "image_pil":
+            self.images.extend(_rgb([part.get("image_pil")], where))
+            return self.image_token
         spec = getattr(part, "image_url", None)
         if spec is None and isinstance(part, Mapping):
             spec = part.get("image_url")
         url = spec.get("url") if isinstance(spec, Mapping) else spec
-        if self.images is None:
-            self.images = []
         self.images.append(load_image_url(url, where, self.allowed_domains))
         return self.image_token
 

@@ -144,3 +144,39 @@ def test_images_survive_recompute_preemption(llava_dir: str) -> None:
     outs = tight.generate(prompts, params, use_tqdm=False)
     assert tight.llm_engine.scheduler.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in roomy]
+
+
+def test_chat_with_image_parts(llava_dir: str) -> None:
+    """LLM.chat: an image_pil part (and a data: image_url) becomes the image token in the
+    rendered text, and the image goes with the prompt: the answer is generate()'s on that text."""
+    import base64
+    import io
+
+    llm = _llm(llava_dir)
+    image = _image(11)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    question = {"type": "text", "text": "What is this?"}
+    text = llm.get_tokenizer().apply_chat_template(
+        [{"role": "user", "content": f"{IMAGE_TOKEN}\nWhat is this?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    want = llm.generate({"prompt": text, "multi_modal_data": {"image": image}}, GREEDY)
+    for part in (
+        {"type": "image_pil", "image_pil": image},
+        {"type": "image_url", "image_url": {"url": url}},
+    ):
+        got = llm.chat([{"role": "user", "content": [part, question]}], GREEDY, use_tqdm=False)
+        assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"--allowed-media-domains"):
+        llm.chat(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+                }
+            ],
+            GREEDY,
+        )
