@@ -227,9 +227,7 @@ class EngineCore:
         else:
             finished = self.scheduler.update(plan, host)
         self._plan = None
-        result = self._with_failures(
-            self._apply(entries, host, work, finished, self._now, spec)
-        )
+        result = self._with_failures(self._apply(entries, host, work, finished, self._now, spec))
         if self.speculator is not None:
             self.speculator.propose(self.scheduler, entries)
         return result

@@ -68,9 +68,7 @@ class ModelRunner:
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
         self.lora: Optional[LoRAManager] = (
-            LoRAManager(
-                model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras, cfg.lora_kernel
-            )
+            LoRAManager(model, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras, cfg.lora_kernel)
             if cfg.enable_lora
             else None
         )

@@ -51,22 +51,23 @@ class OutputProcessor:
         stopped: List[Stopped] = []
         cut: Set[int] = set()  # samples a stop string ended inside this step's tokens
         num_tokens = 0
-        for u in result.updates:
+
+        def accept(u: Any) -> None:
+            nonlocal num_tokens
             req, seq = u.req, u.seq
-            if req in failures:
-                continue
             if id(seq) in cut:
                 # A speculative step appended several tokens; those after the stop string
                 # are not output (they are the sample's last ones).
                 seq.token_ids.pop()
-                continue
+                return
             num_tokens += 1
-            with failures.guard(req):
-                if self._accept_token(req, seq, u.token, u.logprob, u.sched_finished, result.now):
-                    stopped.append((req, seq))
-                    cut.add(id(seq))
-                if not req.final_only or seq.finish_reason is not None:
-                    touched[req.request_id] = req
+            if self._accept_token(req, seq, u.token, u.logprob, u.sched_finished, result.now):
+                stopped.append((req, seq))
+                cut.add(id(seq))
+            if not req.final_only or seq.finish_reason is not None:
+                touched[req.request_id] = req
+
+        failures.each(result.updates, _request_of, accept)
         self.stats["generation_tokens"] += num_tokens
         outputs = self._collect_outputs(touched, failures)
         return outputs, [(r, s) for r, s in stopped if r not in failures]
@@ -138,15 +139,25 @@ class OutputProcessor:
     def _collect_outputs(
         self, touched: Dict[str, RequestState], failures: RequestFailures
     ) -> List[RequestOutput]:
-        outs = []
-        for req in touched.values():
-            if req in failures:
-                continue
+        outs: List[RequestOutput] = []
+
+        def collect(req: RequestState) -> None:
             best_of = req.params.best_of or req.params.n  # set by SamplingParams.__post_init__
             if not req.finished and (req.final_only or best_of > req.params.n):
-                continue  # best_of picks the winners at the end only
-            with failures.guard(req):
-                outs.append(req.to_output())
+                return  # best_of picks the winners at the end only
+            outs.append(req.to_output())
+
+        live = [req for req in touched.values() if req not in failures]
+        failures.each(live, _same, collect)
+        for req in live:  # (one whose output failed just now is finished all the same)
             if req.finished:
                 self.requests.pop(req.request_id, None)
         return outs
+
+
+def _request_of(update: Any) -> RequestState:
+    return update.req  # type: ignore[no-any-return]
+
+
+def _same(req: RequestState) -> RequestState:
+    return req

@@ -292,11 +292,6 @@ class PoolingEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
-    def take_request_errors(self) -> Dict[str, Exception]:
-        """LLMEngine's interface (AsyncLLMEngine reads it after each step): a pooling step has
-        no per-request work that fails one request alone, so there is never one to report."""
-        return {}
-
     # ------------------------------------------------------------------ one step
     def step(self) -> List[PoolingRequestOutput]:
         plan = self.scheduler.schedule()
@@ -369,11 +364,6 @@ class PoolingEngine:
                 )
             )
         return outs
-
-    def take_request_errors(self) -> Dict[str, Exception]:
-        """LLMEngine's: errors of requests that failed alone. A pooling step has no per-request
-        work that can fail alone (a failed step fails all its requests): always empty."""
-        return {}
 
     # ------------------------------------------------------------------ stats
     def get_stats(self) -> Dict[str, Any]:
