@@ -714,3 +714,79 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# LLaVA-1.5 (models/llava.py): the image token added to the SmolLM2 tokenizer.
+IMAGE_TOKEN = "<image>"
+
+
+def save_random_llava(out_dir: str, seed: int = 0) -> str:
+    """Writes a tiny random LlavaForConditionalGeneration (CLIP vision tower of 16 patches +
+    a Llama of head size 32), built and saved with transformers' own classes, every weight random
+    (norms around 1, non-zero biases), with its LlavaProcessor (CLIPImageProcessor + the SmolLM2
+    tokenizer with ``<image>`` added) to ``out_dir``; returns it."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    from pagedkv.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(None).hf
+    tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=7,
+        projection_dim=16,
+    )
+    text = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tok) + 7,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_seq_length=16,
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            norm = "norm" in name and name.endswith("weight")
+            p.copy_(1.0 + 0.2 * noise if norm else 0.15 * noise)
+    model.save_pretrained(out_dir)
+    images = CLIPImageProcessor(
+        size={"shortest_edge": 28},
+        crop_size={"height": 28, "width": 28},
+        image_mean=[0.4, 0.5, 0.6],
+        image_std=[0.3, 0.25, 0.2],
+    )
+    LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy="default",
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    ).save_pretrained(out_dir)
+    return out_dir

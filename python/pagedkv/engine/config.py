@@ -129,6 +129,9 @@ class EngineConfig:
     convert: str = "auto"
     pooler_config: Optional[Dict[str, Any]] = None
     override_pooler_config: Optional[Dict[str, Any]] = None
+    # Multimodal models (engine/multimodal.py): vLLM's most items of each modality one prompt
+    # may carry, e.g. {"image": 2} (a modality left out: DEFAULT_MM_LIMIT).
+    limit_mm_per_prompt: Optional[Dict[str, int]] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -216,6 +219,10 @@ class EngineConfig:
         from pagedkv.engine.runner_choice import check_runner_args
 
         check_runner_args(self)
+        if self.limit_mm_per_prompt is not None:
+            from pagedkv.engine.multimodal import check_mm_limits
+
+            check_mm_limits(self.limit_mm_per_prompt)
 
     def _validate_lora(self) -> None:
         from pagedkv.models.lora import LORA_KERNELS

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import numpy as np
 import torch
 
+from pagedkv.engine.multimodal import step_image_rows
 from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
@@ -136,6 +137,9 @@ class EngineCore:
             if p.prompt_logprobs is not None
             else (f"lora:{req.lora_id}" if req.lora_id else 0)
         )
+        if req.mm is not None and p.prompt_logprobs is None:
+            # Blocks holding image placeholders are shared only by prompts of the same images.
+            salt = f"{req.mm.cache_salt}:{salt}"
         seq = req.seqs[0]
         seq.sched_id = req.request_id
         self.scheduler.add_request(
@@ -328,6 +332,8 @@ class EngineCore:
             kw["prev_tokens"] = prev_tokens
         if self.lora_admission is not None:
             kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]
+        if getattr(self.runner, "takes_images", False) and int(plan.num_prefills):
+            kw["image_rows"] = step_image_rows(plan, entries)
         return self.runner.execute(plan, **kw)
 
     def _sample(

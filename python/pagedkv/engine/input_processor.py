@@ -86,6 +86,7 @@ class EngineRequest:
     bad_words_token_ids: List[List[int]] = field(default_factory=list)
     # The compiled xgrammar grammar of params.structured_outputs (structured_output.py).
     grammar: Any = None
+    mm: Any = None  # multimodal.MultiModalInputs of a prompt with images
 
 
 def check_request_id(
@@ -125,6 +126,10 @@ class InputProcessor:
         # structured_output.GrammarCache, set by the engine: grammars compile here, off the
         # engine thread when the caller runs process() in a worker (AsyncLLMEngine, server).
         self.grammars: Any = None
+        # The model's architecture (which modalities a prompt may carry) and, for a model that
+        # reads images, its multimodal.ImageInputProcessor; set by the engine.
+        self.architecture: Optional[str] = None
+        self.images: Any = None
 
     # ------------------------------------------------------------------ the one entry point
     def process(
@@ -150,7 +155,7 @@ class InputProcessor:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         priority = self.check_priority(priority)
         params = self.check_params(params, limits)
-        text, ids = self._prompt(prompt, prompt_token_ids, params)
+        text, ids, mm = self._prompt(prompt, prompt_token_ids, params)
         max_tokens = self._max_tokens(ids, params)
         if params.min_tokens > max_tokens:
             # Only with max_tokens=None: the context ends the request first either way, and
@@ -167,6 +172,7 @@ class InputProcessor:
             arrival_time or time.time(),
             self._bad_words(params),
             self._grammar(params),
+            mm,
         )
 
     def _grammar(self, params: SamplingParams) -> Any:
@@ -275,9 +281,11 @@ class InputProcessor:
     # ------------------------------------------------------------------ the prompt
     def _prompt(
         self, prompt: Any, prompt_token_ids: Optional[Sequence[int]], params: SamplingParams
-    ) -> Tuple[Optional[str], List[int]]:
+    ) -> Tuple[Optional[str], List[int], Any]:
+        mm_data = None
         if prompt is not None and not isinstance(prompt, str):
-            item = prompt_item(prompt, "prompt")
+            item = prompt_item(prompt, "prompt", self.architecture)
+            mm_data = item.get("multi_modal_data")
             prompt = item.get("prompt")
             if prompt_token_ids is None:
                 prompt_token_ids = item.get("prompt_token_ids")
@@ -288,6 +296,12 @@ class InputProcessor:
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("prompt must not be empty (it encodes to no tokens)")
+        mm = None
+        if mm_data is not None:
+            if params.truncate_prompt_tokens is not None:  # it would cut image placeholders
+                raise ValueError("truncate_prompt_tokens cannot be used with multi_modal_data")
+            assert self.images is not None  # (prompt_item refused it otherwise)
+            ids, mm = self.images.process(ids, mm_data, "prompt")
         ids = self._truncate(ids, params.truncate_prompt_tokens)
         vocab = self.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
@@ -299,7 +313,7 @@ class InputProcessor:
                 f"prompt is {len(ids)} tokens long, which does not leave room for "
                 f"one generated token within max_model_len={self.max_model_len}"
             )
-        return prompt, ids
+        return prompt, ids, mm
 
     def encode_prompt(self, text: str) -> List[int]:
         if self.tokenizer is None:

@@ -22,6 +22,7 @@ from pagedkv.engine.llm_inputs import (
     per_prompt_params,
 )
 from pagedkv.engine.llm_pooling import PoolingMixin
+from pagedkv.engine.multimodal import ChatImages
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.request_failures import RequestFailedError
 from pagedkv.engine.runner_choice import make_engine
@@ -87,7 +88,8 @@ class LLM(PoolingMixin):
         list with one per prompt; so is ``lora_request`` (the LoRA adapter, None = the base
         model; needs enable_lora=True)."""
         self._refuse_pooling("generate")
-        items = normalise_prompts(prompts, prompt_token_ids)
+        arch = self.llm_engine.model_config.hf_config.architecture
+        items = normalise_prompts(prompts, prompt_token_ids, arch)
         loras = per_prompt_lora(lora_request, len(items))
         finals: Dict[int, SamplingParams] = {}  # one copy per distinct params object
         params = []
@@ -103,11 +105,12 @@ class LLM(PoolingMixin):
             for i, (item, p) in enumerate(zip(items, params)):
                 rid = str(self._counter)
                 self._counter += 1
+                mm = "multi_modal_data" in item  # (the whole dict carries the images)
                 self.llm_engine.add_request(
                     rid,
-                    item.get("prompt"),
+                    item if mm else item.get("prompt"),
                     p,
-                    prompt_token_ids=item.get("prompt_token_ids"),
+                    prompt_token_ids=None if mm else item.get("prompt_token_ids"),
                     priority=priority[i] if priority else 0,
                     lora_request=loras[i],
                 )
@@ -168,12 +171,23 @@ class LLM(PoolingMixin):
                     f"{type(chat_template_kwargs).__name__}"
                 )
             template_kwargs = {**chat_template_kwargs, **template_kwargs}
-        convs = normalise_conversations(messages)
         tok = self.llm_engine.tokenizer
         if tok is None:
             raise ValueError("chat needs a tokenizer (the engine has skip_tokenizer_init=True)")
+        gathered: List[ChatImages] = []  # one per conversation, for a model that reads images
+        reader = self.llm_engine.input_processor.images
+        make_images = None
+        if reader is not None:
+
+            def make_images() -> ChatImages:
+                arch = self.llm_engine.input_processor.architecture
+                token = tok.hf.convert_ids_to_tokens(reader.image_token_id)
+                gathered.append(ChatImages(arch, token))
+                return gathered[-1]
+
+        convs = normalise_conversations(messages, make_images)
         prompts: List[PromptType] = []
-        for conv in convs:
+        for i, conv in enumerate(convs):
             text = tok.apply_chat_template(
                 conv,
                 chat_template=chat_template,
@@ -181,9 +195,10 @@ class LLM(PoolingMixin):
                 **template_kwargs,
             )
             # The template wrote any BOS itself: do not let encode() add another.
-            prompts.append(
-                {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
-            )
+            item = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+            if gathered and gathered[i].images:
+                item["multi_modal_data"] = {"image": gathered[i].images}
+            prompts.append(item)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(self, ids: List[str], use_tqdm: bool) -> List[RequestOutput]:

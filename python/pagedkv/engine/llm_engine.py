@@ -21,6 +21,7 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine_core import EngineCore
 from pagedkv.engine.engine_setup import build_engine_parts
 from pagedkv.engine.input_processor import EngineRequest, InputProcessor
+from pagedkv.engine.multimodal import image_input_processor
 from pagedkv.engine.output_processor import OutputProcessor
 from pagedkv.engine.outputs import RequestMetrics, RequestOutput
 from pagedkv.engine.request_failures import RequestFailures
@@ -58,6 +59,10 @@ class LLMEngine:
             else None
         )
         self.input_processor.grammars = self.structured
+        self.input_processor.architecture = self.model_config.hf_config.architecture
+        self.input_processor.images = image_input_processor(
+            parts.runner, self.model_config.hf_config, self.config.limit_mm_per_prompt
+        )
         lora = getattr(parts.runner, "lora", None)
         self.core = EngineCore(
             parts.scheduler,
@@ -169,6 +174,9 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         req.grammar = checked.grammar
+        if checked.mm is not None:  # the vision tower runs once, here, at admission
+            checked.mm.embeds = self.runner.encode_images(checked.mm.pixel_values)
+            req.mm = checked.mm
         for i in range(params.best_of):  # type: ignore[arg-type]
             gen = None
             if params.seed is not None:

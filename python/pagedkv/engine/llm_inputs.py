@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from pagedkv.engine.multimodal import check_chat_part, check_prompt_modalities
+from pagedkv.engine.multimodal import ChatImages, check_chat_part, check_prompt_modalities
 from pagedkv.engine.sampling_params import SamplingParams
 
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
@@ -51,7 +51,9 @@ def _is_token_ids(v: Any) -> bool:
     return _token_ids(v) is not None
 
 
-def prompt_item(p: Any, name: str) -> Dict[str, Any]:
+def prompt_item(p: Any, name: str, architecture: Optional[str] = None) -> Dict[str, Any]:
+    """One prompt as a dict; ``architecture``: the model's, whose modalities a prompt's
+    multi_modal_data may carry (none when not given)."""
     p = _listed(p)
     if isinstance(p, str):
         return {"prompt": p}
@@ -61,8 +63,9 @@ def prompt_item(p: Any, name: str) -> Dict[str, Any]:
                 f"{name}: a prompt dict needs 'prompt' or 'prompt_token_ids', got "
                 f"keys {sorted(map(str, p))}"
             )
-        check_prompt_modalities(p, name)
-        unknown = sorted(str(k) for k in p if k not in _PROMPT_KEYS)
+        check_prompt_modalities(p, name, architecture)
+        keys = _PROMPT_KEYS + ("multi_modal_data",)  # (checked above)
+        unknown = sorted(str(k) for k in p if k not in keys)
         if unknown:  # an ignored key would be a silently dropped input
             raise ValueError(
                 f"{name}: unsupported prompt keys {unknown} (a prompt dict takes "
@@ -86,8 +89,11 @@ def prompt_item(p: Any, name: str) -> Dict[str, Any]:
     raise TypeError(f"{name} must be {_PROMPT_FORMS}, got {_describe(p)}")
 
 
-def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any]]:
-    """One dict per prompt, with "prompt" and / or "prompt_token_ids"."""
+def normalise_prompts(
+    prompts: Any, prompt_token_ids: Any, architecture: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """One dict per prompt, with "prompt" and / or "prompt_token_ids" (and the
+    multi_modal_data the ``architecture`` takes)."""
     if prompt_token_ids is not None:  # vLLM's older keyword
         prompt_token_ids = _listed(prompt_token_ids)
         if not isinstance(prompt_token_ids, (list, tuple)) or _is_token_ids(prompt_token_ids):
@@ -108,12 +114,12 @@ def normalise_prompts(prompts: Any, prompt_token_ids: Any) -> List[Dict[str, Any
         raise ValueError("prompts must be given")
     prompts = _listed(prompts)
     if isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0):
-        return [prompt_item(prompts, "prompts")]
+        return [prompt_item(prompts, "prompts", architecture)]
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(
             f"prompts must be {_PROMPT_FORMS}, or a list of these; got {_describe(prompts)}"
         )
-    return [prompt_item(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+    return [prompt_item(p, f"prompts[{i}]", architecture) for i, p in enumerate(prompts)]
 
 
 def per_prompt_params(params: Any, n: int) -> List[SamplingParams]:
@@ -143,9 +149,11 @@ def check_priority(priority: Optional[Any], n: int) -> None:
         raise ValueError("priority must have one entry per prompt")
 
 
-def _message(m: Any, name: str) -> Dict[str, Any]:
+def _message(m: Any, name: str, images: Optional[ChatImages] = None) -> Dict[str, Any]:
     """A copy of the message with its content as one string: a list of text parts
-    ({"type": "text", "text": str}, OpenAI's form) is joined with newlines, as the server does."""
+    ({"type": "text", "text": str}, OpenAI's form) is joined with newlines, as the server does.
+    ``images``: for a model that reads images, gathers the image_url / image_pil parts (each
+    becomes the image token in the text)."""
     if not isinstance(m, dict):
         raise TypeError(f"{name} must be a dict with 'role' and 'content', got {_describe(m)}")
     for key in ("role", "content"):
@@ -161,7 +169,12 @@ def _message(m: Any, name: str) -> Dict[str, Any]:
         texts = []
         for k, part in enumerate(content):
             if isinstance(part, dict):
-                check_chat_part(part.get("type"), f"{name}['content'][{k}]")
+                where = f"{name}['content'][{k}]"
+                arch = images.architecture if images is not None else None
+                check_chat_part(part.get("type"), where, arch)
+                if images is not None and part.get("type") in ("image_url", "image_pil"):
+                    texts.append(images.take(part, where))
+                    continue
             if not (
                 isinstance(part, dict)
                 and part.get("type") == "text"
@@ -183,9 +196,16 @@ def _message(m: Any, name: str) -> Dict[str, Any]:
     return {**m, "content": content}
 
 
-def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
+def normalise_conversations(
+    messages: Any, make_images: Optional[Callable[[], ChatImages]] = None
+) -> List[List[Dict[str, Any]]]:
     """messages: one conversation (a list of {'role', 'content'} dicts) or a list of them.
-    Returns copies; the caller's dicts are not changed."""
+    Returns copies; the caller's dicts are not changed. ``make_images``: a new image collector
+    per conversation (a model that reads images; see multimodal.ChatImages)."""
+
+    def collector() -> Optional[ChatImages]:
+        return make_images() if make_images is not None else None
+
     form = (
         "a list of {'role': str, 'content': str} dicts (one conversation) or a list of such lists"
     )
@@ -201,8 +221,10 @@ def normalise_conversations(messages: Any) -> List[List[Dict[str, Any]]]:
                     f"messages[{i}] must be a non-empty list of message dicts "
                     f"(a conversation), got {_describe(conv)}"
                 )
-        return [
-            [_message(m, f"messages[{i}][{j}]") for j, m in enumerate(conv)]
-            for i, conv in enumerate(convs)
-        ]
-    return [[_message(m, f"messages[{j}]") for j, m in enumerate(messages)]]
+        out = []
+        for i, conv in enumerate(convs):
+            images = collector()
+            out.append([_message(m, f"messages[{i}][{j}]", images) for j, m in enumerate(conv)])
+        return out
+    images = collector()
+    return [[_message(m, f"messages[{j}]", images) for j, m in enumerate(messages)]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -61,6 +61,8 @@ class ModelRunner:
         self.cpu_caches: List[torch.Tensor] = []
         self.backend: Optional[PagedAttentionBackend] = None
         self.graphs: Any = None  # CudaGraphRunner once captured
+        # A vision-language model (models/llava.py): its prefills may carry image rows.
+        self.takes_images = hasattr(model, "encode_images")
         self.verify_graphs: Any = None  # VerifyGraphRunner (speculative decoding on CUDA)
         self.step_plans: Optional[StepPlans] = None  # the balanced decode's (allocate_kv_cache)
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
@@ -307,20 +309,23 @@ class ModelRunner:
         intermediate: Optional[torch.Tensor] = None,
         lora_ids: Optional[Sequence[int]] = None,
         prev_tokens: Optional[torch.Tensor] = None,
+        image_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
         On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
         ``lora_ids``: the LoRA adapter id of each of the plan's sequences (0 = none).
         ``prev_tokens``: the previous step's sampled tokens, on the device, when the plan was
         scheduled before they reached the host (overlapped scheduling: its input ids hold
-        placeholders for them, see Scheduler.advance)."""
+        placeholders for them, see Scheduler.advance). ``image_rows``: (rows of the step's
+        tokens, the image embeddings that replace their token embeddings), from
+        multimodal.step_image_rows."""
         if self.lora is None or lora_ids is None or not any(lora_ids):
-            return self._execute(plan, intermediate, None, prev_tokens)
+            return self._execute(plan, intermediate, None, prev_tokens, image_rows)
         n_seq = int(plan.num_seqs)
         per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
         slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
         try:
-            return self._execute(plan, intermediate, slots, prev_tokens)
+            return self._execute(plan, intermediate, slots, prev_tokens, image_rows)
         finally:
             self.lora.end_step()
 
@@ -330,6 +335,7 @@ class ModelRunner:
         intermediate: Optional[torch.Tensor],
         lora_slots: Optional[np.ndarray],
         prev_tokens: Optional[torch.Tensor],
+        image_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         """``lora_slots``: each token's adapter slot (-1 = none), None for a step without
         adapters; a decode step with adapters replays the graphs captured with them."""
@@ -338,6 +344,7 @@ class ModelRunner:
         if (
             self.verify_graphs is not None
             and lora_slots is None
+            and image_rows is None
             and intermediate is None
             and self.verify_graphs.can_run(plan)
         ):
@@ -373,6 +380,11 @@ class ModelRunner:
         if prev_tokens is not None:
             ids = fill_placeholders(ids, prev_tokens)
         pos = _dev(plan.positions[:n_tok], torch.int64, dev)
+        if image_rows is not None:
+            rows, values = image_rows
+            embeds = self.model.embed(ids)
+            embeds[rows.to(dev)] = values.to(embeds.dtype)
+            return self.model.forward(ids, pos, self.backend, inputs_embeds=embeds)
         return self._forward(ids, pos, self.backend, intermediate)
 
     def _forward(
@@ -385,6 +397,13 @@ class ModelRunner:
         if intermediate is None:  # (models without pipeline stages take three arguments)
             return self.model.forward(ids, pos, backend)
         return self.model.forward(ids, pos, backend, intermediate)
+
+    @torch.inference_mode()
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """A request's images -> [num images * image_seq_length, hidden] rows (the vision
+        tower and projector, once per request)."""
+        embeds = self.model.encode_images(pixel_values.to(self.device))
+        return embeds.reshape(-1, embeds.shape[-1])
 
     @torch.inference_mode()
     def compute_logits(

@@ -1,17 +1,31 @@
-"""Multimodal inputs: the one place that says which modalities pagedkv's models take.
+"""Multimodal inputs: which modalities pagedkv's models take, and how an image becomes rows of
+the language model's input.
 
-No model here has a vision or audio encoder yet, so an image, audio or video input is refused
-by name (a ValueError; 400 in the server) instead of being dropped and the text answered as if
-the image had never been sent. A model that gains an encoder lists its modalities in
-``SUPPORTED_MODALITIES``.
+A model without an encoder for a modality refuses its inputs by name (a ValueError; 400 in the
+server) instead of dropping them and answering the text as if the image had never been sent.
+A model that has one lists its modalities in ``SUPPORTED_MODALITIES``. LLaVA-1.5
+(models/llava.py) takes images: ImageInputProcessor turns a prompt's images into pixel values
+and expands each image token into the model's image_seq_length placeholders (as HF's
+LlavaProcessor does); the engine runs the vision tower once per request at admission and keeps
+the rows on the request (MultiModalInputs); each prefill chunk's input embeddings take them at
+the placeholders' positions (step_image_rows).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, FrozenSet, Mapping, Optional
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
 
 # Architecture name -> the modalities its prompts may carry besides text.
-SUPPORTED_MODALITIES: Dict[str, FrozenSet[str]] = {}
+SUPPORTED_MODALITIES: Dict[str, FrozenSet[str]] = {
+    "LlavaForConditionalGeneration": frozenset({"image"}),
+}
+# vLLM's default limit_mm_per_prompt of a modality the engine argument leaves out.
+DEFAULT_MM_LIMIT = 999
 
 # vLLM's prompt-dict keys that carry or configure non-text inputs.
 MULTIMODAL_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids")
@@ -67,6 +81,8 @@ def check_prompt_modalities(
     for key in MULTIMODAL_PROMPT_KEYS:
         if key in item and item[key] is not None and not supported:
             raise _refusal(f"{name}[{key!r}]", "multimodal", architecture)
+        if key != "multi_modal_data" and item.get(key) is not None:
+            raise ValueError(f"{name}[{key!r}] is not supported (pagedkv takes multi_modal_data)")
 
 
 def check_chat_part(part_type: Any, where: str, architecture: Optional[str] = None) -> None:
@@ -75,3 +91,214 @@ def check_chat_part(part_type: Any, where: str, architecture: Optional[str] = No
     modality = CHAT_PART_MODALITIES.get(part_type) if isinstance(part_type, str) else None
     if modality is not None and modality not in model_modalities(architecture):
         raise _refusal(f"{where} (type {part_type!r})", modality, architecture)
+
+
+def check_mm_limits(limits: Any) -> None:
+    """limit_mm_per_prompt: a dict of modality -> an int >= 0."""
+    if not isinstance(limits, Mapping):
+        raise TypeError(f"limit_mm_per_prompt must be a dict, got {type(limits).__name__}")
+    for modality, n in limits.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"limit_mm_per_prompt[{modality!r}] must be an int >= 0, got {n!r}")
+
+
+# ---------------------------------------------------------------------- images
+@dataclass
+class MultiModalInputs:
+    """A request's images, ready for the engine."""
+
+    pixel_values: torch.Tensor  # [num_images, 3, H, W], the image processor's output
+    # Prompt index of each placeholder token, in order: row k of ``embeds`` goes there.
+    placeholders: np.ndarray
+    content_hash: str  # of the images' pixels: the prefix cache's salt
+    embeds: Optional[torch.Tensor] = None  # [num placeholders, hidden], set at admission
+
+    @property
+    def cache_salt(self) -> str:
+        return f"mm:{self.content_hash}"
+
+
+class ImageInputProcessor:
+    """The checkpoint's image processor (CLIPImageProcessor via AutoImageProcessor) and its
+    image-token rule. Built from the model folder; runs off the engine thread with the rest of
+    the InputProcessor."""
+
+    def __init__(self, model_dir: str, hf_config: Any, limits: Optional[Mapping[str, int]]):
+        from transformers import AutoImageProcessor
+
+        from pagedkv.models.llava import llava_hf_config, num_image_tokens
+
+        llava = llava_hf_config(hf_config)
+        self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
+        self.image_token_id = int(llava.image_token_index)
+        self.image_seq_length = num_image_tokens(llava)
+        self.max_images = int((limits or {}).get("image", DEFAULT_MM_LIMIT))
+
+    def process(
+        self, ids: List[int], data: Mapping[str, Any], name: str
+    ) -> Tuple[List[int], MultiModalInputs]:
+        """Token ids with each image token expanded into image_seq_length placeholders (ids
+        already expanded are kept), and the images' pixel values."""
+        images = data.get("image")
+        images = list(images) if isinstance(images, (list, tuple)) else [images]
+        where = f"{name}['multi_modal_data']['image']"
+        if not images:
+            raise ValueError(f"{where} is empty")
+        if len(images) > self.max_images:
+            raise ValueError(
+                f"{where}: {len(images)} images, more than limit_mm_per_prompt allows "
+                f"({self.max_images})"
+            )
+        pixels = self.image_processor(images=_rgb(images, where), return_tensors="pt")
+        pixel_values = pixels["pixel_values"]
+        ids = self._expand(ids, len(images), name)
+        placeholders = np.flatnonzero(np.asarray(ids) == self.image_token_id)
+        digest = hashlib.sha256(pixel_values.numpy().tobytes()).hexdigest()[:32]
+        return ids, MultiModalInputs(pixel_values, placeholders, digest)
+
+    def _expand(self, ids: List[int], num_images: int, name: str) -> List[int]:
+        tok, n = self.image_token_id, self.image_seq_length
+        count = ids.count(tok)
+        if count == num_images * n and num_images * n != num_images:
+            return ids  # already expanded (a prompt built from an earlier expansion)
+        if count != num_images:
+            raise ValueError(
+                f"{name}: the prompt has {count} image tokens (id {tok}) for {num_images} "
+                "image(s); put one image token where each image goes"
+            )
+        out: List[int] = []
+        for t in ids:
+            out.extend([tok] * n if t == tok else [t])
+        return out
+
+
+MAX_IMAGE_BYTES = 20 << 20  # one fetched or decoded image
+
+
+def load_image_url(url: Any, where: str, allowed_domains: Optional[Sequence[str]] = None) -> Any:
+    """An OpenAI ``image_url`` -> PIL.Image: a ``data:`` URL (base64) always; an http(s) URL
+    only from a host in ``allowed_domains`` (vLLM's --allowed-media-domains: the server must
+    not fetch what a client names, e.g. internal addresses); any other scheme is refused."""
+    import base64
+    import binascii
+    import io
+    from urllib.parse import urlparse
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"{where}: image_url.url must be a non-empty string")
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "data":
+        head, _, payload = url.partition(",")
+        if not head.endswith(";base64"):
+            raise ValueError(f"{where}: a data: image URL must be base64 (data:image/...;base64,)")
+        try:
+            raw = base64.b64decode(payload, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"{where}: the data: URL is not valid base64 ({exc})") from None
+    elif scheme in ("http", "https"):
+        host = urlparse(url).hostname or ""
+        if not allowed_domains or host not in allowed_domains:
+            raise ValueError(
+                f"{where}: fetching image URLs from {host!r} is not allowed; send the image "
+                "as a data: URL or start the server with --allowed-media-domains " + host
+            )
+        raw = _fetch(url, where)
+    else:
+        raise ValueError(f"{where}: image URLs must be data: or http(s) URLs, got {scheme}:")
+    if len(raw) > MAX_IMAGE_BYTES:
+        raise ValueError(f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes")
+    try:
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ValueError(f"{where}: not a readable image ({exc})") from None
+    return image
+
+
+def _fetch(url: str, where: str) -> bytes:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 (allow-listed host)
+            return bytes(resp.read(MAX_IMAGE_BYTES + 1))
+    except OSError as exc:
+        raise ValueError(f"{where}: could not fetch the image ({exc})") from None
+
+
+@dataclass
+class ChatImages:
+    """The images of a conversation's ``image_url`` parts, gathered while its messages become
+    text; each part becomes the model's image token in the text (vLLM's placement for string
+    chat templates: the parts in order, joined by newlines)."""
+
+    architecture: Optional[str]
+    image_token: str
+    allowed_domains: Optional[Sequence[str]] = None
+    images: Optional[List[Any]] = None
+
+    def take(self, part: Any, where: str) -> str:
+        """An image_url (or, offline, image_pil) part -> the text that stands for it."""
+        if self.images is None:
+            self.images = []
+        if isinstance(part, Mapping) and part.get("type") == "image_pil":
+            self.images.extend(_rgb([part.get("image_pil")], where))
+            return self.image_token
+        spec = getattr(part, "image_url", None)
+        if spec is None and isinstance(part, Mapping):
+            spec = part.get("image_url")
+        url = spec.get("url") if isinstance(spec, Mapping) else spec
+        self.images.append(load_image_url(url, where, self.allowed_domains))
+        return self.image_token
+
+
+def image_input_processor(
+    runner: Any, hf_config: Any, limits: Optional[Mapping[str, int]]
+) -> Optional[ImageInputProcessor]:
+    """The engine's ImageInputProcessor for a model that reads images, else None."""
+    if "image" not in model_modalities(hf_config.architecture):
+        return None
+    if not hasattr(runner, "encode_images"):
+        raise ValueError(
+            f"{hf_config.architecture} runs in one process (tensor / pipeline parallel "
+            "engines do not run vision towers yet)"
+        )
+    model = runner.model
+    return ImageInputProcessor(model.source.directory, hf_config, limits)
+
+
+def _rgb(images: Sequence[Any], where: str) -> List[Any]:
+    from PIL import Image
+
+    out = []
+    for i, im in enumerate(images):
+        if not isinstance(im, Image.Image):
+            raise TypeError(f"{where}[{i}] must be a PIL.Image, got {type(im).__name__}")
+        out.append(im.convert("RGB"))
+    return out
+
+
+def step_image_rows(
+    plan: Any, entries: Sequence[Any]
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(rows of the step's flat batch, their image embeddings) for the placeholders the step's
+    prefill chunks cover, or None when it covers none. A chunk of an entry runs the prompt
+    positions positions[start] .. + its length (chunked prefill, recompute after preemption)."""
+    rows: List[np.ndarray] = []
+    values: List[torch.Tensor] = []
+    qsl = plan.query_start_loc
+    positions = plan.positions
+    for i, entry in enumerate(entries):
+        mm = getattr(entry[0], "mm", None) if entry is not None else None
+        if mm is None:
+            continue
+        start, end = int(qsl[i]), int(qsl[i + 1])
+        first = int(positions[start])
+        hit = (mm.placeholders >= first) & (mm.placeholders < first + end - start)
+        if hit.any():
+            rows.append(start + mm.placeholders[hit] - first)
+            values.append(mm.embeds[torch.from_numpy(np.flatnonzero(hit))])
+    if not rows:
+        return None
+    return torch.from_numpy(np.concatenate(rows)), torch.cat(values)

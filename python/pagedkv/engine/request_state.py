@@ -78,6 +78,7 @@ class RequestState:
     num_cached_tokens: int = 0
     grammar: Any = None  # compiled xgrammar grammar (structured outputs); a matcher per sample
     lora_id: int = 0  # the LoRARequest's lora_int_id (0 = the base model)
+    mm: Any = None  # multimodal.MultiModalInputs (images, their embeddings) or None
 
     # Derived from params once (params do not change after add_request); the per-step loops
     # read these for every sequence of the batch.

@@ -102,10 +102,10 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
         "structured outputs use xgrammar", (None, "auto", "xgrammar")
     ),
     # LoRA and multimodal.
-    # (enable_lora, max_loras, max_lora_rank, max_cpu_loras are EngineConfig's own.)
+    # (enable_lora, max_loras, max_lora_rank, max_cpu_loras, limit_mm_per_prompt are
+    # EngineConfig's own.)
     "lora_dtype": Refused(_LORA_DTYPE, (None, "auto")),
     "fully_sharded_loras": Refused(_NO_LORA_TP, _OFF),
-    "limit_mm_per_prompt": Refused(_NO_MM, (None, {})),
     "mm_processor_kwargs": Refused(_NO_MM, (None, {})),
     "allowed_local_media_path": Refused(_NO_MM, (None, "")),
     # Observability.

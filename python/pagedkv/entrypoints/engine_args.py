@@ -261,6 +261,14 @@ ENGINE_FLAGS = (
         type=t.json_object,
         shown="none",
     ),
+    Flag(
+        "limit_mm_per_prompt",
+        None,
+        "JSON object: the most items of each modality one prompt may carry, e.g. "
+        '\'{"image": 2}\'',
+        type=t.json_object,
+        shown="999 per modality (vLLM's)",
+    ),
     # Where the model comes from and how its config is read.
     Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),
     Flag(

@@ -66,6 +66,11 @@ BASE_MODELS = {
     "Qwen2Model": "Qwen2ForCausalLM",
     "Qwen3Model": "Qwen3ForCausalLM",
 }
+# Vision-language models: HF name -> the causal LM of their ``text_config`` (the language
+# model); the vision tower and projector are the model class's own (models/llava.py).
+MULTIMODAL_MODELS = {
+    "LlavaForConditionalGeneration": "LlamaForCausalLM",
+}
 # config.json without "architectures": model_type -> HF architecture name.
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
@@ -86,6 +91,7 @@ _MODEL_TYPES = {
     "bert": "BertModel",
     "roberta": "RobertaModel",
     "xlm-roberta": "XLMRobertaModel",
+    "llava": "LlavaForConditionalGeneration",
 }
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
@@ -225,6 +231,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         arch = _architecture(d)
+        if arch in MULTIMODAL_MODELS:
+            return cls._multimodal(arch, d)
         causal = _causal(arch)
         family = _HF_FAMILIES[causal]
         parse = {
@@ -242,6 +250,22 @@ class ModelConfig:
             return cls(**_hf_common(arch, d), **fields)
         except KeyError as e:
             raise ValueError(f"config.json: {e} is missing (required for {arch})") from None
+
+    @classmethod
+    def _multimodal(cls, arch: str, d: dict[str, Any]) -> ModelConfig:
+        """A vision-language model: the shape is its language model's (``text_config``); the
+        whole config.json stays in ``extra["multimodal"]`` for the vision side."""
+        text = dict(d.get("text_config") or {})
+        for key in ("tie_word_embeddings", "dtype", "torch_dtype"):
+            if key not in text and key in d:
+                text[key] = d[key]
+        if "vocab_size" not in text and "vocab_size" in d:
+            text["vocab_size"] = d["vocab_size"]
+        text["architectures"] = [MULTIMODAL_MODELS[arch]]
+        mc = cls.from_hf_dict(text)
+        mc.architecture = arch
+        mc.extra["multimodal"] = d
+        return mc
 
     # ---------------------------------------------------------------- GGUF metadata
     @classmethod
@@ -293,7 +317,7 @@ class ModelConfig:
 
 def _architecture(d: dict[str, Any]) -> str:
     archs = d.get("architectures") or []
-    known = {**_HF_FAMILIES, **SEQUENCE_CLASSIFIERS, **BASE_MODELS}
+    known = {**_HF_FAMILIES, **SEQUENCE_CLASSIFIERS, **BASE_MODELS, **MULTIMODAL_MODELS}
     arch = next((a for a in archs if a in known), None) or _MODEL_TYPES.get(
         d.get("model_type", "") if not archs else ""
     )
@@ -307,7 +331,12 @@ def _architecture(d: dict[str, Any]) -> str:
 
 def _causal(arch: str) -> str:
     """The causal LM a classifier or bare decoder is built on (``arch`` itself otherwise)."""
-    return SEQUENCE_CLASSIFIERS.get(arch) or BASE_MODELS.get(arch) or arch
+    return (
+        SEQUENCE_CLASSIFIERS.get(arch)
+        or BASE_MODELS.get(arch)
+        or MULTIMODAL_MODELS.get(arch)
+        or arch
+    )
 
 
 def _merge(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

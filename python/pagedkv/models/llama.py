@@ -204,17 +204,20 @@ class LlamaForCausalLM(CausalLM):
         positions: torch.Tensor,
         attn: AttentionBackend,
         intermediate: Optional[torch.Tensor] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden] (after the last norm).
         On a pipeline stage after the first, ``intermediate`` holds the previous stage's output
         (the residual stream: each layer adds to it) and the input ids are not read; a stage
-        before the last returns its residual stream, un-normalised."""
+        before the last returns its residual stream, un-normalised. ``inputs_embeds`` [T,
+        hidden]: the first layer's input given (image rows merged in), embed_tokens skipped."""
         m = self.model
-        x = (
-            self.embed(input_ids)
-            if is_first_stage()
-            else stage_input(intermediate, "hidden states")
-        )
+        if inputs_embeds is not None:
+            x = inputs_embeds
+        elif is_first_stage():
+            x = self.embed(input_ids)
+        else:
+            x = stage_input(intermediate, "hidden states")
         rope_of = self.layer_ropes(positions)
         residual: Optional[torch.Tensor] = None
         for layer in m.layers[m.start_layer : m.end_layer]:

@@ -105,6 +105,7 @@ def model_class(architecture: str) -> type[nn.Module]:
     from pagedkv.models.gpt2 import GPT2LMHeadModel
     from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
     from pagedkv.models.llama import LlamaForCausalLM
+    from pagedkv.models.llava import LlavaForConditionalGeneration
     from pagedkv.models.mixtral import MixtralForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
     from pagedkv.models.phi3 import Phi3ForCausalLM
@@ -129,6 +130,7 @@ def model_class(architecture: str) -> type[nn.Module]:
         "BertModel": BertModel,
         "RobertaModel": XLMRobertaModel,
         "XLMRobertaModel": XLMRobertaModel,
+        "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     }
     causal = SEQUENCE_CLASSIFIERS.get(architecture) or BASE_MODELS.get(architecture) or architecture
     if causal not in classes:

@@ -47,6 +47,7 @@ DEFAULTS: Dict[str, Any] = {
     "enable_log_requests": False,
     "max_log_len": None,
     "trust_request_chat_template": False,
+    "allowed_media_domains": None,
     "shutdown_timeout": 20.0,
     "enable_auto_tool_choice": False,
     "tool_call_parser": None,
@@ -105,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chat-template",
         default=s,
         help="Jinja chat template, as a file path or inline (default: the model's)",
+    )
+    g.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=s,
+        metavar="HOST",
+        help="hosts whose http(s) image_url parts the server may fetch (default: none; "
+        "data: URLs are always read)",
     )
     g.add_argument(
         "--trust-request-chat-template",

@@ -242,6 +242,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         response_role=getattr(args, "response_role", None) or "assistant",
         max_logprobs=_max_logprobs(engine),
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
+        allowed_media_domains=getattr(args, "allowed_media_domains", None),
         tool_call_parser=auto_tool_parser(args),
         reasoning_parser=getattr(args, "reasoning_parser", None),
         lora=LoRARegistry(engine),

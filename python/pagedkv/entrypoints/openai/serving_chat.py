@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedkv.engine.multimodal import UnsupportedModalityError, check_chat_part
+from pagedkv.engine.multimodal import ChatImages, check_chat_part
 from pagedkv.entrypoints.openai import logprobs as lp
 from pagedkv.entrypoints.openai.errors import APIError, bad_request
 from pagedkv.entrypoints.openai.protocol import (
@@ -52,17 +52,25 @@ _CHAT_UNSUPPORTED: Dict[str, Callable[[Any], bool]] = {
 _RESERVED_TEMPLATE_KWARGS = ("messages", "conversation", "tokenize", "return_dict")
 
 
-def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
-    """OpenAI messages -> the plain {role, content: str} dicts chat templates expect."""
+def message_dicts(
+    messages: List[ChatMessage], images: Optional[ChatImages] = None
+) -> List[Dict[str, Any]]:
+    """OpenAI messages -> the plain {role, content: str} dicts chat templates expect.
+    ``images``: for a model that reads images, gathers the image_url parts (each becomes the
+    image token in the text); without it they are refused by name."""
     result = []
+    arch = images.architecture if images is not None else None
     for i, m in enumerate(messages):
         content = m.content
         if isinstance(content, list):
             texts = []
-            for part in content:
+            for k, part in enumerate(content):
                 try:
-                    check_chat_part(part.type, f"messages[{i}].content")
-                except UnsupportedModalityError as e:
+                    check_chat_part(part.type, f"messages[{i}].content", arch)
+                    if images is not None and part.type == "image_url":
+                        texts.append(images.take(part, f"messages[{i}].content[{k}]"))
+                        continue
+                except ValueError as e:
                     raise bad_request(str(e), param=f"messages.{i}.content") from e
                 if part.type != "text" or part.text is None:
                     raise bad_request(
@@ -81,6 +89,18 @@ def message_dicts(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
 
 
 class OpenAIServingChat(OpenAIServing):
+    def chat_images(self) -> Optional[ChatImages]:
+        """A collector of a conversation's images when the model reads images, else None."""
+        processor = getattr(self.engine, "input_processor", None)
+        reader = getattr(processor, "images", None)
+        if reader is None or self.tokenizer is None:
+            return None
+        return ChatImages(
+            getattr(processor, "architecture", None),
+            self.tokenizer.hf.convert_ids_to_tokens(reader.image_token_id),
+            self.state.allowed_media_domains,
+        )
+
     def check_template(self, template: Optional[str]) -> None:
         """vLLM's rule: a request's own chat_template only with --trust-request-chat-template.
         A template is code the server runs (the sandbox bounds each range, not their nesting:
@@ -110,14 +130,17 @@ class OpenAIServingChat(OpenAIServing):
         add_generation_prompt: bool = True,
         template_vars: Optional[Dict[str, Any]] = None,
         continue_final_message: bool = False,
+        images: Optional[ChatImages] = None,
     ) -> str:
         """The prompt of a conversation. ``template_vars``: request settings the template may
-        read (reasoning_effort), given only when set so that a template's own defaults hold."""
+        read (reasoning_effort), given only when set so that a template's own defaults hold.
+        ``images`` gathers the conversation's images (see message_dicts)."""
         if not messages:
             raise bad_request("messages must not be empty", param="messages")
+        dicts = message_dicts(messages, images)
         try:
             return self.tokenizer.apply_chat_template(
-                message_dicts(messages),
+                dicts,
                 chat_template=template or self.state.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
@@ -192,7 +215,9 @@ class OpenAIServingChat(OpenAIServing):
         tools = tool_choice_of(req, self.state.tool_call_parser)
         if tools is not None:  # the template shows the tools, whatever the choice
             template_vars["tools"] = [{"type": "function", "function": f} for f in tools.tools]
-        # Off the event loop: /health and the streams keep going while a template renders.
+        images = self.chat_images()
+        # Off the event loop: /health and the streams keep going while a template renders
+        # (and images decode).
         prompt = await self.in_tokenizer_thread(
             self.render,
             req.messages,
@@ -200,6 +225,7 @@ class OpenAIServingChat(OpenAIServing):
             req.add_generation_prompt,
             template_vars,
             req.continue_final_message,
+            images,
         )
         # The template already wrote any BOS / special tokens (add_special_tokens: false, as
         # in vLLM, unless the client asks for them).
@@ -212,6 +238,11 @@ class OpenAIServingChat(OpenAIServing):
             length_field, requested = "max_tokens", req.max_tokens
         max_tokens = self.max_tokens_for(len(ids), requested, length_field, "messages")
         beams = beam_jobs(self, req, [(ids, prompt)], requested, length_field, "messages")
+        mm = images.images if images is not None else None
+        if beams is not None and mm:
+            raise bad_request(
+                "use_beam_search is not supported with image inputs", param="use_beam_search"
+            )
         if beams is not None:
             if tools is not None and tools.calls:
                 raise bad_request(
@@ -238,9 +269,11 @@ class OpenAIServingChat(OpenAIServing):
         request_id, engine_id = self.request_ids(raw, req, "chatcmpl")
         self.log_request(request_id, [len(ids)], params, bool(req.stream))
         timer = RequestTimer(self.state.metrics, request_id)
+        # The images ride in the prompt dict; the input processor expands their tokens.
+        item: Any = {"prompt": prompt, "multi_modal_data": {"image": mm}} if mm else prompt
         streams = await self.start_all(
             engine_id,
-            [(ids, prompt, params)],
+            [(ids, item, params)],
             req.priority,
             prompt_param="messages",
             model=req.model,

@@ -46,6 +46,8 @@ class ServerState:
     response_role: str = "assistant"  # --response-role
     max_logprobs: int = MAX_LOGPROBS  # the engine's cap (--max-logprobs; -1 resolved)
     trust_request_chat_template: bool = False  # --trust-request-chat-template
+    # --allowed-media-domains: hosts whose http(s) image URLs the server may fetch
+    allowed_media_domains: Optional[List[str]] = None
     # --enable-auto-tool-choice + --tool-call-parser: tool_choice "auto" (tool_calls.py)
     tool_call_parser: Optional[str] = None
     reasoning_parser: Optional[str] = None  # --reasoning-parser
