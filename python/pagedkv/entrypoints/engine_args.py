@@ -264,8 +264,7 @@ ENGINE_FLAGS = (
     Flag(
         "limit_mm_per_prompt",
         None,
-        "JSON object: the most items of each modality one prompt may carry, e.g. "
-        '\'{"image": 2}\'',
+        "JSON object: the most items of each modality one prompt may carry, e.g. '{\"image\": 2}'",
         type=t.json_object,
         shown="999 per modality (vLLM's)",
     ),
