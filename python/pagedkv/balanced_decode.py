@@ -29,6 +29,11 @@ DECODE_SCHEDULES = ("auto", "partition", "balanced")
 # it by less does not pay for its partial writes and merge). First setting: skewed batches only;
 # benchmarks/gpu_attention.py's skewed table is the evidence.
 AUTO_GAIN = 0.5
+# ... and only for a skewed batch, its longest sequence at least this many times the mean: on
+# uniform lengths the balanced plan measured slower than the split at B = 16 (29.0 vs 23.1 us)
+# and B = 64 (78.1 vs 75.8 us), H200, 438280a, gpu_attention.py --skewed-only; every Zipf row
+# (longest 4.7-103x the mean) ran 2.2-5.0x faster balanced.
+AUTO_SKEW = 2.0
 
 # What an engine's CUDA graphs capture ("partition" or "balanced"): one schedule per graph, fixed
 # at capture. "partition" until the skewed and uniform tables show the balanced plan never slower.
@@ -75,15 +80,18 @@ def longest_piece(work_items: Any, used: int) -> int:
 def prefers_balanced(
     seq_lens: Any, partition_size: int, work_items: Any, used: int, sliding_window: int = 0
 ) -> bool:
-    """The "auto" rule: the balanced plan (work_items, its first ``used`` items filled) where its
-    longest piece is at most AUTO_GAIN of the longest CTA of the partition split
-    (``partition_size`` keys, or a whole visible context when 0)."""
+    """The "auto" rule: the balanced plan (work_items, its first ``used`` items filled) for a
+    skewed batch (longest visible context >= AUTO_SKEW x the mean) where its longest piece is at
+    most AUTO_GAIN of the longest CTA of the partition split (``partition_size`` keys, or a
+    whole visible context when 0)."""
     lens = np.asarray(seq_lens, dtype=np.int64)
     if lens.size == 0 or used <= 0:
         return False
-    longest = int(lens.max())  # the most keys one sequence's query sees
     if sliding_window and sliding_window > 0:
-        longest = min(longest, int(sliding_window))
+        lens = np.minimum(lens, int(sliding_window))
+    longest = int(lens.max())  # the most keys one sequence's query sees
+    if longest < AUTO_SKEW * float(lens.mean()):
+        return False
     critical = min(partition_size, longest) if partition_size > 0 else longest
     return longest_piece(work_items, used) <= AUTO_GAIN * critical
 

@@ -239,6 +239,10 @@ def test_forward_decode_schedules_and_reusable_plan() -> None:
         )
         assert ref.rel_error(to_np(out), want_b) < 2e-6, batch
     # The auto rule: a plan that halves the longest CTA wins, one that does not loses.
-    items = np.array([[0, 0, 100, 0], [0, 100, 200, 1], [1, 0, 50, 2]], np.int32)
-    assert prefers_balanced([200, 50], 0, items, 3)
-    assert not prefers_balanced([200, 50], 128, items, 3)
+    items = np.array([[0, 0, 100, 0], [0, 100, 200, 1], [1, 0, 20, 2], [2, 0, 20, 3]], np.int32)
+    assert prefers_balanced([200, 20, 20], 0, items, 4)
+    assert not prefers_balanced([200, 20, 20], 128, items, 4)
+    # ... and only for a skewed batch (the longest >= AUTO_SKEW x the mean): uniform lengths
+    # keep the split, which measured faster there
+    even = np.array([[0, 0, 100, 0], [0, 100, 200, 1], [1, 0, 100, 2], [1, 100, 200, 3]], np.int32)
+    assert not prefers_balanced([200, 200], 0, even, 4)
