@@ -391,24 +391,34 @@ class EngineCore:
         logprobs, forks = work.logprobs, work.forks
         updates: List[SeqUpdate] = []
         failures = self._failures
+        failed = failures.request_ids  # (live: _append's matcher guard may add to it)
         for i, tok in enumerate(tokens.tolist()):
             entry = entries[i]
-            if tok < 0 or entry is None or entry[1].finished or entry[0] in failures:
+            if tok < 0 or entry is None:
                 continue
             req, seq = entry
+            if seq.finish_reason is not None or req.request_id in failed:
+                continue
             if forks and i in forks:  # before the parent can be finished by a stop string
                 updates += self._fork_children(req, seq, forks[i], logprobs)
             lp = logprobs.get(id(seq)) if logprobs else None
             toks = spec.get(i) if spec else None
             if toks is None:
-                updates.append(self._append(req, seq, tok, lp, done.get(seq.sched_id)))
+                fin = done.get(seq.sched_id) if done else None
+                if lp is None and fin is None and seq.matcher is None:
+                    # The common decode token (what _append does with nothing to record): no
+                    # call per sequence per step on a batch-256 decode.
+                    seq.token_ids.append(tok)
+                    updates.append(SeqUpdate(req, seq, tok, None, False))
+                else:
+                    updates.append(self._append(req, seq, tok, lp, fin))
                 continue
             fin = done.get(seq.sched_id)
             for j, t in enumerate(toks):  # (a speculating sequence has no logprobs)
                 updates.append(self._append(req, seq, t, None, fin if j == len(toks) - 1 else None))
         for req, _ in failures.items():  # (a matcher that raised: the others were aborted)
             self.abort_request(req)
-        kept = [u for u in updates if u.req not in failures]
+        kept = [u for u in updates if u.req.request_id not in failed] if failures else updates
         return StepResult(now, kept, [d for _, _, d in work.prompt_logprobs], failures)
 
     def _fork_children(

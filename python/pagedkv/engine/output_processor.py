@@ -11,7 +11,8 @@ it), the other requests' outputs are built as usual.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+import operator
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.direct_decoder import DirectDecoder
@@ -90,7 +91,7 @@ class OutputProcessor:
         metrics.last_token_time = now
         if lp is not None and seq.logprobs is not None and lp[1] is not None:
             self.decode_logprob_tokens(lp[1])
-        if not seq.finished and not req.incremental_text:
+        if seq.finish_reason is None and not req.incremental_text:
             return False  # the common running case: nothing to show or check yet
         # A stop token / EOS ends the text without being shown (vLLM's rule).
         hide = (
@@ -155,8 +156,8 @@ class OutputProcessor:
         return outs
 
 
-def _request_of(update: Any) -> RequestState:
-    return update.req  # type: ignore[no-any-return]
+# (a C-level getter: called once per token per step)
+_request_of: Callable[[Any], RequestState] = operator.attrgetter("req")
 
 
 def _same(req: RequestState) -> RequestState:

@@ -7,7 +7,7 @@ after one, see AsyncLLMEngine)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Iterator, KeysView, List, Sequence, Tuple, TypeVar
 
 from pagedkv.engine.request_state import RequestState
 
@@ -46,6 +46,9 @@ class RequestFailures:
 
     def __init__(self) -> None:
         self._errors: Dict[str, Tuple[RequestState, Exception]] = {}
+        # The failed requests' ids, a live view: the per-token loops of a step test
+        # `req.request_id in failures.request_ids` (a C-level lookup, no Python call per token).
+        self.request_ids: KeysView[str] = self._errors.keys()
 
     @contextlib.contextmanager
     def guard(self, req: RequestState) -> Iterator[None]:
@@ -69,12 +72,13 @@ class RequestFailures:
         For the per-token loops of a step: one ``try`` per run of items instead of a context
         manager per item (a guard costs about a microsecond: two per request per step were
         0.8 ms of a batch-256 decode step, 18 % of the 1B engine's H200 throughput)."""
-        i, n = 0, len(items)
+        i, n, failed = 0, len(items), self._errors
         while i < n:
             try:
                 while i < n:
-                    if request_of(items[i]).request_id not in self._errors:
-                        work(items[i])
+                    item = items[i]
+                    if request_of(item).request_id not in failed:
+                        work(item)
                     i += 1
             except Exception as exc:
                 if is_device_error(exc):
