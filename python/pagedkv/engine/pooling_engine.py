@@ -14,6 +14,9 @@ reads the last token alone (LAST) share cached blocks; any other request gets a 
 own (it never hits another request's blocks). Encoders (non-causal attention: every token sees
 the whole prompt) run with chunked prefill and prefix caching off (pooling_engine_config).
 
+Token types: a request may carry token_type_ids (a BERT cross-encoder's text pair, segment B =
+1); a step whose requests have any passes the types of its scheduled positions to the model.
+
 The engine offers LLMEngine's interface (add_request, step, abort_request, ...) so that LLM and
 AsyncLLMEngine drive it unchanged.
 """
