@@ -15,7 +15,7 @@ need("sentence_transformers")
 
 from pagedkv import LLM  # noqa: E402
 from pagedkv.engine.pooling_params import PoolingParams  # noqa: E402
-from pagedkv.testing import save_random_encoder  # noqa: E402
+from pagedkv.testing import save_random_encoder, save_random_model  # noqa: E402
 
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a"]
 
@@ -100,3 +100,8 @@ def test_token_type_ids_checked(tmp_path) -> None:
         llm.classify({"prompt_token_ids": [2, 5, 3], "token_type_ids": [0, 1]}, use_tqdm=False)
     with pytest.raises(ValueError, match=r"token_type_ids.*\[0, 2\)"):
         llm.classify({"prompt_token_ids": [2, 5, 3], "token_type_ids": [0, 1, 2]}, use_tqdm=False)
+    # A model without token type embeddings refuses them by name (never ignores them).
+    lm = save_random_model(str(tmp_path / "lm"), "tiny-llama", seed=2, head_dim=32)
+    embed = _llm(lm, task="embed")
+    with pytest.raises(ValueError, match="takes no token types"):
+        embed.embed({"prompt_token_ids": [2, 5, 3], "token_type_ids": [0, 0, 1]}, use_tqdm=False)
