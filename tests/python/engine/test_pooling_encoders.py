@@ -79,9 +79,7 @@ def test_bert_cross_encoder_pair_scores_match_hf(tmp_path) -> None:
     expected = torch.stack([_hf_logits(ref, e) for e in encs])
     torch.testing.assert_close(torch.tensor(got), expected, rtol=1e-4, atol=1e-4)
     # The types matter: with segment B typed 0 the logits differ.
-    untyped = [
-        ref(input_ids=torch.tensor([e["input_ids"]])).logits[0, 0].item() for e in encs
-    ]
+    untyped = [ref(input_ids=torch.tensor([e["input_ids"]])).logits[0, 0].item() for e in encs]
     assert max(abs(a - b) for a, b in zip(got, untyped)) > 1e-3
     # Default activation (sigmoid) and truncation cut ids and types alike (the last 6 tokens).
     cut = llm.score(query, TEXTS[1], use_tqdm=False, truncate_prompt_tokens=6)[0].outputs.score
