@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from pagedkv.engine.multimodal import ChatImages, check_chat_part, check_prompt_modalities
 from pagedkv.engine.sampling_params import SamplingParams
@@ -51,9 +51,12 @@ def _is_token_ids(v: Any) -> bool:
     return _token_ids(v) is not None
 
 
-def prompt_item(p: Any, name: str, architecture: Optional[str] = None) -> Dict[str, Any]:
+def prompt_item(
+    p: Any, name: str, architecture: Optional[str] = None, extra_keys: Tuple[str, ...] = ()
+) -> Dict[str, Any]:
     """One prompt as a dict; ``architecture``: the model's, whose modalities a prompt's
-    multi_modal_data may carry (none when not given)."""
+    multi_modal_data may carry (none when not given); ``extra_keys``: further keys the caller
+    reads (a pooling prompt's token_type_ids)."""
     p = _listed(p)
     if isinstance(p, str):
         return {"prompt": p}
@@ -64,12 +67,12 @@ def prompt_item(p: Any, name: str, architecture: Optional[str] = None) -> Dict[s
                 f"keys {sorted(map(str, p))}"
             )
         check_prompt_modalities(p, name, architecture)
-        keys = _PROMPT_KEYS + ("multi_modal_data",)  # (checked above)
+        keys = _PROMPT_KEYS + ("multi_modal_data",) + extra_keys  # (checked above)
         unknown = sorted(str(k) for k in p if k not in keys)
         if unknown:  # an ignored key would be a silently dropped input
             raise ValueError(
                 f"{name}: unsupported prompt keys {unknown} (a prompt dict takes "
-                f"{list(_PROMPT_KEYS)})"
+                f"{list(_PROMPT_KEYS + extra_keys)})"
             )
         if "prompt" in p and not isinstance(p["prompt"], str):
             raise TypeError(f"{name}['prompt'] must be a string, got {_describe(p['prompt'])}")
@@ -90,10 +93,13 @@ def prompt_item(p: Any, name: str, architecture: Optional[str] = None) -> Dict[s
 
 
 def normalise_prompts(
-    prompts: Any, prompt_token_ids: Any, architecture: Optional[str] = None
+    prompts: Any,
+    prompt_token_ids: Any,
+    architecture: Optional[str] = None,
+    extra_keys: Tuple[str, ...] = (),
 ) -> List[Dict[str, Any]]:
     """One dict per prompt, with "prompt" and / or "prompt_token_ids" (and the
-    multi_modal_data the ``architecture`` takes)."""
+    multi_modal_data the ``architecture`` takes, and the ``extra_keys`` the caller reads)."""
     if prompt_token_ids is not None:  # vLLM's older keyword
         prompt_token_ids = _listed(prompt_token_ids)
         if not isinstance(prompt_token_ids, (list, tuple)) or _is_token_ids(prompt_token_ids):
@@ -114,12 +120,14 @@ def normalise_prompts(
         raise ValueError("prompts must be given")
     prompts = _listed(prompts)
     if isinstance(prompts, (str, dict)) or (_is_token_ids(prompts) and len(prompts) > 0):
-        return [prompt_item(prompts, "prompts", architecture)]
+        return [prompt_item(prompts, "prompts", architecture, extra_keys)]
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(
             f"prompts must be {_PROMPT_FORMS}, or a list of these; got {_describe(prompts)}"
         )
-    return [prompt_item(p, f"prompts[{i}]", architecture) for i, p in enumerate(prompts)]
+    return [
+        prompt_item(p, f"prompts[{i}]", architecture, extra_keys) for i, p in enumerate(prompts)
+    ]
 
 
 def per_prompt_params(params: Any, n: int) -> List[SamplingParams]:

@@ -163,7 +163,7 @@ class PoolingMixin:
             raise TypeError("a cross-encoder scores text pairs: data_1 and data_2 must be strings")
         if tok is None:
             raise ValueError("score needs a tokenizer (skip_tokenizer_init=True)")
-        return {"prompt_token_ids": pair_token_ids(tok, a, b)}
+        return pair_prompt(tok, a, b)
 
     def _pool(
         self,
@@ -176,7 +176,7 @@ class PoolingMixin:
     ) -> List[PoolingRequestOutput]:
         if lora_request is not None:
             raise ValueError("lora_request with a pooling model is not supported yet")
-        items = normalise_prompts(prompts, None)
+        items = normalise_prompts(prompts, None, extra_keys=("token_type_ids",))
         params = _per_prompt(pooling_params, len(items), task, truncate_prompt_tokens)
         engine = self.llm_engine
         ids: List[str] = []
@@ -184,9 +184,7 @@ class PoolingMixin:
             for item, p in zip(items, params):
                 rid = str(self._counter)
                 self._counter += 1
-                engine.add_request(
-                    rid, item.get("prompt"), p, prompt_token_ids=item.get("prompt_token_ids")
-                )
+                engine.add_request(rid, item, p)
                 ids.append(rid)
         except BaseException:
             engine.abort_request(ids)  # a bad prompt rejects the whole call
@@ -194,17 +192,16 @@ class PoolingMixin:
         return _run(engine, ids, use_tqdm)
 
 
-def pair_token_ids(tokenizer: Any, a: str, b: str) -> List[int]:
-    """A cross-encoder's input: the tokenizer's (a, b) text pair. Refused where the pair's
-    second segment has token types of its own (BERT cross-encoders): the engine feeds the
-    model token ids and positions only, and a score without the types would be wrong."""
+def pair_prompt(tokenizer: Any, a: str, b: str) -> Dict[str, Any]:
+    """A cross-encoder's input: the tokenizer's (a, b) text pair as a prompt dict, with its
+    token_type_ids where the second segment has types of its own (BERT cross-encoders; an
+    XLM-R tokenizer gives all zeros, which the prompt leaves out)."""
     enc = tokenizer.hf(a, b)
-    if any(enc.get("token_type_ids") or ()):
-        raise ValueError(
-            "score: this cross-encoder tells the two texts apart by token_type_ids (BERT "
-            "style), which pagedkv does not pass to the model yet"
-        )
-    return list(enc["input_ids"])
+    prompt: Dict[str, Any] = {"prompt_token_ids": list(enc["input_ids"])}
+    types = enc.get("token_type_ids")
+    if types is not None and any(types):
+        prompt["token_type_ids"] = [int(t) for t in types]
+    return prompt
 
 
 _METHODS = {"embed": "embed", "classify": "classify", "score": "score", "reward": "reward"}

@@ -310,6 +310,7 @@ class ModelRunner:
         lora_ids: Optional[Sequence[int]] = None,
         prev_tokens: Optional[torch.Tensor] = None,
         image_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        token_type_ids: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
         On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
@@ -318,7 +319,12 @@ class ModelRunner:
         scheduled before they reached the host (overlapped scheduling: its input ids hold
         placeholders for them, see Scheduler.advance). ``image_rows``: (rows of the step's
         tokens, the image embeddings that replace their token embeddings), from
-        multimodal.step_image_rows."""
+        multimodal.step_image_rows. ``token_type_ids``: the segment of each of the plan's
+        tokens [num_tokens], for models that embed token types (BERT cross-encoders' pairs)."""
+        if token_type_ids is not None:
+            if intermediate is not None or image_rows is not None or prev_tokens is not None:
+                raise ValueError("token_type_ids go with a plain prefill step only")
+            return self._execute(plan, None, None, None, None, token_type_ids)
         if self.lora is None or lora_ids is None or not any(lora_ids):
             return self._execute(plan, intermediate, None, prev_tokens, image_rows)
         n_seq = int(plan.num_seqs)
@@ -336,13 +342,16 @@ class ModelRunner:
         lora_slots: Optional[np.ndarray],
         prev_tokens: Optional[torch.Tensor],
         image_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        token_type_ids: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """``lora_slots``: each token's adapter slot (-1 = none), None for a step without
         adapters; a decode step with adapters replays the graphs captured with them."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
+        typed = token_type_ids is not None  # (the captured graphs take no token types)
         if (
-            self.verify_graphs is not None
+            not typed
+            and self.verify_graphs is not None
             and lora_slots is None
             and image_rows is None
             and intermediate is None
@@ -350,7 +359,8 @@ class ModelRunner:
         ):
             return self.verify_graphs.run(plan)
         if (
-            self.graphs is not None
+            not typed
+            and self.graphs is not None
             and plan.num_prefills == 0
             and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len), lora_slots is not None)
         ):
@@ -385,6 +395,9 @@ class ModelRunner:
             embeds = self.model.embed(ids)
             embeds[rows.to(dev)] = values.to(embeds.dtype)
             return self.model.forward(ids, pos, self.backend, inputs_embeds=embeds)
+        if typed:
+            types = token_type_ids.to(dev, torch.int64)  # type: ignore[union-attr]
+            return self.model.forward(ids, pos, self.backend, token_type_ids=types)
         return self._forward(ids, pos, self.backend, intermediate)
 
     def _forward(

@@ -14,6 +14,9 @@ reads the last token alone (LAST) share cached blocks; any other request gets a 
 own (it never hits another request's blocks). Encoders (non-causal attention: every token sees
 the whole prompt) run with chunked prefill and prefix caching off (pooling_engine_config).
 
+Token types: a request may carry token_type_ids (a BERT cross-encoder's text pair, segment B =
+1); a step whose requests have any passes the types of its scheduled positions to the model.
+
 The engine offers LLMEngine's interface (add_request, step, abort_request, ...) so that LLM and
 AsyncLLMEngine drive it unchanged.
 """
@@ -62,6 +65,8 @@ class PoolingEngineRequest(EngineRequest):
     PoolingParams, ``max_tokens`` is 1 (the placeholder token that ends it)."""
 
     task: str = "embed"
+    # Each prompt token's segment (a BERT cross-encoder's text pair: A = 0, B = 1); None: all 0.
+    token_type_ids: Optional[List[int]] = None
 
     @property
     def pooling_params(self) -> PoolingParams:
@@ -105,8 +110,12 @@ class PoolingInputProcessor:
     """Checks and tokenizes pooling requests (the generation InputProcessor's rules for the
     prompt, the pooler's for the parameters)."""
 
-    def __init__(self, base: InputProcessor, pooler: Pooler, task: str) -> None:
+    def __init__(
+        self, base: InputProcessor, pooler: Pooler, task: str, type_vocab_size: int = 0
+    ) -> None:
+        """``type_vocab_size``: how many token types the model embeds (0: it takes none)."""
         self.base, self.pooler, self.task = base, pooler, task
+        self.type_vocab_size = type_vocab_size
         self.tokenizer = base.tokenizer
         self.max_model_len = base.max_model_len
 
@@ -137,7 +146,7 @@ class PoolingInputProcessor:
             )
         self.pooler.check(task, params)
         priority = self.base.check_priority(priority)
-        text, ids = self._prompt(prompt, prompt_token_ids, params)
+        text, ids, types = self._prompt(prompt, prompt_token_ids, params)
         return PoolingEngineRequest(
             request_id,
             text,
@@ -147,16 +156,20 @@ class PoolingInputProcessor:
             priority,
             arrival_time or time.time(),
             task=task,
+            token_type_ids=types,
         )
 
     def _prompt(
         self, prompt: Any, prompt_token_ids: Optional[List[int]], params: PoolingParams
-    ) -> tuple[Optional[str], List[int]]:
+    ) -> tuple[Optional[str], List[int], Optional[List[int]]]:
+        """The prompt's text, token ids and token types (each truncated alike)."""
+        types = None
         if prompt is not None and not isinstance(prompt, str):
-            item = prompt_item(prompt, "prompt")
+            item = prompt_item(prompt, "prompt", extra_keys=("token_type_ids",))
             prompt = item.get("prompt")
             if prompt_token_ids is None:
                 prompt_token_ids = item.get("prompt_token_ids")
+            types = item.get("token_type_ids")
         if prompt_token_ids is None:
             if prompt is None:
                 raise ValueError("prompt or prompt_token_ids must be given")
@@ -164,12 +177,15 @@ class PoolingInputProcessor:
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("prompt must not be empty (it encodes to no tokens)")
+        if types is not None:
+            types = self._token_types(types, len(ids))
         # The scheduler holds one placeholder token after the prompt: max_model_len - 1 tokens.
         room = self.max_model_len - 1
         keep = params.truncate_prompt_tokens
         if keep is not None:
             check_truncation(keep, self.max_model_len)
             ids = ids[-(room if keep == -1 else min(keep, room)) :]
+            types = types[-len(ids) :] if types is not None else None
         vocab = self.base.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(
@@ -181,7 +197,30 @@ class PoolingInputProcessor:
                 f"{room} tokens (max_model_len={self.max_model_len} - 1); set "
                 "truncate_prompt_tokens to cut it"
             )
-        return prompt, ids
+        return prompt, ids, types
+
+    def _token_types(self, types: Any, n: int) -> List[int]:
+        """A prompt's token_type_ids, checked: one per prompt token, each a type the model
+        embeds."""
+        if self.type_vocab_size == 0:
+            raise ValueError(
+                "prompt['token_type_ids']: this model takes no token types (only BERT-style "
+                "encoders do)"
+            )
+        if not isinstance(types, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in types
+        ):
+            raise TypeError("prompt['token_type_ids'] must be a list of integers")
+        if len(types) != n:
+            raise ValueError(
+                f"prompt['token_type_ids'] has {len(types)} entries for {n} prompt tokens"
+            )
+        if types and (min(types) < 0 or max(types) >= self.type_vocab_size):
+            raise ValueError(
+                f"prompt['token_type_ids'] must be in [0, {self.type_vocab_size}), got "
+                f"{min(types)}..{max(types)}"
+            )
+        return list(types)
 
 
 class PoolingEngine:
@@ -212,7 +251,9 @@ class PoolingEngine:
             config.max_logprobs,
             config.scheduling_policy,
         )
-        self.input_processor = PoolingInputProcessor(base, self.pooler, task)
+        self.input_processor = PoolingInputProcessor(
+            base, self.pooler, task, int(getattr(model, "type_vocab_size", 0))
+        )
         self.requests: Dict[str, _Running] = {}
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
         logger.info(
@@ -307,13 +348,37 @@ class PoolingEngine:
         ids = list(plan.request_ids)[:n]
         try:
             completes = np.asarray(plan.sample_indices[:n]) >= 0
-            self._gather(plan, ids, completes, self.runner.execute(plan))
+            types = self._step_token_types(plan, ids)
+            hidden = (
+                self.runner.execute(plan)
+                if types is None
+                else self.runner.execute(plan, token_type_ids=types)
+            )
+            self._gather(plan, ids, completes, hidden)
         except BaseException:
             self._fail(plan, ids)
             raise
         finished = self.scheduler.update(plan, np.where(completes, 0, -1).astype(np.int64))
         ids_done = [f.request_id for f in finished]  # (all by length: the placeholder token)
         return self._finish([self.requests.pop(rid) for rid in ids_done if rid in self.requests])
+
+    def _step_token_types(self, plan: Any, ids: List[Optional[str]]) -> Optional[torch.Tensor]:
+        """The token types of the step's tokens [num_tokens]: each sequence's scheduled prompt
+        positions (from its context length on) read from its request's token_type_ids, 0 where
+        a request has none; None when no request of the step has any."""
+        runs = [self.requests.get(rid) if rid is not None else None for rid in ids]
+        if not any(r is not None and r.req.token_type_ids is not None for r in runs):
+            return None
+        qsl = np.asarray(plan.query_start_loc[: len(ids) + 1])
+        ctx = np.asarray(plan.context_lens[: len(ids)])
+        types = np.zeros(int(plan.num_tokens), dtype=np.int64)
+        for i, run in enumerate(runs):
+            if run is None or run.req.token_type_ids is None:
+                continue
+            lo, hi = int(qsl[i]), int(qsl[i + 1])
+            start = int(ctx[i])
+            types[lo:hi] = run.req.token_type_ids[start : start + hi - lo]
+        return torch.from_numpy(types)
 
     def _gather(
         self, plan: Any, ids: List[Optional[str]], completes: np.ndarray, hidden: torch.Tensor

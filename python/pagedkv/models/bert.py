@@ -171,6 +171,11 @@ class BertModel(nn.Module):
         self.pooler: Optional[BertPooler] = BertPooler(cfg)
         self.classifier: Optional[nn.Module] = self._make_classifier(cfg)
 
+    @property
+    def type_vocab_size(self) -> int:
+        """How many token types (text-pair segments) forward's token_type_ids may hold."""
+        return int(self.config.extra["type_vocab_size"])
+
     def _make_classifier(self, cfg: ModelConfig) -> Optional[nn.Module]:
         if not cfg.is_classifier:
             return None

@@ -1,7 +1,7 @@
 """BERT-family encoders through the pooling engine (non-causal attention: one prefill per
 prompt, no prefix cache): a bare BertModel embeds with CLS pooling like sentence-transformers,
-an XLM-RoBERTa cross-encoder (bge-reranker style) scores like HF; a BERT cross-encoder, whose
-pairs need token_type_ids, is refused by name."""
+an XLM-RoBERTa cross-encoder (bge-reranker style) scores like HF; a BERT cross-encoder scores
+text pairs like HF, its segment B typed 1 (token_type_ids)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ transformers = need("transformers")
 need("sentence_transformers")
 
 from pagedkv import LLM  # noqa: E402
-from pagedkv.testing import save_random_encoder  # noqa: E402
+from pagedkv.engine.pooling_params import PoolingParams  # noqa: E402
+from pagedkv.testing import save_random_encoder, save_random_model  # noqa: E402
 
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a"]
 
@@ -57,15 +58,48 @@ def test_xlm_roberta_cross_encoder_scores_match_hf(tmp_path) -> None:
     torch.testing.assert_close(torch.tensor(got), torch.sigmoid(torch.stack(logits)))
 
 
-def test_bert_cross_encoder_pairs_refused(tmp_path) -> None:
+def _hf_logits(ref, enc: dict, keep: int = 0) -> torch.Tensor:
+    """HF's logit of one encoded pair (its last ``keep`` tokens when given)."""
+    ids, types = enc["input_ids"][-keep:], enc["token_type_ids"][-keep:]
+    with torch.no_grad():
+        out = ref(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([types]))
+    return out.logits[0, 0]
+
+
+def test_bert_cross_encoder_pair_scores_match_hf(tmp_path) -> None:
     path = save_random_encoder(str(tmp_path / "bert_ce"), "bert", num_labels=1, seed=5)
     llm = _llm(path, task="score")
-    with pytest.raises(ValueError, match="token_type_ids"):
-        llm.score("query", TEXTS)
-    # One text: its token types are all 0, so classify runs (as HF does without a pair).
     ref = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path)
+    query = "what is a panda?"
+    encs = [tok(query, t) for t in TEXTS]
+    assert all(any(e["token_type_ids"]) for e in encs)  # segment B is typed 1
+    raw = PoolingParams(use_activation=False)
+    got = [o.outputs.score for o in llm.score(query, TEXTS, use_tqdm=False, pooling_params=raw)]
+    expected = torch.stack([_hf_logits(ref, e) for e in encs])
+    torch.testing.assert_close(torch.tensor(got), expected, rtol=1e-4, atol=1e-4)
+    # The types matter: with segment B typed 0 the logits differ.
+    untyped = [ref(input_ids=torch.tensor([e["input_ids"]])).logits[0, 0].item() for e in encs]
+    assert max(abs(a - b) for a, b in zip(got, untyped)) > 1e-3
+    # Default activation (sigmoid) and truncation cut ids and types alike (the last 6 tokens).
+    cut = llm.score(query, TEXTS[1], use_tqdm=False, truncate_prompt_tokens=6)[0].outputs.score
+    assert abs(cut - torch.sigmoid(_hf_logits(ref, encs[1], keep=6)).item()) < 1e-4
+    # One text: its token types are all 0 (HF does the same without a pair).
     out = llm.classify(TEXTS[1], use_tqdm=False)[0]
     with torch.no_grad():
         logit = ref(**tok(TEXTS[1], return_tensors="pt")).logits[0, 0]
     assert abs(out.outputs.probs[0] - torch.sigmoid(logit).item()) < 1e-5
+
+
+def test_token_type_ids_checked(tmp_path) -> None:
+    path = save_random_encoder(str(tmp_path / "bert_ce"), "bert", num_labels=1, seed=6)
+    llm = _llm(path, task="score")
+    with pytest.raises(ValueError, match="token_type_ids.* 2 entries for 3"):
+        llm.classify({"prompt_token_ids": [2, 5, 3], "token_type_ids": [0, 1]}, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"token_type_ids.*\[0, 2\)"):
+        llm.classify({"prompt_token_ids": [2, 5, 3], "token_type_ids": [0, 1, 2]}, use_tqdm=False)
+    # A model without token type embeddings refuses them by name (never ignores them).
+    lm = save_random_model(str(tmp_path / "lm"), "tiny-llama", seed=2, head_dim=32)
+    embed = _llm(lm, task="embed")
+    with pytest.raises(ValueError, match="takes no token types"):
+        embed.embed({"prompt_token_ids": [2, 5, 3], "token_type_ids": [0, 0, 1]}, use_tqdm=False)

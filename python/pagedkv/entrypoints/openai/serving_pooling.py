@@ -12,14 +12,14 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch.nn.functional as F
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from pagedkv.engine.llm_pooling import pair_token_ids
+from pagedkv.engine.llm_pooling import pair_prompt
 from pagedkv.engine.pooling_params import PoolingParams
 from pagedkv.entrypoints.openai.errors import APIError, bad_request
 from pagedkv.entrypoints.openai.protocol_pooling import (
@@ -34,7 +34,9 @@ from pagedkv.entrypoints.openai.streaming import cancel_on_disconnect
 
 logger = logging.getLogger("pagedkv.server")
 
-Prompt = Tuple[List[int], Optional[str]]  # token ids, text (None when given as ids)
+# Token ids, and the text (None when given as ids) or a text pair's prompt dict (with its
+# token_type_ids: the engine's input processor reads them from there).
+Prompt = Tuple[List[int], Union[str, Dict[str, Any], None]]
 # The request fields each route reads (others are logged as ignored).
 _COMMON = {"model", "truncate_prompt_tokens", "add_special_tokens", "priority", "request_id"}
 
@@ -221,17 +223,21 @@ class OpenAIServingPooling(OpenAIServing):
         return out
 
     async def _pairs(self, req: Any, left: List[str], right: List[str]) -> List[Prompt]:
-        """A cross-encoder's inputs: the tokenizer's text pairs."""
+        """A cross-encoder's inputs: the tokenizer's text pairs (ids and token types cut
+        alike by truncate_prompt_tokens)."""
         tok = self.engine.tokenizer
         keep = self._keep_last(req)
         out: List[Prompt] = []
         for a, b in zip(left, right):
             self.check_length(len(a) + len(b), "text_2")
             try:
-                ids = await self.in_tokenizer_thread(pair_token_ids, tok, a, b)
+                pair = await self.in_tokenizer_thread(pair_prompt, tok, a, b)
             except ValueError as exc:
                 raise bad_request(str(exc), param="text_2") from None
-            out.append((ids[-keep:] if keep else ids, None))
+            if keep:
+                pair = {k: v[-keep:] for k, v in pair.items()}
+            ids = pair["prompt_token_ids"]
+            out.append((ids, pair if "token_type_ids" in pair else None))
         return out
 
     async def _scores(
