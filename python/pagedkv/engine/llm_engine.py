@@ -38,9 +38,20 @@ logger = logging.getLogger("pagedkv")
 
 class LLMEngine:
     def __init__(
-        self, model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any
+        self,
+        model: Optional[str] = None,
+        tokenizer: Optional[str] = None,
+        *,
+        config: Optional[EngineConfig] = None,
+        **kwargs: Any,
     ) -> None:
-        self.config = EngineConfig.from_kwargs(model, tokenizer=tokenizer, **kwargs)
+        """The engine of ``EngineConfig.from_kwargs(model, tokenizer=..., **kwargs)``, or of
+        ``config`` when the caller has read it already (runner_choice.make_engine)."""
+        if config is None:
+            config = EngineConfig.from_kwargs(model, tokenizer=tokenizer, **kwargs)
+        elif model is not None or tokenizer is not None or kwargs:
+            raise TypeError("LLMEngine takes either config or engine arguments, not both")
+        self.config = config
         parts = build_engine_parts(self.config)
         self.tokenizer = parts.tokenizer
         self.model_config = parts.model_config

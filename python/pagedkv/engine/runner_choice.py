@@ -95,11 +95,11 @@ def make_engine(model: Optional[str] = None, tokenizer: Optional[str] = None, **
     wants_pooling = cfg.task not in ("auto", "generate") or cfg.runner == "pooling"
     may_pool = cfg.task == "auto" and cfg.runner == "auto"
     if not (wants_pooling or may_pool):
-        return LLMEngine(model, tokenizer=tokenizer, **kwargs)
+        return LLMEngine(config=cfg)
     mc = _peek_config(cfg) if cfg.model is not None or wants_pooling else None
     task = pooling_task(cfg, mc)
     if task is None:
-        return LLMEngine(model, tokenizer=tokenizer, **kwargs)
+        return LLMEngine(config=cfg)
     from pagedkv.engine.pooling_engine import PoolingEngine
 
     if cfg.speculative_config:  # pooling generates nothing to speculate on
