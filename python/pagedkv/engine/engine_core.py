@@ -38,6 +38,7 @@ from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler
 from pagedkv.engine.spec_decode.speculator import Speculator, emitted_arrays
 from pagedkv.engine.step_sampling import Entry, StepSampling, TokenLogprob
+from pagedkv.engine.structured_bitmask import StructuredBitmask
 from pagedkv.engine.structured_output import GrammarCache, advance
 from pagedkv.lora.admission import LoRAAdmission
 
@@ -100,6 +101,8 @@ class EngineCore:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
         self.speculator = speculator  # n-gram speculative decoding (speculative_config)
         self.grammars, self.max_num_seqs = grammars, max_num_seqs
+        # Structured outputs: the next step's bitmask is filled while the host does the rest.
+        self.bitmask = StructuredBitmask(grammars, max_num_seqs) if grammars is not None else None
         self.lora_admission = lora_admission
         self.async_scheduling = async_scheduling
         self._lora_held: Set[str] = set()  # requests with an adapter, admitted or waiting
@@ -345,7 +348,7 @@ class EngineCore:
         work = StepSampling(
             self.runner.compute_logits,
             self.sampler,
-            self.grammars,
+            self.bitmask,
             self._would_finish,
             self.max_num_seqs,
             plan,
@@ -388,6 +391,8 @@ class EngineCore:
         the scheduler finished gets its reason (with its last token). Skips sequences finished
         since the step was scheduled. ``spec``: the tokens of the speculating entries."""
         done = {f.request_id: f for f in finished}
+        if self.bitmask is not None:
+            self.bitmask.wait()  # (the matchers take tokens below: no fill may read them)
         logprobs, forks = work.logprobs, work.forks
         updates: List[SeqUpdate] = []
         failures = self._failures
@@ -419,6 +424,8 @@ class EngineCore:
         for req, _ in failures.items():  # (a matcher that raised: the others were aborted)
             self.abort_request(req)
         kept = [u for u in updates if u.req.request_id not in failed] if failures else updates
+        if self.bitmask is not None:  # the next bitmask, filled while the host goes on
+            self.bitmask.prefetch([u.seq for u in kept])
         return StepResult(now, kept, [d for _, _, d in work.prompt_logprobs], failures)
 
     def _fork_children(

@@ -9,11 +9,13 @@ does not. A spec xgrammar refuses raises ``ValueError`` naming ``structured_outp
 the server answers 400.
 
 Each sample (n > 1: each of them) owns a ``GrammarMatcher``, advanced on every token the engine
-accepts. Before sampling, the rows' allowed tokens are filled into a CPU bitmask (while the
-device still runs the forward) and applied to the logits in place by xgrammar's
-``apply_token_bitmask_inplace``. A matcher that reaches its grammar's end finishes the sample.
-Preemption by recompute keeps a sample's output tokens, so its matcher stays valid; a matcher
-that has seen fewer tokens than its sample (a sample created mid-way) is rebuilt from them.
+accepts. The rows' allowed tokens are filled into a CPU bitmask in a worker thread as soon as the
+matchers took the previous step's tokens (while the host processes outputs and schedules and
+the device runs the forward: structured_bitmask.py), copied to the device without a host wait
+and applied to the logits in place by xgrammar's ``apply_token_bitmask_inplace``. A matcher that
+reaches its grammar's end finishes the sample. Preemption by recompute keeps a sample's output
+tokens, so its matcher stays valid; a matcher that has seen fewer tokens than its sample (a
+sample created mid-way) is rebuilt from them.
 """
 
 from __future__ import annotations
@@ -207,16 +209,24 @@ class GrammarCache:
         return self._xgr.GrammarMatcher(compiled)
 
     # ---------------------------------------------------------------- bitmask
-    def fill_bitmask(self, matchers: Sequence[Any]) -> Optional[torch.Tensor]:
-        """[rows, vocab/32] int32 bitmask on the CPU (rows without a matcher allow every
-        token), or None when no row is constrained. CPU work, done while the device runs.
-        One batched xgrammar call over every live matcher: it spreads the rows over threads
-        and measured 3.6 ms -> 0.25 ms for 64 JSON-schema rows on 2 cores (one call per row
-        cost more than a SmolLM2 decode step on the H200, so JSON ran 38 % slower)."""
+    def fill_bitmask(
+        self, matchers: Sequence[Any], out: Optional[torch.Tensor] = None
+    ) -> Optional[torch.Tensor]:
+        """[rows, vocab/32] int32 bitmask on the CPU (rows without a matcher, or whose matcher
+        has terminated, allow every token), or None when no row is constrained; written into
+        ``out`` when given (a contiguous [rows, vocab/32] int32 CPU tensor). One batched
+        xgrammar call over every live matcher: it spreads the rows over threads and measured
+        3.6 ms -> 0.25 ms for 64 JSON-schema rows on 2 cores (one call per row cost more than
+        a SmolLM2 decode step on the H200). The engine runs it in a worker thread
+        (structured_bitmask.py): the batch fill releases the GIL."""
         if all(m is None for m in matchers):
             return None
         xgr = self._xgr
-        mask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        if out is None:
+            mask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        else:
+            mask = out
+            mask.fill_(-1)
         rows = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
         if rows:
             if self._batch is None:
@@ -228,7 +238,8 @@ class GrammarCache:
         return mask
 
     def apply_bitmask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
-        """Disallowed tokens -> -inf, in place (logits: [rows, >= vocab] float32)."""
+        """Disallowed tokens -> -inf, in place (logits: [rows, >= vocab] float32; ``mask``
+        already on the logits' device where the engine calls it: structured_bitmask.py)."""
         self._xgr.apply_token_bitmask_inplace(
             logits,
             mask.to(logits.device, non_blocking=True),
