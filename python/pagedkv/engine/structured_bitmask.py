@@ -63,26 +63,30 @@ class StructuredBitmask:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="pagedkv-bitmask")
         rows: _Rows = {id(s): (i, s.matcher, len(s.token_ids)) for i, s in enumerate(seqs)}
+        # Everything but xgrammar's call is done here, so that the worker holds the GIL for
+        # as short as possible (a thread waiting for the GIL may wait the 5 ms switch interval).
+        last = self._copied.pop("_filled", None)
+        if last is not None:  # (the last copy out of the buffer: done in practice)
+            last.synchronize()
         host = self._buffer("_filled")
+        host[: len(seqs)].fill_(-1)
+        live = [i for i, s in enumerate(seqs) if not s.matcher.is_terminated()]
         started = threading.Event()
         pending = self._worker.submit(
-            self._fill, [s.matcher for s in seqs], host, self._copied.get("_filled"), started
+            self._fill, [seqs[i].matcher for i in live], host, live, started
         )
         self._pending = (pending, rows, host)
-        # Hand the GIL over once the fill runs in C++ (without it): otherwise the worker may
-        # wait for the main thread's switch interval (5 ms) before it can even start.
+        # Hand the GIL over once the worker runs (it takes it, then xgrammar releases it in
+        # C++): otherwise it may wait for the main thread's switch interval before it starts.
         started.wait()
 
     def _fill(
-        self, matchers: List[Any], host: torch.Tensor, after: Any, started: threading.Event
+        self, matchers: List[Any], host: torch.Tensor, live: List[int], started: threading.Event
     ) -> None:
-        """Worker thread: the bitmask rows of ``matchers`` into ``host``."""
-        try:
-            if after is not None:
-                after.synchronize()  # (the last copy out of this buffer, long done in practice)
-        finally:
-            started.set()
-        self.grammars.fill_bitmask(matchers, out=host[: len(matchers)])
+        """Worker thread: the bitmask rows ``live`` of ``host`` from ``matchers``."""
+        started.set()
+        if matchers:
+            self.grammars.fill_rows(matchers, host, live)
 
     def wait(self) -> Tuple[_Rows, Optional[torch.Tensor]]:
         """Waits for the prefetch under way: its rows and the host bitmask holding them ({}

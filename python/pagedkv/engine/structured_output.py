@@ -221,21 +221,25 @@ class GrammarCache:
         (structured_bitmask.py): the batch fill releases the GIL."""
         if all(m is None for m in matchers):
             return None
-        xgr = self._xgr
         if out is None:
-            mask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+            mask = self._xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
         else:
             mask = out
             mask.fill_(-1)
         rows = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
         if rows:
-            if self._batch is None:
-                # (no more threads than the machine has: xgrammar warns and clamps)
-                self._batch = xgr.BatchGrammarMatcher(
-                    max_threads=max(1, min(self._threads, os.cpu_count() or 1))
-                )
-            self._batch.batch_fill_next_token_bitmask([matchers[i] for i in rows], mask, rows)
+            self.fill_rows([matchers[i] for i in rows], mask, rows)
         return mask
+
+    def fill_rows(self, matchers: Sequence[Any], mask: torch.Tensor, rows: List[int]) -> None:
+        """The bitmask of each (live) matcher into its row of ``mask``: xgrammar's batch call
+        alone (it releases the GIL), for fill_bitmask and the engine's worker thread."""
+        if self._batch is None:
+            # (no more threads than the machine has: xgrammar warns and clamps)
+            self._batch = self._xgr.BatchGrammarMatcher(
+                max_threads=max(1, min(self._threads, os.cpu_count() or 1))
+            )
+        self._batch.batch_fill_next_token_bitmask(list(matchers), mask, rows)
 
     def apply_bitmask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
         """Disallowed tokens -> -inf, in place (logits: [rows, >= vocab] float32; ``mask``

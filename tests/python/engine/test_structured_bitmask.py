@@ -166,7 +166,7 @@ class _Timeline:
 
         wrap(ModelRunner, "execute", "launch")
         wrap(StructuredBitmask, "take", "take")
-        wrap(GrammarCache, "fill_bitmask", "fill")
+        wrap(GrammarCache, "fill_rows", "fill")
         for name in ("item", "tolist", "cpu", "numpy"):
             self._count_reads(monkeypatch, name, main)
 
