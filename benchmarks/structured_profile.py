@@ -5,8 +5,8 @@ fraction).
 
 Modes, on one engine: ``plain`` (the twin: same prompts, temperature 0.8, max_tokens, EOS
 ignored), ``json`` (every request under benchmarks/structured_throughput.py's schema) and
-``json_noprefetch`` (the same with the bitmask prefetch off: every row filled on the main
-thread when the step samples, the engine before structured_bitmask.py). Host timers wrap the
+``json_noprefetch`` (the same with the bitmask prefetch off: every row is filled on the main
+thread when the step samples, as before structured_bitmask.py). Host timers wrap the
 engine's methods (total seconds per step, main thread and bitmask worker apart); the trace runs
 separately so that its overhead does not enter the timers. Writes ``profile.json``, the
 profiler tables and chrome traces to --out.
@@ -39,6 +39,7 @@ TIMED = [
     ("pagedkv.engine.sampler.Sampler", "__call__", "sampler"),
     ("pagedkv.engine.output_processor.OutputProcessor", "process", "output processing"),
     ("pagedkv.engine.structured_bitmask.StructuredBitmask", "prefetch", "bitmask.prefetch"),
+    ("pagedkv.engine.structured_bitmask.StructuredBitmask", "accept_queued", "matchers accept"),
     ("pagedkv.engine.structured_bitmask.StructuredBitmask", "take", "bitmask.take"),
     ("pagedkv.engine.structured_bitmask.StructuredBitmask", "wait", "bitmask.wait (blocked)"),
     ("pagedkv.engine.structured_output.GrammarCache", "fill_rows", "xgrammar fill"),

@@ -39,7 +39,7 @@ from pagedkv.engine.sampler import Sampler
 from pagedkv.engine.spec_decode.speculator import Speculator, emitted_arrays
 from pagedkv.engine.step_sampling import Entry, StepSampling, TokenLogprob
 from pagedkv.engine.structured_bitmask import StructuredBitmask
-from pagedkv.engine.structured_output import GrammarCache, advance
+from pagedkv.engine.structured_output import GrammarCache
 from pagedkv.lora.admission import LoRAAdmission
 
 
@@ -391,12 +391,14 @@ class EngineCore:
         the scheduler finished gets its reason (with its last token). Skips sequences finished
         since the step was scheduled. ``spec``: the tokens of the speculating entries."""
         done = {f.request_id: f for f in finished}
-        if self.bitmask is not None:
-            self.bitmask.wait()  # (the matchers take tokens below: no fill may read them)
         logprobs, forks = work.logprobs, work.forks
         updates: List[SeqUpdate] = []
         failures = self._failures
         failed = failures.request_ids  # (live: _append's matcher guard may add to it)
+        bitmask = self.bitmask
+        if bitmask is not None:
+            bitmask.drop_queued()
+        stops = bitmask.grammars.stop_token_ids if bitmask is not None else ()
         for i, tok in enumerate(tokens.tolist()):
             entry = entries[i]
             if tok < 0 or entry is None:
@@ -410,10 +412,12 @@ class EngineCore:
             toks = spec.get(i) if spec else None
             if toks is None:
                 fin = done.get(seq.sched_id) if done else None
-                if lp is None and fin is None and seq.matcher is None:
+                if lp is None and fin is None and (seq.matcher is None or tok not in stops):
                     # The common decode token (what _append does with nothing to record): no
                     # call per sequence per step on a batch-256 decode.
                     seq.token_ids.append(tok)
+                    if seq.matcher is not None:  # (a constrained one, that does not end it)
+                        bitmask.accept_later(req, seq, tok)  # type: ignore[union-attr]
                     updates.append(SeqUpdate(req, seq, tok, None, False))
                 else:
                     updates.append(self._append(req, seq, tok, lp, fin))
@@ -421,11 +425,15 @@ class EngineCore:
             fin = done.get(seq.sched_id)
             for j, t in enumerate(toks):  # (a speculating sequence has no logprobs)
                 updates.append(self._append(req, seq, t, None, fin if j == len(toks) - 1 else None))
+        if bitmask is not None:  # the matchers take the step's tokens, in one call
+            for req, exc in bitmask.accept_queued():
+                with failures.guard(req):  # (a refused token: sampled outside the bitmask)
+                    raise exc
         for req, _ in failures.items():  # (a matcher that raised: the others were aborted)
             self.abort_request(req)
         kept = [u for u in updates if u.req.request_id not in failed] if failures else updates
-        if self.bitmask is not None:  # the next bitmask, filled while the host goes on
-            self.bitmask.prefetch([u.seq for u in kept])
+        if bitmask is not None:  # tokens taken and the next bitmask filled while the host goes on
+            bitmask.prefetch([u.seq for u in kept])
         return StepResult(now, kept, [d for _, _, d in work.prompt_logprobs], failures)
 
     def _fork_children(
@@ -456,11 +464,12 @@ class EngineCore:
                 seq.cumulative_logprob += lp[0]
             if seq.logprobs is not None and lp[1] is not None:
                 seq.logprobs.append(lp[1])
-        # The matcher takes every token before the next step's bitmask is filled from it.
+        # The matcher takes every token before the next step's bitmask is filled from it (in
+        # the bitmask worker); a token that ends the grammar is one of its stop tokens.
         ended = False
         if seq.matcher is not None:
-            with self._failures.guard(req):
-                ended = advance(seq.matcher, tok)
+            assert self.bitmask is not None
+            ended = self.bitmask.accept_later(req, seq, tok)
         if fin is not None:
             seq.finish_reason, seq.stop_reason = fin.reason, fin.stop_token_id
             self.seq_owner.pop(seq.sched_id or "", None)

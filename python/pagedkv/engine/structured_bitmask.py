@@ -3,16 +3,19 @@ critical path and applied on the device without a host wait.
 
 A decode step of a small model is mostly host work (schedule, metadata, launch, sampling,
 output processing), so filling the bitmask on the main thread, even while the device runs the
-forward, lengthens every step by the fill. Instead, as soon as the matchers took a step's
-tokens (EngineCore._apply), ``prefetch`` starts filling the next bitmask for those sequences in
-a worker thread: xgrammar's batch fill runs in C++ without the GIL, so it proceeds while the
-main thread processes the outputs, schedules and launches the next forward. ``take`` then hands
-the sampled rows their rows of that bitmask (a row filled from a matcher that has taken every
-token of its sample; any other row is filled there and then), copied from a pinned buffer into
-a persistent device buffer without waiting for the device, for xgrammar's in-place kernel.
+forward, lengthens every step by the fill. Instead, once a step's tokens are applied
+(EngineCore._apply: ``accept_later`` queues each constrained token, whether it ends its grammar
+is known from the grammar's stop tokens; ``accept_queued`` has the matchers take them in one
+xgrammar call), ``prefetch`` starts filling the next bitmask of the running sequences in a
+worker thread: xgrammar's batch fill runs in C++ without the GIL, while the main thread
+processes the outputs, schedules and launches the next forward. ``take`` then hands the sampled
+rows their rows of that bitmask (a row filled from a matcher that has taken every token of its
+sample; any other row is filled there and then), copied from a pinned buffer into a persistent
+device buffer without waiting for the device, for xgrammar's in-place kernel.
 
-The matchers must not change while a fill runs: ``wait`` comes before any matcher takes a
-token.
+The tokens are taken on the main thread: a worker that must take the GIL back between two
+xgrammar calls waits up to the interpreter's switch interval (5 ms) for a busy main thread.
+The matchers are the worker's from ``prefetch`` until ``wait`` (take() waits).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from pagedkv.engine.model_runner import to_device
-from pagedkv.engine.request_state import SeqState
-from pagedkv.engine.structured_output import GrammarCache
+from pagedkv.engine.request_state import RequestState, SeqState
+from pagedkv.engine.structured_output import GrammarCache, accept_tokens, refused_token_error
 
 # id(seq) -> (its row in the prefetched bitmask, its matcher, how many tokens it had taken)
 _Rows = Dict[int, Tuple[int, Any, int]]
@@ -51,11 +54,40 @@ class StructuredBitmask:
         self._copied: Dict[str, Any] = {}
         self._device: Dict[str, torch.Tensor] = {}  # str(device) -> [max_rows, words] int32
         self.prefetched = 0  # rows served from a prefetch (tests and benchmarks read it)
+        # (request, matcher, token) applied since accept_queued last ran
+        self._accepts: List[Tuple[RequestState, Any, int]] = []
+
+    # ------------------------------------------------------------------ tokens
+    def accept_later(self, req: RequestState, seq: SeqState, token: int) -> bool:
+        """Queues ``token`` for ``seq``'s matcher (taken by accept_queued); True when it ends
+        the grammar (the sample is complete: a matcher terminates exactly on a stop token)."""
+        self._accepts.append((req, seq.matcher, token))
+        return token in self.grammars.stop_token_ids
+
+    def drop_queued(self) -> None:
+        """Forgets tokens queued by a step that failed while applying them (its requests were
+        aborted); waits for the worker, which is then done with the matchers."""
+        self.wait()
+        self._accepts = []
+
+    def accept_queued(self) -> List[Tuple[RequestState, Exception]]:
+        """The matchers take the queued tokens (one xgrammar call); returns the requests whose
+        matcher refused its token (sampled outside its bitmask: an engine bug), with the
+        error."""
+        self.wait()
+        accepts, self._accepts = self._accepts, []
+        if not accepts:
+            return []
+        try:
+            bad = accept_tokens([m for _, m, _ in accepts], [t for _, _, t in accepts])
+        except Exception as exc:  # every matcher in doubt: their requests fail
+            return [(req, exc) for req, _, _ in accepts]
+        return [(accepts[i][0], refused_token_error(accepts[i][2])) for i in bad]
 
     # ------------------------------------------------------------------ prefetch
     def prefetch(self, seqs: Sequence[SeqState]) -> None:
-        """Starts filling the next bitmask of ``seqs`` (their matchers took every token so far)
-        in the worker thread."""
+        """Starts filling the next bitmask of ``seqs`` (those still running; their matchers
+        took every token so far) in the worker thread."""
         self.wait()
         seqs = [s for s in seqs if s.matcher is not None and not s.finished][: self.max_rows]
         if not seqs:
@@ -64,7 +96,7 @@ class StructuredBitmask:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="pagedkv-bitmask")
         rows: _Rows = {id(s): (i, s.matcher, len(s.token_ids)) for i, s in enumerate(seqs)}
         # Everything but xgrammar's call is done here, so that the worker holds the GIL for
-        # as short as possible (a thread waiting for the GIL may wait the 5 ms switch interval).
+        # as short as possible.
         last = self._copied.pop("_filled", None)
         if last is not None:  # (the last copy out of the buffer: done in practice)
             last.synchronize()
@@ -76,8 +108,8 @@ class StructuredBitmask:
             self._fill, [seqs[i].matcher for i in live], host, live, started
         )
         self._pending = (pending, rows, host)
-        # Hand the GIL over once the worker runs (it takes it, then xgrammar releases it in
-        # C++): otherwise it may wait for the main thread's switch interval before it starts.
+        # Hand the GIL over until the worker is in xgrammar's call (which releases it):
+        # otherwise it may wait the interpreter's switch interval (5 ms) to start.
         started.wait()
 
     def _fill(
@@ -123,7 +155,7 @@ class StructuredBitmask:
         n = len(seqs)
         self.prefetched += sum(i >= 0 for i in src)
         if filled is not None and n <= self.max_rows and src == list(range(n)):
-            return self._to_device("_filled", filled[:n], device)
+            return self._to_device("_filled", filled[:n], device)  # (the prefetch, in order)
         if n > self.max_rows:
             host = torch.full((n, self.words), -1, dtype=torch.int32)
         else:

@@ -9,13 +9,11 @@ does not. A spec xgrammar refuses raises ``ValueError`` naming ``structured_outp
 the server answers 400.
 
 Each sample (n > 1: each of them) owns a ``GrammarMatcher``, advanced on every token the engine
-accepts. The rows' allowed tokens are filled into a CPU bitmask in a worker thread as soon as the
-matchers took the previous step's tokens (while the host processes outputs and schedules and
-the device runs the forward: structured_bitmask.py), copied to the device without a host wait
-and applied to the logits in place by xgrammar's ``apply_token_bitmask_inplace``. A matcher that
-reaches its grammar's end finishes the sample. Preemption by recompute keeps a sample's output
-tokens, so its matcher stays valid; a matcher that has seen fewer tokens than its sample (a
-sample created mid-way) is rebuilt from them.
+accepts (one batched call per step). The next bitmask is filled in a worker thread while the
+host processes outputs and schedules and the device runs the forward (structured_bitmask.py);
+it goes to the device without a host wait and is applied to the logits in place by
+xgrammar's ``apply_token_bitmask_inplace``. A matcher that reaches its grammar's end finishes
+the sample. Preemption by recompute keeps a sample's output tokens, so its matcher stays valid.
 """
 
 from __future__ import annotations
@@ -148,6 +146,7 @@ class GrammarCache:
         self._cache: Dict[Tuple[str, str, bool, bool], Any] = {}
         self._lock = threading.Lock()
         self._batch: Any = None  # xgrammar's BatchGrammarMatcher, made at the first fill
+        self.stop_token_ids: frozenset = frozenset()  # (known once the compiler is built)
 
     def _compiler_ready(self) -> Any:
         with self._lock:
@@ -159,6 +158,8 @@ class GrammarCache:
                     self._hf, vocab_size=self.vocab_size, stop_token_ids=self._stop or None
                 )
                 self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads)
+                # The tokens that end a grammar: a matcher terminates exactly when it takes one.
+                self.stop_token_ids = frozenset(int(t) for t in info.stop_token_ids)
             return self._compiler
 
     def get(self, spec: StructuredOutputsParams) -> Any:
@@ -251,17 +252,20 @@ class GrammarCache:
         )
 
 
-def advance(matcher: Any, token: int) -> bool:
-    """Feeds an accepted token to the sample's matcher; True when the grammar has ended (the
-    sample must finish). A token the matcher refuses (it cannot be sampled under the mask) is
-    an engine bug: raised, so the step fails loudly instead of producing invalid output."""
-    if matcher.is_terminated():
-        return True
-    if not matcher.accept_token(int(token)):
-        raise RuntimeError(
-            f"structured output: token {token} was sampled but the grammar does not allow it"
-        )
-    return bool(matcher.is_terminated())
+def accept_tokens(matchers: Sequence[Any], tokens: Sequence[int]) -> List[int]:
+    """Each matcher takes its token, in one xgrammar call (C++, without the GIL); the
+    positions of those refused (a token sampled under the mask is always taken: a refusal is
+    an engine bug)."""
+    import xgrammar as xgr
+
+    taken = xgr.BatchGrammarMatcher.batch_accept_token(list(matchers), list(tokens))
+    return [i for i, ok in enumerate(taken) if not ok]
+
+
+def refused_token_error(token: int) -> RuntimeError:
+    return RuntimeError(
+        f"structured output: token {token} was sampled but the grammar does not allow it"
+    )
 
 
 def apply_logits_processors(

@@ -12,6 +12,7 @@ wait for the device), and the tokens equal those of the same engine with the pre
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, Dict, List
@@ -22,6 +23,7 @@ from support.deps import need
 torch = need("torch")
 need("transformers")
 need("xgrammar")
+jsonschema = need("jsonschema")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.engine.model_runner import ModelRunner  # noqa: E402
@@ -100,14 +102,40 @@ def test_take_matches_xgrammar_fill(grammars: GrammarCache) -> None:
     assert bitmask.take([free, None], cpu) is None  # nothing constrained
 
 
+def test_tokens_queued_then_taken_in_one_call(grammars: GrammarCache) -> None:
+    # accept_later queues the token (whether it ends the grammar is known at once: one of the
+    # grammar's stop tokens); accept_queued has the matchers take them before the next fill.
+    choice = grammars.get(StructuredOutputsParams(choice=["ab", "cd"]))
+    seq, ref = _seq(grammars, choice, []), grammars.matcher(choice)
+    bitmask = StructuredBitmask(grammars, max_rows=4)
+    req: Any = object()  # (only handed back with a refusal)
+    first = grammars.fill_bitmask([ref])
+    assert first is not None
+    tok = _first_allowed(first)
+    assert ref.accept_token(tok)
+    assert not bitmask.accept_later(req, seq, tok)
+    seq.token_ids.append(tok)
+    assert bitmask.accept_queued() == []
+    bitmask.prefetch([seq])
+    got = bitmask.take([seq], torch.device("cpu"))
+    assert got is not None and bitmask.prefetched == 1
+    assert torch.equal(got, grammars.fill_bitmask([ref]))
+    eos = next(iter(grammars.stop_token_ids))
+    # A token the matcher refuses (sampled outside its bitmask: an engine bug) is reported
+    # with its request.
+    assert bitmask.accept_later(req, _seq(grammars, choice, []), eos)  # (ends it? known: yes)
+    refused = bitmask.accept_queued()
+    assert [r for r, _ in refused] == [req] and "does not allow" in str(refused[0][1])
+
+
 SCHEMA = {
     "type": "object",
     "properties": {
         "color": {"enum": ["red", "green", "blue"]},
-        "count": {"type": "integer", "minimum": 0, "maximum": 999},
-        "tag": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        "ok": {"type": "boolean"},
     },
-    "required": ["color", "count", "tag"],
+    "required": ["color", "count", "ok"],
 }
 
 
@@ -123,7 +151,7 @@ def llm(tmp_path_factory) -> LLM:
 def _params() -> List[SamplingParams]:
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     constrained = [
-        SamplingParams(temperature=0.8, max_tokens=24, seed=i, structured_outputs=so)
+        SamplingParams(temperature=0.8, max_tokens=32, seed=i, structured_outputs=so)
         for i in range(3)
     ]
     return constrained + [SamplingParams(temperature=0.8, max_tokens=12, seed=9)]
@@ -132,6 +160,13 @@ def _params() -> List[SamplingParams]:
 def _tokens(llm: LLM) -> List[List[int]]:
     prompts = [f"Give me record {i} as JSON:" for i in range(4)]
     outs = llm.generate(prompts, _params(), use_tqdm=False)
+    for o in outs[:3]:  # (a random model: the bounded schema completes or is cut by length)
+        c = o.outputs[0]
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.text), SCHEMA)
+        else:
+            assert c.finish_reason == "length"
+    assert sum(o.outputs[0].finish_reason == "stop" for o in outs[:3]) >= 1
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -192,7 +227,8 @@ def test_fill_runs_off_the_main_thread_before_the_launch(
         got = _tokens(llm)
         monkeypatch.undo()
         assert core.bitmask is not None
-        monkeypatch.setattr(core.bitmask, "prefetch", lambda seqs: None)  # every row at take
+        # Every row filled at take(), on the main thread.
+        monkeypatch.setattr(core.bitmask, "prefetch", lambda seqs: None)
         assert _tokens(llm) == got  # the prefetch changes no token
     finally:
         core.set_async_scheduling(False)
