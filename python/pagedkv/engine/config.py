@@ -52,6 +52,7 @@ _BOOL_FIELDS = (
     "disable_log_stats",
     "enable_lora",
     "async_scheduling",
+    "disable_cascade_attn",
 )
 
 
@@ -84,6 +85,11 @@ class EngineConfig:
     # Schedule and launch step N+1 while the device runs step N (vLLM's async scheduling,
     # SGLang's overlap scheduler): the serial loop's outputs, less device idle time.
     async_scheduling: bool = False
+    # vLLM's switch for cascade attention: decode rows whose contexts start with the same cached
+    # blocks (a shared system prompt, parallel samples) attend to those blocks once for all of
+    # them (pagedkv.cascade), in eager steps and CUDA graphs, where the decode has the balanced
+    # kernel it runs on (Hopper, the CPU).
+    disable_cascade_attn: bool = False
     served_model_name: Optional[str] = None
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs have no text
     # Most logprobs / prompt_logprobs a request may ask for (vLLM's default 20; -1: the vocab).

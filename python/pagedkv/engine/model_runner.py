@@ -17,6 +17,7 @@ import torch
 
 from pagedkv import ops
 from pagedkv.balanced_decode import GRAPH_SCHEDULE, target_items
+from pagedkv.cascade import CascadeDecode
 from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.decode_plans import StepPlans
@@ -228,14 +229,22 @@ class ModelRunner:
         )
 
     def _step_plans(self) -> Optional[StepPlans]:
-        """The balanced decode's plans where the decode runs on the Hopper kernel (the one with
-        a balanced variant), else None. Eager steps choose per step ("auto"); CUDA graphs keep
-        the partition split (balanced_decode.GRAPH_SCHEDULE)."""
-        if self.device.type != "cuda" or not self.kv_caches:
+        """The decode plans where the decode kernel has a balanced variant (the Hopper decode,
+        the CPU's), else None: the balanced plans on the Hopper decode (eager steps choose per
+        step, "auto"; CUDA graphs keep the partition split, balanced_decode.GRAPH_SCHEDULE), the
+        cascade over shared prefixes on both unless disable_cascade_attn."""
+        if not self.kv_caches:
             return None
         q = torch.empty(1, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
         cache = self.kv_caches[0][0]
-        if ops.decode_kernel(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype) != "hopper":
+        kernel = ops.decode_kernel(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
+        if kernel not in ("hopper", "cpu"):
+            return None
+        cascade = None
+        if not self.cfg.disable_cascade_attn:
+            rows = q.new_empty((self.cfg.max_num_seqs, self.num_heads, self.head_dim))
+            cascade = CascadeDecode(rows, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
+        if kernel == "cpu" and cascade is None:
             return None
         target = target_items(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
         return StepPlans(
@@ -244,7 +253,11 @@ class ModelRunner:
             self.head_dim,
             target,
             self.device,
+            # The CPU keeps the partition split (the balanced plans' rule is the GPU's).
+            schedule="auto" if kernel == "hopper" else "partition",
             graphs=GRAPH_SCHEDULE,
+            cascade=cascade,
+            max_blocks=-(-self.max_model_len // self.block_size),
         )
 
     def _cache_dtype_name(self) -> str:

@@ -150,6 +150,12 @@ ENGINE_FLAGS = (
     ),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
     Flag(
+        "disable_cascade_attn",
+        False,
+        "no cascade attention: decode rows sharing cached prefix blocks read them each",
+        kind="switch",
+    ),
+    Flag(
         "async_scheduling",
         False,
         "schedule and launch the next step while the device runs the current one",

@@ -1,0 +1,70 @@
+"""The engine's cascade decode on the CPU: requests on one cached system prompt (the prefix cache
+shares its blocks) with user turns of different lengths give the same greedy tokens and
+log-probabilities with the cascade on (the default) and off (disable_cascade_attn=True), for
+several block sizes; the cascade ran on the decode steps and every block came back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.deps import need
+from support.engine import assert_no_leak
+
+torch = need("torch")
+
+from pagedkv import LLM, SamplingParams  # noqa: E402
+from pagedkv.testing import save_random_model  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return save_random_model(
+        str(tmp_path_factory.mktemp("tiny_cascade")),
+        "tiny-llama",
+        seed=7,
+        tokenizer=False,
+        head_dim=32,
+        vocab_size=512,
+        max_position_embeddings=1024,
+    )
+
+
+def _run(model_dir: str, prompts: list, block_size: int, disable: bool):
+    llm = LLM(
+        model_dir,
+        device="cpu",
+        skip_tokenizer_init=True,
+        block_size=block_size,
+        max_model_len=512,
+        kv_cache_space=0.05,
+        disable_cascade_attn=disable,
+    )
+    llm.generate([prompts[0]], SamplingParams(max_tokens=1), use_tqdm=False)  # cache the prompt
+    params = [
+        SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True, logprobs=2)
+        for i in range(len(prompts))
+    ]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    plans = llm.llm_engine.runner.step_plans
+    assert_no_leak(llm)
+    return outs, (0 if plans is None else plans.cascade_layers)
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_cascade_on_off_same_outputs(model_dir: str, block_size: int) -> None:
+    rng = np.random.default_rng(block_size)
+    system = rng.integers(3, 500, 200).tolist()
+    # Suffix lengths 1..17 and 9 requests: some end their prompt inside a block, others
+    # across one; they stop at different steps (the plans refill for fewer rows, and below the
+    # rule's 4 rows the plain decode takes over).
+    prompts = [system + rng.integers(3, 500, n).tolist() for n in (1, 5, 17, 2, 9, 13, 3, 8, 16)]
+    on, on_layers = _run(model_dir, prompts, block_size, disable=False)
+    off, off_layers = _run(model_dir, prompts, block_size, disable=True)
+    assert on_layers > 0 and off_layers == 0
+    for a, b in zip(on, off):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            for tid, lp in la.items():
+                assert abs(lp.logprob - lb[tid].logprob) < 1e-4
