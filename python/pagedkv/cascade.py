@@ -25,16 +25,20 @@ from pagedkv import ops
 from pagedkv.balanced_decode import BalancedDecode, target_items
 
 # The engine's rule: a decode step runs the cascade where at least CASCADE_MIN_SEQS sequences
-# share a prefix that covers at least CASCADE_MIN_SHARE of the keys they read (the reads it
-# saves: every sequence but one skips the prefix).
+# share a prefix of at least CASCADE_MIN_PREFIX keys that covers at least CASCADE_MIN_SHARE of
+# the keys they read (the reads it saves: every sequence but one skips the prefix). Below 256
+# shared keys the two extra passes and the merge cost more than the reads they save (vLLM's
+# use_cascade_attention has the same floor); gpu_attention.py's cascade table has the shapes
+# 4 x (256 + 32) and 8 x (1024 + 64) at the rule's low end (not yet measured there).
 CASCADE_MIN_SEQS = 4
+CASCADE_MIN_PREFIX = 256
 CASCADE_MIN_SHARE = 0.5
 
 
 def shared_prefix_blocks(seq_lens: Any, block_tables: Any, block_size: int) -> int:
     """Leading blocks every sequence of the batch has in common (the same physical blocks: the
     prefix cache's sharing), whole and filled in all of them; 0 where the batch does not pass
-    the engine's rule (CASCADE_MIN_SEQS, CASCADE_MIN_SHARE)."""
+    the engine's rule (CASCADE_MIN_SEQS, CASCADE_MIN_PREFIX, CASCADE_MIN_SHARE)."""
     lens = np.asarray(seq_lens, dtype=np.int64)
     tables = np.asarray(block_tables)
     if lens.shape[0] < CASCADE_MIN_SEQS:
@@ -42,6 +46,8 @@ def shared_prefix_blocks(seq_lens: Any, block_tables: Any, block_size: int) -> i
     n = min(int(lens.min()) // block_size, tables.shape[1])
     same = (tables[:, :n] == tables[:1, :n]).all(axis=0)
     blocks = int(n if same.all() else np.argmin(same))
+    if blocks * block_size < CASCADE_MIN_PREFIX:
+        return 0
     if blocks * block_size * lens.shape[0] < CASCADE_MIN_SHARE * lens.sum():
         return 0
     return blocks

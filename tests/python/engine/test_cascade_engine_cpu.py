@@ -55,7 +55,7 @@ def _run(model_dir: str, prompts: list, block_size: int, disable: bool):
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_cascade_on_off_same_outputs(model_dir: str, block_size: int) -> None:
     rng = np.random.default_rng(block_size)
-    system = rng.integers(3, 500, 200).tolist()
+    system = rng.integers(3, 500, 300).tolist()
     # Suffix lengths 1..17 and 9 requests: some end their prompt inside a block, others
     # across one; they stop at different steps (the plans refill for fewer rows, and below the
     # rule's 4 rows the plain decode takes over).

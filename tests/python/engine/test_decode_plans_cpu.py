@@ -80,10 +80,13 @@ def _plans(kv: torch.Tensor, max_seqs: int, max_blocks: int, **kw) -> StepPlans:
 
 def test_shared_prefix_rule() -> None:
     t = np.array([[5, 6, 7, 8], [5, 6, 9, 10], [5, 6, 7, 11], [5, 6, 12, 13]], np.int32)
-    assert shared_prefix_blocks([64, 64, 64, 64], t, 16) == 2  # 2 of 4 blocks: half the reads
-    assert shared_prefix_blocks([64, 64, 64], t[:3], 16) == 0  # fewer than 4 sequences
-    assert shared_prefix_blocks([20, 64, 64, 64], t, 16) == 0  # a sequence fills only block 0
-    assert shared_prefix_blocks([64, 64, 64, 640], t, 16) == 0  # the prefix is a small share
+    assert shared_prefix_blocks([512, 512, 512, 512], t, 128) == 2  # half the reads
+    assert shared_prefix_blocks([512, 512, 512], t[:3], 128) == 0  # fewer than 4 sequences
+    assert shared_prefix_blocks([200, 512, 512, 512], t, 128) == 0  # a sequence fills block 0 only
+    assert shared_prefix_blocks([512, 512, 512, 5120], t, 128) == 0  # the prefix: a small share
+    assert shared_prefix_blocks([64, 64, 64, 64], t, 16) == 0  # 32 keys: under the 256 floor
+    t16 = np.tile(np.arange(20, dtype=np.int32), (4, 1))
+    assert shared_prefix_blocks([300] * 4, t16, 16) == 18  # 18 whole blocks: 288 keys
 
 
 def test_graph_plans_fall_back_to_one_item_per_sequence() -> None:
@@ -157,15 +160,15 @@ def test_graph_cascade_refills_across_steps() -> None:
     replay gives the plain decode's output; a step below the rule's rows or without a shared
     prefix is refused (the plain graph replays it)."""
     rng = np.random.default_rng(5)
-    nblk = 120
+    nblk = 160
     kv = torch.randn(2, nblk, BS, KVH, D, generator=torch.Generator().manual_seed(2))
     plans = _plans(kv, max_seqs=8, max_blocks=40)
     graph = _GraphLike(kv, plans, bs=8, max_len=40 * BS)
     steps = [
-        (12, [192 + x for x in (1, 5, 17, 30, 2, 9, 33, 16)]),
-        (12, [192 + x for x in (2, 6, 18, 31, 3, 10)]),  # two requests finished
-        (12, [192 + x for x in (7, 19, 32, 4)]),
-        (4, [64 + x for x in (40, 3, 77, 21, 5)]),  # another prompt: 4 shared blocks
+        (17, [272 + x for x in (1, 5, 17, 30, 2, 9, 33, 16)]),
+        (17, [272 + x for x in (2, 6, 18, 31, 3, 10)]),  # two requests finished
+        (17, [272 + x for x in (7, 19, 32, 4)]),
+        (16, [256 + x for x in (40, 3, 77, 21, 5)]),  # another prompt: 16 shared blocks
     ]
     for shared, lens in steps:
         tables = _tables(rng, shared, lens, nblk)
@@ -174,9 +177,9 @@ def test_graph_cascade_refills_across_steps() -> None:
         want = _plain(kv, tables, lens, q)
         assert torch.allclose(got, want, atol=2e-6, rtol=1e-5), (shared, lens)
     assert plans.cascade_layers == 0  # graph replays: no eager cascade calls
-    lens3 = [200, 210, 220]
-    assert not plans.fill_cascade(np.array(lens3), _tables(rng, 12, lens3, nblk), 8)
-    lens4 = [200, 210, 220, 230]
+    lens3 = [300, 310, 320]
+    assert not plans.fill_cascade(np.array(lens3), _tables(rng, 17, lens3, nblk), 8)
+    lens4 = [300, 310, 320, 330]
     assert not plans.fill_cascade(np.array(lens4), _tables(rng, 0, lens4, nblk), 8)
 
 
