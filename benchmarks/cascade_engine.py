@@ -1,9 +1,10 @@
 """The engine on one shared system prompt (issue #32): 64 requests = the same ~8k-token system
 prompt + a short user turn of their own (8-40 tokens), greedy, 128-256 new tokens each, with the
-cascade on (the default: the prefix cache shares the prompt's blocks, decode steps run the
-cascade, as CUDA graphs unless --eager) and off (disable_cascade_attn=True). Prints output
-tokens/s, the median decode step (ms), how many decode steps ran the cascade, and whether the
-tokens agree (bf16: near-ties may flip after the first divergence).
+cascade on (the prefix cache shares the prompt's blocks, decode steps run the cascade: the CUDA
+graphs' cascade variant, cascade_cuda_graphs=True, or eager steps with --eager) and off
+(disable_cascade_attn=True). Prints output tokens/s, the median decode step (ms), how many decode
+steps ran the cascade, and whether the tokens agree (bf16: near-ties may flip after the first
+divergence).
 
     python benchmarks/cascade_engine.py [--requests 64] [--prefix 8192] [--eager] [--json f]
     python benchmarks/cascade_engine.py --device cpu --requests 8 --prefix 256 --min-new 4 \
@@ -51,6 +52,7 @@ def run(
         max_num_seqs=len(prompts),
         **({"gpu_memory_utilization": 0.6} if cuda else {"kv_cache_space": 1.0}),
         disable_cascade_attn=disable,
+        cascade_cuda_graphs=cuda and not (eager or disable),
     )
     eng = llm.llm_engine
     # The prompt once first, so the prefix cache holds its blocks for every request.

@@ -16,10 +16,11 @@ ModelRunner that owns it: a dropped engine is freed by reference counting, not l
 collector. (The collection before capture also takes the start-up heap off the collector's
 pending count, so a full collection, tens of ms, does not fall into the first steps.)
 
-Decode rows that share a cached prefix (StepPlans.fill_cascade: a system prompt, parallel
-samples) replay a second graph per batch size, captured on the cascade path (pagedkv.cascade:
-the shared blocks read once for all rows); its plans and block tables live in fixed buffers the
-step refills, so any shared prefix replays it. Steps without one replay the plain graph.
+With ``cascade_cuda_graphs``, decode rows that share a cached prefix (StepPlans.fill_cascade: a
+system prompt, parallel samples) replay a second graph per batch size, captured on the cascade
+path (pagedkv.cascade: the shared blocks read once for all rows); its plans and block tables live
+in fixed buffers the step refills, so any shared prefix replays it. Steps without one replay the
+plain graph.
 
 Under pipeline parallelism a stage after the first starts from the previous stage's hidden
 states: its graphs read them from one more static buffer, refilled each step like the others.
@@ -56,6 +57,7 @@ class CudaGraphRunner:
         self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
         # The balanced decode's plans (refilled before each replay where the graphs use them).
         self.step_plans = runner.step_plans
+        self.cascade = bool(runner.cfg.cascade_cuda_graphs)  # capture the cascade variant
         self.batch_sizes = capture_sizes(max_num_seqs)
         self.max_len = min(runner.max_model_len, runner.cfg.max_seq_len_to_capture)
         max_bs, dev = self.batch_sizes[-1], runner.device
@@ -125,7 +127,12 @@ class CudaGraphRunner:
     def _cascades(self, bs: int) -> bool:
         """Whether a batch of ``bs`` rows gets a cascade variant."""
         plans = self.step_plans
-        return plans is not None and plans.cascade is not None and bs >= CASCADE_MIN_SEQS
+        return (
+            self.cascade
+            and plans is not None
+            and plans.cascade is not None
+            and bs >= CASCADE_MIN_SEQS
+        )
 
     @torch.inference_mode()
     def _capture_all(self) -> None:

@@ -5,7 +5,7 @@ host lengths and block tables, used by every layer (PagedAttentionBackend._decod
 The cascade runs on eager steps and in CUDA graphs alike: its plans and block tables live in
 fixed buffers that each step refills on the host (one copy each), so a graph captured on the
 cascade path replays it for any shared prefix; the graph runner keeps that variant beside the
-plain one and picks per step (CudaGraphRunner.run)."""
+plain one and picks per step (CudaGraphRunner.run; EngineConfig.cascade_cuda_graphs)."""
 
 from __future__ import annotations
 

@@ -156,6 +156,13 @@ ENGINE_FLAGS = (
         kind="switch",
     ),
     Flag(
+        "cascade_cuda_graphs",
+        False,
+        "capture the decode CUDA graphs' cascade variant too (replayed on steps whose rows "
+        "share a cached prefix)",
+        kind="switch",
+    ),
+    Flag(
         "async_scheduling",
         False,
         "schedule and launch the next step while the device runs the current one",

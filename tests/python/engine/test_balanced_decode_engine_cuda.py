@@ -102,6 +102,7 @@ def test_shared_prompt_decode_runs_the_cascade(model_dir, eager):
             max_num_seqs=16,
             num_gpu_blocks_override=1024,
             disable_cascade_attn=disable,
+            cascade_cuda_graphs=not eager and not disable,
         )
         runner = llm.llm_engine.runner
         llm.generate([prompts[0]], SamplingParams(max_tokens=1), use_tqdm=False)  # cache it

@@ -68,3 +68,12 @@ def test_cascade_on_off_same_outputs(model_dir: str, block_size: int) -> None:
         for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             for tid, lp in la.items():
                 assert abs(lp.logprob - lb[tid].logprob) < 1e-4
+
+
+def test_cascade_cuda_graphs_needs_the_cascade_and_graphs() -> None:
+    from pagedkv.engine.config import EngineConfig
+
+    for bad in ({"disable_cascade_attn": True}, {"enforce_eager": True}):
+        with pytest.raises(ValueError, match="cascade_cuda_graphs=True"):
+            EngineConfig.from_kwargs(cascade_cuda_graphs=True, **bad)
+    EngineConfig.from_kwargs(cascade_cuda_graphs=True)
