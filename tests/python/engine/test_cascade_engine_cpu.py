@@ -31,8 +31,8 @@ def model_dir(tmp_path_factory) -> str:
     )
 
 
-def _run(model_dir: str, prompts: list, block_size: int, disable: bool):
-    llm = LLM(
+def _llm(model_dir: str, block_size: int, disable: bool, **kw) -> LLM:
+    return LLM(
         model_dir,
         device="cpu",
         skip_tokenizer_init=True,
@@ -40,7 +40,12 @@ def _run(model_dir: str, prompts: list, block_size: int, disable: bool):
         max_model_len=512,
         kv_cache_space=0.05,
         disable_cascade_attn=disable,
+        **kw,
     )
+
+
+def _run(model_dir: str, prompts: list, block_size: int, disable: bool):
+    llm = _llm(model_dir, block_size, disable)
     llm.generate([prompts[0]], SamplingParams(max_tokens=1), use_tqdm=False)  # cache the prompt
     params = [
         SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True, logprobs=2)
@@ -66,6 +71,26 @@ def test_cascade_on_off_same_outputs(model_dir: str, block_size: int) -> None:
     for a, b in zip(on, off):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            for tid, lp in la.items():
+                assert abs(lp.logprob - lb[tid].logprob) < 1e-4
+
+
+def test_parallel_samples_share_the_prompt_without_the_prefix_cache(model_dir: str) -> None:
+    """n = 5 samples of one 300-token prompt share its blocks by forking (no prefix cache): the
+    decode steps run the cascade; seeded samples give the tokens and log-probabilities of the
+    engine without it."""
+    prompt = np.random.default_rng(1).integers(3, 500, 300).tolist()
+    params = SamplingParams(n=5, temperature=0.8, seed=11, max_tokens=6, logprobs=1)
+    runs = {}
+    for disable in (False, True):
+        llm = _llm(model_dir, 16, disable, enable_prefix_caching=False)
+        runs[disable] = llm.generate([prompt], params, use_tqdm=False)[0].outputs
+        plans = llm.llm_engine.runner.step_plans
+        assert (plans is not None and plans.cascade_layers > 0) == (not disable)
+        assert_no_leak(llm)
+    for a, b in zip(runs[False], runs[True]):
+        assert a.token_ids == b.token_ids
+        for la, lb in zip(a.logprobs, b.logprobs):
             for tid, lp in la.items():
                 assert abs(lp.logprob - lb[tid].logprob) < 1e-4
 
