@@ -44,6 +44,9 @@ def shared_prefix_blocks(seq_lens: Any, block_tables: Any, block_size: int) -> i
     if lens.shape[0] < CASCADE_MIN_SEQS:
         return 0
     n = min(int(lens.min()) // block_size, tables.shape[1])
+    floor = -(-CASCADE_MIN_PREFIX // block_size)  # the blocks the rule needs at least
+    if n < floor or not (tables[:, floor - 1] == tables[0, floor - 1]).all():
+        return 0  # (the common case of unrelated rows, decided from one column)
     same = (tables[:, :n] == tables[:1, :n]).all(axis=0)
     blocks = int(n if same.all() else np.argmin(same))
     if blocks * block_size < CASCADE_MIN_PREFIX:
