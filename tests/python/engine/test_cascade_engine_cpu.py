@@ -1,7 +1,8 @@
 """The engine's cascade decode on the CPU: requests on one cached system prompt (the prefix cache
 shares its blocks) with user turns of different lengths give the same greedy tokens and
 log-probabilities with the cascade on (the default) and off (disable_cascade_attn=True), for
-several block sizes; the cascade ran on the decode steps and every block came back."""
+several block sizes and an fp8 cache; the cascade ran on the decode steps and every block came
+back."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def _llm(model_dir: str, block_size: int, disable: bool, **kw) -> LLM:
     )
 
 
-def _run(model_dir: str, prompts: list, block_size: int, disable: bool):
-    llm = _llm(model_dir, block_size, disable)
+def _run(model_dir: str, prompts: list, block_size: int, disable: bool, kv_dtype: str):
+    llm = _llm(model_dir, block_size, disable, kv_cache_dtype=kv_dtype)
     llm.generate([prompts[0]], SamplingParams(max_tokens=1), use_tqdm=False)  # cache the prompt
     params = [
         SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True, logprobs=2)
@@ -57,16 +58,16 @@ def _run(model_dir: str, prompts: list, block_size: int, disable: bool):
     return outs, (0 if plans is None else plans.cascade_layers)
 
 
-@pytest.mark.parametrize("block_size", [8, 16])
-def test_cascade_on_off_same_outputs(model_dir: str, block_size: int) -> None:
+@pytest.mark.parametrize("block_size, kv_dtype", [(8, "auto"), (16, "auto"), (16, "fp8")])
+def test_cascade_on_off_same_outputs(model_dir: str, block_size: int, kv_dtype: str) -> None:
     rng = np.random.default_rng(block_size)
     system = rng.integers(3, 500, 300).tolist()
     # Suffix lengths 1..17 and 9 requests: some end their prompt inside a block, others
     # across one; they stop at different steps (the plans refill for fewer rows, and below the
     # rule's 4 rows the plain decode takes over).
     prompts = [system + rng.integers(3, 500, n).tolist() for n in (1, 5, 17, 2, 9, 13, 3, 8, 16)]
-    on, on_layers = _run(model_dir, prompts, block_size, disable=False)
-    off, off_layers = _run(model_dir, prompts, block_size, disable=True)
+    on, on_layers = _run(model_dir, prompts, block_size, False, kv_dtype)
+    off, off_layers = _run(model_dir, prompts, block_size, True, kv_dtype)
     assert on_layers > 0 and off_layers == 0
     for a, b in zip(on, off):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
