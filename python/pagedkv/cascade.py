@@ -26,10 +26,10 @@ from pagedkv.balanced_decode import BalancedDecode, target_items
 
 # The engine's rule: a decode step runs the cascade where at least CASCADE_MIN_SEQS sequences
 # share a prefix of at least CASCADE_MIN_PREFIX keys that covers at least CASCADE_MIN_SHARE of
-# the keys they read (the reads it saves: every sequence but one skips the prefix). Below 256
-# shared keys the two extra passes and the merge cost more than the reads they save (vLLM's
-# use_cascade_attention has the same floor); gpu_attention.py's cascade table has the shapes
-# 4 x (256 + 32) and 8 x (1024 + 64) at the rule's low end (not yet measured there).
+# the keys they read (the reads it saves: every sequence but one skips the prefix). The 256-key
+# floor is vLLM's (use_cascade_attention): below it the saved reads are small next to the extra
+# launches (the stacking copy, two passes, the merge). Not measured here yet: gpu_attention.py's
+# cascade table has the rule's low end, 4 x (256 + 32) and 8 x (1024 + 64).
 CASCADE_MIN_SEQS = 4
 CASCADE_MIN_PREFIX = 256
 CASCADE_MIN_SHARE = 0.5
