@@ -15,17 +15,17 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
 start=$SECONDS
-timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda -rfEs --tb=short \
+timeout 90 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda -rfEs --tb=short \
   tests/python/kernels/test_decode_balanced_cuda.py tests/python/kernels/test_cascade_graph_cuda.py \
   tests/python/engine/test_balanced_decode_engine_cuda.py \
   tests/python/kernels/test_scale_arrays_cuda.py tests/python/kernels/test_moe_cuda.py \
   > "$OUT/cascade_tests.log" 2>&1
 echo "pytest exit $? after $((SECONDS - start)) s" | tee -a "$OUT/cascade_tests.log"
 grep -v "PytestBenchmarkWarning\|warner(\|CUDAGraph.cpp" "$OUT/cascade_tests.log" | tail -25
-timeout 45 python3 benchmarks/gpu_attention.py --cascade-only 2>&1 | tee "$OUT/cascade_kernel.log"
-timeout 75 python3 benchmarks/cascade_engine.py --json "$OUT/cascade_engine.json" 2>&1 \
+timeout 40 python3 benchmarks/gpu_attention.py --cascade-only 2>&1 | tee "$OUT/cascade_kernel.log"
+timeout 70 python3 benchmarks/cascade_engine.py --json "$OUT/cascade_engine.json" 2>&1 \
   | grep -v "^INFO\|Loading weights" | tee "$OUT/cascade_engine.log"
 timeout 60 python3 benchmarks/gpu_attention.py --decode-only 2>&1 | tee "$OUT/decode_uniform.log"
-timeout 40 python3 benchmarks/moe.py --skip-engine --skip-hf-loop --shape qwen3-30b-a3b \
+timeout 30 python3 benchmarks/moe.py --skip-engine --skip-hf-loop --shape qwen3-30b-a3b \
   --tokens 1,16,32,64,128,256 --json "$OUT/moe_auto.json" 2>&1 | tee "$OUT/moe_auto.log"
 echo "gpu_cascade_run: $((SECONDS - start)) s after the build"
