@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -412,10 +412,10 @@ class ModelRunner:
         return self.model.forward(ids, pos, backend, intermediate)
 
     @torch.inference_mode()
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """A request's images -> [num images * image_seq_length, hidden] rows (the vision
-        tower and projector, once per request)."""
-        embeds = self.model.encode_images(pixel_values.to(self.device))
+    def encode_images(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """A request's images (the HF processor's tensors) -> [placeholders, hidden] rows (the
+        vision tower and projector, once per request)."""
+        embeds = self.model.encode_images(**{k: v.to(self.device) for k, v in inputs.items()})
         return embeds.reshape(-1, embeds.shape[-1])
 
     @torch.inference_mode()

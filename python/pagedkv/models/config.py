@@ -70,6 +70,7 @@ BASE_MODELS = {
 # model); the vision tower and projector are the model class's own (models/llava.py).
 MULTIMODAL_MODELS = {
     "LlavaForConditionalGeneration": "LlamaForCausalLM",
+    "LlavaNextForConditionalGeneration": "LlamaForCausalLM",
 }
 # config.json without "architectures": model_type -> HF architecture name.
 _MODEL_TYPES = {
@@ -92,6 +93,7 @@ _MODEL_TYPES = {
     "roberta": "RobertaModel",
     "xlm-roberta": "XLMRobertaModel",
     "llava": "LlavaForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
 }
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {

@@ -106,6 +106,7 @@ def model_class(architecture: str) -> type[nn.Module]:
     from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
     from pagedkv.models.llama import LlamaForCausalLM
     from pagedkv.models.llava import LlavaForConditionalGeneration
+    from pagedkv.models.llava_next import LlavaNextForConditionalGeneration
     from pagedkv.models.mixtral import MixtralForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
     from pagedkv.models.phi3 import Phi3ForCausalLM
@@ -131,6 +132,7 @@ def model_class(architecture: str) -> type[nn.Module]:
         "RobertaModel": XLMRobertaModel,
         "XLMRobertaModel": XLMRobertaModel,
         "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+        "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
     }
     causal = SEQUENCE_CLASSIFIERS.get(architecture) or BASE_MODELS.get(architecture) or architecture
     if causal not in classes:
