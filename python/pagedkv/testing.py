@@ -870,3 +870,79 @@ def save_random_llava_next(out_dir: str, seed: int = 0) -> str:
         num_additional_image_tokens=1,
     ).save_pretrained(out_dir)
     return out_dir
+
+
+# Qwen2-VL (models/qwen2_vl.py): its vision tokens, added to the SmolLM2 tokenizer.
+QWEN2_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def save_random_qwen2_vl(out_dir: str, seed: int = 0) -> str:
+    """Writes a tiny random Qwen2VLForConditionalGeneration: a 2-block vision transformer on 14-
+    pixel patches (2 x 2 merged, at most 16 rows per image), a Qwen2 text model of head size 32
+    with M-RoPE sections [4, 6, 6], every weight random (norms around 1, non-zero biases); with
+    its image processor and the SmolLM2 tokenizer with the vision tokens added.
+    Returns ``out_dir``."""
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+    )
+
+    from pagedkv.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(None).hf
+    tok.add_tokens(list(QWEN2_VL_TOKENS), special_tokens=True)
+    start, end, image, video = (tok.convert_tokens_to_ids(t) for t in QWEN2_VL_TOKENS)
+    text = {
+        "model_type": "qwen2_vl_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": len(tok) + 7,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [4, 6, 6],
+        },
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+    vision = {
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": 64,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+    )
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    _randomize(model, seed)
+    model.save_pretrained(out_dir)
+    images = Qwen2VLImageProcessor(
+        min_pixels=28 * 28,
+        max_pixels=28 * 28 * 16,
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.4, 0.5, 0.6],
+        image_std=[0.3, 0.25, 0.2],
+    )
+    # (Qwen2VLProcessor itself needs torchvision for its video processor: the engine reads the
+    # image processor and the tokenizer, saved on their own.)
+    images.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir

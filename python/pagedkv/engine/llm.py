@@ -181,7 +181,8 @@ class LLM(PoolingMixin):
 
             def make_images() -> ChatImages:
                 arch = self.llm_engine.input_processor.architecture
-                gathered.append(ChatImages(arch, reader.chat_text))
+                text = "".join(tok.hf.convert_ids_to_tokens(reader.chat_image_ids))
+                gathered.append(ChatImages(arch, text))
                 return gathered[-1]
 
         convs = normalise_conversations(messages, make_images)

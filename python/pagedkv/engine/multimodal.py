@@ -12,11 +12,11 @@ request (MultiModalInputs); each prefill chunk's input embeddings take them at t
 positions (step_image_rows). A model with M-RoPE (Qwen2-VL) also gets the prompt's 3-component
 positions at admission (engine/mrope_positions.py).
 
-What such a model class provides: ``image_token_id``; ``image_inputs(processor, images) ->
-(encoder inputs, rows per image)`` (the HF processor's tensors, e.g. pixel_values and
-image_sizes / image_grid_thw); ``encode_images(**encoder inputs) -> [rows, hidden]`` in prompt
-order; ``chat_image_text(processor)``, the text a chat image part becomes; and with M-RoPE
-``mrope_positions(ids, encoder inputs)``.
+What such a model class provides: ``image_token_id``; ``load_image_processor(folder)``;
+``image_inputs(processor, images) -> (encoder inputs, rows per image)`` (the HF processor's
+tensors, e.g. pixel_values and image_sizes / image_grid_thw); ``encode_images(**encoder
+inputs) -> [rows, hidden]`` in prompt order; ``chat_image_ids()``, the tokens a chat image part
+becomes; and with M-RoPE ``mrope_positions(ids, encoder inputs)``.
 """
 
 from __future__ import annotations
@@ -134,17 +134,16 @@ class MultiModalInputs:
 
 
 class ImageInputProcessor:
-    """The checkpoint's HF processor (AutoProcessor: its image processor and token counts) and
-    the model's image-token rule. Built from the model folder; runs off the engine thread with
+    """The checkpoint's HF processor (its image processor and token counts; model.
+    load_image_processor) and the model's image-token rule. Built from the model folder; runs off the engine thread with
     the rest of the InputProcessor."""
 
     def __init__(self, model_dir: str, model: Any, limits: Optional[Mapping[str, int]]):
-        from transformers import AutoProcessor
-
         self.model = model
-        self.processor = AutoProcessor.from_pretrained(model_dir)
+        self.processor = model.load_image_processor(model_dir)
         self.image_token_id = int(model.image_token_id)
-        self.chat_text = str(model.chat_image_text(self.processor))
+        # The tokens a chat image part becomes (the image token; Qwen2-VL: with its brackets).
+        self.chat_image_ids = [int(t) for t in model.chat_image_ids()]
         self.max_images = int((limits or {}).get("image", DEFAULT_MM_LIMIT))
 
     def process(

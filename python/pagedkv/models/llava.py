@@ -62,8 +62,15 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         pixels = processor.image_processor(images=list(images), return_tensors="pt")
         return {"pixel_values": pixels["pixel_values"]}, [self.image_seq_length] * len(images)
 
-    def chat_image_text(self, processor: Any) -> str:
-        return str(processor.image_token)
+    @staticmethod
+    def load_image_processor(folder: str) -> Any:
+        """The checkpoint's HF processor (LlavaProcessor / LlavaNextProcessor)."""
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(folder)
+
+    def chat_image_ids(self) -> List[int]:
+        return [self.image_token_id]
 
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[N, 3, H, W] -> [N, patches, hidden]: the vision tower's hidden states of
