@@ -134,9 +134,9 @@ class MultiModalInputs:
 
 
 class ImageInputProcessor:
-    """The checkpoint's HF processor (its image processor and token counts; model.
-    load_image_processor) and the model's image-token rule. Built from the model folder; runs off the engine thread with
-    the rest of the InputProcessor."""
+    """The checkpoint's HF processor (model.load_image_processor: its image processor and
+    token counts) and the model's image-token rule. Built from the model folder; runs off the
+    engine thread with the rest of the InputProcessor."""
 
     def __init__(self, model_dir: str, model: Any, limits: Optional[Mapping[str, int]]):
         self.model = model

@@ -151,7 +151,7 @@ def test_mrope_positions_equal_hf_get_rope_index(qwen2_vl_dir: str) -> None:
 
 def test_chat_image_part_is_the_vision_tokens(qwen2_vl_dir: str) -> None:
     """LLM.chat: an image part becomes <|vision_start|><|image_pad|><|vision_end|> in the
-    rendered text (parts joined by newlines), and the answer is generate()'s on that text with the image."""
+    rendered text (parts joined by newlines); the answer is generate()'s on that text."""
     llm = _llm(qwen2_vl_dir)
     image = _image(11, 70, 70)
     text = llm.get_tokenizer().apply_chat_template(
