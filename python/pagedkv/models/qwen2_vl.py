@@ -33,7 +33,8 @@ class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
         )
 
         super().__init__(cfg)
-        hf = self.hf_config = Qwen2VLConfig(**cfg.extra["multimodal"])
+        hf: Any = Qwen2VLConfig(**cfg.extra["multimodal"])
+        self.hf_config = hf
         section = cfg.extra.get("mrope_section")
         if section is None:
             raise ValueError("Qwen2-VL config.json has no mrope_section in its rope parameters")
