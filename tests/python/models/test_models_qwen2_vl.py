@@ -149,6 +149,34 @@ def test_mrope_positions_equal_hf_get_rope_index(qwen2_vl_dir: str) -> None:
     assert mm.mrope_delta == int(delta) != 0
 
 
+def test_image_requests_survive_recompute_preemption(qwen2_vl_dir: str) -> None:
+    """A KV cache too small for three image prompts: a preempted request recomputes its prompt
+    and generated tokens (rows past the prompt at index + delta) and answers as without
+    preemption, logprobs included; the prefix cache keys image blocks by the image."""
+    prompts = [
+        {"prompt": CASES[0][0], "multi_modal_data": {"image": _image(20 + i, 110, 110)}}
+        for i in (0, 1, 2)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=24, logprobs=0)
+    roomy_llm = _llm(qwen2_vl_dir)
+    roomy = roomy_llm.generate(prompts, params, use_tqdm=False)
+    tight = LLM(
+        qwen2_vl_dir, device="cpu", num_gpu_blocks_override=9, max_model_len=64, block_size=8
+    )
+    outs = tight.generate(prompts, params, use_tqdm=False)
+    assert tight.llm_engine.scheduler.num_preemptions > 0
+    for got, want in zip(outs, roomy):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        lp = [s[t].logprob for s, t in zip(got.outputs[0].logprobs, got.outputs[0].token_ids)]
+        ref = [s[t].logprob for s, t in zip(want.outputs[0].logprobs, want.outputs[0].token_ids)]
+        np.testing.assert_allclose(lp, ref, atol=1e-5)
+    again = roomy_llm.generate(prompts[:1], params, use_tqdm=False)[0]
+    assert again.num_cached_tokens >= 8  # the image's first block came from the cache
+    assert again.outputs[0].token_ids == roomy[0].outputs[0].token_ids
+    other = {"prompt": CASES[0][0], "multi_modal_data": {"image": _image(30, 110, 110)}}
+    assert roomy_llm.generate(other, params, use_tqdm=False)[0].num_cached_tokens == 0
+
+
 def test_chat_image_part_is_the_vision_tokens(qwen2_vl_dir: str) -> None:
     """LLM.chat: an image part becomes <|vision_start|><|image_pad|><|vision_end|> in the
     rendered text (parts joined by newlines); the answer is generate()'s on that text."""
