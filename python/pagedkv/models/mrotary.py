@@ -3,12 +3,14 @@ width); the rotary's frequencies are split into ``mrope_section`` bands and band
 position component i % 3. Text tokens carry three equal positions, which makes it plain rope:
 a step whose positions are [T] takes the plain path (fused op, CUDA graphs); one with [3, T]
 positions gathers each token's cos | sin row from the three components and rotates through the
-same fused op, over a per-step table (positions 0..T-1 into it), as dynamic NTK does.
+same fused op, over a per-step table (positions 0..T-1 into it, gathered once per step for
+all layers: ``bind``), as dynamic NTK does.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from functools import partial
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -35,21 +37,48 @@ class MRotaryEmbedding(RotaryEmbedding):
         comps = [self.cos_sin(positions[c]) for c in range(3)]
         cos = torch.stack([c for c, _ in comps])  # [3, T, rotary_dim / 2]
         sin = torch.stack([s for _, s in comps])
-        pick = self.component.to(cos.device)[None, None, :].expand(1, *cos.shape[1:])
+        if self.component.device != cos.device:
+            self.component = self.component.to(cos.device)
+        pick = self.component[None, None, :].expand(1, *cos.shape[1:])
         return cos.gather(0, pick)[0], sin.gather(0, pick)[0]
+
+    def bind(self, positions: torch.Tensor) -> Callable[..., object]:
+        """The rotary of a step, for every layer: plain rope for [T] positions; for [3, T] the
+        step's cos | sin table, gathered at the first layer and reused by the others."""
+        if positions.dim() == 1:
+            return partial(self.forward, positions)
+        made: dict[torch.dtype, Callable[..., object]] = {}
+
+        def rope(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
+            if q.dtype not in made:
+                made[q.dtype] = self._step_rotation(positions, q.dtype)
+            made[q.dtype](q, k)
+
+        return rope
+
+    def _step_rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> Callable[..., object]:
+        cos, sin = self.mrope_cos_sin(positions)
+        if dtype not in _FUSED_DTYPES:
+
+            def eager(q: torch.Tensor, k: Optional[torch.Tensor]) -> None:
+                q.copy_(apply_rotary(q, cos, sin, self.rotary_dim, self.is_neox))
+                if k is not None:
+                    k.copy_(apply_rotary(k, cos, sin, self.rotary_dim, self.is_neox))
+
+            return eager
+        table = torch.cat([cos, sin], dim=1).to(dtype).contiguous()
+        rows = torch.arange(table.shape[0], device=table.device)
+        return partial(self._rotate, rows, table)
+
+    def _rotate(
+        self, rows: torch.Tensor, table: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor]
+    ) -> None:
+        ops.rotary_embedding(rows, q, k, self.head_dim, table, self.is_neox)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         if positions.dim() == 1:
             return super().forward(positions, q, k)
-        cos, sin = self.mrope_cos_sin(positions)
-        if q.dtype not in _FUSED_DTYPES or k is not None and k.dtype != q.dtype:
-            q.copy_(apply_rotary(q, cos, sin, self.rotary_dim, self.is_neox))
-            if k is not None:
-                k.copy_(apply_rotary(k, cos, sin, self.rotary_dim, self.is_neox))
-            return q, k
-        table = torch.cat([cos, sin], dim=1).to(q.dtype).contiguous()
-        rows = torch.arange(table.shape[0], device=q.device)
-        ops.rotary_embedding(rows, q, k, self.head_dim, table, self.is_neox)
+        self._step_rotation(positions, q.dtype)(q, k)
         return q, k

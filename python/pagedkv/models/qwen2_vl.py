@@ -13,13 +13,14 @@ prompt position + 1 - prompt length.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
 from pagedkv.models.config import ModelConfig
-from pagedkv.models.llama import LlamaForCausalLM, rotary_dim
+from pagedkv.models.llama import LlamaForCausalLM, Rope, rotary_dim
 from pagedkv.models.mrotary import MRotaryEmbedding
 
 
@@ -51,6 +52,11 @@ class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
         self.vision_end_token_id = int(hf.vision_end_token_id)
         self.merge_size = int(hf.vision_config.spatial_merge_size)
         self.visual = Qwen2VisionTransformerPretrainedModel(hf.vision_config)
+
+    def layer_ropes(self, positions: torch.Tensor) -> Callable[[nn.Module], Rope]:
+        """One rotary for every layer, its M-RoPE table gathered once per step."""
+        rope = self.model.rotary.bind(positions)
+        return lambda _: rope
 
     # ------------------------------------------------------------------ image inputs
     @staticmethod
