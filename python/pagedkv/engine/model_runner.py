@@ -325,8 +325,8 @@ class ModelRunner:
         multimodal.step_image_rows. ``token_type_ids``: the segment of each of the plan's
         tokens [num_tokens], for models that embed token types (BERT cross-encoders' pairs).
         ``mrope_positions``: [3, num_tokens] positions replacing the plan's (M-RoPE models,
-        engine/mrope_positions.py); such a step runs eager (the captured graphs read the plan's
-        positions)."""
+        engine/mrope_positions.py); a step with unequal components runs eager, a decode step
+        (equal ones) may replay the CUDA graphs at those positions."""
         if token_type_ids is not None:
             if intermediate is not None or image_rows is not None or prev_tokens is not None:
                 raise ValueError("token_type_ids go with a plain prefill step only")
@@ -359,10 +359,16 @@ class ModelRunner:
         adapters; a decode step with adapters replays the graphs captured with them."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
-        # (the captured graphs take no token types, nor positions other than the plan's)
+        # M-RoPE rows with three equal components (decodes: index + delta) are plain rope at
+        # those positions: such a step takes them as [T] positions, CUDA graphs included.
+        flat_positions = None
+        if mrope_positions is not None and (mrope_positions == mrope_positions[0]).all():
+            flat_positions, mrope_positions = mrope_positions[0], None
+        # (the captured graphs take no token types, nor [3, T] positions)
         eager_only = token_type_ids is not None or mrope_positions is not None
         if (
             not eager_only
+            and flat_positions is None
             and self.verify_graphs is not None
             and lora_slots is None
             and image_rows is None
@@ -376,7 +382,7 @@ class ModelRunner:
             and plan.num_prefills == 0
             and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len), lora_slots is not None)
         ):
-            return self.graphs.run(plan, intermediate, prev_tokens, lora_slots)
+            return self.graphs.run(plan, intermediate, prev_tokens, lora_slots, flat_positions)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self.device
@@ -401,8 +407,9 @@ class ModelRunner:
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
         if prev_tokens is not None:
             ids = fill_placeholders(ids, prev_tokens)
-        if mrope_positions is not None:
-            pos = torch.from_numpy(mrope_positions).to(dev)
+        if mrope_positions is not None or flat_positions is not None:
+            pos = torch.from_numpy(flat_positions if mrope_positions is None else mrope_positions)
+            pos = pos.to(dev)
         else:
             pos = _dev(plan.positions[:n_tok], torch.int64, dev)
         if image_rows is not None:

@@ -20,6 +20,7 @@ need("transformers")
 need("PIL")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
+from pagedkv.engine.multimodal import UnsupportedModalityError  # noqa: E402
 from pagedkv.testing import save_random_qwen2_vl  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -192,6 +193,10 @@ def test_chat_image_part_is_the_vision_tokens(qwen2_vl_dir: str) -> None:
     question = {"type": "text", "text": "What is this?"}
     got = llm.chat([{"role": "user", "content": [part, question]}], GREEDY, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    # Images only: a video is refused by name, never dropped.
+    with pytest.raises(UnsupportedModalityError, match=r"video inputs are not supported"):
+        llm.generate({"prompt": text, "multi_modal_data": {"video": [image, image]}}, GREEDY)
+    assert not llm.llm_engine.has_unfinished_requests()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
