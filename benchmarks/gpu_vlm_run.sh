@@ -2,8 +2,9 @@
 # Image models on the GPU (< 4 minutes on an installed CUDA build): the tiny random LLaVA-1.5,
 # LLaVA-NeXT and Qwen2-VL checkpoints through the CUDA kernels (float32) equal to HF's generate
 # on the CPU (tokens; LLaVA-NeXT and Qwen2-VL also logprobs within 2e-3), only the CUDA tests
-# (-k cuda) of tests/python/models/test_models_{llava,llava_next,qwen2_vl}.py. Qwen2-VL's image
-# requests run their steps eager (M-RoPE positions); its text-only decode replays CUDA graphs.
+# (-k cuda) of tests/python/models/test_models_{llava,llava_next,qwen2_vl}.py. Qwen2-VL's prompt
+# chunks with images run eager ([3, T] M-RoPE positions); decodes replay CUDA graphs at index +
+# delta (CudaGraphRunner.run(positions=)).
 # Logs go to $OUT (default ./gpu_out).
 #   SKIP_BUILD=1 bash benchmarks/gpu_vlm_run.sh     (reuses the installed CUDA build)
 set -uo pipefail

@@ -201,8 +201,8 @@ def test_chat_image_part_is_the_vision_tokens(qwen2_vl_dir: str) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_greedy_equals_hf_on_cuda(qwen2_vl_dir: str) -> None:
-    """The CUDA kernels (float32; image requests' steps eager, text-only decode on CUDA graphs)
-    against HF on the CPU."""
+    """The CUDA kernels (float32; prompt chunks with images eager, decodes on CUDA graphs at
+    index + delta) against HF on the CPU."""
     expected = _hf_greedy(qwen2_vl_dir, CASES)
     llm = LLM(qwen2_vl_dir, device="cuda", dtype="float32", max_model_len=160, block_size=16)
     outs = llm.generate(_prompts(CASES), GREEDY_LOGPROBS, use_tqdm=False)
