@@ -207,3 +207,47 @@ def test_greedy_equals_hf_on_cuda(qwen2_vl_dir: str) -> None:
     llm = LLM(qwen2_vl_dir, device="cuda", dtype="float32", max_model_len=160, block_size=16)
     outs = llm.generate(_prompts(CASES), GREEDY_LOGPROBS, use_tqdm=False)
     _assert_matches(outs, expected, "cuda", atol=2e-3)
+
+
+def test_hub_config_and_transformers5_weight_names(qwen2_vl_dir: str) -> None:
+    """A hub-style config.json (text keys at the top level, transformers 4's rope_scaling
+    {"type": "mrope"}) reads as the nested one; weights named as transformers 5 saves them
+    (model.visual.*, model.language_model.*) load to the same parameters."""
+    import json
+    import os
+
+    from pagedkv.models.config import ModelConfig
+    from pagedkv.models.qwen2_vl import Qwen2VLForConditionalGeneration
+    from safetensors.torch import load_file
+
+    with open(os.path.join(qwen2_vl_dir, "config.json")) as f:
+        nested = json.load(f)
+    flat = {k: v for k, v in nested.items() if k != "text_config"}
+    text = dict(nested["text_config"])
+    params = text.pop("rope_parameters")
+    text["rope_theta"] = params["rope_theta"]
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": params["mrope_section"]}
+    text.pop("model_type")
+    flat.update(text)
+    a, b = ModelConfig.from_hf_dict(nested), ModelConfig.from_hf_dict(flat)
+    assert a.extra["mrope_section"] == b.extra["mrope_section"] == [4, 6, 6]
+    assert (a.rope_scaling, a.rope_theta, a.num_hidden_layers) == (
+        b.rope_scaling,
+        b.rope_theta,
+        b.num_hidden_layers,
+    )
+    tensors = load_file(os.path.join(qwen2_vl_dir, "model.safetensors"))
+    v4 = Qwen2VLForConditionalGeneration(a)
+    v4.load_weights(iter(tensors.items()))
+
+    def v5_name(name: str) -> str:
+        if name.startswith("visual."):
+            return "model." + name
+        if name.startswith("model."):
+            return "model.language_model." + name.removeprefix("model.")
+        return name
+
+    v5 = Qwen2VLForConditionalGeneration(b)
+    v5.load_weights((v5_name(n), t) for n, t in tensors.items())
+    for (name, p), (_, q) in zip(v4.state_dict().items(), v5.state_dict().items()):
+        assert torch.equal(p, q), name
