@@ -194,11 +194,13 @@ class CudaGraphRunner:
         intermediate: Any = None,
         prev_tokens: Optional[torch.Tensor] = None,
         lora_slots: Optional[np.ndarray] = None,
+        positions: Optional[np.ndarray] = None,
     ) -> torch.Tensor:
         """``intermediate``: the previous stage's hidden states [n, hidden] (later stages).
         ``prev_tokens`` fill in the placeholder input ids of an overlapped step (see
         ModelRunner.execute). ``lora_slots``: each row's adapter slot (-1 = none), or None for
-        the plain graphs."""
+        the plain graphs. ``positions``: the rows' rotary positions when not the plan's (an
+        M-RoPE model's decodes, shifted by their request's delta)."""
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
@@ -207,7 +209,7 @@ class CudaGraphRunner:
         self._copied.synchronize()  # the previous step's copy has read the mirrors
         h64 = self._host64.numpy()
         h64[0, :n], h64[0, n:bs] = plan.input_ids[:n], 0
-        h64[1, :n], h64[1, n:bs] = plan.positions[:n], 0
+        h64[1, :n], h64[1, n:bs] = (plan.positions if positions is None else positions)[:n], 0
         h64[2, :n], h64[2, n:bs] = plan.slot_mapping[:n], -1
         h32 = self._host32.numpy()
         h32[:n], h32[n:bs] = seq_lens, 1
