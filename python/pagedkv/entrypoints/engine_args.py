@@ -150,6 +150,19 @@ ENGINE_FLAGS = (
     ),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
     Flag(
+        "disable_cascade_attn",
+        False,
+        "no cascade attention: decode rows sharing cached prefix blocks read them each",
+        kind="switch",
+    ),
+    Flag(
+        "cascade_cuda_graphs",
+        False,
+        "capture the decode CUDA graphs' cascade variant too (replayed on steps whose rows "
+        "share a cached prefix)",
+        kind="switch",
+    ),
+    Flag(
         "async_scheduling",
         False,
         "schedule and launch the next step while the device runs the current one",
