@@ -467,8 +467,9 @@ class EngineCore:
                 seq.cumulative_logprob += lp[0]
             if seq.logprobs is not None and lp[1] is not None:
                 seq.logprobs.append(lp[1])
-        # The matcher takes every token before the next step's bitmask is filled from it (in
-        # the bitmask worker); a token that ends the grammar is one of its stop tokens.
+        # The matcher takes every token before the next step's bitmask is filled from it (all
+        # the step's tokens in one call, at the end of _apply); a token that ends the grammar
+        # is one of its stop tokens.
         ended = False
         if seq.matcher is not None:
             assert self.bitmask is not None
