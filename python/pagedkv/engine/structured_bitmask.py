@@ -30,8 +30,8 @@ from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.structured_output import GrammarCache, accept_tokens, refused_token_error
 
-# id(seq) -> (its row in the prefetched bitmask, its matcher, how many tokens it had taken)
-_Rows = Dict[int, Tuple[int, Any, int]]
+# The prefetched rows in order: (sample, its matcher, how many tokens it had taken).
+_Rows = List[Tuple[SeqState, Any, int]]
 
 
 class StructuredBitmask:
@@ -94,43 +94,39 @@ class StructuredBitmask:
             return
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="pagedkv-bitmask")
-        rows: _Rows = {id(s): (i, s.matcher, len(s.token_ids)) for i, s in enumerate(seqs)}
+        rows: _Rows = [(s, s.matcher, len(s.token_ids)) for s in seqs]
         # Everything but xgrammar's call is done here, so that the worker holds the GIL for
         # as short as possible.
         last = self._copied.pop("_filled", None)
         if last is not None:  # (the last copy out of the buffer: done in practice)
             last.synchronize()
         host = self._buffer("_filled")
-        host[: len(seqs)].fill_(-1)
-        live = [i for i, s in enumerate(seqs) if not s.matcher.is_terminated()]
+        # Every row is written by xgrammar: a running sample's matcher has not terminated (it
+        # would have ended the sample); were one terminated, the fill raises and take() fills
+        # the rows itself.
         started = threading.Event()
-        pending = self._worker.submit(
-            self._fill, [seqs[i].matcher for i in live], host, live, started
-        )
+        pending = self._worker.submit(self._fill, [s.matcher for s in seqs], host, started)
         self._pending = (pending, rows, host)
         # Hand the GIL over until the worker is in xgrammar's call (which releases it):
         # otherwise it may wait the interpreter's switch interval (5 ms) to start.
         started.wait()
 
-    def _fill(
-        self, matchers: List[Any], host: torch.Tensor, live: List[int], started: threading.Event
-    ) -> None:
-        """Worker thread: the bitmask rows ``live`` of ``host`` from ``matchers``."""
+    def _fill(self, matchers: List[Any], host: torch.Tensor, started: threading.Event) -> None:
+        """Worker thread: row i of ``host`` from ``matchers[i]``."""
         started.set()
-        if matchers:
-            self.grammars.fill_rows(matchers, host, live)
+        self.grammars.fill_rows(matchers, host, list(range(len(matchers))))
 
     def wait(self) -> Tuple[_Rows, Optional[torch.Tensor]]:
-        """Waits for the prefetch under way: its rows and the host bitmask holding them ({}
+        """Waits for the prefetch under way: its rows and the host bitmask holding them ([]
         if none, or if it raised: take() then fills those rows itself and reports the error)."""
         pending, self._pending = self._pending, None
         if pending is None:
-            return {}, None
+            return [], None
         future, rows, host = pending
         try:
             future.result()
         except Exception:
-            return {}, None
+            return [], None
         return rows, host
 
     # ------------------------------------------------------------------ take
@@ -143,19 +139,28 @@ class StructuredBitmask:
             return None
         self._pin = self._pin or device.type == "cuda"
         ready, filled = self.wait()
+        n = len(seqs)
+        if (
+            filled is not None
+            and n == len(ready)
+            and all(
+                s is p and s.matcher is m and len(s.token_ids) == k
+                for s, (p, m, k) in zip(seqs, ready)
+            )
+        ):  # the common decode step: the prefetched rows, in order
+            self.prefetched += n
+            return self._to_device("_filled", filled[:n], device)
+        at = {id(p): (i, m, k) for i, (p, m, k) in enumerate(ready)}
         src: List[int] = []  # row in the prefetched bitmask, -1: none (all allowed), -2: fill
         for s in seqs:
-            hit = ready.get(id(s)) if s is not None else None
+            hit = at.get(id(s)) if s is not None else None
             if s is None or s.matcher is None:
                 src.append(-1)
             elif hit is not None and hit[1] is s.matcher and hit[2] == len(s.token_ids):
                 src.append(hit[0])
             else:
                 src.append(-2)
-        n = len(seqs)
         self.prefetched += sum(i >= 0 for i in src)
-        if filled is not None and n <= self.max_rows and src == list(range(n)):
-            return self._to_device("_filled", filled[:n], device)  # (the prefetch, in order)
         if n > self.max_rows:
             host = torch.full((n, self.words), -1, dtype=torch.int32)
         else:
