@@ -13,6 +13,8 @@ profiler tables and chrome traces to --out.
 
   python benchmarks/structured_profile.py --device cuda --out gpu_out/structperf
   python benchmarks/structured_profile.py --batch 8 --steps 6 --timed-steps 8   # CPU smoke
+
+Both loops (serial and async_scheduling) run on one engine, one after the other.
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=20, help="decode steps traced per mode")
     ap.add_argument("--timed-steps", type=int, default=64, help="decode steps timed per mode")
     ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--async-scheduling", type=int, choices=(0, 1), default=0)
+    ap.add_argument(
+        "--loops", default="serial,async", help="serial, async (async_scheduling) or both"
+    )
     ap.add_argument("--out", default="structperf_out")
     return ap.parse_args()
 
@@ -208,28 +212,32 @@ def main() -> None:
     timers.install()
     from pagedkv import LLM
 
-    kw: Dict[str, Any] = {
-        "device": args.device,
-        "max_model_len": args.max_model_len,
-        "async_scheduling": bool(args.async_scheduling),
-    }
+    kw: Dict[str, Any] = {"device": args.device, "max_model_len": args.max_model_len}
     if args.device == "cpu":
         kw["kv_cache_space"] = 1.0
     llm = LLM(args.model, **kw) if args.model else LLM(**kw)
     prompts = make_prompts(args.batch)
     llm.generate(prompts, params_for("json", 8), use_tqdm=False)  # grammar compiled
     result: Dict[str, Any] = {"device": args.device, "batch": args.batch}
-    result["async_scheduling"] = llm.llm_engine.core.async_scheduling
     result["has_prefetch"] = getattr(llm.llm_engine.core, "bitmask", None) is not None
+    for loop in args.loops.split(","):
+        llm.llm_engine.core.set_async_scheduling(loop == "async")
+        result[loop] = run_loop(llm, timers, prompts, loop, args)
+    with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2)
+
+
+def run_loop(llm: Any, timers: HostTimers, prompts: List[str], loop: str, args: Any) -> Dict:
+    """The three modes on one loop (serial or async), printed and returned."""
+    result: Dict[str, Any] = {}
     for mode in ("plain", "json", "json_noprefetch"):
         set_prefetch(llm, mode != "json_noprefetch")
         name = "json" if mode == "json_noprefetch" else mode
         result[mode] = {"timed": timed_run(llm, timers, prompts, name, args)}
-        result[mode]["traced"] = traced_run(llm, prompts, name, mode, args)
+        result[mode]["traced"] = traced_run(llm, prompts, name, f"{loop}_{mode}", args)
     set_prefetch(llm, True)
-    with open(os.path.join(args.out, "profile.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
     plain = result["plain"]["timed"]["ms_per_step"]
+    print(f"== {loop} loop, batch {args.batch}")
     for mode in ("plain", "json", "json_noprefetch"):
         r = result[mode]
         slower = 100.0 * (r["timed"]["ms_per_step"] / plain - 1.0)
@@ -241,6 +249,7 @@ def main() -> None:
         print("   host ms/step: " + ", ".join(f"{k} {v}" for k, v in top))
         syncs = {k: v["per_step"] for k, v in r["traced"]["counted"].items()}
         print(f"   per step: {syncs}")
+    return result
 
 
 if __name__ == "__main__":
