@@ -127,10 +127,15 @@ class StepSampling:
                 owners.append((i, s))
                 self._row_reqs.append(req)
         prompt_rows, prompt_next, prompt_owner = self._prompt_logprob_rows()
-        if self.grammars is not None:  # (before the logits: its copy does not wait for them)
-            self.bitmask = self._take_bitmask(self.grammars, [s for _, s in owners], hidden.device)
-        all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long, device=hidden.device)
+        # The logits are launched before the bitmask is waited for (no host wait in between:
+        # the rows go to the device from pinned memory), so that the fill's last part overlaps
+        # the device's forward.
+        all_rows = to_device(
+            torch.tensor(logit_rows + prompt_rows, dtype=torch.long), hidden.device
+        )
         logits = self.compute_logits(hidden, all_rows)
+        if self.grammars is not None:
+            self.bitmask = self._take_bitmask(self.grammars, [s for _, s in owners], hidden.device)
         sampled = np.full(n, -1, dtype=np.int64)
         if rows:
             self._assign(self._sample(logits, rows, row_src), owners, sampled)
