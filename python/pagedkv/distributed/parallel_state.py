@@ -62,6 +62,12 @@ class GroupCoordinator:
         dist.all_gather(parts, x, group=self.device_group)
         return torch.cat(parts, dim=dim)
 
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """The group's rank ``src``'s ``x`` into ``x`` on every rank (in place); returns ``x``."""
+        if self.world_size > 1:
+            dist.broadcast(x, src=self.ranks[src], group=self.device_group)
+        return x
+
     def all_reduce_min(self, value: int) -> int:
         """The smallest of the ranks' host integers (e.g. the KV blocks each rank can hold)."""
         if self.world_size == 1:

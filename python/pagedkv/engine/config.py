@@ -241,11 +241,6 @@ class EngineConfig:
             )
         if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("enable_lora with tensor or pipeline parallelism is not supported yet")
-        if self.async_scheduling and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            # The workers would need the previous step's tokens on every rank's device.
-            raise ValueError(
-                "async_scheduling with tensor or pipeline parallelism is not supported yet"
-            )
         if self.async_scheduling and self.speculative_config:
             # An overlapped step plans the next one before this one's tokens (hence its
             # drafts) are known.

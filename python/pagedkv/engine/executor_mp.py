@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -65,6 +65,14 @@ _CUDA_SPIN_S = 0.02
 
 def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+class PerRank(NamedTuple):
+    """A command argument that differs between the ranks: e.g. the driver's device tensor of
+    tokens, whose count alone goes to the workers (they receive the values in a collective)."""
+
+    workers: Any
+    driver: Any
 
 
 class _Procs:
@@ -162,13 +170,16 @@ class MultiprocExecutor:
 
     # ------------------------------------------------------------------ the runner interface
     def _run_all(self, name: str, *args: Any) -> Any:
-        """Runs Worker.<name>(*args) on every rank: the command to the others, then here."""
+        """Runs Worker.<name>(*args) on every rank: the command to the others, then here (a
+        PerRank argument: its ``workers`` value there, its ``driver`` value here)."""
         state = self._state
         if state.dead is not None:
             raise RuntimeError(f"the parallel engine is down: {state.dead}")
         try:
-            state.channel.send(name, args)
-            return getattr(self.worker, name)(*args)
+            state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
+            return getattr(self.worker, name)(
+                *[a.driver if type(a) is PerRank else a for a in args]
+            )
         except BaseException as exc:
             time.sleep(0.2)  # let the monitor name a dead worker, if that is what happened
             why = state.dead or f"{type(exc).__name__} during {name}() left the ranks out of step"
@@ -198,10 +209,16 @@ class MultiprocExecutor:
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         self._run_all("capture_cuda_graphs", max_num_seqs)
 
-    def execute(self, plan: Any) -> torch.Tensor:
+    def execute(self, plan: Any, prev_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] when the driver is on the last stage; otherwise
-        a [num_tokens, 0] placeholder (the last stage keeps them for compute_logits)."""
-        out = self._run_all("execute", self._arrays(plan))
+        a [num_tokens, 0] placeholder (the last stage keeps them for compute_logits).
+        ``prev_tokens``: the previous step's tokens on the driver's device (overlapped
+        scheduling): the workers get their count, then the tokens in a device broadcast."""
+        arrays = self._arrays(plan)
+        if prev_tokens is None:
+            out = self._run_all("execute", arrays)
+        else:
+            out = self._run_all("execute", arrays, PerRank(len(prev_tokens), prev_tokens))
         if out is None:
             return torch.empty(int(plan.num_tokens), 0, device=self.device)
         return out

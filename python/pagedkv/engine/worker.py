@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -91,13 +91,22 @@ class Worker:
     def finish_swap_out(self, plan: Any) -> None:
         self._runner.finish_swap_out(plan)
 
-    def execute(self, plan: Any) -> Optional[torch.Tensor]:
+    def execute(
+        self, plan: Any, prev_tokens: Union[None, int, torch.Tensor] = None
+    ) -> Optional[torch.Tensor]:
         """The stage's forward; the final hidden states on the last stage, else None. Under
         pipeline parallelism a large step runs as micro-batches (micro_batches.py): this stage
-        sends micro-batch j on and starts j+1 while the next stage runs j."""
+        sends micro-batch j on and starts j+1 while the next stage runs j.
+
+        ``prev_tokens`` (overlapped scheduling: the plan's input ids hold placeholders for the
+        previous step's tokens, see ModelRunner.execute): the driver's device tensor of them
+        on the driver, their count on the other ranks; the first stage's ranks receive them
+        from the driver in a broadcast over their tensor-parallel group (on the device stream:
+        no host waits for the previous step)."""
+        prev = _prev_tokens(prev_tokens, self.device)
         pp = get_pp_group()
         if pp.world_size == 1:
-            self._hidden = self._runner.execute(plan, None)
+            self._hidden = self._runner.execute(plan, None, prev_tokens=prev)
             return self._hidden
         parts = split_plan(plan, pp.world_size, self.cfg.pipeline_micro_batch_tokens)
         self.micro_batched_steps += len(parts) > 1
@@ -107,7 +116,7 @@ class Worker:
             if not pp.is_first_rank:
                 shape = (int(part.num_tokens), self.model_config.hidden_size)
                 inter = pp.recv(shape, self.dtype, pp.rank_in_group - 1)
-            out = self._runner.execute(part, inter)
+            out = self._runner.execute(part, inter, prev_tokens=prev)
             if len(parts) > 1:
                 # A captured graph's output is padded, and its buffer is the next replay's.
                 out = out[: int(part.num_tokens)].clone()
@@ -144,6 +153,20 @@ class Worker:
         if world.rank == last_first and world.rank != 0:
             torch.distributed.send(logits.contiguous(), dst=0, group=world.device_group)
         return logits
+
+
+def _prev_tokens(
+    prev: Union[None, int, torch.Tensor], device: torch.device
+) -> Optional[torch.Tensor]:
+    """The previous step's sampled tokens on this rank's device, where this rank's stage reads
+    input ids (the first one); None elsewhere. The driver (global rank 0) is the first rank
+    of the first stage's tensor-parallel group: it broadcasts them there."""
+    if prev is None or not get_pp_group().is_first_rank:
+        return None
+    tp = get_tp_group()
+    if isinstance(prev, torch.Tensor):
+        return tp.broadcast(prev.to(torch.int64).contiguous(), 0)
+    return tp.broadcast(torch.empty(prev, dtype=torch.int64, device=device), 0)
 
 
 def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:

@@ -95,21 +95,32 @@ _REFERENCE: dict[tuple[str, str, str], list] = {}
 
 
 # micro: pipeline_micro_batch_tokens (256, the default, never cuts these small steps; 8 cuts
-# every step with 16+ prefill tokens into one micro-batch per stage).
+# every step with 16+ prefill tokens into one micro-batch per stage). overlap: async_scheduling
+# (the workers' input ids then hold placeholders, filled from the driver's device broadcast of
+# the previous step's tokens); the reference is always the serial one-rank engine.
 @pytest.mark.parametrize(
-    "preset,tp,pp,mode,kv,micro",
+    "preset,tp,pp,mode,kv,micro,overlap",
     [
-        ("tiny-llama", 2, 1, "recompute", "auto", 256),
-        ("tiny-qwen2", 2, 1, "swap", "auto", 256),
-        ("tiny-qwen2", 1, 2, "recompute", "auto", 256),
-        ("tiny-llama", 1, 2, "swap", "auto", 8),
-        ("tiny-llama", 2, 2, "swap", "auto", 256),
-        ("tiny-qwen2", 2, 1, "recompute", "fp8", 256),
-        ("tiny-mixtral", 2, 2, "recompute", "auto", 8),
+        ("tiny-llama", 2, 1, "recompute", "auto", 256, False),
+        ("tiny-qwen2", 2, 1, "swap", "auto", 256, False),
+        ("tiny-qwen2", 1, 2, "recompute", "auto", 256, False),
+        ("tiny-llama", 1, 2, "swap", "auto", 8, False),
+        ("tiny-llama", 2, 2, "swap", "auto", 256, False),
+        ("tiny-qwen2", 2, 1, "recompute", "fp8", 256, False),
+        ("tiny-mixtral", 2, 2, "recompute", "auto", 8, False),
+        ("tiny-llama", 2, 1, "recompute", "auto", 256, True),
+        ("tiny-llama", 2, 2, "swap", "auto", 8, True),
     ],
 )
 def test_parallel_engine_matches_one_rank(
-    models: dict[str, str], preset: str, tp: int, pp: int, mode: str, kv: str, micro: int
+    models: dict[str, str],
+    preset: str,
+    tp: int,
+    pp: int,
+    mode: str,
+    kv: str,
+    micro: int,
+    overlap: bool,
 ) -> None:
     key = (preset, mode, kv)
     if key not in _REFERENCE:
@@ -122,6 +133,7 @@ def test_parallel_engine_matches_one_rank(
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
         pipeline_micro_batch_tokens=micro,
+        async_scheduling=overlap,
     )
     assert (stats["micro_batched_steps"] > 0) == (micro < 256 and pp > 1), stats
     # fp8 caches: the ranks' k/v differ from one rank's in the last float32 bits (the
