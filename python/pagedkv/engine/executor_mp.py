@@ -209,6 +209,10 @@ class MultiprocExecutor:
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         self._run_all("capture_cuda_graphs", max_num_seqs)
 
+    def min_graph_replays(self) -> int:
+        """The fewest decode steps run as CUDA-graph replays on any rank (tests, benchmarks)."""
+        return self._run_all("min_graph_replays")
+
     def execute(self, plan: Any, prev_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] when the driver is on the last stage; otherwise
         a [num_tokens, 0] placeholder (the last stage keeps them for compute_logits).

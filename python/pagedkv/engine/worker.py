@@ -78,6 +78,12 @@ class Worker:
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         self._runner.capture_cuda_graphs(max_num_seqs)
 
+    def min_graph_replays(self) -> int:
+        """The fewest decode steps any rank ran as CUDA-graph replays (0 without graphs): a
+        rank that ran a step eagerly while the others replayed would show here."""
+        graphs = self._runner.graphs
+        return get_world_group().all_reduce_min(graphs.num_replays if graphs is not None else 0)
+
     @property
     def _runner(self) -> ModelRunner:
         if self.runner is None:

@@ -85,6 +85,7 @@ def _run(path: str, **kw: Any) -> tuple[list, dict, list]:
         procs = list(runner._state.procs) if hasattr(runner, "_state") else []
         if hasattr(runner, "worker"):
             stats["micro_batched_steps"] = runner.worker.micro_batched_steps
+            assert runner.min_graph_replays() == 0  # (the CPU runs no CUDA graphs)
     finally:
         del llm
         gc.collect()

@@ -61,8 +61,10 @@ def _generate(path: str, **kw: Any) -> tuple[list, int]:
     params = SamplingParams(temperature=0, max_tokens=24, logprobs=1, ignore_eos=True)
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
-        graphs = llm.llm_engine.runner.graphs
-        replays = graphs.num_replays if graphs is not None else 0
+        runner = llm.llm_engine.runner
+        replays = runner.graphs.num_replays if runner.graphs is not None else 0
+        if hasattr(runner, "min_graph_replays"):  # every rank replayed the driver's graphs
+            assert runner.min_graph_replays() == replays
     finally:
         del llm
         gc.collect()
