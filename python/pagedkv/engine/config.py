@@ -21,6 +21,8 @@ KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 # Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
+TP_ALL_REDUCES = ("nccl", "one_shot")
+
 # Field types, checked before the value rules (a CLI or config file may hand over strings).
 _INT_FIELDS = (
     "block_size",
@@ -100,6 +102,10 @@ class EngineConfig:
     # tokens is cut into micro-batches of at least this many (at most one per stage); 0: never
     # cut; decode-only steps are never cut (engine/micro_batches.py says why).
     pipeline_micro_batch_tokens: int = 256
+    # The tensor-parallel all-reduce: "nccl" (the process group's: NCCL on GPUs, gloo on the
+    # CPU) or "one_shot" (CUDA: torch symmetric memory, each GPU reads its peers' buffers over
+    # NVLink, for messages up to 4 MiB; distributed/one_shot_all_reduce.py).
+    tp_all_reduce: str = "nccl"
     # Where the model comes from and how its config is read (vLLM's names).
     revision: Optional[str] = None  # hub branch / tag / commit of the model
     tokenizer_revision: Optional[str] = None
@@ -210,6 +216,11 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tp_all_reduce not in TP_ALL_REDUCES:
+            raise ValueError(
+                f"tp_all_reduce must be one of {', '.join(TP_ALL_REDUCES)}, got "
+                f"{self.tp_all_reduce!r}"
+            )
         if self.pipeline_micro_batch_tokens < 0:
             raise ValueError(
                 "pipeline_micro_batch_tokens must be >= 0 (0: no micro-batches), got "

@@ -102,6 +102,11 @@ class MultiprocExecutor:
                 "process; shut it down (del the LLM) before starting another"
             )
         tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+        if cfg.tp_all_reduce == "one_shot" and device.type != "cuda":
+            raise ValueError(
+                "tp_all_reduce='one_shot' (a symmetric-memory all-reduce over NVLink) needs "
+                f"CUDA devices, not {device.type}; use tp_all_reduce='nccl'"
+            )
         self.world_size = tp * pp
         self.block_size = cfg.block_size
         self._state = _Procs()

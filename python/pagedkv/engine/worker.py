@@ -45,6 +45,15 @@ class Worker:
         )
         self.dtype = next(self.model.parameters()).dtype
         _check_parallel_support(self.model, self.model_config.architecture)
+        tp = get_tp_group()
+        if cfg.tp_all_reduce == "one_shot" and tp.world_size > 1:
+            from pagedkv.distributed.one_shot_all_reduce import (
+                DEFAULT_MAX_BYTES,
+                OneShotAllReduce,
+            )
+
+            # (Every rank builds its Worker at this point: the buffers' exchange meets.)
+            tp.one_shot = OneShotAllReduce(tp.device_group, self.dtype, device, DEFAULT_MAX_BYTES)
         self.runner: Optional[ModelRunner] = None
         self._hidden: Optional[torch.Tensor] = None  # the last stage's latest hidden states
         self.micro_batched_steps = 0  # steps run as pipeline micro-batches

@@ -194,6 +194,15 @@ ENGINE_FLAGS = (
         type=t.int_at_least(0),
     ),
     Flag(
+        "tp_all_reduce",
+        "nccl",
+        "the tensor-parallel all-reduce: nccl (the process group's; gloo on the CPU) or "
+        "one_shot (CUDA: a symmetric-memory one-shot all-reduce over NVLink for messages "
+        "up to 4 MiB, NCCL above)",
+        type=t.choice_of(("nccl", "one_shot")),
+        metavar="{nccl,one_shot}",
+    ),
+    Flag(
         "enable_lora",
         False,
         "serve LoRA adapters (PEFT folders) next to the base model",

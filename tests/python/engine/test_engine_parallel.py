@@ -152,6 +152,15 @@ def test_parallel_engine_matches_one_rank(
     assert not model_parallel_is_initialized()
 
 
+def test_one_shot_all_reduce_refused_on_the_cpu(models: dict[str, str]) -> None:
+    """The symmetric-memory all-reduce exists on CUDA only: refused by name, no rank started."""
+    with pytest.raises(ValueError, match="tp_all_reduce='one_shot'.*needs CUDA devices"):
+        LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2, tp_all_reduce="one_shot")
+    assert not model_parallel_is_initialized()
+    with pytest.raises(ValueError, match="tp_all_reduce must be one of nccl, one_shot"):
+        LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2, tp_all_reduce="two_shot")
+
+
 def test_killed_worker_ends_the_engine(models: dict[str, str]) -> None:
     llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
     procs = list(llm.llm_engine.runner._state.procs)
