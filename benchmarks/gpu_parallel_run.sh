@@ -7,12 +7,14 @@
 #      prefill TFLOP/s, greedy agreement, CUDA-graph replays on every rank; summary.md
 #   2. all-reduce latency at decode sizes ([batch, 4096] bf16; eager and in a CUDA graph): NCCL
 #      and torch's symmetric-memory one-shot all-reduce (NVLink peer reads, no multicast)
-#   3. the per-step command transport on this host's CPUs (pickle over gloo vs flat broadcast vs
+#   3. the CUDA tests of TP=2 / PP=2 / TP=2 fp8 / overlapped TP=2 (NCCL and one-shot
+#      all-reduce) engines and torchrun TP=2 against one GPU
+#   4. the per-step command transport on this host's CPUs (pickle over gloo vs flat broadcast vs
 #      the shared-memory ring: benchmarks/parallel_step_overhead.py transport)
-#   4. the CUDA tests of TP=2 / PP=2 / TP=2 fp8 engines and torchrun TP=2 against one GPU
-#   5. where a step's host time goes on the driver and a worker (CPU, gloo, tiny model:
+#   5. TP=2 again with tp_all_reduce=one_shot (rows "... one_shot" in summary.md)
+#   6. where a step's host time goes on the driver and a worker (CPU, gloo, tiny model:
 #      benchmarks/parallel_step_breakdown.py, serial and overlapped loops)
-#   6. PP=2 prefill with pipeline micro-batches off and on, on this host's CPUs (gloo; skipped
+#   7. PP=2 prefill with pipeline micro-batches off and on, on this host's CPUs (gloo; skipped
 #      with SKIP_PIPELINE=1)
 # Logs and JSON go to $OUT (default ./gpu_out). Timeouts: each step under `timeout`, the whole
 # script under 355 s; the engine's process groups time out after 600 s, and NCCL's watchdog
@@ -53,15 +55,21 @@ timeout -k 5 25 $BENCH allreduce --out "$OUT/allreduce.json" 2>&1 | tail -5
 echo "== summary"
 $BENCH report --out-dir "$OUT"
 
+echo "== CUDA tests (2 GPUs)"
+timeout -k 5 150 python3 -m pytest tests/python/engine/test_engine_parallel_cuda.py -q \
+  -p no:cacheprovider --tb=short -rfE > "$OUT/parallel_cuda_tests.log" 2>&1
+echo "exit $?"; tail -25 "$OUT/parallel_cuda_tests.log"
+
 echo "== command transport (CPU, gloo / shared memory)"
 timeout -k 5 20 python3 benchmarks/parallel_step_overhead.py transport \
   > "$OUT/transport.log" 2>&1
 echo "exit $?"; grep "^transport" "$OUT/transport.log"
 
-echo "== CUDA tests (2 GPUs)"
-timeout -k 5 100 python3 -m pytest tests/python/engine/test_engine_parallel_cuda.py -q \
-  -p no:cacheprovider --tb=short -rfE > "$OUT/parallel_cuda_tests.log" 2>&1
-echo "exit $?"; tail -25 "$OUT/parallel_cuda_tests.log"
+echo "== engine, tensor_parallel_size=2, tp_all_reduce=one_shot (symmetric memory)"
+timeout -k 5 110 $BENCH engine --dir "$CKPT" --tp 2 --tp-all-reduce one_shot \
+  --out "$OUT/tp2_one_shot.json" > "$OUT/engine_tp2_one_shot.log" 2>&1
+echo "exit $?"; grep -E "^tp=|Error|error" "$OUT/engine_tp2_one_shot.log" | tail -12
+$BENCH report --out-dir "$OUT" | grep -E "one_shot|targets"  # summary.md gains these rows
 
 echo "== host time of a step, driver and worker (CPU, gloo, tiny model)"
 for loop in "" --async-scheduling; do

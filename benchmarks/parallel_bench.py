@@ -153,7 +153,9 @@ def _timed(llm: Any, prompts: list, max_tokens: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) -> None:
+def run_engine(
+    path: str, tp: int, device: str, out: str, batches: List[int], all_reduce: str
+) -> None:
     from pagedkv import LLM, SamplingParams
 
     if device == "cpu":
@@ -167,6 +169,7 @@ def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) ->
         device=device,
         dtype=dtype,
         tensor_parallel_size=tp,
+        tp_all_reduce=all_reduce,
         max_model_len=2048,
         max_num_seqs=max(batches),
         skip_tokenizer_init=True,
@@ -176,6 +179,7 @@ def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) ->
     )
     result: Dict[str, Any] = {
         "tp": tp,
+        "tp_all_reduce": all_reduce,
         "device": device,
         "load_s": time.perf_counter() - t0,
         "num_gpu_blocks": llm.llm_engine.num_gpu_blocks,
@@ -402,9 +406,12 @@ def report(out_dir: str) -> str:
         layers = (load("config.json") or {"num_hidden_layers": 32})["num_hidden_layers"]
         lines[0] = "| loop " + lines[0]
         lines[1] = "|---" + lines[1]
+        one_shot = load("tp2_one_shot.json") or {}
         for loop, key in (("serial", "decode"), ("async", "decode_async")):
             if key in one and key in two:
                 lines += _decode_rows(loop, one[key], two[key], ar, layers)
+            if key in one and key in one_shot:  # TP=2 with tp_all_reduce="one_shot"
+                lines += _decode_rows(f"{loop} one_shot", one[key], one_shot[key], None, layers)
         same = sum(x == y for x, y in zip(one["greedy"], two["greedy"]))
         toks = [sum(u == v for u, v in zip(x, y)) for x, y in zip(one["greedy"], two["greedy"])]
         first = [
@@ -457,6 +464,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0, help="fewer layers than the shape's")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tp-all-reduce", default="nccl", choices=["nccl", "one_shot"])
     ap.add_argument("--out", default="result.json")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
@@ -469,7 +477,7 @@ def main() -> None:
         write_checkpoint(args.dir, args.shape, args.device, args.layers)
         print(f"wrote {args.dir} in {time.perf_counter() - t0:.1f} s")
     elif args.step == "engine":
-        run_engine(args.dir, args.tp, args.device, args.out, args.batches)
+        run_engine(args.dir, args.tp, args.device, args.out, args.batches, args.tp_all_reduce)
     elif args.step == "allreduce":
         run_allreduce(args.out, SHAPES[args.shape]["hidden_size"], args.batches)
     else:
