@@ -11,6 +11,11 @@ at start-up, by every rank of the group together). An all-reduce copies its inpu
 the kernel write the sum straight back into the input tensor. The buffer's address never
 changes, so CUDA graphs capture it like any kernel. A message that does not fit (a long
 prefill), or of another dtype, falls back to the group's NCCL all-reduce.
+
+Failure: the kernel waits on its peers' signals with no timeout, and aborting NCCL's
+communicators does not reach it; a rank that dies in the middle of a step can leave the
+others' GPUs waiting (the workers are killed, the driver's device sync may not return). The
+NCCL path ends such a step with an error instead: one reason "nccl" stays the default.
 """
 
 from __future__ import annotations
