@@ -23,6 +23,7 @@ sure none is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -109,7 +110,9 @@ class MultiprocExecutor:
                 "tp_all_reduce='one_shot' (a symmetric-memory all-reduce over NVLink) needs "
                 f"CUDA devices, not {device.type}; use tp_all_reduce='nccl'"
             )
-        self.world_size = tp * pp
+        self.world_size, self.pp_size = tp * pp, pp
+        # Rows of the last decode step whose logits the workers computed unasked (execute).
+        self._pending_logits: Optional[int] = None
         self.block_size = cfg.block_size
         self._state = _Procs()
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -176,15 +179,18 @@ class MultiprocExecutor:
         ).start()
 
     # ------------------------------------------------------------------ the runner interface
-    def _run_all(self, name: str, *args: Any) -> Any:
+    def _run_all(self, name: str, *args: Any, send: bool = True) -> Any:
         """Runs Worker.<name>(*args) on every rank: the command to the others, then here (a
-        PerRank argument: its ``workers`` value there, its ``driver`` value here)."""
+        PerRank argument: its ``workers`` value there, its ``driver`` value here). With
+        ``send`` False, here only: the workers run their side without a command."""
         state = self._state
         if state.dead is not None:
             _shutdown(state)  # (the monitor found a dead worker between two calls)
             raise RuntimeError(f"the parallel engine is down: {state.dead}")
         try:
-            state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
+            if send:
+                self._flush_logits()
+                state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
             return getattr(self.worker, name)(
                 *[a.driver if type(a) is PerRank else a for a in args]
             )
@@ -227,10 +233,16 @@ class MultiprocExecutor:
         ``prev_tokens``: the previous step's tokens on the driver's device (overlapped
         scheduling): the workers get their count, then the tokens in a device broadcast."""
         arrays = self._arrays(plan)
-        if prev_tokens is None:
-            out = self._run_all("execute", arrays)
+        prev = None if prev_tokens is None else PerRank(len(prev_tokens), prev_tokens)
+        n = int(plan.num_tokens)
+        if self.pp_size == 1 and int(plan.num_prefills) == 0 and n == int(plan.num_seqs):
+            # A plain decode step samples every row: the workers go on to their share of its
+            # logits at once (the LM head's all-gather), and the driver's compute_logits of
+            # all rows needs no second command (see compute_logits).
+            out = self._run_all("execute", arrays, prev, PerRank(True, False))
+            self._pending_logits = n
         else:
-            out = self._run_all("execute", arrays, PerRank(len(prev_tokens), prev_tokens))
+            out = self._run_all("execute", arrays, prev)
         if out is None:
             return torch.empty(int(plan.num_tokens), 0, device=self.device)
         return out
@@ -240,7 +252,20 @@ class MultiprocExecutor:
     ) -> torch.Tensor:
         idx = None if rows is None else rows.cpu().numpy().astype(np.int64)
         num_rows = hidden.shape[0] if idx is None else len(idx)
+        n = self._pending_logits
+        if n == num_rows and (idx is None or np.array_equal(idx, np.arange(n))):
+            # The rows the workers already computed theirs for (execute): the same collective.
+            self._pending_logits = None
+            return self._run_all("compute_logits", None, n, upcast, send=False)
         return self._run_all("compute_logits", idx, num_rows, upcast)
+
+    def _flush_logits(self) -> None:
+        """Before any other command: the driver's side of the logits collective the workers
+        ran after the last decode step, when the engine asked for other rows or none (its
+        result is dropped). The ranks' collectives then stay in the same order."""
+        n, self._pending_logits = self._pending_logits, None
+        if n is not None:
+            self.worker.compute_logits(None, n, False)
 
     def apply_block_ops(self, plan: Any) -> None:
         self._run_all("apply_block_ops", self._arrays(plan))
@@ -261,6 +286,9 @@ class MultiprocExecutor:
         return getattr(worker.runner, name)
 
     def shutdown(self) -> None:
+        if self.is_alive:  # (workers waiting in a logits collective would not hear the stop)
+            with contextlib.suppress(Exception):
+                self._flush_logits()
         self._finalizer()
 
     @property

@@ -107,7 +107,10 @@ class Worker:
         self._runner.finish_swap_out(plan)
 
     def execute(
-        self, plan: Any, prev_tokens: Union[None, int, torch.Tensor] = None
+        self,
+        plan: Any,
+        prev_tokens: Union[None, int, torch.Tensor] = None,
+        logits: bool = False,
     ) -> Optional[torch.Tensor]:
         """The stage's forward; the final hidden states on the last stage, else None. Under
         pipeline parallelism a large step runs as micro-batches (micro_batches.py): this stage
@@ -117,11 +120,15 @@ class Worker:
         previous step's tokens, see ModelRunner.execute): the driver's device tensor of them
         on the driver, their count on the other ranks; the first stage's ranks receive them
         from the driver in a broadcast over their tensor-parallel group (on the device stream:
-        no host waits for the previous step)."""
+        no host waits for the previous step). ``logits`` (a worker, no pipeline stages): go on
+        to compute_logits of all rows, the driver's next call (executor_mp says when), without
+        waiting for its command."""
         prev = _prev_tokens(prev_tokens, self.device)
         pp = get_pp_group()
         if pp.world_size == 1:
             self._hidden = self._runner.execute(plan, None, prev_tokens=prev)
+            if logits:
+                self.compute_logits(None, int(plan.num_tokens), False)
             return self._hidden
         parts = split_plan(plan, pp.world_size, self.cfg.pipeline_micro_batch_tokens)
         self.micro_batched_steps += len(parts) > 1

@@ -152,6 +152,39 @@ def test_parallel_engine_matches_one_rank(
     assert not model_parallel_is_initialized()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decode_step_sends_one_command(models: dict[str, str], overlap: bool) -> None:
+    """A plain decode step reaches the workers as one command (execute; they go on to their
+    share of the logits unasked), and the tokens are still those of one rank. The second
+    request ends early on a stop token: overlapped, the step planned before that token was
+    seen still holds its row, which is not sampled, so the driver asks for other rows than
+    the workers computed (the unasked collective is matched, then a compute_logits command)."""
+    prompts = [{"prompt_token_ids": [5, 7, 11, 13]}, {"prompt_token_ids": [2, 3]}]
+    one = LLM(models["tiny-llama"], **ENGINE)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    free = one.generate(prompts[1:], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    stop = next(t for i, t in enumerate(free) if i >= 5 and t not in free[:i])
+    params = [greedy, SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop])]
+    want = one.generate(prompts, params, use_tqdm=False)
+    del one
+    assert len(want[1].outputs[0].token_ids) < 24
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2, async_scheduling=overlap)
+    try:
+        channel = llm.llm_engine.runner._state.channel
+        sent: list[str] = []
+        send = channel.send
+        channel.send = lambda name, args: (sent.append(name), send(name, args))[1]
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+        # 1 prefill step (execute + compute_logits of its last rows) and 23 decode steps;
+        # overlapped, one decode step asks for the rows of the live request alone.
+        assert sent.count("execute") == 24, sent
+        assert sent.count("compute_logits") == (2 if overlap else 1), sent
+    finally:
+        del llm
+        gc.collect()
+
+
 def test_one_shot_all_reduce_refused_on_the_cpu(models: dict[str, str]) -> None:
     """The symmetric-memory all-reduce exists on CUDA only: refused by name, no rank started."""
     with pytest.raises(ValueError, match="tp_all_reduce='one_shot'.*needs CUDA devices"):
