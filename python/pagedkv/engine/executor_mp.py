@@ -250,14 +250,21 @@ class MultiprocExecutor:
     def compute_logits(
         self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None, upcast: bool = True
     ) -> torch.Tensor:
-        idx = None if rows is None else rows.cpu().numpy().astype(np.int64)
-        num_rows = hidden.shape[0] if idx is None else len(idx)
         n = self._pending_logits
-        if n == num_rows and (idx is None or np.array_equal(idx, np.arange(n))):
-            # The rows the workers already computed theirs for (execute): the same collective.
-            self._pending_logits = None
-            return self._run_all("compute_logits", None, n, upcast, send=False)
-        return self._run_all("compute_logits", idx, num_rows, upcast)
+        if n is not None and (rows is not None or hidden.shape[0] == n):
+            # Were these the rows the workers computed theirs for (execute)? (A host copy of
+            # the rows: sampling on the host, or rows dropped since the plan; both rare or
+            # waiting for the device anyway.)
+            idx = None if rows is None else rows.cpu().numpy().astype(np.int64)
+            if idx is None or np.array_equal(idx, np.arange(n)):
+                self._pending_logits = None  # the same collective: nothing to send
+                return self._run_all("compute_logits", None, n, upcast, send=False)
+            return self._run_all("compute_logits", idx, len(idx), upcast)
+        if rows is None:
+            return self._run_all("compute_logits", None, hidden.shape[0], upcast)
+        # The rows' count goes in the command, the rows themselves by a device broadcast: no
+        # host copy waiting for the device (an overlapped step's prefill rows).
+        return self._run_all("compute_logits", PerRank(len(rows), rows), len(rows), upcast)
 
     def _flush_logits(self) -> None:
         """Before any other command: the driver's side of the logits collective the workers

@@ -154,11 +154,16 @@ class Worker:
         return self._hidden
 
     def compute_logits(
-        self, rows: Optional[np.ndarray], num_rows: int, upcast: bool
+        self, rows: Union[None, np.ndarray, int, torch.Tensor], num_rows: int, upcast: bool
     ) -> Optional[torch.Tensor]:
         """Logits [num_rows, vocab] of the last step's hidden ``rows`` (all when None), on the
-        driver; None on the other ranks."""
+        driver; None on the other ranks. ``rows`` may also be the driver's device tensor of
+        them (on the driver; their count on the other ranks), broadcast over the world group."""
         pp, world = get_pp_group(), get_world_group()
+        if isinstance(rows, torch.Tensor):
+            rows = world.broadcast(rows.to(torch.int64).contiguous(), 0)
+        elif isinstance(rows, int):
+            rows = world.broadcast(torch.empty(rows, dtype=torch.int64, device=self.device), 0)
         last_first = world.world_size - get_tp_group().world_size  # the last stage's rank 0
         dtype = torch.float32 if upcast else self.dtype
         if not pp.is_last_rank:
@@ -170,7 +175,7 @@ class Worker:
             torch.distributed.recv(out, src=last_first, group=world.device_group)
             return out
         assert self._hidden is not None, "compute_logits() before execute()"
-        idx = None if rows is None else torch.from_numpy(rows).to(self.device)
+        idx = torch.from_numpy(rows).to(self.device) if isinstance(rows, np.ndarray) else rows
         logits = self._runner.compute_logits(self._hidden, idx, upcast)
         if world.rank == last_first and world.rank != 0:
             torch.distributed.send(logits.contiguous(), dst=0, group=world.device_group)
