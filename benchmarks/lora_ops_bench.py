@@ -1,5 +1,6 @@
 """One LoRA layer's cost on the GPU, by kernel: the base linear alone vs LoRALinear with its
-adapters' deltas through "grouped_mm" (torch._grouped_mm SGMV) and "pagedkv" (the core's BGMV),
+adapters' deltas through "dense" (all slots' GEMMs under a one-hot slot mask), "grouped_mm"
+(torch._grouped_mm SGMV) and "pagedkv" (the core's BGMV),
 each replayed from a CUDA graph (as decode steps run), for the random 1B Llama's layer shapes
 and tokens spread over 8 rank-16 adapters.
 
@@ -78,7 +79,7 @@ def main() -> None:
         fin = int(base.weight.shape[1])
         names = [f"s{i}" for i in range(len(sizes))]
         layers = {}
-        for kernel in ("grouped_mm", "pagedkv"):
+        for kernel in ("dense", "grouped_mm", "pagedkv"):
             layer = LoRALinear(base, names, sizes, loras, args.rank, LoRAStep(loras), kernel)
             for slot in range(loras):
                 parts = {

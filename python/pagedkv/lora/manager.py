@@ -125,7 +125,8 @@ class LoRAManager:
                 slot_of[i] = self._load_slot(i, wanted)
             self.host.move_to_end(i)
         slots = np.array([slot_of[i] for i in token_adapter_ids], dtype=np.int32)
-        self.targets.step.token_lora_indices = torch.from_numpy(slots).to(self.device)
+        # Copied to the device only if a layer reads them (not when a CUDA graph replays).
+        self.targets.step.set_host_slots(slots, self.device)
         return slots
 
     def end_step(self) -> None:
