@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # LoRA step speed (#31), GPU run (< 4 minutes on an installed CUDA build): the CUDA tests of the
-# LoRA kernels (dense / grouped_mm graph capture + replay with new slots, the engine's graphs
-# per kernel vs HF's merged models and vs the core's BGMV, the core's ops), one layer's cost per
-# kernel (benchmarks/lora_ops_bench.py, 1B shapes, graph replays), then
-# benchmarks/lora_bench.py (8 rank-16 adapters over 256 requests vs no adapter, random 1B Llama)
-# for dense, grouped_mm and pagedkv, each engine then profiling 20 decode steps with and without
-# adapters (top kernels + per-step delta: benchmarks/lora_profile.py). Logs go to $OUT; the full
+# LoRA kernels (dense / grouped_mm / pagedkv_tiled graph capture + replay with new slots, the
+# engine's graphs per kernel vs HF's merged models and vs the core's BGMV, the core's ops in both
+# variants), one layer's cost per kernel (benchmarks/lora_ops_bench.py, 1B shapes, graph
+# replays), then benchmarks/lora_bench.py (8 rank-16 adapters over 256 requests vs no adapter,
+# random 1B Llama) for dense, grouped_mm and pagedkv_tiled (pagedkv: 0.23x, measured before),
+# each engine then profiling 20 decode steps with and without adapters (top kernels + per-step
+# delta: benchmarks/lora_profile.py). Logs go to $OUT; the full
 # profile tables are in $OUT/lora_bench.log and $OUT/lora_bench.json.
 #   SKIP_BUILD=1 bash benchmarks/gpu_lorafast2_run.sh
 set -uo pipefail
@@ -17,6 +18,7 @@ tail -12 "$OUT/lorafast2_cuda_tests.log"
 timeout 25 python3 benchmarks/lora_ops_bench.py --json "$OUT/lora_ops.json" 2>&1 \
   | tee "$OUT/lora_ops.log" | tail -8
 timeout 140 python3 benchmarks/lora_bench.py --model-dir /tmp/llama1b --profile-steps 20 \
+  --kernel dense grouped_mm pagedkv_tiled \
   --json "$OUT/lora_bench.json" > "$OUT/lora_bench.log" 2>&1
 grep '^{"' "$OUT/lora_bench.log" | cut -c1-400
 python3 - "$OUT/lora_bench.json" <<'PY'

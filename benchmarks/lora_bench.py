@@ -1,9 +1,10 @@
 """Multi-LoRA throughput: generation tokens/s of a batch whose requests use 8 distinct rank-16
 adapters (round robin) vs the same batch without adapters, on one engine per LoRA kernel
 (random ~1B Llama): "dense" (all slots' GEMMs under a one-hot slot mask), "grouped_mm"
-(torch._grouped_mm SGMV, bf16 on sm90+) and "pagedkv" (the core's BGMV ops) by default, one
-after the other in this run. ``--profile-steps N`` then profiles N decode steps of each engine
-(benchmarks/lora_profile.py's tables: top kernels, per-step delta).
+(torch._grouped_mm SGMV, bf16 on sm90+), "pagedkv_tiled" and "pagedkv" (the core's BGMV ops,
+tiled variant and default) by default, one after the other in this run. ``--profile-steps N``
+then profiles N decode steps of each engine (benchmarks/lora_profile.py's tables: top kernels,
+per-step delta).
 
   python benchmarks/lora_bench.py --model-dir /tmp/llama1b --json lora.json
   python benchmarks/lora_bench.py --kernel pagedkv dense --profile-steps 20
@@ -111,8 +112,8 @@ def main() -> None:
     ap.add_argument(
         "--kernel",
         nargs="+",
-        default=["dense", "grouped_mm", "pagedkv"],
-        choices=("auto", "pagedkv", "grouped_mm", "dense"),
+        default=["dense", "grouped_mm", "pagedkv_tiled", "pagedkv"],
+        choices=("auto", "pagedkv", "pagedkv_tiled", "grouped_mm", "dense"),
         help="the engines' lora_kernel, one engine each, in this order",
     )
     ap.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps")

@@ -1,6 +1,6 @@
 """One LoRA layer's cost on the GPU, by kernel: the base linear alone vs LoRALinear with its
 adapters' deltas through "dense" (all slots' GEMMs under a one-hot slot mask), "grouped_mm"
-(torch._grouped_mm SGMV) and "pagedkv" (the core's BGMV),
+(torch._grouped_mm SGMV), "pagedkv" (the core's BGMV) and "pagedkv_tiled" (its tiled variant),
 each replayed from a CUDA graph (as decode steps run), for the random 1B Llama's layer shapes
 and tokens spread over 8 rank-16 adapters.
 
@@ -79,7 +79,7 @@ def main() -> None:
         fin = int(base.weight.shape[1])
         names = [f"s{i}" for i in range(len(sizes))]
         layers = {}
-        for kernel in ("dense", "grouped_mm", "pagedkv"):
+        for kernel in ("dense", "grouped_mm", "pagedkv", "pagedkv_tiled"):
             layer = LoRALinear(base, names, sizes, loras, args.rank, LoRAStep(loras), kernel)
             for slot in range(loras):
                 parts = {

@@ -216,10 +216,10 @@ ENGINE_FLAGS = (
     Flag(
         "lora_kernel",
         "auto",
-        "how the adapters' deltas run: 'dense' (GEMMs over all slots under a one-hot slot "
-        "mask), 'grouped_mm' (torch._grouped_mm SGMV, bf16 on sm90+), 'pagedkv' (the core's "
-        "BGMV ops, every device and dtype), 'auto': dense on CUDA where its extra work is small, "
-        "else grouped_mm where it applies, else pagedkv",
+        "how the adapters' deltas run: 'pagedkv' (the core's BGMV ops, every device and "
+        "dtype), 'pagedkv_tiled' (their tiled CUDA variant), 'grouped_mm' (torch._grouped_mm "
+        "SGMV, bf16 on sm90+), 'dense' (GEMMs over all slots under a one-hot slot mask), "
+        "'auto': grouped_mm where it applies, else pagedkv",
         type=t.choice_of(LORA_KERNELS),
         metavar="{" + ",".join(LORA_KERNELS) + "}",
     ),

@@ -1,20 +1,22 @@
 // Multi-LoRA kernels (BGMV): every token of the step in one launch, each reading its adapter's
-// weights through its index. Shrink: one warp per (token, rank row), a K-long dot over 16-byte
-// packs of x and the A row (one element at a time where rows are not aligned). Expand: one
-// thread per output column of a tile of tokens; the tile's shrunk rows sit in shared memory,
-// so an adapter's B rows of the CTA's columns are read from L2 once per tile (L1 keeps them
-// for the tile's other tokens of that adapter) instead of once per token; each r-long dot is
-// added to the output in fp32 and rounded once.
+// weights through its index. Shrink: one warp per (token, rank row), a K-long dot with
+// coalesced loads. Expand: one thread per output column of a tile of tokens, the tile's shrunk
+// rows in shared memory, an r-long dot per token added to the output in fp32 and rounded once.
+// The variant (include/pagedkv/lora.h) picks the loads and the tile: kPerToken, element-wise
+// loads and one token per CTA; kTiled, 16-byte packs where rows are aligned and up to 32
+// tokens per expand CTA, so an adapter's B rows of the CTA's columns are read from L2 once per
+// tile (L1 keeps them for the tile's other tokens of that adapter) instead of once per token.
 #include "ops/cuda/layer_common.cuh"
 #include "ops/cuda/lora.h"
 
 namespace pagedkv::cuda_ops {
 namespace {
 
-constexpr int kShrinkWarps = 8;         // rank rows per shrink CTA
-constexpr int kExpandThreads = 128;     // output columns per expand CTA
-constexpr int kExpandTokens = 32;       // tokens per expand CTA, fewer for wide rows
-constexpr int kExpandSmem = 48 * 1024;  // bytes of shrunk rows per expand CTA
+constexpr int kShrinkWarps = 8;           // rank rows per shrink CTA
+constexpr int kExpandThreads = 256;       // output columns per expand CTA (kPerToken)
+constexpr int kTiledExpandThreads = 128;  // output columns per expand CTA (kTiled)
+constexpr int kTiledExpandTokens = 32;    // tokens per expand CTA (kTiled), fewer if wide
+constexpr int kExpandSmem = 48 * 1024;    // bytes of shrunk rows per expand CTA
 constexpr int kMaxSlices = 8;
 
 struct ShrinkParams {
@@ -70,7 +72,7 @@ __global__ void lora_expand_kernel(ExpandParams p) {
   for (int64_t i = threadIdx.x; i < nt * width; i += blockDim.x)
     h[i] = p.buf[(t0 + i / width) * p.buf_stride + i % width];
   __syncthreads();
-  const int64_t n = static_cast<int64_t>(blockIdx.y) * kExpandThreads + threadIdx.x;
+  const int64_t n = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (n >= p.N) return;
   int s = 0;
   while (n >= p.slice_end[s]) ++s;
@@ -94,14 +96,15 @@ __global__ void lora_expand_kernel(ExpandParams p) {
 }  // namespace
 
 void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a,
-                 const TensorView& token_lora_indices, Stream stream) {
+                 const TensorView& token_lora_indices, Stream stream, ops::LoRAVariant variant) {
   ShrinkParams p{
       buf.data_as<float>(), x.data(),    a.data(),  token_lora_indices.data_as<int32_t>(),
       buf.stride(0),        x.stride(0), a.size(1), a.size(2)};
   DeviceGuard guard(x.device());
   const cudaStream_t s = op_stream(stream, x.device());
   const dim3 grid(static_cast<unsigned>(x.size(0)), ceil_div(p.R, kShrinkWarps));
-  const bool packed = p.K % pack_width(x.dtype()) == 0 && rows_aligned(x) && rows_aligned(a);
+  const bool packed = variant == ops::LoRAVariant::kTiled && p.K % pack_width(x.dtype()) == 0 &&
+                      rows_aligned(x) && rows_aligned(a);
   dispatch_float(x.dtype(), "lora_shrink", [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = static_cast<int>(16 / sizeof(T));
@@ -115,7 +118,7 @@ void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a
 
 void lora_expand(const TensorView& out, const TensorView& buf, const TensorView& b,
                  const TensorView& token_lora_indices, const std::vector<int64_t>& slice_sizes,
-                 Stream stream) {
+                 Stream stream, ops::LoRAVariant variant) {
   ExpandParams p{};
   p.out = out.data();
   p.buf = buf.data_as<const float>();
@@ -132,19 +135,22 @@ void lora_expand(const TensorView& out, const TensorView& buf, const TensorView&
   const int64_t row_bytes = static_cast<int64_t>(sizeof(float)) * p.num_slices * p.r;
   PAGEDKV_CHECK(row_bytes <= kExpandSmem, "lora_expand: slices * rank = ", p.num_slices * p.r,
                 " exceeds the CUDA kernel's ", kExpandSmem / sizeof(float));
-  p.tokens = static_cast<int>(std::min<int64_t>(kExpandTokens, kExpandSmem / row_bytes));
+  const bool tiled = variant == ops::LoRAVariant::kTiled;
+  p.tokens =
+      tiled ? static_cast<int>(std::min<int64_t>(kTiledExpandTokens, kExpandSmem / row_bytes)) : 1;
   const int smem = static_cast<int>(row_bytes * p.tokens);
+  const int threads = tiled ? kTiledExpandThreads : kExpandThreads;
   DeviceGuard guard(out.device());
   const cudaStream_t s = op_stream(stream, out.device());
-  const dim3 grid(ceil_div(p.T, p.tokens), ceil_div(p.N, kExpandThreads));
-  const bool packed = p.r % pack_width(b.dtype()) == 0 && rows_aligned(b);
+  const dim3 grid(ceil_div(p.T, p.tokens), ceil_div(p.N, threads));
+  const bool packed = tiled && p.r % pack_width(b.dtype()) == 0 && rows_aligned(b);
   dispatch_float(out.dtype(), "lora_expand", [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = static_cast<int>(16 / sizeof(T));
     if (packed)
-      lora_expand_kernel<T, V><<<grid, kExpandThreads, smem, s>>>(p);
+      lora_expand_kernel<T, V><<<grid, threads, smem, s>>>(p);
     else
-      lora_expand_kernel<T, 1><<<grid, kExpandThreads, smem, s>>>(p);
+      lora_expand_kernel<T, 1><<<grid, threads, smem, s>>>(p);
   });
   check_launch("lora_expand");
 }

@@ -154,12 +154,12 @@ def test_cuda_graphs_run_adapters(world, kernel: str) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel", ["grouped_mm", "dense"])
+@pytest.mark.parametrize("kernel", ["grouped_mm", "dense", "pagedkv_tiled"])
 def test_cuda_graphs_bf16_kernels(world, kernel: str) -> None:
-    """lora_kernel="grouped_mm" (torch._grouped_mm, bf16 on sm90+) and "dense" through the
-    engine's CUDA graphs in bf16 give the tokens of the core's kernel: greedy tokens agree until
-    a near tie (the kernels round the bf16 deltas differently), where the logprobs still
-    agree."""
+    """lora_kernel="grouped_mm" (torch._grouped_mm, bf16 on sm90+), "dense" and "pagedkv_tiled"
+    through the engine's CUDA graphs in bf16 give the tokens of the core's kernel: greedy
+    tokens agree until a near tie (the kernels round the bf16 deltas differently), where the
+    logprobs still agree."""
     if kernel == "grouped_mm" and (
         not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0)
     ):

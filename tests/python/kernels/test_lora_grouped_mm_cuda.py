@@ -1,8 +1,8 @@
-"""LoRALinear's grouped_mm (torch._grouped_mm, bf16 on Hopper) and dense kernels on the GPU:
-captured in a CUDA graph that reads the tokens' slots from a buffer, replays with new slots (the
-sort and group offsets, or the slot mask, are recomputed on the device) equal the float64
-reference and the core's BGMV ops; grouped_mm is refused by name where torch would fall back to
-a host-syncing loop."""
+"""LoRALinear's grouped_mm (torch._grouped_mm, bf16 on Hopper), dense and pagedkv_tiled kernels
+on the GPU: captured in a CUDA graph that reads the tokens' slots from a buffer, replays with new
+slots (the sort and group offsets, or the slot mask, are recomputed on the device) equal the
+float64 reference and the core's BGMV ops; grouped_mm is refused by name where torch would fall
+back to a host-syncing loop."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def _slots(layers: list[LoRALinear], sizes: list[int], g: torch.Generator) -> li
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("kernel", ["grouped_mm", "dense"])
+@pytest.mark.parametrize("kernel", ["grouped_mm", "dense", "pagedkv_tiled"])
 @pytest.mark.parametrize("kind", ["qkv", "gate_up"])
 def test_graph_replay_with_new_slots(kind: str, kernel: str) -> None:
     if kernel == "grouped_mm" and not _hopper():

@@ -1,8 +1,9 @@
-"""LoRALinear's three kernels on the CPU: "grouped_mm" (torch._grouped_mm over the tokens sorted
-by slot), "pagedkv" (the core's BGMV ops) and "dense" (all slots' GEMMs under the step's one-hot
-slot mask, the expand added in place) all equal a float64 reference built from the
-adapters' own A/B matrices, for plain, QKV and gate/up layers; with tokens without an adapter,
-one slot, all slots, ranks below max_rank and slices an adapter does not target."""
+"""LoRALinear's kernels on the CPU: "grouped_mm" (torch._grouped_mm over the tokens sorted by
+slot), "pagedkv" (the core's BGMV ops; "pagedkv_tiled" differs on CUDA only) and "dense" (all
+slots' GEMMs under the step's one-hot slot mask, the expand added in place) all equal a float64
+reference built from the adapters' own A/B matrices, for plain, QKV and gate/up layers; with
+tokens without an adapter, one slot, all slots, ranks below max_rank and slices an adapter
+does not target."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def test_kernels_equal_float64_reference(case: tuple) -> None:
     idx = _indices(pattern, t, max_loras, g)
     want = _reference(base, x, adapters, idx, sizes)
     got = {}
-    for kernel in ("grouped_mm", "pagedkv", "dense"):
+    for kernel in ("grouped_mm", "pagedkv", "pagedkv_tiled", "dense"):
         step = LoRAStep(max_loras)
         layer = LoRALinear(base, names, sizes, max_loras, MAX_RANK, step, kernel)
         assert layer.kernel == kernel
@@ -121,6 +122,7 @@ def test_kernels_equal_float64_reference(case: tuple) -> None:
         torch.testing.assert_close(got[kernel].double(), want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got["grouped_mm"], got["pagedkv"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["dense"], got["pagedkv"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["pagedkv_tiled"], got["pagedkv"], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("kernel", ["grouped_mm", "dense"])
