@@ -3,9 +3,10 @@
 // coalesced loads. Expand: one thread per output column of a tile of tokens, the tile's shrunk
 // rows in shared memory, an r-long dot per token added to the output in fp32 and rounded once.
 // The variant (include/pagedkv/lora.h) picks the loads and the tile: kPerToken, element-wise
-// loads and one token per CTA; kTiled, 16-byte packs where rows are aligned and up to 32
-// tokens per expand CTA, so an adapter's B rows of the CTA's columns are read from L2 once per
-// tile (L1 keeps them for the tile's other tokens of that adapter) instead of once per token.
+// loads and one token per CTA; kTiled, 16-byte packs where rows are aligned, 8 tokens per
+// shrink CTA (a warp's A row pieces loaded once for a run of tokens of one adapter) and up to
+// 32 tokens per expand CTA, so an adapter's B rows of the CTA's columns are read from L2 once
+// per tile (L1 keeps them for the tile's other tokens of that adapter), not once per token.
 #include "ops/cuda/layer_common.cuh"
 #include "ops/cuda/lora.h"
 
@@ -13,6 +14,7 @@ namespace pagedkv::cuda_ops {
 namespace {
 
 constexpr int kShrinkWarps = 8;           // rank rows per shrink CTA
+constexpr int kTiledShrinkTokens = 8;     // tokens per shrink CTA (kTiled)
 constexpr int kExpandThreads = 256;       // output columns per expand CTA (kPerToken)
 constexpr int kTiledExpandThreads = 128;  // output columns per expand CTA (kTiled)
 constexpr int kTiledExpandTokens = 32;    // tokens per expand CTA (kTiled), fewer if wide
@@ -24,7 +26,7 @@ struct ShrinkParams {
   const void* x;
   const void* a;
   const int32_t* idx;
-  int64_t buf_stride, x_stride, R, K;
+  int64_t buf_stride, x_stride, T, R, K;
 };
 
 struct ExpandParams {
@@ -38,29 +40,46 @@ struct ExpandParams {
   int64_t slice_end[kMaxSlices];  // exclusive end column of each slice
 };
 
-// V: elements per load (16 / sizeof(T) where rows are 16-byte aligned, else 1).
-template <typename T, int V>
+// V: elements per load (16 / sizeof(T) where rows are 16-byte aligned, else 1). TT: tokens per
+// CTA; a warp loads each piece of its A row once for the run of the tile's tokens that share
+// the adapter (a prefill's tokens), instead of once per token.
+template <typename T, int V, int TT>
 __global__ void lora_shrink_kernel(ShrinkParams p) {
-  const int64_t t = blockIdx.x;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * TT;
   const int64_t row = static_cast<int64_t>(blockIdx.y) * kShrinkWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= p.R) return;
-  const int32_t l = p.idx[t];
-  float acc = 0.0f;
-  if (l >= 0) {
-    const T* x = static_cast<const T*>(p.x) + t * p.x_stride;
-    const T* a = static_cast<const T*>(p.a) + (l * p.R + row) * p.K;
-    for (int64_t k = static_cast<int64_t>(lane) * V; k < p.K; k += 32 * V) {
-      float xv[V], av[V];
-      load_pack<T, V>(x + k, xv);
-      load_pack<T, V>(a + k, av);
+  int32_t l[TT];
+  float acc[TT];
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc += xv[i] * av[i];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  for (int i = 0; i < TT; ++i) {
+    l[i] = t0 + i < p.T ? p.idx[t0 + i] : -1;
+    acc[i] = 0.0f;
   }
-  if (lane == 0) p.buf[t * p.buf_stride + row] = acc;
+  const T* x = static_cast<const T*>(p.x) + t0 * p.x_stride;
+  const T* a = static_cast<const T*>(p.a) + row * p.K;
+  for (int64_t k = static_cast<int64_t>(lane) * V; k < p.K; k += 32 * V) {
+    int32_t loaded = -1;  // the adapter whose A piece av holds (the same for the whole warp)
+    float av[V];
+#pragma unroll
+    for (int i = 0; i < TT; ++i) {
+      if (l[i] < 0) continue;
+      if (l[i] != loaded) {
+        load_pack<T, V>(a + l[i] * p.R * p.K + k, av);
+        loaded = l[i];
+      }
+      float xv[V];
+      load_pack<T, V>(x + i * p.x_stride + k, xv);
+#pragma unroll
+      for (int q = 0; q < V; ++q) acc[i] += xv[q] * av[q];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < TT; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if (lane == 0 && t0 + i < p.T) p.buf[(t0 + i) * p.buf_stride + row] = acc[i];
+  }
 }
 
 template <typename T, int V>
@@ -97,21 +116,31 @@ __global__ void lora_expand_kernel(ExpandParams p) {
 
 void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a,
                  const TensorView& token_lora_indices, Stream stream, ops::LoRAVariant variant) {
-  ShrinkParams p{
-      buf.data_as<float>(), x.data(),    a.data(),  token_lora_indices.data_as<int32_t>(),
-      buf.stride(0),        x.stride(0), a.size(1), a.size(2)};
+  ShrinkParams p{buf.data_as<float>(),
+                 x.data(),
+                 a.data(),
+                 token_lora_indices.data_as<int32_t>(),
+                 buf.stride(0),
+                 x.stride(0),
+                 x.size(0),
+                 a.size(1),
+                 a.size(2)};
   DeviceGuard guard(x.device());
   const cudaStream_t s = op_stream(stream, x.device());
-  const dim3 grid(static_cast<unsigned>(x.size(0)), ceil_div(p.R, kShrinkWarps));
-  const bool packed = variant == ops::LoRAVariant::kTiled && p.K % pack_width(x.dtype()) == 0 &&
-                      rows_aligned(x) && rows_aligned(a);
+  const bool tiled = variant == ops::LoRAVariant::kTiled;
+  const int tokens = tiled ? kTiledShrinkTokens : 1;
+  const dim3 grid(ceil_div(p.T, tokens), ceil_div(p.R, kShrinkWarps));
+  const bool packed =
+      tiled && p.K % pack_width(x.dtype()) == 0 && rows_aligned(x) && rows_aligned(a);
   dispatch_float(x.dtype(), "lora_shrink", [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = static_cast<int>(16 / sizeof(T));
-    if (packed)
-      lora_shrink_kernel<T, V><<<grid, kShrinkWarps * 32, 0, s>>>(p);
+    if (!tiled)
+      lora_shrink_kernel<T, 1, 1><<<grid, kShrinkWarps * 32, 0, s>>>(p);
+    else if (packed)
+      lora_shrink_kernel<T, V, kTiledShrinkTokens><<<grid, kShrinkWarps * 32, 0, s>>>(p);
     else
-      lora_shrink_kernel<T, 1><<<grid, kShrinkWarps * 32, 0, s>>>(p);
+      lora_shrink_kernel<T, 1, kTiledShrinkTokens><<<grid, kShrinkWarps * 32, 0, s>>>(p);
   });
   check_launch("lora_shrink");
 }
