@@ -30,6 +30,7 @@ def _np(x: torch.Tensor) -> np.ndarray:
         (37, 3, 300, 16, [300, 100, 100]),
         (256, 8, 2048, 16, [2048]),
         (70, 2, 64, 160, [40, 30, 30]),  # wide shrunk rows: tiled expand of 25 tokens
+        (45, 1, 96, 8, [64, 32]),  # one adapter: runs of tokens share A pieces (tiled shrink)
     ],
 )
 def test_shrink_then_expand(dtype: torch.dtype, shape: tuple, tiled: bool) -> None:
