@@ -11,12 +11,13 @@
 #   SKIP_BUILD=1 bash benchmarks/gpu_lorafast2_run.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
-timeout 75 python3 -m pytest -q -p no:cacheprovider -m cuda -rfEs --tb=short \
+timeout 70 python3 -m pytest -q -p no:cacheprovider -m cuda -rfEs --tb=short \
   tests/python/kernels/test_lora_grouped_mm_cuda.py tests/python/kernels/test_lora_cuda.py \
   tests/python/engine/test_lora_engine.py > "$OUT/lorafast2_cuda_tests.log" 2>&1
 tail -12 "$OUT/lorafast2_cuda_tests.log"
-timeout 25 python3 benchmarks/lora_ops_bench.py --json "$OUT/lora_ops.json" 2>&1 \
+timeout 20 python3 benchmarks/lora_ops_bench.py --json "$OUT/lora_ops.json" 2>&1 \
   | tee "$OUT/lora_ops.log" | tail -8
+# The JSON is written after each kernel: a timeout keeps the kernels finished before it.
 timeout 140 python3 benchmarks/lora_bench.py --model-dir /tmp/llama1b --profile-steps 20 \
   --kernel dense grouped_mm pagedkv_tiled \
   --json "$OUT/lora_bench.json" > "$OUT/lora_bench.log" 2>&1

@@ -139,25 +139,24 @@ def main() -> None:
     ]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     per_prompt = [loras[i % len(loras)] for i in range(args.num_prompts)]
-    result: dict = {}
-    for kernel in args.kernel:
-        result[kernel] = _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM)
-        summary = {k: v for k, v in result[kernel].items() if k != "profile"}
-        print(json.dumps({kernel: summary}), flush=True)
-        gc.collect()  # the engine of this kernel, before the next one takes the GPU memory
-        torch.cuda.empty_cache()
-    result.update(
+    result: dict = dict(
         adapters=args.num_adapters,
         rank=args.rank,
         prompts=args.num_prompts,
         device=torch.cuda.get_device_name(),
     )
+    for kernel in args.kernel:
+        result[kernel] = _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM)
+        summary = {k: v for k, v in result[kernel].items() if k != "profile"}
+        print(json.dumps({kernel: summary}), flush=True)
+        if args.json:  # after each kernel: a run cut short keeps the kernels it finished
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        gc.collect()  # the engine of this kernel, before the next one takes the GPU memory
+        torch.cuda.empty_cache()
     shown = {k: v for k, v in result.items() if not isinstance(v, dict)}
     shown.update({k: v["ratio"] for k, v in result.items() if isinstance(v, dict)})
     print(json.dumps(shown, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":
