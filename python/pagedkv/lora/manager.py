@@ -127,7 +127,8 @@ class LoRAManager:
                 slot_of[i] = self.slots[i]
             else:
                 slot_of[i] = self._load_slot(i, busy)
-            self.host.move_to_end(i)
+            if i in self.host:  # (audit3's host cache may have dropped an adapter in a slot)
+                self.host.move_to_end(i)
         lut = np.array([slot_of[i] for i in distinct], dtype=np.int32)
         slots = lut[np.searchsorted(np.array(distinct, dtype=np.int64), ids)]
         # Copied to the device only if a layer reads them (not when a CUDA graph replays).
