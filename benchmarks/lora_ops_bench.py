@@ -2,7 +2,9 @@
 adapters' deltas through "dense" (all slots' GEMMs under a one-hot slot mask), "grouped_mm"
 (torch._grouped_mm SGMV), "pagedkv" (the core's BGMV) and "pagedkv_tiled" (its tiled variant),
 each replayed from a CUDA graph (as decode steps run), for the random 1B Llama's layer shapes
-and tokens spread over 8 rank-16 adapters.
+and tokens spread over 8 rank-16 adapters. Each replay here also recomputes what the step
+derives from the slots (dense's slot mask, grouped_mm's sort by slot), which the engine does
+once per forward for all layers: a few small kernels per row that an engine step amortises.
 
   python benchmarks/lora_ops_bench.py --json lora_ops.json
 """
