@@ -350,7 +350,7 @@ class ModelRunner:
             )
         n_seq = int(plan.num_seqs)
         per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
-        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
+        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq))
         try:
             return self._execute(
                 plan, intermediate, slots, prev_tokens, image_rows, mrope_positions=mrope_positions

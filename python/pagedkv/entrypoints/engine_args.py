@@ -229,9 +229,10 @@ ENGINE_FLAGS = (
     Flag(
         "lora_kernel",
         "auto",
-        "how the adapters' deltas run: 'grouped_mm' (torch._grouped_mm SGMV, bf16 on sm90+), "
-        "'pagedkv' (the core's BGMV ops, every device and dtype), 'auto': grouped_mm where it "
-        "applies",
+        "how the adapters' deltas run: 'pagedkv' (the core's BGMV ops, every device and "
+        "dtype), 'pagedkv_tiled' (their tiled CUDA variant), 'grouped_mm' (torch._grouped_mm "
+        "SGMV, bf16 on sm90+), 'dense' (GEMMs over all slots under a one-hot slot mask), "
+        "'auto': grouped_mm where it applies, else pagedkv",
         type=t.choice_of(LORA_KERNELS),
         metavar="{" + ",".join(LORA_KERNELS) + "}",
     ),
