@@ -208,6 +208,14 @@ def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
             f"{architecture} does not support tensor parallelism (its layers are "
             "not tensor-parallel); use tensor_parallel_size=1"
         )
+    if get_world_group().world_size > 1 and (
+        hasattr(model, "encode_images") or hasattr(model, "mrope_positions")
+    ):
+        # The executor's commands carry no image rows or M-RoPE positions.
+        raise ValueError(
+            f"{architecture} (image inputs) does not support tensor or pipeline parallelism "
+            "yet; use tensor_parallel_size=1 and pipeline_parallel_size=1"
+        )
     if (
         get_pp_group().world_size > 1
         and "intermediate" not in inspect.signature(model.forward).parameters

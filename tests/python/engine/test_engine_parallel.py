@@ -194,6 +194,17 @@ def test_one_shot_all_reduce_refused_on_the_cpu(models: dict[str, str]) -> None:
         LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2, tp_all_reduce="two_shot")
 
 
+def test_image_model_refused_under_tp(tmp_path: Any) -> None:
+    """A vision-language model's image rows do not travel to the workers: refused by name at
+    start-up (not a failure at the first image), and no rank is left behind."""
+    from pagedkv.testing import save_random_llava
+
+    path = save_random_llava(str(tmp_path / "llava"))
+    with pytest.raises(ValueError, match="image inputs.*does not support tensor or pipeline"):
+        LLM(path, device="cpu", max_model_len=256, tensor_parallel_size=2)
+    assert not model_parallel_is_initialized()
+
+
 def test_killed_worker_ends_the_engine(models: dict[str, str]) -> None:
     llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
     procs = list(llm.llm_engine.runner._state.procs)
