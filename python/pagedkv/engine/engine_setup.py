@@ -22,6 +22,7 @@ from pagedkv.engine.sampler import Sampler
 from pagedkv.engine.spec_decode.config import DRAFT_MODEL, SpeculativeConfig
 from pagedkv.models.generation_config import eos_token_ids as gen_eos_token_ids
 from pagedkv.models.generation_config import load_generation_config, sampling_defaults
+from pagedkv.models.registry import DEFAULT_MODEL, is_default_model
 
 logger = logging.getLogger("pagedkv")
 
@@ -255,7 +256,8 @@ def _load_shared(
 
     overrides = cfg.config_overrides()
     key = (
-        cfg.model,
+        # (One key for the default's names: a draft "smollm2" shares the default target's.)
+        DEFAULT_MODEL if is_default_model(cfg.model) else cfg.model,
         cfg.runner,  # a pooling engine's model passed checks a generation one would not
         str(cfg.dtype),
         str(device),
