@@ -297,6 +297,8 @@ class EngineCore:
                 or len(plan.blocks_to_copy)
             ):
                 self.runner.apply_block_ops(plan)
+                if self.speculator is not None:  # a draft model's cache has the same blocks
+                    self.speculator.draft(plan, [], self.seq_owner)
             return None
         self._plan = plan
         return plan

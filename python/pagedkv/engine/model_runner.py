@@ -306,6 +306,8 @@ class ModelRunner:
         if len(plan.blocks_to_swap_out) and self._swapped_out_step != int(plan.step):
             self._swap(self.kv_caches, self.cpu_caches, plan.blocks_to_swap_out)
             self._swapped_out_step = int(plan.step)
+        if self.draft is not None:  # (its cache follows the same blocks)
+            self.draft.finish_swap_out(plan)
 
     @staticmethod
     def _swap(src: List[torch.Tensor], dst: List[torch.Tensor], pairs: Any) -> None:

@@ -189,17 +189,27 @@ def test_sampling_with_a_draft_equal_to_the_target_accepts_almost_every_draft(
     assert_no_leak(same)
 
 
-def test_top_k_1_sampling_with_a_draft_model_equals_greedy(target: str, draft: str) -> None:
+@pytest.mark.parametrize("same", [False, True])
+def test_top_k_1_samples_with_a_draft_model_equal_greedy(
+    target: str, draft: str, same: bool
+) -> None:
     """top_k 1 makes sampling deterministic (q and p are point masses): random-row speculation
-    (draws from q, rejection sampling against it) must then give the greedy tokens."""
+    (draws from q, rejection sampling against it) must then give the greedy tokens, for each
+    of n = 2 samples forked from one prompt (their blocks copied on write in both caches; a
+    draft equal to the target then still agrees on every draft)."""
     greedy = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     top1 = [
-        SamplingParams(temperature=0.8, top_k=1, max_tokens=30, ignore_eos=True, seed=s)
+        SamplingParams(n=2, temperature=0.8, top_k=1, max_tokens=30, ignore_eos=True, seed=s)
         for s in range(len(PROMPTS))
     ]
-    spec = _llm(target, draft)
-    assert _tokens(spec, top1) == _tokens(_llm(target), greedy)
-    assert _stats(spec)["spec_decode_num_accepted_tokens"] > 0
+    spec = _llm(target, target if same else draft)
+    outs = spec.generate([{"prompt_token_ids": p} for p in PROMPTS], top1, use_tqdm=False)
+    want = _tokens(_llm(target), greedy)
+    assert [[list(c.token_ids) for c in o.outputs] for o in outs] == [[w, w] for w in want]
+    stats = _stats(spec)
+    assert stats["spec_decode_num_accepted_tokens"] > 0
+    if same:
+        assert stats["spec_decode_num_accepted_tokens"] == stats["spec_decode_num_draft_tokens"]
     assert_no_leak(spec)
 
 
