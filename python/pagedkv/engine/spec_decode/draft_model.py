@@ -28,16 +28,18 @@ rejection sampler, so the emitted tokens follow the target's distribution exactl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
 
 from pagedkv.engine.plan_arrays import PlanArrays
 from pagedkv.engine.request_state import RequestState, SeqState
-from pagedkv.engine.sampler import Sampler
+from pagedkv.engine.sampler import Sampler, SamplingRow
 
 Entry = Tuple[RequestState, SeqState]
+# The request's sampling row after some drafts (speculator.sampling_row).
+RowFn = Callable[[RequestState, SeqState, List[int]], SamplingRow]
 _NO_PAIRS = np.zeros((0, 2), dtype=np.int64)
 
 
@@ -82,7 +84,7 @@ class DraftModelProposer:
         plan: Any,
         entries: List[Optional[Entry]],
         live: Mapping[str, Any],
-        sampling_row: Any,
+        sampling_row: RowFn,
     ) -> None:
         """Runs the draft over ``plan`` and writes its drafts into the plan's input ids.
         ``live``: the engine's sequences by scheduler id (the others are forgotten here).
@@ -217,7 +219,7 @@ class DraftModelProposer:
         )
 
     # ------------------------------------------------------------------ drafting
-    def _draw(self, active: List[_Speculating], logits: torch.Tensor, sampling_row: Any) -> None:
+    def _draw(self, active: List[_Speculating], logits: torch.Tensor, sampling_row: RowFn) -> None:
         """Appends each active entry's next draft: the argmax for greedy requests (after their
         knobs), a draw from q for random ones (q kept for the rejection sampler)."""
         tokens = logits.argmax(dim=-1)
