@@ -117,10 +117,15 @@ def _stats(llm: LLM) -> Dict[str, Any]:
     return llm.llm_engine.get_stats()
 
 
-def test_greedy_with_a_draft_model_equals_plain_greedy(target: str, draft: str) -> None:
+@pytest.mark.parametrize("batched", [None, 16])
+def test_greedy_with_a_draft_model_equals_plain_greedy(
+    target: str, draft: str, batched: int | None
+) -> None:
+    """``batched`` 16: prompts in chunks, steps mixing prefill chunks with speculating
+    decodes (the draft catches up on both in one forward)."""
     params = _greedy_params()
     want = _tokens(_llm(target), params)
-    spec = _llm(target, draft)
+    spec = _llm(target, draft, max_num_batched_tokens=batched)
     assert _tokens(spec, params) == want
     stats = _stats(spec)
     # The spec_decode_* counters: drafts proposed, some accepted and some rejected.
