@@ -104,12 +104,17 @@ class DraftModelProposer:
         if not spec:
             return
         rows = torch.tensor([last_rows[s.index] for s in spec], device=hidden.device)
-        self._draw(spec, self.runner.compute_logits(hidden, rows), sampling_row)
-        for j in range(1, int(nd.max())):
-            active = [s for s in spec if s.k > j]
-            hidden = self.runner.execute(self._decode_arrays(plan, active, j))
-            picked = torch.arange(len(active), device=hidden.device)
-            self._draw(active, self.runner.compute_logits(hidden, picked), sampling_row)
+        logits = self.runner.compute_logits(hidden, rows)
+        if all(s.req.argmax_row(s.seq) for s in spec):
+            self._argmax_chain(plan, spec, logits)
+        else:
+            self._draw(spec, logits, sampling_row)
+            for j in range(1, int(nd.max())):
+                active = [s for s in spec if s.k > j]
+                ids = np.array([s.drafts[-1] for s in active], dtype=np.int32)
+                hidden = self.runner.execute(self._decode_arrays(plan, active, j, ids))
+                picked = torch.arange(len(active), device=hidden.device)
+                self._draw(active, self.runner.compute_logits(hidden, picked), sampling_row)
         qsl = np.asarray(plan.query_start_loc[: n + 1])
         ids = plan.input_ids  # (writable view: the target and update_accepted read it)
         for s in spec:
@@ -192,8 +197,32 @@ class DraftModelProposer:
         last = {f[0]: int(qsl_draft[j + 1]) - 1 for j, f in enumerate(feeds)}
         return hidden, last
 
-    def _decode_arrays(self, plan: Any, active: List[_Speculating], j: int) -> PlanArrays:
-        """One token per active entry: its draft j - 1 at position end + j - 1."""
+    def _argmax_chain(self, plan: Any, spec: List[_Speculating], logits: torch.Tensor) -> None:
+        """Plain greedy drafts for every entry, chained on the device: each draft forward reads
+        the previous one's argmax through the runner's placeholder ids (-1 - row, as in an
+        overlapped step), so the host waits once for all k drafts, not once per draft."""
+        prev = logits.argmax(dim=-1)
+        steps, where = [prev], [np.arange(len(spec))]  # per draft: tokens, each entry's row
+        for j in range(1, max(s.k for s in spec)):
+            act = [r for r, s in enumerate(spec) if s.k > j]
+            ids = (-1 - where[-1][act]).astype(np.int32)
+            arrays = self._decode_arrays(plan, [spec[r] for r in act], j, ids)
+            hidden = self.runner.execute(arrays, prev_tokens=prev)
+            picked = torch.arange(len(act), device=hidden.device)
+            prev = self.runner.compute_logits(hidden, picked).argmax(dim=-1)
+            row = np.full(len(spec), -1)
+            row[act] = np.arange(len(act))
+            steps.append(prev)
+            where.append(row)
+        flat = torch.cat(steps).tolist()  # the one host sync
+        offsets = np.cumsum([0] + [len(t) for t in steps])
+        for r, s in enumerate(spec):
+            s.drafts = [int(flat[offsets[j] + where[j][r]]) for j in range(s.k)]
+
+    def _decode_arrays(
+        self, plan: Any, active: List[_Speculating], j: int, ids: np.ndarray
+    ) -> PlanArrays:
+        """One token per active entry: its draft j - 1 (``ids``) at position end + j - 1."""
         m = len(active)
         positions = np.array([s.end + j - 1 for s in active], dtype=np.int64)
         width = max(1, -(-(int(positions.max()) + 1) // self.block_size))
@@ -207,7 +236,7 @@ class DraftModelProposer:
             num_tokens=m,
             max_query_len=1,
             max_decode_seq_len=int(positions.max()) + 1,
-            input_ids=np.array([s.drafts[-1] for s in active], dtype=np.int32),
+            input_ids=ids,
             positions=positions,
             slot_mapping=_slots(tables, positions, self.block_size),
             seq_lens=(positions + 1).astype(np.int32),
