@@ -16,10 +16,12 @@ Per step the draft runs k forwards:
 1. a catch-up over every plan entry: the positions the draft has not written yet (a prefill
    chunk; a decode's last token; after a step that accepted every draft, also the last draft,
    whose KV the draft never computed) -- so the draft's cache follows the target's, including
-   blocks the prefix cache hands to later requests. Its last row of a speculating entry gives
-   draft 1;
+   blocks the prefix cache hands to later requests (one exception: a sequence that ends right
+   after accepting all its drafts leaves the draft's slot of its last draft unwritten; a later
+   prompt repeating that output reads it -- zeros or an older value, never the target's KV,
+   costing acceptance only). Its last row of a speculating entry gives draft 1;
 2. k - 1 one-token decode forwards over the speculating entries, each feeding the previous
-   draft.
+   draft (on the device when all of them are plain greedy: one host sync for the k drafts).
 Greedy requests draft the argmax (after the request's penalties and bans); random ones draw
 from q, the draft's distribution under the request's sampling knobs, and keep q for the
 rejection sampler, so the emitted tokens follow the target's distribution exactly.
