@@ -296,3 +296,16 @@ def test_method_draft_model_needs_a_model(target: str) -> None:
     spec = {"method": "draft_model", "num_speculative_tokens": K}
     with pytest.raises(ValueError, match="'draft_model' needs 'model'"):
         _llm(target, speculative_config=spec)
+
+
+def test_the_cache_budget_holds_both_models_blocks(target: str, draft: str) -> None:
+    """One block id names a block of each model's cache: kv_cache_space is divided by the
+    bytes of a block of both (target: 2 layers x 2 KV heads, draft: 1 x 2, head size 32,
+    float32, block size 4)."""
+    space = 0.01
+    per_target = 2 * 2 * 4 * 2 * 32 * 4  # k and v, layers, block, heads, head size, bytes
+    per_draft = 2 * 1 * 4 * 2 * 32 * 4
+    spec = _llm(target, draft, kv_cache_space=space)
+    assert spec.llm_engine.num_gpu_blocks == int(space * 2**30) // (per_target + per_draft)
+    runner = spec.llm_engine.runner
+    assert runner.draft.kv_caches[0].shape[1] == runner.kv_caches[0].shape[1]
