@@ -292,6 +292,15 @@ def test_unsupported_draft_model_configs_are_refused_by_name(
         _llm(target, **engine_args, speculative_config=spec)
 
 
+@pytest.mark.parametrize("name", ["yuhuili/EAGLE-LLaMA3-Instruct-8B", "x/medusa-vicuna-7b"])
+def test_speculator_heads_named_as_vllm_infers_them_are_refused(target: str, name: str) -> None:
+    """No 'method': vLLM infers EAGLE / Medusa from the draft's name; those heads are not
+    draft models and are refused by name before anything is loaded."""
+    spec = {"model": name, "num_speculative_tokens": K}
+    with pytest.raises(ValueError, match="'(eagle|medusa)' is not supported"):
+        _llm(target, speculative_config=spec)
+
+
 def test_method_draft_model_needs_a_model(target: str) -> None:
     spec = {"method": "draft_model", "num_speculative_tokens": K}
     with pytest.raises(ValueError, match="'draft_model' needs 'model'"):

@@ -69,7 +69,13 @@ class SpeculativeConfig:
             )
         method = d.get("method")
         if method is None:
-            method = DRAFT_MODEL if d.get("model") is not None else NGRAM
+            method = _inferred_method(d.get("model"))
+            if method not in (NGRAM, DRAFT_MODEL):
+                raise ValueError(
+                    f"speculative_config['model']={d['model']!r} names a speculator head, for "
+                    f"which vLLM infers method {method!r}: {method!r} is not supported; set "
+                    "'method': 'draft_model' if it is a complete model"
+                )
         if method not in (NGRAM, DRAFT_MODEL):
             raise ValueError(
                 f"speculative_config['method']={method!r} is not supported: pagedkv runs "
@@ -127,6 +133,23 @@ class SpeculativeConfig:
             revision=d.get("revision"),
             quantization=d.get("quantization"),
         )
+
+
+def _inferred_method(model: Any) -> str:
+    """vLLM's rule when 'method' is left out: from the draft's name (EAGLE, Medusa and MLP
+    speculator heads by their names, else a draft model); no model: n-gram."""
+    if model is None:
+        return NGRAM
+    name = str(model).lower()
+    for part, method in (
+        ("eagle3", "eagle3"),
+        ("eagle", "eagle"),
+        ("medusa", "medusa"),
+        ("mlp_speculator", "mlp_speculator"),
+    ):
+        if part in name:
+            return method
+    return DRAFT_MODEL
 
 
 def _positive_int(name: str, v: Any) -> int:
