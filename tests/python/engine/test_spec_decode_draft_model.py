@@ -318,3 +318,32 @@ def test_the_cache_budget_holds_both_models_blocks(target: str, draft: str) -> N
     assert spec.llm_engine.num_gpu_blocks == int(space * 2**30) // (per_target + per_draft)
     runner = spec.llm_engine.runner
     assert runner.draft.kv_caches[0].shape[1] == runner.kv_caches[0].shape[1]
+
+
+def test_a_lora_target_with_a_draft_model_equals_its_plain_greedy(
+    target: str, draft: str, tmp_path: Any
+) -> None:
+    """The target verifies with the request's adapter; the draft (no adapter) only proposes."""
+    peft = need("peft")
+    transformers = need("transformers")
+    from pagedkv import LoRARequest
+
+    torch.manual_seed(1)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    cfg = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    peft.get_peft_model(hf, cfg).save_pretrained(str(tmp_path / "a1"))
+    lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    inputs = [{"prompt_token_ids": p} for p in PROMPTS]
+    kw: Dict[str, Any] = dict(enable_lora=True, max_lora_rank=4)
+    want = _llm(target, **kw).generate(inputs, params, lora_request=lora, use_tqdm=False)
+    spec = _llm(target, draft, **kw)
+    got = spec.generate(inputs, params, lora_request=lora, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in got] == [
+        list(o.outputs[0].token_ids) for o in want
+    ]
+    assert _tokens(_llm(target), params) != [list(o.outputs[0].token_ids) for o in want]
+    assert _stats(spec)["spec_decode_num_accepted_tokens"] > 0
+    assert_no_leak(spec)
