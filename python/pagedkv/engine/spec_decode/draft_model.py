@@ -70,6 +70,9 @@ class DraftModelProposer:
         self._spec: Dict[int, _Speculating] = {}  # this step's speculating entries by index
         # This step's draft distributions q [k, vocab] of the random entries, by plan entry.
         self.draft_probs: Dict[int, torch.Tensor] = {}
+        # While drafting: each draft forward's q rows, and the plan entry of each row.
+        self._q_parts: List[torch.Tensor] = []
+        self._q_entries: List[int] = []
 
     # ------------------------------------------------------------------ before schedule()
     def reserve(self, scheduler: Any, seqs: Iterable[Tuple[Entry, int]]) -> None:
@@ -91,7 +94,7 @@ class DraftModelProposer:
         """Runs the draft over ``plan`` and writes its drafts into the plan's input ids.
         ``live``: the engine's sequences by scheduler id (the others are forgotten here).
         ``sampling_row(req, seq, drafts)``: the request's sampling row after ``drafts``."""
-        self.draft_probs = {}
+        self.draft_probs, self._q_parts, self._q_entries = {}, [], []
         self.runner.apply_block_ops(plan)  # the plan's swaps and copies, on the draft's cache
         if len(self._written) > len(live):
             self._written = {s: n for s, n in self._written.items() if s in live}
@@ -124,8 +127,7 @@ class DraftModelProposer:
             ids[end - s.k : end] = s.drafts
             # KV written up to the draft before the last one (the last is fed next step).
             self._written[s.sched_id] = s.end + s.k - 1
-        for i, q in list(self.draft_probs.items()):
-            self.draft_probs[i] = q.cpu()
+        self._collect_q()
 
     def accepted(self, index: int, num_accepted: int) -> None:
         """Entry ``index`` kept ``num_accepted`` drafts: the draft's KV past them is stale."""
@@ -266,12 +268,23 @@ class DraftModelProposer:
             rows = [sampling_row(active[r].req, active[r].seq, active[r].drafts) for r in random]
             q = Sampler.target_probs(logits[g], rows)
             tokens[g] = self.sampler.draw(q, rows)
-            for r, q_row in zip(random, q.unsqueeze(1)):
-                i = active[r].index
-                prev = self.draft_probs.get(i)
-                self.draft_probs[i] = q_row if prev is None else torch.cat([prev, q_row])
+            self._q_parts.append(q)
+            self._q_entries += [active[r].index for r in random]
         for s, t in zip(active, tokens.tolist()):
             s.drafts.append(int(t))
+
+    def _collect_q(self) -> None:
+        """draft_probs: each random entry's q rows [k, vocab] in draft order, on the host (one
+        copy from the device for the whole step)."""
+        if not self._q_parts:
+            return
+        rows = torch.cat(self._q_parts).cpu()
+        entries = np.asarray(self._q_entries)
+        # Grouped by entry, each group in draft order (one part per draft forward).
+        order = np.argsort(entries, kind="stable")
+        ids, starts = np.unique(entries[order], return_index=True)
+        for i, group in zip(ids.tolist(), np.split(order, starts[1:])):
+            self.draft_probs[i] = rows[torch.from_numpy(group)]
 
 
 def _greedy(s: _Speculating) -> bool:
