@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.plan_arrays import PlanArrays
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
@@ -108,7 +109,8 @@ class DraftModelProposer:
         spec = list(self._spec.values())
         if not spec:
             return
-        rows = torch.tensor([last_rows[s.index] for s in spec], device=hidden.device)
+        # (From pinned memory: a pageable copy would wait for the draft's forward first.)
+        rows = to_device(torch.tensor([last_rows[s.index] for s in spec]), hidden.device)
         logits = self.runner.compute_logits(hidden, rows)
         if all(s.req.argmax_row(s.seq) for s in spec):
             self._argmax_chain(plan, spec, logits)
