@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import numpy as np
 import torch
 
+from pagedkv.engine.mrope_positions import step_mrope_positions
 from pagedkv.engine.multimodal import step_image_rows
 from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_failures import RequestFailures
@@ -338,6 +339,8 @@ class EngineCore:
             kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]
         if getattr(self.runner, "takes_images", False) and int(plan.num_prefills):
             kw["image_rows"] = step_image_rows(plan, entries)
+        if getattr(self.runner, "uses_mrope", False):
+            kw["mrope_positions"] = step_mrope_positions(plan, entries)
         return self.runner.execute(plan, **kw)
 
     def _sample(

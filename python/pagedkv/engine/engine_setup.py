@@ -155,7 +155,7 @@ def _build_rest(
         num_cpu_blocks=num_cpu,
         preemption_mode=cfg.preemption_mode,
         policy=cfg.scheduling_policy,
-        max_model_len=max_model_len,
+        max_model_len=_scheduler_len(cfg, max_model_len, num_blocks),
     )
     scheduler = pagedkv.Scheduler(sched_cfg)
     if cfg.runner != "pooling":  # pooling steps are prefills: no decode graph would replay
@@ -336,6 +336,15 @@ def check_servable(mc: Any, pooling: bool = False) -> None:
             f"{mc.architecture} is a bare model without a language-model head: it cannot "
             "generate; serve it with task='embed' (or runner='pooling')"
         )
+
+
+def _scheduler_len(cfg: EngineConfig, max_model_len: int, num_blocks: int) -> int:
+    """The scheduler's length limit. A pooling request runs as a prompt plus one placeholder
+    token that is never computed (it only ends the request): one more position lets a pooling
+    prompt fill max_model_len, as in vLLM, where the cache has room for it."""
+    if cfg.runner == "pooling" and num_blocks * cfg.block_size > max_model_len:
+        return max_model_len + 1
+    return max_model_len
 
 
 def _max_model_len(cfg: EngineConfig, mc: Any) -> int:

@@ -186,7 +186,7 @@ class LLMEngine:
             req.prompt_logprobs = [None]
         req.grammar = checked.grammar
         if checked.mm is not None:  # the vision tower runs once, here, at admission
-            checked.mm.embeds = self.runner.encode_images(checked.mm.pixel_values)
+            checked.mm.embeds = self.runner.encode_images(checked.mm.encoder_inputs)
             req.mm = checked.mm
         for i in range(params.best_of):  # type: ignore[arg-type]
             gen = None

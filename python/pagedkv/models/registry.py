@@ -111,9 +111,11 @@ def model_class(architecture: str) -> type[nn.Module]:
     from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
     from pagedkv.models.llama import LlamaForCausalLM
     from pagedkv.models.llava import LlavaForConditionalGeneration
+    from pagedkv.models.llava_next import LlavaNextForConditionalGeneration
     from pagedkv.models.mixtral import MixtralForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
     from pagedkv.models.phi3 import Phi3ForCausalLM
+    from pagedkv.models.qwen2_vl import Qwen2VLForConditionalGeneration
     from pagedkv.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
     classes: dict[str, type[nn.Module]] = {
@@ -136,6 +138,8 @@ def model_class(architecture: str) -> type[nn.Module]:
         "RobertaModel": XLMRobertaModel,
         "XLMRobertaModel": XLMRobertaModel,
         "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+        "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
+        "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     }
     causal = SEQUENCE_CLASSIFIERS.get(architecture) or BASE_MODELS.get(architecture) or architecture
     if causal not in classes:
