@@ -135,7 +135,7 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
     lora_kernel: str = "auto"
-    # vLLM's speculative_config dict; only method "ngram" (engine/spec_decode/config.py).
+    # vLLM's speculative_config dict: method "ngram" or a draft model (engine/spec_decode/).
     speculative_config: Optional[Dict[str, Any]] = None
     # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
     # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
@@ -187,7 +187,13 @@ class EngineConfig:
 
     def validate(self) -> None:
         self._check_types()
-        SpeculativeConfig.from_dict(self.speculative_config)  # refuses what is not supported
+        spec = SpeculativeConfig.from_dict(self.speculative_config)  # refuses the unsupported
+        if spec is not None and spec.model is not None and self.world_size > 1:
+            # The draft runs on the driver's rank only; its cache would miss the workers'.
+            raise ValueError(
+                "speculative_config['model'] (a draft model) with tensor or pipeline "
+                "parallelism is not supported yet"
+            )
         if self.seed is None:
             self.seed = 0
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):

@@ -344,9 +344,10 @@ ENGINE_FLAGS = (
     Flag(
         "speculative_config",
         None,
-        "JSON object of vLLM's speculative config; n-gram prompt lookup only, e.g. "
+        "JSON object of vLLM's speculative config: n-gram prompt lookup, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-        '"prompt_lookup_min": 2}\'',
+        '"prompt_lookup_min": 2}\', or a draft model with the same vocabulary, e.g. '
+        '\'{"model": "path/or/hub-id", "num_speculative_tokens": 3}\'',
         type=t.json_object,
         shown="none (no speculation)",
     ),
