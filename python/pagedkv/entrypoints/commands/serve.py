@@ -52,6 +52,7 @@ DEFAULTS: Dict[str, Any] = {
     "enable_auto_tool_choice": False,
     "tool_call_parser": None,
     "reasoning_parser": None,
+    "lora_modules": None,
     **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
 }
