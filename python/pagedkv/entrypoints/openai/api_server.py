@@ -245,7 +245,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         allowed_media_domains=getattr(args, "allowed_media_domains", None),
         tool_call_parser=auto_tool_parser(args),
         reasoning_parser=getattr(args, "reasoning_parser", None),
-        lora=LoRARegistry(engine),
+        lora=LoRARegistry(engine, reserved=[*names, *aliases]),
     )
     for text in getattr(args, "lora_modules", None) or []:
         check_adapter(engine, state.lora.add(parse_lora_module(text)))
