@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+from pagedkv.entrypoints.arg_types import CLIError
 from pagedkv.entrypoints.cli import build_parser
 from pagedkv.entrypoints.commands import serve
 
@@ -34,3 +36,16 @@ def test_every_serve_flag_is_resolved() -> None:
         if a.dest not in ("help", "config") and a.help is not argparse.SUPPRESS
     }
     assert dests - set(serve.DEFAULTS) == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--lora-modules", "a=/x"], "need --enable-lora"),
+        (["--enable-lora", "--lora-modules", "a"], "expected name=path"),
+        (["--enable-lora", "--lora-modules", '{"name": "a"}'], "needs 'name' and 'path'"),
+    ],
+)
+def test_bad_lora_modules_are_flag_errors_before_the_model_loads(argv, message) -> None:
+    with pytest.raises(CLIError, match=f"argument --lora-modules: .*{message}"):
+        serve.check_lora_modules(parse(argv))

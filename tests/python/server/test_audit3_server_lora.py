@@ -17,6 +17,7 @@ need("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine  # noqa: E402
+from pagedkv.entrypoints.arg_types import CLIError  # noqa: E402
 from pagedkv.entrypoints.openai.api_server import build_app  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
@@ -84,3 +85,10 @@ def test_adapter_may_not_take_the_base_models_name(served, monkeypatch) -> None:
     assert r.status_code == 400 and "name of the base model" in r.json()["error"]["message"]
     assert _text(client, "base") == before
     assert [c["id"] for c in client.get("/v1/models").json()["data"]] == ["base"]
+
+
+def test_unreadable_lora_module_is_a_flag_error(served, tmp_path) -> None:
+    engine, _, _ = served
+    args = argparse.Namespace(lora_modules=[f"bad={tmp_path}"], served_model_name="base")
+    with pytest.raises(CLIError, match="argument --lora-modules: .*no adapter_config.json"):
+        build_app(engine, args)

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 import pagedkv
 from pagedkv.engine.input_processor import MAX_CLIENT_REQUEST_ID_CHARS, check_request_id
+from pagedkv.entrypoints.arg_types import CLIError
 from pagedkv.entrypoints.openai.drain import Drain, DrainingServer, DrainMiddleware
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
 from pagedkv.entrypoints.openai.limits import limit_of, request_limits
@@ -257,7 +258,10 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         lora=LoRARegistry(engine, reserved=[*names, *aliases]),
     )
     for text in getattr(args, "lora_modules", None) or []:
-        check_adapter(engine, state.lora.add(parse_lora_module(text)))
+        try:
+            check_adapter(engine, state.lora.add(parse_lora_module(text)))
+        except (ValueError, OSError) as exc:  # a flag value: reported as argparse would
+            raise CLIError("--lora-modules", str(exc)) from exc
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)
@@ -389,7 +393,11 @@ def run_server(args: argparse.Namespace) -> int:
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
 
     engine = AsyncLLMEngine.from_engine_args(args)
-    app = build_app(engine, args)
+    try:
+        app = build_app(engine, args)
+    except BaseException:
+        engine.shutdown()  # (its thread would keep the process, and the C++ objects, alive)
+        raise
     state = app.state.pagedkv
     shown_host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
     logger.info(
