@@ -172,6 +172,10 @@ json_list.__name__ = "JSON list"
 json_list.takes_list = True  # type: ignore[attr-defined]
 
 
+# Shared by every dict flag, so no one flag's keys (--help gives each flag's own example).
+_JSON_OBJECT = "must be a JSON object ('{\"key\": value, ...}'; --help shows this flag's keys)"
+
+
 def json_object(text: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
     """vLLM's dict flags (``--hf-overrides '{"max_position_embeddings": 4096}'``): a JSON
     object; a config file may give a YAML mapping instead."""
@@ -180,9 +184,9 @@ def json_object(text: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
         try:
             value = json.loads(text)
         except ValueError:
-            raise _bad("must be a JSON object, e.g. '{\"rope_theta\": 1000000}'", text) from None
+            raise _bad(_JSON_OBJECT, text) from None
     if not isinstance(value, dict):
-        raise _bad("must be a JSON object, e.g. '{\"rope_theta\": 1000000}'", str(text))
+        raise _bad(_JSON_OBJECT, str(text))
     return value
 
 

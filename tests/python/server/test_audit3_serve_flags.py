@@ -49,3 +49,12 @@ def test_every_serve_flag_is_resolved() -> None:
 def test_bad_lora_modules_are_flag_errors_before_the_model_loads(argv, message) -> None:
     with pytest.raises(CLIError, match=f"argument --lora-modules: .*{message}"):
         serve.check_lora_modules(parse(argv))
+
+
+def test_json_flag_errors_do_not_quote_another_flags_keys(capsys) -> None:
+    """A bad --speculative-config showed '{"rope_theta": 1000000}' as the example."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--speculative-config", "{bad"])
+    err = capsys.readouterr().err
+    assert "argument --speculative-config: must be a JSON object" in err
+    assert "rope_theta" not in err
