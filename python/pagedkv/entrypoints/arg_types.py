@@ -172,10 +172,6 @@ json_list.__name__ = "JSON list"
 json_list.takes_list = True  # type: ignore[attr-defined]
 
 
-# Shared by every dict flag, so no one flag's keys (--help gives each flag's own example).
-_JSON_OBJECT = "must be a JSON object ('{\"key\": value, ...}'; --help shows this flag's keys)"
-
-
 def json_object(text: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
     """vLLM's dict flags (``--hf-overrides '{"max_position_embeddings": 4096}'``): a JSON
     object; a config file may give a YAML mapping instead."""
@@ -184,9 +180,11 @@ def json_object(text: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
         try:
             value = json.loads(text)
         except ValueError:
-            raise _bad(_JSON_OBJECT, text) from None
+            raise _bad(
+                "must be a JSON object ('{...}'; --help shows this flag's keys)", text
+            ) from None
     if not isinstance(value, dict):
-        raise _bad(_JSON_OBJECT, str(text))
+        raise _bad("must be a JSON object ('{...}'; --help shows this flag's keys)", str(text))
     return value
 
 
