@@ -292,12 +292,26 @@ class EngineConfig:
                 raise TypeError(
                     f"{name} must be a dict of config.json keys, got {type(v).__name__}"
                 )
+        if self.override_generation_config:
+            self._check_generation_override(self.override_generation_config)
         if self.rope_theta is not None and (
             isinstance(self.rope_theta, bool)
             or not isinstance(self.rope_theta, numbers.Real)
             or not self.rope_theta > 0
         ):
             raise ValueError(f"rope_theta must be a number > 0, got {self.rope_theta!r}")
+
+    @staticmethod
+    def _check_generation_override(override: Dict[str, Any]) -> None:
+        """The sampling defaults override_generation_config sets must be valid sampling
+        parameters: checked here, not at the first request (after the model has loaded)."""
+        from pagedkv.engine.sampling_params import SamplingParams
+        from pagedkv.models.generation_config import sampling_defaults
+
+        try:
+            SamplingParams(**sampling_defaults(override))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"override_generation_config: {e}") from None
 
     def model_load_kwargs(self) -> Dict[str, Any]:
         """load_model's keyword arguments from this config (the engine and every worker load

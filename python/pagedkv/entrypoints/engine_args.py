@@ -514,17 +514,27 @@ def engine_error(err: BaseException, opts: Any = None) -> Optional[CLIError]:
 
 
 def build_llm(args: argparse.Namespace) -> Any:
-    """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors."""
+    """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors. Its callers
+    (generate, chat, bench) generate text: a pooling model is refused as a --model error."""
     from pagedkv.engine.llm import LLM
+    from pagedkv.engine.pooling_engine import PoolingEngine
 
     check_engine_args(args)
     try:
-        return LLM(**engine_kwargs(args))
+        llm = LLM(**engine_kwargs(args))
     except (*_MAPPED, RuntimeError) as e:
         mapped = engine_error(e, args)
         if mapped is None:
             raise
         raise mapped from e
+    if isinstance(llm.llm_engine, PoolingEngine):
+        raise CLIError(
+            "--model",
+            "this command generates text, but the model serves the pooling task "
+            f"{llm.llm_engine.task!r} "
+            "(serve it with `pagedkv serve`: /v1/embeddings, /classify, /score, ...)",
+        )
+    return llm
 
 
 # SamplingParams field -> flag (SamplingParams' messages name the field).
