@@ -100,7 +100,7 @@ class EngineCore:
         speculator: Optional[Speculator] = None,
     ) -> None:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
-        self.speculator = speculator  # n-gram speculative decoding (speculative_config)
+        self.speculator = speculator  # speculative decoding (speculative_config)
         self.grammars, self.max_num_seqs = grammars, max_num_seqs
         # Structured outputs: the next step's bitmask is filled while the host does the rest.
         self.bitmask = StructuredBitmask(grammars, max_num_seqs) if grammars is not None else None
@@ -217,6 +217,8 @@ class EngineCore:
         if plan is None:
             return None
         entries = self._step_entries = self._begin(plan)
+        if self.speculator is not None:  # a draft model follows every step, writes drafts
+            self.speculator.draft(plan, entries, self.seq_owner)
         hidden = self._execute(plan, entries)
         work, tokens = self._sample(plan, entries, hidden)
         host = work.host(tokens)
@@ -299,6 +301,8 @@ class EngineCore:
                 or len(plan.blocks_to_copy)
             ):
                 self.runner.apply_block_ops(plan)
+                if self.speculator is not None:  # a draft model's cache has the same blocks
+                    self.speculator.draft(plan, [], self.seq_owner)
             return None
         self._plan = plan
         return plan
@@ -332,7 +336,7 @@ class EngineCore:
         prev_tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         kw: Dict[str, Any] = {}
-        if prev_tokens is not None:  # (the executor over several ranks does not take it)
+        if prev_tokens is not None:  # (over several ranks: the executor broadcasts them)
             kw["prev_tokens"] = prev_tokens
         if self.lora_admission is not None:
             kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]

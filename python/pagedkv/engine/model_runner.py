@@ -67,6 +67,9 @@ class ModelRunner:
         # M-RoPE (models/mrotary.py): steps of image requests take [3, T] positions.
         self.uses_mrope = hasattr(model, "mrope_positions")
         self.verify_graphs: Any = None  # VerifyGraphRunner (speculative decoding on CUDA)
+        # A speculative draft model's runner (spec_decode/draft_model.py): its KV cache has as
+        # many blocks as this one (the block ids are shared), so the blocks are sized for both.
+        self.draft: Optional[ModelRunner] = None
         self.step_plans: Optional[StepPlans] = None  # the balanced decode's (allocate_kv_cache)
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
@@ -78,9 +81,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ KV cache sizing
     def block_bytes(self) -> int:
-        """Bytes of one block across all layers, keys and values (1 per element for fp8)."""
+        """Bytes of one block across all layers, keys and values (1 per element for fp8), the
+        draft model's block included."""
         elem = torch.empty((), dtype=self.cache_dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        own = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return own + (self.draft.block_bytes() if self.draft is not None else 0)
 
     def determine_num_blocks(self) -> tuple[int, int]:
         """(device blocks, host swap blocks) from the memory budget, as vLLM sizes them."""
@@ -207,6 +212,12 @@ class ModelRunner:
             ]
         self.step_plans = self._step_plans()
         self.backend = self._make_backend(self.kv_caches)
+        if self.draft is not None:
+            self.draft.allocate_kv_cache(num_blocks, num_cpu_blocks)
+            # The draft may read a slot it never wrote (the prefix cache shares blocks it saw
+            # only in part): zeros keep its logits finite; the drafts are verified anyway.
+            for cache in self.draft.kv_caches:
+                cache.zero_()
         kind = "GPU" if self.device.type == "cuda" else "CPU"
         logger.info(
             "# %s blocks: %d, # CPU swap blocks: %d (block_size %d, %.2f GiB KV cache, "
@@ -281,6 +292,9 @@ class ModelRunner:
             from pagedkv.engine.spec_decode.verify_graph import VerifyGraphRunner
 
             self.verify_graphs = VerifyGraphRunner(self, max_num_seqs, spec.num_speculative_tokens)
+            if self.draft is not None:  # its decodes, and its catch-ups of up to 2 tokens
+                self.draft.capture_cuda_graphs(max_num_seqs)
+                self.draft.verify_graphs = VerifyGraphRunner(self.draft, max_num_seqs, 1)
         logger.info(
             "captured CUDA graphs for decode batch sizes %s in %.1f s",
             self.graphs.batch_sizes,
@@ -307,6 +321,8 @@ class ModelRunner:
         if len(plan.blocks_to_swap_out) and self._swapped_out_step != int(plan.step):
             self._swap(self.kv_caches, self.cpu_caches, plan.blocks_to_swap_out)
             self._swapped_out_step = int(plan.step)
+        if self.draft is not None:  # (its cache follows the same blocks)
+            self.draft.finish_swap_out(plan)
 
     @staticmethod
     def _swap(src: List[torch.Tensor], dst: List[torch.Tensor], pairs: Any) -> None:
@@ -350,7 +366,7 @@ class ModelRunner:
             )
         n_seq = int(plan.num_seqs)
         per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
-        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
+        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq))
         try:
             return self._execute(
                 plan, intermediate, slots, prev_tokens, image_rows, mrope_positions=mrope_positions

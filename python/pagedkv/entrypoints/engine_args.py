@@ -207,6 +207,15 @@ ENGINE_FLAGS = (
         type=t.int_at_least(0),
     ),
     Flag(
+        "tp_all_reduce",
+        "nccl",
+        "the tensor-parallel all-reduce: nccl (the process group's; gloo on the CPU) or "
+        "one_shot (CUDA: a symmetric-memory one-shot all-reduce over NVLink for messages "
+        "up to 4 MiB, NCCL above)",
+        type=t.choice_of(("nccl", "one_shot")),
+        metavar="{nccl,one_shot}",
+    ),
+    Flag(
         "enable_lora",
         False,
         "serve LoRA adapters (PEFT folders) next to the base model",
@@ -229,9 +238,10 @@ ENGINE_FLAGS = (
     Flag(
         "lora_kernel",
         "auto",
-        "how the adapters' deltas run: 'grouped_mm' (torch._grouped_mm SGMV, bf16 on sm90+), "
-        "'pagedkv' (the core's BGMV ops, every device and dtype), 'auto': grouped_mm where it "
-        "applies",
+        "how the adapters' deltas run: 'pagedkv' (the core's BGMV ops, every device and "
+        "dtype), 'pagedkv_tiled' (their tiled CUDA variant), 'grouped_mm' (torch._grouped_mm "
+        "SGMV, bf16 on sm90+), 'dense' (GEMMs over all slots under a one-hot slot mask), "
+        "'auto': grouped_mm where it applies, else pagedkv",
         type=t.choice_of(LORA_KERNELS),
         metavar="{" + ",".join(LORA_KERNELS) + "}",
     ),
@@ -334,9 +344,10 @@ ENGINE_FLAGS = (
     Flag(
         "speculative_config",
         None,
-        "JSON object of vLLM's speculative config; n-gram prompt lookup only, e.g. "
+        "JSON object of vLLM's speculative config: n-gram prompt lookup, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-        '"prompt_lookup_min": 2}\'',
+        '"prompt_lookup_min": 2}\', or a draft model with the same vocabulary, e.g. '
+        '\'{"model": "path/or/hub-id", "num_speculative_tokens": 3}\'',
         type=t.json_object,
         shown="none (no speculation)",
     ),
@@ -503,17 +514,27 @@ def engine_error(err: BaseException, opts: Any = None) -> Optional[CLIError]:
 
 
 def build_llm(args: argparse.Namespace) -> Any:
-    """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors."""
+    """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors. Its callers
+    (generate, chat, bench) generate text: a pooling model is refused as a --model error."""
     from pagedkv.engine.llm import LLM
+    from pagedkv.engine.pooling_engine import PoolingEngine
 
     check_engine_args(args)
     try:
-        return LLM(**engine_kwargs(args))
+        llm = LLM(**engine_kwargs(args))
     except (*_MAPPED, RuntimeError) as e:
         mapped = engine_error(e, args)
         if mapped is None:
             raise
         raise mapped from e
+    if isinstance(llm.llm_engine, PoolingEngine):
+        raise CLIError(
+            "--model",
+            "this command generates text, but the model serves the pooling task "
+            f"{llm.llm_engine.task!r} "
+            "(serve it with `pagedkv serve`: /v1/embeddings, /classify, /score, ...)",
+        )
+    return llm
 
 
 # SamplingParams field -> flag (SamplingParams' messages name the field).

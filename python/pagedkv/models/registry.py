@@ -50,6 +50,11 @@ def smollm2_path() -> str:
     )
 
 
+def is_default_model(model: Optional[str]) -> bool:
+    """None or one of the packaged default's names."""
+    return model is None or model.lower() in _DEFAULT_ALIASES
+
+
 def resolve_model(
     model: Optional[str],
     revision: Optional[str] = None,
@@ -61,7 +66,7 @@ def resolve_model(
     in the HF cache, downloaded when missing (hub.py; ``revision``, ``download_dir``); anything
     else raises a clear error. ``tokenizer_only``: a hub id's tokenizer files, not its
     weights."""
-    if model is None or model.lower() in _DEFAULT_ALIASES:
+    if model is None or is_default_model(model):
         return ModelSource("gguf", smollm2_path(), model or DEFAULT_MODEL)
     path = os.path.expanduser(model)
     if os.path.isdir(path):
