@@ -183,7 +183,7 @@ def traced_run(llm: Any, prompts: List[str], mode: str, tag: str, args: Any) -> 
     avgs = prof.key_averages()
     with open(os.path.join(args.out, f"ops_{tag}.txt"), "w", encoding="utf-8") as f:
         if len(acts) > 1:
-            f.write(avgs.table(sort_by="self_cuda_time_total", row_limit=20) + "\n")
+            f.write(avgs.table(sort_by="self_device_time_total", row_limit=20) + "\n")
         f.write(avgs.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
     counted = {}
     device_us = 0.0
