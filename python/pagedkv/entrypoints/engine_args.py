@@ -151,9 +151,12 @@ ENGINE_FLAGS = (
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
     Flag(
         "async_scheduling",
-        False,
-        "schedule and launch the next step while the device runs the current one",
-        kind="switch",
+        None,
+        "schedule and launch the next step while the device runs the current one (same "
+        "outputs as the serial loop); default: on, except with speculative decoding, tensor / "
+        "pipeline parallelism or pooling, which run the serial loop",
+        kind="toggle",
+        shown="auto",
     ),
     Flag(
         "max_logprobs",
