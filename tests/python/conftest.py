@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 from typing import Iterator
 
 import pagedkv
@@ -41,6 +42,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Puts pytest's faulthandler back before each test: loading xgrammar (its tvm-ffi library)
+    replaces the SIGSEGV handler with one that prints only C frames, to a stderr that pytest is
+    capturing, so a crash would leave no trace of the Python code that caused it."""
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    fd = item.config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.disable()  # (enable() alone keeps the handler it believes is installed)
+        faulthandler.enable(file=fd, all_threads=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pagedkv.distributed.communication import (
 )
 from pagedkv.distributed.parallel_state import (
     GroupCoordinator,
+    abort_communicators,
     abort_model_parallel,
     destroy_model_parallel,
     get_pp_group,
@@ -28,6 +29,7 @@ from pagedkv.distributed.parallel_state import (
 
 __all__ = [
     "GroupCoordinator",
+    "abort_communicators",
     "abort_model_parallel",
     "destroy_model_parallel",
     "get_pp_group",

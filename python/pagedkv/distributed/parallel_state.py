@@ -218,9 +218,29 @@ def heads_per_rank(num_heads: int, num_kv_heads: int) -> Tuple[int, int]:
     return num_heads // tp, 1
 
 
+def abort_communicators() -> None:
+    """Makes a collective that waits on a dead peer fail now; any thread may call this.
+
+    NCCL needs its communicators aborted (ncclCommAbort is made to be called from another
+    thread); gloo needs nothing, since a dead peer's sockets close and its pending collective
+    raises. Nothing else is touched: tearing the groups down from another thread while the
+    stepping thread is inside a collective on them is a use-after-free (a killed-worker test
+    crashed CI that way). The stepping thread destroys them (abort_model_parallel) once its
+    collective has failed."""
+    seen = set()
+    for coord in (_WORLD, _TP, _PP):
+        group = coord.device_group
+        if group is None or id(group) in seen:
+            continue
+        seen.add(id(group))
+        with contextlib.suppress(Exception):  # a group already torn down: nothing to abort
+            if dist.get_backend(group) == "nccl":
+                group.abort()
+
+
 def abort_model_parallel() -> None:
-    """Back to local groups after a failure: aborts the process groups, so that a collective
-    blocked on a dead peer fails now (any thread may call this)."""
+    """Back to local groups after a failure: aborts and destroys the process groups. Only the
+    thread that runs the steps may call this (see abort_communicators)."""
     global _WORLD, _TP, _PP, _INITIALIZED
     _WORLD, _TP, _PP = _local_group(), _local_group(), _local_group()
     _INITIALIZED = False

@@ -13,11 +13,12 @@ bytes (command_channel.py): through a shared-memory ring when the driver spawned
 as one flat-buffer broadcast (gloo) under torchrun.
 
 Failure: a monitor thread watches the worker processes; when one dies, the others are killed
-and the process groups aborted, so the driver's pending collective fails at once and the engine
-raises naming the dead rank. Every collective has a timeout. Ctrl-C or any error in the middle
-of a command leaves the ranks out of step: the executor then shuts the workers down and refuses
-further calls. Workers end with the driver (shutdown command, or they notice their parent is
-gone); finalisers and atexit make sure none is left behind.
+(and NCCL's communicators aborted), so the driver's pending collective fails at once and the
+engine raises naming the dead rank; the driver's own thread then tears the groups down. Every
+collective has a timeout. Ctrl-C or any error in the middle of a command leaves the ranks out
+of step: the executor then shuts the workers down and refuses further calls. Workers end with
+the driver (shutdown command, or they notice their parent is gone); finalisers and atexit make
+sure none is left behind.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from pagedkv.distributed import (
+    abort_communicators,
     abort_model_parallel,
     destroy_model_parallel,
     get_world_group,
@@ -165,6 +167,7 @@ class MultiprocExecutor:
         """Runs Worker.<name>(*args) on every rank: the command to the others, then here."""
         state = self._state
         if state.dead is not None:
+            _shutdown(state)  # (the monitor found a dead worker between two calls)
             raise RuntimeError(f"the parallel engine is down: {state.dead}")
         try:
             state.channel.send(name, args)
@@ -276,7 +279,9 @@ def _monitor(state: _Procs) -> None:
     )
     logger.error("%s; stopping the other workers", state.dead)
     state.kill_all()
-    abort_model_parallel()  # the driver's pending collective fails now, not at its timeout
+    # The driver's pending collective fails now, not at its timeout; the driver's own thread
+    # then tears the groups down (_run_all -> _shutdown).
+    abort_communicators()
 
 
 def _wait_until_ready(store: Any, state: _Procs) -> None:
