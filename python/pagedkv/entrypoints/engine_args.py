@@ -153,7 +153,7 @@ ENGINE_FLAGS = (
         "async_scheduling",
         None,
         "schedule and launch the next step while the device runs the current one (same "
-        "outputs as the serial loop); default: on, except with speculative decoding, tensor / "
+        "outputs as the serial loop); auto: on, except with speculative decoding, tensor / "
         "pipeline parallelism or pooling, which run the serial loop",
         kind="toggle",
         shown="auto",
