@@ -76,10 +76,10 @@ def make_workload(name: str, vocab: int, seed: int) -> Workload:
     rng = np.random.default_rng(seed)
     if name == "sharegpt-mix":
         # ShareGPT's lengths are roughly log-normal (median ~200 prompt tokens, a long tail);
-        # clipped to the engine's max_model_len.
-        n = 512
-        ins = np.clip(rng.lognormal(np.log(200), 1.0, n), 4, 1024).astype(int)
-        outs = np.clip(rng.lognormal(np.log(160), 0.9, n), 4, 768).astype(int)
+        # clipped to the engine's max_model_len. The same lengths for every seed.
+        n, lengths = 512, np.random.default_rng(0)
+        ins = np.clip(lengths.lognormal(np.log(200), 1.0, n), 4, 1024).astype(int)
+        outs = np.clip(lengths.lognormal(np.log(160), 0.9, n), 4, 768).astype(int)
     else:
         count, lens = name.split("x")
         n, (i, o) = int(count), map(int, lens.split("-"))
