@@ -379,7 +379,8 @@ def print_skewed(sms: int, bw: float, quick: bool) -> None:
 
 
 # Cascade: sequences x (shared prefix + own keys).
-CASCADE_SHAPES = [(64, 8192, 256), (16, 8192, 256), (64, 2048, 128)]
+# The last two: the low end of the engine's rule (pagedkv.cascade.shared_prefix_blocks).
+CASCADE_SHAPES = [(64, 8192, 256), (16, 8192, 256), (64, 2048, 128), (8, 1024, 64), (4, 256, 32)]
 
 
 def bench_cascade(b: int, prefix: int, own: int, sms: int) -> dict:

@@ -17,6 +17,5 @@ timeout 70 python3 -m pytest -q -n 8 -p no:cacheprovider -m cuda -rfEs --tb=shor
 echo "pytest exit $? after $((SECONDS - start)) s" | tee -a "$OUT/balanced_tests.log"
 grep -v "PytestBenchmarkWarning\|warner(\|CUDAGraph.cpp" "$OUT/balanced_tests.log" | tail -25
 timeout 75 python3 benchmarks/gpu_attention.py --skewed-only 2>&1 | tee "$OUT/skewed.log"
-timeout 35 python3 benchmarks/gpu_attention.py --cascade-only 2>&1 | tee "$OUT/cascade.log"
-timeout 55 python3 benchmarks/cascade_engine.py 2>&1 | tee "$OUT/cascade_engine.log"
+# The cascade table and engine run: benchmarks/gpu_cascade_run.sh.
 echo "gpu_balanced_run: $((SECONDS - start)) s after the build"

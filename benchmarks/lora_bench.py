@@ -1,10 +1,13 @@
 """Multi-LoRA throughput: generation tokens/s of a batch whose requests use 8 distinct rank-16
 adapters (round robin) vs the same batch without adapters, on one engine per LoRA kernel
-(random ~1B Llama): "grouped_mm" (torch._grouped_mm SGMV, bf16 on sm90+) and "pagedkv" (the
-core's BGMV ops) by default, one after the other in this run.
+(random ~1B Llama): "dense" (all slots' GEMMs under a one-hot slot mask), "grouped_mm"
+(torch._grouped_mm SGMV, bf16 on sm90+), "pagedkv_tiled" and "pagedkv" (the core's BGMV ops,
+tiled variant and default) by default, one after the other in this run. ``--profile-steps N``
+then profiles N decode steps of each engine (benchmarks/lora_profile.py's tables: top kernels,
+per-step delta).
 
   python benchmarks/lora_bench.py --model-dir /tmp/llama1b --json lora.json
-  python benchmarks/lora_bench.py --kernel pagedkv
+  python benchmarks/lora_bench.py --kernel pagedkv dense --profile-steps 20
 
 The adapters are PEFT folders of random A/B matrices over q/k/v/o/gate/up/down, written here
 (no peft needed). Target: the adapter batch at >= 0.8x the base batch's tokens/s.
@@ -89,6 +92,12 @@ def _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM) -> dict
     row["base_tok_s_again"] = run(None)
     row["ratio"] = row["lora_tok_s"] / max(row["base_tok_s"], row["base_tok_s_again"])
     row["graph_replays"] = (runner.graphs.num_replays if runner.graphs is not None else 0) - replays
+    if args.profile_steps:
+        from lora_profile import profile_llm, profile_params
+
+        steps = args.profile_steps
+        params = profile_params(steps)
+        row["profile"] = profile_llm(llm, prompts, params, per_prompt, steps, 25)
     return row
 
 
@@ -102,10 +111,12 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument(
         "--kernel",
-        default="both",
-        choices=("both", "auto", "pagedkv", "grouped_mm"),
-        help="the engine's lora_kernel; 'both': grouped_mm, then pagedkv",
+        nargs="+",
+        default=["dense", "grouped_mm", "pagedkv_tiled", "pagedkv"],
+        choices=("auto", "pagedkv", "pagedkv_tiled", "grouped_mm", "dense"),
+        help="the engines' lora_kernel, one engine each, in this order",
     )
+    ap.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -128,23 +139,24 @@ def main() -> None:
     ]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     per_prompt = [loras[i % len(loras)] for i in range(args.num_prompts)]
-    kernels = ["grouped_mm", "pagedkv"] if args.kernel == "both" else [args.kernel]
-    result: dict = {}
-    for kernel in kernels:
-        result[kernel] = _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM)
-        print(json.dumps({kernel: result[kernel]}), flush=True)
-        gc.collect()  # the engine of this kernel, before the next one takes the GPU memory
-        torch.cuda.empty_cache()
-    result.update(
+    result: dict = dict(
         adapters=args.num_adapters,
         rank=args.rank,
         prompts=args.num_prompts,
         device=torch.cuda.get_device_name(),
     )
-    print(json.dumps(result, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    for kernel in args.kernel:
+        result[kernel] = _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM)
+        summary = {k: v for k, v in result[kernel].items() if k != "profile"}
+        print(json.dumps({kernel: summary}), flush=True)
+        if args.json:  # after each kernel: a run cut short keeps the kernels it finished
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        gc.collect()  # the engine of this kernel, before the next one takes the GPU memory
+        torch.cuda.empty_cache()
+    shown = {k: v for k, v in result.items() if not isinstance(v, dict)}
+    shown.update({k: v["ratio"] for k, v in result.items() if isinstance(v, dict)})
+    print(json.dumps(shown, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """One LoRA layer's cost on the GPU, by kernel: the base linear alone vs LoRALinear with its
-adapters' deltas through "grouped_mm" (torch._grouped_mm SGMV) and "pagedkv" (the core's BGMV),
+adapters' deltas through "dense" (all slots' GEMMs under a one-hot slot mask), "grouped_mm"
+(torch._grouped_mm SGMV), "pagedkv" (the core's BGMV) and "pagedkv_tiled" (its tiled variant),
 each replayed from a CUDA graph (as decode steps run), for the random 1B Llama's layer shapes
-and tokens spread over 8 rank-16 adapters.
+and tokens spread over 8 rank-16 adapters. Each replay here also recomputes what the step
+derives from the slots (dense's slot mask, grouped_mm's sort by slot), which the engine does
+once per forward for all layers: a few small kernels per row that an engine step amortises.
 
   python benchmarks/lora_ops_bench.py --json lora_ops.json
 """
@@ -78,7 +81,7 @@ def main() -> None:
         fin = int(base.weight.shape[1])
         names = [f"s{i}" for i in range(len(sizes))]
         layers = {}
-        for kernel in ("grouped_mm", "pagedkv"):
+        for kernel in ("dense", "grouped_mm", "pagedkv", "pagedkv_tiled"):
             layer = LoRALinear(base, names, sizes, loras, args.rank, LoRAStep(loras), kernel)
             for slot in range(loras):
                 parts = {

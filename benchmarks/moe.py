@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from pagedkv import ops
-from pagedkv.models.moe import fused_experts
+from pagedkv.models.moe import _grouped_mm_applies, auto_moe_kernel, fused_experts
 
 # (name, hidden, expert intermediate, experts, top_k): Mixtral-8x7B's and Qwen3-30B-A3B's layer.
 SHAPES = [("mixtral-8x7b", 4096, 14336, 8, 2), ("qwen3-30b-a3b", 2048, 768, 128, 8)]
@@ -69,6 +69,7 @@ def bench_layer(
     device: str,
     dtype: torch.dtype,
     iters: int,
+    hf: bool = True,
 ) -> list[dict]:
     g = torch.Generator(device=device).manual_seed(0)
     w13 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=dtype, generator=g) * 0.02
@@ -87,6 +88,9 @@ def bench_layer(
         def moe_pagedkv(x: torch.Tensor = x) -> torch.Tensor:
             return moe(x, "pagedkv")
 
+        def moe_grouped_mm(x: torch.Tensor = x) -> torch.Tensor:
+            return moe(x, "grouped_mm")
+
         def dense(x: torch.Tensor = x) -> torch.Tensor:
             h = F.linear(x, dense_gu)
             return F.linear(F.silu(h[:, : top_k * inter]) * h[:, top_k * inter :], dense_d)
@@ -97,17 +101,20 @@ def bench_layer(
 
         flops = 2 * t * 3 * hidden * inter * top_k
         row: dict[str, Any] = {"shape": name, "tokens": t}
-        for key, fn in (
-            ("moe", moe),
-            ("moe_pagedkv_kernel", moe_pagedkv),
-            ("dense", dense),
-            ("hf_loop", loop),
-        ):
+        fns = [("moe", moe), ("moe_pagedkv_kernel", moe_pagedkv)]
+        if _grouped_mm_applies(x, w13, w2):  # the two kernels "auto" chooses between, named
+            fns.append(("moe_grouped_mm", moe_grouped_mm))
+            row["auto_kernel"] = auto_moe_kernel(t, top_k, experts)
+        fns.append(("dense", dense))
+        if hf:
+            fns.append(("hf_loop", loop))
+        for key, fn in fns:
             s = timed(fn, device, iters)
             row[f"{key}_us"] = round(s * 1e6, 1)
             row[f"{key}_tflops"] = round(flops / s / 1e12, 2)
         row["moe_vs_dense"] = round(row["dense_us"] / row["moe_us"], 3)
-        row["moe_vs_hf_loop"] = round(row["hf_loop_us"] / row["moe_us"], 3)
+        if hf:
+            row["moe_vs_hf_loop"] = round(row["hf_loop_us"] / row["moe_us"], 3)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -192,13 +199,22 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--skip-hf-loop", action="store_true", help="no HF per-expert loop column")
+    ap.add_argument("--shape", default=None, help="only this layer shape (e.g. qwen3-30b-a3b)")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts")
     ap.add_argument("--json", default=None, help="write every row to this file")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     tokens = [1, 16, 64] if args.quick else [1, 16, 64, 256, 1024, 4096]
+    if args.tokens:
+        tokens = [int(t) for t in args.tokens.split(",")]
     rows: dict[str, list] = {"layer": [], "engine": []}
     for shape in QUICK_SHAPES if args.quick else SHAPES:
-        rows["layer"] += bench_layer(*shape, tokens, args.device, dtype, args.iters)
+        if args.shape and shape[0] != args.shape:
+            continue
+        rows["layer"] += bench_layer(
+            *shape, tokens, args.device, dtype, args.iters, not args.skip_hf_loop
+        )
     if not args.skip_engine:
         rows["engine"] = bench_engine(args.device, args.quick)
     if args.json:

@@ -1,4 +1,5 @@
-"""N-gram speculative decoding end to end at batch 1: acceptance and speed-up vs plain decode.
+"""Speculative decoding (n-gram or a draft model) end to end at batch 1: acceptance and speed-up
+vs plain decode.
 
 The default model (SmolLM2-135M-Instruct) decodes input-grounded prompts (repeat, edit or
 summarise a given text; the prompts of spec_decode_acceptance.py) greedily, one request at a
@@ -8,7 +9,14 @@ draft tokens, from the engine's spec_decode_* counters), mean tokens per verific
 the decode speed-up (generated tokens per second of generate() wall time, after a warm-up).
 
     python benchmarks/spec_decode.py [--device cpu|cuda] [--max-tokens 128] [--repeats 2]
-        [--setting 1,3,4 ...]
+        [--setting 1,3,4 ...] [--draft MODEL [--draft-k 2 --draft-k 4 ...]]
+
+``--draft MODEL`` measures draft-model speculation instead (``speculative_config={"model":
+MODEL, "num_speculative_tokens": k}`` for each ``--draft-k``). ``--draft smollm2`` drafts the
+default model with itself: every draft is accepted, so this is the mechanical upper bound of
+acceptance (k+1 tokens per verification) at the price of k draft forwards as costly as the
+target's -- it measures the machinery's overhead, not a useful speed-up (a real draft is several
+times smaller than its target).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from pagedkv import LLM, SamplingParams
 from spec_decode_acceptance import PROMPTS
 
 SETTINGS = [(1, 3, 2), (1, 3, 4), (2, 4, 4), (1, 5, 8)]  # (lookup min, lookup max, k)
+DRAFT_KS = [2, 4]  # num_speculative_tokens with --draft
 
 
 def run(llm: LLM, prompts: List[str], params: SamplingParams, repeats: int) -> Dict[str, Any]:
@@ -67,9 +76,30 @@ def main() -> None:
         + " ".join(",".join(map(str, s)) for s in SETTINGS)
         + ")",
     )
+    ap.add_argument("--draft", default=None, help="draft model (folder, hub id or 'smollm2')")
+    ap.add_argument(
+        "--draft-k",
+        type=int,
+        action="append",
+        default=None,
+        help=f"num_speculative_tokens of the draft model (repeatable; default {DRAFT_KS})",
+    )
     args = ap.parse_args()
     settings = (
         [tuple(int(x) for x in s.split(",")) for s in args.setting] if args.setting else SETTINGS
+    )
+    configs = (
+        [{"model": args.draft, "num_speculative_tokens": k} for k in args.draft_k or DRAFT_KS]
+        if args.draft
+        else [
+            {
+                "method": "ngram",
+                "num_speculative_tokens": k,
+                "prompt_lookup_min": lo,
+                "prompt_lookup_max": hi,
+            }
+            for lo, hi, k in settings
+        ]
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     common: Dict[str, Any] = dict(device=args.device, max_model_len=1024, max_num_seqs=8)
@@ -79,15 +109,13 @@ def main() -> None:
     base_tps = plain["tokens"] / plain["seconds"]
     print(f"device {args.device}, batch 1, {len(PROMPTS)} prompts, max_tokens {args.max_tokens}")
     print(f"plain decode: {plain['tokens']} tokens, {base_tps:.1f} tok/s")
-    print("lookup min/max  k  acceptance  tokens/step  tok/s   speed-up  identical")
+    print(
+        f"{'draft model' if args.draft else 'lookup min/max':<20}   k  acceptance  "
+        "tokens/step   tok/s  speed-up  identical"
+    )
     results = [{"setting": "plain", "tok_s": base_tps, "tokens": plain["tokens"]}]
-    for lo, hi, k in settings:
-        spec_cfg = {
-            "method": "ngram",
-            "num_speculative_tokens": k,
-            "prompt_lookup_min": lo,
-            "prompt_lookup_max": hi,
-        }
+    for spec_cfg in configs:
+        k = spec_cfg["num_speculative_tokens"]
         r = run(LLM(**common, speculative_config=spec_cfg), PROMPTS, params, args.repeats)
         proposed, accepted = r["spec_decode_num_draft_tokens"], r["spec_decode_num_accepted_tokens"]
         # Verification steps: those with drafts, plus the plain decodes (no drafts found).
@@ -96,8 +124,13 @@ def main() -> None:
         tps = r["tokens"] / r["seconds"]
         per_step = r["tokens"] / max(1, r["tokens"] - accepted)  # each step emits 1 + accepted
         same = r["outputs"] == plain["outputs"]
+        name = (
+            str(args.draft)[-20:]
+            if args.draft
+            else f"{spec_cfg['prompt_lookup_min']}/{spec_cfg['prompt_lookup_max']}"
+        )
         print(
-            f"{lo:>6}/{hi:<6} {k:>3}  {acc:>9.1%}  {per_step:>11.2f}  {tps:>6.1f}  "
+            f"{name:<20} {k:>3}  {acc:>9.1%}  {per_step:>11.2f}  {tps:>6.1f}  "
             f"{tps / base_tps:>7.2f}x  {same}"
         )
         results.append(
@@ -113,7 +146,7 @@ def main() -> None:
         )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": args.device, "results": results}, f, indent=2)
+            json.dump({"device": args.device, "draft": args.draft, "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -21,16 +21,23 @@
 
 namespace pagedkv::ops {
 
+// Which CUDA kernels run the ops (the CPU kernels are the same for both). kPerToken: one token
+// per CTA, element-wise loads (the measured default). kTiled: 16-byte packed loads where rows
+// are aligned, and up to 32 tokens per expand CTA, so an adapter's B rows of the CTA's columns
+// come from L2 once per tile of tokens instead of once per token (not yet measured on a GPU).
+enum class LoRAVariant : int { kPerToken = 0, kTiled = 1 };
+
 // buf [T, R] float32 (written), x [T, K] (float32 / float16 / bfloat16, contiguous last dim),
 // a [L, R, K] (x's dtype, contiguous), token_lora_indices [T] int32 in [-1, L).
 void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a,
-                 const TensorView& token_lora_indices, Stream stream = nullptr);
+                 const TensorView& token_lora_indices, Stream stream = nullptr,
+                 LoRAVariant variant = LoRAVariant::kPerToken);
 
 // out [T, N] (float32 / float16 / bfloat16, contiguous last dim; updated in place), buf [T, R]
 // float32, b [L, N, r] (out's dtype, contiguous), token_lora_indices [T] int32 in [-1, L),
 // slice_sizes: 1 to 8 positive column counts summing to N, with R = len(slice_sizes) * r.
 void lora_expand(const TensorView& out, const TensorView& buf, const TensorView& b,
                  const TensorView& token_lora_indices, const std::vector<int64_t>& slice_sizes,
-                 Stream stream = nullptr);
+                 Stream stream = nullptr, LoRAVariant variant = LoRAVariant::kPerToken);
 
 }  // namespace pagedkv::ops

@@ -521,12 +521,12 @@ def moe_grouped_gemm(out: NDArray, a: NDArray, w: NDArray, sorted_token_ids: NDA
     Grouped GEMM over the expert blocks: out[i] = a[i / top_k] . w[expert]^T (* topk_weights[i]).
     """
 
-def lora_shrink(buf: NDArray, x: NDArray, a: NDArray, token_lora_indices: NDArray, stream: int = 0) -> None:
+def lora_shrink(buf: NDArray, x: NDArray, a: NDArray, token_lora_indices: NDArray, stream: int = 0, tiled: bool = False) -> None:
     """
     buf[t] = x[t] . a[token_lora_indices[t]]^T (zeros where the index is -1).
     """
 
-def lora_expand(out: NDArray, buf: NDArray, b: NDArray, token_lora_indices: NDArray, slice_sizes: Sequence[int], stream: int = 0) -> None:
+def lora_expand(out: NDArray, buf: NDArray, b: NDArray, token_lora_indices: NDArray, slice_sizes: Sequence[int], stream: int = 0, tiled: bool = False) -> None:
     """
     out[t, n] += buf[t, slice(n)] . b[token_lora_indices[t], n] (rows with index -1 kept).
     """

@@ -100,7 +100,9 @@ class BalancedDecode:
     """A balanced plan and its workspace for up to ``max_seqs`` sequences on ``device`` (torch):
     host (pinned on CUDA) and device plan arrays, refilled by ``fill`` each step; ``run`` calls
     ops.paged_attention_balanced on the device copy. ``target_items``: the planner's target
-    (target_items() for the caller's query and caches)."""
+    (target_items() for the caller's query and caches). ``workspace=False``: no partials'
+    workspace of its own; ``run`` allocates it per call (the cascade's per-batch-size prefix
+    plans: under a CUDA graph capture the graph's pool holds it, shared with other sizes)."""
 
     def __init__(
         self,
@@ -111,6 +113,7 @@ class BalancedDecode:
         device: Any,
         min_chunk: int = ops.BALANCED_MIN_CHUNK,
         pin: bool = True,
+        workspace: bool = True,
     ) -> None:
         import torch
 
@@ -129,13 +132,24 @@ class BalancedDecode:
         self.offsets_host = self._host[self.capacity * k :]
         self.items = self._dev[: self.capacity * k].view(self.capacity, k)
         self.offsets = self._dev[self.capacity * k :]
-        self.exp_sums = torch.empty(self.capacity, num_heads, dtype=torch.float32, device=device)
-        self.max_logits = torch.empty_like(self.exp_sums)
-        self.tmp_out = torch.empty(
-            self.capacity, num_heads, head_size, dtype=torch.float32, device=device
+        self.num_heads, self.head_size = num_heads, head_size
+        none: tuple[Any, Any, Any] = (None, None, None)
+        self.exp_sums, self.max_logits, self.tmp_out = (
+            self._workspace(self.capacity, device) if workspace else none
         )
         self._copied = torch.cuda.Event() if cuda else None
         self.used = 0
+
+    def _workspace(self, capacity: int, device: Any) -> tuple[Any, Any, Any]:
+        """exp_sums, max_logits [capacity, num_heads] and tmp_out [capacity, num_heads,
+        head_size], float32."""
+        import torch
+
+        exp_sums = torch.empty(capacity, self.num_heads, dtype=torch.float32, device=device)
+        tmp_out = torch.empty(
+            capacity, self.num_heads, self.head_size, dtype=torch.float32, device=device
+        )
+        return exp_sums, torch.empty_like(exp_sums), tmp_out
 
     def capacity_for(self, rows: int) -> int:
         """The items of a plan for ``rows`` query rows: the leading part of the buffers, so a
@@ -204,11 +218,19 @@ class BalancedDecode:
         is zero."""
         n = int(query.shape[0])
         cap = self.capacity_for(n)
+        if self.exp_sums is None:
+            exp_sums, max_logits, tmp_out = self._workspace(cap, self._dev.device)
+        else:
+            exp_sums, max_logits, tmp_out = (
+                self.exp_sums[:cap],
+                self.max_logits[:cap],
+                self.tmp_out[:cap],
+            )
         ops.paged_attention_balanced(
             out,
-            self.exp_sums[:cap],
-            self.max_logits[:cap],
-            self.tmp_out[:cap],
+            exp_sums,
+            max_logits,
+            tmp_out,
             query,
             key_cache,
             value_cache,

@@ -8,7 +8,9 @@ per op serves all adapters of the step. For a layer ``y = x @ W.T`` with adapter
     lora_expand(y, buf, b, token_lora_indices, slice_sizes)     # y[t] += delta, in place
 
 A token whose index is -1 has no adapter (its row of y is left as it is). Errors name the
-argument (see include/pagedkv/lora.h for the exact contract).
+argument (see include/pagedkv/lora.h for the exact contract). ``tiled=True`` picks the CUDA
+kernels' tiled variant (16-byte packed loads, a tile of tokens per expand CTA sharing each
+adapter's B rows; not yet measured on a GPU); the CPU kernels are the same for both.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ def _shape2(x: Any, name: str) -> tuple[int, int]:
 
 
 def lora_shrink(
-    x: Any, a: Any, token_lora_indices: Any, *, out: Optional[Any] = None, stream: Any = None
+    x: Any,
+    a: Any,
+    token_lora_indices: Any,
+    *,
+    out: Optional[Any] = None,
+    stream: Any = None,
+    tiled: bool = False,
 ) -> Any:
     """``buf[t] = x[t] @ a[token_lora_indices[t]].T`` in float32 (zeros where the index is -1).
     x [T, K], a [L, R, K] (x's dtype) -> buf [T, R] float32."""
@@ -39,7 +47,7 @@ def lora_shrink(
         raise ValueError(f"a must be [num_loras, rank, K], got shape {tuple(a.shape)}")
     if out is None:
         out = empty((t, int(a.shape[1])), "float32", x)
-    _C.lora_shrink(out, x, a, token_lora_indices, stream_handle(stream, x))
+    _C.lora_shrink(out, x, a, token_lora_indices, stream_handle(stream, x), tiled)
     return out
 
 
@@ -51,6 +59,7 @@ def lora_expand(
     slice_sizes: Optional[Sequence[int]] = None,
     *,
     stream: Any = None,
+    tiled: bool = False,
 ) -> Any:
     """``out[t, n] += buf[t, s(n) * r : s(n) * r + r] @ b[token_lora_indices[t], n]`` in place
     (fp32 sum, rounded once), where slice s(n) holds column n (``slice_sizes`` column counts,
@@ -64,5 +73,5 @@ def lora_expand(
         check_array(v, name)
     _, n = _shape2(out, "out")
     sizes = [n] if slice_sizes is None else [int(s) for s in slice_sizes]
-    _C.lora_expand(out, buf, b, token_lora_indices, sizes, stream_handle(stream, out))
+    _C.lora_expand(out, buf, b, token_lora_indices, sizes, stream_handle(stream, out), tiled)
     return out

@@ -768,12 +768,7 @@ def save_random_llava(out_dir: str, seed: int = 0) -> str:
         image_seq_length=16,
     )
     model = LlavaForConditionalGeneration(config).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            norm = "norm" in name and name.endswith("weight")
-            p.copy_(1.0 + 0.2 * noise if norm else 0.15 * noise)
+    _randomize(model, seed)
     model.save_pretrained(out_dir)
     images = CLIPImageProcessor(
         size={"shortest_edge": 28},
@@ -789,4 +784,165 @@ def save_random_llava(out_dir: str, seed: int = 0) -> str:
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,
     ).save_pretrained(out_dir)
+    return out_dir
+
+
+def _randomize(model: Any, seed: int) -> None:
+    """Every weight random: norm weights around 1, the rest (biases included) around 0."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            norm = "norm" in name and name.endswith("weight")
+            p.copy_(1.0 + 0.2 * noise if norm else 0.15 * noise)
+
+
+def _tiny_llama_text(tok: Any, **kw: Any) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tok) + 7,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **kw,
+    )
+
+
+def save_random_llava_next(out_dir: str, seed: int = 0) -> str:
+    """Writes a tiny random LlavaNextForConditionalGeneration: a CLIP tower on 28-pixel crops
+    of 16 patches, anyres grid pinpoints up to 56 x 84 pixels (a base image + up to 6 tiles,
+    unpadded, image_newline), a Llama of head size 32, every weight random (norms around 1,
+    non-zero biases); with its LlavaNextProcessor (image processor + the SmolLM2 tokenizer with
+    ``<image>`` added). Returns ``out_dir``."""
+    from transformers import (
+        CLIPVisionConfig,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
+        LlavaNextProcessor,
+    )
+
+    from pagedkv.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(None).hf
+    tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    pinpoints = [[28, 56], [56, 28], [56, 56], [56, 84], [84, 56]]
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=7,
+        projection_dim=16,
+    )
+    config = LlavaNextConfig(
+        vision_config=vision,
+        text_config=_tiny_llama_text(tok),
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_grid_pinpoints=pinpoints,
+    )
+    model = LlavaNextForConditionalGeneration(config).eval()
+    _randomize(model, seed)
+    model.save_pretrained(out_dir)
+    images = LlavaNextImageProcessor(
+        size={"shortest_edge": 28},
+        crop_size={"height": 28, "width": 28},
+        image_grid_pinpoints=pinpoints,
+        image_mean=[0.4, 0.5, 0.6],
+        image_std=[0.3, 0.25, 0.2],
+    )
+    LlavaNextProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy="default",
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    ).save_pretrained(out_dir)
+    return out_dir
+
+
+# Qwen2-VL (models/qwen2_vl.py): its vision tokens, added to the SmolLM2 tokenizer.
+QWEN2_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def save_random_qwen2_vl(out_dir: str, seed: int = 0) -> str:
+    """Writes a tiny random Qwen2VLForConditionalGeneration: a 2-block vision transformer on 14-
+    pixel patches (2 x 2 merged, at most 16 rows per image), a Qwen2 text model of head size 32
+    with M-RoPE sections [4, 6, 6], every weight random (norms around 1, non-zero biases); with
+    its image processor and the SmolLM2 tokenizer with the vision tokens added.
+    Returns ``out_dir``."""
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+    )
+
+    from pagedkv.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(None).hf
+    tok.add_tokens(list(QWEN2_VL_TOKENS), special_tokens=True)
+    start, end, image, video = (tok.convert_tokens_to_ids(t) for t in QWEN2_VL_TOKENS)
+    text = {
+        "model_type": "qwen2_vl_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": len(tok) + 7,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [4, 6, 6],
+        },
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+    }
+    vision = {
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": 64,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
+    )
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    _randomize(model, seed)
+    model.save_pretrained(out_dir)
+    images = Qwen2VLImageProcessor(
+        min_pixels=28 * 28,
+        max_pixels=28 * 28 * 16,
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.4, 0.5, 0.6],
+        image_std=[0.3, 0.25, 0.2],
+    )
+    # (Qwen2VLProcessor itself needs torchvision for its video processor: the engine reads the
+    # image processor and the tokenizer, saved on their own.)
+    images.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
     return out_dir

@@ -44,7 +44,7 @@ void check_indices(const TensorView& idx, int64_t tokens, int64_t num_loras) {
 }  // namespace
 
 void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a,
-                 const TensorView& token_lora_indices, Stream stream) {
+                 const TensorView& token_lora_indices, Stream stream, LoRAVariant variant) {
   const detail::Named reads[] = {{&x, "x"}, {&a, "a"}, {&token_lora_indices, "token_lora_indices"}};
   detail::check_devices({reads[0], reads[1], reads[2], {&buf, "buf"}});
   detail::check_float(x, "x");
@@ -62,16 +62,17 @@ void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a
   if (T == 0 || R == 0) return;
   if (!x.device().is_cuda()) return cpu_ops::lora_shrink(buf, x, a, token_lora_indices);
 #ifdef PAGEDKV_WITH_CUDA
-  cuda_ops::lora_shrink(buf, x, a, token_lora_indices, stream);
+  cuda_ops::lora_shrink(buf, x, a, token_lora_indices, stream, variant);
 #else
   (void)stream;
+  (void)variant;
   no_cuda("lora_shrink", x);
 #endif
 }
 
 void lora_expand(const TensorView& out, const TensorView& buf, const TensorView& b,
                  const TensorView& token_lora_indices, const std::vector<int64_t>& slice_sizes,
-                 Stream stream) {
+                 Stream stream, LoRAVariant variant) {
   const detail::Named reads[] = {
       {&buf, "buf"}, {&b, "b"}, {&token_lora_indices, "token_lora_indices"}};
   detail::check_devices({{&out, "out"}, reads[0], reads[1], reads[2]});
@@ -99,9 +100,10 @@ void lora_expand(const TensorView& out, const TensorView& buf, const TensorView&
   if (!out.device().is_cuda())
     return cpu_ops::lora_expand(out, buf, b, token_lora_indices, slice_sizes);
 #ifdef PAGEDKV_WITH_CUDA
-  cuda_ops::lora_expand(out, buf, b, token_lora_indices, slice_sizes, stream);
+  cuda_ops::lora_expand(out, buf, b, token_lora_indices, slice_sizes, stream, variant);
 #else
   (void)stream;
+  (void)variant;
   no_cuda("lora_expand", out);
 #endif
 }

@@ -51,6 +51,8 @@ _BOOL_FIELDS = (
     "trust_remote_code",
     "disable_log_stats",
     "enable_lora",
+    "disable_cascade_attn",
+    "cascade_cuda_graphs",
 )
 _OPTIONAL_BOOL_FIELDS = ("async_scheduling",)
 
@@ -85,6 +87,15 @@ class EngineConfig:
     # SGLang's overlap scheduler): the serial loop's outputs, less device idle time. None:
     # auto, on wherever it is supported (see overlapped_steps); True where it is not: refused.
     async_scheduling: Optional[bool] = None
+    # vLLM's switch for cascade attention: decode rows whose contexts start with the same cached
+    # blocks (a shared system prompt, parallel samples) attend to those blocks once for all of
+    # them (pagedkv.cascade), in eager steps and CUDA graphs, where the decode has the balanced
+    # kernel it runs on (Hopper, the CPU).
+    disable_cascade_attn: bool = False
+    # The decode CUDA graphs' cascade variant (CudaGraphRunner): steps whose rows share a prefix
+    # replay a graph captured on the cascade path; off, they replay the plain graph (the cascade
+    # then runs on eager steps only). Off until benchmarks/gpu_cascade_run.sh has run it.
+    cascade_cuda_graphs: bool = False
     served_model_name: Optional[str] = None
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs have no text
     # Most logprobs / prompt_logprobs a request may ask for (vLLM's default 20; -1: the vocab).
@@ -119,7 +130,7 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
     lora_kernel: str = "auto"
-    # vLLM's speculative_config dict; only method "ngram" (engine/spec_decode/config.py).
+    # vLLM's speculative_config dict: method "ngram" or a draft model (engine/spec_decode/).
     speculative_config: Optional[Dict[str, Any]] = None
     # Pooling models (engine/runner_choice.py, engine/pooler.py), vLLM's names: task "auto" |
     # "generate" | "embed" | "classify" | "score" | "reward"; runner "auto" | "generate" |
@@ -173,7 +184,13 @@ class EngineConfig:
 
     def validate(self) -> None:
         self._check_types()
-        SpeculativeConfig.from_dict(self.speculative_config)  # refuses what is not supported
+        spec = SpeculativeConfig.from_dict(self.speculative_config)  # refuses the unsupported
+        if spec is not None and spec.model is not None and self.world_size > 1:
+            # The draft runs on the driver's rank only; its cache would miss the workers'.
+            raise ValueError(
+                "speculative_config['model'] (a draft model) with tensor or pipeline "
+                "parallelism is not supported yet"
+            )
         if self.seed is None:
             self.seed = 0
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
@@ -196,6 +213,12 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.cascade_cuda_graphs and (self.disable_cascade_attn or self.enforce_eager):
+            raise ValueError(
+                "cascade_cuda_graphs=True captures the cascade variant of the decode CUDA graphs: "
+                "it needs the cascade (disable_cascade_attn=False) and CUDA graphs "
+                "(enforce_eager=False)"
             )
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(

@@ -16,6 +16,12 @@ ModelRunner that owns it: a dropped engine is freed by reference counting, not l
 collector. (The collection before capture also takes the start-up heap off the collector's
 pending count, so a full collection, tens of ms, does not fall into the first steps.)
 
+With ``cascade_cuda_graphs``, decode rows that share a cached prefix (StepPlans.fill_cascade: a
+system prompt, parallel samples) replay a second graph per batch size, captured on the cascade
+path (pagedkv.cascade: the shared blocks read once for all rows); its plans and block tables live
+in fixed buffers the step refills, so any shared prefix replays it. Steps without one replay the
+plain graph.
+
 Under pipeline parallelism a stage after the first starts from the previous stage's hidden
 states: its graphs read them from one more static buffer, refilled each step like the others.
 Under tensor parallelism the graphs capture the layers' NCCL all-reduces (every rank captures
@@ -31,6 +37,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from pagedkv.cascade import CASCADE_MIN_SEQS
 from pagedkv.engine.model_runner import fill_placeholders
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
@@ -50,6 +57,7 @@ class CudaGraphRunner:
         self.kv_cache_dtype = runner.kv_cache_dtype  # graphs capture the fp8 kernels too
         # The balanced decode's plans (refilled before each replay where the graphs use them).
         self.step_plans = runner.step_plans
+        self.cascade = bool(runner.cfg.cascade_cuda_graphs)  # capture the cascade variant
         self.batch_sizes = capture_sizes(max_num_seqs)
         self.max_len = min(runner.max_model_len, runner.cfg.max_seq_len_to_capture)
         max_bs, dev = self.batch_sizes[-1], runner.device
@@ -85,7 +93,10 @@ class CudaGraphRunner:
             self._host_lora.fill_(-1)
             self._dev_lora.fill_(-1)
         self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # The cascade variant per batch size of at least CASCADE_MIN_SEQS rows (no LoRA).
+        self.cascade_graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.num_replays = 0  # decode steps served by a graph (tests and logs read it)
+        self.cascade_replays = 0  # ... by a cascade graph
         self._capture_all()
 
     def _backend(self, bs: int) -> PagedAttentionBackend:
@@ -113,25 +124,45 @@ class CudaGraphRunner:
         )
         return backend
 
+    def _cascades(self, bs: int) -> bool:
+        """Whether a batch of ``bs`` rows gets a cascade variant."""
+        plans = self.step_plans
+        return (
+            self.cascade
+            and plans is not None
+            and plans.cascade is not None
+            and bs >= CASCADE_MIN_SEQS
+        )
+
     @torch.inference_mode()
     def _capture_all(self) -> None:
         model, pool = self.model, None
-        if self.step_plans is not None:
-            self.step_plans.begin_step(None)  # capture: the graphs' fixed schedule
         with _gc_paused():
             # Largest first, so smaller graphs reuse the memory pool of the larger ones.
             for bs in reversed(self.batch_sizes):
                 pool = self._capture(model, bs, pool, self.graphs)
+                if self._cascades(bs):
+                    pool = self._capture(model, bs, pool, self.cascade_graphs, cascade=True)
                 if self.lora_step is not None:
                     try:
                         pool = self._capture(model, bs, pool, self.lora_graphs, lora=True)
                     finally:
                         self.lora_step.token_lora_indices = None
+        if self.step_plans is not None:
+            self.step_plans.begin_step(None)
         torch.cuda.synchronize()
 
     def _capture(
-        self, model: Any, bs: int, pool: Any, into: Dict[int, Any], lora: bool = False
+        self,
+        model: Any,
+        bs: int,
+        pool: Any,
+        into: Dict[int, Any],
+        lora: bool = False,
+        cascade: bool = False,
     ) -> Any:
+        if self.step_plans is not None:  # the graph's fixed schedule (and cascade or not)
+            self.step_plans.begin_capture(bs, cascade)
         backend = self._backend(bs)
         ids, pos = self.input_ids[:bs], self.positions[:bs]
         extra = [] if self.intermediate is None else [self.intermediate[:bs]]
@@ -163,11 +194,13 @@ class CudaGraphRunner:
         intermediate: Any = None,
         prev_tokens: Optional[torch.Tensor] = None,
         lora_slots: Optional[np.ndarray] = None,
+        positions: Optional[np.ndarray] = None,
     ) -> torch.Tensor:
         """``intermediate``: the previous stage's hidden states [n, hidden] (later stages).
         ``prev_tokens`` fill in the placeholder input ids of an overlapped step (see
         ModelRunner.execute). ``lora_slots``: each row's adapter slot (-1 = none), or None for
-        the plain graphs."""
+        the plain graphs. ``positions``: the rows' rotary positions when not the plan's (an
+        M-RoPE model's decodes, shifted by their request's delta)."""
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
@@ -176,7 +209,7 @@ class CudaGraphRunner:
         self._copied.synchronize()  # the previous step's copy has read the mirrors
         h64 = self._host64.numpy()
         h64[0, :n], h64[0, n:bs] = plan.input_ids[:n], 0
-        h64[1, :n], h64[1, n:bs] = plan.positions[:n], 0
+        h64[1, :n], h64[1, n:bs] = (plan.positions if positions is None else positions)[:n], 0
         h64[2, :n], h64[2, n:bs] = plan.slot_mapping[:n], -1
         h32 = self._host32.numpy()
         h32[:n], h32[n:bs] = seq_lens, 1
@@ -194,9 +227,17 @@ class CudaGraphRunner:
             self.input_ids[:n].copy_(fill_placeholders(self.input_ids[:n], prev_tokens))
         if self.intermediate is not None:
             self.intermediate[:n].copy_(intermediate)  # padding rows keep finite old values
+        graphs = self.graphs if lora_slots is None else self.lora_graphs
         if self.step_plans is not None:
             self.step_plans.fill_all(seq_lens, bs)  # padding rows: no items (zero output)
-        graph, out = (self.graphs if lora_slots is None else self.lora_graphs)[bs]
+            if (
+                lora_slots is None
+                and bs in self.cascade_graphs
+                and self.step_plans.fill_cascade(seq_lens, plan.block_tables[:n, :used], bs)
+            ):
+                graphs = self.cascade_graphs
+                self.cascade_replays += 1
+        graph, out = graphs[bs]
         graph.replay()
         self.num_replays += 1
         return out[:n]

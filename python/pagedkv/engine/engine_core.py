@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import numpy as np
 import torch
 
+from pagedkv.engine.mrope_positions import step_mrope_positions
 from pagedkv.engine.multimodal import step_image_rows
 from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_failures import RequestFailures
@@ -98,7 +99,7 @@ class EngineCore:
         speculator: Optional[Speculator] = None,
     ) -> None:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
-        self.speculator = speculator  # n-gram speculative decoding (speculative_config)
+        self.speculator = speculator  # speculative decoding (speculative_config)
         self.grammars, self.max_num_seqs = grammars, max_num_seqs
         self.lora_admission = lora_admission
         self.async_scheduling = async_scheduling
@@ -213,6 +214,8 @@ class EngineCore:
         if plan is None:
             return None
         entries = self._step_entries = self._begin(plan)
+        if self.speculator is not None:  # a draft model follows every step, writes drafts
+            self.speculator.draft(plan, entries, self.seq_owner)
         hidden = self._execute(plan, entries)
         work, tokens = self._sample(plan, entries, hidden)
         host = work.host(tokens)
@@ -295,6 +298,8 @@ class EngineCore:
                 or len(plan.blocks_to_copy)
             ):
                 self.runner.apply_block_ops(plan)
+                if self.speculator is not None:  # a draft model's cache has the same blocks
+                    self.speculator.draft(plan, [], self.seq_owner)
             return None
         self._plan = plan
         return plan
@@ -334,6 +339,8 @@ class EngineCore:
             kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]
         if getattr(self.runner, "takes_images", False) and int(plan.num_prefills):
             kw["image_rows"] = step_image_rows(plan, entries)
+        if getattr(self.runner, "uses_mrope", False):
+            kw["mrope_positions"] = step_mrope_positions(plan, entries)
         return self.runner.execute(plan, **kw)
 
     def _sample(

@@ -6,21 +6,23 @@ user can follow a slow load and see how large the KV cache came out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
 from pagedkv.engine.sampler import Sampler
-from pagedkv.engine.spec_decode.config import SpeculativeConfig
+from pagedkv.engine.spec_decode.config import DRAFT_MODEL, SpeculativeConfig
 from pagedkv.models.generation_config import eos_token_ids as gen_eos_token_ids
 from pagedkv.models.generation_config import load_generation_config, sampling_defaults
+from pagedkv.models.registry import DEFAULT_MODEL, is_default_model
 
 logger = logging.getLogger("pagedkv")
 
@@ -124,6 +126,9 @@ def _build_rest(
         runner = executor
     else:
         runner = ModelRunner(cfg, model, mc, device, dtype, max_model_len, batched)
+        spec = SpeculativeConfig.from_dict(cfg.speculative_config)
+        if spec is not None and spec.method == DRAFT_MODEL:  # before the KV cache is sized
+            runner.draft = _draft_runner(cfg, spec, device, mc, max_model_len, batched)
     num_blocks, num_cpu = runner.determine_num_blocks()
     capacity = num_blocks * cfg.block_size
     if capacity < max_model_len:
@@ -135,6 +140,8 @@ def _build_rest(
             capacity,
         )
         max_model_len = runner.max_model_len = capacity
+        if getattr(runner, "draft", None) is not None:
+            runner.draft.max_model_len = capacity
     if not cfg.enable_chunked_prefill and batched < max_model_len:
         batched = runner.max_num_batched_tokens = max_model_len
     runner.allocate_kv_cache(num_blocks, num_cpu)
@@ -148,7 +155,7 @@ def _build_rest(
         num_cpu_blocks=num_cpu,
         preemption_mode=cfg.preemption_mode,
         policy=cfg.scheduling_policy,
-        max_model_len=max_model_len,
+        max_model_len=_scheduler_len(cfg, max_model_len, num_blocks),
     )
     scheduler = pagedkv.Scheduler(sched_cfg)
     if cfg.runner != "pooling":  # pooling steps are prefills: no decode graph would replay
@@ -196,12 +203,61 @@ def _build_rest(
 _LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
+def _draft_runner(
+    cfg: EngineConfig,
+    spec: SpeculativeConfig,
+    device: torch.device,
+    target_mc: Any,
+    max_model_len: int,
+    batched: int,
+) -> ModelRunner:
+    """The draft model (speculative_config['model']) loaded like the target (dtype, device),
+    without the target's config overrides or adapters, and its runner; a draft whose
+    vocabulary differs from the target's is refused before its weights are read."""
+    t0 = time.perf_counter()
+    draft_cfg = dataclasses.replace(
+        cfg,
+        model=spec.model,
+        revision=spec.revision,
+        quantization=spec.quantization,
+        hf_overrides=None,
+        rope_scaling=None,
+        rope_theta=None,
+        enable_lora=False,
+        speculative_config=None,
+    )
+
+    def same_vocab(mc: Any) -> None:
+        if mc.vocab_size != target_mc.vocab_size:
+            raise ValueError(
+                f"speculative_config['model']={spec.model!r} has vocab_size {mc.vocab_size}, "
+                f"the target model {target_mc.vocab_size}: a draft model must share the "
+                "target's vocabulary"
+            )
+
+    model, mc = _load_shared(draft_cfg, device, same_vocab)
+    logger.info(
+        "draft model %r loaded in %.1f s: %s, %d layers, hidden %d",
+        spec.model,
+        time.perf_counter() - t0,
+        mc.architecture,
+        mc.num_hidden_layers,
+        mc.hidden_size,
+    )
+    dtype = next(model.parameters()).dtype
+    return ModelRunner(draft_cfg, model, mc, device, dtype, max_model_len, batched)
+
+
+def _load_shared(
+    cfg: EngineConfig, device: torch.device, check: Optional[Callable[[Any], None]] = None
+) -> Tuple[Any, Any]:
+    """``check``: a further check of the model's config, before its weights are read."""
     from pagedkv.models import load_model
 
     overrides = cfg.config_overrides()
     key = (
-        cfg.model,
+        # (One key for the default's names: a draft "smollm2" shares the default target's.)
+        DEFAULT_MODEL if is_default_model(cfg.model) else cfg.model,
         cfg.runner,  # a pooling engine's model passed checks a generation one would not
         str(cfg.dtype),
         str(device),
@@ -214,6 +270,8 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
     # second time (the next engine's adapters refused) and change under the other engines.
     model: Any = None if cfg.enable_lora else _LOADED.get(key)  # (adds pagedkv_config below)
     if model is not None:
+        if check is not None:
+            check(model.pagedkv_config)
         return model, model.pagedkv_config
     pooling = cfg.runner == "pooling"
     model, mc = load_model(
@@ -221,12 +279,18 @@ def _load_shared(cfg: EngineConfig, device: torch.device) -> Tuple[Any, Any]:
         cfg.dtype,
         device,
         **cfg.model_load_kwargs(),
-        check=lambda c: check_servable(c, pooling),
+        check=lambda c: _check_all(c, pooling, check),
     )
     model.pagedkv_config = mc
     if not cfg.enable_lora:
         _LOADED[key] = model
     return model, mc
+
+
+def _check_all(mc: Any, pooling: bool, check: Optional[Callable[[Any], None]]) -> None:
+    check_servable(mc, pooling)
+    if check is not None:
+        check(mc)
 
 
 def _check_draft_length(cfg: EngineConfig, max_model_len: int) -> None:
@@ -272,6 +336,15 @@ def check_servable(mc: Any, pooling: bool = False) -> None:
             f"{mc.architecture} is a bare model without a language-model head: it cannot "
             "generate; serve it with task='embed' (or runner='pooling')"
         )
+
+
+def _scheduler_len(cfg: EngineConfig, max_model_len: int, num_blocks: int) -> int:
+    """The scheduler's length limit. A pooling request runs as a prompt plus one placeholder
+    token that is never computed (it only ends the request): one more position lets a pooling
+    prompt fill max_model_len, as in vLLM, where the cache has room for it."""
+    if cfg.runner == "pooling" and num_blocks * cfg.block_size > max_model_len:
+        return max_model_len + 1
+    return max_model_len
 
 
 def _max_model_len(cfg: EngineConfig, mc: Any) -> int:

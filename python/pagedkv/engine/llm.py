@@ -181,8 +181,8 @@ class LLM(PoolingMixin):
 
             def make_images() -> ChatImages:
                 arch = self.llm_engine.input_processor.architecture
-                token = tok.hf.convert_ids_to_tokens(reader.image_token_id)
-                gathered.append(ChatImages(arch, token))
+                text = "".join(tok.hf.convert_ids_to_tokens(reader.chat_image_ids))
+                gathered.append(ChatImages(arch, text))
                 return gathered[-1]
 
         convs = normalise_conversations(messages, make_images)

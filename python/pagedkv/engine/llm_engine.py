@@ -83,7 +83,7 @@ class LLMEngine:
             self.config.max_num_seqs,
             LoRAAdmission(self.config.max_loras) if lora is not None else None,
             self.config.overlapped_steps,
-            speculator=_speculator(self.config.speculative_config, parts.sampler),
+            speculator=_speculator(self.config.speculative_config, parts.sampler, parts.runner),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._request_errors: Dict[str, Exception] = {}  # see take_request_errors
@@ -186,7 +186,7 @@ class LLMEngine:
             req.prompt_logprobs = [None]
         req.grammar = checked.grammar
         if checked.mm is not None:  # the vision tower runs once, here, at admission
-            checked.mm.embeds = self.runner.encode_images(checked.mm.pixel_values)
+            checked.mm.embeds = self.runner.encode_images(checked.mm.encoder_inputs)
             req.mm = checked.mm
         for i in range(params.best_of):  # type: ignore[arg-type]
             gen = None
@@ -297,6 +297,10 @@ class LLMEngine:
         }
 
 
-def _speculator(config: Optional[Dict[str, Any]], sampler: Any) -> Optional[Speculator]:
+def _speculator(
+    config: Optional[Dict[str, Any]], sampler: Any, runner: Any
+) -> Optional[Speculator]:
     spec = SpeculativeConfig.from_dict(config)
-    return Speculator(spec, sampler) if spec is not None else None
+    if spec is None:
+        return None
+    return Speculator(spec, sampler, getattr(runner, "draft", None))

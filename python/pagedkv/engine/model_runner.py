@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from pagedkv import ops
 from pagedkv.balanced_decode import GRAPH_SCHEDULE, target_items
+from pagedkv.cascade import CascadeDecode
 from pagedkv.distributed import get_pp_group, heads_per_rank, pp_layer_range
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.decode_plans import StepPlans
@@ -63,7 +64,12 @@ class ModelRunner:
         self.graphs: Any = None  # CudaGraphRunner once captured
         # A vision-language model (models/llava.py): its prefills may carry image rows.
         self.takes_images = hasattr(model, "encode_images")
+        # M-RoPE (models/mrotary.py): steps of image requests take [3, T] positions.
+        self.uses_mrope = hasattr(model, "mrope_positions")
         self.verify_graphs: Any = None  # VerifyGraphRunner (speculative decoding on CUDA)
+        # A speculative draft model's runner (spec_decode/draft_model.py): its KV cache has as
+        # many blocks as this one (the block ids are shared), so the blocks are sized for both.
+        self.draft: Optional[ModelRunner] = None
         self.step_plans: Optional[StepPlans] = None  # the balanced decode's (allocate_kv_cache)
         self._swapped_out_step = -1  # plan.step of the last plan whose swap-outs were done
         # The adapters' device slots are allocated here, before the KV cache takes the rest.
@@ -75,9 +81,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ KV cache sizing
     def block_bytes(self) -> int:
-        """Bytes of one block across all layers, keys and values (1 per element for fp8)."""
+        """Bytes of one block across all layers, keys and values (1 per element for fp8), the
+        draft model's block included."""
         elem = torch.empty((), dtype=self.cache_dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        own = 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        return own + (self.draft.block_bytes() if self.draft is not None else 0)
 
     def determine_num_blocks(self) -> tuple[int, int]:
         """(device blocks, host swap blocks) from the memory budget, as vLLM sizes them."""
@@ -204,6 +212,12 @@ class ModelRunner:
             ]
         self.step_plans = self._step_plans()
         self.backend = self._make_backend(self.kv_caches)
+        if self.draft is not None:
+            self.draft.allocate_kv_cache(num_blocks, num_cpu_blocks)
+            # The draft may read a slot it never wrote (the prefix cache shares blocks it saw
+            # only in part): zeros keep its logits finite; the drafts are verified anyway.
+            for cache in self.draft.kv_caches:
+                cache.zero_()
         kind = "GPU" if self.device.type == "cuda" else "CPU"
         logger.info(
             "# %s blocks: %d, # CPU swap blocks: %d (block_size %d, %.2f GiB KV cache, "
@@ -228,14 +242,22 @@ class ModelRunner:
         )
 
     def _step_plans(self) -> Optional[StepPlans]:
-        """The balanced decode's plans where the decode runs on the Hopper kernel (the one with
-        a balanced variant), else None. Eager steps choose per step ("auto"); CUDA graphs keep
-        the partition split (balanced_decode.GRAPH_SCHEDULE)."""
-        if self.device.type != "cuda" or not self.kv_caches:
+        """The decode plans where the decode kernel has a balanced variant (the Hopper decode,
+        the CPU's), else None: the balanced plans on the Hopper decode (eager steps choose per
+        step, "auto"; CUDA graphs keep the partition split, balanced_decode.GRAPH_SCHEDULE), the
+        cascade over shared prefixes on both unless disable_cascade_attn."""
+        if not self.kv_caches:
             return None
         q = torch.empty(1, self.num_heads, self.head_dim, dtype=self.dtype, device=self.device)
         cache = self.kv_caches[0][0]
-        if ops.decode_kernel(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype) != "hopper":
+        kernel = ops.decode_kernel(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
+        if kernel not in ("hopper", "cpu"):
+            return None
+        cascade = None
+        if not self.cfg.disable_cascade_attn:
+            rows = q.new_empty((self.cfg.max_num_seqs, self.num_heads, self.head_dim))
+            cascade = CascadeDecode(rows, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
+        if kernel == "cpu" and cascade is None:
             return None
         target = target_items(q, cache, cache, self.num_kv_heads, self.kv_cache_dtype)
         return StepPlans(
@@ -244,7 +266,11 @@ class ModelRunner:
             self.head_dim,
             target,
             self.device,
+            # The CPU keeps the partition split (the balanced plans' rule is the GPU's).
+            schedule="auto" if kernel == "hopper" else "partition",
             graphs=GRAPH_SCHEDULE,
+            cascade=cascade,
+            max_blocks=-(-self.max_model_len // self.block_size),
         )
 
     def _cache_dtype_name(self) -> str:
@@ -266,6 +292,9 @@ class ModelRunner:
             from pagedkv.engine.spec_decode.verify_graph import VerifyGraphRunner
 
             self.verify_graphs = VerifyGraphRunner(self, max_num_seqs, spec.num_speculative_tokens)
+            if self.draft is not None:  # its decodes, and its catch-ups of up to 2 tokens
+                self.draft.capture_cuda_graphs(max_num_seqs)
+                self.draft.verify_graphs = VerifyGraphRunner(self.draft, max_num_seqs, 1)
         logger.info(
             "captured CUDA graphs for decode batch sizes %s in %.1f s",
             self.graphs.batch_sizes,
@@ -292,6 +321,8 @@ class ModelRunner:
         if len(plan.blocks_to_swap_out) and self._swapped_out_step != int(plan.step):
             self._swap(self.kv_caches, self.cpu_caches, plan.blocks_to_swap_out)
             self._swapped_out_step = int(plan.step)
+        if self.draft is not None:  # (its cache follows the same blocks)
+            self.draft.finish_swap_out(plan)
 
     @staticmethod
     def _swap(src: List[torch.Tensor], dst: List[torch.Tensor], pairs: Any) -> None:
@@ -311,6 +342,7 @@ class ModelRunner:
         prev_tokens: Optional[torch.Tensor] = None,
         image_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         token_type_ids: Optional[torch.Tensor] = None,
+        mrope_positions: Optional[np.ndarray] = None,
     ) -> torch.Tensor:
         """Runs the plan's forward; returns hidden states [num_tokens (maybe padded), hidden].
         On a pipeline stage after the first, ``intermediate`` is the previous stage's output.
@@ -320,18 +352,25 @@ class ModelRunner:
         placeholders for them, see Scheduler.advance). ``image_rows``: (rows of the step's
         tokens, the image embeddings that replace their token embeddings), from
         multimodal.step_image_rows. ``token_type_ids``: the segment of each of the plan's
-        tokens [num_tokens], for models that embed token types (BERT cross-encoders' pairs)."""
+        tokens [num_tokens], for models that embed token types (BERT cross-encoders' pairs).
+        ``mrope_positions``: [3, num_tokens] positions replacing the plan's (M-RoPE models,
+        engine/mrope_positions.py); a step with unequal components runs eager, a decode step
+        (equal ones) may replay the CUDA graphs at those positions."""
         if token_type_ids is not None:
             if intermediate is not None or image_rows is not None or prev_tokens is not None:
                 raise ValueError("token_type_ids go with a plain prefill step only")
             return self._execute(plan, None, None, None, None, token_type_ids)
         if self.lora is None or lora_ids is None or not any(lora_ids):
-            return self._execute(plan, intermediate, None, prev_tokens, image_rows)
+            return self._execute(
+                plan, intermediate, None, prev_tokens, image_rows, mrope_positions=mrope_positions
+            )
         n_seq = int(plan.num_seqs)
         per_seq = np.diff(np.asarray(plan.query_start_loc[: n_seq + 1]))
-        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq).tolist())
+        slots = self.lora.prepare_step(np.repeat(np.asarray(lora_ids[:n_seq]), per_seq))
         try:
-            return self._execute(plan, intermediate, slots, prev_tokens, image_rows)
+            return self._execute(
+                plan, intermediate, slots, prev_tokens, image_rows, mrope_positions=mrope_positions
+            )
         finally:
             self.lora.end_step()
 
@@ -343,14 +382,22 @@ class ModelRunner:
         prev_tokens: Optional[torch.Tensor],
         image_rows: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         token_type_ids: Optional[torch.Tensor] = None,
+        mrope_positions: Optional[np.ndarray] = None,
     ) -> torch.Tensor:
         """``lora_slots``: each token's adapter slot (-1 = none), None for a step without
         adapters; a decode step with adapters replays the graphs captured with them."""
         self.apply_block_ops(plan)
         n_tok, n_seq = int(plan.num_tokens), int(plan.num_seqs)
-        typed = token_type_ids is not None  # (the captured graphs take no token types)
+        # M-RoPE rows with three equal components (decodes: index + delta) are plain rope at
+        # those positions: such a step takes them as [T] positions, CUDA graphs included.
+        flat_positions = None
+        if mrope_positions is not None and (mrope_positions == mrope_positions[0]).all():
+            flat_positions, mrope_positions = mrope_positions[0], None
+        # (the captured graphs take no token types, nor [3, T] positions)
+        eager_only = token_type_ids is not None or mrope_positions is not None
         if (
-            not typed
+            not eager_only
+            and flat_positions is None
             and self.verify_graphs is not None
             and lora_slots is None
             and image_rows is None
@@ -359,12 +406,12 @@ class ModelRunner:
         ):
             return self.verify_graphs.run(plan)
         if (
-            not typed
+            not eager_only
             and self.graphs is not None
             and plan.num_prefills == 0
             and self.graphs.can_run(n_seq, int(plan.max_decode_seq_len), lora_slots is not None)
         ):
-            return self.graphs.run(plan, intermediate, prev_tokens, lora_slots)
+            return self.graphs.run(plan, intermediate, prev_tokens, lora_slots, flat_positions)
         seq_lens = np.asarray(plan.seq_lens[:n_seq])
         width = max(1, -(-int(seq_lens.max()) // self.block_size))
         dev = self.device
@@ -389,13 +436,17 @@ class ModelRunner:
         ids = _dev(plan.input_ids[:n_tok], torch.int64, dev)
         if prev_tokens is not None:
             ids = fill_placeholders(ids, prev_tokens)
-        pos = _dev(plan.positions[:n_tok], torch.int64, dev)
+        if mrope_positions is not None or flat_positions is not None:
+            pos = torch.from_numpy(flat_positions if mrope_positions is None else mrope_positions)
+            pos = pos.to(dev)
+        else:
+            pos = _dev(plan.positions[:n_tok], torch.int64, dev)
         if image_rows is not None:
             rows, values = image_rows
             embeds = self.model.embed(ids)
             embeds[rows.to(dev)] = values.to(embeds.dtype)
             return self.model.forward(ids, pos, self.backend, inputs_embeds=embeds)
-        if typed:
+        if token_type_ids is not None:
             types = token_type_ids.to(dev, torch.int64)  # type: ignore[union-attr]
             return self.model.forward(ids, pos, self.backend, token_type_ids=types)
         return self._forward(ids, pos, self.backend, intermediate)
@@ -412,10 +463,10 @@ class ModelRunner:
         return self.model.forward(ids, pos, backend, intermediate)
 
     @torch.inference_mode()
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """A request's images -> [num images * image_seq_length, hidden] rows (the vision
-        tower and projector, once per request)."""
-        embeds = self.model.encode_images(pixel_values.to(self.device))
+    def encode_images(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """A request's images (the HF processor's tensors) -> [placeholders, hidden] rows (the
+        vision tower and projector, once per request)."""
+        embeds = self.model.encode_images(**{k: v.to(self.device) for k, v in inputs.items()})
         return embeds.reshape(-1, embeds.shape[-1])
 
     @torch.inference_mode()

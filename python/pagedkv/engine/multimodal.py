@@ -3,12 +3,20 @@ the language model's input.
 
 A model without an encoder for a modality refuses its inputs by name (a ValueError; 400 in the
 server) instead of dropping them and answering the text as if the image had never been sent.
-A model that has one lists its modalities in ``SUPPORTED_MODALITIES``. LLaVA-1.5
-(models/llava.py) takes images: ImageInputProcessor turns a prompt's images into pixel values
-and expands each image token into the model's image_seq_length placeholders (as HF's
-LlavaProcessor does); the engine runs the vision tower once per request at admission and keeps
-the rows on the request (MultiModalInputs); each prefill chunk's input embeddings take them at
-the placeholders' positions (step_image_rows).
+A model that has one lists its modalities in ``SUPPORTED_MODALITIES``. LLaVA-1.5, LLaVA-NeXT
+(models/llava.py, llava_next.py) and Qwen2-VL (models/qwen2_vl.py) take images:
+ImageInputProcessor runs the checkpoint's HF processor on a prompt's images and expands each
+image token into as many placeholders as the model makes rows of that image (as HF's processor
+does); the engine runs the vision tower once per request at admission and keeps the rows on the
+request (MultiModalInputs); each prefill chunk's input embeddings take them at the placeholders'
+positions (step_image_rows). A model with M-RoPE (Qwen2-VL) also gets the prompt's 3-component
+positions at admission (engine/mrope_positions.py).
+
+What such a model class provides: ``image_token_id``; ``load_image_processor(folder)``;
+``image_inputs(processor, images) -> (encoder inputs, rows per image)`` (the HF processor's
+tensors, e.g. pixel_values and image_sizes / image_grid_thw); ``encode_images(**encoder
+inputs) -> [rows, hidden]`` in prompt order; ``chat_image_ids()``, the tokens a chat image part
+becomes; and with M-RoPE ``mrope_positions(ids, encoder inputs)``.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import torch
 # Architecture name -> the modalities its prompts may carry besides text.
 SUPPORTED_MODALITIES: Dict[str, FrozenSet[str]] = {
     "LlavaForConditionalGeneration": frozenset({"image"}),
+    "LlavaNextForConditionalGeneration": frozenset({"image"}),
+    "Qwen2VLForConditionalGeneration": frozenset({"image"}),
 }
 # vLLM's default limit_mm_per_prompt of a modality the engine argument leaves out.
 DEFAULT_MM_LIMIT = 999
@@ -107,11 +117,16 @@ def check_mm_limits(limits: Any) -> None:
 class MultiModalInputs:
     """A request's images, ready for the engine."""
 
-    pixel_values: torch.Tensor  # [num_images, 3, H, W], the image processor's output
+    # The HF processor's tensors the vision tower reads (pixel_values, image_sizes, ...).
+    encoder_inputs: Dict[str, torch.Tensor]
     # Prompt index of each placeholder token, in order: row k of ``embeds`` goes there.
     placeholders: np.ndarray
     content_hash: str  # of the images' pixels: the prefix cache's salt
     embeds: Optional[torch.Tensor] = None  # [num placeholders, hidden], set at admission
+    # M-RoPE models: the prompt's (temporal, height, width) positions [3, prompt length] and
+    # the shift of every later position (max position + 1 - prompt length).
+    mrope_positions: Optional[np.ndarray] = None
+    mrope_delta: int = 0
 
     @property
     def cache_salt(self) -> str:
@@ -119,26 +134,23 @@ class MultiModalInputs:
 
 
 class ImageInputProcessor:
-    """The checkpoint's image processor (CLIPImageProcessor via AutoImageProcessor) and its
-    image-token rule. Built from the model folder; runs off the engine thread with the rest of
-    the InputProcessor."""
+    """The checkpoint's HF processor (model.load_image_processor: its image processor and
+    token counts) and the model's image-token rule. Built from the model folder; runs off the
+    engine thread with the rest of the InputProcessor."""
 
-    def __init__(self, model_dir: str, hf_config: Any, limits: Optional[Mapping[str, int]]):
-        from transformers import AutoImageProcessor
-
-        from pagedkv.models.llava import llava_hf_config, num_image_tokens
-
-        llava = llava_hf_config(hf_config)
-        self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
-        self.image_token_id = int(llava.image_token_index)
-        self.image_seq_length = num_image_tokens(llava)
+    def __init__(self, model_dir: str, model: Any, limits: Optional[Mapping[str, int]]):
+        self.model = model
+        self.processor = model.load_image_processor(model_dir)
+        self.image_token_id = int(model.image_token_id)
+        # The tokens a chat image part becomes (the image token; Qwen2-VL: with its brackets).
+        self.chat_image_ids = [int(t) for t in model.chat_image_ids()]
         self.max_images = int((limits or {}).get("image", DEFAULT_MM_LIMIT))
 
     def process(
         self, ids: List[int], data: Mapping[str, Any], name: str
     ) -> Tuple[List[int], MultiModalInputs]:
-        """Token ids with each image token expanded into image_seq_length placeholders (ids
-        already expanded are kept), and the images' pixel values."""
+        """Token ids with the k-th image token expanded into image k's placeholders (ids
+        already expanded are kept), and what the vision tower reads."""
         images = data.get("image")
         images = list(images) if isinstance(images, (list, tuple)) else [images]
         where = f"{name}['multi_modal_data']['image']"
@@ -149,26 +161,36 @@ class ImageInputProcessor:
                 f"{where}: {len(images)} images, more than limit_mm_per_prompt allows "
                 f"({self.max_images})"
             )
-        pixels = self.image_processor(images=_rgb(images, where), return_tensors="pt")
-        pixel_values = pixels["pixel_values"]
-        ids = self._expand(ids, len(images), name)
+        inputs, counts = self.model.image_inputs(self.processor, _rgb(images, where))
+        ids = self._expand(ids, counts, name)
         placeholders = np.flatnonzero(np.asarray(ids) == self.image_token_id)
-        digest = hashlib.sha256(pixel_values.numpy().tobytes()).hexdigest()[:32]
-        return ids, MultiModalInputs(pixel_values, placeholders, digest)
+        digest = hashlib.sha256()
+        for key in sorted(inputs):
+            digest.update(key.encode())
+            digest.update(inputs[key].contiguous().numpy().tobytes())
+        mm = MultiModalInputs(inputs, placeholders, digest.hexdigest()[:32])
+        if hasattr(self.model, "mrope_positions"):
+            mm.mrope_positions, mm.mrope_delta = self.model.mrope_positions(np.asarray(ids), inputs)
+        return ids, mm
 
-    def _expand(self, ids: List[int], num_images: int, name: str) -> List[int]:
-        tok, n = self.image_token_id, self.image_seq_length
-        count = ids.count(tok)
-        if count == num_images * n and num_images * n != num_images:
+    def _expand(self, ids: List[int], counts: Sequence[int], name: str) -> List[int]:
+        tok, total = self.image_token_id, sum(counts)
+        found = ids.count(tok)
+        if found == total and total != len(counts):
             return ids  # already expanded (a prompt built from an earlier expansion)
-        if count != num_images:
+        if found != len(counts):
             raise ValueError(
-                f"{name}: the prompt has {count} image tokens (id {tok}) for {num_images} "
+                f"{name}: the prompt has {found} image tokens (id {tok}) for {len(counts)} "
                 "image(s); put one image token where each image goes"
             )
         out: List[int] = []
+        k = 0
         for t in ids:
-            out.extend([tok] * n if t == tok else [t])
+            if t == tok:
+                out.extend([tok] * counts[k])
+                k += 1
+            else:
+                out.append(t)
         return out
 
 
@@ -265,7 +287,7 @@ def image_input_processor(
             "engines do not run vision towers yet)"
         )
     model = runner.model
-    return ImageInputProcessor(model.source.directory, hf_config, limits)
+    return ImageInputProcessor(model.source.directory, model, limits)
 
 
 def _rgb(images: Sequence[Any], where: str) -> List[Any]:

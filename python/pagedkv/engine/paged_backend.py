@@ -144,7 +144,7 @@ class PagedAttentionBackend:
         block_tables, seq_lens = meta.block_tables[n:], meta.seq_lens[n:]
         max_len = meta.max_decode_seq_len
         if self.step_plans is not None and self._cascade(
-            meta, spec, out, q, key_cache, value_cache, block_tables, seq_lens, max_len
+            spec, out, q, key_cache, value_cache, max_len
         ):
             return
         partition_size = self._partition_size(q, key_cache, value_cache, max_len)
@@ -211,40 +211,28 @@ class PagedAttentionBackend:
 
     def _cascade(
         self,
-        meta: AttentionMetadata,
         spec: AttentionSpec,
         out: torch.Tensor,
         q: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
-        block_tables: torch.Tensor,
-        seq_lens: torch.Tensor,
         max_len: int,
     ) -> bool:
         """The cascade decode where this step's rows share a prefix (StepPlans); False if not."""
         assert self.step_plans is not None
-        got = self.step_plans.cascade_for_layer(
-            q,
-            key_cache,
-            value_cache,
-            self.num_kv_heads,
-            self.kv_cache_dtype,
-            spec.sliding_window or 0,
-            seq_lens,
-        )
+        got = self.step_plans.cascade_for_layer(int(q.shape[0]), spec.sliding_window or 0, max_len)
         if got is None:
             return False
-        cascade, shared, own_lens = got
-        cascade.run(
+        got.cascade.run(
             out,
             q,
             key_cache,
             value_cache,
             spec.scale,
-            block_tables[:1, :shared],
-            block_tables[:, shared:],
-            own_lens,
-            max_len - shared * self.block_size,
+            got.prefix_table,
+            got.own_tables,
+            got.own_lens,
+            got.max_own_len,
             self.k_scale,
             self.v_scale,
             spec.logits_soft_cap,

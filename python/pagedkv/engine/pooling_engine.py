@@ -111,13 +111,21 @@ class PoolingInputProcessor:
     prompt, the pooler's for the parameters)."""
 
     def __init__(
-        self, base: InputProcessor, pooler: Pooler, task: str, type_vocab_size: int = 0
+        self,
+        base: InputProcessor,
+        pooler: Pooler,
+        task: str,
+        type_vocab_size: int = 0,
+        max_prompt_len: Optional[int] = None,
     ) -> None:
-        """``type_vocab_size``: how many token types the model embeds (0: it takes none)."""
+        """``type_vocab_size``: how many token types the model embeds (0: it takes none).
+        ``max_prompt_len``: the longest prompt the scheduler takes (its length limit less the
+        placeholder token that ends a pooling request; default max_model_len - 1)."""
         self.base, self.pooler, self.task = base, pooler, task
         self.type_vocab_size = type_vocab_size
         self.tokenizer = base.tokenizer
         self.max_model_len = base.max_model_len
+        self.room = min(max_prompt_len or self.max_model_len - 1, self.max_model_len)
 
     def process(
         self,
@@ -179,8 +187,7 @@ class PoolingInputProcessor:
             raise ValueError("prompt must not be empty (it encodes to no tokens)")
         if types is not None:
             types = self._token_types(types, len(ids))
-        # The scheduler holds one placeholder token after the prompt: max_model_len - 1 tokens.
-        room = self.max_model_len - 1
+        room = self.room
         keep = params.truncate_prompt_tokens
         if keep is not None:
             check_truncation(keep, self.max_model_len)
@@ -194,7 +201,7 @@ class PoolingInputProcessor:
         if len(ids) > room:
             raise ValueError(
                 f"prompt is {len(ids)} tokens long; a pooling prompt may have at most "
-                f"{room} tokens (max_model_len={self.max_model_len} - 1); set "
+                f"{room} tokens (max_model_len={self.max_model_len}); set "
                 "truncate_prompt_tokens to cut it"
             )
         return prompt, ids, types
@@ -252,7 +259,11 @@ class PoolingEngine:
             config.scheduling_policy,
         )
         self.input_processor = PoolingInputProcessor(
-            base, self.pooler, task, int(getattr(model, "type_vocab_size", 0))
+            base,
+            self.pooler,
+            task,
+            int(getattr(model, "type_vocab_size", 0)),
+            self.scheduler.config.max_model_len - 1,
         )
         self.requests: Dict[str, _Running] = {}
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}

@@ -127,6 +127,14 @@ class Sampler:
         probs = probs.masked_fill(probs < thresholds.unsqueeze(1), 0.0)
         return probs / probs.sum(dim=-1, keepdim=True)
 
+    def draw(self, probs: torch.Tensor, rows: List[SamplingRow]) -> torch.Tensor:
+        """[rows] int64 tokens, one exact draw per row from ``probs`` (normalised, already
+        truncated: a draft model's q from target_probs), keyed by the rows' generators."""
+        tokens = torch.empty(len(rows), dtype=torch.int64, device=probs.device)
+        zero = torch.zeros(len(rows), dtype=torch.float32, device=probs.device)
+        ops.sample_exponential_race(tokens, probs.contiguous(), zero, self._race_keys(rows))
+        return tokens
+
     @staticmethod
     def _truncation(
         logits: torch.Tensor, rows: List[SamplingRow]

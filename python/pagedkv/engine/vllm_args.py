@@ -71,9 +71,6 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
     "disable_sliding_window": Refused(
         "sliding windows are applied as the model defines them", _OFF
     ),
-    "disable_cascade_attn": Refused(
-        "pagedkv has no cascade attention to disable", (None, False, True)
-    ),
     "kv_sharing_fast_prefill": Refused("no model here shares KV caches across layers", _OFF),
     "enable_sleep_mode": Refused(
         "sleep mode (offloading weights while idle) is not supported", _OFF

@@ -180,9 +180,11 @@ def json_object(text: Union[str, Dict[str, Any]]) -> Dict[str, Any]:
         try:
             value = json.loads(text)
         except ValueError:
-            raise _bad("must be a JSON object, e.g. '{\"rope_theta\": 1000000}'", text) from None
+            raise _bad(
+                "must be a JSON object ('{...}'; --help shows this flag's keys)", text
+            ) from None
     if not isinstance(value, dict):
-        raise _bad("must be a JSON object, e.g. '{\"rope_theta\": 1000000}'", str(text))
+        raise _bad("must be a JSON object ('{...}'; --help shows this flag's keys)", str(text))
     return value
 
 

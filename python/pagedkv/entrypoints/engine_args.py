@@ -150,6 +150,19 @@ ENGINE_FLAGS = (
     ),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
     Flag(
+        "disable_cascade_attn",
+        False,
+        "no cascade attention: decode rows sharing cached prefix blocks read them each",
+        kind="switch",
+    ),
+    Flag(
+        "cascade_cuda_graphs",
+        False,
+        "capture the decode CUDA graphs' cascade variant too (replayed on steps whose rows "
+        "share a cached prefix)",
+        kind="switch",
+    ),
+    Flag(
         "async_scheduling",
         None,
         "schedule and launch the next step while the device runs the current one (same "
@@ -219,9 +232,10 @@ ENGINE_FLAGS = (
     Flag(
         "lora_kernel",
         "auto",
-        "how the adapters' deltas run: 'grouped_mm' (torch._grouped_mm SGMV, bf16 on sm90+), "
-        "'pagedkv' (the core's BGMV ops, every device and dtype), 'auto': grouped_mm where it "
-        "applies",
+        "how the adapters' deltas run: 'pagedkv' (the core's BGMV ops, every device and "
+        "dtype), 'pagedkv_tiled' (their tiled CUDA variant), 'grouped_mm' (torch._grouped_mm "
+        "SGMV, bf16 on sm90+), 'dense' (GEMMs over all slots under a one-hot slot mask), "
+        "'auto': grouped_mm where it applies, else pagedkv",
         type=t.choice_of(LORA_KERNELS),
         metavar="{" + ",".join(LORA_KERNELS) + "}",
     ),
@@ -324,9 +338,10 @@ ENGINE_FLAGS = (
     Flag(
         "speculative_config",
         None,
-        "JSON object of vLLM's speculative config; n-gram prompt lookup only, e.g. "
+        "JSON object of vLLM's speculative config: n-gram prompt lookup, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
-        '"prompt_lookup_min": 2}\'',
+        '"prompt_lookup_min": 2}\', or a draft model with the same vocabulary, e.g. '
+        '\'{"model": "path/or/hub-id", "num_speculative_tokens": 3}\'',
         type=t.json_object,
         shown="none (no speculation)",
     ),

@@ -104,11 +104,14 @@ class LoRAManager:
         self.slots[lora_int_id] = slot
         return slot
 
-    def prepare_step(self, token_adapter_ids: Sequence[int]) -> Optional[np.ndarray]:
+    def prepare_step(self, token_adapter_ids: Sequence[int] | np.ndarray) -> Optional[np.ndarray]:
         """Sets the slot of every token of the next forward (adapter id per token, 0 = none),
         loading adapters into slots as needed; returns those slots (int32, -1 = no adapter),
-        or None when no token has an adapter. A CUDA graph reads them from its own buffer."""
-        wanted = {i for i in token_adapter_ids if i}
+        or None when no token has an adapter. A CUDA graph reads them from its own buffer.
+        Per distinct adapter, not per token, in Python: this runs every step."""
+        ids = np.asarray(token_adapter_ids, dtype=np.int64).reshape(-1)
+        distinct = sorted(set(ids.tolist()))  # (a set is faster than np.unique here)
+        wanted = [i for i in distinct if i]
         if len(wanted) > self.max_loras:
             raise ValueError(
                 f"a step uses {len(wanted)} adapters but max_loras is {self.max_loras}"
@@ -116,16 +119,20 @@ class LoRAManager:
         if not wanted:
             self.targets.step.token_lora_indices = None
             return None
+        busy = set(wanted)
         slot_of = {0: -1}
-        for i in sorted(wanted):
+        for i in wanted:
             if i in self.slots:
                 self.slots.move_to_end(i)
                 slot_of[i] = self.slots[i]
             else:
-                slot_of[i] = self._load_slot(i, wanted)
-            self.host.move_to_end(i)
-        slots = np.array([slot_of[i] for i in token_adapter_ids], dtype=np.int32)
-        self.targets.step.token_lora_indices = torch.from_numpy(slots).to(self.device)
+                slot_of[i] = self._load_slot(i, busy)
+            if i in self.host:  # (audit3's host cache may have dropped an adapter in a slot)
+                self.host.move_to_end(i)
+        lut = np.array([slot_of[i] for i in distinct], dtype=np.int32)
+        slots = lut[np.searchsorted(np.array(distinct, dtype=np.int64), ids)]
+        # Copied to the device only if a layer reads them (not when a CUDA graph replays).
+        self.targets.step.set_host_slots(slots, self.device)
         return slots
 
     def end_step(self) -> None:

@@ -70,6 +70,8 @@ BASE_MODELS = {
 # model); the vision tower and projector are the model class's own (models/llava.py).
 MULTIMODAL_MODELS = {
     "LlavaForConditionalGeneration": "LlamaForCausalLM",
+    "LlavaNextForConditionalGeneration": "LlamaForCausalLM",
+    "Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
 }
 # config.json without "architectures": model_type -> HF architecture name.
 _MODEL_TYPES = {
@@ -92,6 +94,8 @@ _MODEL_TYPES = {
     "roberta": "RobertaModel",
     "xlm-roberta": "XLMRobertaModel",
     "llava": "LlavaForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
 }
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES = {
@@ -254,8 +258,11 @@ class ModelConfig:
     @classmethod
     def _multimodal(cls, arch: str, d: dict[str, Any]) -> ModelConfig:
         """A vision-language model: the shape is its language model's (``text_config``); the
-        whole config.json stays in ``extra["multimodal"]`` for the vision side."""
-        text = dict(d.get("text_config") or {})
+        whole config.json stays in ``extra["multimodal"]`` for the vision side. Qwen2-VL hub
+        configs keep the text model's keys at the top level; its M-RoPE sections go to
+        ``extra["mrope_section"]`` (the rotary itself is plain rope on each section)."""
+        text = dict(d.get("text_config") or {k: v for k, v in d.items() if k != "vision_config"})
+        mrope = _pop_mrope_section(text)
         for key in ("tie_word_embeddings", "dtype", "torch_dtype"):
             if key not in text and key in d:
                 text[key] = d[key]
@@ -265,6 +272,8 @@ class ModelConfig:
         mc = cls.from_hf_dict(text)
         mc.architecture = arch
         mc.extra["multimodal"] = d
+        if mrope is not None:
+            mc.extra["mrope_section"] = mrope
         return mc
 
     # ---------------------------------------------------------------- GGUF metadata
@@ -624,6 +633,23 @@ def _sliding_window(arch: str, d: dict[str, Any]) -> tuple[Optional[int], Option
             f"{FULL!r}; got {len(types)} entries" + (f" with {unknown}" if unknown else "")
         )
     return int(window), list(types)
+
+
+def _pop_mrope_section(text: dict[str, Any]) -> Optional[list[int]]:
+    """Removes M-RoPE from a text config's rope keys (transformers 4: rope_scaling {"type":
+    "mrope", "mrope_section"}; 5: rope_parameters {"rope_type": "default", "mrope_section"});
+    returns the sections, or None."""
+    section = None
+    for key in ("rope_scaling", "rope_parameters"):
+        params = text.get(key)
+        if isinstance(params, dict) and "mrope_section" in params:
+            params = dict(params)
+            section = [int(v) for v in params.pop("mrope_section")]
+            for name in ("type", "rope_type"):
+                if params.get(name) == "mrope":
+                    params[name] = "default"
+            text[key] = params
+    return section
 
 
 def _partial_rotary(d: dict[str, Any], default: float) -> float:

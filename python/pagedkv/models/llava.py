@@ -8,19 +8,12 @@ runs on the paged KV cache like any Llama, from ``inputs_embeds`` where a step h
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from pagedkv.models.config import ModelConfig
 from pagedkv.models.llama import LlamaForCausalLM
-
-
-def llava_hf_config(cfg: ModelConfig) -> Any:
-    """transformers' LlavaConfig of the checkpoint (vision_config, projector, feature layer)."""
-    from transformers import LlavaConfig
-
-    return LlavaConfig(**cfg.extra["multimodal"])
 
 
 def num_image_tokens(hf: Any) -> int:
@@ -36,10 +29,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
 
     def __init__(self, cfg: ModelConfig) -> None:
         from transformers import CLIPVisionModel
-        from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
         super().__init__(cfg)
-        hf = self.hf_config = llava_hf_config(cfg)
+        hf = self.hf_config = self.hf_config_class()(**cfg.extra["multimodal"])
         if hf.vision_config.model_type != "clip_vision_model":
             raise ValueError(
                 f"LLaVA vision tower {hf.vision_config.model_type!r} is not supported "
@@ -48,11 +40,40 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self.image_token_id = int(hf.image_token_index)
         self.image_seq_length = num_image_tokens(hf)
         self.vision_tower = CLIPVisionModel(hf.vision_config)
-        self.multi_modal_projector = LlavaMultiModalProjector(hf)
+        self.multi_modal_projector = self.projector_class()(hf)
 
-    @torch.inference_mode()
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """[N, 3, H, W] -> [N, image_seq_length, hidden]: the vision tower's hidden states of
+    @classmethod
+    def hf_config_class(cls) -> Any:
+        """transformers' config class of the checkpoint (LLaVA-NeXT: LlavaNextConfig)."""
+        from transformers import LlavaConfig
+
+        return LlavaConfig
+
+    @classmethod
+    def projector_class(cls) -> Any:
+        from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
+
+        return LlavaMultiModalProjector
+
+    def image_inputs(
+        self, processor: Any, images: Sequence[Any]
+    ) -> Tuple[dict[str, torch.Tensor], List[int]]:
+        """The image processor's pixel values [N, 3, H, W]; image_seq_length rows each."""
+        pixels = processor.image_processor(images=list(images), return_tensors="pt")
+        return {"pixel_values": pixels["pixel_values"]}, [self.image_seq_length] * len(images)
+
+    @staticmethod
+    def load_image_processor(folder: str) -> Any:
+        """The checkpoint's HF processor (LlavaProcessor / LlavaNextProcessor)."""
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(folder)
+
+    def chat_image_ids(self) -> List[int]:
+        return [self.image_token_id]
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] -> [N, patches, hidden]: the vision tower's hidden states of
         vision_feature_layer(s), CLS dropped under the "default" strategy, projected."""
         hf = self.hf_config
         dtype = self.multi_modal_projector.linear_1.weight.dtype
@@ -62,6 +83,12 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         if hf.vision_feature_select_strategy == "default":
             picked = [h[:, 1:] for h in picked]
         return self.multi_modal_projector(torch.cat(picked, dim=-1))
+
+    @torch.inference_mode()
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[N, 3, H, W] -> [N * image_seq_length, hidden]."""
+        feats = self.image_features(pixel_values)
+        return feats.reshape(-1, feats.shape[-1])
 
     def load_weights(
         self,

@@ -11,11 +11,19 @@ one expand serves all slices. A smaller rank is zero-padded, a slice the adapter
 target stays zero, and the last slot stays all zero (tokens without an adapter, see
 LoRAStep.groups).
 
-Two kernels (``kernel``, one of LORA_KERNELS): "pagedkv", the core's BGMV ops
+Four kernels (``kernel``, one of LORA_KERNELS): "pagedkv", the core's BGMV ops
 (pagedkv.ops.lora_shrink / lora_expand, every device and dtype: each token reads its adapter's
-weights), and "grouped_mm", punica's SGMV through torch._grouped_mm (CUTLASS grouped GEMM, bf16
-on Hopper): the step's tokens sorted by slot, one GEMM over each slot's run of rows. "auto"
-takes grouped_mm where it applies, as models/moe.py's fused_experts does.
+weights); "pagedkv_tiled", the same ops' tiled CUDA variant (pagedkv/lora_ops.py);
+"grouped_mm", punica's SGMV through torch._grouped_mm (CUTLASS grouped GEMM, bf16 on Hopper):
+the step's tokens sorted by slot, one GEMM over each slot's run of rows; and "dense": one GEMM
+of the tokens against ALL slots' A matrices, the rows of other slots zeroed by the step's
+one-hot slot mask, and one GEMM against all slots' B matrices that adds into the base output
+in place (beta = 1). Dense does max_loras times the shrink/expand FLOPs of the others, but it
+reads each slot's weights once, with no sort, gather or scatter: three library launches per
+layer; its extra bytes and FLOPs are max_loras * ranks * (in + out) against the base layer's
+in * out (~14 % for 8 rank-16 adapters on a 1B Llama's layers). "auto" takes grouped_mm where
+it applies (as models/moe.py's fused_experts does), else the core's kernels; dense and
+pagedkv_tiled are chosen by name until a GPU benchmark has measured them.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,7 +51,7 @@ PACKED_MODULES = {
 }
 
 
-LORA_KERNELS = ("auto", "pagedkv", "grouped_mm")
+LORA_KERNELS = ("auto", "pagedkv", "pagedkv_tiled", "grouped_mm", "dense")
 
 
 class LoRAStep:
@@ -50,32 +59,51 @@ class LoRAStep:
     each token (int32 [T] on the model's device, -1 = no adapter) or None when no token of the
     step has an adapter (the layers then add nothing).
 
-    The grouped_mm kernel wants the tokens grouped by slot; the first layer of a forward that
-    asks computes the grouping on the device (no host sync, so a CUDA graph captures it and
-    recomputes it from its slot buffer on each replay) and the later layers reuse it. Setting
-    ``token_lora_indices`` drops it: set them before each forward, also when they are the same
-    tensor (a graph's capture runs a warm-up forward first)."""
+    What the kernels derive from the slots is computed once per forward, by the first layer
+    that asks, on the device (no host sync, so a CUDA graph captures it and recomputes it from
+    its slot buffer on each replay), and reused by the later layers: the grouping by slot
+    (grouped_mm) and the one-hot slot mask (dense). Setting ``token_lora_indices`` drops them:
+    set them before each forward, also when they are the same tensor (a graph's capture runs a
+    warm-up forward first). ``set_host_slots`` defers the host -> device copy of the slots to
+    the first layer that reads them, so a step replayed from a CUDA graph (which reads its own
+    slot buffer) never pays it."""
 
     def __init__(self, max_loras: int) -> None:
         self.max_loras = max_loras
         self._indices: Optional[torch.Tensor] = None
+        self._host: Optional[tuple[np.ndarray, torch.device]] = None
         self._groups: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._masks: dict[torch.dtype, torch.Tensor] = {}
 
     @property
     def token_lora_indices(self) -> Optional[torch.Tensor]:
+        if self._indices is None and self._host is not None:
+            slots, device = self._host
+            self._indices, self._host = torch.from_numpy(slots).to(device), None
         return self._indices
 
     @token_lora_indices.setter
     def token_lora_indices(self, indices: Optional[torch.Tensor]) -> None:
-        self._indices, self._groups = indices, None
+        self._indices, self._host, self._groups = indices, None, None
+        self._masks = {}
+
+    def set_host_slots(self, slots: np.ndarray, device: torch.device) -> None:
+        """The step's slots (int32 [T], -1 = none) on the host, copied to ``device`` when a
+        layer first reads them."""
+        self.token_lora_indices = None
+        self._host = (np.ascontiguousarray(slots, dtype=np.int32), device)
+
+    def _device_indices(self) -> torch.Tensor:
+        idx = self.token_lora_indices
+        assert idx is not None, "a step without adapters has no grouping or mask"
+        return idx
 
     def groups(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(order, offs)``: the step's token rows sorted by slot (stable; tokens without an
         adapter last, as slot max_loras, whose weights are zero) and each slot's end row in
         that order (int32 [max_loras + 1], the last = T): torch._grouped_mm's offsets."""
         if self._groups is None:
-            idx = self._indices
-            assert idx is not None, "groups() of a step without adapters"
+            idx = self._device_indices()
             key = torch.where(idx < 0, self.max_loras, idx).long()
             slot_of, order = torch.sort(key, stable=True)
             # Not a bincount: on CUDA it reads the max on the host, which a graph cannot capture.
@@ -83,6 +111,18 @@ class LoRAStep:
             offs = torch.searchsorted(slot_of, slots, right=True).to(torch.int32)
             self._groups = (order, offs)
         return self._groups
+
+    def slot_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """``mask [T, max_loras, 1]`` of ``dtype``: 1 where the token's slot is that slot (all
+        zero for tokens without an adapter)."""
+        mask = self._masks.get(dtype)
+        if mask is None:
+            idx = self._device_indices()
+            # Not F.one_hot: on CUDA it checks the indices' range on the host (a sync).
+            slots = torch.arange(self.max_loras, device=idx.device, dtype=idx.dtype)
+            mask = (idx.unsqueeze(1) == slots).to(dtype).unsqueeze(2)
+            self._masks[dtype] = mask
+        return mask
 
 
 def grouped_mm_applies(weight: torch.Tensor, ranks: int) -> bool:
@@ -117,10 +157,14 @@ def _check_grouped_mm(weight: torch.Tensor, ranks: int) -> None:
 
 
 class LoRALinear(nn.Module):
-    """``base`` (a column-, row-, QKV- or merged-parallel linear) plus the adapters' deltas."""
+    """``base`` (a column-, row-, QKV- or merged-parallel linear) plus the adapters' deltas.
+
+    ``b_stack`` [max_loras + 1, out, ranks] is a view of the stored B weights: the dense
+    kernel stores them as [max_loras + 1, ranks, out] (``b_store``), so that all slots' B read
+    as one [max_loras * ranks, out] matrix without a copy."""
 
     a_stack: torch.Tensor
-    b_stack: torch.Tensor
+    b_store: torch.Tensor
 
     def __init__(
         self,
@@ -154,11 +198,15 @@ class LoRALinear(nn.Module):
             torch.zeros(max_loras + 1, ranks, in_features, dtype=dt, device=dev),
             persistent=False,
         )
+        b_shape = (ranks, out_features) if kernel == "dense" else (out_features, ranks)
         self.register_buffer(
-            "b_stack",
-            torch.zeros(max_loras + 1, out_features, ranks, dtype=dt, device=dev),
-            persistent=False,
+            "b_store", torch.zeros(max_loras + 1, *b_shape, dtype=dt, device=dev), persistent=False
         )
+
+    @property
+    def b_stack(self) -> torch.Tensor:
+        """The slots' B [max_loras + 1, out, ranks] (a view of ``b_store``)."""
+        return self.b_store.transpose(1, 2) if self.kernel == "dense" else self.b_store
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
@@ -196,6 +244,8 @@ class LoRALinear(nn.Module):
         if idx is None:
             return y
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+        if self.kernel == "dense":
+            return self._dense(x2, y2, y)
         if self.kernel == "grouped_mm":
             order, offs = self.step.groups()
             buf = torch._grouped_mm(x2[order], self.a_stack.transpose(1, 2), offs=offs)
@@ -205,8 +255,20 @@ class LoRALinear(nn.Module):
         # The core's expand reads the block-diagonal B as one slice of rank slices * max_rank
         # (the zeros outside a column's own slice add nothing).
         a, b = self.a_stack[: self.max_loras], self.b_stack[: self.max_loras]
-        buf = ops.lora_shrink(x2, a, idx)
-        ops.lora_expand(y2, buf, b, idx)
+        tiled = self.kernel == "pagedkv_tiled"
+        buf = ops.lora_shrink(x2, a, idx, tiled=tiled)
+        ops.lora_expand(y2, buf, b, idx, tiled=tiled)
+        return y
+
+    def _dense(self, x2: torch.Tensor, y2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y2 += ((x2 A_all^T) * mask) B_all^T over all max_loras slots: the shrink row of each
+        token keeps only its own slot's columns, so the expand adds only its own adapter."""
+        n, ranks = self.max_loras, int(self.a_stack.shape[1])
+        a_all = self.a_stack[:n].reshape(n * ranks, self.in_features)  # views, no copies
+        b_all = self.b_store[:n].reshape(n * ranks, y2.shape[1])
+        buf = torch.mm(x2, a_all.t())
+        buf.view(-1, n, ranks).mul_(self.step.slot_mask(buf.dtype))
+        y2.addmm_(buf, b_all)  # beta = 1: the base output is the GEMM's C, summed in fp32
         return y
 
 

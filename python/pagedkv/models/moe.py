@@ -142,6 +142,28 @@ def _deepseek_moe(arch: str, d: dict[str, Any]) -> MoEConfig:
 # Hopper), which the H200 benchmark measured several times faster (benchmarks/RESULTS.md, "MoE").
 MOE_KERNELS = ("auto", "pagedkv", "grouped_mm")
 
+# "auto" where grouped_mm applies takes the core's kernel for a many-expert layer whose experts
+# get few rows each (fine-grained MoE decode): grouped_mm's cost grows with the expert count (a
+# group per expert, used or not), the core's with the rows. H200, 5d7a9c5, benchmarks/moe.py
+# (RESULTS.md "MoE"), us per layer, grouped_mm vs core: Qwen3-30B-A3B (128 experts, top-8) 532
+# vs 340 at 1 token (0.06 rows per expert) and 878 vs 1340 at 256 (16 rows per expert), the
+# core reported faster up to 64 tokens (4 rows per expert); Mixtral-8x7B (8 large experts,
+# top-2) 693 vs 1470 at 1 token: grouped_mm even at 0.25 rows per expert. Between 4 and 16 rows
+# per expert and for 8 < experts < 128 not measured; benchmarks/gpu_cascade_run.sh re-runs the
+# Qwen3 shape at 1-256 tokens with both kernels named.
+MOE_CORE_MIN_EXPERTS = 64
+MOE_CORE_MAX_ROWS_PER_EXPERT = 4
+
+
+def auto_moe_kernel(num_tokens: int, top_k: int, num_experts: int) -> str:
+    """The kernel "auto" runs where both apply (shapes only: fixed per captured CUDA graph)."""
+    if (
+        num_experts >= MOE_CORE_MIN_EXPERTS
+        and num_tokens * top_k <= MOE_CORE_MAX_ROWS_PER_EXPERT * num_experts
+    ):
+        return "pagedkv"
+    return "grouped_mm"
+
 
 def _grouped_mm_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
     """torch._grouped_mm's conditions: a CUDA bf16 problem on sm90+, 16-byte aligned rows."""
@@ -192,12 +214,15 @@ def fused_experts(
     kernel: str = "auto",
 ) -> torch.Tensor:
     """x [T, H] through each token's top-k experts, weighted and summed -> [T, H]. ``kernel``:
-    one of MOE_KERNELS; "auto" takes grouped_mm where it applies, else pagedkv."""
+    one of MOE_KERNELS; "auto" takes grouped_mm where it applies, but for the shapes
+    auto_moe_kernel gives the core's kernel, else pagedkv."""
     if kernel not in MOE_KERNELS:
         raise ValueError(f"kernel must be one of {MOE_KERNELS}, got {kernel!r}")
-    if kernel == "grouped_mm" or (kernel == "auto" and _grouped_mm_applies(x, w13, w2)):
-        return _experts_grouped_mm(x, w13, w2, topk_weights, topk_ids, act)
     t, k = topk_ids.shape
+    if kernel == "auto" and _grouped_mm_applies(x, w13, w2):
+        kernel = auto_moe_kernel(t, k, w13.shape[0])
+    if kernel == "grouped_mm":
+        return _experts_grouped_mm(x, w13, w2, topk_weights, topk_ids, act)
     num_experts = w13.shape[0]
     block = moe_ops.moe_block_size(t * k, num_experts)
     sorted_ids, expert_ids, used = moe_ops.moe_align_block_size(topk_ids, block, num_experts)
@@ -389,6 +414,7 @@ __all__ = [
     "SparseMoeBlock",
     "fused_experts",
     "MOE_KERNELS",
+    "auto_moe_kernel",
     "sparse_moe_block",
     "split_expert_weights",
     "canonical_name",

@@ -50,6 +50,11 @@ def smollm2_path() -> str:
     )
 
 
+def is_default_model(model: Optional[str]) -> bool:
+    """None or one of the packaged default's names."""
+    return model is None or model.lower() in _DEFAULT_ALIASES
+
+
 def resolve_model(
     model: Optional[str],
     revision: Optional[str] = None,
@@ -61,7 +66,7 @@ def resolve_model(
     in the HF cache, downloaded when missing (hub.py; ``revision``, ``download_dir``); anything
     else raises a clear error. ``tokenizer_only``: a hub id's tokenizer files, not its
     weights."""
-    if model is None or model.lower() in _DEFAULT_ALIASES:
+    if model is None or is_default_model(model):
         return ModelSource("gguf", smollm2_path(), model or DEFAULT_MODEL)
     path = os.path.expanduser(model)
     if os.path.isdir(path):
@@ -106,9 +111,11 @@ def model_class(architecture: str) -> type[nn.Module]:
     from pagedkv.models.gpt_neox import GPTNeoXForCausalLM
     from pagedkv.models.llama import LlamaForCausalLM
     from pagedkv.models.llava import LlavaForConditionalGeneration
+    from pagedkv.models.llava_next import LlavaNextForConditionalGeneration
     from pagedkv.models.mixtral import MixtralForCausalLM
     from pagedkv.models.opt import OPTForCausalLM
     from pagedkv.models.phi3 import Phi3ForCausalLM
+    from pagedkv.models.qwen2_vl import Qwen2VLForConditionalGeneration
     from pagedkv.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
     classes: dict[str, type[nn.Module]] = {
@@ -131,6 +138,8 @@ def model_class(architecture: str) -> type[nn.Module]:
         "RobertaModel": XLMRobertaModel,
         "XLMRobertaModel": XLMRobertaModel,
         "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+        "LlavaNextForConditionalGeneration": LlavaNextForConditionalGeneration,
+        "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
     }
     causal = SEQUENCE_CLASSIFIERS.get(architecture) or BASE_MODELS.get(architecture) or architecture
     if causal not in classes:

@@ -10,10 +10,10 @@
 namespace pagedkv::cuda_ops {
 
 void lora_shrink(const TensorView& buf, const TensorView& x, const TensorView& a,
-                 const TensorView& token_lora_indices, Stream stream);
+                 const TensorView& token_lora_indices, Stream stream, ops::LoRAVariant variant);
 
 void lora_expand(const TensorView& out, const TensorView& buf, const TensorView& b,
                  const TensorView& token_lora_indices, const std::vector<int64_t>& slice_sizes,
-                 Stream stream);
+                 Stream stream, ops::LoRAVariant variant);
 
 }  // namespace pagedkv::cuda_ops

@@ -78,36 +78,46 @@ def test_skewed_eager_decode_runs_balanced_and_matches_partition(model_dir):
                 assert abs(la[tid].logprob - lb[tid].logprob) < 0.05, (i, tid)
 
 
-def test_shared_prompt_eager_decode_runs_the_cascade(model_dir):
-    """Requests on one cached system prompt (the prefix cache shares its blocks): eager decode
-    steps run the cascade and give the partition split's tokens."""
+@pytest.mark.parametrize("eager", [True, False])
+def test_shared_prompt_decode_runs_the_cascade(model_dir, eager):
+    """Requests on one cached system prompt (the prefix cache shares its blocks): decode steps
+    run the cascade, eager or as the cascade variant of the CUDA graphs, and give the tokens of
+    the engine without it (disable_cascade_attn=True)."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the cascade runs on the Hopper decode")
     rng = np.random.default_rng(4)
     system = rng.integers(5, 2000, 1024).tolist()
-    prompts = [system + rng.integers(5, 2000, 5).tolist() for _ in range(8)]
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [system + rng.integers(5, 2000, n).tolist() for n in (5, 1, 17, 30, 2, 9, 12, 3)]
+    params = [SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True) for i in range(8)]
     runs = {}
-    for schedule in ("auto", "partition"):
+    for disable in (False, True):
         llm = LLM(
             model_dir,
             skip_tokenizer_init=True,
             seed=0,
             device="cuda",
             dtype="bfloat16",
-            enforce_eager=True,
+            enforce_eager=eager,
             max_model_len=2048,
+            max_num_seqs=16,
             num_gpu_blocks_override=1024,
+            disable_cascade_attn=disable,
+            cascade_cuda_graphs=not eager and not disable,
         )
-        plans = llm.llm_engine.runner.step_plans
-        plans.schedule = schedule
+        runner = llm.llm_engine.runner
         llm.generate([prompts[0]], SamplingParams(max_tokens=1), use_tqdm=False)  # cache it
-        runs[schedule] = llm.generate(prompts, params, use_tqdm=False)
-        assert (plans.cascade_layers > 0) == (schedule == "auto"), plans.cascade_layers
+        runs[disable] = llm.generate(prompts, params, use_tqdm=False)
+        if eager:
+            ran = runner.step_plans.cascade_layers
+        else:
+            ran = runner.graphs.cascade_replays
+            assert runner.step_plans.cascade_layers == 0  # every decode step a graph replay
+        assert (ran > 0) == (not disable), ran
         assert_no_leak(llm)
+        del llm, runner
     toks = [
         (x, y)
-        for oa, ob in zip(runs["auto"], runs["partition"])
+        for oa, ob in zip(runs[False], runs[True])
         for x, y in zip(oa.outputs[0].token_ids, ob.outputs[0].token_ids)
     ]
     assert np.mean([x == y for x, y in toks]) > 0.9  # bf16: only near-ties may flip

@@ -103,7 +103,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return [torch.randint(3, VOCAB, (int(5 + 7 * i % 23),), generator=g).tolist() for i in range(n)]
 
 
-@pytest.mark.parametrize("kernel", ["auto", "grouped_mm"])
+@pytest.mark.parametrize("kernel", ["auto", "grouped_mm", "dense"])
 def test_mixed_batch_and_shared_prefix(world, kernel: str) -> None:
     if kernel == "grouped_mm" and not hasattr(torch, "_grouped_mm"):
         pytest.skip("this torch has no torch._grouped_mm")
@@ -135,13 +135,18 @@ def test_fewer_slots_than_adapters_and_preemption(world) -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_graphs_run_adapters(world) -> None:
+@pytest.mark.parametrize("kernel", ["auto", "dense"])
+def test_cuda_graphs_run_adapters(world, kernel: str) -> None:
     """On the GPU, decode steps with adapters replay the CUDA graphs captured with the LoRA
     kernels (eager only for prefills): the same tokens as HF's merged models, for a batch that
     mixes both adapters and the base model."""
     base, models, loras = world
-    llm = _llm(base, max_loras=2, device="cuda", dtype="float32", max_num_seqs=8)
+    llm = _llm(
+        base, max_loras=2, device="cuda", dtype="float32", max_num_seqs=8, lora_kernel=kernel
+    )
     runner = llm.llm_engine.runner
+    if kernel != "auto":
+        assert {layer.kernel for layer in runner.lora.targets.layers} == {kernel}
     assert runner.graphs is not None and runner.graphs.lora_graphs
     before = runner.graphs.num_replays
     _check(llm, models, loras, _prompts(6, 3), [1, 2, 0, 2, 1, 0])
@@ -149,26 +154,30 @@ def test_cuda_graphs_run_adapters(world) -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_graphs_grouped_mm_kernel(world) -> None:
-    """lora_kernel="grouped_mm" (torch._grouped_mm, bf16 on sm90+) through the engine's CUDA
-    graphs gives the tokens of the core's kernel: greedy tokens agree until a near tie (the
-    two kernels round the bf16 deltas differently), where the logprobs still agree."""
-    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
+@pytest.mark.parametrize("kernel", ["grouped_mm", "dense", "pagedkv_tiled"])
+def test_cuda_graphs_bf16_kernels(world, kernel: str) -> None:
+    """lora_kernel="grouped_mm" (torch._grouped_mm, bf16 on sm90+), "dense" and "pagedkv_tiled"
+    through the engine's CUDA graphs in bf16 give the tokens of the core's kernel: greedy
+    tokens agree until a near tie (the kernels round the bf16 deltas differently), where the
+    logprobs still agree."""
+    if kernel == "grouped_mm" and (
+        not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0)
+    ):
         pytest.skip("torch._grouped_mm's fast path needs sm90+")
     base, _, loras = world
     prompts = [{"prompt_token_ids": p} for p in _prompts(6, 4)]
     which = [loras[w] for w in (1, 2, 0, 2, 1, 1)]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
     runs = {}
-    for kernel in ("grouped_mm", "pagedkv"):
-        llm = _llm(base, max_loras=2, device="cuda", dtype="bfloat16", lora_kernel=kernel)
+    for k in (kernel, "pagedkv"):
+        llm = _llm(base, max_loras=2, device="cuda", dtype="bfloat16", lora_kernel=k)
         runner = llm.llm_engine.runner
-        assert {layer.kernel for layer in runner.lora.targets.layers} == {kernel}
+        assert {layer.kernel for layer in runner.lora.targets.layers} == {k}
         before = runner.graphs.num_replays
-        runs[kernel] = llm.generate(prompts, params, use_tqdm=False, lora_request=which)
+        runs[k] = llm.generate(prompts, params, use_tqdm=False, lora_request=which)
         assert runner.graphs.num_replays >= before + MAX_TOKENS - 1
         del llm, runner
-    for got, want in zip(runs["grouped_mm"], runs["pagedkv"]):
+    for got, want in zip(runs[kernel], runs["pagedkv"]):
         g, w = got.outputs[0], want.outputs[0]
         for pos, (tg, tw) in enumerate(zip(g.token_ids, w.token_ids)):
             lp_g, lp_w = g.logprobs[pos], w.logprobs[pos]

@@ -103,3 +103,20 @@ def test_token_type_ids_checked(tmp_path) -> None:
     embed = _llm(lm, task="embed")
     with pytest.raises(ValueError, match="takes no token types"):
         embed.embed({"prompt_token_ids": [2, 5, 3], "token_type_ids": [0, 0, 1]}, use_tqdm=False)
+
+
+def test_a_prompt_may_fill_max_model_len(tmp_path) -> None:
+    """vLLM embeds a prompt of exactly max_model_len tokens (bge's 512): the placeholder token
+    that ends a pooling request must not cost a position."""
+    path = save_random_encoder(str(tmp_path / "bert"), "bert", seed=5)
+    llm = _llm(path)  # max_model_len 128: the checkpoint's max_position_embeddings
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    ids = tok("word " * 300, truncation=True, max_length=128)["input_ids"]
+    assert len(ids) == 128
+    got = torch.tensor(llm.embed({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.embedding)
+    ref = transformers.AutoModel.from_pretrained(path).eval()
+    with torch.no_grad():
+        cls = ref(torch.tensor([ids])).last_hidden_state[0, 0]
+    assert F.cosine_similarity(got, cls, dim=0).item() >= 0.9999
+    with pytest.raises(ValueError, match="at most 128 tokens"):
+        llm.embed({"prompt_token_ids": ids + ids[-1:]}, use_tqdm=False)

@@ -156,7 +156,7 @@ def test_sampled_speculation_follows_the_target_distribution(model_dir: str) -> 
 @pytest.mark.parametrize(
     ("config", "match"),
     [
-        ({"model": "some/draft-model", "num_speculative_tokens": 3}, "draft-model"),
+        ({**NGRAM, "revision": "main"}, "draft model's key"),
         ({"method": "eagle", "num_speculative_tokens": 3, "prompt_lookup_max": 3}, "eagle"),
         ({**NGRAM, "acceptance_method": "typical"}, "acceptance_method"),
         ({**NGRAM, "num_speculative_tokens": 0}, "num_speculative_tokens"),

@@ -1,7 +1,8 @@
-"""LoRALinear's grouped_mm kernel (torch._grouped_mm, bf16 on Hopper) on the GPU: captured in a
-CUDA graph that reads the tokens' slots from a buffer, replays with new slots (the sort and the
-group offsets are recomputed on the device) equal the float64 reference and the core's BGMV
-ops; the kernel is refused by name where torch would fall back to a host-syncing loop."""
+"""LoRALinear's grouped_mm (torch._grouped_mm, bf16 on Hopper), dense and pagedkv_tiled kernels
+on the GPU: captured in a CUDA graph that reads the tokens' slots from a buffer, replays with new
+slots (the sort and group offsets, or the slot mask, are recomputed on the device) equal the
+float64 reference and the core's BGMV ops; grouped_mm is refused by name where torch would fall
+back to a host-syncing loop."""
 
 from __future__ import annotations
 
@@ -63,14 +64,17 @@ def _slots(layers: list[LoRALinear], sizes: list[int], g: torch.Generator) -> li
     return adapters
 
 
-@pytest.mark.skipif(not _hopper(), reason="torch._grouped_mm's fast path needs sm90+")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kernel", ["grouped_mm", "dense", "pagedkv_tiled"])
 @pytest.mark.parametrize("kind", ["qkv", "gate_up"])
-def test_graph_replay_with_new_slots(kind: str) -> None:
+def test_graph_replay_with_new_slots(kind: str, kernel: str) -> None:
+    if kernel == "grouped_mm" and not _hopper():
+        pytest.skip("torch._grouped_mm's fast path needs sm90+")
     g = torch.Generator().manual_seed(3)
     base, sizes = _layer(kind, g)
     names = [f"s{i}" for i in range(len(sizes))]
     step = LoRAStep(MAX_LORAS)
-    layer = LoRALinear(base, names, sizes, MAX_LORAS, MAX_RANK, step, "grouped_mm")
+    layer = LoRALinear(base, names, sizes, MAX_LORAS, MAX_RANK, step, kernel)
     core = LoRALinear(base, names, sizes, MAX_LORAS, MAX_RANK, LoRAStep(MAX_LORAS), "pagedkv")
     adapters = _slots([layer, core], sizes, g)
     x = (torch.randn(TOKENS, 128, generator=g)).to("cuda", torch.bfloat16)

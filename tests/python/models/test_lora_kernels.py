@@ -1,7 +1,9 @@
-"""LoRALinear's two kernels on the CPU: "grouped_mm" (torch._grouped_mm over the tokens sorted
-by slot) and "pagedkv" (the core's BGMV ops) both equal a float64 reference built from the
-adapters' own A/B matrices, for plain, QKV and gate/up layers; with tokens without an adapter,
-one slot, all slots, ranks below max_rank and slices an adapter does not target."""
+"""LoRALinear's kernels on the CPU: "grouped_mm" (torch._grouped_mm over the tokens sorted by
+slot), "pagedkv" (the core's BGMV ops; "pagedkv_tiled" differs on CUDA only) and "dense" (all
+slots' GEMMs under the step's one-hot slot mask, the expand added in place) all equal a float64
+reference built from the adapters' own A/B matrices, for plain, QKV and gate/up layers; with
+tokens without an adapter, one slot, all slots, ranks below max_rank and slices an adapter
+does not target."""
 
 from __future__ import annotations
 
@@ -109,7 +111,7 @@ def test_kernels_equal_float64_reference(case: tuple) -> None:
     idx = _indices(pattern, t, max_loras, g)
     want = _reference(base, x, adapters, idx, sizes)
     got = {}
-    for kernel in ("grouped_mm", "pagedkv"):
+    for kernel in ("grouped_mm", "pagedkv", "pagedkv_tiled", "dense"):
         step = LoRAStep(max_loras)
         layer = LoRALinear(base, names, sizes, max_loras, MAX_RANK, step, kernel)
         assert layer.kernel == kernel
@@ -119,17 +121,20 @@ def test_kernels_equal_float64_reference(case: tuple) -> None:
         got[kernel] = layer(x)
         torch.testing.assert_close(got[kernel].double(), want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got["grouped_mm"], got["pagedkv"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["dense"], got["pagedkv"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["pagedkv_tiled"], got["pagedkv"], rtol=0, atol=0)
 
 
-def test_groups_follow_new_indices_in_place() -> None:
+@pytest.mark.parametrize("kernel", ["grouped_mm", "dense"])
+def test_groups_follow_new_indices_in_place(kernel: str) -> None:
     """A CUDA graph's capture sets the same slot buffer before its warm-up and its captured
-    forward, and a replay reads new slots written in place: the grouping is recomputed after
-    each assignment, never kept from the previous forward."""
+    forward, and a replay reads new slots written in place: the grouping and the slot mask
+    are recomputed after each assignment, never kept from the previous forward."""
     g = torch.Generator().manual_seed(5)
     base, sizes = _base("qkv", g)
     adapters = _adapters(sizes, 24, 3, g)
     step = LoRAStep(3)
-    layer = LoRALinear(base, ["q", "k", "v"], sizes, 3, MAX_RANK, step, "grouped_mm")
+    layer = LoRALinear(base, ["q", "k", "v"], sizes, 3, MAX_RANK, step, kernel)
     for slot, parts in enumerate(adapters):
         layer.set_slot(slot, parts)
     x = torch.randn(7, 24, generator=g)
@@ -142,6 +147,8 @@ def test_groups_follow_new_indices_in_place() -> None:
         order, offs = step.groups()
         assert offs.dtype == torch.int32 and offs.tolist()[-1] == 7
         assert sorted(order.tolist()) == list(range(7))
+        mask = step.slot_mask(torch.float32)[:, :, 0]
+        assert mask.tolist() == [[float(r == s) for s in range(3)] for r in rows]
 
 
 def test_clear_slot_and_refusals() -> None:

@@ -70,7 +70,8 @@ def _run(model, manager, seqs, ids):
 
 
 @pytest.mark.parametrize(
-    "max_loras,kernel", [(2, "auto"), (1, "auto"), (2, "grouped_mm"), (1, "grouped_mm")]
+    "max_loras,kernel",
+    [(2, "auto"), (1, "auto"), (2, "grouped_mm"), (1, "grouped_mm"), (2, "dense"), (1, "dense")],
 )
 def test_logits_equal_peft_merged(setup, max_loras: int, kernel: str) -> None:
     if kernel == "grouped_mm" and not hasattr(torch, "_grouped_mm"):

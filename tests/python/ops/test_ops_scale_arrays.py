@@ -147,3 +147,44 @@ def test_scale_errors() -> None:
         PagedAttention.forward_decode(*args, 1.0, torch.zeros(1))
     with pytest.raises(TypeError, match="k_scale must be a number or a 1-element array"):
         PagedAttention.forward_decode(*args, "1.0", 1.0)
+
+
+def test_float32_tensor_scales_are_never_read_on_the_host(monkeypatch) -> None:
+    """Seed-001 fidelity: k_scale / v_scale given as float32 tensors (what vLLM passes) reach the
+    kernels as arrays; nothing reads their value on the host (no .item(), no .tolist(), no
+    float()): on a GPU that would be a sync per call and break graph capture. The cache write
+    and both attention front ends, with every host read of a tensor made to fail."""
+
+    def no_host_read(*_a, **_k):
+        raise AssertionError("a scale tensor was read on the host")
+
+    rng = np.random.default_rng(9)
+    kvh, d, bs, fp8, lens = 2, 64, 16, "fp8_e4m3", [20, 33]
+    kv = make_paged_kv(rng, "torch", "float32", "nhd", fp8, lens, bs, kvh, d)
+    query, _ = rand_array(rng, (2, kvh * 2, d), "torch", "float32")
+    key, _ = rand_array(rng, (3, kvh, d), "torch", "float32")
+    sl = to_fw(np.array(lens), "torch", "int32")
+    ks, vs = (torch.tensor([v], dtype=torch.float32) for v in SCALES)
+    for name in ("item", "tolist", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, no_host_read)
+    slots = torch.tensor([1, 17, 40], dtype=torch.int64)
+    PagedAttention.write_to_paged_cache(key, key, kv.key_cache, kv.value_cache, slots, fp8, ks, vs)
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, sl, max(lens), fp8, kvh)
+    PagedAttention.forward_decode(*args, 0.125, None, ks, vs)
+    qsl = torch.tensor([0, 1, 3], dtype=torch.int32)
+    PagedAttention.forward_prefix(
+        key.repeat(1, 2, 1),
+        key,
+        key,
+        fp8,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_tables,
+        qsl,
+        sl,
+        2,
+        None,
+        None,
+        ks,
+        vs,
+    )

@@ -1,3 +1,3 @@
-"""Speculative decoding: draft proposers and the rejection sampler that keeps the target
-model's distribution. The engine path (scheduling k+1 query tokens, rolling back rejected
-slots) is not wired yet: LLM(speculative_config=...) is still refused (engine/vllm_args.py)."""
+"""Speculative decoding: the draft proposers (n-gram prompt lookup, a draft model with its own
+KV cache on the shared block ids), the rejection sampler that keeps the target model's
+distribution, and the engine's per-step speculator (speculator.py)."""

@@ -1,7 +1,9 @@
 """The engine's speculative-decoding step: propose drafts, verify them after the target forward.
 
-Between steps, ``propose`` gives every decoding sequence that can speculate up to k n-gram
-drafts (``Scheduler.set_draft_tokens``); the scheduler then feeds each such sequence's last
+Between steps, ``propose`` gives every decoding sequence that can speculate up to k drafts
+(``Scheduler.set_draft_tokens``): n-gram drafts, or, with a draft model, placeholders whose
+slots the next schedule() reserves and which ``draft`` fills in by running the draft model
+before the target's forward (draft_model.py). The scheduler feeds each such sequence's last
 token and its drafts as one k+1-token query through the extend path. After the forward,
 ``verify`` turns the k+1 hidden rows of every speculating entry into logits and runs the
 rejection sampler: greedy rows accept while the draft is the argmax (output identical to plain
@@ -19,14 +21,15 @@ changes speed, never what is generated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
 
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
-from pagedkv.engine.spec_decode.config import SpeculativeConfig
+from pagedkv.engine.spec_decode.config import NGRAM, SpeculativeConfig
+from pagedkv.engine.spec_decode.draft_model import DraftModelProposer
 from pagedkv.engine.spec_decode.ngram_proposer import NgramProposer
 from pagedkv.engine.spec_decode.rejection_sampler import accept_greedy, verify_sampled
 
@@ -66,30 +69,44 @@ def can_speculate(req: RequestState, seq: SeqState) -> bool:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, sampler: Sampler) -> None:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        sampler: Sampler,
+        draft_runner: Any = None,
+    ) -> None:
+        """``draft_runner``: the draft model's ModelRunner (method draft_model)."""
         self.config = config
         self.sampler = sampler
-        self.proposer = NgramProposer(
-            config.prompt_lookup_min, config.prompt_lookup_max, config.num_speculative_tokens
-        )
+        self.ngram: Optional[NgramProposer] = None
+        self.drafter: Optional[DraftModelProposer] = None
+        if config.method == NGRAM:
+            self.ngram = NgramProposer(
+                config.prompt_lookup_min, config.prompt_lookup_max, config.num_speculative_tokens
+            )
+        else:
+            assert draft_runner is not None, "a draft model needs its runner"
+            self.drafter = DraftModelProposer(draft_runner, sampler, config.num_speculative_tokens)
         self.metrics = SpecDecodeMetrics()
 
     # ------------------------------------------------------------------ before a step
     def propose(self, scheduler: Any, entries: Iterable[MaybeEntry]) -> None:
         """Drafts for the sequences that just got a token and still run (the next step decodes
         them). A sequence left without drafts decodes one token, as without speculation."""
-        for entry in entries:
-            if entry is None:
-                continue
-            req, seq = entry
-            if seq.sched_id is None or not seq.token_ids or not can_speculate(req, seq):
-                continue
-            room = req.max_tokens - len(seq.token_ids) - 1  # the last token is never a draft
-            if room <= 0:
-                continue
-            drafts = self.proposer.propose(req.prompt_token_ids + seq.token_ids, room)
+        if self.drafter is not None:
+            self.drafter.reserve(scheduler, _speculating(entries))
+            return
+        assert self.ngram is not None
+        for (req, seq), room in _speculating(entries):
+            drafts = self.ngram.propose(req.prompt_token_ids + seq.token_ids, room)
             if drafts:
                 scheduler.set_draft_tokens(seq.sched_id, drafts)
+
+    def draft(self, plan: Any, entries: List[MaybeEntry], live: Mapping[str, Any]) -> None:
+        """Before the target's forward: the draft model's drafts into the plan (n-gram drafts
+        are in it already). ``live``: the engine's sequences by scheduler id."""
+        if self.drafter is not None:
+            self.drafter.propose(plan, entries, live, sampling_row)
 
     # ------------------------------------------------------------------ after the forward
     def verify(
@@ -122,7 +139,7 @@ class Speculator:
             req, seq = _live(entries[i])
             if not req.argmax_row(seq):  # plain greedy, nothing banned now (nor later)
                 for j in range(k + 1):
-                    knob_rows[at + j] = self._row(req, seq, drafts[:j])
+                    knob_rows[at + j] = sampling_row(req, seq, drafts[:j])
                 (greedy if req.params.sampling_type_greedy else random).extend(
                     range(at, at + k + 1)
                 )
@@ -146,20 +163,38 @@ class Speculator:
             if start in probs:
                 gen = seq.generator if seq.generator is not None else self.sampler.generator
                 p_rows = torch.stack([probs[start + j] for j in range(k + 1)])
-                out[i] = verify_sampled(p_rows, drafts, None, gen)
+                q = self.drafter.draft_probs.get(i) if self.drafter is not None else None
+                out[i] = verify_sampled(p_rows, drafts, q, gen)
             else:
                 out[i] = accept_greedy(best[start : start + k + 1], drafts)
+            if self.drafter is not None:
+                self.drafter.accepted(i, len(out[i]) - 1)
             self.metrics.num_drafts += 1
             self.metrics.num_draft_tokens += k
             self.metrics.num_accepted_tokens += len(out[i]) - 1
         return out
 
-    @staticmethod
-    def _row(req: RequestState, seq: SeqState, accepted: List[int]) -> SamplingRow:
-        """The sampling row at the position after ``accepted`` more drafts."""
-        out = seq.token_ids + accepted if accepted else seq.token_ids
-        ahead = SeqState(index=seq.index, token_ids=out)
-        return SamplingRow(req.params, req.prompt_token_ids, out, None, req.banned_tokens(ahead))
+
+def sampling_row(req: RequestState, seq: SeqState, accepted: List[int]) -> SamplingRow:
+    """The sampling row of ``seq`` at the position after ``accepted`` more drafts."""
+    out = seq.token_ids + accepted if accepted else seq.token_ids
+    ahead = SeqState(index=seq.index, token_ids=out)
+    return SamplingRow(
+        req.params, req.prompt_token_ids, out, seq.generator, req.banned_tokens(ahead)
+    )
+
+
+def _speculating(entries: Iterable[MaybeEntry]) -> Iterable[Tuple[Entry, int]]:
+    """The entries' sequences that may speculate next step, each with its room for drafts."""
+    for entry in entries:
+        if entry is None:
+            continue
+        req, seq = entry
+        if seq.sched_id is None or not seq.token_ids or not can_speculate(req, seq):
+            continue
+        room = req.max_tokens - len(seq.token_ids) - 1  # the last token is never a draft
+        if room > 0:
+            yield entry, room
 
 
 def _live(entry: MaybeEntry) -> Entry:

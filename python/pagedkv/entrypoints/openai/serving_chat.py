@@ -97,7 +97,7 @@ class OpenAIServingChat(OpenAIServing):
             return None
         return ChatImages(
             getattr(processor, "architecture", None),
-            self.tokenizer.hf.convert_ids_to_tokens(reader.image_token_id),
+            "".join(self.tokenizer.hf.convert_ids_to_tokens(reader.chat_image_ids)),
             self.state.allowed_media_domains,
         )
 

@@ -193,9 +193,10 @@ class OpenAIServingPooling(OpenAIServing):
             )
 
     def _keep_last(self, req: Any) -> Optional[int]:
-        """truncate_prompt_tokens, within what a pooling prompt may hold (max_model_len - 1)."""
+        """truncate_prompt_tokens, within max_model_len (the engine cuts to what a pooling
+        prompt may hold)."""
         keep = self.truncation(req)
-        return None if keep is None else min(keep, self.state.max_model_len - 1)
+        return None if keep is None else min(keep, self.state.max_model_len)
 
     async def _inputs(self, req: Any) -> List[Prompt]:
         """OpenAI's `input`: text, texts, token ids or lists of token ids."""
