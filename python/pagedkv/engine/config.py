@@ -21,6 +21,8 @@ KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 # Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
+TP_ALL_REDUCES = ("nccl", "one_shot")
+
 # Field types, checked before the value rules (a CLI or config file may hand over strings).
 _INT_FIELDS = (
     "block_size",
@@ -112,6 +114,10 @@ class EngineConfig:
     # tokens is cut into micro-batches of at least this many (at most one per stage); 0: never
     # cut; decode-only steps are never cut (engine/micro_batches.py says why).
     pipeline_micro_batch_tokens: int = 256
+    # The tensor-parallel all-reduce: "nccl" (the process group's: NCCL on GPUs, gloo on the
+    # CPU) or "one_shot" (CUDA: torch symmetric memory, each GPU reads its peers' buffers over
+    # NVLink, for messages up to 4 MiB; distributed/one_shot_all_reduce.py).
+    tp_all_reduce: str = "nccl"
     # Where the model comes from and how its config is read (vLLM's names).
     revision: Optional[str] = None  # hub branch / tag / commit of the model
     tokenizer_revision: Optional[str] = None
@@ -240,6 +246,11 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tp_all_reduce not in TP_ALL_REDUCES:
+            raise ValueError(
+                f"tp_all_reduce must be one of {', '.join(TP_ALL_REDUCES)}, got "
+                f"{self.tp_all_reduce!r}"
+            )
         if self.pipeline_micro_batch_tokens < 0:
             raise ValueError(
                 "pipeline_micro_batch_tokens must be >= 0 (0: no micro-batches), got "
@@ -284,12 +295,26 @@ class EngineConfig:
                 raise TypeError(
                     f"{name} must be a dict of config.json keys, got {type(v).__name__}"
                 )
+        if self.override_generation_config:
+            self._check_generation_override(self.override_generation_config)
         if self.rope_theta is not None and (
             isinstance(self.rope_theta, bool)
             or not isinstance(self.rope_theta, numbers.Real)
             or not self.rope_theta > 0
         ):
             raise ValueError(f"rope_theta must be a number > 0, got {self.rope_theta!r}")
+
+    @staticmethod
+    def _check_generation_override(override: Dict[str, Any]) -> None:
+        """The sampling defaults override_generation_config sets must be valid sampling
+        parameters: checked here, not at the first request (after the model has loaded)."""
+        from pagedkv.engine.sampling_params import SamplingParams
+        from pagedkv.models.generation_config import sampling_defaults
+
+        try:
+            SamplingParams(**sampling_defaults(override))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"override_generation_config: {e}") from None
 
     def model_load_kwargs(self) -> Dict[str, Any]:
         """load_model's keyword arguments from this config (the engine and every worker load
@@ -314,10 +339,8 @@ class EngineConfig:
     def serial_loop_reason(self) -> Optional[str]:
         """The feature of this config that needs the serial step loop, or None. (Pooling does
         too: runner_choice decides it after reading the checkpoint, and refuses an explicit
-        async_scheduling=True there.)"""
-        if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            # The workers would need the previous step's tokens on every rank's device.
-            return "tensor or pipeline parallelism"
+        async_scheduling=True there. TP / PP overlap: the driver's tokens reach the workers
+        by a device broadcast, engine/executor_mp.py.)"""
         if self.speculative_config:
             # An overlapped step plans the next one before this one's tokens (hence its
             # drafts) are known.

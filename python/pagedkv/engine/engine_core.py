@@ -333,7 +333,7 @@ class EngineCore:
         prev_tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         kw: Dict[str, Any] = {}
-        if prev_tokens is not None:  # (the executor over several ranks does not take it)
+        if prev_tokens is not None:  # (over several ranks: the executor broadcasts them)
             kw["prev_tokens"] = prev_tokens
         if self.lora_admission is not None:
             kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]
