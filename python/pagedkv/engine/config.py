@@ -53,10 +53,10 @@ _BOOL_FIELDS = (
     "trust_remote_code",
     "disable_log_stats",
     "enable_lora",
-    "async_scheduling",
     "disable_cascade_attn",
     "cascade_cuda_graphs",
 )
+_OPTIONAL_BOOL_FIELDS = ("async_scheduling",)
 
 
 @dataclass
@@ -86,8 +86,9 @@ class EngineConfig:
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # CUDA graphs cover decodes up to this length
     # Schedule and launch step N+1 while the device runs step N (vLLM's async scheduling,
-    # SGLang's overlap scheduler): the serial loop's outputs, less device idle time.
-    async_scheduling: bool = False
+    # SGLang's overlap scheduler): the serial loop's outputs, less device idle time. None:
+    # auto, on wherever it is supported (see overlapped_steps); True where it is not: refused.
+    async_scheduling: Optional[bool] = None
     # vLLM's switch for cascade attention: decode rows whose contexts start with the same cached
     # blocks (a shared system prompt, parallel samples) attend to those blocks once for all of
     # them (pagedkv.cascade), in eager steps and CUDA graphs, where the decode has the balanced
@@ -181,9 +182,11 @@ class EngineConfig:
             if not isinstance(v, numbers.Real) or isinstance(v, bool):
                 raise want(name, "a number")
             setattr(self, name, float(v))
-        for name in _BOOL_FIELDS:
-            if not isinstance(getattr(self, name), bool):
-                raise want(name, "True or False")
+        for name in _BOOL_FIELDS + _OPTIONAL_BOOL_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, bool) and not (v is None and name in _OPTIONAL_BOOL_FIELDS):
+                kind = " or None (auto)" if name in _OPTIONAL_BOOL_FIELDS else ""
+                raise want(name, "True or False" + kind)
 
     def validate(self) -> None:
         self._check_types()
@@ -234,6 +237,10 @@ class EngineConfig:
         if not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
         self._validate_lora()
+        if self.async_scheduling:
+            blocker = self.serial_loop_reason()
+            if blocker is not None:
+                raise ValueError(f"async_scheduling with {blocker} is not supported yet")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no cap) or >= 0, got {self.max_logprobs}")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -275,10 +282,6 @@ class EngineConfig:
             )
         if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("enable_lora with tensor or pipeline parallelism is not supported yet")
-        if self.async_scheduling and self.speculative_config:
-            # An overlapped step plans the next one before this one's tokens (hence its
-            # drafts) are known.
-            raise ValueError("speculative_config with async_scheduling is not supported yet")
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):
@@ -332,6 +335,25 @@ class EngineConfig:
         if self.rope_theta is not None:
             out["rope_theta"] = float(self.rope_theta)
         return out
+
+    def serial_loop_reason(self) -> Optional[str]:
+        """The feature of this config that needs the serial step loop, or None. (Pooling does
+        too: runner_choice decides it after reading the checkpoint, and refuses an explicit
+        async_scheduling=True there. TP / PP overlap: the driver's tokens reach the workers
+        by a device broadcast, engine/executor_mp.py.)"""
+        if self.speculative_config:
+            # An overlapped step plans the next one before this one's tokens (hence its
+            # drafts) are known.
+            return "speculative_config"
+        return None
+
+    @property
+    def overlapped_steps(self) -> bool:
+        """Whether a generation engine of this config runs the overlapped loop: as asked, and
+        by default (None) wherever it is supported, the outputs being the serial loop's."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.serial_loop_reason() is None
 
     @property
     def world_size(self) -> int:

@@ -164,9 +164,12 @@ ENGINE_FLAGS = (
     ),
     Flag(
         "async_scheduling",
-        False,
-        "schedule and launch the next step while the device runs the current one",
-        kind="switch",
+        None,
+        "schedule and launch the next step while the device runs the current one (same "
+        "outputs as the serial loop); auto: on, except with speculative decoding or pooling, "
+        "which run the serial loop",
+        kind="toggle",
+        shown="auto",
     ),
     Flag(
         "max_logprobs",
