@@ -167,7 +167,7 @@ ENGINE_FLAGS = (
         None,
         "schedule and launch the next step while the device runs the current one (same "
         "outputs as the serial loop); auto: on, except with speculative decoding or pooling, "
-        "which run the serial loop",
+        "which run the serial loop, and with tensor/pipeline parallelism (opt in there)",
         kind="toggle",
         shown="auto",
     ),

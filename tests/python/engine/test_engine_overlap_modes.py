@@ -92,8 +92,9 @@ def test_auto_overlaps_a_generation_engine(request) -> None:
         pytest.skip("--serial-loop replaces the rule under test")
     assert EngineConfig().overlapped_steps
     assert not EngineConfig(async_scheduling=False).overlapped_steps
-    # TP / PP overlap too (the driver's tokens reach the workers on their devices).
-    assert EngineConfig(tensor_parallel_size=2, pipeline_parallel_size=2).overlapped_steps
+    # TP / PP: overlap when asked (not by default until it has run on GPUs).
+    assert not EngineConfig(tensor_parallel_size=2, pipeline_parallel_size=2).overlapped_steps
+    assert EngineConfig(tensor_parallel_size=2, async_scheduling=True).overlapped_steps
     # A feature that needs the serial loop: auto picks it silently, an explicit True is
     # refused by name.
     assert not EngineConfig.from_kwargs(speculative_config=NGRAM).overlapped_steps
