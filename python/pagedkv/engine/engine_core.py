@@ -224,7 +224,11 @@ class EngineCore:
         host = work.host(tokens)
         spec: Dict[int, List[int]] = {}
         if self.speculator is not None and int(plan.num_draft_tokens_total):
-            spec = self.speculator.verify(plan, hidden, entries, self.runner.compute_logits)
+            failed = RequestFailures()
+            spec = self.speculator.verify(plan, hidden, entries, self.runner.compute_logits, failed)
+            for req, _ in failed.items():  # (its own knobs raised: it emits nothing)
+                self.abort_request(req)
+            self._failures.merge(failed)
         if spec:  # the speculating entries emit their verified tokens instead of one sample
             flat, counts = emitted_arrays(host, spec)
             finished = self.scheduler.update_accepted(plan, flat, counts)
