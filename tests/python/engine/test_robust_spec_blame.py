@@ -13,7 +13,7 @@ torch = need("torch")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.engine.sampler import Sampler  # noqa: E402
-from pagedkv.engine.spec_decode import speculator  # noqa: E402
+from pagedkv.engine.spec_decode import draft_model, speculator  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
@@ -83,4 +83,50 @@ def test_knobs_raising_in_verification_fail_their_request_alone(llm: LLM, monkey
     for rid in ("a", "c"):
         assert done[rid].outputs[0].token_ids == want[rid], rid
     assert eng.core.speculator.metrics.num_drafts > drafted + 5  # they speculated again
+    assert_no_leak(llm)
+
+
+def test_knobs_raising_in_the_draft_model_fail_their_request_alone(tmp_path, monkeypatch):
+    # The draft model draws its drafts under the same knobs: there a row whose knobs raise
+    # drafts from the raw logits (a proposal only), and verification blames its request.
+    path = save_random_model(
+        str(tmp_path), "tiny-llama", seed=4, tokenizer=False, head_dim=32, vocab_size=64
+    )
+    llm = LLM(
+        path,
+        device="cpu",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        kv_cache_space=0.01,
+        max_model_len=96,
+        speculative_config={"model": path, "num_speculative_tokens": 3},
+    )
+    eng = llm.llm_engine
+    want = {}
+    for rid, prompt in PROMPTS.items():
+        out = llm.generate({"prompt_token_ids": prompt}, _params(rid), use_tqdm=False)[0]
+        want[rid] = out.outputs[0].token_ids
+    draft_calls = []
+
+    class Flaky(Sampler):
+        @staticmethod
+        def processed_logits(logits, rows):  # type: ignore[no-untyped-def]
+            draft_calls.append(len(rows))
+            if any(r.params.frequency_penalty == MARK for r in rows):
+                raise ValueError("knob bug")
+            return Sampler.processed_logits(logits, rows)
+
+    monkeypatch.setattr(draft_model, "Sampler", Flaky)
+    monkeypatch.setattr(speculator, "Sampler", Flaky)
+    for rid, prompt in PROMPTS.items():
+        eng.add_request(rid, {"prompt_token_ids": prompt}, _params(rid))
+    done = {}
+    while eng.has_unfinished_requests():
+        done.update((o.request_id, o) for o in eng.step() if o.finished)
+    monkeypatch.undo()
+    assert 3 in draft_calls and 1 in draft_calls  # batched, then row by row
+    errors = eng.take_request_errors()
+    assert list(errors) == ["bad"] and "knob bug" in repr(errors["bad"])
+    for rid in ("a", "c"):
+        assert done[rid].outputs[0].token_ids == want[rid], rid
     assert_no_leak(llm)
