@@ -133,7 +133,16 @@ class LLM(PoolingMixin):
         ``concurrency_limit`` prompts search at a time (None: all of them)."""
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be a BeamSearchParams, got {type(params).__name__}")
-        items = normalise_prompts(prompts, None)
+        arch = self.llm_engine.model_config.hf_config.architecture
+        items = normalise_prompts(prompts, None, arch)
+        for i, item in enumerate(items):
+            # Only the first step's requests would carry the images (later beams are token
+            # ids): refused by name, as the server refuses use_beam_search with images.
+            if "multi_modal_data" in item:
+                raise ValueError(
+                    f"prompts[{i}]['multi_modal_data']: beam_search is not supported with "
+                    "image inputs"
+                )
         loras = per_prompt_lora(lora_request, len(items))
         limit = max(len(items), 1) if concurrency_limit is None else concurrency_limit
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
