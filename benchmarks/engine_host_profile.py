@@ -40,6 +40,12 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="where to build the tiny random model (default: a temp dir)",
     )
+    ap.add_argument(
+        "--async-scheduling",
+        choices=["on", "off"],
+        default="on",
+        help="the engine's loop: overlapped (the default) or serial",
+    )
     return ap.parse_args()
 
 
@@ -55,12 +61,15 @@ def timed(totals: Dict[str, float], key: str, fn: Callable[..., Any]) -> Callabl
 
 
 class _TimedScheduler:
-    """Forwards to the real scheduler, timing schedule() and update()."""
+    """Forwards to the real scheduler, timing schedule() and update() (overlapped: resolve()
+    and advance(), its update in two halves)."""
 
     def __init__(self, inner: Any, totals: Dict[str, float]) -> None:
         self._inner = inner
         self.schedule = timed(totals, "schedule", inner.schedule)
         self.update = timed(totals, "update", inner.update)
+        self.resolve = timed(totals, "update", inner.resolve)
+        self.advance = timed(totals, "update", inner.advance)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -78,6 +87,7 @@ def profile(model_dir: str, batch: int, args: argparse.Namespace) -> Dict[str, A
         max_num_seqs=batch,
         kv_cache_space=0.25,
         max_model_len=args.input_len + args.output_len + 16,
+        async_scheduling=args.async_scheduling == "on",
     )
     eng = llm.llm_engine
     totals: Dict[str, float] = collections.defaultdict(float)

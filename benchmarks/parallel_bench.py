@@ -153,7 +153,9 @@ def _timed(llm: Any, prompts: list, max_tokens: int) -> float:
     return time.perf_counter() - t0
 
 
-def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) -> None:
+def run_engine(
+    path: str, tp: int, device: str, out: str, batches: List[int], all_reduce: str
+) -> None:
     from pagedkv import LLM, SamplingParams
 
     if device == "cpu":
@@ -167,6 +169,7 @@ def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) ->
         device=device,
         dtype=dtype,
         tensor_parallel_size=tp,
+        tp_all_reduce=all_reduce,
         max_model_len=2048,
         max_num_seqs=max(batches),
         skip_tokenizer_init=True,
@@ -176,31 +179,21 @@ def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) ->
     )
     result: Dict[str, Any] = {
         "tp": tp,
+        "tp_all_reduce": all_reduce,
         "device": device,
         "load_s": time.perf_counter() - t0,
         "num_gpu_blocks": llm.llm_engine.num_gpu_blocks,
     }
     vocab = cfg["vocab_size"]
     _timed(llm, _prompts(2, 16, vocab, 0), 4)  # warm-up
-    decode = {}
-    for bs in batches:
-        prompts = _prompts(bs, INPUT_LEN, vocab, bs)
-        prefill = _timed(llm, prompts, 1)
-        total = _timed(llm, prompts, OUTPUT_LEN)
-        steps = OUTPUT_LEN - 1
-        decode[bs] = {
-            "total_s": total,
-            "prefill_s": prefill,
-            "output_tok_s": bs * OUTPUT_LEN / total,
-            "decode_tok_s": bs * steps / max(total - prefill, 1e-9),
-            "step_ms": 1e3 * max(total - prefill, 0.0) / steps,
-        }
-        print(
-            f"tp={tp} batch {bs}: {decode[bs]['output_tok_s']:.0f} output tok/s, decode step "
-            f"{decode[bs]['step_ms']:.2f} ms",
-            flush=True,
-        )
-    result["decode"] = decode
+    # The serial loop, then the overlapped one (async_scheduling) on the same engine.
+    for key, overlap in (("decode", False), ("decode_async", True)):
+        llm.llm_engine.core.set_async_scheduling(overlap)
+        result[key] = _decode_runs(llm, tp, vocab, batches, key)
+    llm.llm_engine.core.set_async_scheduling(False)
+    runner = llm.llm_engine.runner
+    if hasattr(runner, "min_graph_replays"):  # every rank's decode steps ran as graphs
+        result["min_graph_replays"] = runner.min_graph_replays()
     t = _timed(llm, _prompts(PREFILL_SEQS, PREFILL_LEN, vocab, 99), 1)
     result["prefill"] = {"seconds": t, "tflops": _prefill_flops(cfg) / t / 1e12}
     print(
@@ -215,6 +208,30 @@ def run_engine(path: str, tp: int, device: str, out: str, batches: List[int]) ->
     result["greedy"] = [o.outputs[0].token_ids for o in greedy]
     with open(out, "w") as f:
         json.dump(result, f)
+
+
+def _decode_runs(
+    llm: Any, tp: int, vocab: int, batches: List[int], label: str
+) -> Dict[int, Dict[str, float]]:
+    decode = {}
+    for bs in batches:
+        prompts = _prompts(bs, INPUT_LEN, vocab, bs)
+        prefill = _timed(llm, prompts, 1)
+        total = _timed(llm, prompts, OUTPUT_LEN)
+        steps = OUTPUT_LEN - 1
+        decode[bs] = {
+            "total_s": total,
+            "prefill_s": prefill,
+            "output_tok_s": bs * OUTPUT_LEN / total,
+            "decode_tok_s": bs * steps / max(total - prefill, 1e-9),
+            "step_ms": 1e3 * max(total - prefill, 0.0) / steps,
+        }
+        print(
+            f"tp={tp} {label} batch {bs}: {decode[bs]['output_tok_s']:.0f} output tok/s, "
+            f"decode step {decode[bs]['step_ms']:.2f} ms",
+            flush=True,
+        )
+    return decode
 
 
 def _prefill_flops(cfg: Dict[str, Any]) -> float:
@@ -336,6 +353,44 @@ def run_allreduce(out: str, hidden: int, batches: List[int]) -> None:
 
 
 # ---------------------------------------------------------------------------------- report
+def _decode_rows(loop: str, one: Any, two: Any, ar: Any, layers: int) -> List[str]:
+    """Table rows of one decode loop: TP=1 vs TP=2 per batch, and the all-reduces' share."""
+    lines = []
+    for bs in sorted(set(one) & set(two), key=int):
+        a, b = one[bs], two[bs]
+        share = ""
+        if ar and bs in ar:
+            # 2 per layer (attention, MLP) + the embedding's.
+            n_ar = 2 * layers + 1
+            ar_ms = n_ar * ar[bs]["graph_us"] / 1e3
+            share = (
+                f"{n_ar} x {ar[bs]['graph_us']:.1f} = {ar_ms:.2f} ms | "
+                f"{100 * ar_ms / max(b['step_ms'], 1e-9):.0f}%"
+            )
+        lines.append(
+            f"| {loop} | {bs} | {a['output_tok_s']:.0f} | {b['output_tok_s']:.0f} | "
+            f"{b['output_tok_s'] / a['output_tok_s']:.2f}x | {a['step_ms']:.2f} | "
+            f"{b['step_ms']:.2f} | {b['step_ms'] / a['step_ms']:.2f} | {share} |"
+        )
+    return lines
+
+
+def _targets(one: Any, two: Any) -> List[str]:
+    """Issue #29's targets, from the better of the two loops of each engine."""
+
+    def best(res: Any, bs: str, key: str) -> float:
+        runs = [res[k][bs][key] for k in ("decode", "decode_async") if bs in res.get(k, {})]
+        return (min if key == "step_ms" else max)(runs) if runs else float("nan")
+
+    tput = best(two, "256", "output_tok_s") / best(one, "256", "output_tok_s")
+    lat = best(two, "1", "step_ms") / best(one, "1", "step_ms")
+    return [
+        f"targets (best loop each): TP=2 / TP=1 output tok/s at batch 256 = {tput:.2f}x "
+        f"(target >= 1.8x: {'met' if tput >= 1.8 else 'MISSED'}); batch-1 decode step "
+        f"TP=2 / TP=1 = {lat:.2f} (target <= 0.6: {'met' if lat <= 0.6 else 'MISSED'})"
+    ]
+
+
 def report(out_dir: str) -> str:
     def load(name: str) -> Any:
         p = os.path.join(out_dir, name)
@@ -349,22 +404,14 @@ def report(out_dir: str) -> str:
     ]
     if one and two:
         layers = (load("config.json") or {"num_hidden_layers": 32})["num_hidden_layers"]
-        for bs in sorted(set(one["decode"]) & set(two["decode"]), key=int):
-            a, b = one["decode"][bs], two["decode"][bs]
-            share = ""
-            if ar and bs in ar:
-                # 2 per layer (attention, MLP) + the embedding's.
-                n_ar = 2 * layers + 1
-                ar_ms = n_ar * ar[bs]["graph_us"] / 1e3
-                share = (
-                    f"{n_ar} x {ar[bs]['graph_us']:.1f} = {ar_ms:.2f} ms | "
-                    f"{100 * ar_ms / max(b['step_ms'], 1e-9):.0f}%"
-                )
-            lines.append(
-                f"| {bs} | {a['output_tok_s']:.0f} | {b['output_tok_s']:.0f} | "
-                f"{b['output_tok_s'] / a['output_tok_s']:.2f}x | {a['step_ms']:.2f} | "
-                f"{b['step_ms']:.2f} | {b['step_ms'] / a['step_ms']:.2f} | {share} |"
-            )
+        lines[0] = "| loop " + lines[0]
+        lines[1] = "|---" + lines[1]
+        one_shot = load("tp2_one_shot.json") or {}
+        for loop, key in (("serial", "decode"), ("async", "decode_async")):
+            if key in one and key in two:
+                lines += _decode_rows(loop, one[key], two[key], ar, layers)
+            if key in one and key in one_shot:  # TP=2 with tp_all_reduce="one_shot"
+                lines += _decode_rows(f"{loop} one_shot", one[key], one_shot[key], None, layers)
         same = sum(x == y for x, y in zip(one["greedy"], two["greedy"]))
         toks = [sum(u == v for u, v in zip(x, y)) for x, y in zip(one["greedy"], two["greedy"])]
         first = [
@@ -381,7 +428,10 @@ def report(out_dir: str) -> str:
             f"divergence at {first}",
             f"load: TP=1 {one['load_s']:.1f} s, TP=2 {two['load_s']:.1f} s; KV blocks: "
             f"TP=1 {one['num_gpu_blocks']}, TP=2 {two['num_gpu_blocks']}",
+            f"decode steps replayed as CUDA graphs on every TP=2 rank (the fewest over ranks): "
+            f"{two.get('min_graph_replays', 'n/a')}",
         ]
+        lines += _targets(one, two)
     if ar:
         lines += [
             "",
@@ -414,6 +464,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0, help="fewer layers than the shape's")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tp-all-reduce", default="nccl", choices=["nccl", "one_shot"])
     ap.add_argument("--out", default="result.json")
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
@@ -426,7 +477,7 @@ def main() -> None:
         write_checkpoint(args.dir, args.shape, args.device, args.layers)
         print(f"wrote {args.dir} in {time.perf_counter() - t0:.1f} s")
     elif args.step == "engine":
-        run_engine(args.dir, args.tp, args.device, args.out, args.batches)
+        run_engine(args.dir, args.tp, args.device, args.out, args.batches, args.tp_all_reduce)
     elif args.step == "allreduce":
         run_allreduce(args.out, SHAPES[args.shape]["hidden_size"], args.batches)
     else:

@@ -10,6 +10,26 @@ import pytest
 from support.deps import under_ci
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--serial-loop",
+        action="store_true",
+        help="engines left at async_scheduling=None (auto: overlapped where supported) run the "
+        "serial step loop instead, in this process: the engine tests run both ways show the "
+        "overlapped loop's outputs are the serial loop's",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--serial-loop"):
+        from pagedkv.engine.config import EngineConfig
+
+        # Only the default changes: an explicit async_scheduling=True still overlaps.
+        EngineConfig.overlapped_steps = property(  # type: ignore[method-assign,assignment]
+            lambda self: bool(self.async_scheduling)
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if pagedkv.cuda_available():
         return

@@ -30,6 +30,8 @@ class GroupCoordinator:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     device_group: Any = None  # ProcessGroup for device tensors (None: one rank)
     cpu_group: Any = None  # gloo ProcessGroup for host objects (None: one rank)
+    # A faster all-reduce for the messages it takes (one_shot_all_reduce.py), else None.
+    one_shot: Any = None
 
     @property
     def world_size(self) -> int:
@@ -50,6 +52,8 @@ class GroupCoordinator:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over the group, in place; returns ``x``."""
         if self.world_size > 1:
+            if self.one_shot is not None and self.one_shot.can_reduce(x):
+                return self.one_shot(x)
             dist.all_reduce(x, group=self.device_group)
         return x
 
@@ -61,6 +65,12 @@ class GroupCoordinator:
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x, group=self.device_group)
         return torch.cat(parts, dim=dim)
+
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """The group's rank ``src``'s ``x`` into ``x`` on every rank (in place); returns ``x``."""
+        if self.world_size > 1:
+            dist.broadcast(x, src=self.ranks[src], group=self.device_group)
+        return x
 
     def all_reduce_min(self, value: int) -> int:
         """The smallest of the ranks' host integers (e.g. the KV blocks each rank can hold)."""

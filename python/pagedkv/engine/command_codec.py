@@ -10,7 +10,9 @@ Layout (little-endian, 8-byte aligned):
 The words describe the value tree (tag, then the tag's fields); an array's words are its dtype
 code, ndim and shape, its bytes follow the words in order of appearance, each 8-byte aligned.
 encode() returns the size and (offset, array) pieces, so a carrier copies each array straight
-into its buffer; decode() copies the arrays out of the buffer (which the carrier then reuses).
+into its buffer; decode() copies the buffer once (the carrier then reuses it) and returns
+arrays viewing that copy. A PlanArrays (the step's plan, in every step's command) is written
+untagged: its scalars as words, then its arrays in field order.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-from pagedkv.engine.plan_arrays import PlanArrays
+from pagedkv.engine.plan_arrays import SCALAR_FIELDS, PlanArrays
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _ARRAY, _SEQ, _PLAN = range(9)
 _DTYPES = [
@@ -30,6 +32,8 @@ _DTYPES = [
 ]
 _DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
 _PLAN_FIELDS = [f.name for f in dataclasses.fields(PlanArrays)]
+_PLAN_ARRAYS = [name for name in _PLAN_FIELDS if name not in SCALAR_FIELDS]
+_NUM_SCALARS = len(SCALAR_FIELDS)
 
 Pieces = List[Tuple[int, np.ndarray]]
 
@@ -45,10 +49,12 @@ class _Encoder:
 
     def value(self, v: Any) -> None:
         w = self.words
-        t = type(v)  # (the common types first: a plan is ~20 values, every step)
+        t = type(v)  # (the common types first)
         if t is np.ndarray:
             w.append(_ARRAY)
             self.array(v)
+        elif t is PlanArrays:
+            self.plan(v)
         elif t is int:
             w += [_INT, v]
         elif v is None:
@@ -70,11 +76,15 @@ class _Encoder:
             for item in v:
                 self.value(item)
         elif isinstance(v, PlanArrays):
-            w.append(_PLAN)
-            for name in _PLAN_FIELDS:
-                self.value(getattr(v, name))
+            self.plan(v)
         else:
             raise TypeError(f"a worker command cannot carry {type(v).__name__} values")
+
+    def plan(self, p: PlanArrays) -> None:
+        """A step's plan, every step: its scalars as words, then its arrays (no tags)."""
+        self.words += [_PLAN, *[int(getattr(p, k)) for k in SCALAR_FIELDS]]
+        for name in _PLAN_ARRAYS:
+            self.array(np.asarray(getattr(p, name)))
 
     def array(self, a: np.ndarray) -> None:
         code = _DTYPE_CODE.get(a.dtype)
@@ -107,8 +117,10 @@ def write(buf: np.ndarray, pieces: Pieces) -> None:
 class _Decoder:
     def __init__(self, buf: np.ndarray) -> None:
         n = int(buf[:8].view(np.int64)[0])
-        self.buf = buf
-        self.word = iter(buf[8 : 8 * (n + 1)].view(np.int64).tolist()).__next__
+        # One copy of the whole command (the carrier reuses ``buf``); the arrays are views of it.
+        self.buf = buf.copy()
+        self.words = buf[8 : 8 * (n + 1)].view(np.int64).tolist()
+        self.word = iter(self.words).__next__
         self.offset = 8 * (n + 1)
 
     def value(self) -> Any:
@@ -120,7 +132,11 @@ class _Decoder:
         if tag == _SEQ:
             return tuple([self.value() for _ in range(self.word())])
         if tag == _PLAN:
-            return PlanArrays(**{name: self.value() for name in _PLAN_FIELDS})
+            word = self.word
+            fields = {name: word() for name in SCALAR_FIELDS}
+            for name in _PLAN_ARRAYS:
+                fields[name] = self.array()
+            return PlanArrays(**fields)
         if tag == _NONE:
             return None
         if tag in (_FALSE, _TRUE):
@@ -137,11 +153,10 @@ class _Decoder:
         count = math.prod(shape)
         start = self.offset
         self.offset = _align(start + dtype.itemsize * count)
-        a = np.frombuffer(self.buf, dtype, count, start)
-        return a.copy().reshape(shape)
+        return np.frombuffer(self.buf, dtype, count, start).reshape(shape)
 
 
 def decode(buf: np.ndarray) -> Tuple[str, Tuple[Any, ...]]:
-    """(name, args) of the command in ``buf`` (uint8; arrays are copied out of it)."""
+    """(name, args) of the command in ``buf`` (uint8; copied: the result does not view it)."""
     name, args = _Decoder(buf).value()
     return name, args

@@ -21,6 +21,8 @@ KV_CACHE_DTYPES = ops.KV_CACHE_DTYPES
 # Seeds are int64, as vLLM's OpenAI protocol bounds them (torch itself takes -2**63..2**64-1).
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
+TP_ALL_REDUCES = ("nccl", "one_shot")
+
 # Field types, checked before the value rules (a CLI or config file may hand over strings).
 _INT_FIELDS = (
     "block_size",
@@ -51,10 +53,10 @@ _BOOL_FIELDS = (
     "trust_remote_code",
     "disable_log_stats",
     "enable_lora",
-    "async_scheduling",
     "disable_cascade_attn",
     "cascade_cuda_graphs",
 )
+_OPTIONAL_BOOL_FIELDS = ("async_scheduling",)
 
 
 @dataclass
@@ -84,8 +86,9 @@ class EngineConfig:
     enforce_eager: bool = False
     max_seq_len_to_capture: int = 8192  # CUDA graphs cover decodes up to this length
     # Schedule and launch step N+1 while the device runs step N (vLLM's async scheduling,
-    # SGLang's overlap scheduler): the serial loop's outputs, less device idle time.
-    async_scheduling: bool = False
+    # SGLang's overlap scheduler): the serial loop's outputs, less device idle time. None:
+    # auto, on wherever it is supported (see overlapped_steps); True where it is not: refused.
+    async_scheduling: Optional[bool] = None
     # vLLM's switch for cascade attention: decode rows whose contexts start with the same cached
     # blocks (a shared system prompt, parallel samples) attend to those blocks once for all of
     # them (pagedkv.cascade), in eager steps and CUDA graphs, where the decode has the balanced
@@ -111,6 +114,10 @@ class EngineConfig:
     # tokens is cut into micro-batches of at least this many (at most one per stage); 0: never
     # cut; decode-only steps are never cut (engine/micro_batches.py says why).
     pipeline_micro_batch_tokens: int = 256
+    # The tensor-parallel all-reduce: "nccl" (the process group's: NCCL on GPUs, gloo on the
+    # CPU) or "one_shot" (CUDA: torch symmetric memory, each GPU reads its peers' buffers over
+    # NVLink, for messages up to 4 MiB; distributed/one_shot_all_reduce.py).
+    tp_all_reduce: str = "nccl"
     # Where the model comes from and how its config is read (vLLM's names).
     revision: Optional[str] = None  # hub branch / tag / commit of the model
     tokenizer_revision: Optional[str] = None
@@ -175,9 +182,11 @@ class EngineConfig:
             if not isinstance(v, numbers.Real) or isinstance(v, bool):
                 raise want(name, "a number")
             setattr(self, name, float(v))
-        for name in _BOOL_FIELDS:
-            if not isinstance(getattr(self, name), bool):
-                raise want(name, "True or False")
+        for name in _BOOL_FIELDS + _OPTIONAL_BOOL_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, bool) and not (v is None and name in _OPTIONAL_BOOL_FIELDS):
+                kind = " or None (auto)" if name in _OPTIONAL_BOOL_FIELDS else ""
+                raise want(name, "True or False" + kind)
 
     def validate(self) -> None:
         self._check_types()
@@ -228,11 +237,20 @@ class EngineConfig:
         if not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be in [-2**63, 2**63 - 1], got {self.seed}")
         self._validate_lora()
+        if self.async_scheduling:
+            blocker = self.serial_loop_reason()
+            if blocker is not None:
+                raise ValueError(f"async_scheduling with {blocker} is not supported yet")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no cap) or >= 0, got {self.max_logprobs}")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tp_all_reduce not in TP_ALL_REDUCES:
+            raise ValueError(
+                f"tp_all_reduce must be one of {', '.join(TP_ALL_REDUCES)}, got "
+                f"{self.tp_all_reduce!r}"
+            )
         if self.pipeline_micro_batch_tokens < 0:
             raise ValueError(
                 "pipeline_micro_batch_tokens must be >= 0 (0: no micro-batches), got "
@@ -264,15 +282,6 @@ class EngineConfig:
             )
         if self.enable_lora and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             raise ValueError("enable_lora with tensor or pipeline parallelism is not supported yet")
-        if self.async_scheduling and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            # The workers would need the previous step's tokens on every rank's device.
-            raise ValueError(
-                "async_scheduling with tensor or pipeline parallelism is not supported yet"
-            )
-        if self.async_scheduling and self.speculative_config:
-            # An overlapped step plans the next one before this one's tokens (hence its
-            # drafts) are known.
-            raise ValueError("speculative_config with async_scheduling is not supported yet")
 
     def _check_model_source(self) -> None:
         for name in ("revision", "tokenizer_revision", "download_dir", "generation_config"):
@@ -286,12 +295,26 @@ class EngineConfig:
                 raise TypeError(
                     f"{name} must be a dict of config.json keys, got {type(v).__name__}"
                 )
+        if self.override_generation_config:
+            self._check_generation_override(self.override_generation_config)
         if self.rope_theta is not None and (
             isinstance(self.rope_theta, bool)
             or not isinstance(self.rope_theta, numbers.Real)
             or not self.rope_theta > 0
         ):
             raise ValueError(f"rope_theta must be a number > 0, got {self.rope_theta!r}")
+
+    @staticmethod
+    def _check_generation_override(override: Dict[str, Any]) -> None:
+        """The sampling defaults override_generation_config sets must be valid sampling
+        parameters: checked here, not at the first request (after the model has loaded)."""
+        from pagedkv.engine.sampling_params import SamplingParams
+        from pagedkv.models.generation_config import sampling_defaults
+
+        try:
+            SamplingParams(**sampling_defaults(override))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"override_generation_config: {e}") from None
 
     def model_load_kwargs(self) -> Dict[str, Any]:
         """load_model's keyword arguments from this config (the engine and every worker load
@@ -312,6 +335,28 @@ class EngineConfig:
         if self.rope_theta is not None:
             out["rope_theta"] = float(self.rope_theta)
         return out
+
+    def serial_loop_reason(self) -> Optional[str]:
+        """The feature of this config that needs the serial step loop, or None. (Pooling does
+        too: runner_choice decides it after reading the checkpoint, and refuses an explicit
+        async_scheduling=True there. TP / PP overlap: the driver's tokens reach the workers
+        by a device broadcast, engine/executor_mp.py.)"""
+        if self.speculative_config:
+            # An overlapped step plans the next one before this one's tokens (hence its
+            # drafts) are known.
+            return "speculative_config"
+        return None
+
+    @property
+    def overlapped_steps(self) -> bool:
+        """Whether a generation engine of this config runs the overlapped loop: as asked, and
+        by default (None) on one rank wherever it is supported, the outputs being the serial
+        loop's."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        # TP / PP overlap is exact on gloo (CPU tests) but has not run on GPUs (NCCL, graphs):
+        # opt-in there until a multi-GPU run measures it.
+        return self.serial_loop_reason() is None and self.world_size == 1
 
     @property
     def world_size(self) -> int:

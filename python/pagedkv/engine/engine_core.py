@@ -39,7 +39,8 @@ from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler
 from pagedkv.engine.spec_decode.speculator import Speculator, emitted_arrays
 from pagedkv.engine.step_sampling import Entry, StepSampling, TokenLogprob
-from pagedkv.engine.structured_output import GrammarCache, advance
+from pagedkv.engine.structured_bitmask import StructuredBitmask
+from pagedkv.engine.structured_output import GrammarCache
 from pagedkv.lora.admission import LoRAAdmission
 
 
@@ -101,6 +102,8 @@ class EngineCore:
         self.scheduler, self.runner, self.sampler = scheduler, runner, sampler
         self.speculator = speculator  # speculative decoding (speculative_config)
         self.grammars, self.max_num_seqs = grammars, max_num_seqs
+        # Structured outputs: the next step's bitmask is filled while the host does the rest.
+        self.bitmask = StructuredBitmask(grammars, max_num_seqs) if grammars is not None else None
         self.lora_admission = lora_admission
         self.async_scheduling = async_scheduling
         self._lora_held: Set[str] = set()  # requests with an adapter, admitted or waiting
@@ -333,7 +336,7 @@ class EngineCore:
         prev_tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         kw: Dict[str, Any] = {}
-        if prev_tokens is not None:  # (the executor over several ranks does not take it)
+        if prev_tokens is not None:  # (over several ranks: the executor broadcasts them)
             kw["prev_tokens"] = prev_tokens
         if self.lora_admission is not None:
             kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]
@@ -352,7 +355,7 @@ class EngineCore:
         work = StepSampling(
             self.runner.compute_logits,
             self.sampler,
-            self.grammars,
+            self.bitmask,
             self._would_finish,
             self.max_num_seqs,
             plan,
@@ -399,6 +402,10 @@ class EngineCore:
         updates: List[SeqUpdate] = []
         failures = self._failures
         failed = failures.request_ids  # (live: _append's matcher guard may add to it)
+        bitmask = self.bitmask
+        if bitmask is not None:
+            bitmask.drop_queued()
+        stops = bitmask.grammars.stop_token_ids if bitmask is not None else ()
         for i, tok in enumerate(tokens.tolist()):
             entry = entries[i]
             if tok < 0 or entry is None:
@@ -412,10 +419,12 @@ class EngineCore:
             toks = spec.get(i) if spec else None
             if toks is None:
                 fin = done.get(seq.sched_id) if done else None
-                if lp is None and fin is None and seq.matcher is None:
+                if lp is None and fin is None and (seq.matcher is None or tok not in stops):
                     # The common decode token (what _append does with nothing to record): no
                     # call per sequence per step on a batch-256 decode.
                     seq.token_ids.append(tok)
+                    if seq.matcher is not None:  # (a constrained one, that does not end it)
+                        bitmask.accept_later(req, seq, tok)  # type: ignore[union-attr]
                     updates.append(SeqUpdate(req, seq, tok, None, False))
                 else:
                     updates.append(self._append(req, seq, tok, lp, fin))
@@ -423,9 +432,15 @@ class EngineCore:
             fin = done.get(seq.sched_id)
             for j, t in enumerate(toks):  # (a speculating sequence has no logprobs)
                 updates.append(self._append(req, seq, t, None, fin if j == len(toks) - 1 else None))
+        if bitmask is not None:  # the matchers take the step's tokens, in one call
+            for req, exc in bitmask.accept_queued():
+                with failures.guard(req):  # (a refused token: sampled outside the bitmask)
+                    raise exc
         for req, _ in failures.items():  # (a matcher that raised: the others were aborted)
             self.abort_request(req)
         kept = [u for u in updates if u.req.request_id not in failed] if failures else updates
+        if bitmask is not None:  # tokens taken and the next bitmask filled while the host goes on
+            bitmask.prefetch([u.seq for u in kept])
         return StepResult(now, kept, [d for _, _, d in work.prompt_logprobs], failures)
 
     def _fork_children(
@@ -456,11 +471,13 @@ class EngineCore:
                 seq.cumulative_logprob += lp[0]
             if seq.logprobs is not None and lp[1] is not None:
                 seq.logprobs.append(lp[1])
-        # The matcher takes every token before the next step's bitmask is filled from it.
+        # The matcher takes every token before the next step's bitmask is filled from it (all
+        # the step's tokens in one call, at the end of _apply); a token that ends the grammar
+        # is one of its stop tokens.
         ended = False
         if seq.matcher is not None:
-            with self._failures.guard(req):
-                ended = advance(seq.matcher, tok)
+            assert self.bitmask is not None
+            ended = self.bitmask.accept_later(req, seq, tok)
         if fin is not None:
             seq.finish_reason, seq.stop_reason = fin.reason, fin.stop_token_id
             self.seq_owner.pop(seq.sched_id or "", None)

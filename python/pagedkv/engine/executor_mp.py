@@ -23,6 +23,7 @@ sure none is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -33,7 +34,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -69,6 +70,14 @@ def launched_by_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+class PerRank(NamedTuple):
+    """A command argument that differs between the ranks: e.g. the driver's device tensor of
+    tokens, whose count alone goes to the workers (they receive the values in a collective)."""
+
+    workers: Any
+    driver: Any
+
+
 class _Procs:
     """The spawned worker processes and the executor's health (shared with the finaliser and
     the monitor thread, which must not hold the executor itself)."""
@@ -96,7 +105,14 @@ class MultiprocExecutor:
                 "process; shut it down (del the LLM) before starting another"
             )
         tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
-        self.world_size = tp * pp
+        if cfg.tp_all_reduce == "one_shot" and device.type != "cuda":
+            raise ValueError(
+                "tp_all_reduce='one_shot' (a symmetric-memory all-reduce over NVLink) needs "
+                f"CUDA devices, not {device.type}; use tp_all_reduce='nccl'"
+            )
+        self.world_size, self.pp_size = tp * pp, pp
+        # Rows of the last decode step whose logits the workers computed unasked (execute).
+        self._pending_logits: Optional[int] = None
         self.block_size = cfg.block_size
         self._state = _Procs()
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -163,15 +179,21 @@ class MultiprocExecutor:
         ).start()
 
     # ------------------------------------------------------------------ the runner interface
-    def _run_all(self, name: str, *args: Any) -> Any:
-        """Runs Worker.<name>(*args) on every rank: the command to the others, then here."""
+    def _run_all(self, name: str, *args: Any, send: bool = True) -> Any:
+        """Runs Worker.<name>(*args) on every rank: the command to the others, then here (a
+        PerRank argument: its ``workers`` value there, its ``driver`` value here). With
+        ``send`` False, here only: the workers run their side without a command."""
         state = self._state
         if state.dead is not None:
             _shutdown(state)  # (the monitor found a dead worker between two calls)
             raise RuntimeError(f"the parallel engine is down: {state.dead}")
         try:
-            state.channel.send(name, args)
-            return getattr(self.worker, name)(*args)
+            if send:
+                self._flush_logits()
+                state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
+            return getattr(self.worker, name)(
+                *[a.driver if type(a) is PerRank else a for a in args]
+            )
         except BaseException as exc:
             time.sleep(0.2)  # let the monitor name a dead worker, if that is what happened
             why = state.dead or f"{type(exc).__name__} during {name}() left the ranks out of step"
@@ -201,10 +223,26 @@ class MultiprocExecutor:
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         self._run_all("capture_cuda_graphs", max_num_seqs)
 
-    def execute(self, plan: Any) -> torch.Tensor:
+    def min_graph_replays(self) -> int:
+        """The fewest decode steps run as CUDA-graph replays on any rank (tests, benchmarks)."""
+        return self._run_all("min_graph_replays")
+
+    def execute(self, plan: Any, prev_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] when the driver is on the last stage; otherwise
-        a [num_tokens, 0] placeholder (the last stage keeps them for compute_logits)."""
-        out = self._run_all("execute", self._arrays(plan))
+        a [num_tokens, 0] placeholder (the last stage keeps them for compute_logits).
+        ``prev_tokens``: the previous step's tokens on the driver's device (overlapped
+        scheduling): the workers get their count, then the tokens in a device broadcast."""
+        arrays = self._arrays(plan)
+        prev = None if prev_tokens is None else PerRank(len(prev_tokens), prev_tokens)
+        n = int(plan.num_tokens)
+        if self.pp_size == 1 and int(plan.num_prefills) == 0 and n == int(plan.num_seqs):
+            # A plain decode step samples every row: the workers go on to their share of its
+            # logits at once (the LM head's all-gather), and the driver's compute_logits of
+            # all rows needs no second command (see compute_logits).
+            out = self._run_all("execute", arrays, prev, PerRank(True, False))
+            self._pending_logits = n
+        else:
+            out = self._run_all("execute", arrays, prev)
         if out is None:
             return torch.empty(int(plan.num_tokens), 0, device=self.device)
         return out
@@ -212,9 +250,29 @@ class MultiprocExecutor:
     def compute_logits(
         self, hidden: torch.Tensor, rows: Optional[torch.Tensor] = None, upcast: bool = True
     ) -> torch.Tensor:
-        idx = None if rows is None else rows.cpu().numpy().astype(np.int64)
-        num_rows = hidden.shape[0] if idx is None else len(idx)
-        return self._run_all("compute_logits", idx, num_rows, upcast)
+        n = self._pending_logits
+        if n is not None and (rows is not None or hidden.shape[0] == n):
+            # Were these the rows the workers computed theirs for (execute)? (A host copy of
+            # the rows: sampling on the host, or rows dropped since the plan; both rare or
+            # waiting for the device anyway.)
+            idx = None if rows is None else rows.cpu().numpy().astype(np.int64)
+            if idx is None or np.array_equal(idx, np.arange(n)):
+                self._pending_logits = None  # the same collective: nothing to send
+                return self._run_all("compute_logits", None, n, upcast, send=False)
+            return self._run_all("compute_logits", idx, len(idx), upcast)
+        if rows is None:
+            return self._run_all("compute_logits", None, hidden.shape[0], upcast)
+        # The rows' count goes in the command, the rows themselves by a device broadcast: no
+        # host copy waiting for the device (an overlapped step's prefill rows).
+        return self._run_all("compute_logits", PerRank(len(rows), rows), len(rows), upcast)
+
+    def _flush_logits(self) -> None:
+        """Before any other command: the driver's side of the logits collective the workers
+        ran after the last decode step, when the engine asked for other rows or none (its
+        result is dropped). The ranks' collectives then stay in the same order."""
+        n, self._pending_logits = self._pending_logits, None
+        if n is not None:
+            self.worker.compute_logits(None, n, False)
 
     def apply_block_ops(self, plan: Any) -> None:
         self._run_all("apply_block_ops", self._arrays(plan))
@@ -235,6 +293,9 @@ class MultiprocExecutor:
         return getattr(worker.runner, name)
 
     def shutdown(self) -> None:
+        if self.is_alive:  # (workers waiting in a logits collective would not hear the stop)
+            with contextlib.suppress(Exception):
+                self._flush_logits()
         self._finalizer()
 
     @property

@@ -136,12 +136,10 @@ class LLM(PoolingMixin):
         arch = self.llm_engine.model_config.hf_config.architecture
         items = normalise_prompts(prompts, None, arch)
         for i, item in enumerate(items):
-            # Only the first step's requests would carry the images (later beams are token
-            # ids): refused by name, as the server refuses use_beam_search with images.
-            if "multi_modal_data" in item:
+            if item.get("multi_modal_data"):  # (a text-only model refused it above)
                 raise ValueError(
-                    f"prompts[{i}]['multi_modal_data']: beam_search is not supported with "
-                    "image inputs"
+                    f"prompts[{i}]['multi_modal_data']: beam_search does not take image "
+                    "inputs (generate does)"
                 )
         loras = per_prompt_lora(lora_request, len(items))
         limit = max(len(items), 1) if concurrency_limit is None else concurrency_limit

@@ -82,7 +82,7 @@ class LLMEngine:
             self.structured,
             self.config.max_num_seqs,
             LoRAAdmission(self.config.max_loras) if lora is not None else None,
-            self.config.async_scheduling,
+            self.config.overlapped_steps,
             speculator=_speculator(self.config.speculative_config, parts.sampler, parts.runner),
         )
         self.output_processor = OutputProcessor(self.tokenizer)

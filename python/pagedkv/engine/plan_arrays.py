@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-_SCALARS = (
+# The fields by kind (the command codec writes the scalars as words, the arrays as bytes).
+SCALAR_FIELDS = (
     "step",
     "num_seqs",
     "num_prefills",
@@ -27,7 +28,7 @@ _SCALARS = (
 
 
 @dataclass
-class PlanArrays:
+class PlanArrays:  # (new fields: scalars go in SCALAR_FIELDS; every other field is an array)
     step: int
     num_seqs: int
     num_prefills: int
@@ -52,7 +53,7 @@ class PlanArrays:
         seq_lens = np.array(plan.seq_lens[:n])
         width = max(1, -(-int(seq_lens.max()) // block_size)) if n else 1
         return cls(
-            **{k: int(getattr(plan, k)) for k in _SCALARS},
+            **{k: int(getattr(plan, k)) for k in SCALAR_FIELDS},
             input_ids=np.array(plan.input_ids[:t]),
             positions=np.array(plan.positions[:t]),
             slot_mapping=np.array(plan.slot_mapping[:t]),

@@ -87,6 +87,17 @@ def pooling_task(cfg: EngineConfig, mc: Optional[Any]) -> Optional[str]:
     return chosen
 
 
+def _generative(cfg: EngineConfig) -> EngineConfig:
+    """``cfg`` for a generation engine, which has no pooler for pooler_config to set."""
+    for name in ("pooler_config", "override_pooler_config"):
+        if getattr(cfg, name) is not None:
+            raise ValueError(
+                f"{name} applies to pooling models; this one generates text (task "
+                "'generate'): pass task='embed' / 'classify' / ... (or runner='pooling') to pool"
+            )
+    return cfg
+
+
 def make_engine(model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any) -> Any:
     """LLMEngine, or PoolingEngine when the arguments or the checkpoint say pooling."""
     from pagedkv.engine.llm_engine import LLMEngine
@@ -95,11 +106,11 @@ def make_engine(model: Optional[str] = None, tokenizer: Optional[str] = None, **
     wants_pooling = cfg.task not in ("auto", "generate") or cfg.runner == "pooling"
     may_pool = cfg.task == "auto" and cfg.runner == "auto"
     if not (wants_pooling or may_pool):
-        return LLMEngine(config=cfg)
+        return LLMEngine(config=_generative(cfg))
     mc = _peek_config(cfg) if cfg.model is not None or wants_pooling else None
     task = pooling_task(cfg, mc)
     if task is None:
-        return LLMEngine(config=cfg)
+        return LLMEngine(config=_generative(cfg))
     from pagedkv.engine.pooling_engine import PoolingEngine
 
     if cfg.speculative_config:  # pooling generates nothing to speculate on

@@ -24,7 +24,8 @@ from pagedkv.engine.outputs import Logprob
 from pagedkv.engine.request_failures import RequestFailures, is_device_error
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplerOutput, SamplingRow
-from pagedkv.engine.structured_output import GrammarCache, apply_logits_processors
+from pagedkv.engine.structured_bitmask import StructuredBitmask
+from pagedkv.engine.structured_output import apply_logits_processors
 
 Entry = Tuple[RequestState, SeqState]
 # A token's logprobs: (the sampled token's logprob or None, the top-k dict or None).
@@ -33,7 +34,8 @@ TokenLogprob = Tuple[Optional[float], Optional[Dict[int, Logprob]]]
 
 class StepSampling:
     """Samples one step. ``compute_logits(hidden, rows, upcast)`` is the runner's (or the
-    executor's) LM head; ``grammars`` fills and applies structured-output bitmasks;
+    executor's) LM head; ``grammars`` hands out the rows' structured-output bitmasks
+    (prefetched since the matchers took the last tokens) and applies them;
     ``would_finish(sched_id, token)`` asks the scheduler whether the token ends that sequence;
     ``max_rows`` bounds the rows sampled at once (max_num_seqs). ``entries`` hold None for plan
     entries not to be sampled (aborted since the plan was made)."""
@@ -42,7 +44,7 @@ class StepSampling:
         self,
         compute_logits: Callable[..., torch.Tensor],
         sampler: Sampler,
-        grammars: Optional[GrammarCache],
+        grammars: Optional[StructuredBitmask],
         would_finish: Callable[[str, int], bool],
         max_rows: int,
         plan: object,
@@ -125,10 +127,15 @@ class StepSampling:
                 owners.append((i, s))
                 self._row_reqs.append(req)
         prompt_rows, prompt_next, prompt_owner = self._prompt_logprob_rows()
-        if self.grammars is not None:  # on the CPU, while the device may still run the forward
-            self.bitmask = self._fill_bitmask(self.grammars, [s.matcher for _, s in owners])
-        all_rows = torch.tensor(logit_rows + prompt_rows, dtype=torch.long, device=hidden.device)
+        # The logits are launched before the bitmask is waited for (no host wait in between:
+        # the rows go to the device from pinned memory), so that the fill's last part overlaps
+        # the device's forward.
+        all_rows = to_device(
+            torch.tensor(logit_rows + prompt_rows, dtype=torch.long), hidden.device
+        )
         logits = self.compute_logits(hidden, all_rows)
+        if self.grammars is not None:
+            self.bitmask = self._take_bitmask(self.grammars, [s for _, s in owners], hidden.device)
         sampled = np.full(n, -1, dtype=np.int64)
         if rows:
             self._assign(self._sample(logits, rows, row_src), owners, sampled)
@@ -168,7 +175,7 @@ class StepSampling:
         logits = logits.float() if logits.dtype != torch.float32 else logits
         if mask is not None:
             assert self.grammars is not None
-            self.grammars.apply_bitmask(logits, mask[first : first + len(rows)])
+            self.grammars.apply(logits, mask[first : first + len(rows)])
         for i in procs:
             r = rows[i]
             req = self._row_reqs[first + i]
@@ -206,21 +213,23 @@ class StepSampling:
             out.logprobs += one.logprobs
         return out
 
-    def _fill_bitmask(self, grammars: GrammarCache, matchers: List[Any]) -> Optional[torch.Tensor]:
-        """The grammars' bitmask; if filling it raises, the matchers are tried one by one and
-        the requests of those that raise are blamed (their rows are left unconstrained: they
-        draw nothing that is kept)."""
+    def _take_bitmask(
+        self, bitmask: StructuredBitmask, seqs: List[SeqState], device: torch.device
+    ) -> Optional[torch.Tensor]:
+        """The rows' bitmask on ``device``; if filling it raises, the matchers are tried one by
+        one and the requests of those that raise are blamed (their rows are left
+        unconstrained: they draw nothing that is kept)."""
         try:
-            return grammars.fill_bitmask(matchers)
+            return bitmask.take(seqs, device)
         except Exception as exc:
             if is_device_error(exc):
                 raise
-        for j, m in enumerate(matchers):
-            if m is not None:
+        for j, s in enumerate(seqs):
+            if s.matcher is not None:
                 with self.failures.guard(self._row_reqs[j]):
-                    grammars.fill_bitmask([m])
-        kept = [None if self._row_reqs[j] in self.failures else m for j, m in enumerate(matchers)]
-        return grammars.fill_bitmask(kept)
+                    bitmask.grammars.fill_bitmask([s.matcher])
+        kept = [None if self._row_reqs[j] in self.failures else s for j, s in enumerate(seqs)]
+        return bitmask.take(kept, device)
 
     def _argmax(self, hidden: torch.Tensor, sample_idx: np.ndarray) -> torch.Tensor:
         """Every row is a plain argmax (the common greedy batch): no per-row Python objects,

@@ -9,11 +9,11 @@ does not. A spec xgrammar refuses raises ``ValueError`` naming ``structured_outp
 the server answers 400.
 
 Each sample (n > 1: each of them) owns a ``GrammarMatcher``, advanced on every token the engine
-accepts. Before sampling, the rows' allowed tokens are filled into a CPU bitmask (while the
-device still runs the forward) and applied to the logits in place by xgrammar's
-``apply_token_bitmask_inplace``. A matcher that reaches its grammar's end finishes the sample.
-Preemption by recompute keeps a sample's output tokens, so its matcher stays valid; a matcher
-that has seen fewer tokens than its sample (a sample created mid-way) is rebuilt from them.
+accepts (one batched call per step). The next bitmask is filled in a worker thread while the
+host processes outputs and schedules and the device runs the forward (structured_bitmask.py);
+it goes to the device without a host wait and is applied to the logits in place by
+xgrammar's ``apply_token_bitmask_inplace``. A matcher that reaches its grammar's end finishes
+the sample. Preemption by recompute keeps a sample's output tokens, so its matcher stays valid.
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ class GrammarCache:
         self._cache: Dict[Tuple[str, str, bool, bool], Any] = {}
         self._lock = threading.Lock()
         self._batch: Any = None  # xgrammar's BatchGrammarMatcher, made at the first fill
+        self.stop_token_ids: frozenset = frozenset()  # (known once the compiler is built)
 
     def _compiler_ready(self) -> Any:
         with self._lock:
@@ -157,6 +158,8 @@ class GrammarCache:
                     self._hf, vocab_size=self.vocab_size, stop_token_ids=self._stop or None
                 )
                 self._compiler = xgr.GrammarCompiler(info, max_threads=self._threads)
+                # The tokens that end a grammar: a matcher terminates exactly when it takes one.
+                self.stop_token_ids = frozenset(int(t) for t in info.stop_token_ids)
             return self._compiler
 
     def get(self, spec: StructuredOutputsParams) -> Any:
@@ -207,28 +210,41 @@ class GrammarCache:
         return self._xgr.GrammarMatcher(compiled)
 
     # ---------------------------------------------------------------- bitmask
-    def fill_bitmask(self, matchers: Sequence[Any]) -> Optional[torch.Tensor]:
-        """[rows, vocab/32] int32 bitmask on the CPU (rows without a matcher allow every
-        token), or None when no row is constrained. CPU work, done while the device runs.
-        One batched xgrammar call over every live matcher: it spreads the rows over threads
-        and measured 3.6 ms -> 0.25 ms for 64 JSON-schema rows on 2 cores (one call per row
-        cost more than a SmolLM2 decode step on the H200, so JSON ran 38 % slower)."""
+    def fill_bitmask(
+        self, matchers: Sequence[Any], out: Optional[torch.Tensor] = None
+    ) -> Optional[torch.Tensor]:
+        """[rows, vocab/32] int32 bitmask on the CPU (rows without a matcher, or whose matcher
+        has terminated, allow every token), or None when no row is constrained; written into
+        ``out`` when given (a contiguous [rows, vocab/32] int32 CPU tensor). One batched
+        xgrammar call over every live matcher: it spreads the rows over threads and measured
+        3.6 ms -> 0.25 ms for 64 JSON-schema rows on 2 cores (one call per row cost more than
+        a SmolLM2 decode step on the H200). The engine runs it in a worker thread
+        (structured_bitmask.py): the batch fill releases the GIL."""
         if all(m is None for m in matchers):
             return None
-        xgr = self._xgr
-        mask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        if out is None:
+            mask = self._xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        else:
+            mask = out
+            mask.fill_(-1)
         rows = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
         if rows:
-            if self._batch is None:
-                # (no more threads than the machine has: xgrammar warns and clamps)
-                self._batch = xgr.BatchGrammarMatcher(
-                    max_threads=max(1, min(self._threads, os.cpu_count() or 1))
-                )
-            self._batch.batch_fill_next_token_bitmask([matchers[i] for i in rows], mask, rows)
+            self.fill_rows([matchers[i] for i in rows], mask, rows)
         return mask
 
+    def fill_rows(self, matchers: Sequence[Any], mask: torch.Tensor, rows: List[int]) -> None:
+        """The bitmask of each (live) matcher into its row of ``mask``: xgrammar's batch call
+        alone (it releases the GIL), for fill_bitmask and the engine's worker thread."""
+        if self._batch is None:
+            # (no more threads than the machine has: xgrammar warns and clamps)
+            self._batch = self._xgr.BatchGrammarMatcher(
+                max_threads=max(1, min(self._threads, os.cpu_count() or 1))
+            )
+        self._batch.batch_fill_next_token_bitmask(list(matchers), mask, rows)
+
     def apply_bitmask(self, logits: torch.Tensor, mask: torch.Tensor) -> None:
-        """Disallowed tokens -> -inf, in place (logits: [rows, >= vocab] float32)."""
+        """Disallowed tokens -> -inf, in place (logits: [rows, >= vocab] float32; ``mask``
+        already on the logits' device where the engine calls it: structured_bitmask.py)."""
         self._xgr.apply_token_bitmask_inplace(
             logits,
             mask.to(logits.device, non_blocking=True),
@@ -236,17 +252,20 @@ class GrammarCache:
         )
 
 
-def advance(matcher: Any, token: int) -> bool:
-    """Feeds an accepted token to the sample's matcher; True when the grammar has ended (the
-    sample must finish). A token the matcher refuses (it cannot be sampled under the mask) is
-    an engine bug: raised, so the step fails loudly instead of producing invalid output."""
-    if matcher.is_terminated():
-        return True
-    if not matcher.accept_token(int(token)):
-        raise RuntimeError(
-            f"structured output: token {token} was sampled but the grammar does not allow it"
-        )
-    return bool(matcher.is_terminated())
+def accept_tokens(matchers: Sequence[Any], tokens: Sequence[int]) -> List[int]:
+    """Each matcher takes its token, in one xgrammar call (C++, without the GIL); the
+    positions of those refused (a token sampled under the mask is always taken: a refusal is
+    an engine bug)."""
+    import xgrammar as xgr
+
+    taken = xgr.BatchGrammarMatcher.batch_accept_token(list(matchers), list(tokens))
+    return [i for i, ok in enumerate(taken) if not ok]
+
+
+def refused_token_error(token: int) -> RuntimeError:
+    return RuntimeError(
+        f"structured output: token {token} was sampled but the grammar does not allow it"
+    )
 
 
 def apply_logits_processors(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -45,6 +45,15 @@ class Worker:
         )
         self.dtype = next(self.model.parameters()).dtype
         _check_parallel_support(self.model, self.model_config.architecture)
+        tp = get_tp_group()
+        if cfg.tp_all_reduce == "one_shot" and tp.world_size > 1:
+            from pagedkv.distributed.one_shot_all_reduce import (
+                DEFAULT_MAX_BYTES,
+                OneShotAllReduce,
+            )
+
+            # (Every rank builds its Worker at this point: the buffers' exchange meets.)
+            tp.one_shot = OneShotAllReduce(tp.device_group, self.dtype, device, DEFAULT_MAX_BYTES)
         self.runner: Optional[ModelRunner] = None
         self._hidden: Optional[torch.Tensor] = None  # the last stage's latest hidden states
         self.micro_batched_steps = 0  # steps run as pipeline micro-batches
@@ -78,6 +87,12 @@ class Worker:
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         self._runner.capture_cuda_graphs(max_num_seqs)
 
+    def min_graph_replays(self) -> int:
+        """The fewest decode steps any rank ran as CUDA-graph replays (0 without graphs): a
+        rank that ran a step eagerly while the others replayed would show here."""
+        graphs = self._runner.graphs
+        return get_world_group().all_reduce_min(graphs.num_replays if graphs is not None else 0)
+
     @property
     def _runner(self) -> ModelRunner:
         if self.runner is None:
@@ -91,13 +106,29 @@ class Worker:
     def finish_swap_out(self, plan: Any) -> None:
         self._runner.finish_swap_out(plan)
 
-    def execute(self, plan: Any) -> Optional[torch.Tensor]:
+    def execute(
+        self,
+        plan: Any,
+        prev_tokens: Union[None, int, torch.Tensor] = None,
+        logits: bool = False,
+    ) -> Optional[torch.Tensor]:
         """The stage's forward; the final hidden states on the last stage, else None. Under
         pipeline parallelism a large step runs as micro-batches (micro_batches.py): this stage
-        sends micro-batch j on and starts j+1 while the next stage runs j."""
+        sends micro-batch j on and starts j+1 while the next stage runs j.
+
+        ``prev_tokens`` (overlapped scheduling: the plan's input ids hold placeholders for the
+        previous step's tokens, see ModelRunner.execute): the driver's device tensor of them
+        on the driver, their count on the other ranks; the first stage's ranks receive them
+        from the driver in a broadcast over their tensor-parallel group (on the device stream:
+        no host waits for the previous step). ``logits`` (a worker, no pipeline stages): go on
+        to compute_logits of all rows, the driver's next call (executor_mp says when), without
+        waiting for its command."""
+        prev = _prev_tokens(prev_tokens, self.device)
         pp = get_pp_group()
         if pp.world_size == 1:
-            self._hidden = self._runner.execute(plan, None)
+            self._hidden = self._runner.execute(plan, None, prev_tokens=prev)
+            if logits:
+                self.compute_logits(None, int(plan.num_tokens), False)
             return self._hidden
         parts = split_plan(plan, pp.world_size, self.cfg.pipeline_micro_batch_tokens)
         self.micro_batched_steps += len(parts) > 1
@@ -107,7 +138,7 @@ class Worker:
             if not pp.is_first_rank:
                 shape = (int(part.num_tokens), self.model_config.hidden_size)
                 inter = pp.recv(shape, self.dtype, pp.rank_in_group - 1)
-            out = self._runner.execute(part, inter)
+            out = self._runner.execute(part, inter, prev_tokens=prev)
             if len(parts) > 1:
                 # A captured graph's output is padded, and its buffer is the next replay's.
                 out = out[: int(part.num_tokens)].clone()
@@ -123,11 +154,16 @@ class Worker:
         return self._hidden
 
     def compute_logits(
-        self, rows: Optional[np.ndarray], num_rows: int, upcast: bool
+        self, rows: Union[None, np.ndarray, int, torch.Tensor], num_rows: int, upcast: bool
     ) -> Optional[torch.Tensor]:
         """Logits [num_rows, vocab] of the last step's hidden ``rows`` (all when None), on the
-        driver; None on the other ranks."""
+        driver; None on the other ranks. ``rows`` may also be the driver's device tensor of
+        them (on the driver; their count on the other ranks), broadcast over the world group."""
         pp, world = get_pp_group(), get_world_group()
+        if isinstance(rows, torch.Tensor):
+            rows = world.broadcast(rows.to(torch.int64).contiguous(), 0)
+        elif isinstance(rows, int):
+            rows = world.broadcast(torch.empty(rows, dtype=torch.int64, device=self.device), 0)
         last_first = world.world_size - get_tp_group().world_size  # the last stage's rank 0
         dtype = torch.float32 if upcast else self.dtype
         if not pp.is_last_rank:
@@ -139,11 +175,25 @@ class Worker:
             torch.distributed.recv(out, src=last_first, group=world.device_group)
             return out
         assert self._hidden is not None, "compute_logits() before execute()"
-        idx = None if rows is None else torch.from_numpy(rows).to(self.device)
+        idx = torch.from_numpy(rows).to(self.device) if isinstance(rows, np.ndarray) else rows
         logits = self._runner.compute_logits(self._hidden, idx, upcast)
         if world.rank == last_first and world.rank != 0:
             torch.distributed.send(logits.contiguous(), dst=0, group=world.device_group)
         return logits
+
+
+def _prev_tokens(
+    prev: Union[None, int, torch.Tensor], device: torch.device
+) -> Optional[torch.Tensor]:
+    """The previous step's sampled tokens on this rank's device, where this rank's stage reads
+    input ids (the first one); None elsewhere. The driver (global rank 0) is the first rank
+    of the first stage's tensor-parallel group: it broadcasts them there."""
+    if prev is None or not get_pp_group().is_first_rank:
+        return None
+    tp = get_tp_group()
+    if isinstance(prev, torch.Tensor):
+        return tp.broadcast(prev.to(torch.int64).contiguous(), 0)
+    return tp.broadcast(torch.empty(prev, dtype=torch.int64, device=device), 0)
 
 
 def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
@@ -157,6 +207,14 @@ def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
         raise ValueError(
             f"{architecture} does not support tensor parallelism (its layers are "
             "not tensor-parallel); use tensor_parallel_size=1"
+        )
+    if get_world_group().world_size > 1 and (
+        hasattr(model, "encode_images") or hasattr(model, "mrope_positions")
+    ):
+        # The executor's commands carry no image rows or M-RoPE positions.
+        raise ValueError(
+            f"{architecture} (image inputs) does not support tensor or pipeline parallelism "
+            "yet; use tensor_parallel_size=1 and pipeline_parallel_size=1"
         )
     if (
         get_pp_group().world_size > 1

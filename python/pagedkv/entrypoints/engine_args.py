@@ -164,9 +164,12 @@ ENGINE_FLAGS = (
     ),
     Flag(
         "async_scheduling",
-        False,
-        "schedule and launch the next step while the device runs the current one",
-        kind="switch",
+        None,
+        "schedule and launch the next step while the device runs the current one (same "
+        "outputs as the serial loop); auto: on, except with speculative decoding or pooling, "
+        "which run the serial loop, and with tensor/pipeline parallelism (opt in there)",
+        kind="toggle",
+        shown="auto",
     ),
     Flag(
         "max_logprobs",
@@ -205,6 +208,15 @@ ENGINE_FLAGS = (
         "runs as micro-batches of at least this many (at most one per stage), so the stages "
         "overlap; 0: never (decode-only steps always run whole)",
         type=t.int_at_least(0),
+    ),
+    Flag(
+        "tp_all_reduce",
+        "nccl",
+        "the tensor-parallel all-reduce: nccl (the process group's; gloo on the CPU) or "
+        "one_shot (CUDA: a symmetric-memory one-shot all-reduce over NVLink for messages "
+        "up to 4 MiB, NCCL above)",
+        type=t.choice_of(("nccl", "one_shot")),
+        metavar="{nccl,one_shot}",
     ),
     Flag(
         "enable_lora",
@@ -505,17 +517,27 @@ def engine_error(err: BaseException, opts: Any = None) -> Optional[CLIError]:
 
 
 def build_llm(args: argparse.Namespace) -> Any:
-    """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors."""
+    """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors. Its callers
+    (generate, chat, bench) generate text: a pooling model is refused as a --model error."""
     from pagedkv.engine.llm import LLM
+    from pagedkv.engine.pooling_engine import PoolingEngine
 
     check_engine_args(args)
     try:
-        return LLM(**engine_kwargs(args))
+        llm = LLM(**engine_kwargs(args))
     except (*_MAPPED, RuntimeError) as e:
         mapped = engine_error(e, args)
         if mapped is None:
             raise
         raise mapped from e
+    if isinstance(llm.llm_engine, PoolingEngine):
+        raise CLIError(
+            "--model",
+            "this command generates text, but the model serves the pooling task "
+            f"{llm.llm_engine.task!r} "
+            "(serve it with `pagedkv serve`: /v1/embeddings, /classify, /score, ...)",
+        )
+    return llm
 
 
 # SamplingParams field -> flag (SamplingParams' messages name the field).

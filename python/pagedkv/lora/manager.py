@@ -41,20 +41,12 @@ class LoRAManager:
         self.device = next(model.parameters()).device
         self.host: OrderedDict[int, tuple[LoRARequest, LoRAAdapter]] = OrderedDict()
         self.slots: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU first
+        self.known: dict[int, LoRARequest] = {}  # every adapter added, by id
 
     # ------------------------------------------------------------------ host side
-    def add_adapter(self, request: LoRARequest) -> None:
-        """Reads the adapter into host memory (checked against the model), evicting the least
-        recently used host adapter that holds no slot when max_cpu_loras are loaded."""
-        known = self.host.get(request.lora_int_id)
-        if known is not None:
-            if known[0].lora_path != request.lora_path:
-                raise ValueError(
-                    f"lora_int_id {request.lora_int_id} is already adapter "
-                    f"{known[0].lora_name!r} from {known[0].lora_path!r}"
-                )
-            self.host.move_to_end(request.lora_int_id)
-            return
+    def read_adapter(self, request: LoRARequest) -> LoRAAdapter:
+        """Reads the adapter folder and checks it against the model, storing nothing (the
+        server checks an adapter when it is registered, off the engine thread)."""
         adapter = load_adapter(request.lora_path, self.max_lora_rank)
         for module in adapter.weights:
             if module not in self.targets.by_module:
@@ -62,14 +54,29 @@ class LoRAManager:
                     f"LoRA adapter {request.lora_name!r} targets {module!r}, which "
                     "is not a supported linear layer of the model"
                 )
+        return adapter
+
+    def add_adapter(self, request: LoRARequest) -> None:
+        """Reads the adapter into host memory (checked against the model). The host memory is
+        a cache of max_cpu_loras adapters: the least recently used one makes room, and is read
+        from its folder again when a step needs it and no device slot holds it (as vLLM's
+        workers do). Pinning adapters there instead refused every adapter past the first
+        max_loras for good once they held the device slots, used or not."""
+        known = self.known.get(request.lora_int_id)
+        if known is not None and known.lora_path != request.lora_path:
+            raise ValueError(
+                f"lora_int_id {request.lora_int_id} is already adapter "
+                f"{known.lora_name!r} from {known.lora_path!r}"
+            )
+        if request.lora_int_id in self.host:
+            self.host.move_to_end(request.lora_int_id)
+            return
+        self._cache(request, self.read_adapter(request))
+        self.known[request.lora_int_id] = request
+
+    def _cache(self, request: LoRARequest, adapter: LoRAAdapter) -> None:
         while len(self.host) >= self.max_cpu_loras:
-            victim = next((i for i in self.host if i not in self.slots), None)
-            if victim is None:
-                raise ValueError(
-                    f"max_cpu_loras = {self.max_cpu_loras} adapters are loaded and "
-                    "all are in device slots"
-                )
-            del self.host[victim]
+            self.host.popitem(last=False)
         self.host[request.lora_int_id] = (request, adapter)
 
     def remove_adapter(self, lora_int_id: int) -> bool:
@@ -77,15 +84,20 @@ class LoRAManager:
         if slot is not None:
             for layer in self.targets.layers:
                 layer.clear_slot(slot)
-        return self.host.pop(lora_int_id, None) is not None
+        self.host.pop(lora_int_id, None)
+        return self.known.pop(lora_int_id, None) is not None
 
     def list_adapters(self) -> list[LoRARequest]:
-        return [req for req, _ in self.host.values()]
+        """Every adapter added and not removed (in host memory or not)."""
+        return list(self.known.values())
 
     # ------------------------------------------------------------------ device slots
     def _load_slot(self, lora_int_id: int, busy: set[int]) -> int:
         if lora_int_id not in self.host:
-            raise ValueError(f"LoRA adapter id {lora_int_id} is not loaded")
+            request = self.known.get(lora_int_id)
+            if request is None:
+                raise ValueError(f"LoRA adapter id {lora_int_id} is not loaded")
+            self._cache(request, self.read_adapter(request))  # evicted from host memory
         used = set(self.slots.values())
         free = [s for s in range(self.max_loras) if s not in used]
         if free:

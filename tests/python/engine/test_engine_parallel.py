@@ -85,6 +85,7 @@ def _run(path: str, **kw: Any) -> tuple[list, dict, list]:
         procs = list(runner._state.procs) if hasattr(runner, "_state") else []
         if hasattr(runner, "worker"):
             stats["micro_batched_steps"] = runner.worker.micro_batched_steps
+            assert runner.min_graph_replays() == 0  # (the CPU runs no CUDA graphs)
     finally:
         del llm
         gc.collect()
@@ -95,21 +96,32 @@ _REFERENCE: dict[tuple[str, str, str], list] = {}
 
 
 # micro: pipeline_micro_batch_tokens (256, the default, never cuts these small steps; 8 cuts
-# every step with 16+ prefill tokens into one micro-batch per stage).
+# every step with 16+ prefill tokens into one micro-batch per stage). overlap: async_scheduling
+# (the workers' input ids then hold placeholders, filled from the driver's device broadcast of
+# the previous step's tokens); the reference is always the serial one-rank engine.
 @pytest.mark.parametrize(
-    "preset,tp,pp,mode,kv,micro",
+    "preset,tp,pp,mode,kv,micro,overlap",
     [
-        ("tiny-llama", 2, 1, "recompute", "auto", 256),
-        ("tiny-qwen2", 2, 1, "swap", "auto", 256),
-        ("tiny-qwen2", 1, 2, "recompute", "auto", 256),
-        ("tiny-llama", 1, 2, "swap", "auto", 8),
-        ("tiny-llama", 2, 2, "swap", "auto", 256),
-        ("tiny-qwen2", 2, 1, "recompute", "fp8", 256),
-        ("tiny-mixtral", 2, 2, "recompute", "auto", 8),
+        ("tiny-llama", 2, 1, "recompute", "auto", 256, False),
+        ("tiny-qwen2", 2, 1, "swap", "auto", 256, False),
+        ("tiny-qwen2", 1, 2, "recompute", "auto", 256, False),
+        ("tiny-llama", 1, 2, "swap", "auto", 8, False),
+        ("tiny-llama", 2, 2, "swap", "auto", 256, False),
+        ("tiny-qwen2", 2, 1, "recompute", "fp8", 256, False),
+        ("tiny-mixtral", 2, 2, "recompute", "auto", 8, False),
+        ("tiny-llama", 2, 1, "recompute", "auto", 256, True),
+        ("tiny-llama", 2, 2, "swap", "auto", 8, True),
     ],
 )
 def test_parallel_engine_matches_one_rank(
-    models: dict[str, str], preset: str, tp: int, pp: int, mode: str, kv: str, micro: int
+    models: dict[str, str],
+    preset: str,
+    tp: int,
+    pp: int,
+    mode: str,
+    kv: str,
+    micro: int,
+    overlap: bool,
 ) -> None:
     key = (preset, mode, kv)
     if key not in _REFERENCE:
@@ -122,6 +134,7 @@ def test_parallel_engine_matches_one_rank(
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
         pipeline_micro_batch_tokens=micro,
+        async_scheduling=overlap,
     )
     assert (stats["micro_batched_steps"] > 0) == (micro < 256 and pp > 1), stats
     # fp8 caches: the ranks' k/v differ from one rank's in the last float32 bits (the
@@ -136,6 +149,59 @@ def test_parallel_engine_matches_one_rank(
             for tok in lp_want:
                 assert abs(lp_have[tok].logprob - lp_want[tok].logprob) < tol
     _assert_gone(procs)
+    assert not model_parallel_is_initialized()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decode_step_sends_one_command(models: dict[str, str], overlap: bool) -> None:
+    """A plain decode step reaches the workers as one command (execute; they go on to their
+    share of the logits unasked), and the tokens are still those of one rank. The second
+    request ends early on a stop token: overlapped, the step planned before that token was
+    seen still holds its row, which is not sampled, so the driver asks for other rows than
+    the workers computed (the unasked collective is matched, then a compute_logits command)."""
+    prompts = [{"prompt_token_ids": [5, 7, 11, 13]}, {"prompt_token_ids": [2, 3]}]
+    one = LLM(models["tiny-llama"], **ENGINE)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    free = one.generate(prompts[1:], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    stop = next(t for i, t in enumerate(free) if i >= 5 and t not in free[:i])
+    params = [greedy, SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop])]
+    want = one.generate(prompts, params, use_tqdm=False)
+    del one
+    assert len(want[1].outputs[0].token_ids) < 24
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2, async_scheduling=overlap)
+    try:
+        channel = llm.llm_engine.runner._state.channel
+        sent: list[str] = []
+        send = channel.send
+        channel.send = lambda name, args: (sent.append(name), send(name, args))[1]
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+        # 1 prefill step (execute + compute_logits of its last rows) and 23 decode steps;
+        # overlapped, one decode step asks for the rows of the live request alone.
+        assert sent.count("execute") == 24, sent
+        assert sent.count("compute_logits") == (2 if overlap else 1), sent
+    finally:
+        del llm
+        gc.collect()
+
+
+def test_one_shot_all_reduce_refused_on_the_cpu(models: dict[str, str]) -> None:
+    """The symmetric-memory all-reduce exists on CUDA only: refused by name, no rank started."""
+    with pytest.raises(ValueError, match="tp_all_reduce='one_shot'.*needs CUDA devices"):
+        LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2, tp_all_reduce="one_shot")
+    assert not model_parallel_is_initialized()
+    with pytest.raises(ValueError, match="tp_all_reduce must be one of nccl, one_shot"):
+        LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2, tp_all_reduce="two_shot")
+
+
+def test_image_model_refused_under_tp(tmp_path: Any) -> None:
+    """A vision-language model's image rows do not travel to the workers: refused by name at
+    start-up (not a failure at the first image), and no rank is left behind."""
+    from pagedkv.testing import save_random_llava
+
+    path = save_random_llava(str(tmp_path / "llava"))
+    with pytest.raises(ValueError, match="image inputs.*does not support tensor or pipeline"):
+        LLM(path, device="cpu", max_model_len=256, tensor_parallel_size=2)
     assert not model_parallel_is_initialized()
 
 

@@ -61,8 +61,10 @@ def _generate(path: str, **kw: Any) -> tuple[list, int]:
     params = SamplingParams(temperature=0, max_tokens=24, logprobs=1, ignore_eos=True)
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
-        graphs = llm.llm_engine.runner.graphs
-        replays = graphs.num_replays if graphs is not None else 0
+        runner = llm.llm_engine.runner
+        replays = runner.graphs.num_replays if runner.graphs is not None else 0
+        if hasattr(runner, "min_graph_replays"):  # every rank replayed the driver's graphs
+            assert runner.min_graph_replays() == replays
     finally:
         del llm
         gc.collect()
@@ -71,12 +73,23 @@ def _generate(path: str, **kw: Any) -> tuple[list, int]:
 
 
 # micro: pipeline_micro_batch_tokens (8: the prefill steps run as 2 micro-batches, the
-# stages overlapping; a decode-only micro-batch may replay a CUDA graph).
+# stages overlapping; a decode-only micro-batch may replay a CUDA graph). overlap:
+# async_scheduling (the previous step's tokens reach the workers by a device broadcast).
+# all_reduce: tp_all_reduce ("one_shot": symmetric memory, captured in the decode graphs).
 @pytest.mark.parametrize(
-    "tp,pp,kv,micro",
-    [(2, 1, "auto", 256), (1, 2, "auto", 256), (1, 2, "auto", 8), (2, 1, "fp8", 256)],
+    "tp,pp,kv,micro,overlap,all_reduce",
+    [
+        (2, 1, "auto", 256, False, "nccl"),
+        (1, 2, "auto", 256, False, "nccl"),
+        (1, 2, "auto", 8, False, "nccl"),
+        (2, 1, "fp8", 256, False, "nccl"),
+        (2, 1, "auto", 256, True, "nccl"),
+        (2, 1, "auto", 256, True, "one_shot"),
+    ],
 )
-def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str, micro: int) -> None:
+def test_two_gpus_match_one(
+    model: str, tp: int, pp: int, kv: str, micro: int, overlap: bool, all_reduce: str
+) -> None:
     want, _ = _generate(model, kv_cache_dtype=kv)
     got, replays = _generate(
         model,
@@ -84,6 +97,8 @@ def test_two_gpus_match_one(model: str, tp: int, pp: int, kv: str, micro: int) -
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
         pipeline_micro_batch_tokens=micro,
+        async_scheduling=overlap,
+        tp_all_reduce=all_reduce,
     )
     assert replays > 0  # the decode steps ran as CUDA graphs
     same = sum(a.token_ids == b.token_ids for a, b in zip(want, got))

@@ -116,18 +116,23 @@ def test_failed_n_samples_step_after_the_fork(llm, monkeypatch):
     eng = llm.llm_engine
     params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=30, ignore_eos=True)
     eng.add_request("n3", PROMPTS[2], params)
-    eng.step()  # the prompt, and the forks
-    assert len(eng.seq_owner) == 3
+    # The prompt, and the forks (applied a step later by the overlapped loop).
+    while len(eng.seq_owner) < 3:
+        eng.step()
     _raise_once(monkeypatch, OutputProcessor, "_accept_token", KeyboardInterrupt(), 2)
     with pytest.raises(KeyboardInterrupt):
-        eng.step()
+        for _ in range(3):  # (overlapped, the step in flight has the parent's token alone)
+            eng.step()
     monkeypatch.undo()
     assert not eng.requests and not eng.seq_owner and not eng.step()
     assert_no_leak(llm)
     eng.add_request("n3", PROMPTS[2], params)
-    eng.step()
+    while len(eng.seq_owner) < 3:
+        eng.step()
     _raise_once(monkeypatch, OutputProcessor, "_accept_token", ValueError("detokenizer bug"), 2)
-    outs = eng.step()  # no exception: the request failed alone
+    outs: list = []
+    while not any(o.finished for o in outs):  # no exception: the request failed alone
+        outs = eng.step()
     monkeypatch.undo()
     assert [o.request_id for o in outs] == ["n3"] and outs[0].finished
     assert {c.finish_reason for c in outs[0].outputs} == {"abort"}
@@ -142,9 +147,15 @@ def test_failed_n_samples_step_after_the_fork(llm, monkeypatch):
 def test_failed_step_keeps_swapped_out_requests_intact(llm, reference, monkeypatch):
     # The failing plan swaps requests out to host memory. They are not in the plan, so they go
     # on; their KV must still reach the host blocks (the swap-out comes first in the forward,
-    # which here fails before it starts), or they resume from garbage.
+    # which here fails before it starts), or they resume from garbage. The serial loop: the
+    # overlapped one also aborts the step in flight, which held the requests swapped out now
+    # (test_engine_overlap's failed-step case covers that loop).
     tiny = _make(
-        num_gpu_blocks_override=8, max_model_len=128, preemption_mode="swap", num_cpu_blocks=64
+        num_gpu_blocks_override=8,
+        max_model_len=128,
+        preemption_mode="swap",
+        num_cpu_blocks=64,
+        async_scheduling=False,
     )
     eng = tiny.llm_engine
     long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)

@@ -153,7 +153,8 @@ def test_help_states_each_default_once_and_correctly() -> None:
         assert text.count("(default") <= 1, where
         assert "(default: None)" not in text and "(default: True)" not in text, where
         if isinstance(action, argparse.BooleanOptionalAction):
-            assert re.search(r"\(default: (on|off)\)$", text), where
+            # (auto: a toggle left unset lets the engine choose, e.g. --async-scheduling)
+            assert re.search(r"\(default: (on|off|auto)\)$", text), where
         elif action.nargs != 0 and action.option_strings:
             assert "(default" in text, where  # a value flag says what happens without it
             default = serve.DEFAULTS.get(action.dest) if command == "serve" else action.default

@@ -52,6 +52,7 @@ DEFAULTS: Dict[str, Any] = {
     "enable_auto_tool_choice": False,
     "tool_call_parser": None,
     "reasoning_parser": None,
+    "lora_modules": None,
     **LIMIT_DEFAULTS,
     **ENGINE_DEFAULTS,
 }
@@ -380,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv.entrypoints.openai.api_server import run_server
 
     check_engine_args(opts)
+    check_lora_modules(opts)
     try:
         return run_server(opts)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
@@ -389,3 +391,18 @@ def run(args: argparse.Namespace) -> int:
         if mapped is None or mapped.flag is None:
             raise
         raise mapped from e
+
+
+def check_lora_modules(opts: argparse.Namespace) -> None:
+    """--lora-modules entries well formed and --enable-lora given, before the model loads (the
+    adapters themselves are read once it has)."""
+    from pagedkv.entrypoints.openai.serving_lora import parse_lora_module
+
+    modules = opts.lora_modules or []
+    if modules and not opts.enable_lora:
+        raise CLIError("--lora-modules", "LoRA adapters need --enable-lora")
+    for text in modules:
+        try:
+            parse_lora_module(text)
+        except ValueError as e:
+            raise CLIError("--lora-modules", str(e).removeprefix("--lora-modules: ")) from None

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 import pagedkv
 from pagedkv.engine.input_processor import MAX_CLIENT_REQUEST_ID_CHARS, check_request_id
+from pagedkv.entrypoints.arg_types import CLIError
 from pagedkv.entrypoints.openai.drain import Drain, DrainingServer, DrainMiddleware
 from pagedkv.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
 from pagedkv.entrypoints.openai.limits import limit_of, request_limits
@@ -206,6 +207,15 @@ def _served_names(engine: Any, args: Any) -> tuple[List[str], List[str]]:
     return names, [a for a in dict.fromkeys(aliases) if a not in names]
 
 
+def expand_images(engine: Any, ids: List[int], images: List[Any]) -> List[int]:
+    """A chat prompt's token ids with its images' placeholders, as the engine's input
+    processor expands them (a 400 naming the messages for a refused image)."""
+    try:
+        return engine.input_processor.images.process(ids, {"image": images}, "messages")[0]
+    except (ValueError, TypeError) as exc:
+        raise bad_request(str(exc), param="messages") from exc
+
+
 def _max_logprobs(engine: Any) -> int:
     """The engine's logprobs cap (--max-logprobs; -1: the vocabulary), which the server's
     checks use so that a request is judged as the engine would judge it."""
@@ -245,10 +255,13 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         allowed_media_domains=getattr(args, "allowed_media_domains", None),
         tool_call_parser=auto_tool_parser(args),
         reasoning_parser=getattr(args, "reasoning_parser", None),
-        lora=LoRARegistry(engine),
+        lora=LoRARegistry(engine, reserved=[*names, *aliases]),
     )
     for text in getattr(args, "lora_modules", None) or []:
-        check_adapter(engine, state.lora.add(parse_lora_module(text)))
+        try:
+            check_adapter(engine, state.lora.add(parse_lora_module(text)))
+        except (ValueError, OSError) as exc:  # a flag value: reported as argparse would
+            raise CLIError("--lora-modules", str(exc)) from exc
     app = FastAPI(title="pagedkv OpenAI-compatible server", version=pagedkv.__version__)
     app.state.pagedkv = state
     install_error_handlers(app)
@@ -310,6 +323,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         if req.messages is not None:
             chat.check_length(chat.messages_chars(req.messages), "messages")
             template, template_vars = chat.template_settings(req)
+            images = chat.chat_images()  # a model that reads images: its image_url parts
             # The chat template renders off the event loop too (a long conversation is slow).
             text = await completion.in_count_thread(
                 chat.render,
@@ -318,8 +332,13 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
                 req.add_generation_prompt,
                 template_vars,
                 req.continue_final_message,
+                images,
             )
             ids = await completion.encode_async(text, bool(req.add_special_tokens), param=None)
+            if images is not None and images.images:
+                # The tokens the model reads: each image token expanded into its placeholders,
+                # as a chat request's prompt is (count and max_model_len then compare).
+                ids = await completion.in_count_thread(expand_images, engine, ids, images.images)
         else:
             special = True if req.add_special_tokens is None else req.add_special_tokens
             completion.check_length(len(req.prompt or ""), "prompt")
@@ -374,7 +393,11 @@ def run_server(args: argparse.Namespace) -> int:
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
 
     engine = AsyncLLMEngine.from_engine_args(args)
-    app = build_app(engine, args)
+    try:
+        app = build_app(engine, args)
+    except BaseException:
+        engine.shutdown()  # (its thread would keep the process, and the C++ objects, alive)
+        raise
     state = app.state.pagedkv
     shown_host = "localhost" if args.host in ("0.0.0.0", "::", "") else args.host
     logger.info(

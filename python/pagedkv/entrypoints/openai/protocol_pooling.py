@@ -24,6 +24,9 @@ class EmbeddingRequest(_PoolingBody):
     input: Input
     encoding_format: str = "float"  # "float" | "base64"
     dimensions: Optional[int] = None
+    # vLLM's: the element type and byte order of a base64 answer (float lists ignore them).
+    embed_dtype: str = "float32"
+    endianness: str = "native"
     normalize: Optional[bool] = None  # vLLM's extension
 
 

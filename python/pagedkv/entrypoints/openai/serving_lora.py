@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
@@ -48,8 +48,11 @@ def runtime_updates_allowed() -> bool:
 class LoRARegistry:
     """The adapters served by name; ids are assigned here, one per name."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, reserved: Sequence[str] = ()) -> None:
+        """``reserved``: the base model's served names and aliases, which an adapter may not
+        take (its requests would silently run the adapter instead of the base model)."""
         self.engine = engine
+        self.reserved = frozenset(reserved)
         self.adapters: Dict[str, LoRARequest] = {}
         self._lock = threading.Lock()
         # Ids continue past those the engine already knows (it keys its slots and prefix-cache
@@ -67,6 +70,10 @@ class LoRARegistry:
         with self._lock:
             if req.lora_name in self.adapters:
                 raise ValueError(f"The lora adapter '{req.lora_name}' has already been loaded.")
+            if req.lora_name in self.reserved:
+                raise ValueError(
+                    f"The lora adapter name '{req.lora_name}' is a name of the base model."
+                )
             req = LoRARequest(req.lora_name, self._next_id(), req.lora_path, req.base_model_name)
             self.adapters[req.lora_name] = req
             return req
@@ -102,11 +109,13 @@ def _lora_manager(engine: Any) -> Any:
 
 
 def check_adapter(engine: Any, req: LoRARequest) -> None:
-    """Reads the adapter now (a bad folder fails at start-up or at load, not at a request)."""
+    """Reads and checks the adapter now (a bad folder fails at start-up or at load, not at a
+    request). It is not stored: this runs off the engine thread, which alone changes the
+    manager's tables (the engine loads the adapter at its first request)."""
     manager = _lora_manager(engine)
     if manager is None:
         raise ValueError("LoRA adapters need --enable-lora")
-    manager.add_adapter(req)
+    manager.read_adapter(req)
 
 
 class LoadLoRAAdapterRequest(BaseModel):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import base64
 import logging
+import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -38,6 +40,16 @@ logger = logging.getLogger("pagedkv.server")
 # token_type_ids: the engine's input processor reads them from there).
 Prompt = Tuple[List[int], Union[str, Dict[str, Any], None]]
 # The request fields each route reads (others are logged as ignored).
+# vLLM's embed_dtype names -> torch dtypes; its endianness names.
+EMBED_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+ENDIANNESS = ("native", "big", "little")
+_ENCODING_FIELDS = ("encoding_format", "embed_dtype", "endianness")
 _COMMON = {"model", "truncate_prompt_tokens", "add_special_tokens", "priority", "request_id"}
 
 
@@ -81,7 +93,7 @@ class OpenAIServingPooling(OpenAIServing):
     # ------------------------------------------------------------------ routes
     async def embeddings(self, req: EmbeddingRequest, raw: Request) -> Response:
         self._engine("/v1/embeddings")
-        self._start_checks(req, {"input", "encoding_format", "dimensions", "normalize"})
+        self._start_checks(req, {"input", "dimensions", "normalize", *_ENCODING_FIELDS})
         params = PoolingParams(task="embed", dimensions=req.dimensions, normalize=req.normalize)
         rid, outs, n_tokens = await self._run(req, raw, "embd", await self._inputs(req), params)
         data = [
@@ -94,7 +106,7 @@ class OpenAIServingPooling(OpenAIServing):
         engine = self._engine("/pooling")
         self._start_checks(
             req,
-            {"input", "encoding_format", "dimensions", "normalize", "task", "use_activation"}
+            {"input", "dimensions", "normalize", "task", "use_activation", *_ENCODING_FIELDS}
             | {"softmax", "activation"},
         )
         task = req.task or engine.task
@@ -191,6 +203,12 @@ class OpenAIServingPooling(OpenAIServing):
                 f"encoding_format must be 'float' or 'base64', got {encoding!r}",
                 param="encoding_format",
             )
+        for name, allowed in (("embed_dtype", EMBED_DTYPES), ("endianness", ENDIANNESS)):
+            value = getattr(req, name, None)
+            if value is not None and value not in allowed:
+                raise bad_request(
+                    f"{name} must be one of {sorted(allowed)}, got {value!r}", param=name
+                )
 
     def _keep_last(self, req: Any) -> Optional[int]:
         """truncate_prompt_tokens, within max_model_len (the engine cuts to what a pooling
@@ -317,11 +335,17 @@ def _activation(req: Any) -> Optional[bool]:
 
 
 def _encode(data: Any, req: Any) -> Any:
-    """float: nested lists; base64: the float32 bytes (little-endian), as OpenAI sends them."""
-    if getattr(req, "encoding_format", "float") == "base64":
-        raw = np.ascontiguousarray(data.float().numpy(), dtype="<f4").tobytes()
-        return base64.b64encode(raw).decode("ascii")
-    return data.tolist()
+    """float: nested lists; base64: the flattened values' bytes as vLLM sends them, in
+    ``embed_dtype`` (float32 by default, as OpenAI's client reads them) and ``endianness``
+    (native: the server's byte order)."""
+    if getattr(req, "encoding_format", "float") != "base64":
+        return data.tolist()
+    values = data.detach().to(EMBED_DTYPES[req.embed_dtype]).flatten().contiguous()
+    raw = values.view(torch.uint8).numpy()  # the host's byte order
+    order = sys.byteorder if req.endianness == "native" else req.endianness
+    if order != sys.byteorder and values.element_size() > 1:
+        raw = raw.reshape(-1, values.element_size())[:, ::-1]
+    return base64.b64encode(np.ascontiguousarray(raw).tobytes()).decode("ascii")
 
 
 def _document_text(doc: Any, i: int) -> str:
