@@ -5,6 +5,9 @@ with an error), and the other requests finished in the same step get their embed
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 import torch
 from support.deps import need
@@ -70,3 +73,33 @@ def test_embed_raises_the_failed_requests_error_by_name(llm: LLM, monkeypatch) -
     monkeypatch.undo()
     assert not llm.llm_engine.has_unfinished_requests()
     assert len(llm.embed(TEXTS[0], use_tqdm=False)[0].outputs.embedding) > 0
+
+
+def test_async_engine_answers_the_failed_request_alone(llm: LLM, monkeypatch) -> None:
+    # What the server runs: the failed request's stream raises StepFailedError, the others get
+    # their embeddings, and the engine loop lives on.
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine, StepFailedError
+
+    _flaky(monkeypatch)
+    eng = AsyncLLMEngine(llm.llm_engine)
+
+    async def one(rid: str, params: PoolingParams) -> Any:
+        try:
+            async for out in await eng.add_request(rid, TEXTS[int(rid)], params):
+                last = out
+            return last
+        except StepFailedError as exc:
+            return exc
+
+    async def run() -> list:
+        bad = PoolingParams(task="embed", normalize=False)
+        good = PoolingParams(task="embed")
+        return await asyncio.gather(*(one(str(i), bad if i == 1 else good) for i in range(3)))
+
+    try:
+        got = asyncio.run(asyncio.wait_for(run(), 30))
+        assert isinstance(got[1], StepFailedError) and "pooling head bug" in str(got[1])
+        assert got[0].outputs.data.numel() > 0 and got[2].outputs.data.numel() > 0
+        assert not eng.is_dead
+    finally:
+        eng.shutdown()
