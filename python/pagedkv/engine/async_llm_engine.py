@@ -64,6 +64,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped after an error; no request can be served."""
 
 
+class EngineShutDown(RuntimeError):
+    """Why a shut-down engine serves no request (its dead_error)."""
+
+
 class StepFailedError(RuntimeError):
     """The engine step running this request raised; the request was aborted (others go on)."""
 
@@ -227,6 +231,8 @@ class AsyncLLMEngine:
         """Why the engine died (what /health reports), or None while it runs."""
         if self._dead is None:
             return None
+        if isinstance(self._dead, EngineShutDown):
+            return str(self._dead)
         kind = " (device error)" if is_device_error(self._dead) else ""
         return f"engine loop died{kind}: {self._dead!r}"
 
@@ -340,10 +346,14 @@ class AsyncLLMEngine:
             self.abort(request_id)
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops the engine thread. Requests still streaming or queued then get
+        EngineDeadError ("the engine was shut down") instead of waiting forever, and new
+        ones are refused with it."""
         self._stopping = True
         self._commands.put(("wake",))
         self._thread.join(timeout)
         self._inputs.shutdown(wait=False)
+        self._die(EngineShutDown("the engine was shut down"))
 
     # ------------------------------------------------------------------ engine thread
 
@@ -476,6 +486,8 @@ class AsyncLLMEngine:
 
     def _die(self, exc: BaseException) -> None:
         with self._lock:
+            if self._dead is not None:  # (shutdown after a death: the first cause stays)
+                return
             self._dead = exc
             streams = list(self._streams.values())
         error = EngineDeadError(self.dead_reason)
