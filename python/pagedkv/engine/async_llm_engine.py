@@ -93,6 +93,9 @@ class RequestStream:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._closed = False
         self.last: Any = None  # the newest snapshot put (engine thread only)
+        # The engine took the request (engine thread only): before, its add command is still
+        # queued, and a step that fails meanwhile cannot have run it.
+        self.admitted = False
 
     def put(self, item: Any) -> None:  # engine thread
         # RuntimeError: the caller's loop is closed, nobody is listening any more.
@@ -442,6 +445,10 @@ class AsyncLLMEngine:
             except Exception as exc:  # noqa: BLE001 - bad request: report to its caller only
                 fut.set_exception(exc)
                 return
+            with self._lock:
+                stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.admitted = True
             fut.set_result(None)
         elif kind == "abort":
             try:
@@ -467,13 +474,15 @@ class AsyncLLMEngine:
 
     def _fail_dropped(self, exc: Exception) -> int:
         """After a failed step: the streams of requests the engine no longer holds (it aborted
-        the step's requests) get StepFailedError, unless their final output was already sent.
-        Returns how many requests failed."""
+        the step's requests) get StepFailedError, unless their final output was already sent
+        or their add is still queued. Returns how many requests failed."""
         with self._lock:
             dropped = [
                 s
                 for rid, s in self._streams.items()
-                if rid not in self.engine.requests and not (s.last is not None and s.last.finished)
+                if s.admitted
+                and rid not in self.engine.requests
+                and not (s.last is not None and s.last.finished)
             ]
         for stream in dropped:
             stream.put(
