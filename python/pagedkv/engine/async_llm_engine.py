@@ -64,6 +64,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped after an error; no request can be served."""
 
 
+class EngineShutDown(RuntimeError):
+    """Why a shut-down engine serves no request (its dead_error)."""
+
+
 class RequestAbortedError(RuntimeError):
     """abort() stopped this request before it had a result to return."""
 
@@ -93,6 +97,9 @@ class RequestStream:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._closed = False
         self.last: Any = None  # the newest snapshot put (engine thread only)
+        # The engine took the request (engine thread only): before, its add command is still
+        # queued, and a step that fails meanwhile cannot have run it.
+        self.admitted = False
 
     def put(self, item: Any) -> None:  # engine thread
         # RuntimeError: the caller's loop is closed, nobody is listening any more.
@@ -231,6 +238,8 @@ class AsyncLLMEngine:
         """Why the engine died (what /health reports), or None while it runs."""
         if self._dead is None:
             return None
+        if isinstance(self._dead, EngineShutDown):
+            return str(self._dead)
         kind = " (device error)" if is_device_error(self._dead) else ""
         return f"engine loop died{kind}: {self._dead!r}"
 
@@ -344,10 +353,14 @@ class AsyncLLMEngine:
             self.abort(request_id)
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops the engine thread. Requests still streaming or queued then get
+        EngineDeadError ("the engine was shut down") instead of waiting forever, and new
+        ones are refused with it."""
         self._stopping = True
         self._commands.put(("wake",))
         self._thread.join(timeout)
         self._inputs.shutdown(wait=False)
+        self._die(EngineShutDown("the engine was shut down"))
 
     # ------------------------------------------------------------------ engine thread
 
@@ -436,6 +449,10 @@ class AsyncLLMEngine:
             except Exception as exc:  # noqa: BLE001 - bad request: report to its caller only
                 fut.set_exception(exc)
                 return
+            with self._lock:
+                stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.admitted = True
             fut.set_result(None)
         elif kind == "abort":
             held = [(rid, self.engine.requests.get(rid)) for rid in cmd[1]]
@@ -478,13 +495,15 @@ class AsyncLLMEngine:
 
     def _fail_dropped(self, exc: Exception) -> int:
         """After a failed step: the streams of requests the engine no longer holds (it aborted
-        the step's requests) get StepFailedError, unless their final output was already sent.
-        Returns how many requests failed."""
+        the step's requests) get StepFailedError, unless their final output was already sent
+        or their add is still queued. Returns how many requests failed."""
         with self._lock:
             dropped = [
                 s
                 for rid, s in self._streams.items()
-                if rid not in self.engine.requests and not (s.last is not None and s.last.finished)
+                if s.admitted
+                and rid not in self.engine.requests
+                and not (s.last is not None and s.last.finished)
             ]
         for stream in dropped:
             stream.put(
@@ -497,6 +516,8 @@ class AsyncLLMEngine:
 
     def _die(self, exc: BaseException) -> None:
         with self._lock:
+            if self._dead is not None:  # (shutdown after a death: the first cause stays)
+                return
             self._dead = exc
             streams = list(self._streams.values())
         error = EngineDeadError(self.dead_reason)
