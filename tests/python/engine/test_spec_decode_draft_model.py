@@ -15,17 +15,23 @@ import json
 import os
 from typing import Any, Dict, List
 
-import numpy as np
 import pytest
 import torch
 from pagedkv import LLM, SamplingParams
-from pagedkv.testing import save_random_model
 from support.deps import need
 from support.engine import assert_no_leak
+from support.speculation import (
+    CPU_TARGET_SHAPE,
+    assert_samples_follow,
+    hf_top_k_distribution,
+    output_tokens,
+    save_cpu_target,
+    spec_cpu_llm,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-VOCAB = 256
+VOCAB = CPU_TARGET_SHAPE["vocab_size"]
 K = 3
 PROMPTS = [
     [5, 6, 7, 8, 9] * 6 + [5, 6],
@@ -37,19 +43,7 @@ PROMPTS = [
 
 
 def _save_target(root: Any, name: str, **over: Any) -> str:
-    cfg: Dict[str, Any] = dict(
-        seed=3,
-        tokenizer=False,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=1024,
-    )
-    return save_random_model(str(root.mktemp(name)), "tiny-llama", **{**cfg, **over})
+    return save_cpu_target(str(root.mktemp(name)), **over)
 
 
 def _first_layers(src: str, dst: str, layers: int) -> str:
@@ -82,21 +76,13 @@ def draft(target: str, tmp_path_factory: Any) -> str:
 
 
 def _llm(model: str, draft: str | None = None, k: int = K, **kw: Any) -> LLM:
-    args: Dict[str, Any] = dict(
-        device="cpu",
-        skip_tokenizer_init=True,
-        kv_cache_space=0.01,
-        max_model_len=256,
-        block_size=4,
-    )
     if draft is not None:
-        args["speculative_config"] = {"model": draft, "num_speculative_tokens": k}
-    return LLM(model, **{**args, **kw})
+        kw["speculative_config"] = {"model": draft, "num_speculative_tokens": k}
+    return spec_cpu_llm(model, **kw)
 
 
 def _tokens(llm: LLM, params: Any, prompts: List[List[int]] = PROMPTS) -> List[List[int]]:
-    inputs = [{"prompt_token_ids": p} for p in prompts]
-    return [list(o.outputs[0].token_ids) for o in llm.generate(inputs, params, use_tqdm=False)]
+    return output_tokens(llm, params, prompts)
 
 
 def _greedy_params() -> List[SamplingParams]:
@@ -218,48 +204,20 @@ def test_top_k_1_samples_with_a_draft_model_equal_greedy(
     assert_no_leak(spec)
 
 
-def _hf_distribution(model_dir: str, prompt: List[int], steps: int, top_k: int) -> Dict:
-    """Exact probability of every top-k-truncated continuation of ``steps`` tokens
-    (temperature 1), from dense Hugging Face forwards of each prefix."""
-    transformers = need("transformers")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    probs: Dict[tuple, float] = {(): 1.0}
-    for _ in range(steps):
-        nxt: Dict[tuple, float] = {}
-        for prefix, p in probs.items():
-            with torch.no_grad():
-                logits = hf(torch.tensor([prompt + list(prefix)])).logits[0, -1].double()
-            top = logits.topk(top_k)
-            for t, qt in zip(top.indices.tolist(), top.values.softmax(-1).tolist()):
-                nxt[prefix + (t,)] = p * qt
-        probs = nxt
-    return probs
-
-
 def test_sampled_speculation_with_a_draft_model_follows_the_target(target: str, draft: str) -> None:
     """Many seeds, top-k 3: the joint distribution of the first 3 tokens (the 2nd and 3rd
     drafted by the draft model from its own q and verified) against HF's exact one."""
-    stats_mod = need("scipy.stats")
+    need("scipy.stats")
     prompt = PROMPTS[0]
     steps, top_k, n = 3, 3, 400
-    exact = _hf_distribution(target, prompt, steps, top_k)
+    exact = hf_top_k_distribution(target, prompt, steps, top_k)
     spec = _llm(target, draft, k=2, kv_cache_space=0.05)
     params = [
         SamplingParams(temperature=1.0, top_k=top_k, max_tokens=steps, seed=s, ignore_eos=True)
         for s in range(n)
     ]
     outs = spec.generate([{"prompt_token_ids": prompt}] * n, params, use_tqdm=False)
-    seen = [tuple(o.outputs[0].token_ids) for o in outs]
-    assert set(seen) <= set(exact), "a token outside the target's top-k support"
-    cells = sorted(exact)
-    observed = np.array([seen.count(c) for c in cells], dtype=np.float64)
-    expected = np.array([exact[c] for c in cells]) * n
-    small = expected < 5  # pooled (chi-square's validity rule)
-    if small.any():
-        observed = np.append(observed[~small], observed[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    p_value = stats_mod.chisquare(observed, expected).pvalue
-    assert p_value > 1e-3, f"speculative samples differ from the target (p = {p_value:.2e})"
+    assert_samples_follow([tuple(o.outputs[0].token_ids) for o in outs], exact)
     stats = _stats(spec)
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
     assert_no_leak(spec)
