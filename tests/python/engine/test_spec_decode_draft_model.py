@@ -16,10 +16,10 @@ import os
 from typing import Any, Dict, List
 
 import pytest
-import torch
 from pagedkv import LLM, SamplingParams
 from support.deps import need
 from support.engine import assert_no_leak
+from support.peft_adapters import save_peft_adapter
 from support.speculation import (
     CPU_TARGET_SHAPE,
     assert_samples_follow,
@@ -282,16 +282,11 @@ def test_a_lora_target_with_a_draft_model_equals_its_plain_greedy(
     target: str, draft: str, tmp_path: Any
 ) -> None:
     """The target verifies with the request's adapter; the draft (no adapter) only proposes."""
-    peft = need("peft")
-    transformers = need("transformers")
+    need("peft")
+    need("transformers")
     from pagedkv import LoRARequest
 
-    torch.manual_seed(1)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    cfg = peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-    )
-    peft.get_peft_model(hf, cfg).save_pretrained(str(tmp_path / "a1"))
+    save_peft_adapter(target, str(tmp_path / "a1"), ["q_proj", "v_proj"], seed=1)
     lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in PROMPTS]
