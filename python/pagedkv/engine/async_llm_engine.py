@@ -33,7 +33,7 @@ import inspect
 import logging
 import queue
 import threading
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from pagedkv.engine.input_processor import EngineRequest
 from pagedkv.engine.request_failures import is_device_error
@@ -62,6 +62,10 @@ def _engine_arg_names() -> set:
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped after an error; no request can be served."""
+
+
+class RequestAbortedError(RuntimeError):
+    """abort() stopped this request before it had a result to return."""
 
 
 class StepFailedError(RuntimeError):
@@ -434,11 +438,28 @@ class AsyncLLMEngine:
                 return
             fut.set_result(None)
         elif kind == "abort":
+            held = [(rid, self.engine.requests.get(rid)) for rid in cmd[1]]
             try:
                 self.engine.abort_request(cmd[1])
             except (KeyError, ValueError) as exc:  # already finished: nothing to free
                 logger.debug("abort %s: %r", cmd[1], exc)
+            self._end_aborted([(rid, req) for rid, req in held if req is not None])
             fut.set_result(None)
+
+    def _end_aborted(self, aborted: List[Tuple[str, Any]]) -> None:
+        """Streams still read of requests abort() stopped end, as vLLM's do: a generation
+        request with its final output (finish_reason "abort"), a pooling request (no partial
+        result) with RequestAbortedError; otherwise their readers would wait forever."""
+        for rid, req in aborted:
+            with self._lock:
+                stream = self._streams.get(rid)
+            if stream is None:
+                continue  # its reader left first (close() sent this abort)
+            if hasattr(req, "to_output"):
+                stream.last = _snapshot(req.to_output(), stream.last)
+                stream.put(stream.last)
+            else:
+                stream.put(RequestAbortedError(f"request {rid!r} was aborted"))
 
     def _dispatch(self, outputs: List[Any], errors: Dict[str, Exception]) -> None:
         """The step's outputs to their streams; a request that failed alone (``errors``: its

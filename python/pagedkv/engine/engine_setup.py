@@ -128,6 +128,7 @@ def _build_rest(
         runner = ModelRunner(cfg, model, mc, device, dtype, max_model_len, batched)
         spec = SpeculativeConfig.from_dict(cfg.speculative_config)
         if spec is not None and spec.method == DRAFT_MODEL:  # before the KV cache is sized
+            _check_draft_target(model, cfg.model)
             runner.draft = _draft_runner(cfg, spec, device, mc, max_model_len, batched)
     num_blocks, num_cpu = runner.determine_num_blocks()
     capacity = num_blocks * cfg.block_size
@@ -201,6 +202,16 @@ def _build_rest(
 # (tests, a CLI bench next to an LLM) reuses them while the first is alive; none is kept alive
 # by this table, so `del llm` still frees the memory.
 _LOADED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _check_draft_target(model: torch.nn.Module, name: Optional[str]) -> None:
+    """A draft model reads token ids only: an image model's prompts would reach it without
+    their images (and, for Qwen2-VL, without M-RoPE positions), so it would draft blind."""
+    if hasattr(model, "encode_images"):
+        raise ValueError(
+            f"speculative_config with a draft model: {name} takes images, which a draft "
+            "model cannot read yet; use method 'ngram' for image models"
+        )
 
 
 def _draft_runner(

@@ -300,3 +300,13 @@ def test_a_lora_target_with_a_draft_model_equals_its_plain_greedy(
     assert _tokens(_llm(target), params) != [list(o.outputs[0].token_ids) for o in want]
     assert _stats(spec)["spec_decode_num_accepted_tokens"] > 0
     assert_no_leak(spec)
+
+
+def test_a_draft_model_for_an_image_model_is_refused_by_name(tmp_path: Any) -> None:
+    """The draft reads token ids only: an image prompt would reach it without its image."""
+    from pagedkv.testing import save_random_qwen2_vl
+
+    path = save_random_qwen2_vl(str(tmp_path / "qwen2_vl"))
+    spec = {"model": path, "num_speculative_tokens": K}
+    with pytest.raises(ValueError, match="takes images.*use method 'ngram'"):
+        LLM(path, device="cpu", kv_cache_space=0.02, speculative_config=spec)
