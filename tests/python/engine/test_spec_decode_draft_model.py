@@ -11,8 +11,6 @@ target accepts every draft; a draft with another vocabulary is refused by name.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Dict, List
 
 import pytest
@@ -26,6 +24,7 @@ from support.speculation import (
     hf_top_k_distribution,
     output_tokens,
     save_cpu_target,
+    save_first_layers,
     spec_cpu_llm,
 )
 
@@ -46,25 +45,6 @@ def _save_target(root: Any, name: str, **over: Any) -> str:
     return save_cpu_target(str(root.mktemp(name)), **over)
 
 
-def _first_layers(src: str, dst: str, layers: int) -> str:
-    """The checkpoint ``src`` cut to its first ``layers`` layers (same embeddings and head)."""
-    from safetensors.torch import load_file, save_file
-
-    with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg["num_hidden_layers"] = layers
-    with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    weights = load_file(os.path.join(src, "model.safetensors"))
-    kept = {
-        k: v
-        for k, v in weights.items()
-        if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
-    }
-    save_file(kept, os.path.join(dst, "model.safetensors"))
-    return dst
-
-
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: Any) -> str:
     return _save_target(tmp_path_factory, "draft_target")
@@ -72,7 +52,7 @@ def target(tmp_path_factory: Any) -> str:
 
 @pytest.fixture(scope="module")
 def draft(target: str, tmp_path_factory: Any) -> str:
-    return _first_layers(target, str(tmp_path_factory.mktemp("draft_small")), 1)
+    return save_first_layers(target, str(tmp_path_factory.mktemp("draft_small")), 1)
 
 
 def _llm(model: str, draft: str | None = None, k: int = K, **kw: Any) -> LLM:

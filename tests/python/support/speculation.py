@@ -3,6 +3,9 @@ draft-model speculation, on the CPU and on CUDA)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -42,6 +45,29 @@ def save_cpu_target(out_dir: str, **over: Any) -> str:
     from pagedkv.testing import save_random_model
 
     return save_random_model(out_dir, "tiny-llama", **{**CPU_TARGET_SHAPE, **over})
+
+
+def save_first_layers(src: str, dst: str, layers: int) -> str:
+    """The checkpoint ``src`` cut to its first ``layers`` layers (same embeddings, head and
+    tokenizer files) in ``dst``: a smaller draft model whose guesses are often right."""
+    from safetensors.torch import load_file, save_file
+
+    for name in os.listdir(src):  # tokenizer files as they are
+        if name not in ("config.json", "model.safetensors"):
+            shutil.copy(os.path.join(src, name), dst)
+    with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = layers
+    with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    weights = load_file(os.path.join(src, "model.safetensors"))
+    kept = {
+        k: v
+        for k, v in weights.items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
+    }
+    save_file(kept, os.path.join(dst, "model.safetensors"))
+    return dst
 
 
 def spec_cpu_llm(model: str, /, **kw: Any) -> Any:
