@@ -11,12 +11,11 @@ from typing import Any, List
 import pytest
 from support.deps import need
 from support.engine import assert_no_leak
-from support.speculation import save_first_layers
+from support.speculation import save_cpu_target, save_first_layers
 
 need("torch")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -25,17 +24,8 @@ PROMPTS = ["Hello world, this is", "The quick brown fox", "a b c d e f g h i j k
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: Any) -> tuple:
-    target = save_random_model(
-        str(tmp_path_factory.mktemp("spec_target")),
-        "tiny-llama",
-        seed=3,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        max_position_embeddings=512,
+    target = save_cpu_target(
+        str(tmp_path_factory.mktemp("spec_target")), tokenizer=True, max_position_embeddings=512
     )
     draft = save_first_layers(target, str(tmp_path_factory.mktemp("spec_draft")), 1)
     args = dict(device="cpu", kv_cache_space=0.02, max_model_len=128, block_size=4)

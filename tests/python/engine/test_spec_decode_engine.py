@@ -13,7 +13,6 @@ from typing import Any, Dict, List
 
 import pytest
 from pagedkv import LLM, SamplingParams
-from pagedkv.testing import save_random_model
 from support.deps import need
 from support.engine import assert_no_leak
 from support.speculation import (
@@ -142,18 +141,7 @@ def test_a_stop_string_inside_the_accepted_drafts_ends_the_output_there(
 ) -> None:
     """A speculative step appends several tokens at once; a stop string found in the first of
     them ends the sample there: text and token ids as plain decoding gives them."""
-    path = save_random_model(
-        str(tmp_path_factory.mktemp("spec_stop")),
-        "tiny-llama",
-        seed=3,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        max_position_embeddings=1024,
-    )
+    path = save_cpu_target(str(tmp_path_factory.mktemp("spec_stop")), tokenizer=True)
     kw: Dict[str, Any] = dict(device="cpu", kv_cache_space=0.02, max_model_len=256)
     prompt = "one two three four one two three four one two three four one two"
     plain = LLM(path, **kw)

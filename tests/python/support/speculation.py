@@ -40,11 +40,15 @@ CUDA_SHAPE: Dict[str, Any] = dict(
 )
 
 
-def save_cpu_target(out_dir: str, **over: Any) -> str:
-    """Writes the CPU tests' target (``over`` replaces config keys) to ``out_dir``."""
+def save_cpu_target(out_dir: str, tokenizer: bool = False, **over: Any) -> str:
+    """Writes the CPU tests' target (``over`` replaces config keys) to ``out_dir``; with the
+    SmolLM2 ``tokenizer``, over its vocabulary (the preset's) instead of 256 token ids."""
     from pagedkv.testing import save_random_model
 
-    return save_random_model(out_dir, "tiny-llama", **{**CPU_TARGET_SHAPE, **over})
+    shape = {**CPU_TARGET_SHAPE, "tokenizer": tokenizer}
+    if tokenizer:
+        del shape["vocab_size"]
+    return save_random_model(out_dir, "tiny-llama", **{**shape, **over})
 
 
 def save_first_layers(src: str, dst: str, layers: int) -> str:
