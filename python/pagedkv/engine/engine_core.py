@@ -224,7 +224,11 @@ class EngineCore:
         host = work.host(tokens)
         spec: Dict[int, List[int]] = {}
         if self.speculator is not None and int(plan.num_draft_tokens_total):
-            spec = self.speculator.verify(plan, hidden, entries, self.runner.compute_logits)
+            failed = RequestFailures()
+            spec = self.speculator.verify(plan, hidden, entries, self.runner.compute_logits, failed)
+            for req, _ in failed.items():  # (its own knobs raised: it emits nothing)
+                self.abort_request(req)
+            self._failures.merge(failed)
         if spec:  # the speculating entries emit their verified tokens instead of one sample
             flat, counts = emitted_arrays(host, spec)
             finished = self.scheduler.update_accepted(plan, flat, counts)
@@ -339,12 +343,33 @@ class EngineCore:
         if prev_tokens is not None:  # (over several ranks: the executor broadcasts them)
             kw["prev_tokens"] = prev_tokens
         if self.lora_admission is not None:
+            self._read_adapters(entries)
             kw["lora_ids"] = [e[0].lora_id if e is not None else 0 for e in entries]
         if getattr(self.runner, "takes_images", False) and int(plan.num_prefills):
             kw["image_rows"] = step_image_rows(plan, entries)
         if getattr(self.runner, "uses_mrope", False):
             kw["mrope_positions"] = step_mrope_positions(plan, entries)
         return self.runner.execute(plan, **kw)
+
+    def _read_adapters(self, entries: List[Optional[Entry]]) -> None:
+        """Reads the step's adapters that are in neither host memory nor a device slot; the
+        requests of one that cannot be read (its folder deleted or unreadable since it was
+        added) fail alone and leave the step: their entries become None (rows without an
+        adapter, whose tokens nobody takes)."""
+        lora = getattr(self.runner, "lora", None)
+        if lora is None:
+            return
+        wanted = sorted({e[0].lora_id for e in entries if e is not None and e[0].lora_id})
+        errors = lora.ensure_readable(wanted) if wanted else {}
+        if not errors:
+            return
+        for i, entry in enumerate(entries):
+            if entry is not None and entry[0].lora_id in errors:
+                req = entry[0]
+                entries[i] = None
+                if req not in self._failures:
+                    self._failures.blame(req, errors[req.lora_id])
+                    self.abort_request(req)
 
     def _sample(
         self, plan: Any, entries: List[Optional[Entry]], hidden: torch.Tensor

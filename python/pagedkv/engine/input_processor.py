@@ -68,6 +68,8 @@ class RequestLimits:
     max_bad_words: Optional[int] = None  # entries of `bad_words`
     max_word_chars: Optional[int] = None  # characters of one stop string or bad word
     max_logit_bias: Optional[int] = None  # entries of `logit_bias`
+    # Pixels of one image (width x height), checked from the image's header before it decodes.
+    max_image_pixels: Optional[int] = None
     # Where the engine-wide limit lives, for error messages ("set --max-stop-strings").
     source: str = "the engine"
 
@@ -155,7 +157,7 @@ class InputProcessor:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         priority = self.check_priority(priority)
         params = self.check_params(params, limits)
-        text, ids, mm = self._prompt(prompt, prompt_token_ids, params)
+        text, ids, mm = self._prompt(prompt, prompt_token_ids, params, limits)
         max_tokens = self._max_tokens(ids, params)
         if params.min_tokens > max_tokens:
             # Only with max_tokens=None: the context ends the request first either way, and
@@ -280,7 +282,11 @@ class InputProcessor:
 
     # ------------------------------------------------------------------ the prompt
     def _prompt(
-        self, prompt: Any, prompt_token_ids: Optional[Sequence[int]], params: SamplingParams
+        self,
+        prompt: Any,
+        prompt_token_ids: Optional[Sequence[int]],
+        params: SamplingParams,
+        limits: RequestLimits,
     ) -> Tuple[Optional[str], List[int], Any]:
         mm_data = None
         if prompt is not None and not isinstance(prompt, str):
@@ -301,7 +307,7 @@ class InputProcessor:
             if params.truncate_prompt_tokens is not None:  # it would cut image placeholders
                 raise ValueError("truncate_prompt_tokens cannot be used with multi_modal_data")
             assert self.images is not None  # (prompt_item refused it otherwise)
-            ids, mm = self.images.process(ids, mm_data, "prompt")
+            ids, mm = self.images.process(ids, mm_data, "prompt", limits.max_image_pixels)
         ids = self._truncate(ids, params.truncate_prompt_tokens)
         vocab = self.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:

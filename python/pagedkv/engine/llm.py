@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from pagedkv.engine.beam_search import BeamSearchOutput, BeamSearchParams, beam_search_sync
 from pagedkv.engine.llm_inputs import (
@@ -24,7 +24,7 @@ from pagedkv.engine.llm_inputs import (
 from pagedkv.engine.llm_pooling import PoolingMixin
 from pagedkv.engine.multimodal import ChatImages
 from pagedkv.engine.outputs import RequestOutput
-from pagedkv.engine.request_failures import RequestFailedError
+from pagedkv.engine.request_failures import raise_request_errors
 from pagedkv.engine.runner_choice import make_engine
 from pagedkv.engine.sampling_params import SamplingParams
 from pagedkv.lora.request import LoRARequest
@@ -216,7 +216,7 @@ class LLM(PoolingMixin):
         try:
             while engine.has_unfinished_requests():
                 outs = engine.step()
-                _raise_request_errors(engine.take_request_errors(), wanted)
+                raise_request_errors(engine.take_request_errors(), wanted)
                 done = [o for o in outs if o.finished and o.request_id in wanted]
                 results.update((o.request_id, o) for o in done)
                 if bar is not None and done:
@@ -228,15 +228,6 @@ class LLM(PoolingMixin):
             if bar is not None:
                 bar.close()
         return [results[i] for i in ids]
-
-
-def _raise_request_errors(errors: Dict[str, Exception], wanted: Set[str]) -> None:
-    """A request of this call failed alone (its own work raised, e.g. its logits processor):
-    generate() cannot return its output, so it raises that error, naming the request."""
-    mine = [rid for rid in errors if rid in wanted]
-    if mine:
-        rid = mine[0]
-        raise RequestFailedError(f"request {rid!r} failed: {errors[rid]!r}") from errors[rid]
 
 
 def _final_only(p: SamplingParams) -> SamplingParams:

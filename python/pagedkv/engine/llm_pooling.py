@@ -24,6 +24,7 @@ from pagedkv.engine.pooling_outputs import (
     ScoringRequestOutput,
 )
 from pagedkv.engine.pooling_params import PoolingParams
+from pagedkv.engine.request_failures import raise_request_errors
 from pagedkv.models.progress import progress_bar
 
 PromptType = Union[str, List[int], Dict[str, Any]]
@@ -265,6 +266,7 @@ def _run(engine: Any, ids: List[str], use_tqdm: bool) -> List[PoolingRequestOutp
     try:
         while engine.has_unfinished_requests():
             done = [o for o in engine.step() if o.request_id in wanted]
+            raise_request_errors(engine.take_request_errors(), wanted)
             results.update((o.request_id, o) for o in done)
             if bar is not None and done:
                 bar.update(len(done))

@@ -147,10 +147,15 @@ class ImageInputProcessor:
         self.max_images = int((limits or {}).get("image", DEFAULT_MM_LIMIT))
 
     def process(
-        self, ids: List[int], data: Mapping[str, Any], name: str
+        self,
+        ids: List[int],
+        data: Mapping[str, Any],
+        name: str,
+        max_pixels: Optional[int] = None,
     ) -> Tuple[List[int], MultiModalInputs]:
         """Token ids with the k-th image token expanded into image k's placeholders (ids
-        already expanded are kept), and what the vision tower reads."""
+        already expanded are kept), and what the vision tower reads. ``max_pixels``: the most
+        pixels of one image (RequestLimits.max_image_pixels), None for no limit."""
         images = data.get("image")
         images = list(images) if isinstance(images, (list, tuple)) else [images]
         where = f"{name}['multi_modal_data']['image']"
@@ -161,6 +166,8 @@ class ImageInputProcessor:
                 f"{where}: {len(images)} images, more than limit_mm_per_prompt allows "
                 f"({self.max_images})"
             )
+        for i, image in enumerate(images):  # (before the processor resizes a huge one)
+            check_image_pixels(getattr(image, "size", None), max_pixels, f"{where}[{i}]")
         inputs, counts = self.model.image_inputs(self.processor, _rgb(images, where))
         ids = self._expand(ids, counts, name)
         placeholders = np.flatnonzero(np.asarray(ids) == self.image_token_id)
@@ -197,10 +204,29 @@ class ImageInputProcessor:
 MAX_IMAGE_BYTES = 20 << 20  # one fetched or decoded image
 
 
-def load_image_url(url: Any, where: str, allowed_domains: Optional[Sequence[str]] = None) -> Any:
+def check_image_pixels(size: Any, max_pixels: Optional[int], where: str) -> None:
+    """An image of ``size`` (width, height) within ``max_pixels`` (None: no limit). A few
+    kilobytes of PNG can hold a 8000 x 8000 image that takes seconds to decode and resize."""
+    if max_pixels is None or size is None:
+        return
+    width, height = (int(v) for v in size)
+    if width * height > max_pixels:
+        raise ValueError(
+            f"{where}: the image is {width}x{height} = {width * height} pixels, more than "
+            f"max_image_pixels ({max_pixels}) allows"
+        )
+
+
+def load_image_url(
+    url: Any,
+    where: str,
+    allowed_domains: Optional[Sequence[str]] = None,
+    max_pixels: Optional[int] = None,
+) -> Any:
     """An OpenAI ``image_url`` -> PIL.Image: a ``data:`` URL (base64) always; an http(s) URL
     only from a host in ``allowed_domains`` (vLLM's --allowed-media-domains: the server must
-    not fetch what a client names, e.g. internal addresses); any other scheme is refused."""
+    not fetch what a client names, e.g. internal addresses); any other scheme is refused.
+    An image over ``max_pixels`` is refused from its header, before it is decoded."""
     import base64
     import binascii
     import io
@@ -232,7 +258,13 @@ def load_image_url(url: Any, where: str, allowed_domains: Optional[Sequence[str]
     if len(raw) > MAX_IMAGE_BYTES:
         raise ValueError(f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes")
     try:
-        image = Image.open(io.BytesIO(raw))
+        image = Image.open(io.BytesIO(raw))  # (reads the header only)
+    except Image.DecompressionBombError as exc:  # (PIL's own limit, far above ours)
+        raise ValueError(f"{where}: {exc}") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ValueError(f"{where}: not a readable image ({exc})") from None
+    check_image_pixels(image.size, max_pixels, where)
+    try:
         image.load()
     except (UnidentifiedImageError, OSError) as exc:
         raise ValueError(f"{where}: not a readable image ({exc})") from None
@@ -258,6 +290,7 @@ class ChatImages:
     architecture: Optional[str]
     image_token: str
     allowed_domains: Optional[Sequence[str]] = None
+    max_pixels: Optional[int] = None  # of one image (RequestLimits.max_image_pixels)
     images: Optional[List[Any]] = None
 
     def take(self, part: Any, where: str) -> str:
@@ -265,13 +298,15 @@ class ChatImages:
         if self.images is None:
             self.images = []
         if isinstance(part, Mapping) and part.get("type") == "image_pil":
-            self.images.extend(_rgb([part.get("image_pil")], where))
+            image = part.get("image_pil")
+            check_image_pixels(getattr(image, "size", None), self.max_pixels, where)
+            self.images.extend(_rgb([image], where))
             return self.image_token
         spec = getattr(part, "image_url", None)
         if spec is None and isinstance(part, Mapping):
             spec = part.get("image_url")
         url = spec.get("url") if isinstance(spec, Mapping) else spec
-        self.images.append(load_image_url(url, where, self.allowed_domains))
+        self.images.append(load_image_url(url, where, self.allowed_domains, self.max_pixels))
         return self.image_token
 
 

@@ -45,6 +45,7 @@ from pagedkv.engine.llm_inputs import prompt_item
 from pagedkv.engine.pooler import Pooler, PoolerConfig, sentence_transformers_config
 from pagedkv.engine.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from pagedkv.engine.pooling_params import PoolingParams
+from pagedkv.engine.request_failures import is_device_error
 
 logger = logging.getLogger("pagedkv")
 
@@ -267,6 +268,7 @@ class PoolingEngine:
         )
         self.requests: Dict[str, _Running] = {}
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+        self._request_errors: Dict[str, Exception] = {}  # see take_request_errors
         logger.info(
             "pooling engine: task %s, %s pooling%s",
             task,
@@ -336,10 +338,12 @@ class PoolingEngine:
         return bool(self.requests)
 
     def take_request_errors(self) -> Dict[str, Exception]:
-        """LLMEngine's hook for requests that failed alone in a step (AsyncLLMEngine reads it
-        after every step). A pooling step has no per-request work that can fail alone: a
-        failed step aborts all of its requests (_fail) and raises, so there is never one."""
-        return {}
+        """The requests that failed alone since the last call, each with its error (LLMEngine's
+        hook, read by AsyncLLMEngine after every step): a request whose pooling head raised
+        (_finish). Their outputs came with the step, finished, with no data. A failed forward
+        aborts all of the step's requests (_fail) and raises instead."""
+        errors, self._request_errors = self._request_errors, {}
+        return errors
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
@@ -416,15 +420,38 @@ class PoolingEngine:
                 self.scheduler.abort_request(rid)
         self.scheduler.update(plan, np.full(len(ids), -1, dtype=np.int64))
 
-    def _finish(self, done: List[_Running]) -> List[PoolingRequestOutput]:
-        if not done:
-            return []
-        data = self.pooler.pool(
+    def _pool(self, done: List[_Running]) -> List[torch.Tensor]:
+        return self.pooler.pool(
             [r.req.task for r in done],
             [r.rows_read() for r in done],
             [r.req.prompt_token_ids for r in done],
             [r.req.pooling_params for r in done],
         )
+
+    def _pool_each(self, done: List[_Running]) -> List[torch.Tensor]:
+        """The batched heads raised: each request alone, so that only a request whose own head
+        raises fails (recorded for take_request_errors; its output holds no data)."""
+        data = []
+        for run in done:
+            try:
+                data.append(self._pool([run])[0])
+            except Exception as exc:
+                if is_device_error(exc):
+                    raise
+                logger.warning("request %r failed and was aborted: %r", run.req.request_id, exc)
+                self._request_errors[run.req.request_id] = exc
+                data.append(torch.empty(0))
+        return data
+
+    def _finish(self, done: List[_Running]) -> List[PoolingRequestOutput]:
+        if not done:
+            return []
+        try:
+            data = self._pool(done)
+        except Exception as exc:
+            if is_device_error(exc):
+                raise
+            data = self._pool_each(done)
         outs = []
         for run, x in zip(done, data):
             req = run.req

@@ -7,7 +7,7 @@ after one, see AsyncLLMEngine)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, KeysView, List, Sequence, Tuple, TypeVar
+from typing import AbstractSet, Callable, Dict, Iterator, KeysView, List, Sequence, Tuple, TypeVar
 
 from pagedkv.engine.request_state import RequestState
 
@@ -39,6 +39,15 @@ T = TypeVar("T")
 
 class RequestFailedError(RuntimeError):
     """A request's own work raised during a step: the engine aborted it (the others go on)."""
+
+
+def raise_request_errors(errors: Dict[str, Exception], wanted: AbstractSet[str]) -> None:
+    """A request of an offline call (LLM.generate, LLM.embed, ...) failed alone (its own work
+    raised): the call cannot return its output, so it raises that error, naming the request."""
+    mine = [rid for rid in errors if rid in wanted]
+    if mine:
+        rid = mine[0]
+        raise RequestFailedError(f"request {rid!r} failed: {errors[rid]!r}") from errors[rid]
 
 
 class RequestFailures:

@@ -92,6 +92,27 @@ class LoRAManager:
         return list(self.known.values())
 
     # ------------------------------------------------------------------ device slots
+    def ensure_readable(self, lora_int_ids: Sequence[int]) -> dict[int, Exception]:
+        """Makes every adapter of the next step ready for a device slot: one in neither a slot
+        nor host memory is read from its folder again (evicted from the host cache). Returns
+        the adapters that could not be read, each with its error, so that the engine fails
+        only their requests (a deleted or unreadable folder is theirs, not the step's)."""
+        for i in lora_int_ids:  # needed ones first in the LRU: reading others evicts them last
+            if i in self.host:
+                self.host.move_to_end(i)
+        errors: dict[int, Exception] = {}
+        for i in lora_int_ids:
+            if i in self.slots or i in self.host:
+                continue
+            request = self.known.get(i)
+            try:
+                if request is None:
+                    raise ValueError(f"LoRA adapter id {i} is not loaded")
+                self._cache(request, self.read_adapter(request))
+            except Exception as exc:
+                errors[i] = exc
+        return errors
+
     def _load_slot(self, lora_int_id: int, busy: set[int]) -> int:
         if lora_int_id not in self.host:
             request = self.known.get(lora_int_id)

@@ -348,17 +348,51 @@ def _causal(arch: str) -> str:
     )
 
 
-def _merge(d: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+# The JSON kinds of config.json values an override must keep (int and float are one kind:
+# config.json spells rope_theta 10000 or 10000.0). None on either side is not checked (a key
+# set to null, or turned off with null, as sliding_window).
+_JSON_KINDS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("a bool", (bool,)),  # (before the numbers: a bool is an int to isinstance)
+    ("a number", (int, float)),
+    ("a string", (str,)),
+    ("a list", (list, tuple)),
+    ("a JSON object", (dict,)),
+)
+
+
+def _json_kind(value: Any) -> Optional[tuple[str, tuple[type, ...]]]:
+    return next(((name, t) for name, t in _JSON_KINDS if isinstance(value, t)), None)
+
+
+def _check_override(name: str, old: Any, new: Any) -> None:
+    """An override keeps the kind of the config.json value it replaces, so that a bad one is
+    refused here by its key rather than failing later inside the model's set-up ('<' not
+    supported between 'str' and 'int')."""
+    if old is None or new is None:
+        return
+    want, got = _json_kind(old), _json_kind(new)
+    if want is None or got == want:
+        return
+    raise TypeError(
+        f"hf_overrides[{name!r}] must be {want[0]} like config.json's value {old!r}, got "
+        f"{type(new).__name__} {new!r}"
+    )
+
+
+def _merge(d: dict[str, Any], overrides: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """config.json keys replaced by hf_overrides; nested dicts (rope_scaling) are merged."""
     out = dict(d)
     for key, value in overrides.items():
+        if not isinstance(key, str):
+            raise TypeError(f"hf_overrides keys must be strings, got {key!r}")
+        _check_override(prefix + key, out.get(key), value)
         if key == "rope_scaling":  # replaced whole (vLLM's --rope-scaling), in either spelling
             params = out.pop("rope_parameters", None)
             if isinstance(params, dict) and "rope_theta" in params:
                 out.setdefault("rope_theta", params["rope_theta"])
             out[key] = value
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = _merge(out[key], value, f"{prefix}{key}.")
         else:
             out[key] = value
     if "rope_theta" in overrides and isinstance(out.get("rope_parameters"), dict):

@@ -6,6 +6,7 @@ used: "all are in device slots"), and an adapter registered under the base model
 from __future__ import annotations
 
 import argparse
+import shutil
 
 import pytest
 from support.deps import need
@@ -90,3 +91,19 @@ def test_unreadable_lora_module_is_a_flag_error(served, tmp_path) -> None:
     args = argparse.Namespace(lora_modules=[f"bad={tmp_path}"], served_model_name="base")
     with pytest.raises(CLIError, match="argument --lora-modules: .*no adapter_config.json"):
         build_app(engine, args)
+
+
+def test_deleted_adapter_fails_its_requests_alone(served, monkeypatch, tmp_path) -> None:
+    # (issue #25) An adapter folder deleted while its adapter is out of host memory and of the
+    # device slot: its requests get an error naming it, the others are served.
+    engine, modules, _ = served
+    gone = tmp_path / "gone"
+    shutil.copytree(modules[1].split("=", 1)[1], gone)
+    client = _client(engine, monkeypatch, modules + [f"gone={gone}"])
+    want = _text(client, "base")
+    _text(client, "a0")  # evicts 'gone' from the host cache and the slot
+    shutil.rmtree(gone)
+    body = {"model": "gone", "prompt": "The fox", "max_tokens": 5, "temperature": 0}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400 and "gone" in r.text, r.text
+    assert _text(client, "base") == want

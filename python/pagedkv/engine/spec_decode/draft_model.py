@@ -37,6 +37,7 @@ import torch
 
 from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.plan_arrays import PlanArrays
+from pagedkv.engine.request_failures import is_device_error
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
 
@@ -278,11 +279,13 @@ class DraftModelProposer:
         if greedy:
             g = torch.tensor(greedy, device=logits.device)
             rows = [sampling_row(active[r].req, active[r].seq, active[r].drafts) for r in greedy]
-            tokens[g] = Sampler.processed_logits(logits[g], rows).argmax(dim=-1)
+            tokens[g] = _knobbed(Sampler.processed_logits, _raw_logits, logits[g], rows).argmax(
+                dim=-1
+            )
         if random:
             g = torch.tensor(random, device=logits.device)
             rows = [sampling_row(active[r].req, active[r].seq, active[r].drafts) for r in random]
-            q = Sampler.target_probs(logits[g], rows)
+            q = _knobbed(Sampler.target_probs, _raw_probs, logits[g], rows)
             tokens[g] = self.sampler.draw(q, rows)
             self._q_parts.append(q)
             self._q_entries += [active[r].index for r in random]
@@ -301,6 +304,40 @@ class DraftModelProposer:
         ids, starts = np.unique(entries[order], return_index=True)
         for i, group in zip(ids.tolist(), np.split(order, starts[1:])):
             self.draft_probs[i] = rows[torch.from_numpy(group)]
+
+
+KnobFn = Callable[[torch.Tensor, List[SamplingRow]], torch.Tensor]
+
+
+def _knobbed(
+    knobs: KnobFn, plain: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor, rows: Any
+) -> torch.Tensor:
+    """``knobs(logits, rows)``; where that raises (not a device error), row by row, with
+    ``plain(row)`` for a row whose own knobs raise. A draft is only a proposal: its request is
+    blamed when verification applies the same knobs to the target's rows (Speculator.verify),
+    and a draft drawn from another q is still verified exactly (q goes with it)."""
+    try:
+        return knobs(logits, rows)
+    except Exception as exc:
+        if is_device_error(exc):
+            raise
+    out = []
+    for j, row in enumerate(rows):
+        try:
+            out.append(knobs(logits[j : j + 1], [row])[0])
+        except Exception as exc:
+            if is_device_error(exc):
+                raise
+            out.append(plain(logits[j]))
+    return torch.stack(out)
+
+
+def _raw_logits(logits: torch.Tensor) -> torch.Tensor:
+    return logits.float()
+
+
+def _raw_probs(logits: torch.Tensor) -> torch.Tensor:
+    return logits.float().softmax(dim=-1)
 
 
 def _greedy(s: _Speculating) -> bool:

@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from pagedkv.engine.request_failures import RequestFailures, is_device_error
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
 from pagedkv.engine.spec_decode.config import NGRAM, SpeculativeConfig
@@ -110,9 +111,16 @@ class Speculator:
 
     # ------------------------------------------------------------------ after the forward
     def verify(
-        self, plan: Any, hidden: torch.Tensor, entries: List[MaybeEntry], compute_logits: Any
+        self,
+        plan: Any,
+        hidden: torch.Tensor,
+        entries: List[MaybeEntry],
+        compute_logits: Any,
+        failures: Optional[RequestFailures] = None,
     ) -> Dict[int, List[int]]:
-        """Plan entry index -> the tokens it emits (1 to k+1), for every speculating entry."""
+        """Plan entry index -> the tokens it emits (1 to k+1), for every speculating entry.
+        ``failures``: where a request whose own knobs raise is blamed (the batched knobs are
+        then redone entry by entry); its entry emits nothing here (the caller aborts it)."""
         n = len(entries)
         num_draft = np.asarray(plan.num_draft_tokens[:n])
         spec = [i for i in np.flatnonzero(num_draft > 0).tolist() if entries[i] is not None]
@@ -147,14 +155,13 @@ class Speculator:
         target = logits
         if greedy or random:
             target = logits.float().clone()
-        if greedy:
-            idx = torch.tensor(greedy, device=logits.device)
-            target[idx] = Sampler.processed_logits(logits[idx], [knob_rows[r] for r in greedy])
         probs: Dict[int, torch.Tensor] = {}
-        if random:
-            idx = torch.tensor(random, device=logits.device)
-            p = Sampler.target_probs(logits[idx], [knob_rows[r] for r in random]).cpu()
-            probs = {r: p[j] for j, r in enumerate(random)}
+        try:
+            _apply_knobs(logits, target, probs, greedy, random, knob_rows)
+        except Exception as exc:
+            if failures is None or is_device_error(exc):
+                raise
+            spans = self._knobs_each(logits, target, probs, spans, entries, knob_rows, failures)
         best = target.argmax(dim=-1).tolist()  # one device sync for every greedy row
         out: Dict[int, List[int]] = {}
         for i, start, drafts in spans:
@@ -173,6 +180,49 @@ class Speculator:
             self.metrics.num_draft_tokens += k
             self.metrics.num_accepted_tokens += len(out[i]) - 1
         return out
+
+    @staticmethod
+    def _knobs_each(
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        probs: Dict[int, torch.Tensor],
+        spans: List[Tuple[int, int, List[int]]],
+        entries: List[MaybeEntry],
+        knob_rows: Dict[int, SamplingRow],
+        failures: RequestFailures,
+    ) -> List[Tuple[int, int, List[int]]]:
+        """The knobs entry by entry, after the batch raised: the spans whose own knobs worked
+        (the request of one that raised is blamed, as StepSampling retries its sampler)."""
+        kept = []
+        for span in spans:
+            i, start, drafts = span
+            own = [r for r in range(start, start + len(drafts) + 1) if r in knob_rows]
+            req, seq = _live(entries[i])
+            greedy = own if own and req.params.sampling_type_greedy else []
+            random = own if own and not req.params.sampling_type_greedy else []
+            with failures.guard(req):
+                _apply_knobs(logits, target, probs, greedy, random, knob_rows)
+                kept.append(span)
+        return kept
+
+
+def _apply_knobs(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    probs: Dict[int, torch.Tensor],
+    greedy: List[int],
+    random: List[int],
+    knob_rows: Dict[int, SamplingRow],
+) -> None:
+    """The knobs of the ``greedy`` rows into ``target`` (processed logits), the distributions
+    of the ``random`` rows into ``probs`` (on the host): what verification compares."""
+    if greedy:
+        idx = torch.tensor(greedy, device=logits.device)
+        target[idx] = Sampler.processed_logits(logits[idx], [knob_rows[r] for r in greedy])
+    if random:
+        idx = torch.tensor(random, device=logits.device)
+        p = Sampler.target_probs(logits[idx], [knob_rows[r] for r in random]).cpu()
+        probs.update((r, p[j]) for j, r in enumerate(random))
 
 
 def sampling_row(req: RequestState, seq: SeqState, accepted: List[int]) -> SamplingRow:

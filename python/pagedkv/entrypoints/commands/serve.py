@@ -273,6 +273,13 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         help="most bytes of one request body, on every route (default: "
         f"{d['max_request_body_size']}, 16 MiB)",
     )
+    g.add_argument(
+        "--max-image-pixels",
+        type=t.int_at_least(1),
+        default=s,
+        help="most pixels (width x height) of one image of a request, checked before it is "
+        f"decoded (default: {d['max_image_pixels']}, 4096 x 4096)",
+    )
 
 
 def _config_value(action: argparse.Action, value: Any) -> Any:

@@ -12,7 +12,9 @@ The list fields and strings every step works through (stop strings are searched 
 text, bad words matched against the output, logit_bias added to the logits) are bounded by
 ``--max-stop-strings``, ``--max-bad-words``, ``--max-word-chars`` and ``--max-logit-bias``
 (400 naming the field), and every request body by ``--max-request-body-size`` (413), /tokenize
-and /detokenize included. The defaults are far above what OpenAI allows (4 stop strings, 300
+and /detokenize included. One image of a request (``image_url``) may have at most
+``--max-image-pixels`` pixels, read from its header before it is decoded (400 naming the part).
+The defaults are far above what OpenAI allows (4 stop strings, 300
 logit_bias entries), so that ordinary vLLM clients are not refused.
 """
 
@@ -34,6 +36,10 @@ LIMIT_DEFAULTS: Dict[str, int] = {
     "max_word_chars": 1024,
     "max_logit_bias": 1024,
     "max_request_body_size": 16 * 2**20,  # bytes
+    # One image's width x height, checked from its header before it decodes: an 8000 x 8000
+    # PNG of a few kilobytes took 11 s to decode on the tokenizer thread. 4096 x 4096 is
+    # above every supported vision processor's input (they resize to about 1-3 Mpx).
+    "max_image_pixels": 4096 * 4096,
 }
 
 
@@ -55,8 +61,14 @@ def request_limits(args: Any = None) -> RequestLimits:
         max_n_sequences=max_n_sequences(args),
         **{
             k: limit_of(args, k)
-            for k in ("max_stop_strings", "max_bad_words", "max_word_chars", "max_logit_bias")
+            for k in (
+                "max_stop_strings",
+                "max_bad_words",
+                "max_word_chars",
+                "max_logit_bias",
+                "max_image_pixels",
+            )
         },
         source="the server (--max-stop-strings, --max-bad-words, --max-word-chars, "
-        "--max-logit-bias)",
+        "--max-logit-bias, --max-image-pixels)",
     )

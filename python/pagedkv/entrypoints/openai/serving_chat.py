@@ -99,6 +99,7 @@ class OpenAIServingChat(OpenAIServing):
             getattr(processor, "architecture", None),
             "".join(self.tokenizer.hf.convert_ids_to_tokens(reader.chat_image_ids)),
             self.state.allowed_media_domains,
+            self.state.limits.max_image_pixels,
         )
 
     def check_template(self, template: Optional[str]) -> None:
