@@ -20,6 +20,7 @@ import gc
 import json
 import os
 import time
+from typing import Any
 
 import torch
 
@@ -65,17 +66,52 @@ def write_adapter(out: str, cfg: dict, rank: int, seed: int) -> str:
     return out
 
 
-def _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM) -> dict:
-    """base / LoRA / base-again tokens/s on one engine whose adapters run through ``kernel``."""
-    llm = LLM(
-        args.model_dir,
+def lora_workload(
+    model_dir: str, preset: str, num_adapters: int, rank: int, num_prompts: int, prompt_len: int
+) -> tuple[list, list]:
+    """The LoRA benchmarks' workload: a random ``preset`` model in ``model_dir`` (written there,
+    bf16, if absent), ``num_adapters`` random rank-``rank`` adapters beside it, and
+    ``num_prompts`` random prompts of ``prompt_len`` token ids (seed 0)."""
+    from pagedkv import LoRARequest
+    from pagedkv.testing import save_random_model
+
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        save_random_model(model_dir, preset, dtype=torch.bfloat16, tokenizer=False)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    loras = [
+        LoRARequest(f"a{i}", i + 1, write_adapter(f"{model_dir}_lora{i}", cfg, rank, i))
+        for i in range(num_adapters)
+    ]
+    g = torch.Generator().manual_seed(0)
+    vocab = cfg["vocab_size"]
+    prompts = [
+        {"prompt_token_ids": torch.randint(10, vocab, (prompt_len,), generator=g).tolist()}
+        for _ in range(num_prompts)
+    ]
+    return loras, prompts
+
+
+def lora_llm(model_dir: str, num_adapters: int, rank: int, kernel: str, **kw: Any) -> Any:
+    """An engine for ``num_adapters`` adapters of rank ``rank`` at once through ``kernel``
+    (no prefix cache: every run computes its prompts)."""
+    from pagedkv import LLM
+
+    return LLM(
+        model_dir,
         skip_tokenizer_init=True,
         enable_lora=True,
-        max_loras=args.num_adapters,
-        max_lora_rank=args.rank,
+        max_loras=num_adapters,
+        max_lora_rank=rank,
         lora_kernel=kernel,
         enable_prefix_caching=False,
+        **kw,
     )
+
+
+def _bench_kernel(args, kernel, prompts, params, per_prompt) -> dict:
+    """base / LoRA / base-again tokens/s on one engine whose adapters run through ``kernel``."""
+    llm = lora_llm(args.model_dir, args.num_adapters, args.rank, kernel)
     runner = llm.llm_engine.runner
     chosen = sorted({layer.kernel for layer in runner.lora.targets.layers})
     llm.generate(prompts[:8], params, use_tqdm=False, lora_request=per_prompt[:8])  # warm-up
@@ -120,23 +156,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from pagedkv import LLM, LoRARequest, SamplingParams
-    from pagedkv.testing import save_random_model
+    from pagedkv import SamplingParams
 
-    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
-        save_random_model(args.model_dir, "llama-1b", dtype=torch.bfloat16, tokenizer=False)
-    with open(os.path.join(args.model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    loras = [
-        LoRARequest(f"a{i}", i + 1, write_adapter(f"{args.model_dir}_lora{i}", cfg, args.rank, i))
-        for i in range(args.num_adapters)
-    ]
-    g = torch.Generator().manual_seed(0)
-    vocab = cfg["vocab_size"]
-    prompts = [
-        {"prompt_token_ids": torch.randint(10, vocab, (args.prompt_len,), generator=g).tolist()}
-        for _ in range(args.num_prompts)
-    ]
+    loras, prompts = lora_workload(
+        args.model_dir, "llama-1b", args.num_adapters, args.rank, args.num_prompts, args.prompt_len
+    )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     per_prompt = [loras[i % len(loras)] for i in range(args.num_prompts)]
     result: dict = dict(
@@ -146,7 +170,7 @@ def main() -> None:
         device=torch.cuda.get_device_name(),
     )
     for kernel in args.kernel:
-        result[kernel] = _bench_kernel(args, kernel, loras, prompts, params, per_prompt, LLM)
+        result[kernel] = _bench_kernel(args, kernel, prompts, params, per_prompt)
         summary = {k: v for k, v in result[kernel].items() if k != "profile"}
         print(json.dumps({kernel: summary}), flush=True)
         if args.json:  # after each kernel: a run cut short keeps the kernels it finished

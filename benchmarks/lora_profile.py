@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lora_bench import write_adapter  # noqa: E402
+from lora_bench import lora_llm, lora_workload  # noqa: E402
 
 
 def _sync() -> None:
@@ -155,18 +155,7 @@ def profile_params(steps: int) -> Any:
 
 
 def _profile_kernel(args: Any, kernel: str, loras: list, prompts: list) -> dict:
-    from pagedkv import LLM
-
-    llm = LLM(
-        args.model_dir,
-        skip_tokenizer_init=True,
-        enable_lora=True,
-        max_loras=args.num_adapters,
-        max_lora_rank=args.rank,
-        lora_kernel=kernel,
-        enable_prefix_caching=False,
-        enforce_eager=args.eager,
-    )
+    llm = lora_llm(args.model_dir, args.num_adapters, args.rank, kernel, enforce_eager=args.eager)
     per_prompt = [loras[i % len(loras)] for i in range(len(prompts))]
     print(f"\n##### lora_kernel={kernel} eager={args.eager}")
     out = profile_llm(llm, prompts, profile_params(args.steps), per_prompt, args.steps, args.top)
@@ -189,24 +178,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from pagedkv import LoRARequest
-    from pagedkv.testing import save_random_model
-
-    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
-        save_random_model(args.model_dir, args.preset, dtype=torch.bfloat16, tokenizer=False)
-    with open(os.path.join(args.model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    loras = [
-        LoRARequest(f"a{i}", i + 1, write_adapter(f"{args.model_dir}_lora{i}", cfg, args.rank, i))
-        for i in range(args.num_adapters)
-    ]
-    g = torch.Generator().manual_seed(0)
-    prompts = [
-        {"prompt_token_ids": torch.randint(10, cfg["vocab_size"], (args.prompt_len,), generator=g)}
-        for _ in range(args.num_prompts)
-    ]
-    for p in prompts:
-        p["prompt_token_ids"] = p["prompt_token_ids"].tolist()
+    loras, prompts = lora_workload(
+        args.model_dir, args.preset, args.num_adapters, args.rank, args.num_prompts, args.prompt_len
+    )
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (smoke run)"
     result: dict = {"device": device, "eager": args.eager}
     for kernel in args.kernel:

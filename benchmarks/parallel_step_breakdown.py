@@ -19,11 +19,15 @@ import collections
 import functools
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any, Dict, List, Tuple
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parallel_step_overhead import save_step_model, step_llm, step_prompts  # noqa: E402
 
 Timings = Dict[str, List[float]]
 _TIMES: Timings = collections.defaultdict(list)
@@ -103,9 +107,8 @@ def _timed_worker_process(out_dir: str, *args: Any) -> None:
 
 
 def run(tp: int, pp: int, batches: List[int], steps: int, overlap: bool) -> None:
-    from pagedkv import LLM, SamplingParams
+    from pagedkv import SamplingParams
     from pagedkv.engine import executor_mp
-    from pagedkv.testing import save_random_model
 
     global _OUT_DIR
     torch.set_num_threads(1)
@@ -113,23 +116,10 @@ def run(tp: int, pp: int, batches: List[int], steps: int, overlap: bool) -> None
     with tempfile.TemporaryDirectory() as tmp:
         _OUT_DIR = tmp
         executor_mp._worker_process = functools.partial(_timed_worker_process, tmp)  # type: ignore[assignment]
-        path = save_random_model(
-            os.path.join(tmp, "m"),
-            "tiny-llama",
-            seed=0,
-            tokenizer=False,
-            vocab_size=300,
-            hidden_size=64,
-            head_dim=32,
-            num_hidden_layers=2,
-        )
-        llm = LLM(
+        path = save_step_model(os.path.join(tmp, "m"))
+        llm = step_llm(
             path,
-            device="cpu",
-            skip_tokenizer_init=True,
-            max_model_len=256,
-            max_num_seqs=max(batches),
-            kv_cache_space=0.05,
+            max(batches),
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,
             async_scheduling=overlap,
@@ -138,7 +128,7 @@ def run(tp: int, pp: int, batches: List[int], steps: int, overlap: bool) -> None
         warm = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         marks = []
         for bs in batches:
-            prompts = [{"prompt_token_ids": [3 + i % 200] * 8} for i in range(bs)]
+            prompts = step_prompts(bs)
             llm.generate(prompts, warm, use_tqdm=False)
             start = {k: len(v) for k, v in _TIMES.items()}
             t0 = time.perf_counter()

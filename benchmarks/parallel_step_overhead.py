@@ -41,6 +41,43 @@ GAP_S = 0.002
 
 
 # ---------------------------------------------------------------------------------- engine
+def save_step_model(out_dir: str) -> str:
+    """The decode-step benchmarks' model: a 2-layer random Llama (hidden 64) whose forward is
+    cheap next to the per-step plumbing."""
+    from pagedkv.testing import save_random_model
+
+    return save_random_model(
+        out_dir,
+        "tiny-llama",
+        seed=0,
+        tokenizer=False,
+        vocab_size=300,
+        hidden_size=64,
+        head_dim=32,
+        num_hidden_layers=2,
+    )
+
+
+def step_llm(path: str, max_num_seqs: int, **kw: Any) -> Any:
+    """A CPU engine on ``path`` for batches of up to ``max_num_seqs`` (``kw``: parallelism)."""
+    from pagedkv import LLM
+
+    return LLM(
+        path,
+        device="cpu",
+        skip_tokenizer_init=True,
+        max_model_len=256,
+        max_num_seqs=max_num_seqs,
+        kv_cache_space=0.05,
+        **kw,
+    )
+
+
+def step_prompts(batch: int) -> List[Dict[str, Any]]:
+    """``batch`` 8-token prompts of one repeated token id each."""
+    return [{"prompt_token_ids": [3 + i % 200] * 8} for i in range(batch)]
+
+
 def _run(llm: Any, prompts: List[Dict[str, Any]], max_tokens: int) -> float:
     from pagedkv import SamplingParams
 
@@ -51,34 +88,14 @@ def _run(llm: Any, prompts: List[Dict[str, Any]], max_tokens: int) -> float:
 
 
 def engine_steps(tp_sizes: List[int], batches: List[int], steps: int) -> Dict[str, float]:
-    from pagedkv import LLM
-    from pagedkv.testing import save_random_model
-
     torch.set_num_threads(1)
     res: Dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_random_model(
-            os.path.join(tmp, "m"),
-            "tiny-llama",
-            seed=0,
-            tokenizer=False,
-            vocab_size=300,
-            hidden_size=64,
-            head_dim=32,
-            num_hidden_layers=2,
-        )
+        path = save_step_model(os.path.join(tmp, "m"))
         for tp in tp_sizes:
-            llm = LLM(
-                path,
-                device="cpu",
-                skip_tokenizer_init=True,
-                max_model_len=256,
-                max_num_seqs=max(batches),
-                kv_cache_space=0.05,
-                tensor_parallel_size=tp,
-            )
+            llm = step_llm(path, max(batches), tensor_parallel_size=tp)
             for bs in batches:
-                prompts = [{"prompt_token_ids": [3 + i % 200] * 8} for i in range(bs)]
+                prompts = step_prompts(bs)
                 _run(llm, prompts, 4)  # warm-up
                 best = min(
                     (_run(llm, prompts, steps + 1) - _run(llm, prompts, 1)) / steps

@@ -10,7 +10,7 @@ import argparse
 import json
 import math
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
@@ -719,26 +719,24 @@ if __name__ == "__main__":
 # LLaVA-1.5 (models/llava.py): the image token added to the SmolLM2 tokenizer.
 IMAGE_TOKEN = "<image>"
 
+# The image processors' normalisation (not CLIP's, so that a model that ignored it would differ).
+_IMAGE_NORM: dict[str, Any] = dict(image_mean=[0.4, 0.5, 0.6], image_std=[0.3, 0.25, 0.2])
 
-def save_random_llava(out_dir: str, seed: int = 0) -> str:
-    """Writes a tiny random LlavaForConditionalGeneration (CLIP vision tower of 16 patches +
-    a Llama of head size 32), built and saved with transformers' own classes, every weight random
-    (norms around 1, non-zero biases), with its LlavaProcessor (CLIPImageProcessor + the SmolLM2
-    tokenizer with ``<image>`` added) to ``out_dir``; returns it."""
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
 
+def _tokenizer_with(tokens: Sequence[str]) -> Any:
+    """The SmolLM2 tokenizer (HF) with ``tokens`` added as special tokens."""
     from pagedkv.engine.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(None).hf
-    tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
-    vision = CLIPVisionConfig(
+    tok.add_tokens(list(tokens), special_tokens=True)
+    return tok
+
+
+def _tiny_clip_vision() -> Any:
+    """The LLaVA families' CLIP tower: 28-pixel images of 7-pixel patches (16 patches)."""
+    from transformers import CLIPVisionConfig
+
+    return CLIPVisionConfig(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=3,
@@ -747,36 +745,18 @@ def save_random_llava(out_dir: str, seed: int = 0) -> str:
         patch_size=7,
         projection_dim=16,
     )
-    text = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=len(tok) + 7,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        image_seq_length=16,
-    )
-    model = LlavaForConditionalGeneration(config).eval()
+
+
+def _save_random_hf(model_class: Any, config: Any, out_dir: str, seed: int) -> None:
+    """Builds ``model_class(config)``, makes every weight random and saves it to ``out_dir``."""
+    model = model_class(config).eval()
     _randomize(model, seed)
     model.save_pretrained(out_dir)
-    images = CLIPImageProcessor(
-        size={"shortest_edge": 28},
-        crop_size={"height": 28, "width": 28},
-        image_mean=[0.4, 0.5, 0.6],
-        image_std=[0.3, 0.25, 0.2],
-    )
-    LlavaProcessor(
+
+
+def _save_llava_processor(processor_class: Any, images: Any, tok: Any, out_dir: str) -> None:
+    """The LLaVA families' processor: the CLS row dropped, ``<image>`` expanded per patch."""
+    processor_class(
         image_processor=images,
         tokenizer=tok,
         patch_size=7,
@@ -784,6 +764,34 @@ def save_random_llava(out_dir: str, seed: int = 0) -> str:
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,
     ).save_pretrained(out_dir)
+
+
+def save_random_llava(out_dir: str, seed: int = 0) -> str:
+    """Writes a tiny random LlavaForConditionalGeneration (CLIP vision tower of 16 patches +
+    a Llama of head size 32), built and saved with transformers' own classes, every weight random
+    (norms around 1, non-zero biases), with its LlavaProcessor (CLIPImageProcessor + the SmolLM2
+    tokenizer with ``<image>`` added) to ``out_dir``; returns it."""
+    from transformers import (
+        CLIPImageProcessor,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tok = _tokenizer_with([IMAGE_TOKEN])
+    config = LlavaConfig(
+        vision_config=_tiny_clip_vision(),
+        text_config=_tiny_llama_text(tok, max_position_embeddings=256),
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        image_seq_length=16,
+    )
+    _save_random_hf(LlavaForConditionalGeneration, config, out_dir, seed)
+    images = CLIPImageProcessor(
+        size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}, **_IMAGE_NORM
+    )
+    _save_llava_processor(LlavaProcessor, images, tok, out_dir)
     return out_dir
 
 
@@ -797,7 +805,8 @@ def _randomize(model: Any, seed: int) -> None:
             p.copy_(1.0 + 0.2 * noise if norm else 0.15 * noise)
 
 
-def _tiny_llama_text(tok: Any, **kw: Any) -> Any:
+def _tiny_llama_text(tok: Any, max_position_embeddings: int = 512) -> Any:
+    """The LLaVA families' language model: a Llama of head size 32 over ``tok``'s vocabulary."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -807,11 +816,10 @@ def _tiny_llama_text(tok: Any, **kw: Any) -> Any:
         num_attention_heads=2,
         num_key_value_heads=1,
         vocab_size=len(tok) + 7,
-        max_position_embeddings=512,
+        max_position_embeddings=max_position_embeddings,
         rms_norm_eps=1e-5,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
-        **kw,
     )
 
 
@@ -822,53 +830,30 @@ def save_random_llava_next(out_dir: str, seed: int = 0) -> str:
     non-zero biases); with its LlavaNextProcessor (image processor + the SmolLM2 tokenizer with
     ``<image>`` added). Returns ``out_dir``."""
     from transformers import (
-        CLIPVisionConfig,
         LlavaNextConfig,
         LlavaNextForConditionalGeneration,
         LlavaNextImageProcessor,
         LlavaNextProcessor,
     )
 
-    from pagedkv.engine.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_pretrained(None).hf
-    tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    tok = _tokenizer_with([IMAGE_TOKEN])
     pinpoints = [[28, 56], [56, 28], [56, 56], [56, 84], [84, 56]]
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=7,
-        projection_dim=16,
-    )
     config = LlavaNextConfig(
-        vision_config=vision,
+        vision_config=_tiny_clip_vision(),
         text_config=_tiny_llama_text(tok),
         image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
         image_grid_pinpoints=pinpoints,
     )
-    model = LlavaNextForConditionalGeneration(config).eval()
-    _randomize(model, seed)
-    model.save_pretrained(out_dir)
+    _save_random_hf(LlavaNextForConditionalGeneration, config, out_dir, seed)
     images = LlavaNextImageProcessor(
         size={"shortest_edge": 28},
         crop_size={"height": 28, "width": 28},
         image_grid_pinpoints=pinpoints,
-        image_mean=[0.4, 0.5, 0.6],
-        image_std=[0.3, 0.25, 0.2],
+        **_IMAGE_NORM,
     )
-    LlavaNextProcessor(
-        image_processor=images,
-        tokenizer=tok,
-        patch_size=7,
-        vision_feature_select_strategy="default",
-        image_token=IMAGE_TOKEN,
-        num_additional_image_tokens=1,
-    ).save_pretrained(out_dir)
+    _save_llava_processor(LlavaNextProcessor, images, tok, out_dir)
     return out_dir
 
 
@@ -888,10 +873,7 @@ def save_random_qwen2_vl(out_dir: str, seed: int = 0) -> str:
         Qwen2VLImageProcessor,
     )
 
-    from pagedkv.engine.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_pretrained(None).hf
-    tok.add_tokens(list(QWEN2_VL_TOKENS), special_tokens=True)
+    tok = _tokenizer_with(QWEN2_VL_TOKENS)
     start, end, image, video = (tok.convert_tokens_to_ids(t) for t in QWEN2_VL_TOKENS)
     text = {
         "model_type": "qwen2_vl_text",
@@ -929,17 +911,14 @@ def save_random_qwen2_vl(out_dir: str, seed: int = 0) -> str:
         vision_start_token_id=start,
         vision_end_token_id=end,
     )
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    _randomize(model, seed)
-    model.save_pretrained(out_dir)
+    _save_random_hf(Qwen2VLForConditionalGeneration, config, out_dir, seed)
     images = Qwen2VLImageProcessor(
         min_pixels=28 * 28,
         max_pixels=28 * 28 * 16,
         patch_size=14,
         merge_size=2,
         temporal_patch_size=2,
-        image_mean=[0.4, 0.5, 0.6],
-        image_std=[0.3, 0.25, 0.2],
+        **_IMAGE_NORM,
     )
     # (Qwen2VLProcessor itself needs torchvision for its video processor: the engine reads the
     # image processor and the tokenizer, saved on their own.)

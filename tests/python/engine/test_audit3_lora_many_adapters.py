@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from support.deps import need
 from support.engine import assert_no_leak
+from support.peft_adapters import save_peft_adapter
 
 torch = need("torch")
 peft = need("peft")
@@ -22,10 +23,7 @@ PROMPT = [{"prompt_token_ids": [5, 9, 17, 33, 65, 129]}]
 def _adapters(tmp_path, base: str) -> list:
     out = []
     for i, targets in enumerate((["q_proj", "v_proj"], ["down_proj"], ["k_proj", "up_proj"])):
-        torch.manual_seed(i + 1)
-        model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
-        peft.get_peft_model(model, cfg).save_pretrained(str(tmp_path / f"a{i}"))
+        save_peft_adapter(base, str(tmp_path / f"a{i}"), targets, seed=i + 1)
         out.append(LoRARequest(f"a{i}", i + 1, str(tmp_path / f"a{i}")))
     return out
 

@@ -6,19 +6,16 @@ LLMEngine frees its blocks (the target's and the draft's share block ids)."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from typing import Any, List
 
 import pytest
 from support.deps import need
 from support.engine import assert_no_leak
+from support.speculation import save_cpu_target, save_first_layers
 
 need("torch")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,32 +24,10 @@ PROMPTS = ["Hello world, this is", "The quick brown fox", "a b c d e f g h i j k
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: Any) -> tuple:
-    from safetensors.torch import load_file, save_file
-
-    target = save_random_model(
-        str(tmp_path_factory.mktemp("spec_target")),
-        "tiny-llama",
-        seed=3,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        max_position_embeddings=512,
+    target = save_cpu_target(
+        str(tmp_path_factory.mktemp("spec_target")), tokenizer=True, max_position_embeddings=512
     )
-    draft = str(tmp_path_factory.mktemp("spec_draft"))
-    for name in os.listdir(target):  # tokenizer files as they are
-        if name not in ("config.json", "model.safetensors"):
-            shutil.copy(os.path.join(target, name), draft)
-    with open(os.path.join(target, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg["num_hidden_layers"] = 1
-    with open(os.path.join(draft, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    weights = load_file(os.path.join(target, "model.safetensors"))
-    first = {k: v for k, v in weights.items() if not k.startswith("model.layers.1.")}
-    save_file(first, os.path.join(draft, "model.safetensors"))
+    draft = save_first_layers(target, str(tmp_path_factory.mktemp("spec_draft")), 1)
     args = dict(device="cpu", kv_cache_space=0.02, max_model_len=128, block_size=4)
     plain = LLM(target, **args)
     spec = LLM(target, speculative_config={"model": draft, "num_speculative_tokens": 3}, **args)

@@ -6,6 +6,7 @@ had already wrapped with its LoRA layers."""
 from __future__ import annotations
 
 from support.deps import need
+from support.peft_adapters import save_peft_adapter
 
 torch = need("torch")
 peft = need("peft")
@@ -19,11 +20,7 @@ def test_two_lora_engines_on_one_checkpoint(tmp_path) -> None:
     base = save_random_model(
         str(tmp_path / "base"), "tiny-llama", seed=7, tokenizer=False, vocab_size=256, head_dim=32
     )
-    torch.manual_seed(1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    targets = ["q_proj", "v_proj", "down_proj"]
-    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
-    peft.get_peft_model(model, cfg).save_pretrained(str(tmp_path / "a1"))
+    save_peft_adapter(base, str(tmp_path / "a1"), ["q_proj", "v_proj", "down_proj"], seed=1)
     lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
     kw = dict(device="cpu", kv_cache_space=0.01, max_model_len=64, skip_tokenizer_init=True)
     prompts = [{"prompt_token_ids": [5, 9, 17, 33, 65, 129]}]

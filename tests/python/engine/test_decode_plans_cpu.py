@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.deps import need
+from support.paged_cases import shared_prefix_tables
 
 torch = need("torch")
 
@@ -105,16 +106,7 @@ def test_graph_plans_fall_back_to_one_item_per_sequence() -> None:
 
 
 def _tables(rng, shared: int, lens: list[int], nblk: int) -> np.ndarray:
-    """Block tables of rows sharing their first ``shared`` blocks, the rest their own."""
-    perm = rng.permutation(nblk).astype(np.int32)
-    tables = np.zeros((len(lens), 40), np.int32)
-    pos = shared
-    for i, n in enumerate(lens):
-        need = -(-n // BS)
-        tables[i, :shared] = perm[:shared]
-        tables[i, shared:need] = perm[pos : pos + need - shared]
-        pos += need - shared
-    return tables
+    return shared_prefix_tables(rng, shared, lens, nblk, 40, BS)
 
 
 class _GraphLike:

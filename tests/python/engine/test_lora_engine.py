@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from support.deps import need
+from support.peft_adapters import save_peft_adapter
 
 torch = need("torch")
 transformers = need("transformers")
@@ -20,13 +21,7 @@ MAX_TOKENS = 6
 
 
 def _adapter(base: str, out: str, seed: int, rank: int, targets: list[str]) -> str:
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    cfg = peft.LoraConfig(
-        r=rank, lora_alpha=rank * 2, target_modules=targets, init_lora_weights=False
-    )
-    peft.get_peft_model(model, cfg).save_pretrained(out)
-    return out
+    return save_peft_adapter(base, out, targets, seed, rank)
 
 
 @pytest.fixture(scope="module")

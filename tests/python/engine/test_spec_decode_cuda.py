@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import pytest
 from support.deps import need
-from support.engine import assert_no_leak
+from support.speculation import CUDA_SHAPE, cuda_greedy_tokens
 
 torch = need("torch")
-
-from pagedkv.engine.llm import LLM  # noqa: E402
-from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -33,32 +30,13 @@ def model_dir(tmp_path_factory) -> str:
         str(tmp_path_factory.mktemp("spec_cuda")),
         "tiny-llama",
         seed=3,
-        tokenizer=False,
-        hidden_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        intermediate_size=512,
         num_hidden_layers=4,
-        vocab_size=2048,
-        max_position_embeddings=1024,
+        **CUDA_SHAPE,
     )
 
 
 def _tokens(model_dir: str, **kw) -> tuple:
-    llm = LLM(
-        model_dir,
-        device="cuda",
-        dtype="float32",
-        skip_tokenizer_init=True,
-        max_model_len=512,
-        block_size=16,
-        **{"num_gpu_blocks_override": 512, **kw},
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert_no_leak(llm)
-    return [list(o.outputs[0].token_ids) for o in outs], llm.llm_engine
+    return cuda_greedy_tokens(model_dir, PROMPTS, **kw)
 
 
 @pytest.mark.parametrize(("blocks", "eager"), [(512, False), (512, True), (12, False)])

@@ -11,21 +11,26 @@ target accepts every draft; a draft with another vocabulary is refused by name.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Dict, List
 
-import numpy as np
 import pytest
-import torch
 from pagedkv import LLM, SamplingParams
-from pagedkv.testing import save_random_model
 from support.deps import need
 from support.engine import assert_no_leak
+from support.peft_adapters import save_peft_adapter
+from support.speculation import (
+    CPU_TARGET_SHAPE,
+    assert_samples_follow,
+    hf_top_k_distribution,
+    output_tokens,
+    save_cpu_target,
+    save_first_layers,
+    spec_cpu_llm,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-VOCAB = 256
+VOCAB = CPU_TARGET_SHAPE["vocab_size"]
 K = 3
 PROMPTS = [
     [5, 6, 7, 8, 9] * 6 + [5, 6],
@@ -37,38 +42,7 @@ PROMPTS = [
 
 
 def _save_target(root: Any, name: str, **over: Any) -> str:
-    cfg: Dict[str, Any] = dict(
-        seed=3,
-        tokenizer=False,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=1024,
-    )
-    return save_random_model(str(root.mktemp(name)), "tiny-llama", **{**cfg, **over})
-
-
-def _first_layers(src: str, dst: str, layers: int) -> str:
-    """The checkpoint ``src`` cut to its first ``layers`` layers (same embeddings and head)."""
-    from safetensors.torch import load_file, save_file
-
-    with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    cfg["num_hidden_layers"] = layers
-    with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg, f)
-    weights = load_file(os.path.join(src, "model.safetensors"))
-    kept = {
-        k: v
-        for k, v in weights.items()
-        if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
-    }
-    save_file(kept, os.path.join(dst, "model.safetensors"))
-    return dst
+    return save_cpu_target(str(root.mktemp(name)), **over)
 
 
 @pytest.fixture(scope="module")
@@ -78,25 +52,17 @@ def target(tmp_path_factory: Any) -> str:
 
 @pytest.fixture(scope="module")
 def draft(target: str, tmp_path_factory: Any) -> str:
-    return _first_layers(target, str(tmp_path_factory.mktemp("draft_small")), 1)
+    return save_first_layers(target, str(tmp_path_factory.mktemp("draft_small")), 1)
 
 
 def _llm(model: str, draft: str | None = None, k: int = K, **kw: Any) -> LLM:
-    args: Dict[str, Any] = dict(
-        device="cpu",
-        skip_tokenizer_init=True,
-        kv_cache_space=0.01,
-        max_model_len=256,
-        block_size=4,
-    )
     if draft is not None:
-        args["speculative_config"] = {"model": draft, "num_speculative_tokens": k}
-    return LLM(model, **{**args, **kw})
+        kw["speculative_config"] = {"model": draft, "num_speculative_tokens": k}
+    return spec_cpu_llm(model, **kw)
 
 
 def _tokens(llm: LLM, params: Any, prompts: List[List[int]] = PROMPTS) -> List[List[int]]:
-    inputs = [{"prompt_token_ids": p} for p in prompts]
-    return [list(o.outputs[0].token_ids) for o in llm.generate(inputs, params, use_tqdm=False)]
+    return output_tokens(llm, params, prompts)
 
 
 def _greedy_params() -> List[SamplingParams]:
@@ -218,48 +184,20 @@ def test_top_k_1_samples_with_a_draft_model_equal_greedy(
     assert_no_leak(spec)
 
 
-def _hf_distribution(model_dir: str, prompt: List[int], steps: int, top_k: int) -> Dict:
-    """Exact probability of every top-k-truncated continuation of ``steps`` tokens
-    (temperature 1), from dense Hugging Face forwards of each prefix."""
-    transformers = need("transformers")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    probs: Dict[tuple, float] = {(): 1.0}
-    for _ in range(steps):
-        nxt: Dict[tuple, float] = {}
-        for prefix, p in probs.items():
-            with torch.no_grad():
-                logits = hf(torch.tensor([prompt + list(prefix)])).logits[0, -1].double()
-            top = logits.topk(top_k)
-            for t, qt in zip(top.indices.tolist(), top.values.softmax(-1).tolist()):
-                nxt[prefix + (t,)] = p * qt
-        probs = nxt
-    return probs
-
-
 def test_sampled_speculation_with_a_draft_model_follows_the_target(target: str, draft: str) -> None:
     """Many seeds, top-k 3: the joint distribution of the first 3 tokens (the 2nd and 3rd
     drafted by the draft model from its own q and verified) against HF's exact one."""
-    stats_mod = need("scipy.stats")
+    need("scipy.stats")
     prompt = PROMPTS[0]
     steps, top_k, n = 3, 3, 400
-    exact = _hf_distribution(target, prompt, steps, top_k)
+    exact = hf_top_k_distribution(target, prompt, steps, top_k)
     spec = _llm(target, draft, k=2, kv_cache_space=0.05)
     params = [
         SamplingParams(temperature=1.0, top_k=top_k, max_tokens=steps, seed=s, ignore_eos=True)
         for s in range(n)
     ]
     outs = spec.generate([{"prompt_token_ids": prompt}] * n, params, use_tqdm=False)
-    seen = [tuple(o.outputs[0].token_ids) for o in outs]
-    assert set(seen) <= set(exact), "a token outside the target's top-k support"
-    cells = sorted(exact)
-    observed = np.array([seen.count(c) for c in cells], dtype=np.float64)
-    expected = np.array([exact[c] for c in cells]) * n
-    small = expected < 5  # pooled (chi-square's validity rule)
-    if small.any():
-        observed = np.append(observed[~small], observed[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    p_value = stats_mod.chisquare(observed, expected).pvalue
-    assert p_value > 1e-3, f"speculative samples differ from the target (p = {p_value:.2e})"
+    assert_samples_follow([tuple(o.outputs[0].token_ids) for o in outs], exact)
     stats = _stats(spec)
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
     assert_no_leak(spec)
@@ -324,16 +262,11 @@ def test_a_lora_target_with_a_draft_model_equals_its_plain_greedy(
     target: str, draft: str, tmp_path: Any
 ) -> None:
     """The target verifies with the request's adapter; the draft (no adapter) only proposes."""
-    peft = need("peft")
-    transformers = need("transformers")
+    need("peft")
+    need("transformers")
     from pagedkv import LoRARequest
 
-    torch.manual_seed(1)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    cfg = peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-    )
-    peft.get_peft_model(hf, cfg).save_pretrained(str(tmp_path / "a1"))
+    save_peft_adapter(target, str(tmp_path / "a1"), ["q_proj", "v_proj"], seed=1)
     lora = LoRARequest("a1", 1, str(tmp_path / "a1"))
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in PROMPTS]

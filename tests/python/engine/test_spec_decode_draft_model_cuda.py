@@ -9,12 +9,9 @@ from typing import Any, Dict
 
 import pytest
 from support.deps import need
-from support.engine import assert_no_leak
+from support.speculation import CUDA_SHAPE, cuda_greedy_tokens
 
 torch = need("torch")
-
-from pagedkv.engine.llm import LLM  # noqa: E402
-from pagedkv.engine.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -24,16 +21,6 @@ PROMPTS = [
     [128, 6] * 8 + [3, 4, 5],
     [200, 201, 202, 17, 18] * 4,
 ]
-SHAPE: Dict[str, Any] = dict(
-    tokenizer=False,
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=512,
-    vocab_size=2048,
-    max_position_embeddings=1024,
-)
 
 
 @pytest.fixture(scope="module")
@@ -42,27 +29,16 @@ def models(tmp_path_factory: Any) -> Dict[str, str]:
 
     def save(name: str, layers: int, seed: int) -> str:
         path = str(tmp_path_factory.mktemp(name))
-        return save_random_model(path, "tiny-llama", seed=seed, num_hidden_layers=layers, **SHAPE)
+        return save_random_model(
+            path, "tiny-llama", seed=seed, num_hidden_layers=layers, **CUDA_SHAPE
+        )
 
     return {"target": save("draft_cuda_target", 4, 3), "draft": save("draft_cuda_small", 1, 5)}
 
 
 def _run(model: str, draft: Any = None, **kw: Any) -> Any:
     spec = {"model": draft, "num_speculative_tokens": 3} if draft else None
-    llm = LLM(
-        model,
-        device="cuda",
-        dtype="float32",
-        skip_tokenizer_init=True,
-        max_model_len=512,
-        block_size=16,
-        speculative_config=spec,
-        **{"num_gpu_blocks_override": 512, **kw},
-    )
-    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert_no_leak(llm)
-    return [list(o.outputs[0].token_ids) for o in outs], llm.llm_engine
+    return cuda_greedy_tokens(model, PROMPTS, speculative_config=spec, **kw)
 
 
 @pytest.mark.parametrize(("blocks", "eager"), [(512, False), (512, True), (14, False)])

@@ -11,15 +11,18 @@ from __future__ import annotations
 import itertools
 from typing import Any, Dict, List
 
-import numpy as np
 import pytest
-import torch
 from pagedkv import LLM, SamplingParams
-from pagedkv.testing import save_random_model
 from support.deps import need
 from support.engine import assert_no_leak
+from support.speculation import (
+    assert_samples_follow,
+    hf_top_k_distribution,
+    output_tokens,
+    save_cpu_target,
+    spec_cpu_llm,
+)
 
-VOCAB = 256
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 # Prompts that repeat themselves, so that n-gram lookup finds drafts (the random model's
 # greedy continuations loop too).
@@ -33,37 +36,15 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: Any) -> str:
-    return save_random_model(
-        str(tmp_path_factory.mktemp("spec_engine")),
-        "tiny-llama",
-        seed=3,
-        tokenizer=False,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=1024,
-    )
+    return save_cpu_target(str(tmp_path_factory.mktemp("spec_engine")))
 
 
 def _llm(model_dir: str, spec: Dict[str, Any] | None = None, **kw: Any) -> LLM:
-    args: Dict[str, Any] = dict(
-        device="cpu",
-        skip_tokenizer_init=True,
-        kv_cache_space=0.01,
-        max_model_len=256,
-        block_size=4,
-        speculative_config=spec,
-    )
-    return LLM(model_dir, **{**args, **kw})
+    return spec_cpu_llm(model_dir, speculative_config=spec, **kw)
 
 
 def _tokens(llm: LLM, params: Any) -> List[List[int]]:
-    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
-    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    return output_tokens(llm, params, PROMPTS)
 
 
 def _greedy_params() -> List[SamplingParams]:
@@ -104,50 +85,20 @@ def test_greedy_speculation_under_preemption(model_dir: str) -> None:
     assert_no_leak(small)
 
 
-def _hf_distribution(model_dir: str, prompt: List[int], steps: int, top_k: int) -> Dict:
-    """Exact probability of every top-k-truncated continuation of `steps` tokens (temperature
-    1), from a dense Hugging Face forward of each prefix."""
-    transformers = need("transformers")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    probs: Dict[tuple, float] = {(): 1.0}
-    for _ in range(steps):
-        nxt: Dict[tuple, float] = {}
-        for prefix, p in probs.items():
-            with torch.no_grad():
-                logits = hf(torch.tensor([prompt + list(prefix)])).logits[0, -1].double()
-            top = logits.topk(top_k)
-            q = top.values.softmax(-1)
-            for t, qt in zip(top.indices.tolist(), q.tolist()):
-                nxt[prefix + (t,)] = p * qt
-        probs = nxt
-    return probs
-
-
 def test_sampled_speculation_follows_the_target_distribution(model_dir: str) -> None:
     """Many seeds, top-k 3: the joint distribution of the first 3 tokens (the last 2
     verified by the rejection sampler when there are drafts) against HF's exact one."""
-    stats_mod = need("scipy.stats")
+    need("scipy.stats")
     prompt = [5, 6, 7, 8, 9] * 6 + [5, 6] + [128, 6] * 4
     steps, top_k, n = 3, 3, 400
-    exact = _hf_distribution(model_dir, prompt, steps, top_k)
+    exact = hf_top_k_distribution(model_dir, prompt, steps, top_k)
     spec = _llm(model_dir, {**NGRAM, "prompt_lookup_min": 1}, kv_cache_space=0.05)
     params = [
         SamplingParams(temperature=1.0, top_k=top_k, max_tokens=steps, seed=s, ignore_eos=True)
         for s in range(n)
     ]
     outs = spec.generate([{"prompt_token_ids": prompt}] * n, params, use_tqdm=False)
-    seen = [tuple(o.outputs[0].token_ids) for o in outs]
-    assert set(seen) <= set(exact), "a token outside the target's top-k support"
-    cells = sorted(exact)
-    observed = np.array([seen.count(c) for c in cells], dtype=np.float64)
-    expected = np.array([exact[c] for c in cells]) * n
-    # Pool the cells expected below 5 (chi-square's validity rule).
-    small = expected < 5
-    if small.any():
-        observed = np.append(observed[~small], observed[small].sum())
-        expected = np.append(expected[~small], expected[small].sum())
-    p_value = stats_mod.chisquare(observed, expected).pvalue
-    assert p_value > 1e-3, f"speculative samples differ from the target (p = {p_value:.2e})"
+    assert_samples_follow([tuple(o.outputs[0].token_ids) for o in outs], exact)
     stats = spec.llm_engine.get_stats()
     assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
     assert_no_leak(spec)
@@ -190,18 +141,7 @@ def test_a_stop_string_inside_the_accepted_drafts_ends_the_output_there(
 ) -> None:
     """A speculative step appends several tokens at once; a stop string found in the first of
     them ends the sample there: text and token ids as plain decoding gives them."""
-    path = save_random_model(
-        str(tmp_path_factory.mktemp("spec_stop")),
-        "tiny-llama",
-        seed=3,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        max_position_embeddings=1024,
-    )
+    path = save_cpu_target(str(tmp_path_factory.mktemp("spec_stop")), tokenizer=True)
     kw: Dict[str, Any] = dict(device="cpu", kv_cache_space=0.02, max_model_len=256)
     prompt = "one two three four one two three four one two three four one two"
     plain = LLM(path, **kw)

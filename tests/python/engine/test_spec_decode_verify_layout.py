@@ -10,11 +10,11 @@ from typing import Any, List
 
 import numpy as np
 import torch
-from pagedkv import LLM, SamplingParams
+from pagedkv import SamplingParams
 from pagedkv.engine.plan_arrays import PlanArrays
 from pagedkv.engine.spec_decode.verify_graph import padded_layout
-from pagedkv.testing import save_random_model
 from support.engine import assert_no_leak
+from support.speculation import save_cpu_target, spec_cpu_llm
 
 K = 4
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3}
@@ -49,29 +49,7 @@ def _padded_plan(plan: Any, q: int, bs: int, block_size: int) -> tuple:
 
 
 def test_padded_verification_rows_equal_the_plain_forward(tmp_path: Any) -> None:
-    path = save_random_model(
-        str(tmp_path),
-        "tiny-llama",
-        seed=3,
-        tokenizer=False,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        vocab_size=256,
-        max_position_embeddings=1024,
-    )
-    llm = LLM(
-        path,
-        device="cpu",
-        skip_tokenizer_init=True,
-        kv_cache_space=0.01,
-        max_model_len=256,
-        block_size=4,
-        speculative_config=NGRAM,
-    )
+    llm = spec_cpu_llm(save_cpu_target(str(tmp_path)), speculative_config=NGRAM)
     runner = llm.llm_engine.runner
     plain_execute = runner.execute
     checked: List[int] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.deps import need
+from support.paged_cases import shared_prefix_tables
 
 torch = need("torch")
 
@@ -43,15 +44,7 @@ def _meta(seq_lens, tables, n: int, max_len: int) -> AttentionMetadata:
 
 
 def _tables(rng, shared: int, lens: list[int]) -> np.ndarray:
-    perm = rng.permutation(NBLK).astype(np.int32)
-    tables = np.zeros((len(lens), WIDTH), np.int32)
-    pos = shared
-    for i, n in enumerate(lens):
-        need_blocks = -(-n // BS)
-        tables[i, :shared] = perm[:shared]
-        tables[i, shared:need_blocks] = perm[pos : pos + need_blocks - shared]
-        pos += need_blocks - shared
-    return tables
+    return shared_prefix_tables(rng, shared, lens, NBLK, WIDTH, BS)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from support.deps import need
+from support.peft_adapters import save_peft_adapter
 
 torch = need("torch")
 transformers = need("transformers")
@@ -25,16 +26,7 @@ TARGETS = [
 
 
 def _make_adapter(base: str, out: str, seed: int, rank: int, targets: list[str]) -> None:
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    cfg = peft.LoraConfig(
-        r=rank,
-        lora_alpha=2 * rank + 1,
-        target_modules=targets,
-        init_lora_weights=False,
-        lora_dropout=0.0,
-    )
-    peft.get_peft_model(model, cfg).save_pretrained(out)
+    save_peft_adapter(base, out, targets, seed, rank, lora_alpha=2 * rank + 1)
 
 
 def _merged(base: str, adapter: str):

@@ -5,9 +5,12 @@ on image + text prompts (float32, CPU); images keyed into the prefix cache by co
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from support.deps import need
+from support.images import random_image
 
 torch = need("torch")
 need("transformers")
@@ -16,16 +19,14 @@ need("PIL")
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.engine.multimodal import UnsupportedModalityError  # noqa: E402
 from pagedkv.testing import IMAGE_TOKEN, save_random_llava  # noqa: E402
-from PIL import Image  # noqa: E402
 
 PROMPT_ONE = "USER: <image>\nWhat is shown here? ASSISTANT:"
 PROMPT_TWO = "USER: <image> and <image>: which is brighter? ASSISTANT:"
 MAX_TOKENS = 8
 
 
-def _image(seed: int, h: int = 37, w: int = 45) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+def _image(seed: int, h: int = 37, w: int = 45) -> Any:
+    return random_image(seed, h, w)
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,14 @@ prompts, with whole and chunked prefills."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from support.deps import need
+from support.images import (
+    assert_greedy_matches,
+    hf_greedy_with_logprobs,
+    image_prompts,
+    random_image,
+)
 
 torch = need("torch")
 need("transformers")
@@ -17,7 +22,6 @@ need("PIL")
 
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.testing import save_random_llava_next  # noqa: E402
-from PIL import Image  # noqa: E402
 
 MAX_TOKENS = 8
 # Greedy with each token's logprob, compared to HF's too (tighter than the tokens alone).
@@ -29,11 +33,6 @@ CASES = [
     ("USER: tell me a story ASSISTANT:", []),
     ("USER: <image> describe ASSISTANT:", [(4, 28, 28)]),
 ]
-
-
-def _image(seed: int, h: int, w: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -49,20 +48,10 @@ def _hf_greedy(folder: str, cases: list) -> list[tuple[list[int], list[float], i
     model = LlavaNextForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
     out = []
     for prompt, shapes in cases:
-        images = [_image(*s) for s in shapes] or None
+        images = [random_image(*s) for s in shapes] or None
         inputs = processor(text=prompt, images=images, return_tensors="pt")
-        with torch.no_grad():
-            gen = model.generate(
-                **inputs,
-                max_new_tokens=MAX_TOKENS,
-                do_sample=False,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-        n = inputs["input_ids"].shape[1]
-        tokens = gen.sequences[0, n:].tolist()
-        logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(gen.scores, tokens)]
-        out.append((tokens, logprobs, n))
+        tokens, logprobs = hf_greedy_with_logprobs(model, inputs, MAX_TOKENS)
+        out.append((tokens, logprobs, inputs["input_ids"].shape[1]))
     return out
 
 
@@ -70,17 +59,7 @@ def _assert_matches(outs: list, expected: list, what: object, atol: float = 1e-4
     for out, (tokens, logprobs, n) in zip(outs, expected):
         # The engine's expanded prompt has HF's length (rows per image from the processor).
         assert len(out.prompt_token_ids) == n, what
-        got = out.outputs[0]
-        assert list(got.token_ids) == tokens, what
-        mine = [step[t].logprob for step, t in zip(got.logprobs, got.token_ids)]
-        np.testing.assert_allclose(mine, logprobs, atol=atol, err_msg=str(what))
-
-
-def _prompts(cases: list) -> list:
-    return [
-        {"prompt": p, "multi_modal_data": {"image": [_image(*s) for s in shapes]}} if shapes else p
-        for p, shapes in cases
-    ]
+        assert_greedy_matches(out, tokens, logprobs, what, atol)
 
 
 def test_greedy_equals_hf_mixed_batch(llava_next_dir: str) -> None:
@@ -90,7 +69,7 @@ def test_greedy_equals_hf_mixed_batch(llava_next_dir: str) -> None:
         llm = LLM(
             llava_next_dir, device="cpu", kv_cache_space=0.02, max_model_len=320, block_size=8, **kw
         )
-        outs = llm.generate(_prompts(CASES), GREEDY, use_tqdm=False)
+        outs = llm.generate(image_prompts(CASES), GREEDY, use_tqdm=False)
         _assert_matches(outs, expected, kw)
 
 
@@ -99,5 +78,5 @@ def test_greedy_equals_hf_on_cuda(llava_next_dir: str) -> None:
     """The CUDA kernels (float32, eager prefill and CUDA-graph decode) against HF on the CPU."""
     expected = _hf_greedy(llava_next_dir, CASES)
     llm = LLM(llava_next_dir, device="cuda", dtype="float32", max_model_len=320, block_size=16)
-    outs = llm.generate(_prompts(CASES), GREEDY, use_tqdm=False)
+    outs = llm.generate(image_prompts(CASES), GREEDY, use_tqdm=False)
     _assert_matches(outs, expected, "cuda", atol=2e-3)

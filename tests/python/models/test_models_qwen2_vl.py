@@ -14,6 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.deps import need
+from support.images import (
+    assert_greedy_matches,
+    hf_greedy_with_logprobs,
+    image_prompts,
+    random_image,
+)
 
 torch = need("torch")
 need("transformers")
@@ -22,7 +28,6 @@ need("PIL")
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.engine.multimodal import UnsupportedModalityError  # noqa: E402
 from pagedkv.testing import save_random_qwen2_vl  # noqa: E402
-from PIL import Image  # noqa: E402
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
@@ -36,11 +41,6 @@ CASES = [
     (f"USER: {IMAGE} and {IMAGE}: which is brighter? ASSISTANT:", [(2, 110, 50), (3, 56, 56)]),
     ("USER: tell me a story ASSISTANT:", []),
 ]
-
-
-def _image(seed: int, h: int, w: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def _hf_inputs(folder: str, prompt: str, shapes: list) -> dict:
     ids = tok(prompt)["input_ids"]
     kw = {}
     if shapes:
-        out = processor(images=[_image(*s) for s in shapes], return_tensors="pt")
+        out = processor(images=[random_image(*s) for s in shapes], return_tensors="pt")
         counts = iter((out["image_grid_thw"].prod(-1) // 4).tolist())
         ids = [t for i in ids for t in ([pad] * next(counts) if i == pad else [i])]
         kw = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
@@ -86,36 +86,15 @@ def _hf_inputs(folder: str, prompt: str, shapes: list) -> dict:
 def _hf_greedy(folder: str, cases: list) -> list[tuple[list[int], list[float]]]:
     """HF's greedy tokens and their logprobs, prompt by prompt."""
     model = _hf(folder)[2]
-    out = []
-    for prompt, shapes in cases:
-        inputs = _hf_inputs(folder, prompt, shapes)
-        with torch.no_grad():
-            gen = model.generate(
-                **inputs,
-                max_new_tokens=MAX_TOKENS,
-                do_sample=False,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-        tokens = gen.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-        logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(gen.scores, tokens)]
-        out.append((tokens, logprobs))
-    return out
+    return [
+        hf_greedy_with_logprobs(model, _hf_inputs(folder, prompt, shapes), MAX_TOKENS)
+        for prompt, shapes in cases
+    ]
 
 
 def _assert_matches(outs: list, expected: list, what: object, atol: float = 1e-4) -> None:
     for out, (tokens, logprobs) in zip(outs, expected):
-        got = out.outputs[0]
-        assert list(got.token_ids) == tokens, what
-        mine = [step[t].logprob for step, t in zip(got.logprobs, got.token_ids)]
-        np.testing.assert_allclose(mine, logprobs, atol=atol, err_msg=str(what))
-
-
-def _prompts(cases: list) -> list:
-    return [
-        {"prompt": p, "multi_modal_data": {"image": [_image(*s) for s in shapes]}} if shapes else p
-        for p, shapes in cases
-    ]
+        assert_greedy_matches(out, tokens, logprobs, what, atol)
 
 
 def _llm(folder: str, **kw) -> LLM:
@@ -126,7 +105,9 @@ def test_greedy_equals_hf_mixed_batch(qwen2_vl_dir: str) -> None:
     expected = _hf_greedy(qwen2_vl_dir, CASES)
     chunked = {"max_num_batched_tokens": 16, "max_num_seqs": 3}
     for kw in ({}, chunked, {**chunked, "async_scheduling": True}):
-        outs = _llm(qwen2_vl_dir, **kw).generate(_prompts(CASES), GREEDY_LOGPROBS, use_tqdm=False)
+        outs = _llm(qwen2_vl_dir, **kw).generate(
+            image_prompts(CASES), GREEDY_LOGPROBS, use_tqdm=False
+        )
         _assert_matches(outs, expected, kw)
 
 
@@ -138,7 +119,7 @@ def test_mrope_positions_equal_hf_get_rope_index(qwen2_vl_dir: str) -> None:
     prompt, shapes = CASES[1]
     inputs = _hf_inputs(qwen2_vl_dir, prompt, shapes)
     ids = llm.get_tokenizer().encode(prompt, add_special_tokens=False)
-    expanded, mm = reader.process(ids, {"image": [_image(*s) for s in shapes]}, "prompt")
+    expanded, mm = reader.process(ids, {"image": [random_image(*s) for s in shapes]}, "prompt")
     assert expanded == inputs["input_ids"][0].tolist()
     hf_model = _hf(qwen2_vl_dir)[2]
     want, delta = hf_model.model.get_rope_index(
@@ -155,7 +136,7 @@ def test_image_requests_survive_recompute_preemption(qwen2_vl_dir: str) -> None:
     and generated tokens (rows past the prompt at index + delta) and answers as without
     preemption, logprobs included; the prefix cache keys image blocks by the image."""
     prompts = [
-        {"prompt": CASES[0][0], "multi_modal_data": {"image": _image(20 + i, 110, 110)}}
+        {"prompt": CASES[0][0], "multi_modal_data": {"image": random_image(20 + i, 110, 110)}}
         for i in (0, 1, 2)
     ]
     params = SamplingParams(temperature=0, max_tokens=24, logprobs=0)
@@ -174,7 +155,7 @@ def test_image_requests_survive_recompute_preemption(qwen2_vl_dir: str) -> None:
     again = roomy_llm.generate(prompts[:1], params, use_tqdm=False)[0]
     assert again.num_cached_tokens >= 8  # the image's first block came from the cache
     assert again.outputs[0].token_ids == roomy[0].outputs[0].token_ids
-    other = {"prompt": CASES[0][0], "multi_modal_data": {"image": _image(30, 110, 110)}}
+    other = {"prompt": CASES[0][0], "multi_modal_data": {"image": random_image(30, 110, 110)}}
     assert roomy_llm.generate(other, params, use_tqdm=False)[0].num_cached_tokens == 0
 
 
@@ -182,7 +163,7 @@ def test_chat_image_part_is_the_vision_tokens(qwen2_vl_dir: str) -> None:
     """LLM.chat: an image part becomes <|vision_start|><|image_pad|><|vision_end|> in the
     rendered text (parts joined by newlines); the answer is generate()'s on that text."""
     llm = _llm(qwen2_vl_dir)
-    image = _image(11, 70, 70)
+    image = random_image(11, 70, 70)
     text = llm.get_tokenizer().apply_chat_template(
         [{"role": "user", "content": f"{IMAGE}\nWhat is this?"}],
         tokenize=False,
@@ -205,7 +186,7 @@ def test_greedy_equals_hf_on_cuda(qwen2_vl_dir: str) -> None:
     index + delta) against HF on the CPU."""
     expected = _hf_greedy(qwen2_vl_dir, CASES)
     llm = LLM(qwen2_vl_dir, device="cuda", dtype="float32", max_model_len=160, block_size=16)
-    outs = llm.generate(_prompts(CASES), GREEDY_LOGPROBS, use_tqdm=False)
+    outs = llm.generate(image_prompts(CASES), GREEDY_LOGPROBS, use_tqdm=False)
     _assert_matches(outs, expected, "cuda", atol=2e-3)
 
 

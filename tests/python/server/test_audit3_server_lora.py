@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 from support.deps import need
+from support.peft_adapters import save_peft_adapter
 
 torch = need("torch")
 transformers = need("transformers")
@@ -31,10 +32,7 @@ def served(tmp_path_factory):
     )
     modules = []
     for i, targets in enumerate((["q_proj"], ["v_proj", "down_proj"], ["up_proj"])):
-        torch.manual_seed(i + 11)
-        m = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
-        peft.get_peft_model(m, cfg).save_pretrained(str(d / f"a{i}"))
+        save_peft_adapter(base, str(d / f"a{i}"), targets, seed=i + 11)
         modules.append(f"a{i}={d / f'a{i}'}")
     engine = AsyncLLMEngine(
         model=base,

@@ -5,13 +5,11 @@ naming the messages."""
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
 
-import numpy as np
 import pytest
 from support.deps import need
+from support.images import png_data_url, random_image
 
 need("torch")
 need("fastapi")
@@ -22,15 +20,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine  # noqa: E402
 from pagedkv.entrypoints.openai.api_server import build_app  # noqa: E402
 from pagedkv.testing import save_random_llava  # noqa: E402
-from PIL import Image  # noqa: E402
 
 
 def _data_url(seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    image = Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return png_data_url(random_image(seed, 30, 40))
 
 
 @pytest.fixture(scope="module")

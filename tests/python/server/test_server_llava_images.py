@@ -7,12 +7,11 @@ the refusal is tested), broken data URLs are a 400 naming the message."""
 from __future__ import annotations
 
 import base64
-import io
 from typing import Any
 
-import numpy as np
 import pytest
 from support.deps import need
+from support.images import chat_with_image, offline_chat_answer, png_data_url, random_image
 
 need("torch")
 need("fastapi")
@@ -20,22 +19,18 @@ need("httpx")
 need("PIL")
 
 from fastapi.testclient import TestClient  # noqa: E402
-from pagedkv import LLM, SamplingParams  # noqa: E402
+from pagedkv import LLM  # noqa: E402
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine  # noqa: E402
 from pagedkv.entrypoints.openai.api_server import build_app  # noqa: E402
 from pagedkv.testing import IMAGE_TOKEN, save_random_llava  # noqa: E402
-from PIL import Image  # noqa: E402
 
 ENGINE = dict(device="cpu", dtype="float32", block_size=8, kv_cache_space=0.02, max_model_len=128)
 QUESTION = "What is in this picture?"
 
 
-def _png(seed: int) -> tuple[Image.Image, str]:
-    rng = np.random.default_rng(seed)
-    image = Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return image, "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+def _png(seed: int) -> tuple[Any, str]:
+    image = random_image(seed, 30, 40)
+    return image, png_data_url(image)
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +47,7 @@ def http(model: str) -> Any:
 
 
 def _chat(http: Any, part: dict) -> Any:
-    return http.post(
-        "/v1/chat/completions",
-        json={
-            "model": http.app.state.pagedkv.model_name,
-            "messages": [{"role": "user", "content": [part, {"type": "text", "text": QUESTION}]}],
-            "max_tokens": 6,
-            "temperature": 0,
-            "return_token_ids": True,
-        },
-    )
+    return chat_with_image(http, part, QUESTION)
 
 
 def test_data_url_image_answers_as_offline(http: Any, model: str) -> None:
@@ -70,15 +56,7 @@ def test_data_url_image_answers_as_offline(http: Any, model: str) -> None:
     assert resp.status_code == 200, resp.text
     got = resp.json()["choices"][0]["token_ids"]
     # Offline: the same template over "<image>\n" + the text (vLLM's placement), same image.
-    llm = LLM(model, **ENGINE)
-    text = llm.get_tokenizer().apply_chat_template(
-        [{"role": "user", "content": f"{IMAGE_TOKEN}\n{QUESTION}"}],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
-    params = SamplingParams(temperature=0, max_tokens=6)
-    want = llm.generate({"prompt": text, "multi_modal_data": {"image": image}}, params)
-    assert got == list(want[0].outputs[0].token_ids)
+    assert got == offline_chat_answer(LLM(model, **ENGINE), IMAGE_TOKEN, QUESTION, image)
     # Another image, another answer (the image reached the model).
     other = _chat(http, {"type": "image_url", "image_url": {"url": _png(2)[1]}})
     assert other.status_code == 200 and other.json()["choices"][0]["token_ids"] != got

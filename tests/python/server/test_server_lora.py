@@ -10,6 +10,7 @@ import json
 
 import pytest
 from support.deps import need
+from support.peft_adapters import save_peft_adapter
 
 torch = need("torch")
 transformers = need("transformers")
@@ -32,11 +33,7 @@ def world(tmp_path_factory):
     )
     adapters = []
     for i, targets in enumerate((["q_proj", "v_proj", "down_proj"], ["k_proj", "up_proj"])):
-        torch.manual_seed(i + 1)
-        m = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
-        peft.get_peft_model(m, cfg).save_pretrained(str(d / f"a{i}"))
-        adapters.append(str(d / f"a{i}"))
+        adapters.append(save_peft_adapter(base, str(d / f"a{i}"), targets, seed=i + 1))
     engine = AsyncLLMEngine(
         model=base,
         device="cpu",

@@ -220,3 +220,20 @@ def run_paged_decode(
         out, exp_sums, max_logits, tmp, *args, partition_size=partition_size, **kw
     )
     return exp_sums, max_logits, tmp
+
+
+def shared_prefix_tables(
+    rng: Any, shared: int, lens: list[int], num_blocks: int, width: int, block_size: int
+) -> np.ndarray:
+    """Block tables ([rows, width] int32) of rows of ``lens`` keys sharing their first
+    ``shared`` blocks (a cascade's common prefix), the rest their own: distinct random block
+    ids out of ``num_blocks``."""
+    perm = rng.permutation(num_blocks).astype(np.int32)
+    tables = np.zeros((len(lens), width), np.int32)
+    pos = shared
+    for i, n in enumerate(lens):
+        need = -(-n // block_size)
+        tables[i, :shared] = perm[:shared]
+        tables[i, shared:need] = perm[pos : pos + need - shared]
+        pos += need - shared
+    return tables

@@ -45,6 +45,8 @@ Entry = Tuple[RequestState, SeqState]
 # The request's sampling row after some drafts (speculator.sampling_row).
 RowFn = Callable[[RequestState, SeqState, List[int]], SamplingRow]
 _NO_PAIRS = np.zeros((0, 2), dtype=np.int64)
+# What the draft has not seen of one plan entry: (entry, first position, its token ids).
+_Feed = Tuple[int, int, np.ndarray]
 
 
 @dataclass
@@ -146,12 +148,26 @@ class DraftModelProposer:
         several tokens come first (the extend path), one-token entries last (the decode path:
         a plain decode step replays the draft's CUDA graphs). Returns the hidden states and the
         row of each speculating entry's last token."""
+        feeds = self._feeds(plan, entries)
+        if not feeds:
+            return None
+        feeds.sort(key=lambda f: len(f[2]) == 1)  # (stable: plan order within each group)
+        arrays = self._feed_arrays(plan, feeds)
+        hidden = self.runner.execute(arrays)
+        qsl_draft = arrays.query_start_loc
+        last = {f[0]: int(qsl_draft[j + 1]) - 1 for j, f in enumerate(feeds)}
+        return hidden, last
+
+    def _feeds(self, plan: Any, entries: List[Optional[Entry]]) -> List[_Feed]:
+        """What the draft has not seen of each entry (its own tokens up to the drafts, after
+        the positions it wrote before); registers the speculating entries in ``self._spec``
+        and marks everything fed as written."""
         n = int(plan.num_seqs)
         qsl = np.asarray(plan.query_start_loc[: n + 1])
         ctx = np.asarray(plan.context_lens[:n])
         nd = np.asarray(plan.num_draft_tokens[:n])
         input_ids = np.asarray(plan.input_ids)
-        feeds: List[Tuple[int, int, np.ndarray]] = []  # (entry, first position, tokens)
+        feeds: List[_Feed] = []
         for i, entry in enumerate(entries[:n]):
             sid = entry[1].sched_id if entry is not None else None
             if entry is None or sid is None:
@@ -167,9 +183,11 @@ class DraftModelProposer:
             if nd[i] > 0:
                 table = np.asarray(plan.block_tables[i])
                 self._spec[i] = _Speculating(i, sid, req, seq, int(nd[i]), end, table, [])
-        if not feeds:
-            return None
-        feeds.sort(key=lambda f: len(f[2]) == 1)  # (stable: plan order within each group)
+        return feeds
+
+    def _feed_arrays(self, plan: Any, feeds: List[_Feed]) -> PlanArrays:
+        """The draft's step over ``feeds`` (multi-token entries first): its own slots, from
+        the target's block tables."""
         lens = np.array([len(f[2]) for f in feeds], dtype=np.int32)
         starts = np.array([f[1] for f in feeds], dtype=np.int64)
         multi = int((lens > 1).sum())
@@ -179,9 +197,8 @@ class DraftModelProposer:
         width = max(1, -(-int((starts + lens).max()) // self.block_size))
         table_arr = np.stack([t[:width] for t in tables]).astype(np.int32)
         slots = _slots(table_arr[entry_of_token], positions, self.block_size)
-        qsl_draft = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         seq_lens = (starts + lens).astype(np.int32)
-        arrays = PlanArrays(
+        return PlanArrays(
             step=int(plan.step),
             num_seqs=len(feeds),
             num_prefills=multi,
@@ -194,15 +211,12 @@ class DraftModelProposer:
             positions=positions,
             slot_mapping=slots,
             seq_lens=seq_lens,
-            query_start_loc=qsl_draft,
+            query_start_loc=np.concatenate([[0], np.cumsum(lens)]).astype(np.int32),
             block_tables=table_arr,
             blocks_to_swap_out=_NO_PAIRS,
             blocks_to_swap_in=_NO_PAIRS,
             blocks_to_copy=_NO_PAIRS,
         )
-        hidden = self.runner.execute(arrays)
-        last = {f[0]: int(qsl_draft[j + 1]) - 1 for j, f in enumerate(feeds)}
-        return hidden, last
 
     def _argmax_chain(self, plan: Any, spec: List[_Speculating], logits: torch.Tensor) -> None:
         """Plain greedy drafts for every entry, chained on the device: each draft forward reads
