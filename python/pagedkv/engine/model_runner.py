@@ -437,8 +437,9 @@ class ModelRunner:
         if prev_tokens is not None:
             ids = fill_placeholders(ids, prev_tokens)
         if mrope_positions is not None or flat_positions is not None:
-            pos = torch.from_numpy(flat_positions if mrope_positions is None else mrope_positions)
-            pos = pos.to(dev)
+            pos = _dev(
+                flat_positions if mrope_positions is None else mrope_positions, torch.int64, dev
+            )
         else:
             pos = _dev(plan.positions[:n_tok], torch.int64, dev)
         if image_rows is not None:
