@@ -188,8 +188,7 @@ class LLM(PoolingMixin):
 
             def make_images() -> ChatImages:
                 arch = self.llm_engine.input_processor.architecture
-                text = "".join(tok.hf.convert_ids_to_tokens(reader.chat_image_ids))
-                gathered.append(ChatImages(arch, text))
+                gathered.append(ChatImages(arch, reader.chat_image_text(tok)))
                 return gathered[-1]
 
         convs = normalise_conversations(messages, make_images)

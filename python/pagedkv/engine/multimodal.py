@@ -146,6 +146,10 @@ class ImageInputProcessor:
         self.chat_image_ids = [int(t) for t in model.chat_image_ids()]
         self.max_images = int((limits or {}).get("image", DEFAULT_MM_LIMIT))
 
+    def chat_image_text(self, tokenizer: Any) -> str:
+        """The text of chat_image_ids (what a chat image part reads as in the template)."""
+        return "".join(tokenizer.hf.convert_ids_to_tokens(self.chat_image_ids))
+
     def process(
         self,
         ids: List[int],

@@ -97,7 +97,7 @@ class OpenAIServingChat(OpenAIServing):
             return None
         return ChatImages(
             getattr(processor, "architecture", None),
-            "".join(self.tokenizer.hf.convert_ids_to_tokens(reader.chat_image_ids)),
+            reader.chat_image_text(self.tokenizer),
             self.state.allowed_media_domains,
             self.state.limits.max_image_pixels,
         )
