@@ -39,7 +39,7 @@ class LoRAManager:
         )
         self.targets: LoRATargets = add_lora_layers(model, max_loras, max_lora_rank, kernel)
         self.device = next(model.parameters()).device
-        self.host: OrderedDict[int, tuple[LoRARequest, LoRAAdapter]] = OrderedDict()
+        self.host: OrderedDict[int, LoRAAdapter] = OrderedDict()  # adapter id -> weights, LRU
         self.slots: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU first
         self.known: dict[int, LoRARequest] = {}  # every adapter added, by id
 
@@ -71,13 +71,25 @@ class LoRAManager:
         if request.lora_int_id in self.host:
             self.host.move_to_end(request.lora_int_id)
             return
-        self._cache(request, self.read_adapter(request))
+        self._cache(request.lora_int_id, self.read_adapter(request))
         self.known[request.lora_int_id] = request
 
-    def _cache(self, request: LoRARequest, adapter: LoRAAdapter) -> None:
+    def _cache(self, lora_int_id: int, adapter: LoRAAdapter) -> LoRAAdapter:
         while len(self.host) >= self.max_cpu_loras:
             self.host.popitem(last=False)
-        self.host[request.lora_int_id] = (request, adapter)
+        self.host[lora_int_id] = adapter
+        return adapter
+
+    def _host_adapter(self, lora_int_id: int) -> LoRAAdapter:
+        """The adapter's weights in host memory, read from its folder again if the host cache
+        evicted them."""
+        adapter = self.host.get(lora_int_id)
+        if adapter is not None:
+            return adapter
+        request = self.known.get(lora_int_id)
+        if request is None:
+            raise ValueError(f"LoRA adapter id {lora_int_id} is not loaded")
+        return self._cache(lora_int_id, self.read_adapter(request))
 
     def remove_adapter(self, lora_int_id: int) -> bool:
         slot = self.slots.pop(lora_int_id, None)
@@ -102,23 +114,16 @@ class LoRAManager:
                 self.host.move_to_end(i)
         errors: dict[int, Exception] = {}
         for i in lora_int_ids:
-            if i in self.slots or i in self.host:
+            if i in self.slots:
                 continue
-            request = self.known.get(i)
             try:
-                if request is None:
-                    raise ValueError(f"LoRA adapter id {i} is not loaded")
-                self._cache(request, self.read_adapter(request))
+                self._host_adapter(i)
             except Exception as exc:
                 errors[i] = exc
         return errors
 
     def _load_slot(self, lora_int_id: int, busy: set[int]) -> int:
-        if lora_int_id not in self.host:
-            request = self.known.get(lora_int_id)
-            if request is None:
-                raise ValueError(f"LoRA adapter id {lora_int_id} is not loaded")
-            self._cache(request, self.read_adapter(request))  # evicted from host memory
+        adapter = self._host_adapter(lora_int_id)
         used = set(self.slots.values())
         free = [s for s in range(self.max_loras) if s not in used]
         if free:
@@ -126,7 +131,6 @@ class LoRAManager:
         else:
             victim = next(i for i in self.slots if i not in busy)
             slot = self.slots.pop(victim)
-        _, adapter = self.host[lora_int_id]
         per_layer: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         by_layer = {id(layer): layer for layer in self.targets.layers}
         for module, (a, b) in adapter.weights.items():
