@@ -188,26 +188,41 @@ class DraftModelProposer:
     def _feed_arrays(self, plan: Any, feeds: List[_Feed]) -> PlanArrays:
         """The draft's step over ``feeds`` (multi-token entries first): its own slots, from
         the target's block tables."""
-        lens = np.array([len(f[2]) for f in feeds], dtype=np.int32)
-        starts = np.array([f[1] for f in feeds], dtype=np.int64)
+        return self._step_arrays(
+            int(plan.step),
+            [np.asarray(plan.block_tables[f[0]]) for f in feeds],
+            np.array([f[1] for f in feeds], dtype=np.int64),
+            np.array([len(f[2]) for f in feeds], dtype=np.int32),
+            np.concatenate([f[2] for f in feeds]).astype(np.int32),
+        )
+
+    def _step_arrays(
+        self,
+        step: int,
+        tables: List[np.ndarray],
+        starts: np.ndarray,
+        lens: np.ndarray,
+        input_ids: np.ndarray,
+    ) -> PlanArrays:
+        """A draft forward of ``lens[i]`` tokens from position ``starts[i]`` of each entry
+        (multi-token entries first), written through the entries' block-table rows."""
         multi = int((lens > 1).sum())
         positions = np.concatenate([np.arange(s, s + m) for s, m in zip(starts, lens)])
-        entry_of_token = np.repeat(np.arange(len(feeds)), lens)
-        tables = [np.asarray(plan.block_tables[f[0]]) for f in feeds]
+        entry_of_token = np.repeat(np.arange(len(lens)), lens)
         width = max(1, -(-int((starts + lens).max()) // self.block_size))
         table_arr = np.stack([t[:width] for t in tables]).astype(np.int32)
         slots = _slots(table_arr[entry_of_token], positions, self.block_size)
         seq_lens = (starts + lens).astype(np.int32)
         return PlanArrays(
-            step=int(plan.step),
-            num_seqs=len(feeds),
+            step=step,
+            num_seqs=len(lens),
             num_prefills=multi,
             num_prefill_tokens=int(lens[:multi].sum()),
-            num_decode_tokens=len(feeds) - multi,
+            num_decode_tokens=len(lens) - multi,
             num_tokens=int(lens.sum()),
             max_query_len=int(lens.max()),
-            max_decode_seq_len=int(seq_lens[multi:].max()) if multi < len(feeds) else 0,
-            input_ids=np.concatenate([f[2] for f in feeds]).astype(np.int32),
+            max_decode_seq_len=int(seq_lens[multi:].max()) if multi < len(lens) else 0,
+            input_ids=input_ids,
             positions=positions,
             slot_mapping=slots,
             seq_lens=seq_lens,
@@ -244,28 +259,12 @@ class DraftModelProposer:
         self, plan: Any, active: List[_Speculating], j: int, ids: np.ndarray
     ) -> PlanArrays:
         """One token per active entry: its draft j - 1 (``ids``) at position end + j - 1."""
-        m = len(active)
-        positions = np.array([s.end + j - 1 for s in active], dtype=np.int64)
-        width = max(1, -(-(int(positions.max()) + 1) // self.block_size))
-        tables = np.stack([s.table[:width] for s in active]).astype(np.int32)
-        return PlanArrays(
-            step=int(plan.step),
-            num_seqs=m,
-            num_prefills=0,
-            num_prefill_tokens=0,
-            num_decode_tokens=m,
-            num_tokens=m,
-            max_query_len=1,
-            max_decode_seq_len=int(positions.max()) + 1,
-            input_ids=ids,
-            positions=positions,
-            slot_mapping=_slots(tables, positions, self.block_size),
-            seq_lens=(positions + 1).astype(np.int32),
-            query_start_loc=np.arange(m + 1, dtype=np.int32),
-            block_tables=tables,
-            blocks_to_swap_out=_NO_PAIRS,
-            blocks_to_swap_in=_NO_PAIRS,
-            blocks_to_copy=_NO_PAIRS,
+        return self._step_arrays(
+            int(plan.step),
+            [s.table for s in active],
+            np.array([s.end + j - 1 for s in active], dtype=np.int64),
+            np.ones(len(active), dtype=np.int32),
+            ids,
         )
 
     # ------------------------------------------------------------------ drafting
