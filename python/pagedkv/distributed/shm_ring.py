@@ -109,8 +109,11 @@ class ShmRing:
         h = self.hdr[(self.seq - 1) % self.num_slots]
         h[1], h[2] = nbytes, num_slots
         h[0] = self.seq  # last: publishes the slot
-        for r in np.flatnonzero(self.sleeping):
-            self.wakeups[r].release()
+        # A copy first: the readers flip their flags meanwhile, and numpy's nonzero counts,
+        # then fills, raising (or worse) when the count moved in between.
+        for r, asleep in enumerate(self.sleeping.tolist()):
+            if asleep:
+                self.wakeups[r].release()
 
     def write(
         self,

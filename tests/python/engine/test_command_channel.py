@@ -3,6 +3,7 @@ process, a thread writing; the multi-process engine paths are test_engine_parall
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 
@@ -177,3 +178,40 @@ def test_flat_broadcast_carries_small_and_oversized_commands(tmp_path) -> None:
         if p.is_alive():
             p.kill()
     assert codes == [0, 0], codes
+
+
+def _toggle_sleeping(handle: tuple, seconds: float) -> None:
+    """A reader process that raises and lowers its "sleeping" flag as fast as it can."""
+    ring = ShmRing.attach(handle, 0)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(1000):
+            ring.sleeping[0] = 1
+            ring.sleeping[0] = 0
+
+
+def test_publish_reads_the_flags_while_readers_flip_them() -> None:
+    """The readers raise and lower their flags while the writer publishes: the writer must
+    read a snapshot (numpy's nonzero counts, then fills, and raises when the count moved in
+    between: a CI run lost its parallel engine to that)."""
+    ring = ShmRing.create(num_readers=1, num_slots=2, slot_bytes=64)
+    error = None
+    try:
+        proc = multiprocessing.get_context("spawn").Process(
+            target=_toggle_sleeping, args=(ring.handle, 4.0)
+        )
+        proc.start()
+        while int(ring.sleeping[0]) == 0 and proc.is_alive():
+            pass  # the reader is flipping now
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            for _ in range(2000):
+                ring.publish(0)  # (no reader reads: publish alone, no slot reuse waits)
+        proc.join(10)
+        while ring.wakeups[0].acquire(block=False):
+            pass
+    except RuntimeError as exc:  # (kept as text: a traceback's arrays outlive the segment)
+        error = repr(exc)
+    finally:
+        ring.close()
+    assert error is None, error

@@ -324,7 +324,7 @@ def test_ctrl_c_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
     proc = subprocess.Popen(
         [sys.executable, str(script), models["tiny-llama"]],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
         start_new_session=True,
@@ -336,11 +336,11 @@ def test_ctrl_c_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
         workers = [int(p) for p in line.split()[1:]]
         time.sleep(1.0)  # generating now
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
-        out, _ = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "INTERRUPTED" in out and proc.returncode == 0
+    assert "INTERRUPTED" in out and proc.returncode == 0, (proc.returncode, err[-3000:])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_pid_alive(p) for p in workers):
         time.sleep(0.1)
