@@ -52,7 +52,13 @@ class ShmRing:
     ) -> None:
         self.shm, self.owner, self.wakeups = shm, owner, wakeups
         self.num_readers, self.num_slots, self.slot_bytes = num_readers, num_slots, slot_bytes
-        buf = np.ndarray((shm.size,), dtype=np.uint8, buffer=shm.buf)
+        # The views own the mapping: frombuffer holds a buffer export of the mmap (np.ndarray(
+        # buffer=) does not), and SharedMemory no longer closes it, so the mmap's own dealloc
+        # unmaps it when the last view goes, never under one that is still referenced (a
+        # traceback's frame, a thread still in write(): touching it would be a segfault).
+        assert shm.buf is not None  # (an open segment)
+        buf = np.frombuffer(shm.buf, dtype=np.uint8)
+        shm._mmap = None  # type: ignore[attr-defined]
         n_hdr = num_slots * _HDR
         self.hdr = buf[: 8 * n_hdr].view(np.int64).reshape(num_slots, _HDR)
         done_end = 8 * (n_hdr + num_slots * num_readers)
@@ -206,7 +212,8 @@ class ShmRing:
         self.done[(self.seq - 1) % self.num_slots, self.reader] = self.seq
 
     def close(self) -> None:
-        # Views into the buffer must go before it can be closed.
+        """Drops this ring's views (the segment is unmapped with the last view of it, at once
+        when no other is referenced) and closes its descriptor; the owner unlinks the name."""
         self.hdr = self.done = self.sleeping = None  # type: ignore[assignment]
         self.slots = []
         self.shm.close()
