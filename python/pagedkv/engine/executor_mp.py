@@ -59,6 +59,8 @@ logger = logging.getLogger("pagedkv")
 # so this is far above a step): a peer that hangs ends the engine with an error, not a hang.
 COLLECTIVE_TIMEOUT_S = 600.0
 _JOIN_TIMEOUT_S = 10.0
+# How long a driver whose command raised waits for a worker's exit to show (the cause to name).
+_NAME_DEAD_WORKER_S = 1.0
 # Start-up: how long spawned ranks may take to import and reach the rendezvous.
 _STORE_TIMEOUT = datetime.timedelta(seconds=300)
 # How long a worker waiting for the next command busy-spins before yielding its core: a
@@ -95,6 +97,23 @@ class _Procs:
                 p.kill()
         for p in self.procs:
             p.join(_JOIN_TIMEOUT_S)
+
+    def exited(self, timeout: Optional[float]) -> Optional[str]:
+        """Which worker exited and how, waiting up to ``timeout`` s (None: for ever) for one
+        to; None if none did."""
+        if not self.procs:
+            return None
+        ready = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout)
+        dead = next((p for p in self.procs if p.sentinel in ready), None)
+        if dead is None:
+            return None
+        dead.join(1.0)
+        code, until = dead.exitcode, time.monotonic() + 1.0
+        while code is None and time.monotonic() < until:  # (another thread is reaping it)
+            time.sleep(0.01)
+            code = dead.exitcode
+        rank = self.procs.index(dead) + 1
+        return f"worker rank {rank} (pid {dead.pid}) exited unexpectedly with exit code {code}"
 
 
 class MultiprocExecutor:
@@ -195,8 +214,14 @@ class MultiprocExecutor:
                 *[a.driver if type(a) is PerRank else a for a in args]
             )
         except BaseException as exc:
-            time.sleep(0.2)  # let the monitor name a dead worker, if that is what happened
-            why = state.dead or f"{type(exc).__name__} during {name}() left the ranks out of step"
+            # A dead worker fails the collective: name it (its exit shows within moments; not
+            # left to the monitor thread, which a loaded machine may wake much later).
+            wait_s = _NAME_DEAD_WORKER_S if isinstance(exc, Exception) else 0.0
+            why = (
+                state.dead
+                or state.exited(wait_s)
+                or f"{type(exc).__name__} during {name}() left the ranks out of step"
+            )
             state.dead = why
             _shutdown(state)
             if isinstance(exc, Exception):
@@ -328,16 +353,10 @@ def _shutdown(state: _Procs) -> None:
 
 def _monitor(state: _Procs) -> None:
     """Waits for any worker to exit; one that exits while the engine runs takes it down."""
-    procs = list(state.procs)
-    ready = multiprocessing.connection.wait([p.sentinel for p in procs])
+    why = state.exited(None)
     if state.closing:
         return
-    dead = next(p for p in procs if p.sentinel in ready)
-    dead.join(1.0)
-    rank = procs.index(dead) + 1
-    state.dead = (
-        f"worker rank {rank} (pid {dead.pid}) exited unexpectedly with exit code {dead.exitcode}"
-    )
+    state.dead = why
     logger.error("%s; stopping the other workers", state.dead)
     state.kill_all()
     # The driver's pending collective fails now, not at its timeout; the driver's own thread

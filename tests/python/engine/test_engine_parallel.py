@@ -407,3 +407,42 @@ def test_killed_driver_ends_the_workers(models: dict[str, str], tmp_path: Any) -
         time.sleep(0.1)
     assert not any(_pid_alive(p) for p in workers), "a worker outlived its killed driver"
     assert not os.path.exists(f"/dev/shm/{ring}"), "the command ring outlived the engine"
+
+
+def _kill_mid_generate(llm: Any) -> tuple[int, str]:
+    """Kills worker rank 1 while ``llm`` generates; (its pid, the engine's error)."""
+    victim = llm.llm_engine.runner._state.procs[0].pid
+    threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    with pytest.raises(RuntimeError) as err:
+        for _ in range(1000):
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 4, params, use_tqdm=False)
+    return victim, str(err.value)
+
+
+def test_killed_worker_is_named_when_the_monitor_is_late(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """On a loaded machine the monitor thread may wake well after the driver's collective
+    failed: the driver must still name the dead worker (it gave a generic 'left the ranks out
+    of step' when the monitor took more than 0.2 s)."""
+    from pagedkv.engine import executor_mp
+
+    real = executor_mp._monitor
+
+    def late_monitor(state: Any) -> None:
+        import multiprocessing.connection
+
+        multiprocessing.connection.wait([p.sentinel for p in state.procs])
+        time.sleep(1.5)  # descheduled
+        real(state)
+
+    monkeypatch.setattr(executor_mp, "_monitor", late_monitor)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    procs = list(llm.llm_engine.runner._state.procs)
+    victim, error = _kill_mid_generate(llm)
+    assert f"worker rank 1 (pid {victim}) exited" in error, error
+    _assert_gone(procs)
+    del llm
+    gc.collect()
+
