@@ -90,6 +90,7 @@ class _Procs:
         self.dead: Optional[str] = None  # why the executor can no longer run steps
         self.closing = False
         self.lock = threading.Lock()
+        self.monitor: Optional[threading.Thread] = None  # (_monitor)
 
     def kill_all(self) -> None:
         for p in self.procs:
@@ -193,9 +194,11 @@ class MultiprocExecutor:
             )
             p.start()
             self._state.procs.append(p)
-        threading.Thread(
+        monitor = threading.Thread(
             target=_monitor, args=(self._state,), name="pagedkv-worker-monitor", daemon=True
-        ).start()
+        )
+        self._state.monitor = monitor
+        monitor.start()
 
     # ------------------------------------------------------------------ the runner interface
     def _run_all(self, name: str, *args: Any, send: bool = True) -> Any:
@@ -343,6 +346,11 @@ def _shutdown(state: _Procs) -> None:
             logger.warning("could not tell the workers to stop (%r); killing them", exc)
             state.dead = "shut down"
     state.kill_all()  # (out of step, the workers wait for collectives that will not come)
+    monitor = state.monitor
+    if monitor is not None and monitor is not threading.current_thread():
+        # Every worker has exited: the monitor wakes, and may be aborting the communicators
+        # (a worker died); destroying the groups under its abort is a use-after-free.
+        monitor.join(_JOIN_TIMEOUT_S)
     if state.dead is not None:
         abort_model_parallel()
     else:

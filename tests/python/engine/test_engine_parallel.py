@@ -446,3 +446,37 @@ def test_killed_worker_is_named_when_the_monitor_is_late(
     del llm
     gc.collect()
 
+
+def test_monitor_aborts_before_the_driver_destroys_the_groups(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """A worker dies: the monitor aborts the communicators (on NCCL that is what ends the
+    driver's collective), the driver's thread then tears the groups down, and must wait for
+    the monitor's abort to finish: destroying NCCL groups under it is a use-after-free. A
+    slow abort, and a driver that reaches its teardown while it runs, show the order."""
+    from pagedkv.engine import executor_mp
+
+    seen: list[bool] = []
+
+    def slow_abort() -> None:
+        time.sleep(1.5)
+        seen.append(model_parallel_is_initialized() and torch.distributed.is_initialized())
+
+    real_shutdown = executor_mp._shutdown
+
+    def late_shutdown(state: Any) -> None:
+        time.sleep(0.5)  # the monitor is in its abort now
+        real_shutdown(state)
+
+    monkeypatch.setattr(executor_mp, "abort_communicators", slow_abort)
+    monkeypatch.setattr(executor_mp, "_shutdown", late_shutdown)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    _, error = _kill_mid_generate(llm)
+    assert "worker rank 1" in error, error
+    for t in threading.enumerate():
+        if t.name == "pagedkv-worker-monitor":
+            t.join(5)
+    assert seen == [True], "the driver destroyed the groups under the monitor's abort"
+    assert not model_parallel_is_initialized()
+    del llm
+    gc.collect()
