@@ -91,6 +91,9 @@ class _Procs:
         self.closing = False
         self.lock = threading.Lock()
         self.monitor: Optional[threading.Thread] = None  # (_monitor)
+        # Held by the thread running a command (the channel and the groups in use): teardown
+        # from another thread waits for it (_hold_commands).
+        self.command = threading.RLock()
 
     def kill_all(self) -> None:
         for p in self.procs:
@@ -206,30 +209,31 @@ class MultiprocExecutor:
         PerRank argument: its ``workers`` value there, its ``driver`` value here). With
         ``send`` False, here only: the workers run their side without a command."""
         state = self._state
-        if state.dead is not None:
-            _shutdown(state)  # (the monitor found a dead worker between two calls)
-            raise RuntimeError(f"the parallel engine is down: {state.dead}")
-        try:
-            if send:
-                self._flush_logits()
-                state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
-            return getattr(self.worker, name)(
-                *[a.driver if type(a) is PerRank else a for a in args]
-            )
-        except BaseException as exc:
-            # A dead worker fails the collective: name it (its exit shows within moments; not
-            # left to the monitor thread, which a loaded machine may wake much later).
-            wait_s = _NAME_DEAD_WORKER_S if isinstance(exc, Exception) else 0.0
-            why = (
-                state.dead
-                or state.exited(wait_s)
-                or f"{type(exc).__name__} during {name}() left the ranks out of step"
-            )
-            state.dead = why
-            _shutdown(state)
-            if isinstance(exc, Exception):
-                raise RuntimeError(f"the parallel engine is down: {why}") from exc
-            raise
+        with state.command:  # (teardown from another thread waits for it)
+            if state.dead is not None or state.closing:
+                _shutdown(state)  # (the monitor found a dead worker between two calls)
+                raise RuntimeError(f"the parallel engine is down: {state.dead or 'shut down'}")
+            try:
+                if send:
+                    self._flush_logits()
+                    state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
+                return getattr(self.worker, name)(
+                    *[a.driver if type(a) is PerRank else a for a in args]
+                )
+            except BaseException as exc:
+                # A dead worker fails the collective: name it (its exit shows within moments; not
+                # left to the monitor thread, which a loaded machine may wake much later).
+                wait_s = _NAME_DEAD_WORKER_S if isinstance(exc, Exception) else 0.0
+                why = (
+                    state.dead
+                    or state.exited(wait_s)
+                    or f"{type(exc).__name__} during {name}() left the ranks out of step"
+                )
+                state.dead = why
+                _shutdown(state)
+                if isinstance(exc, Exception):
+                    raise RuntimeError(f"the parallel engine is down: {why}") from exc
+                raise
 
     def determine_num_blocks(self) -> Tuple[int, int]:
         return self._run_all("determine_num_blocks")
@@ -321,9 +325,15 @@ class MultiprocExecutor:
         return getattr(worker.runner, name)
 
     def shutdown(self) -> None:
-        if self.is_alive:  # (workers waiting in a logits collective would not hear the stop)
-            with contextlib.suppress(Exception):
-                self._flush_logits()
+        # (Workers waiting in a logits collective would not hear the stop; a command still
+        # running in another thread: _shutdown deals with it.)
+        if self._state.command.acquire(timeout=_JOIN_TIMEOUT_S):
+            try:
+                if self.is_alive:
+                    with contextlib.suppress(Exception):
+                        self._flush_logits()
+            finally:
+                self._state.command.release()
         self._finalizer()
 
     @property
@@ -332,11 +342,39 @@ class MultiprocExecutor:
 
 
 def _shutdown(state: _Procs) -> None:
-    """Ends the workers (a polite command first, while they are in step), then the groups."""
+    """Ends the workers, then the groups, once no command runs (any thread; the first call
+    does it, later ones return at once)."""
     with state.lock:
         if state.closing:
             return
         state.closing = True
+    if not _hold_commands(state):
+        return
+    try:
+        _tear_down(state)
+    finally:
+        state.command.release()
+
+
+def _hold_commands(state: _Procs) -> bool:
+    """Waits for a command running in another thread (tearing the channel or the groups down
+    under it is a use-after-free); one that does not end in time is ended by stopping the
+    workers (its collective fails). False if it still runs: the groups are left to the
+    process' exit."""
+    if state.command.acquire(timeout=_JOIN_TIMEOUT_S):
+        return True
+    logger.warning("shutdown: a command still runs in another thread; stopping the workers")
+    state.dead = state.dead or "shut down while a command ran"
+    state.kill_all()
+    abort_communicators()
+    if state.command.acquire(timeout=_JOIN_TIMEOUT_S):
+        return True
+    logger.error("shutdown: a command still runs in another thread; the groups are left as is")
+    return False
+
+
+def _tear_down(state: _Procs) -> None:
+    """Ends the workers (a polite command first, while they are in step), then the groups."""
     if state.dead is None:
         try:
             state.channel.send(SHUTDOWN, ())

@@ -480,3 +480,47 @@ def test_monitor_aborts_before_the_driver_destroys_the_groups(
     assert not model_parallel_is_initialized()
     del llm
     gc.collect()
+
+
+def test_shutdown_waits_for_a_command_in_another_thread(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """shutdown() from one thread while another runs a command (the server's engine thread
+    still in a step at exit): the teardown must not destroy the groups (or close the command
+    ring) under that command; one that does not end in time is ended by stopping the workers,
+    and fails with an error, never with the groups gone from under it."""
+    from pagedkv.engine import executor_mp
+
+    monkeypatch.setattr(executor_mp, "_JOIN_TIMEOUT_S", 1.0)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    runner = llm.llm_engine.runner
+    procs = list(runner._state.procs)
+    real = runner.worker.min_graph_replays
+    in_command = threading.Event()
+    groups_there: list[bool] = []
+    result: list[Any] = []
+
+    def slow_min_graph_replays() -> int:
+        in_command.set()
+        time.sleep(2.5)  # longer than shutdown()'s waits (1 s each)
+        groups_there.append(model_parallel_is_initialized())
+        return real()
+
+    def command() -> None:
+        try:
+            result.append(runner.min_graph_replays())
+        except RuntimeError as exc:
+            result.append(str(exc))
+
+    runner.worker.min_graph_replays = slow_min_graph_replays
+    thread = threading.Thread(target=command)
+    thread.start()
+    assert in_command.wait(10)
+    runner.shutdown()
+    thread.join(10)
+    assert groups_there == [True], "the groups were torn down under a running command"
+    assert len(result) == 1 and "parallel engine is down" in str(result[0]), result
+    assert not model_parallel_is_initialized()
+    _assert_gone(procs)
+    del llm
+    gc.collect()
