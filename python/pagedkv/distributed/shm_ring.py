@@ -7,6 +7,10 @@ else is shared: no lock, no socket, no collective. The counters are aligned int6
 the payload is written before the sequence number that publishes it (x86 stores are seen in
 program order, so a reader that sees the number sees the payload).
 
+The ring needs that ordering (x86's): on other machines (aarch64: loads and stores reorder,
+and Python has no fence to put between them) ``ShmRing.ordered()`` is False and the executor
+sends its commands by a gloo broadcast instead (command_channel.BroadcastChannel).
+
 A message larger than a slot takes several consecutive slots (the first slot's header says
 how many); the reader then gathers it into one buffer.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import platform
 import time
 from multiprocessing import shared_memory
 from typing import Any, Callable, List, Optional, Tuple
@@ -69,6 +74,12 @@ class ShmRing:
         self.slots = [data[i * slot_bytes : (i + 1) * slot_bytes] for i in range(num_slots)]
         self.seq = 0  # the writer's last sequence number, or the reader's last read
         self.reader = -1  # this reader's index (attach())
+
+    @staticmethod
+    def ordered() -> bool:
+        """Whether this machine sees each process' stores in program order (x86's TSO), which
+        the ring's publish / read protocol relies on."""
+        return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
     @classmethod
     def create(cls, num_readers: int, num_slots: int = 4, slot_bytes: int = 1 << 20) -> ShmRing:

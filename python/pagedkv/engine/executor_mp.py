@@ -9,8 +9,9 @@ every rank: rank 0 becomes the driver and the other ranks serve its commands, th
 Each call of the runner interface (execute, compute_logits, apply_block_ops, set-up steps) is
 sent to the workers as a command with the plan as flat arrays (PlanArrays), then run locally:
 all ranks run the same Worker method together (see worker.py). The commands travel as flat
-bytes (command_channel.py): through a shared-memory ring when the driver spawned the workers,
-as one flat-buffer broadcast (gloo) under torchrun.
+bytes (command_channel.py): through a shared-memory ring when the driver spawned the workers
+(on x86: the ring relies on its store order), as one flat-buffer broadcast (gloo) under
+torchrun and on other machines.
 
 Failure: a monitor thread watches the worker processes; when one dies, the others are killed
 (and NCCL's communicators aborted), so the driver's pending collective fails at once and the
@@ -48,6 +49,7 @@ from pagedkv.distributed import (
     initialize_model_parallel,
     model_parallel_is_initialized,
 )
+from pagedkv.distributed.shm_ring import ShmRing
 from pagedkv.engine.command_channel import BroadcastChannel, ShmChannel
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.plan_arrays import PlanArrays
@@ -158,8 +160,9 @@ class MultiprocExecutor:
                 "127.0.0.1", port, self.world_size, True, _STORE_TIMEOUT, wait_for_workers=False
             )
             state = self._state
-            state.channel = ShmChannel.create(self.world_size - 1, COLLECTIVE_TIMEOUT_S)
-            state.channel.alive = lambda: state.dead is None
+            if ShmRing.ordered():
+                state.channel = ShmChannel.create(self.world_size - 1, COLLECTIVE_TIMEOUT_S)
+                state.channel.alive = lambda: state.dead is None
             self._spawn(cfg, device, port)
             self._finalizer = weakref.finalize(self, _shutdown, self._state)
             _wait_until_ready(store, self._state)
@@ -168,6 +171,8 @@ class MultiprocExecutor:
                 self.world_size, 0, backend, None, COLLECTIVE_TIMEOUT_S, store
             )
             initialize_model_parallel(tp, pp, device)
+            if state.channel is None:  # (no ordered ring on this machine)
+                state.channel = BroadcastChannel(get_world_group())
         self.device = device
         try:
             self.worker = Worker(cfg, device)
@@ -187,7 +192,7 @@ class MultiprocExecutor:
 
     def _spawn(self, cfg: EngineConfig, device: torch.device, port: int) -> None:
         ctx = multiprocessing.get_context("spawn")
-        channel = self._state.channel.handle
+        channel = self._state.channel.handle if self._state.channel is not None else None
         for rank in range(1, self.world_size):
             p = ctx.Process(
                 target=_worker_process,
@@ -436,7 +441,7 @@ def _worker_process(
     device: torch.device,
     port: int,
     parent_pid: int,
-    channel: Tuple[Any, ...],
+    channel: Optional[Tuple[Any, ...]],
 ) -> None:
     """Entry point of a spawned rank."""
     # Ctrl-C reaches the whole process group: the driver alone decides what it means.
@@ -457,7 +462,10 @@ def _worker_process(
     initialize_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, device)
     spin_s = _CUDA_SPIN_S if device.type == "cuda" else 0.0
     alive = lambda: os.getppid() == parent_pid  # noqa: E731
-    _serve_as_worker(cfg, device, ShmChannel.attach(channel, rank - 1, alive, spin_s))
+    if channel is None:  # (the driver found no ordered ring on this machine)
+        _serve_as_worker(cfg, device, BroadcastChannel(get_world_group()))
+    else:
+        _serve_as_worker(cfg, device, ShmChannel.attach(channel, rank - 1, alive, spin_s))
 
 
 def _serve_as_worker(cfg: EngineConfig, device: torch.device, channel: Any) -> None:

@@ -524,3 +524,28 @@ def test_shutdown_waits_for_a_command_in_another_thread(
     _assert_gone(procs)
     del llm
     gc.collect()
+
+
+def test_commands_go_by_broadcast_where_the_ring_is_unordered(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """The shared-memory ring relies on x86's store order; elsewhere (aarch64) the spawned
+    workers get their commands by a gloo broadcast, with the same tokens."""
+    from pagedkv.distributed.shm_ring import ShmRing
+    from pagedkv.engine.command_channel import BroadcastChannel
+
+    monkeypatch.setattr(ShmRing, "ordered", staticmethod(lambda: False))
+    prompts = [{"prompt_token_ids": [3, 1, 4, 1, 5, 9]}, {"prompt_token_ids": [2, 7]}]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    procs = list(llm.llm_engine.runner._state.procs)
+    try:
+        assert isinstance(llm.llm_engine.runner._state.channel, BroadcastChannel)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    finally:
+        del llm
+        gc.collect()
+    _assert_gone(procs)
+    one = LLM(models["tiny-llama"], **ENGINE)
+    want = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    assert got == want
