@@ -315,7 +315,7 @@ class MultiprocExecutor:
         self._run_all("apply_block_ops", self._arrays(plan))
 
     def finish_swap_out(self, plan: Any) -> None:
-        if self._state.dead is None:  # a dead engine has no cache left to save
+        if self.is_alive:  # a dead or shut-down engine has no cache left to save
             self._run_all("finish_swap_out", self._arrays(plan))
 
     def _arrays(self, plan: Any) -> PlanArrays:

@@ -549,3 +549,18 @@ def test_commands_go_by_broadcast_where_the_ring_is_unordered(
     one = LLM(models["tiny-llama"], **ENGINE)
     want = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     assert got == want
+
+
+def test_calls_after_shutdown_are_refused_by_name(models: dict[str, str]) -> None:
+    """After shutdown() a command is refused as such (it failed on the closed command ring
+    before), and a failed step's clean-up (finish_swap_out) has nothing left to save."""
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    runner = llm.llm_engine.runner
+    procs = list(runner._state.procs)
+    runner.shutdown()
+    _assert_gone(procs)
+    runner.finish_swap_out(None)
+    with pytest.raises(RuntimeError, match="the parallel engine is down: shut down"):
+        runner.min_graph_replays()
+    del llm
+    gc.collect()
