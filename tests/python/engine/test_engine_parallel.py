@@ -564,3 +564,25 @@ def test_calls_after_shutdown_are_refused_by_name(models: dict[str, str]) -> Non
         runner.min_graph_replays()
     del llm
     gc.collect()
+
+
+def test_driver_exception_mid_command_ends_the_workers(models: dict[str, str]) -> None:
+    """The driver's own side of a command raises while the workers wait in its collective:
+    the engine goes down naming the error, the workers are stopped and the groups are gone
+    (nothing waits for the collective's timeout)."""
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    runner = llm.llm_engine.runner
+    procs = list(runner._state.procs)
+
+    def broken() -> int:
+        raise ValueError("driver side broke")
+
+    runner.worker.min_graph_replays = broken
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"ValueError during min_graph_replays\(\) left"):
+        runner.min_graph_replays()
+    assert time.monotonic() - t0 < 15
+    _assert_gone(procs)
+    assert not model_parallel_is_initialized()
+    del llm
+    gc.collect()
