@@ -291,13 +291,14 @@ def test_torchrun_launches_the_ranks(models: dict[str, str], tmp_path: Any) -> N
 
 
 _CTRL_C_SCRIPT = """
-import signal, sys
+import faulthandler, signal, sys
 import torch
 from pagedkv import LLM, SamplingParams
 
 
 def main():
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job ignores it)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # (the test's view of a hang)
     torch.set_num_threads(1)
     llm = LLM(sys.argv[1], device="cpu", skip_tokenizer_init=True, max_model_len=128,
               kv_cache_space=0.01, tensor_parallel_size=2)
@@ -336,7 +337,14 @@ def test_ctrl_c_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
         workers = [int(p) for p in line.split()[1:]]
         time.sleep(1.0)  # generating now
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, to stderr
+            time.sleep(1.0)
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the driver did not end 30 s after Ctrl-C:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
