@@ -226,10 +226,12 @@ def load_image_url(
     where: str,
     allowed_domains: Optional[Sequence[str]] = None,
     max_pixels: Optional[int] = None,
+    local_media_path: Optional[str] = None,
 ) -> Any:
     """An OpenAI ``image_url`` -> PIL.Image: a ``data:`` URL (base64) always; an http(s) URL
     only from a host in ``allowed_domains`` (vLLM's --allowed-media-domains: the server must
-    not fetch what a client names, e.g. internal addresses); any other scheme is refused.
+    not fetch what a client names, e.g. internal addresses); a file:// URL only under
+    ``local_media_path`` (vLLM's --allowed-local-media-path); any other scheme is refused.
     An image over ``max_pixels`` is refused from its header, before it is decoded."""
     import base64
     import binascii
@@ -257,8 +259,10 @@ def load_image_url(
                 "as a data: URL or start the server with --allowed-media-domains " + host
             )
         raw = _fetch(url, where)
+    elif scheme == "file":
+        raw = _read_local(url, where, local_media_path)
     else:
-        raise ValueError(f"{where}: image URLs must be data: or http(s) URLs, got {scheme}:")
+        raise ValueError(f"{where}: image URLs must be data:, http(s) or file: URLs, got {scheme}:")
     if len(raw) > MAX_IMAGE_BYTES:
         raise ValueError(f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes")
     try:
@@ -273,6 +277,35 @@ def load_image_url(
     except (UnidentifiedImageError, OSError) as exc:
         raise ValueError(f"{where}: not a readable image ({exc})") from None
     return image
+
+
+def _read_local(url: str, where: str, root: Optional[str]) -> bytes:
+    """The bytes of a file:// URL's file, which must lie under ``root`` once symlinks and '..'
+    are resolved. The errors name no path: a client learns nothing about files outside."""
+    import os
+    from urllib.parse import unquote, urlparse
+    from urllib.request import url2pathname
+
+    if not root:
+        raise ValueError(
+            f"{where}: reading image files is not allowed; send the image as a data: URL or "
+            "start the server with --allowed-local-media-path DIR (offline: "
+            "LLM(allowed_local_media_path=DIR))"
+        )
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"{where}: a file: URL must name a local file (file:///path)")
+    root = os.path.realpath(root)
+    path = os.path.realpath(url2pathname(unquote(parsed.path)))
+    if os.path.commonpath([path, root]) != root:
+        raise ValueError(f"{where}: the file is outside --allowed-local-media-path")
+    if not os.path.isfile(path):
+        raise ValueError(f"{where}: no such image file under --allowed-local-media-path")
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_IMAGE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{where}: could not read the image file ({exc.strerror})") from None
 
 
 def _fetch(url: str, where: str) -> bytes:
@@ -296,6 +329,7 @@ class ChatImages:
     allowed_domains: Optional[Sequence[str]] = None
     max_pixels: Optional[int] = None  # of one image (RequestLimits.max_image_pixels)
     images: Optional[List[Any]] = None
+    local_media_path: Optional[str] = None  # the server's --allowed-local-media-path
 
     def take(self, part: Any, where: str) -> str:
         """An image_url (or, offline, image_pil) part -> the text that stands for it."""
@@ -310,7 +344,9 @@ class ChatImages:
         if spec is None and isinstance(part, Mapping):
             spec = part.get("image_url")
         url = spec.get("url") if isinstance(spec, Mapping) else spec
-        self.images.append(load_image_url(url, where, self.allowed_domains, self.max_pixels))
+        self.images.append(
+            load_image_url(url, where, self.allowed_domains, self.max_pixels, self.local_media_path)
+        )
         return self.image_token
 
 

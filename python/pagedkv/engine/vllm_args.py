@@ -26,7 +26,7 @@ class Refused:
 _ONE_DEVICE = "pagedkv runs the model in one process on one device"
 _LORA_DTYPE = "LoRA adapters run in the model's dtype"
 _NO_LORA_TP = "LoRA adapters are not sharded over tensor-parallel ranks yet"
-_NO_MM = "pagedkv serves text-only models"
+_NO_MM = "image models run their processor with its defaults"
 _NO_SPEC = "speculative decoding sizes its own lookahead (speculative_config)"
 _NO_COMPILE = "pagedkv runs its own kernels and CUDA graphs, not torch.compile"
 _LOADER = "pagedkv loads safetensors / GGUF checkpoints with its own loader"
@@ -99,12 +99,11 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
         "structured outputs use xgrammar", (None, "auto", "xgrammar")
     ),
     # LoRA and multimodal.
-    # (enable_lora, max_loras, max_lora_rank, max_cpu_loras, limit_mm_per_prompt are
-    # EngineConfig's own.)
+    # (enable_lora, max_loras, max_lora_rank, max_cpu_loras, limit_mm_per_prompt,
+    # allowed_local_media_path are EngineConfig's own.)
     "lora_dtype": Refused(_LORA_DTYPE, (None, "auto")),
     "fully_sharded_loras": Refused(_NO_LORA_TP, _OFF),
     "mm_processor_kwargs": Refused(_NO_MM, (None, {})),
-    "allowed_local_media_path": Refused(_NO_MM, (None, "")),
     # Observability.
     "otlp_traces_endpoint": Refused("OpenTelemetry tracing is not supported"),
     "collect_detailed_traces": Refused("OpenTelemetry tracing is not supported"),

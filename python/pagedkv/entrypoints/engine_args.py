@@ -294,6 +294,15 @@ ENGINE_FLAGS = (
         type=t.json_object,
         shown="999 per modality (vLLM's)",
     ),
+    Flag(
+        "allowed_local_media_path",
+        None,
+        "directory whose image files chat image_url parts may name as file:// URLs (symlinks "
+        "and '..' resolved first)",
+        type=t.existing_dir,
+        shown="none: file:// URLs are refused",
+        metavar="DIR",
+    ),
     # Where the model comes from and how its config is read.
     Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),
     Flag(
