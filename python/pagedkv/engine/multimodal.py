@@ -253,12 +253,12 @@ def load_image_url(
             raise ValueError(f"{where}: the data: URL is not valid base64 ({exc})") from None
     elif scheme in ("http", "https"):
         host = urlparse(url).hostname or ""
-        if not allowed_domains or host not in allowed_domains:
+        if not _allowed_host(host, allowed_domains):
             raise ValueError(
                 f"{where}: fetching image URLs from {host!r} is not allowed; send the image "
                 "as a data: URL or start the server with --allowed-media-domains " + host
             )
-        raw = _fetch(url, where)
+        raw = _fetch(url, where, allowed_domains or ())
     elif scheme == "file":
         raw = _read_local(url, where, local_media_path)
     else:
@@ -308,11 +308,32 @@ def _read_local(url: str, where: str, root: Optional[str]) -> bytes:
         raise ValueError(f"{where}: could not read the image file ({exc.strerror})") from None
 
 
-def _fetch(url: str, where: str) -> bytes:
-    import urllib.request
+def _allowed_host(host: str, allowed_domains: Optional[Sequence[str]]) -> bool:
+    return host.lower() in {d.lower() for d in allowed_domains or ()}
 
+
+def _fetch(url: str, where: str, allowed_domains: Sequence[str]) -> bytes:
+    """GET ``url``, following redirects only to allow-listed http(s) hosts: an allowed host
+    must not be a way to make the server fetch from any other (an internal address)."""
+    import urllib.request
+    from urllib.parse import urlparse
+
+    class AllowListedRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(
+            self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+        ) -> Any:
+            target = urlparse(newurl)
+            host = target.hostname or ""
+            if target.scheme not in ("http", "https") or not _allowed_host(host, allowed_domains):
+                raise ValueError(
+                    f"{where}: the image URL answers with a redirect to {host!r}, a host not "
+                    "listed by --allowed-media-domains"
+                )
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    opener = urllib.request.build_opener(AllowListedRedirects)
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 (allow-listed host)
+        with opener.open(url, timeout=10) as resp:  # (allow-listed host)
             return bytes(resp.read(MAX_IMAGE_BYTES + 1))
     except OSError as exc:
         raise ValueError(f"{where}: could not fetch the image ({exc})") from None
