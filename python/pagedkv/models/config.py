@@ -50,6 +50,9 @@ SEQUENCE_CLASSIFIERS = {
     "GPT2ForSequenceClassification": "GPT2LMHeadModel",
     "GPTNeoXForSequenceClassification": "GPTNeoXForCausalLM",
     "OPTForSequenceClassification": "OPTForCausalLM",
+    "MixtralForSequenceClassification": "MixtralForCausalLM",
+    "Qwen2MoeForSequenceClassification": "Qwen2MoeForCausalLM",
+    "Qwen3MoeForSequenceClassification": "Qwen3MoeForCausalLM",
     "DeepseekV2ForSequenceClassification": "DeepseekV2ForCausalLM",
     "DeepseekV3ForSequenceClassification": "DeepseekV3ForCausalLM",
     # Cross-encoders: the encoder under its own head (pooler / classification head, bert.py).
