@@ -393,6 +393,8 @@ def _rgb(images: Sequence[Any], where: str) -> List[Any]:
     for i, im in enumerate(images):
         if not isinstance(im, Image.Image):
             raise TypeError(f"{where}[{i}] must be a PIL.Image, got {type(im).__name__}")
+        if im.width < 1 or im.height < 1:  # (the processors divide by the sides)
+            raise ValueError(f"{where}[{i}] is an empty image ({im.width}x{im.height})")
         out.append(im.convert("RGB"))
     return out
 
