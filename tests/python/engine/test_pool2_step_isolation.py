@@ -83,7 +83,9 @@ def test_forward_failure_fails_its_request_alone(decoder: LLM, monkeypatch) -> N
 def test_embed_names_the_request_whose_forward_failed(decoder: LLM, monkeypatch) -> None:
     _poison_forward(decoder, monkeypatch)
     with pytest.raises(RequestFailedError, match="request '.*' failed: ValueError"):
-        decoder.embed([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [POISON]}], use_tqdm=False)
+        decoder.embed(
+            [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [POISON]}], use_tqdm=False
+        )
     assert_no_leak(decoder)
 
 
