@@ -132,3 +132,36 @@ def test_cross_encoder_pairs_isolated_with_token_types(tmp_path, monkeypatch) ->
     for rid in pairs:
         torch.testing.assert_close(done[rid].outputs.data, solo[rid].outputs.data)
     assert_no_leak(llm)
+
+
+def test_async_engine_fails_the_poisoned_request_alone(decoder: LLM, monkeypatch) -> None:
+    # What the server runs: the failed request's stream ends with StepFailedError (it gets a
+    # finished output, so its stream does not hang), the others get their embeddings.
+    import asyncio
+
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine, StepFailedError
+
+    eng = decoder.llm_engine
+    solo = _step_all(eng, {"a": {"prompt_token_ids": GOOD["a"]}})["a"]
+    _poison_forward(decoder, monkeypatch)
+    engine = AsyncLLMEngine(eng)
+
+    async def one(rid: str, ids: List[int]) -> Any:
+        try:
+            params = PoolingParams(task="embed")
+            async for out in await engine.add_request(rid, {"prompt_token_ids": ids}, params):
+                last = out
+            return last
+        except StepFailedError as exc:
+            return exc
+
+    async def run() -> list:
+        return await asyncio.gather(one("a", GOOD["a"]), one("bad", [POISON, 1]))
+
+    try:
+        good, bad = asyncio.run(asyncio.wait_for(run(), 30))
+        assert isinstance(bad, StepFailedError) and "cannot take this input" in str(bad)
+        torch.testing.assert_close(good.outputs.data, solo.outputs.data)
+        assert not engine.is_dead
+    finally:
+        engine.shutdown()
