@@ -51,10 +51,17 @@ __global__ void lora_shrink_kernel(ShrinkParams p) {
   if (row >= p.R) return;
   int32_t l[TT];
   float acc[TT];
+  bool any = false;
 #pragma unroll
   for (int i = 0; i < TT; ++i) {
     l[i] = t0 + i < p.T ? p.idx[t0 + i] : -1;
     acc[i] = 0.0f;
+    any |= l[i] >= 0;
+  }
+  if (!any) {  // no adapter in the tile (base-model tokens): zeros, without reading x
+    if (lane == 0)
+      for (int i = 0; i < TT && t0 + i < p.T; ++i) p.buf[(t0 + i) * p.buf_stride + row] = 0.0f;
+    return;  // (uniform across the warp: no lane is left in the shuffles below)
   }
   const T* x = static_cast<const T*>(p.x) + t0 * p.x_stride;
   const T* a = static_cast<const T*>(p.a) + row * p.K;
