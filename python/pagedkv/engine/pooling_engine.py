@@ -391,7 +391,9 @@ class PoolingEngine:
         entry, or a request whose own forward raised). Where the batched forward raises (not
         a device error), each sequence runs alone (plan_part, without the block operations,
         which the batch ran first), so that only a request whose own input breaks the model
-        fails; the others get their solo run's states."""
+        fails; the others get their solo run's states. A plan with block operations (swaps,
+        copies) is not redone: whether they ran before the batch raised is unknown, and a
+        rerun without them could read stale blocks (its failure fails the step)."""
         types = self._step_token_types(plan, ids)
         qsl = np.asarray(plan.query_start_loc[: len(ids) + 1]).tolist()
 
@@ -400,7 +402,12 @@ class PoolingEngine:
                 return self.runner.execute(part)
             return self.runner.execute(part, token_type_ids=part_types)
 
-        hidden = try_batch(lambda: run(plan, types))
+        block_ops = (plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.blocks_to_copy)
+        hidden: Optional[torch.Tensor]
+        if any(len(ops) for ops in block_ops):
+            hidden = run(plan, types)
+        else:
+            hidden = try_batch(lambda: run(plan, types))
         if hidden is not None:
             return [hidden[qsl[i] : qsl[i + 1]] for i in range(len(ids))]
         arrays = PlanArrays.from_plan(plan, self.config.block_size)

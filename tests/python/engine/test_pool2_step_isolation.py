@@ -165,3 +165,28 @@ def test_async_engine_fails_the_poisoned_request_alone(decoder: LLM, monkeypatch
         assert not engine.is_dead
     finally:
         engine.shutdown()
+
+
+def test_a_plan_with_block_operations_is_not_redone(decoder: LLM, monkeypatch) -> None:
+    # Whether a failed batch ran its swaps / copies is unknown: a rerun without them could read
+    # stale blocks, so such a step fails whole (as before) instead of being redone.
+    import numpy as np
+
+    eng = decoder.llm_engine
+    seen = _poison_forward(decoder, monkeypatch)
+    eng.add_request("x", {"prompt_token_ids": [POISON, 1]}, PoolingParams(task="embed"))
+    eng.add_request("y", {"prompt_token_ids": [2, 3]}, PoolingParams(task="embed"))
+    plan = eng.scheduler.schedule()
+    ids = list(plan.request_ids)[: int(plan.num_seqs)]
+
+    class WithCopies:
+        blocks_to_copy = np.zeros((1, 2), dtype=np.int64)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(plan, name)
+
+    with pytest.raises(ValueError, match="cannot take this input"):
+        eng._forward(WithCopies(), ids)
+    assert seen == [2]
+    eng._fail(plan, ids)
+    assert_no_leak(decoder)
