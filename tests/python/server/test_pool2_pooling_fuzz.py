@@ -2,7 +2,7 @@
 /rerank) from the server's own OpenAPI schema (schemathesis), against a tiny random BERT
 cross-encoder (its text pairs, token types and classifier head; /v1/embeddings answers it with a
 400): valid and invalid bodies, no 5xx, the engine alive afterwards and no KV block leaked. A
-small fixed budget (CI-friendly)."""
+small fixed budget, still about a minute on a loaded 2-core CPU: marked slow."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import schemathesis  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine  # noqa: E402
 from pagedkv.testing import save_random_encoder  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 POOLING_PATHS = r"^/(v1/embeddings|pooling|classify|v1/score|score|rerank|v1/rerank|v2/rerank)$"
 LIMITS = dict(max_request_body_size=64 * 1024)
