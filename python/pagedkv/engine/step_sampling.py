@@ -21,7 +21,7 @@ import torch
 
 from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.outputs import Logprob
-from pagedkv.engine.request_failures import RequestFailures, is_device_error, try_batch
+from pagedkv.engine.request_failures import RequestFailures, try_batch
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from pagedkv.engine.structured_bitmask import StructuredBitmask
@@ -217,11 +217,9 @@ class StepSampling:
         """The rows' bitmask on ``device``; if filling it raises, the matchers are tried one by
         one and the requests of those that raise are blamed (their rows are left
         unconstrained: they draw nothing that is kept)."""
-        try:  # (not try_batch: take() answers None for a batch without constraints)
-            return bitmask.take(seqs, device)
-        except Exception as exc:
-            if is_device_error(exc):
-                raise
+        taken = try_batch(lambda: (bitmask.take(seqs, device),))  # (take() may answer None)
+        if taken is not None:
+            return taken[0]
         for j, s in enumerate(seqs):
             if s.matcher is not None:
                 with self.failures.guard(self._row_reqs[j]):
