@@ -7,6 +7,10 @@ else is shared: no lock, no socket, no collective. The counters are aligned int6
 the payload is written before the sequence number that publishes it (x86 stores are seen in
 program order, so a reader that sees the number sees the payload).
 
+The ring needs that ordering (x86's): on other machines (aarch64: loads and stores reorder,
+and Python has no fence to put between them) ``ShmRing.ordered()`` is False and the executor
+sends its commands by a gloo broadcast instead (command_channel.BroadcastChannel).
+
 A message larger than a slot takes several consecutive slots (the first slot's header says
 how many); the reader then gathers it into one buffer.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import platform
 import time
 from multiprocessing import shared_memory
 from typing import Any, Callable, List, Optional, Tuple
@@ -52,7 +57,13 @@ class ShmRing:
     ) -> None:
         self.shm, self.owner, self.wakeups = shm, owner, wakeups
         self.num_readers, self.num_slots, self.slot_bytes = num_readers, num_slots, slot_bytes
-        buf = np.ndarray((shm.size,), dtype=np.uint8, buffer=shm.buf)
+        # The views own the mapping: frombuffer holds a buffer export of the mmap (np.ndarray(
+        # buffer=) does not), and SharedMemory no longer closes it, so the mmap's own dealloc
+        # unmaps it when the last view goes, never under one that is still referenced (a
+        # traceback's frame, a thread still in write(): touching it would be a segfault).
+        assert shm.buf is not None  # (an open segment)
+        buf = np.frombuffer(shm.buf, dtype=np.uint8)
+        shm._mmap = None  # type: ignore[attr-defined]
         n_hdr = num_slots * _HDR
         self.hdr = buf[: 8 * n_hdr].view(np.int64).reshape(num_slots, _HDR)
         done_end = 8 * (n_hdr + num_slots * num_readers)
@@ -63,6 +74,12 @@ class ShmRing:
         self.slots = [data[i * slot_bytes : (i + 1) * slot_bytes] for i in range(num_slots)]
         self.seq = 0  # the writer's last sequence number, or the reader's last read
         self.reader = -1  # this reader's index (attach())
+
+    @staticmethod
+    def ordered() -> bool:
+        """Whether this machine sees each process' stores in program order (x86's TSO), which
+        the ring's publish / read protocol relies on."""
+        return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
     @classmethod
     def create(cls, num_readers: int, num_slots: int = 4, slot_bytes: int = 1 << 20) -> ShmRing:
@@ -206,7 +223,8 @@ class ShmRing:
         self.done[(self.seq - 1) % self.num_slots, self.reader] = self.seq
 
     def close(self) -> None:
-        # Views into the buffer must go before it can be closed.
+        """Drops this ring's views (the segment is unmapped with the last view of it, at once
+        when no other is referenced) and closes its descriptor; the owner unlinks the name."""
         self.hdr = self.done = self.sleeping = None  # type: ignore[assignment]
         self.slots = []
         self.shm.close()

@@ -2,15 +2,17 @@
 
 Both carriers send command_codec's flat bytes, never pickles:
 
-ShmChannel: one node, the driver spawned the workers. The command goes through a shared-memory
-ring (distributed/shm_ring.py): the driver copies it in (one memcpy per array) and goes on, the
-workers wait on the slot's sequence number. No collective, no round trip.
+ShmChannel: one node, the driver spawned the workers, an x86 machine (ShmRing.ordered()). The
+command goes through a shared-memory ring (distributed/shm_ring.py): the driver copies it in
+(one memcpy per array) and goes on, the workers wait on the slot's sequence number. No
+collective, no round trip.
 
-BroadcastChannel: torchrun (multi-node: the ranks may not share memory). One broadcast of a
-fixed-size flat uint8 buffer over the world's gloo group (a second one only for a command
-larger than the buffer). Not NCCL, on purpose: idle workers wait in this broadcast for as long
-as the engine is idle, so its group has no timeout worth the name, and a driver that dies
-leaves an NCCL collective waiting forever, where gloo's sockets close and the workers end. At
+BroadcastChannel: torchrun (multi-node: the ranks may not share memory), and spawned workers
+on machines whose stores the ring cannot order (aarch64). One broadcast of a fixed-size flat
+uint8 buffer over the world's gloo group (a second one only for a command larger than the
+buffer). Not NCCL, on purpose: idle workers wait in this broadcast for as long as the engine
+is idle, so its group has no timeout worth the name, and a driver that dies leaves an NCCL
+collective waiting forever, where gloo's sockets close and the workers end. At
 multi-node step times (tens of ms) one gloo broadcast per command is well under 1 %.
 """
 

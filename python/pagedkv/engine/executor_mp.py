@@ -9,8 +9,9 @@ every rank: rank 0 becomes the driver and the other ranks serve its commands, th
 Each call of the runner interface (execute, compute_logits, apply_block_ops, set-up steps) is
 sent to the workers as a command with the plan as flat arrays (PlanArrays), then run locally:
 all ranks run the same Worker method together (see worker.py). The commands travel as flat
-bytes (command_channel.py): through a shared-memory ring when the driver spawned the workers,
-as one flat-buffer broadcast (gloo) under torchrun.
+bytes (command_channel.py): through a shared-memory ring when the driver spawned the workers
+(on x86: the ring relies on its store order), as one flat-buffer broadcast (gloo) under
+torchrun and on other machines.
 
 Failure: a monitor thread watches the worker processes; when one dies, the others are killed
 (and NCCL's communicators aborted), so the driver's pending collective fails at once and the
@@ -48,6 +49,7 @@ from pagedkv.distributed import (
     initialize_model_parallel,
     model_parallel_is_initialized,
 )
+from pagedkv.distributed.shm_ring import ShmRing
 from pagedkv.engine.command_channel import BroadcastChannel, ShmChannel
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.plan_arrays import PlanArrays
@@ -59,6 +61,8 @@ logger = logging.getLogger("pagedkv")
 # so this is far above a step): a peer that hangs ends the engine with an error, not a hang.
 COLLECTIVE_TIMEOUT_S = 600.0
 _JOIN_TIMEOUT_S = 10.0
+# How long a driver whose command raised waits for a worker's exit to show (the cause to name).
+_NAME_DEAD_WORKER_S = 1.0
 # Start-up: how long spawned ranks may take to import and reach the rendezvous.
 _STORE_TIMEOUT = datetime.timedelta(seconds=300)
 # How long a worker waiting for the next command busy-spins before yielding its core: a
@@ -88,6 +92,10 @@ class _Procs:
         self.dead: Optional[str] = None  # why the executor can no longer run steps
         self.closing = False
         self.lock = threading.Lock()
+        self.monitor: Optional[threading.Thread] = None  # (_monitor)
+        # Held by the thread running a command (the channel and the groups in use): teardown
+        # from another thread waits for it (_hold_commands).
+        self.command = threading.RLock()
 
     def kill_all(self) -> None:
         for p in self.procs:
@@ -95,6 +103,23 @@ class _Procs:
                 p.kill()
         for p in self.procs:
             p.join(_JOIN_TIMEOUT_S)
+
+    def exited(self, timeout: Optional[float]) -> Optional[str]:
+        """Which worker exited and how, waiting up to ``timeout`` s (None: for ever) for one
+        to; None if none did."""
+        if not self.procs:
+            return None
+        ready = multiprocessing.connection.wait([p.sentinel for p in self.procs], timeout)
+        dead = next((p for p in self.procs if p.sentinel in ready), None)
+        if dead is None:
+            return None
+        dead.join(1.0)
+        code, until = dead.exitcode, time.monotonic() + 1.0
+        while code is None and time.monotonic() < until:  # (another thread is reaping it)
+            time.sleep(0.01)
+            code = dead.exitcode
+        rank = self.procs.index(dead) + 1
+        return f"worker rank {rank} (pid {dead.pid}) exited unexpectedly with exit code {code}"
 
 
 class MultiprocExecutor:
@@ -135,8 +160,9 @@ class MultiprocExecutor:
                 "127.0.0.1", port, self.world_size, True, _STORE_TIMEOUT, wait_for_workers=False
             )
             state = self._state
-            state.channel = ShmChannel.create(self.world_size - 1, COLLECTIVE_TIMEOUT_S)
-            state.channel.alive = lambda: state.dead is None
+            if ShmRing.ordered():
+                state.channel = ShmChannel.create(self.world_size - 1, COLLECTIVE_TIMEOUT_S)
+                state.channel.alive = lambda: state.dead is None
             self._spawn(cfg, device, port)
             self._finalizer = weakref.finalize(self, _shutdown, self._state)
             _wait_until_ready(store, self._state)
@@ -145,6 +171,8 @@ class MultiprocExecutor:
                 self.world_size, 0, backend, None, COLLECTIVE_TIMEOUT_S, store
             )
             initialize_model_parallel(tp, pp, device)
+            if state.channel is None:  # (no ordered ring on this machine)
+                state.channel = BroadcastChannel(get_world_group())
         self.device = device
         try:
             self.worker = Worker(cfg, device)
@@ -164,7 +192,7 @@ class MultiprocExecutor:
 
     def _spawn(self, cfg: EngineConfig, device: torch.device, port: int) -> None:
         ctx = multiprocessing.get_context("spawn")
-        channel = self._state.channel.handle
+        channel = self._state.channel.handle if self._state.channel is not None else None
         for rank in range(1, self.world_size):
             p = ctx.Process(
                 target=_worker_process,
@@ -174,9 +202,11 @@ class MultiprocExecutor:
             )
             p.start()
             self._state.procs.append(p)
-        threading.Thread(
+        monitor = threading.Thread(
             target=_monitor, args=(self._state,), name="pagedkv-worker-monitor", daemon=True
-        ).start()
+        )
+        self._state.monitor = monitor
+        monitor.start()
 
     # ------------------------------------------------------------------ the runner interface
     def _run_all(self, name: str, *args: Any, send: bool = True) -> Any:
@@ -184,24 +214,31 @@ class MultiprocExecutor:
         PerRank argument: its ``workers`` value there, its ``driver`` value here). With
         ``send`` False, here only: the workers run their side without a command."""
         state = self._state
-        if state.dead is not None:
-            _shutdown(state)  # (the monitor found a dead worker between two calls)
-            raise RuntimeError(f"the parallel engine is down: {state.dead}")
-        try:
-            if send:
-                self._flush_logits()
-                state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
-            return getattr(self.worker, name)(
-                *[a.driver if type(a) is PerRank else a for a in args]
-            )
-        except BaseException as exc:
-            time.sleep(0.2)  # let the monitor name a dead worker, if that is what happened
-            why = state.dead or f"{type(exc).__name__} during {name}() left the ranks out of step"
-            state.dead = why
-            _shutdown(state)
-            if isinstance(exc, Exception):
-                raise RuntimeError(f"the parallel engine is down: {why}") from exc
-            raise
+        with state.command:  # (teardown from another thread waits for it)
+            if state.dead is not None or state.closing:
+                _shutdown(state)  # (the monitor found a dead worker between two calls)
+                raise RuntimeError(f"the parallel engine is down: {state.dead or 'shut down'}")
+            try:
+                if send:
+                    self._flush_logits()
+                    state.channel.send(name, [a.workers if type(a) is PerRank else a for a in args])
+                return getattr(self.worker, name)(
+                    *[a.driver if type(a) is PerRank else a for a in args]
+                )
+            except BaseException as exc:
+                # A dead worker fails the collective: name it (its exit shows within moments; not
+                # left to the monitor thread, which a loaded machine may wake much later).
+                wait_s = _NAME_DEAD_WORKER_S if isinstance(exc, Exception) else 0.0
+                why = (
+                    state.dead
+                    or state.exited(wait_s)
+                    or f"{type(exc).__name__} during {name}() left the ranks out of step"
+                )
+                state.dead = why
+                _shutdown(state)
+                if isinstance(exc, Exception):
+                    raise RuntimeError(f"the parallel engine is down: {why}") from exc
+                raise
 
     def determine_num_blocks(self) -> Tuple[int, int]:
         return self._run_all("determine_num_blocks")
@@ -278,7 +315,7 @@ class MultiprocExecutor:
         self._run_all("apply_block_ops", self._arrays(plan))
 
     def finish_swap_out(self, plan: Any) -> None:
-        if self._state.dead is None:  # a dead engine has no cache left to save
+        if self.is_alive:  # a dead or shut-down engine has no cache left to save
             self._run_all("finish_swap_out", self._arrays(plan))
 
     def _arrays(self, plan: Any) -> PlanArrays:
@@ -293,9 +330,15 @@ class MultiprocExecutor:
         return getattr(worker.runner, name)
 
     def shutdown(self) -> None:
-        if self.is_alive:  # (workers waiting in a logits collective would not hear the stop)
-            with contextlib.suppress(Exception):
-                self._flush_logits()
+        # (Workers waiting in a logits collective would not hear the stop; a command still
+        # running in another thread: _shutdown deals with it.)
+        if self._state.command.acquire(timeout=_JOIN_TIMEOUT_S):
+            try:
+                if self.is_alive:
+                    with contextlib.suppress(Exception):
+                        self._flush_logits()
+            finally:
+                self._state.command.release()
         self._finalizer()
 
     @property
@@ -304,11 +347,39 @@ class MultiprocExecutor:
 
 
 def _shutdown(state: _Procs) -> None:
-    """Ends the workers (a polite command first, while they are in step), then the groups."""
+    """Ends the workers, then the groups, once no command runs (any thread; the first call
+    does it, later ones return at once)."""
     with state.lock:
         if state.closing:
             return
         state.closing = True
+    if not _hold_commands(state):
+        return
+    try:
+        _tear_down(state)
+    finally:
+        state.command.release()
+
+
+def _hold_commands(state: _Procs) -> bool:
+    """Waits for a command running in another thread (tearing the channel or the groups down
+    under it is a use-after-free); one that does not end in time is ended by stopping the
+    workers (its collective fails). False if it still runs: the groups are left to the
+    process' exit."""
+    if state.command.acquire(timeout=_JOIN_TIMEOUT_S):
+        return True
+    logger.warning("shutdown: a command still runs in another thread; stopping the workers")
+    state.dead = state.dead or "shut down while a command ran"
+    state.kill_all()
+    abort_communicators()
+    if state.command.acquire(timeout=_JOIN_TIMEOUT_S):
+        return True
+    logger.error("shutdown: a command still runs in another thread; the groups are left as is")
+    return False
+
+
+def _tear_down(state: _Procs) -> None:
+    """Ends the workers (a polite command first, while they are in step), then the groups."""
     if state.dead is None:
         try:
             state.channel.send(SHUTDOWN, ())
@@ -318,6 +389,11 @@ def _shutdown(state: _Procs) -> None:
             logger.warning("could not tell the workers to stop (%r); killing them", exc)
             state.dead = "shut down"
     state.kill_all()  # (out of step, the workers wait for collectives that will not come)
+    monitor = state.monitor
+    if monitor is not None and monitor is not threading.current_thread():
+        # Every worker has exited: the monitor wakes, and may be aborting the communicators
+        # (a worker died); destroying the groups under its abort is a use-after-free.
+        monitor.join(_JOIN_TIMEOUT_S)
     if state.dead is not None:
         abort_model_parallel()
     else:
@@ -328,16 +404,10 @@ def _shutdown(state: _Procs) -> None:
 
 def _monitor(state: _Procs) -> None:
     """Waits for any worker to exit; one that exits while the engine runs takes it down."""
-    procs = list(state.procs)
-    ready = multiprocessing.connection.wait([p.sentinel for p in procs])
+    why = state.exited(None)
     if state.closing:
         return
-    dead = next(p for p in procs if p.sentinel in ready)
-    dead.join(1.0)
-    rank = procs.index(dead) + 1
-    state.dead = (
-        f"worker rank {rank} (pid {dead.pid}) exited unexpectedly with exit code {dead.exitcode}"
-    )
+    state.dead = why
     logger.error("%s; stopping the other workers", state.dead)
     state.kill_all()
     # The driver's pending collective fails now, not at its timeout; the driver's own thread
@@ -371,7 +441,7 @@ def _worker_process(
     device: torch.device,
     port: int,
     parent_pid: int,
-    channel: Tuple[Any, ...],
+    channel: Optional[Tuple[Any, ...]],
 ) -> None:
     """Entry point of a spawned rank."""
     # Ctrl-C reaches the whole process group: the driver alone decides what it means.
@@ -392,7 +462,10 @@ def _worker_process(
     initialize_model_parallel(cfg.tensor_parallel_size, cfg.pipeline_parallel_size, device)
     spin_s = _CUDA_SPIN_S if device.type == "cuda" else 0.0
     alive = lambda: os.getppid() == parent_pid  # noqa: E731
-    _serve_as_worker(cfg, device, ShmChannel.attach(channel, rank - 1, alive, spin_s))
+    if channel is None:  # (the driver found no ordered ring on this machine)
+        _serve_as_worker(cfg, device, BroadcastChannel(get_world_group()))
+    else:
+        _serve_as_worker(cfg, device, ShmChannel.attach(channel, rank - 1, alive, spin_s))
 
 
 def _serve_as_worker(cfg: EngineConfig, device: torch.device, channel: Any) -> None:

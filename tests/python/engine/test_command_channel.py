@@ -215,3 +215,57 @@ def test_publish_reads_the_flags_while_readers_flip_them() -> None:
     finally:
         ring.close()
     assert error is None, error
+
+
+_TOUCH_AFTER_CLOSE = """
+import gc, os, sys
+from pagedkv.distributed.shm_ring import ShmRing
+
+
+def mapped(name):
+    with open("/proc/self/maps") as f:
+        return name in f.read()
+
+
+ring = ShmRing.create(num_readers=1, num_slots=2, slot_bytes=4096)
+name = ring.shm.name
+reader = ShmRing.attach(ring.handle, 0)
+dropped = ShmRing.attach(ring.handle, 0)
+del dropped  # (never closed: its mapping goes with it, quietly)
+gc.collect()
+slot, hdr, flags = ring.slots[1], ring.hdr, reader.sleeping  # (as a traceback's frame keeps them)
+reader.close()
+ring.close()
+assert not os.path.exists("/dev/shm/" + name), "close() left the segment's name"
+slot[:] = 7  # the mapping must still be there
+hdr[0, 0] = 1
+assert int(slot.sum()) == 7 * 4096 and int(hdr[0, 0]) == 1 and int(flags.sum()) == 0
+assert mapped(name)
+del slot, hdr, flags
+gc.collect()
+assert not mapped(name), "the segment stayed mapped after its last view went"
+bare = ShmRing.create(num_readers=1, num_slots=2, slot_bytes=64)
+bare.close()
+assert not mapped(bare.shm.name), "close() without views must unmap at once"
+print("OK", flush=True)
+"""
+
+
+def test_views_of_a_closed_ring_stay_valid_until_they_go(tmp_path) -> None:
+    """close() while views of the segment are still referenced (a failed test's traceback,
+    another thread): touching them must not crash (pytest once segfaulted printing such
+    locals); the mapping goes with the last view, and at once when none is left; a ring
+    dropped unclosed goes quietly. In a subprocess: a crash then fails this test instead of
+    ending pytest."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "touch.py"
+    script.write_text(_TOUCH_AFTER_CLOSE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, (done.returncode, done.stderr[-2000:])
+    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]

@@ -407,3 +407,182 @@ def test_killed_driver_ends_the_workers(models: dict[str, str], tmp_path: Any) -
         time.sleep(0.1)
     assert not any(_pid_alive(p) for p in workers), "a worker outlived its killed driver"
     assert not os.path.exists(f"/dev/shm/{ring}"), "the command ring outlived the engine"
+
+
+def _kill_mid_generate(llm: Any) -> tuple[int, str]:
+    """Kills worker rank 1 while ``llm`` generates; (its pid, the engine's error)."""
+    victim = llm.llm_engine.runner._state.procs[0].pid
+    threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    with pytest.raises(RuntimeError) as err:
+        for _ in range(1000):
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 4, params, use_tqdm=False)
+    return victim, str(err.value)
+
+
+def test_killed_worker_is_named_when_the_monitor_is_late(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """On a loaded machine the monitor thread may wake well after the driver's collective
+    failed: the driver must still name the dead worker (it gave a generic 'left the ranks out
+    of step' when the monitor took more than 0.2 s)."""
+    from pagedkv.engine import executor_mp
+
+    real = executor_mp._monitor
+
+    def late_monitor(state: Any) -> None:
+        import multiprocessing.connection
+
+        multiprocessing.connection.wait([p.sentinel for p in state.procs])
+        time.sleep(1.5)  # descheduled
+        real(state)
+
+    monkeypatch.setattr(executor_mp, "_monitor", late_monitor)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    procs = list(llm.llm_engine.runner._state.procs)
+    victim, error = _kill_mid_generate(llm)
+    assert f"worker rank 1 (pid {victim}) exited" in error, error
+    _assert_gone(procs)
+    del llm
+    gc.collect()
+
+
+def test_monitor_aborts_before_the_driver_destroys_the_groups(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """A worker dies: the monitor aborts the communicators (on NCCL that is what ends the
+    driver's collective), the driver's thread then tears the groups down, and must wait for
+    the monitor's abort to finish: destroying NCCL groups under it is a use-after-free. A
+    slow abort, and a driver that reaches its teardown while it runs, show the order."""
+    from pagedkv.engine import executor_mp
+
+    seen: list[bool] = []
+
+    def slow_abort() -> None:
+        time.sleep(1.5)
+        seen.append(model_parallel_is_initialized() and torch.distributed.is_initialized())
+
+    real_shutdown = executor_mp._shutdown
+
+    def late_shutdown(state: Any) -> None:
+        time.sleep(0.5)  # the monitor is in its abort now
+        real_shutdown(state)
+
+    monkeypatch.setattr(executor_mp, "abort_communicators", slow_abort)
+    monkeypatch.setattr(executor_mp, "_shutdown", late_shutdown)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    _, error = _kill_mid_generate(llm)
+    assert "worker rank 1" in error, error
+    for t in threading.enumerate():
+        if t.name == "pagedkv-worker-monitor":
+            t.join(5)
+    assert seen == [True], "the driver destroyed the groups under the monitor's abort"
+    assert not model_parallel_is_initialized()
+    del llm
+    gc.collect()
+
+
+def test_shutdown_waits_for_a_command_in_another_thread(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """shutdown() from one thread while another runs a command (the server's engine thread
+    still in a step at exit): the teardown must not destroy the groups (or close the command
+    ring) under that command; one that does not end in time is ended by stopping the workers,
+    and fails with an error, never with the groups gone from under it."""
+    from pagedkv.engine import executor_mp
+
+    monkeypatch.setattr(executor_mp, "_JOIN_TIMEOUT_S", 1.0)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    runner = llm.llm_engine.runner
+    procs = list(runner._state.procs)
+    real = runner.worker.min_graph_replays
+    in_command = threading.Event()
+    groups_there: list[bool] = []
+    result: list[Any] = []
+
+    def slow_min_graph_replays() -> int:
+        in_command.set()
+        time.sleep(2.5)  # longer than shutdown()'s waits (1 s each)
+        groups_there.append(model_parallel_is_initialized())
+        return real()
+
+    def command() -> None:
+        try:
+            result.append(runner.min_graph_replays())
+        except RuntimeError as exc:
+            result.append(str(exc))
+
+    runner.worker.min_graph_replays = slow_min_graph_replays
+    thread = threading.Thread(target=command)
+    thread.start()
+    assert in_command.wait(10)
+    runner.shutdown()
+    thread.join(10)
+    assert groups_there == [True], "the groups were torn down under a running command"
+    assert len(result) == 1 and "parallel engine is down" in str(result[0]), result
+    assert not model_parallel_is_initialized()
+    _assert_gone(procs)
+    del llm
+    gc.collect()
+
+
+def test_commands_go_by_broadcast_where_the_ring_is_unordered(
+    models: dict[str, str], monkeypatch: Any
+) -> None:
+    """The shared-memory ring relies on x86's store order; elsewhere (aarch64) the spawned
+    workers get their commands by a gloo broadcast, with the same tokens."""
+    from pagedkv.distributed.shm_ring import ShmRing
+    from pagedkv.engine.command_channel import BroadcastChannel
+
+    monkeypatch.setattr(ShmRing, "ordered", staticmethod(lambda: False))
+    prompts = [{"prompt_token_ids": [3, 1, 4, 1, 5, 9]}, {"prompt_token_ids": [2, 7]}]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    procs = list(llm.llm_engine.runner._state.procs)
+    try:
+        assert isinstance(llm.llm_engine.runner._state.channel, BroadcastChannel)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    finally:
+        del llm
+        gc.collect()
+    _assert_gone(procs)
+    one = LLM(models["tiny-llama"], **ENGINE)
+    want = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+
+
+def test_calls_after_shutdown_are_refused_by_name(models: dict[str, str]) -> None:
+    """After shutdown() a command is refused as such (it failed on the closed command ring
+    before), and a failed step's clean-up (finish_swap_out) has nothing left to save."""
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    runner = llm.llm_engine.runner
+    procs = list(runner._state.procs)
+    runner.shutdown()
+    _assert_gone(procs)
+    runner.finish_swap_out(None)
+    with pytest.raises(RuntimeError, match="the parallel engine is down: shut down"):
+        runner.min_graph_replays()
+    del llm
+    gc.collect()
+
+
+def test_driver_exception_mid_command_ends_the_workers(models: dict[str, str]) -> None:
+    """The driver's own side of a command raises while the workers wait in its collective:
+    the engine goes down naming the error, the workers are stopped and the groups are gone
+    (nothing waits for the collective's timeout)."""
+    llm = LLM(models["tiny-llama"], **ENGINE, tensor_parallel_size=2)
+    runner = llm.llm_engine.runner
+    procs = list(runner._state.procs)
+
+    def broken() -> int:
+        raise ValueError("driver side broke")
+
+    runner.worker.min_graph_replays = broken
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"ValueError during min_graph_replays\(\) left"):
+        runner.min_graph_replays()
+    assert time.monotonic() - t0 < 15
+    _assert_gone(procs)
+    assert not model_parallel_is_initialized()
+    del llm
+    gc.collect()
