@@ -527,26 +527,43 @@ def engine_error(err: BaseException, opts: Any = None) -> Optional[CLIError]:
 
 def build_llm(args: argparse.Namespace) -> Any:
     """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors. Its callers
-    (generate, chat, bench) generate text: a pooling model is refused as a --model error."""
+    (generate, chat, bench) generate text: they ask for a generation engine (runner
+    'generate'), so that a pooling model is refused as a --model error from its config alone,
+    before its weights are loaded (runner_choice.engine_task)."""
     from pagedkv.engine.llm import LLM
-    from pagedkv.engine.pooling_engine import PoolingEngine
+    from pagedkv.engine.runner_choice import PoolingOnlyModelError
 
     check_engine_args(args)
+    for flag, dest, generative in _POOLING_FLAGS:
+        value = getattr(args, dest)
+        if value not in generative:
+            raise CLIError(
+                flag,
+                f"this command generates text; {value!r} asks for a pooling model (serve it "
+                "with `pagedkv serve`: /v1/embeddings, /classify, /score, ...)",
+            )
     try:
-        llm = LLM(**engine_kwargs(args))
+        return LLM(**dict(engine_kwargs(args), runner="generate"))
+    except PoolingOnlyModelError as e:
+        raise CLIError(
+            "--model",
+            f"this command generates text, but the model ({e.architecture}) serves the "
+            f"pooling task {e.task!r} (serve it with `pagedkv serve`: /v1/embeddings, "
+            "/classify, /score, ...)",
+        ) from e
     except (*_MAPPED, RuntimeError) as e:
         mapped = engine_error(e, args)
         if mapped is None:
             raise
         raise mapped from e
-    if isinstance(llm.llm_engine, PoolingEngine):
-        raise CLIError(
-            "--model",
-            "this command generates text, but the model serves the pooling task "
-            f"{llm.llm_engine.task!r} "
-            "(serve it with `pagedkv serve`: /v1/embeddings, /classify, /score, ...)",
-        )
-    return llm
+
+
+# The flags that would make build_llm's engine a pooling one, with their generative values.
+_POOLING_FLAGS = (
+    ("--task", "task", ("auto", "generate")),
+    ("--runner", "runner", ("auto", "generate")),
+    ("--convert", "convert", ("auto", "none")),
+)
 
 
 # SamplingParams field -> flag (SamplingParams' messages name the field).
