@@ -193,9 +193,7 @@ class PoolingMixin:
         return _run(engine, ids, use_tqdm)
 
 
-def pair_prompt(
-    tokenizer: Any, a: str, b: str, add_special_tokens: bool = True
-) -> Dict[str, Any]:
+def pair_prompt(tokenizer: Any, a: str, b: str, add_special_tokens: bool = True) -> Dict[str, Any]:
     """A cross-encoder's input: the tokenizer's (a, b) text pair as a prompt dict, with its
     token_type_ids where the second segment has types of its own (BERT cross-encoders; an
     XLM-R tokenizer gives all zeros, which the prompt leaves out). ``add_special_tokens``:
