@@ -142,9 +142,18 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
 }
 
 
+# EngineConfig fields that LLM() honours but the command line refuses: the CLI commands and
+# the server take and return text.
+CLI_REFUSED_ARGS: Dict[str, Refused] = {
+    "skip_tokenizer_init": Refused(
+        "the CLI commands and the server take and return text (LLM() takes it)", _OFF
+    ),
+}
+
+
 def check_vllm_arg(name: str, value: Any) -> None:
     """Nothing if ``value`` changes nothing; ValueError naming ``name`` and the reason else."""
-    rule = VLLM_ONLY_ARGS[name]
+    rule = VLLM_ONLY_ARGS.get(name) or CLI_REFUSED_ARGS[name]
     if not rule.accepts(value):
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from pagedkv import ops
-from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
+from pagedkv.engine.vllm_args import CLI_REFUSED_ARGS, VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
 from pagedkv.models.lora import LORA_KERNELS
@@ -149,6 +149,19 @@ ENGINE_FLAGS = (
         type=t.float_in(0.0),
     ),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
+    Flag(
+        "max_seq_len_to_capture",
+        8192,
+        "CUDA graphs cover decode steps whose sequences are at most this long (longer: eager)",
+        type=t.int_at_least(1),
+    ),
+    Flag(
+        "num_gpu_blocks_override",
+        None,
+        "KV-cache blocks on the device, instead of what memory allows (to reproduce a run)",
+        type=t.int_at_least(1),
+        shown="from free memory",
+    ),
     Flag(
         "disable_cascade_attn",
         False,
@@ -458,8 +471,8 @@ def _json_or_text(text: str) -> Any:
 
 def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
     """Every vLLM engine flag that pagedkv refuses, hidden from --help (the table in
-    pagedkv.engine.vllm_args says why for each)."""
-    for name in VLLM_ONLY_ARGS:
+    pagedkv.engine.vllm_args says why for each), and the fields only LLM() takes."""
+    for name in [*VLLM_ONLY_ARGS, *CLI_REFUSED_ARGS]:
         if name in ENGINE_FLAG:  # honoured since (an engine flag of its own): not refused
             continue
         parser.add_argument(
