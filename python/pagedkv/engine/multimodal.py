@@ -172,7 +172,7 @@ class ImageInputProcessor:
             )
         for i, image in enumerate(images):  # (before the processor resizes a huge one)
             check_image_pixels(getattr(image, "size", None), max_pixels, f"{where}[{i}]")
-        inputs, counts = self.model.image_inputs(self.processor, _rgb(images, where))
+        inputs, counts = self._process(_rgb(images, where), where)
         ids = self._expand(ids, counts, name)
         placeholders = np.flatnonzero(np.asarray(ids) == self.image_token_id)
         digest = hashlib.sha256()
@@ -183,6 +183,15 @@ class ImageInputProcessor:
         if hasattr(self.model, "mrope_positions"):
             mm.mrope_positions, mm.mrope_delta = self.model.mrope_positions(np.asarray(ids), inputs)
         return ids, mm
+
+    def _process(self, images: List[Any], where: str) -> Tuple[Dict[str, Any], List[int]]:
+        """The model's processor over the prompt's images; a refusal (a shape the model
+        cannot take: Qwen2-VL's aspect ratios above 200, ...) names the image."""
+        try:
+            return self.model.image_inputs(self.processor, images)
+        except ValueError as exc:
+            which = _culprit(self.model, self.processor, images) if len(images) > 1 else "[0]"
+            raise ValueError(f"{where}{which}: the image processor refused it: {exc}") from exc
 
     def _expand(self, ids: List[int], counts: Sequence[int], name: str) -> List[int]:
         tok, total = self.image_token_id, sum(counts)
@@ -384,6 +393,16 @@ def image_input_processor(
         )
     model = runner.model
     return ImageInputProcessor(model.source.directory, model, limits)
+
+
+def _culprit(model: Any, processor: Any, images: Sequence[Any]) -> str:
+    """``[i]`` of the first image the processor refuses alone ('' if none does alone)."""
+    for i, image in enumerate(images):
+        try:
+            model.image_inputs(processor, [image])
+        except ValueError:
+            return f"[{i}]"
+    return ""
 
 
 def _rgb(images: Sequence[Any], where: str) -> List[Any]:
