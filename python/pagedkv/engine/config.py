@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
@@ -150,6 +151,9 @@ class EngineConfig:
     # Multimodal models (engine/multimodal.py): vLLM's most items of each modality one prompt
     # may carry, e.g. {"image": 2} (a modality left out: DEFAULT_MM_LIMIT).
     limit_mm_per_prompt: Optional[Dict[str, int]] = None
+    # vLLM's: the directory whose image files chat image_url parts may name as file:// URLs
+    # (held resolved; None: file:// URLs are refused).
+    allowed_local_media_path: Optional[str] = None
 
     @classmethod
     def from_kwargs(cls, model: Optional[str] = None, **kwargs: Any) -> EngineConfig:
@@ -264,6 +268,12 @@ class EngineConfig:
             from pagedkv.engine.multimodal import check_mm_limits
 
             check_mm_limits(self.limit_mm_per_prompt)
+        if self.allowed_local_media_path == "":  # vLLM's default: none
+            self.allowed_local_media_path = None
+        if self.allowed_local_media_path is not None:
+            self.allowed_local_media_path = _existing_dir(
+                "allowed_local_media_path", self.allowed_local_media_path
+            )
 
     def _validate_lora(self) -> None:
         from pagedkv.models.lora import LORA_KERNELS
@@ -380,3 +390,10 @@ class EngineConfig:
 
     def summary(self) -> Dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _existing_dir(name: str, path: Any) -> str:
+    """``path`` resolved (symlinks, '..'), which must be an existing directory."""
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        raise ValueError(f"{name} must be an existing directory, got {path!r}")
+    return os.path.realpath(path)

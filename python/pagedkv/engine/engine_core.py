@@ -115,7 +115,8 @@ class EngineCore:
         self._inflight: Optional[_InFlight] = None  # overlapped: launched, not yet applied
         self._failed = False  # a failed step was interrupted while failing
         self._now = 0.0  # when the step under way was scheduled
-        self._failures = RequestFailures()  # the step's requests whose own work raised
+        # the step's requests whose own work raised
+        self._failures: RequestFailures[RequestState] = RequestFailures()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: RequestState, priority: int) -> None:
@@ -210,7 +211,7 @@ class EngineCore:
         After it raised, fail_step() must run before the next step."""
         assert not self._failed, "fail_step() first"
         self._step_entries = []
-        self._failures = RequestFailures()
+        self._failures = RequestFailures[RequestState]()
         if self.async_scheduling:
             return self._with_failures(self._overlapped_step())
         plan = self._schedule()
@@ -224,7 +225,7 @@ class EngineCore:
         host = work.host(tokens)
         spec: Dict[int, List[int]] = {}
         if self.speculator is not None and int(plan.num_draft_tokens_total):
-            failed = RequestFailures()
+            failed = RequestFailures[RequestState]()
             spec = self.speculator.verify(plan, hidden, entries, self.runner.compute_logits, failed)
             for req, _ in failed.items():  # (its own knobs raised: it emits nothing)
                 self.abort_request(req)

@@ -18,6 +18,7 @@ import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.model_runner import ModelRunner
+from pagedkv.engine.runner_choice import check_generative
 from pagedkv.engine.sampler import Sampler
 from pagedkv.engine.spec_decode.config import DRAFT_MODEL, SpeculativeConfig
 from pagedkv.models.generation_config import eos_token_ids as gen_eos_token_ids
@@ -269,7 +270,7 @@ def _load_shared(
     key = (
         # (One key for the default's names: a draft "smollm2" shares the default target's.)
         DEFAULT_MODEL if is_default_model(cfg.model) else cfg.model,
-        cfg.runner,  # a pooling engine's model passed checks a generation one would not
+        cfg.runner == "pooling",  # a pooling engine's model passed checks a generation one's
         str(cfg.dtype),
         str(device),
         cfg.quantization,
@@ -328,25 +329,8 @@ def check_servable(mc: Any, pooling: bool = False) -> None:
             f"{mc.architecture} has head size {mc.head_dim}, which the paged "
             f"attention kernels do not support; supported head sizes: {sizes}"
         )
-    if pooling:
-        return
-    if mc.is_encoder:
-        raise ValueError(
-            f"{mc.architecture} is an encoder model (embeddings / classification / scores): "
-            "it cannot generate text; serve it with task='embed' / 'classify' / 'score' "
-            "(or runner='pooling')"
-        )
-    if mc.is_classifier:
-        raise ValueError(
-            f"{mc.architecture} is a sequence-classification model: it scores "
-            "text and cannot generate; serve it with task='classify' (or 'score', "
-            "runner='pooling')"
-        )
-    if mc.is_base_model:
-        raise ValueError(
-            f"{mc.architecture} is a bare model without a language-model head: it cannot "
-            "generate; serve it with task='embed' (or runner='pooling')"
-        )
+    if not pooling:
+        check_generative(mc)  # (runner_choice: the one "pooling-only" rule)
 
 
 def _scheduler_len(cfg: EngineConfig, max_model_len: int, num_blocks: int) -> int:

@@ -188,7 +188,9 @@ class LLM(PoolingMixin):
 
             def make_images() -> ChatImages:
                 arch = self.llm_engine.input_processor.architecture
-                gathered.append(ChatImages(arch, reader.chat_image_text(tok)))
+                local = self.llm_engine.config.allowed_local_media_path
+                text = reader.chat_image_text(tok)
+                gathered.append(ChatImages(arch, text, local_media_path=local))
                 return gathered[-1]
 
         convs = normalise_conversations(messages, make_images)

@@ -193,11 +193,12 @@ class PoolingMixin:
         return _run(engine, ids, use_tqdm)
 
 
-def pair_prompt(tokenizer: Any, a: str, b: str) -> Dict[str, Any]:
+def pair_prompt(tokenizer: Any, a: str, b: str, add_special_tokens: bool = True) -> Dict[str, Any]:
     """A cross-encoder's input: the tokenizer's (a, b) text pair as a prompt dict, with its
     token_type_ids where the second segment has types of its own (BERT cross-encoders; an
-    XLM-R tokenizer gives all zeros, which the prompt leaves out)."""
-    enc = tokenizer.hf(a, b)
+    XLM-R tokenizer gives all zeros, which the prompt leaves out). ``add_special_tokens``:
+    the pair template's [CLS] / [SEP] (the server's add_special_tokens field)."""
+    enc = tokenizer.hf(a, b, add_special_tokens=add_special_tokens)
     prompt: Dict[str, Any] = {"prompt_token_ids": list(enc["input_ids"])}
     types = enc.get("token_type_ids")
     if types is not None and any(types):

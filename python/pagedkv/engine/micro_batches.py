@@ -39,10 +39,13 @@ def split_plan(plan: PlanArrays, max_parts: int, min_tokens: int) -> List[PlanAr
     cuts = np.searchsorted(qsl, targets)
     cuts = np.maximum.accumulate(np.clip(cuts, 1, n_seq - 1))
     bounds = sorted({0, n_seq, *cuts.tolist()})
-    return [_part(plan, a, b, first=(a == 0)) for a, b in zip(bounds, bounds[1:])]
+    return [plan_part(plan, a, b, first=(a == 0)) for a, b in zip(bounds, bounds[1:])]
 
 
-def _part(plan: PlanArrays, a: int, b: int, first: bool) -> PlanArrays:
+def plan_part(plan: PlanArrays, a: int, b: int, first: bool) -> PlanArrays:
+    """The plan's sequences a .. b-1 as a plan of their own; with the plan's block operations
+    when ``first`` (none otherwise). Also what a pooling step reruns one sequence with after its
+    batch raised (pooling_engine._forward)."""
     qsl = np.asarray(plan.query_start_loc)
     t0, t1 = int(qsl[a]), int(qsl[b])
     query_lens = np.diff(qsl[a : b + 1])

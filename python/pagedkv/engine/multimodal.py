@@ -172,7 +172,7 @@ class ImageInputProcessor:
             )
         for i, image in enumerate(images):  # (before the processor resizes a huge one)
             check_image_pixels(getattr(image, "size", None), max_pixels, f"{where}[{i}]")
-        inputs, counts = self.model.image_inputs(self.processor, _rgb(images, where))
+        inputs, counts = self._process(_rgb(images, where), where)
         ids = self._expand(ids, counts, name)
         placeholders = np.flatnonzero(np.asarray(ids) == self.image_token_id)
         digest = hashlib.sha256()
@@ -183,6 +183,15 @@ class ImageInputProcessor:
         if hasattr(self.model, "mrope_positions"):
             mm.mrope_positions, mm.mrope_delta = self.model.mrope_positions(np.asarray(ids), inputs)
         return ids, mm
+
+    def _process(self, images: List[Any], where: str) -> Tuple[Dict[str, Any], List[int]]:
+        """The model's processor over the prompt's images; a refusal (a shape the model
+        cannot take: Qwen2-VL's aspect ratios above 200, ...) names the image."""
+        try:
+            return self.model.image_inputs(self.processor, images)
+        except ValueError as exc:
+            which = _culprit(self.model, self.processor, images) if len(images) > 1 else "[0]"
+            raise ValueError(f"{where}{which}: the image processor refused it: {exc}") from exc
 
     def _expand(self, ids: List[int], counts: Sequence[int], name: str) -> List[int]:
         tok, total = self.image_token_id, sum(counts)
@@ -226,10 +235,12 @@ def load_image_url(
     where: str,
     allowed_domains: Optional[Sequence[str]] = None,
     max_pixels: Optional[int] = None,
+    local_media_path: Optional[str] = None,
 ) -> Any:
     """An OpenAI ``image_url`` -> PIL.Image: a ``data:`` URL (base64) always; an http(s) URL
     only from a host in ``allowed_domains`` (vLLM's --allowed-media-domains: the server must
-    not fetch what a client names, e.g. internal addresses); any other scheme is refused.
+    not fetch what a client names, e.g. internal addresses); a file:// URL only under
+    ``local_media_path`` (vLLM's --allowed-local-media-path); any other scheme is refused.
     An image over ``max_pixels`` is refused from its header, before it is decoded."""
     import base64
     import binascii
@@ -251,14 +262,16 @@ def load_image_url(
             raise ValueError(f"{where}: the data: URL is not valid base64 ({exc})") from None
     elif scheme in ("http", "https"):
         host = urlparse(url).hostname or ""
-        if not allowed_domains or host not in allowed_domains:
+        if not _allowed_host(host, allowed_domains):
             raise ValueError(
                 f"{where}: fetching image URLs from {host!r} is not allowed; send the image "
                 "as a data: URL or start the server with --allowed-media-domains " + host
             )
-        raw = _fetch(url, where)
+        raw = _fetch(url, where, allowed_domains or ())
+    elif scheme == "file":
+        raw = _read_local(url, where, local_media_path)
     else:
-        raise ValueError(f"{where}: image URLs must be data: or http(s) URLs, got {scheme}:")
+        raise ValueError(f"{where}: image URLs must be data:, http(s) or file: URLs, got {scheme}:")
     if len(raw) > MAX_IMAGE_BYTES:
         raise ValueError(f"{where}: the image is larger than {MAX_IMAGE_BYTES} bytes")
     try:
@@ -275,11 +288,61 @@ def load_image_url(
     return image
 
 
-def _fetch(url: str, where: str) -> bytes:
-    import urllib.request
+def _read_local(url: str, where: str, root: Optional[str]) -> bytes:
+    """The bytes of a file:// URL's file, which must lie under ``root`` once symlinks and '..'
+    are resolved. The errors name no path: a client learns nothing about files outside."""
+    import os
+    from urllib.parse import unquote, urlparse
+    from urllib.request import url2pathname
 
+    if not root:
+        raise ValueError(
+            f"{where}: reading image files is not allowed; send the image as a data: URL or "
+            "start the server with --allowed-local-media-path DIR (offline: "
+            "LLM(allowed_local_media_path=DIR))"
+        )
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"{where}: a file: URL must name a local file (file:///path)")
+    root = os.path.realpath(root)
+    path = os.path.realpath(url2pathname(unquote(parsed.path)))
+    if os.path.commonpath([path, root]) != root:
+        raise ValueError(f"{where}: the file is outside --allowed-local-media-path")
+    if not os.path.isfile(path):
+        raise ValueError(f"{where}: no such image file under --allowed-local-media-path")
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 (allow-listed host)
+        with open(path, "rb") as f:
+            return f.read(MAX_IMAGE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{where}: could not read the image file ({exc.strerror})") from None
+
+
+def _allowed_host(host: str, allowed_domains: Optional[Sequence[str]]) -> bool:
+    return host.lower() in {d.lower() for d in allowed_domains or ()}
+
+
+def _fetch(url: str, where: str, allowed_domains: Sequence[str]) -> bytes:
+    """GET ``url``, following redirects only to allow-listed http(s) hosts: an allowed host
+    must not be a way to make the server fetch from any other (an internal address)."""
+    import urllib.request
+    from urllib.parse import urlparse
+
+    class AllowListedRedirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(
+            self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
+        ) -> Any:
+            target = urlparse(newurl)
+            host = target.hostname or ""
+            if target.scheme not in ("http", "https") or not _allowed_host(host, allowed_domains):
+                raise ValueError(
+                    f"{where}: the image URL answers with a redirect to {host!r}, a host not "
+                    "listed by --allowed-media-domains"
+                )
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    opener = urllib.request.build_opener(AllowListedRedirects)
+    try:
+        with opener.open(url, timeout=10) as resp:  # (allow-listed host)
             return bytes(resp.read(MAX_IMAGE_BYTES + 1))
     except OSError as exc:
         raise ValueError(f"{where}: could not fetch the image ({exc})") from None
@@ -296,6 +359,7 @@ class ChatImages:
     allowed_domains: Optional[Sequence[str]] = None
     max_pixels: Optional[int] = None  # of one image (RequestLimits.max_image_pixels)
     images: Optional[List[Any]] = None
+    local_media_path: Optional[str] = None  # the server's --allowed-local-media-path
 
     def take(self, part: Any, where: str) -> str:
         """An image_url (or, offline, image_pil) part -> the text that stands for it."""
@@ -310,7 +374,9 @@ class ChatImages:
         if spec is None and isinstance(part, Mapping):
             spec = part.get("image_url")
         url = spec.get("url") if isinstance(spec, Mapping) else spec
-        self.images.append(load_image_url(url, where, self.allowed_domains, self.max_pixels))
+        self.images.append(
+            load_image_url(url, where, self.allowed_domains, self.max_pixels, self.local_media_path)
+        )
         return self.image_token
 
 
@@ -329,6 +395,16 @@ def image_input_processor(
     return ImageInputProcessor(model.source.directory, model, limits)
 
 
+def _culprit(model: Any, processor: Any, images: Sequence[Any]) -> str:
+    """``[i]`` of the first image the processor refuses alone ('' if none does alone)."""
+    for i, image in enumerate(images):
+        try:
+            model.image_inputs(processor, [image])
+        except ValueError:
+            return f"[{i}]"
+    return ""
+
+
 def _rgb(images: Sequence[Any], where: str) -> List[Any]:
     from PIL import Image
 
@@ -336,6 +412,8 @@ def _rgb(images: Sequence[Any], where: str) -> List[Any]:
     for i, im in enumerate(images):
         if not isinstance(im, Image.Image):
             raise TypeError(f"{where}[{i}] must be a PIL.Image, got {type(im).__name__}")
+        if im.width < 1 or im.height < 1:  # (the processors divide by the sides)
+            raise ValueError(f"{where}[{i}] is an empty image ({im.width}x{im.height})")
         out.append(im.convert("RGB"))
     return out
 

@@ -14,6 +14,12 @@ reads the last token alone (LAST) share cached blocks; any other request gets a 
 own (it never hits another request's blocks). Encoders (non-causal attention: every token sees
 the whole prompt) run with chunked prefill and prefix caching off (pooling_engine_config).
 
+Failures: a request whose own work raises in a step (its input breaks the batched forward, its
+rows cannot be gathered, its pooling head raises) fails alone, as in generation
+(request_failures.py): a batched forward or head that raises is redone one request at a time,
+the requests that raise alone are aborted and reported by take_request_errors, the others get
+what a solo run gives them. A device error is nobody's: it fails the step.
+
 Token types: a request may carry token_type_ids (a BERT cross-encoder's text pair, segment B =
 1); a step whose requests have any passes the types of its scheduled positions to the model.
 
@@ -42,10 +48,12 @@ from pagedkv.engine.input_processor import (
     check_truncation,
 )
 from pagedkv.engine.llm_inputs import prompt_item
+from pagedkv.engine.micro_batches import plan_part
+from pagedkv.engine.plan_arrays import PlanArrays
 from pagedkv.engine.pooler import Pooler, PoolerConfig, sentence_transformers_config
 from pagedkv.engine.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from pagedkv.engine.pooling_params import PoolingParams
-from pagedkv.engine.request_failures import is_device_error
+from pagedkv.engine.request_failures import RequestFailures, try_batch
 
 logger = logging.getLogger("pagedkv")
 
@@ -268,7 +276,8 @@ class PoolingEngine:
         )
         self.requests: Dict[str, _Running] = {}
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
-        self._request_errors: Dict[str, Exception] = {}  # see take_request_errors
+        # The requests that failed alone since take_request_errors last ran.
+        self._failures = RequestFailures[PoolingEngineRequest]()
         logger.info(
             "pooling engine: task %s, %s pooling%s",
             task,
@@ -339,10 +348,14 @@ class PoolingEngine:
 
     def take_request_errors(self) -> Dict[str, Exception]:
         """The requests that failed alone since the last call, each with its error (LLMEngine's
-        hook, read by AsyncLLMEngine after every step): a request whose pooling head raised
-        (_finish). Their outputs came with the step, finished, with no data. A failed forward
-        aborts all of the step's requests (_fail) and raises instead."""
-        errors, self._request_errors = self._request_errors, {}
+        hook, read by AsyncLLMEngine after every step): a request whose own forward, rows or
+        pooling head raised. Their outputs came with the step, finished, with no data. A step
+        that fails for no request's fault (a device error) aborts all of its requests (_fail)
+        and raises instead."""
+        errors = self._failures.errors()
+        for rid, exc in errors.items():
+            logger.warning("request %r failed and was aborted: %r", rid, exc)
+        self._failures = RequestFailures()
         return errors
 
     def get_num_unfinished_requests(self) -> int:
@@ -363,19 +376,62 @@ class PoolingEngine:
         ids = list(plan.request_ids)[:n]
         try:
             completes = np.asarray(plan.sample_indices[:n]) >= 0
-            types = self._step_token_types(plan, ids)
-            hidden = (
-                self.runner.execute(plan)
-                if types is None
-                else self.runner.execute(plan, token_type_ids=types)
-            )
-            self._gather(plan, ids, completes, hidden)
+            self._gather(plan, ids, completes, self._forward(plan, ids))
         except BaseException:
             self._fail(plan, ids)
             raise
+        failed = self._drop_failed(ids)
         finished = self.scheduler.update(plan, np.where(completes, 0, -1).astype(np.int64))
         ids_done = [f.request_id for f in finished]  # (all by length: the placeholder token)
-        return self._finish([self.requests.pop(rid) for rid in ids_done if rid in self.requests])
+        done = self._finish([self.requests.pop(rid) for rid in ids_done if rid in self.requests])
+        return [self._output(run, torch.empty(0)) for run in failed] + done
+
+    def _forward(self, plan: Any, ids: List[Optional[str]]) -> List[Optional[torch.Tensor]]:
+        """Each sequence's hidden states [its scheduled tokens, hidden] (None: a dropped
+        entry, or a request whose own forward raised). Where the batched forward raises (not
+        a device error), each sequence runs alone (plan_part, without the block operations,
+        which the batch ran first), so that only a request whose own input breaks the model
+        fails; the others get their solo run's states. A plan with block operations (swaps,
+        copies) is not redone: whether they ran before the batch raised is unknown, and a
+        rerun without them could read stale blocks (its failure fails the step)."""
+        types = self._step_token_types(plan, ids)
+        qsl = np.asarray(plan.query_start_loc[: len(ids) + 1]).tolist()
+
+        def run(part: Any, part_types: Optional[torch.Tensor]) -> torch.Tensor:
+            if part_types is None:
+                return self.runner.execute(part)
+            return self.runner.execute(part, token_type_ids=part_types)
+
+        block_ops = (plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.blocks_to_copy)
+        hidden: Optional[torch.Tensor]
+        if any(len(ops) for ops in block_ops):
+            hidden = run(plan, types)
+        else:
+            hidden = try_batch(lambda: run(plan, types))
+        if hidden is not None:
+            return [hidden[qsl[i] : qsl[i + 1]] for i in range(len(ids))]
+        arrays = PlanArrays.from_plan(plan, self.config.block_size)
+        out: List[Optional[torch.Tensor]] = [None] * len(ids)
+        for i, rid in enumerate(ids):
+            owner = self.requests.get(rid) if rid is not None else None
+            if owner is None:
+                continue
+            lo, hi = qsl[i], qsl[i + 1]
+            with self._failures.guard(owner.req):
+                part = plan_part(arrays, i, i + 1, first=False)
+                out[i] = run(part, None if types is None else types[lo:hi])[: hi - lo]
+        return out
+
+    def _drop_failed(self, ids: List[Optional[str]]) -> List[_Running]:
+        """The step's requests that failed in it, taken out of the engine and the scheduler
+        (before the plan is applied: the scheduler skips the entries aborted since)."""
+        failed = []
+        for rid in ids:
+            run = self.requests.get(rid) if rid is not None else None
+            if run is not None and run.req in self._failures:
+                failed.append(self.requests.pop(run.req.request_id))
+                self.scheduler.abort_request(run.req.request_id)
+        return failed
 
     def _step_token_types(self, plan: Any, ids: List[Optional[str]]) -> Optional[torch.Tensor]:
         """The token types of the step's tokens [num_tokens]: each sequence's scheduled prompt
@@ -396,18 +452,24 @@ class PoolingEngine:
         return torch.from_numpy(types)
 
     def _gather(
-        self, plan: Any, ids: List[Optional[str]], completes: np.ndarray, hidden: torch.Tensor
+        self,
+        plan: Any,
+        ids: List[Optional[str]],
+        completes: np.ndarray,
+        hidden: List[Optional[torch.Tensor]],
     ) -> None:
-        n = len(ids)
-        qsl = np.asarray(plan.query_start_loc[: n + 1])
-        ctx = np.asarray(plan.context_lens[:n])
+        """Each request keeps the rows its pooler reads; one whose rows cannot be gathered
+        fails alone."""
+        ctx = np.asarray(plan.context_lens[: len(ids)]).tolist()
         for i, rid in enumerate(ids):
             run = self.requests.get(rid) if rid is not None else None
-            if run is None:
+            rows = hidden[i]
+            if run is None or rows is None:
                 continue
             if run.num_cached_tokens is None:  # set once, at the first scheduling (vLLM)
-                run.num_cached_tokens = int(ctx[i])
-            run.gather(int(ctx[i]), hidden[int(qsl[i]) : int(qsl[i + 1])], bool(completes[i]))
+                run.num_cached_tokens = ctx[i]
+            with self._failures.guard(run.req):
+                run.gather(ctx[i], rows, bool(completes[i]))
 
     def _fail(self, plan: Any, ids: List[Optional[str]]) -> None:
         """A failed step: its requests are aborted (their gathered rows are incomplete), the
@@ -433,40 +495,33 @@ class PoolingEngine:
         raises fails (recorded for take_request_errors; its output holds no data)."""
         data = []
         for run in done:
-            try:
-                data.append(self._pool([run])[0])
-            except Exception as exc:
-                if is_device_error(exc):
-                    raise
-                logger.warning("request %r failed and was aborted: %r", run.req.request_id, exc)
-                self._request_errors[run.req.request_id] = exc
-                data.append(torch.empty(0))
+            x = torch.empty(0)
+            with self._failures.guard(run.req):
+                x = self._pool([run])[0]
+            data.append(x)
         return data
 
     def _finish(self, done: List[_Running]) -> List[PoolingRequestOutput]:
         if not done:
             return []
-        try:
-            data = self._pool(done)
-        except Exception as exc:
-            if is_device_error(exc):
-                raise
+        data = try_batch(lambda: self._pool(done))
+        if data is None:
             data = self._pool_each(done)
-        outs = []
-        for run, x in zip(done, data):
-            req = run.req
-            self.stats["prompt_tokens"] += len(req.prompt_token_ids)
-            outs.append(
-                PoolingRequestOutput(
-                    req.request_id,
-                    PoolingOutput(x),
-                    req.prompt_token_ids,
-                    True,
-                    req.prompt,
-                    run.num_cached_tokens or 0,
-                )
-            )
-        return outs
+        return [self._output(run, x) for run, x in zip(done, data)]
+
+    def _output(self, run: _Running, data: torch.Tensor) -> PoolingRequestOutput:
+        """A finished request's output (``data`` empty: it failed, take_request_errors says
+        why)."""
+        req = run.req
+        self.stats["prompt_tokens"] += len(req.prompt_token_ids)
+        return PoolingRequestOutput(
+            req.request_id,
+            PoolingOutput(data),
+            req.prompt_token_ids,
+            True,
+            req.prompt,
+            run.num_cached_tokens or 0,
+        )
 
     # ------------------------------------------------------------------ stats
     def get_stats(self) -> Dict[str, Any]:

@@ -7,9 +7,20 @@ after one, see AsyncLLMEngine)."""
 from __future__ import annotations
 
 import contextlib
-from typing import AbstractSet, Callable, Dict, Iterator, KeysView, List, Sequence, Tuple, TypeVar
-
-from pagedkv.engine.request_state import RequestState
+from typing import (
+    AbstractSet,
+    Callable,
+    Dict,
+    Generic,
+    Iterator,
+    KeysView,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 # Text of the errors torch raises for a broken device (its error types vary by version).
 _DEVICE_ERROR_MARKS = (
@@ -35,6 +46,32 @@ def is_device_error(exc: BaseException) -> bool:
 
 
 T = TypeVar("T")
+R = TypeVar("R")
+
+
+class OwnsWork(Protocol):
+    """What a failure is blamed on: a request (RequestState, a pooling engine's request)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+
+Req = TypeVar("Req", bound=OwnsWork)
+
+
+def try_batch(batch: Callable[[], R]) -> Optional[R]:
+    """``batch()``: the work of a step's requests done at once; None where it raised an error
+    that is not the device's. The caller then redoes the work request by request, each under
+    RequestFailures.guard, so that only the requests whose own work raises fail (the batch's
+    error is dropped: theirs name the culprits). The one rule for which batch errors are
+    retried that way, for every batched part of a step (sampler, bitmask, prompt logprobs,
+    speculative knobs, pooling forward and heads)."""
+    try:
+        return batch()
+    except Exception as exc:
+        if is_device_error(exc):
+            raise
+    return None
 
 
 class RequestFailedError(RuntimeError):
@@ -50,17 +87,17 @@ def raise_request_errors(errors: Dict[str, Exception], wanted: AbstractSet[str])
         raise RequestFailedError(f"request {rid!r} failed: {errors[rid]!r}") from errors[rid]
 
 
-class RequestFailures:
+class RequestFailures(Generic[Req]):
     """The requests whose own work raised in a step, each with its first error."""
 
     def __init__(self) -> None:
-        self._errors: Dict[str, Tuple[RequestState, Exception]] = {}
+        self._errors: Dict[str, Tuple[Req, Exception]] = {}
         # The failed requests' ids, a live view: the per-token loops of a step test
         # `req.request_id in failures.request_ids` (a C-level lookup, no Python call per token).
         self.request_ids: KeysView[str] = self._errors.keys()
 
     @contextlib.contextmanager
-    def guard(self, req: RequestState) -> Iterator[None]:
+    def guard(self, req: Req) -> Iterator[None]:
         """Runs a block of ``req``'s own work; an Exception there is recorded against ``req``
         and swallowed (BaseExceptions such as KeyboardInterrupt, and device errors, pass)."""
         try:
@@ -73,7 +110,7 @@ class RequestFailures:
     def each(
         self,
         items: Sequence[T],
-        request_of: Callable[[T], RequestState],
+        request_of: Callable[[T], Req],
         work: Callable[[T], None],
     ) -> None:
         """``work(item)`` for every item whose request has not failed, as guard() would run
@@ -95,18 +132,22 @@ class RequestFailures:
                 self.blame(request_of(items[i]), exc)
                 i += 1
 
-    def blame(self, req: RequestState, exc: Exception) -> None:
+    def blame(self, req: Req, exc: Exception) -> None:
         self._errors.setdefault(req.request_id, (req, exc))
 
-    def __contains__(self, req: RequestState) -> bool:
+    def __contains__(self, req: Req) -> bool:
         return req.request_id in self._errors
 
     def __bool__(self) -> bool:
         return bool(self._errors)
 
-    def items(self) -> List[Tuple[RequestState, Exception]]:
+    def items(self) -> List[Tuple[Req, Exception]]:
         return list(self._errors.values())
 
-    def merge(self, other: RequestFailures) -> None:
+    def errors(self) -> Dict[str, Exception]:
+        """Each failed request's id with its error (take_request_errors' answer)."""
+        return {rid: exc for rid, (_, exc) in self._errors.items()}
+
+    def merge(self, other: RequestFailures[Req]) -> None:
         for req, exc in other.items():
             self.blame(req, exc)

@@ -6,7 +6,7 @@ embeds, a causal LM generates)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from pagedkv.engine.config import EngineConfig
 
@@ -59,9 +59,56 @@ def _is_causal(mc: Any) -> bool:
     return bool(getattr(model_class(mc.architecture), "is_causal", True))
 
 
+def _pooling_kind(mc: Optional[Any]) -> Optional[str]:
+    """Why a checkpoint cannot generate text (None: it can, or its config is unknown): it is
+    an encoder, a sequence classifier, or a bare model without a language-model head. The one
+    rule for "pooling-only" (auto picks a pooling engine; a generation engine refuses it)."""
+    if mc is None:
+        return None
+    if mc.is_encoder:
+        return "encoder"
+    if mc.is_classifier:
+        return "classifier"
+    if mc.is_base_model:
+        return "bare"
+    return None if _is_causal(mc) else "encoder"
+
+
 def _pools_by_itself(mc: Optional[Any]) -> bool:
     """A checkpoint that cannot generate: a classifier, a bare model, an encoder."""
-    return mc is not None and (mc.is_classifier or mc.is_base_model or not _is_causal(mc))
+    return _pooling_kind(mc) is not None
+
+
+def _own_task(mc: Optional[Any]) -> str:
+    """The pooling task a checkpoint serves by itself: a classifier classifies, any other
+    embeds."""
+    return "classify" if mc is not None and mc.is_classifier else "embed"
+
+
+_CANNOT_GENERATE = {
+    "encoder": "is an encoder model (embeddings / classification / scores): it cannot generate "
+    "text; serve it with task='embed' / 'classify' / 'score' (or runner='pooling')",
+    "classifier": "is a sequence-classification model: it scores text and cannot generate; "
+    "serve it with task='classify' (or 'score', runner='pooling')",
+    "bare": "is a bare model without a language-model head: it cannot generate; serve it "
+    "with task='embed' (or runner='pooling')",
+}
+
+
+class PoolingOnlyModelError(ValueError):
+    """A generation engine asked of a checkpoint that cannot generate text, refused from its
+    config before any weight is read. ``task``: the pooling task it serves by itself."""
+
+    def __init__(self, mc: Any, kind: str) -> None:
+        super().__init__(f"{mc.architecture} {_CANNOT_GENERATE[kind]}")
+        self.architecture, self.task = str(mc.architecture), _own_task(mc)
+
+
+def check_generative(mc: Any) -> None:
+    """Raises PoolingOnlyModelError where the checkpoint (its ModelConfig) cannot generate."""
+    kind = _pooling_kind(mc)
+    if kind is not None:
+        raise PoolingOnlyModelError(mc, kind)
 
 
 def pooling_task(cfg: EngineConfig, mc: Optional[Any]) -> Optional[str]:
@@ -75,7 +122,7 @@ def pooling_task(cfg: EngineConfig, mc: Optional[Any]) -> Optional[str]:
     elif cfg.convert in ("embed", "classify", "reward"):
         chosen = cfg.convert
     elif cfg.runner == "pooling" or _pools_by_itself(mc):
-        chosen = "classify" if classifier else "embed"
+        chosen = _own_task(mc)
     else:
         return None
     if chosen in ("classify", "score") and not classifier:
@@ -98,17 +145,28 @@ def _generative(cfg: EngineConfig) -> EngineConfig:
     return cfg
 
 
+def engine_task(cfg: EngineConfig) -> Tuple[Optional[str], Optional[Any]]:
+    """The pooling task the engine for ``cfg`` serves (None: it generates text), with the
+    checkpoint's ModelConfig where it was read. Decided from the arguments and the
+    checkpoint's config alone, before any weight is loaded; task / runner 'generate' on a
+    checkpoint that cannot generate raises PoolingOnlyModelError."""
+    wants_pooling = cfg.task not in ("auto", "generate") or cfg.runner == "pooling"
+    may_pool = cfg.task == "auto" and cfg.runner == "auto"
+    if cfg.model is None and not wants_pooling:  # the default model: a causal LM
+        return None, None
+    mc = _peek_config(cfg)
+    if not (wants_pooling or may_pool):
+        check_generative(mc)
+        return None, mc
+    return pooling_task(cfg, mc), mc
+
+
 def make_engine(model: Optional[str] = None, tokenizer: Optional[str] = None, **kwargs: Any) -> Any:
     """LLMEngine, or PoolingEngine when the arguments or the checkpoint say pooling."""
     from pagedkv.engine.llm_engine import LLMEngine
 
     cfg = EngineConfig.from_kwargs(model, tokenizer=tokenizer, **kwargs)
-    wants_pooling = cfg.task not in ("auto", "generate") or cfg.runner == "pooling"
-    may_pool = cfg.task == "auto" and cfg.runner == "auto"
-    if not (wants_pooling or may_pool):
-        return LLMEngine(config=_generative(cfg))
-    mc = _peek_config(cfg) if cfg.model is not None or wants_pooling else None
-    task = pooling_task(cfg, mc)
+    task, mc = engine_task(cfg)
     if task is None:
         return LLMEngine(config=_generative(cfg))
     from pagedkv.engine.pooling_engine import PoolingEngine

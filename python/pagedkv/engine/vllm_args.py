@@ -23,10 +23,10 @@ class Refused:
         return any(value is h or (type(value) is type(h) and value == h) for h in self.harmless)
 
 
-_ONE_DEVICE = "pagedkv runs the model in one process on one device"
+_ONE_DEVICE = "pagedkv runs one engine, parallel over tensor / pipeline ranks only"
 _LORA_DTYPE = "LoRA adapters run in the model's dtype"
 _NO_LORA_TP = "LoRA adapters are not sharded over tensor-parallel ranks yet"
-_NO_MM = "pagedkv serves text-only models"
+_NO_MM = "image models run their processor with its defaults"
 _NO_SPEC = "speculative decoding sizes its own lookahead (speculative_config)"
 _NO_COMPILE = "pagedkv runs its own kernels and CUDA graphs, not torch.compile"
 _LOADER = "pagedkv loads safetensors / GGUF checkpoints with its own loader"
@@ -99,13 +99,42 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
         "structured outputs use xgrammar", (None, "auto", "xgrammar")
     ),
     # LoRA and multimodal.
-    # (enable_lora, max_loras, max_lora_rank, max_cpu_loras, limit_mm_per_prompt are
-    # EngineConfig's own.)
+    # (enable_lora, max_loras, max_lora_rank, max_cpu_loras, limit_mm_per_prompt,
+    # allowed_local_media_path are EngineConfig's own.)
     "lora_dtype": Refused(_LORA_DTYPE, (None, "auto")),
     "fully_sharded_loras": Refused(_NO_LORA_TP, _OFF),
     "mm_processor_kwargs": Refused(_NO_MM, (None, {})),
-    "allowed_local_media_path": Refused(_NO_MM, (None, "")),
     # Observability.
+    "mm_processor_cache_gb": Refused(
+        "images are processed once per request, without a processor cache", (None, 4, 4.0, 0)
+    ),
+    "mm_shm_cache_max_object_size_mb": Refused(
+        "there is no shared-memory cache of processed images", (None, 128)
+    ),
+    "skip_mm_profiling": Refused("there is no memory profiling of image inputs", _OFF),
+    "interleave_mm_strings": Refused(
+        "image parts are placed as vLLM places them by default (before the text)", _OFF
+    ),
+    "media_io_kwargs": Refused("images are read with their loaders' defaults", (None, {})),
+    "mm_encoder_tp_mode": Refused(
+        "image models do not run under tensor parallelism", (None, "weights")
+    ),
+    "enable_mm_embeds": Refused("image inputs are images, not precomputed embeddings", _OFF),
+    "video_pruning_rate": Refused("video inputs are not supported"),
+    "io_processor_plugin": Refused("pagedkv has no IO processor plugins"),
+    "lora_extra_vocab_size": Refused(
+        "LoRA adapters cannot add vocabulary (vLLM dropped it too)", (None, 256)
+    ),
+    # Older or newer vLLM versions' arguments a script may still pass.
+    "num_scheduler_steps": Refused(
+        "the scheduler plans one step at a time (vLLM V0's multi-step scheduling)", (None, 1)
+    ),
+    "disable_async_output_proc": Refused(
+        "outputs are always processed off the step's critical path", (None, False, True)
+    ),
+    "logits_processor_pattern": Refused("requests cannot name logits processors"),
+    "enable_eplb": Refused("experts are not spread over devices (no expert parallelism)", _OFF),
+    "enable_return_routed_experts": Refused("MoE routing decisions are not returned", _OFF),
     "otlp_traces_endpoint": Refused("OpenTelemetry tracing is not supported"),
     "collect_detailed_traces": Refused("OpenTelemetry tracing is not supported"),
     "show_hidden_metrics_for_version": Refused("pagedkv has no hidden metrics"),
@@ -113,9 +142,18 @@ VLLM_ONLY_ARGS: Dict[str, Refused] = {
 }
 
 
+# EngineConfig fields that LLM() honours but the command line refuses: the CLI commands and
+# the server take and return text.
+CLI_REFUSED_ARGS: Dict[str, Refused] = {
+    "skip_tokenizer_init": Refused(
+        "the CLI commands and the server take and return text (LLM() takes it)", _OFF
+    ),
+}
+
+
 def check_vllm_arg(name: str, value: Any) -> None:
     """Nothing if ``value`` changes nothing; ValueError naming ``name`` and the reason else."""
-    rule = VLLM_ONLY_ARGS[name]
+    rule = VLLM_ONLY_ARGS.get(name) or CLI_REFUSED_ARGS[name]
     if not rule.accepts(value):
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."

@@ -120,6 +120,15 @@ def power_of_two(hi: int) -> Callable[[str], int]:
     return parse
 
 
+def existing_dir(text: str) -> str:
+    """An existing directory, as its absolute path with symlinks resolved."""
+    import os
+
+    if not os.path.isdir(text):
+        raise _bad("must be an existing directory", text)
+    return os.path.realpath(text)
+
+
 def port(text: str) -> int:
     try:
         value = int(text)

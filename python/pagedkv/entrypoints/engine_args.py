@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from pagedkv import ops
-from pagedkv.engine.vllm_args import VLLM_ONLY_ARGS, check_vllm_arg
+from pagedkv.engine.vllm_args import CLI_REFUSED_ARGS, VLLM_ONLY_ARGS, check_vllm_arg
 from pagedkv.entrypoints import arg_types as t
 from pagedkv.entrypoints.arg_types import CLIError
 from pagedkv.models.lora import LORA_KERNELS
@@ -149,6 +149,19 @@ ENGINE_FLAGS = (
         type=t.float_in(0.0),
     ),
     Flag("enforce_eager", False, "do not capture CUDA graphs for decode steps", kind="switch"),
+    Flag(
+        "max_seq_len_to_capture",
+        8192,
+        "CUDA graphs cover decode steps whose sequences are at most this long (longer: eager)",
+        type=t.int_at_least(1),
+    ),
+    Flag(
+        "num_gpu_blocks_override",
+        None,
+        "KV-cache blocks on the device, instead of what memory allows (to reproduce a run)",
+        type=t.int_at_least(1),
+        shown="from free memory",
+    ),
     Flag(
         "disable_cascade_attn",
         False,
@@ -293,6 +306,15 @@ ENGINE_FLAGS = (
         "JSON object: the most items of each modality one prompt may carry, e.g. '{\"image\": 2}'",
         type=t.json_object,
         shown="999 per modality (vLLM's)",
+    ),
+    Flag(
+        "allowed_local_media_path",
+        None,
+        "directory whose image files chat image_url parts may name as file:// URLs (symlinks "
+        "and '..' resolved first)",
+        type=t.existing_dir,
+        shown="none: file:// URLs are refused",
+        metavar="DIR",
     ),
     # Where the model comes from and how its config is read.
     Flag("revision", None, "hub branch, tag or commit of the model", shown="main"),
@@ -449,8 +471,8 @@ def _json_or_text(text: str) -> Any:
 
 def add_vllm_only_flags(parser: argparse.ArgumentParser) -> None:
     """Every vLLM engine flag that pagedkv refuses, hidden from --help (the table in
-    pagedkv.engine.vllm_args says why for each)."""
-    for name in VLLM_ONLY_ARGS:
+    pagedkv.engine.vllm_args says why for each), and the fields only LLM() takes."""
+    for name in [*VLLM_ONLY_ARGS, *CLI_REFUSED_ARGS]:
         if name in ENGINE_FLAG:  # honoured since (an engine flag of its own): not refused
             continue
         parser.add_argument(
@@ -518,26 +540,43 @@ def engine_error(err: BaseException, opts: Any = None) -> Optional[CLIError]:
 
 def build_llm(args: argparse.Namespace) -> Any:
     """``LLM(**engine_kwargs(args))`` with setup errors reported as flag errors. Its callers
-    (generate, chat, bench) generate text: a pooling model is refused as a --model error."""
+    (generate, chat, bench) generate text: they ask for a generation engine (runner
+    'generate'), so that a pooling model is refused as a --model error from its config alone,
+    before its weights are loaded (runner_choice.engine_task)."""
     from pagedkv.engine.llm import LLM
-    from pagedkv.engine.pooling_engine import PoolingEngine
+    from pagedkv.engine.runner_choice import PoolingOnlyModelError
 
     check_engine_args(args)
+    for flag, dest, generative in _POOLING_FLAGS:
+        value = getattr(args, dest)
+        if value not in generative:
+            raise CLIError(
+                flag,
+                f"this command generates text; {value!r} asks for a pooling model (serve it "
+                "with `pagedkv serve`: /v1/embeddings, /classify, /score, ...)",
+            )
     try:
-        llm = LLM(**engine_kwargs(args))
+        return LLM(**dict(engine_kwargs(args), runner="generate"))
+    except PoolingOnlyModelError as e:
+        raise CLIError(
+            "--model",
+            f"this command generates text, but the model ({e.architecture}) serves the "
+            f"pooling task {e.task!r} (serve it with `pagedkv serve`: /v1/embeddings, "
+            "/classify, /score, ...)",
+        ) from e
     except (*_MAPPED, RuntimeError) as e:
         mapped = engine_error(e, args)
         if mapped is None:
             raise
         raise mapped from e
-    if isinstance(llm.llm_engine, PoolingEngine):
-        raise CLIError(
-            "--model",
-            "this command generates text, but the model serves the pooling task "
-            f"{llm.llm_engine.task!r} "
-            "(serve it with `pagedkv serve`: /v1/embeddings, /classify, /score, ...)",
-        )
-    return llm
+
+
+# The flags that would make build_llm's engine a pooling one, with their generative values.
+_POOLING_FLAGS = (
+    ("--task", "task", ("auto", "generate")),
+    ("--runner", "runner", ("auto", "generate")),
+    ("--convert", "convert", ("auto", "none")),
+)
 
 
 # SamplingParams field -> flag (SamplingParams' messages name the field).

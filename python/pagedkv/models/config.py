@@ -50,6 +50,9 @@ SEQUENCE_CLASSIFIERS = {
     "GPT2ForSequenceClassification": "GPT2LMHeadModel",
     "GPTNeoXForSequenceClassification": "GPTNeoXForCausalLM",
     "OPTForSequenceClassification": "OPTForCausalLM",
+    "MixtralForSequenceClassification": "MixtralForCausalLM",
+    "Qwen2MoeForSequenceClassification": "Qwen2MoeForCausalLM",
+    "Qwen3MoeForSequenceClassification": "Qwen3MoeForCausalLM",
     "DeepseekV2ForSequenceClassification": "DeepseekV2ForCausalLM",
     "DeepseekV3ForSequenceClassification": "DeepseekV3ForCausalLM",
     # Cross-encoders: the encoder under its own head (pooler / classification head, bert.py).
@@ -230,7 +233,23 @@ class ModelConfig:
         """config.json of ``path``; ``overrides`` (vLLM's hf_overrides) replace its keys."""
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             d = json.load(f)
-        return cls.from_hf_dict(_merge(d, overrides or {}))
+        merged = _merge(d, overrides or {})
+        nulled = _nulled(overrides or {})
+        if not nulled:
+            return cls.from_hf_dict(merged)
+        # A null stands for "unset" (sliding_window: null turns the window off); where the
+        # model needs the key, the error names the override rather than config.json's parse.
+        try:
+            cfg = cls.from_hf_dict(merged)
+            unset = [f.name for f in dataclasses.fields(cfg) if _unset(cfg, f)]
+            if unset:
+                raise ValueError(f"{', '.join(unset)} left unset")
+        except (KeyError, ValueError, TypeError) as e:
+            raise ValueError(
+                f"hf_overrides sets {', '.join(map(repr, nulled))} to null, which the model "
+                f"needs: {e}"
+            ) from None
+        return cfg
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -377,6 +396,22 @@ def _check_override(name: str, old: Any, new: Any) -> None:
         f"hf_overrides[{name!r}] must be {want[0]} like config.json's value {old!r}, got "
         f"{type(new).__name__} {new!r}"
     )
+
+
+def _nulled(overrides: dict[str, Any], prefix: str = "") -> list[str]:
+    """The hf_overrides keys (nested ones by their path) set to null."""
+    out = []
+    for key, value in overrides.items():
+        if value is None:
+            out.append(f"{prefix}{key}")
+        elif isinstance(value, dict):
+            out += _nulled(value, f"{prefix}{key}.")
+    return out
+
+
+def _unset(cfg: ModelConfig, f: dataclasses.Field) -> bool:
+    """A ModelConfig field that is None but may not be (its annotation is no Optional)."""
+    return getattr(cfg, f.name) is None and not str(f.type).startswith("Optional")
 
 
 def _merge(d: dict[str, Any], overrides: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -13,7 +13,6 @@ from pagedkv.engine.config import EngineConfig
     "name, value",
     [
         ("kv_sharing_fast_prefill", True),
-        ("allowed_local_media_path", "/data"),
     ],
 )
 def test_vllm_arg_refused_with_its_reason(name: str, value: object) -> None:
@@ -31,3 +30,10 @@ def test_vllm_arg_refused_with_its_reason(name: str, value: object) -> None:
 )
 def test_vllm_default_is_accepted(name: str, value: object) -> None:
     EngineConfig.from_kwargs(**{name: value})
+
+
+def test_allowed_local_media_path_is_honoured_since() -> None:
+    """audit6: file:// image URLs under it are read (tests/python/server/
+    test_audit6_local_media.py); a path that is no directory is refused naming the argument."""
+    with pytest.raises(ValueError, match="allowed_local_media_path must be an existing"):
+        EngineConfig.from_kwargs(allowed_local_media_path="/no/such/dir")

@@ -104,6 +104,35 @@ def test_sampled_speculation_follows_the_target_distribution(model_dir: str) -> 
     assert_no_leak(spec)
 
 
+def test_sampled_speculation_with_a_penalty_and_temperature_follows_the_target(
+    model_dir: str,
+) -> None:
+    """As above with knobs that change each verified row: a repetition penalty (it sees the
+    output extended by the drafts before the row) and a temperature. The penalty is below 1 so
+    that repeats, which n-gram lookup drafts, stay likely."""
+    need("scipy.stats")
+    prompt = [5, 6, 7, 8, 9] * 6 + [5, 6] + [128, 6] * 4
+    steps, top_k, n, penalty, temperature = 3, 3, 400, 0.7, 0.8
+    exact = hf_top_k_distribution(model_dir, prompt, steps, top_k, temperature, penalty)
+    spec = _llm(model_dir, {**NGRAM, "prompt_lookup_min": 1}, kv_cache_space=0.05)
+    params = [
+        SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            repetition_penalty=penalty,
+            max_tokens=steps,
+            seed=s,
+            ignore_eos=True,
+        )
+        for s in range(n)
+    ]
+    outs = spec.generate([{"prompt_token_ids": prompt}] * n, params, use_tqdm=False)
+    assert_samples_follow([tuple(o.outputs[0].token_ids) for o in outs], exact)
+    stats = spec.llm_engine.get_stats()
+    assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
+    assert_no_leak(spec)
+
+
 @pytest.mark.parametrize(
     ("config", "match"),
     [

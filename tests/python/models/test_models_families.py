@@ -70,6 +70,13 @@ CLASSIFIERS = {
     "gpt-neox": ("tiny-gpt-neox", "GPTNeoXForSequenceClassification"),
     "phi3": ("tiny-phi3", "Phi3ForSequenceClassification"),
     "opt": ("tiny-opt", "OPTForSequenceClassification"),
+    "qwen2": ("tiny-qwen2", "Qwen2ForSequenceClassification"),
+    "mistral": ("tiny-mistral", "MistralForSequenceClassification"),
+    "gemma3": ("tiny-gemma3", "Gemma3ForSequenceClassification"),
+    # MoE bases (audit6: they were refused as unsupported architectures).
+    "mixtral": ("tiny-mixtral", "MixtralForSequenceClassification"),
+    "qwen2-moe": ("tiny-qwen2-moe", "Qwen2MoeForSequenceClassification"),
+    "qwen3-moe": ("tiny-qwen3-moe", "Qwen3MoeForSequenceClassification"),
 }
 
 

@@ -19,6 +19,7 @@ need("PIL")
 from pagedkv import LLM, SamplingParams  # noqa: E402
 from pagedkv.engine.multimodal import UnsupportedModalityError  # noqa: E402
 from pagedkv.testing import IMAGE_TOKEN, save_random_llava  # noqa: E402
+from PIL import Image  # noqa: E402
 
 PROMPT_ONE = "USER: <image>\nWhat is shown here? ASSISTANT:"
 PROMPT_TWO = "USER: <image> and <image>: which is brighter? ASSISTANT:"
@@ -112,6 +113,13 @@ def test_image_prompts_are_checked(llava_dir: str) -> None:
     with pytest.raises(UnsupportedModalityError, match=r"audio inputs are not supported"):
         llm.generate(
             {"prompt": "hi", "multi_modal_data": {"audio": (b"", 16000)}}, GREEDY, use_tqdm=False
+        )
+    # audit6: a 0x0 image was a ZeroDivisionError from the image processor.
+    with pytest.raises(ValueError, match=r"\[0\] is an empty image \(0x0\)"):
+        llm.generate(
+            {"prompt": PROMPT_ONE, "multi_modal_data": {"image": Image.new("RGB", (0, 0))}},
+            GREEDY,
+            use_tqdm=False,
         )
     with pytest.raises(TypeError, match=r"must be a PIL.Image"):
         llm.generate(

@@ -232,3 +232,15 @@ def test_hub_config_and_transformers5_weight_names(qwen2_vl_dir: str) -> None:
     v5.load_weights((v5_name(n), t) for n, t in tensors.items())
     for (name, p), (_, q) in zip(v4.state_dict().items(), v5.state_dict().items()):
         assert torch.equal(p, q), name
+
+
+def test_an_image_the_processor_refuses_is_named(qwen2_vl_dir: str) -> None:
+    """Qwen2-VL's processor refuses aspect ratios above 200 with a message naming no image: the
+    error names which one, and the engine goes on serving."""
+    llm = _llm(qwen2_vl_dir)
+    prompt = f"USER: {IMAGE} and {IMAGE}: which? ASSISTANT:"
+    images = [random_image(1, 56, 56), random_image(2, 2, 450)]
+    with pytest.raises(ValueError, match=r"\['image'\]\[1\]: the image processor refused it"):
+        llm.generate({"prompt": prompt, "multi_modal_data": {"image": images}}, GREEDY)
+    outs = llm.generate(image_prompts(CASES[:1]), GREEDY, use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == MAX_TOKENS

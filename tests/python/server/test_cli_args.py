@@ -70,6 +70,8 @@ def test_every_engine_command_has_every_engine_flag(command: str) -> None:
     )
     assert (args.tokenizer, args.preemption_mode, args.swap_space) == ("tok", "swap", 2.0)
     assert args.enforce_eager is True and args.kv_cache_space == 0.5
+    sized = _parse(command, "--num-gpu-blocks-override", "64", "--max-seq-len-to-capture", "512")
+    assert (sized.num_gpu_blocks_override, sized.max_seq_len_to_capture) == (64, 512)
     defaults = _parse(command)
     for flag in ENGINE_FLAGS:
         assert getattr(defaults, flag.dest) == flag.default, flag.dest
@@ -96,6 +98,10 @@ BAD_VALUES = [
     ("bench", ["--num-prompts", "0"], "--num-prompts"),
     ("bench", ["--input-len", "0"], "--input-len"),
     ("bench", ["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+    ("serve", ["--num-gpu-blocks-override", "0"], "--num-gpu-blocks-override"),
+    ("serve", ["--max-seq-len-to-capture", "0"], "--max-seq-len-to-capture"),
+    ("serve", ["--skip-tokenizer-init"], "--skip-tokenizer-init"),
+    ("generate Hi", ["--skip-tokenizer-init"], "--skip-tokenizer-init"),
     ("serve", ["--port", "-1"], "--port"),
     ("serve", ["--port", "99999"], "--port"),
     ("serve", ["--config", "/nonexistent/pagedkv.yaml"], "--config"),

@@ -58,6 +58,25 @@ def test_generate_with_an_fp8_kv_cache(greedy_reference, capsys, monkeypatch):
     assert capsys.readouterr().out.startswith("The capital of France is")
 
 
+def test_generate_passes_the_cache_and_graph_sizes(greedy_reference, capsys, monkeypatch):
+    """--num-gpu-blocks-override / --max-seq-len-to-capture (vLLM's) reach the engine."""
+    from pagedkv.engine.config import EngineConfig
+
+    built = []
+    real = EngineConfig.from_kwargs.__func__
+
+    def recording(cls, *args, **kwargs):
+        built.append(real(cls, *args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(EngineConfig, "from_kwargs", classmethod(recording))
+    sizes = ["--num-gpu-blocks-override", "40", "--max-seq-len-to-capture", "256"]
+    argv = ["generate", "The capital of France is", "--max-tokens", "4", *sizes]
+    assert cli.main([*argv, *ENGINE]) == 0
+    assert [(c.num_gpu_blocks_override, c.max_seq_len_to_capture) for c in built] == [(40, 256)]
+    assert capsys.readouterr().out.startswith("The capital of France is")
+
+
 def test_chat_streams_and_exits(greedy_reference, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+2?\n/exit\n"))
     assert cli.main(["chat", "--temperature", "0", "--max-tokens", "16", *ENGINE]) == 0

@@ -66,7 +66,8 @@ def test_data_url_image_answers_as_offline(http: Any, model: str) -> None:
     "url, message",
     [
         ("https://example.com/cat.png", "start the server with --allowed-media-domains"),
-        ("file:///etc/passwd", "must be data: or http(s) URLs"),
+        ("file:///etc/passwd", "--allowed-local-media-path"),
+        ("ftp://example.com/cat.png", "must be data:, http(s) or file: URLs"),
         ("data:image/png;base64,@@@", "not valid base64"),
         ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "not a readable"),
     ],

@@ -119,10 +119,17 @@ def cuda_greedy_tokens(
 
 
 def hf_top_k_distribution(
-    model_dir: str, prompt: List[int], steps: int, top_k: int
+    model_dir: str,
+    prompt: List[int],
+    steps: int,
+    top_k: int,
+    temperature: float = 1.0,
+    repetition_penalty: float = 1.0,
 ) -> Dict[tuple, float]:
-    """Exact probability of every top-k-truncated continuation of ``steps`` tokens
-    (temperature 1), from dense Hugging Face forwards of each prefix."""
+    """Exact probability of every top-k-truncated continuation of ``steps`` tokens, from dense
+    Hugging Face forwards of each prefix; ``repetition_penalty`` as vLLM applies it (logits of
+    the tokens in the prompt or the output so far: positive ones divided, negative ones
+    multiplied), then ``temperature``."""
     import torch
 
     transformers = need("transformers")
@@ -133,7 +140,10 @@ def hf_top_k_distribution(
         for prefix, p in probs.items():
             with torch.no_grad():
                 logits = hf(torch.tensor([prompt + list(prefix)])).logits[0, -1].double()
-            top = logits.topk(top_k)
+            seen = torch.tensor(sorted(set(prompt) | set(prefix)))
+            hit = logits[seen]
+            logits[seen] = torch.where(hit > 0, hit / repetition_penalty, hit * repetition_penalty)
+            top = (logits / temperature).topk(top_k)
             for t, qt in zip(top.indices.tolist(), top.values.softmax(-1).tolist()):
                 nxt[prefix + (t,)] = p * qt
         probs = nxt

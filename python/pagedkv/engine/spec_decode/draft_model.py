@@ -37,7 +37,7 @@ import torch
 
 from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.plan_arrays import PlanArrays
-from pagedkv.engine.request_failures import is_device_error
+from pagedkv.engine.request_failures import is_device_error, try_batch
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
 
@@ -315,11 +315,9 @@ def _knobbed(
     ``plain(row)`` for a row whose own knobs raise. A draft is only a proposal: its request is
     blamed when verification applies the same knobs to the target's rows (Speculator.verify),
     and a draft drawn from another q is still verified exactly (q goes with it)."""
-    try:
-        return knobs(logits, rows)
-    except Exception as exc:
-        if is_device_error(exc):
-            raise
+    batch = try_batch(lambda: knobs(logits, rows))
+    if batch is not None:
+        return batch
     out = []
     for j, row in enumerate(rows):
         try:

@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from pagedkv.engine.request_failures import RequestFailures, is_device_error
+from pagedkv.engine.request_failures import RequestFailures, try_batch
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
 from pagedkv.engine.spec_decode.config import NGRAM, SpeculativeConfig
@@ -156,11 +156,14 @@ class Speculator:
         if greedy or random:
             target = logits.float().clone()
         probs: Dict[int, torch.Tensor] = {}
-        try:
+
+        def knobs() -> bool:  # (True: try_batch's None means "raised")
             _apply_knobs(logits, target, probs, greedy, random, knob_rows)
-        except Exception as exc:
-            if failures is None or is_device_error(exc):
-                raise
+            return True
+
+        if failures is None:
+            knobs()
+        elif try_batch(knobs) is None:
             spans = self._knobs_each(logits, target, probs, spans, entries, knob_rows, failures)
         best = target.argmax(dim=-1).tolist()  # one device sync for every greedy row
         out: Dict[int, List[int]] = {}

@@ -216,10 +216,15 @@ def expand_images(engine: Any, ids: List[int], images: List[Any]) -> List[int]:
         raise bad_request(str(exc), param="messages") from exc
 
 
+def _engine_config(engine: Any) -> Any:
+    """The EngineConfig under an AsyncLLMEngine (None for a stand-in without one)."""
+    return getattr(getattr(engine, "engine", None), "config", None)
+
+
 def _max_logprobs(engine: Any) -> int:
     """The engine's logprobs cap (--max-logprobs; -1: the vocabulary), which the server's
     checks use so that a request is judged as the engine would judge it."""
-    config = getattr(getattr(engine, "engine", None), "config", None)
+    config = _engine_config(engine)
     cap = getattr(config, "max_logprobs", None)
     if not isinstance(cap, int):
         return MAX_LOGPROBS
@@ -253,6 +258,7 @@ def build_app(engine: Any, args: Any = None) -> FastAPI:
         max_logprobs=_max_logprobs(engine),
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
         allowed_media_domains=getattr(args, "allowed_media_domains", None),
+        allowed_local_media_path=getattr(_engine_config(engine), "allowed_local_media_path", None),
         tool_call_parser=auto_tool_parser(args),
         reasoning_parser=getattr(args, "reasoning_parser", None),
         lora=LoRARegistry(engine, reserved=[*names, *aliases]),

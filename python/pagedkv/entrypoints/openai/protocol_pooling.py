@@ -57,3 +57,4 @@ class RerankRequest(_PoolingBody):
     top_n: Optional[int] = None
     return_documents: bool = True
     use_activation: Optional[bool] = None
+    activation: Optional[bool] = None  # (vLLM's older name, as on /score)

@@ -100,6 +100,7 @@ class OpenAIServingChat(OpenAIServing):
             reader.chat_image_text(self.tokenizer),
             self.state.allowed_media_domains,
             self.state.limits.max_image_pixels,
+            local_media_path=self.state.allowed_local_media_path,
         )
 
     def check_template(self, template: Optional[str]) -> None:

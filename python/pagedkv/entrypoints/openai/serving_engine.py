@@ -48,6 +48,9 @@ class ServerState:
     trust_request_chat_template: bool = False  # --trust-request-chat-template
     # --allowed-media-domains: hosts whose http(s) image URLs the server may fetch
     allowed_media_domains: Optional[List[str]] = None
+    # --allowed-local-media-path (an engine setting, as in vLLM): the directory whose files
+    # file:// image URLs may name
+    allowed_local_media_path: Optional[str] = None
     # --enable-auto-tool-choice + --tool-call-parser: tool_choice "auto" (tool_calls.py)
     tool_call_parser: Optional[str] = None
     reasoning_parser: Optional[str] = None  # --reasoning-parser

@@ -250,7 +250,9 @@ class OpenAIServingPooling(OpenAIServing):
         for a, b in zip(left, right):
             self.check_length(len(a) + len(b), "text_2")
             try:
-                pair = await self.in_tokenizer_thread(pair_prompt, tok, a, b)
+                pair = await self.in_tokenizer_thread(
+                    pair_prompt, tok, a, b, req.add_special_tokens
+                )
             except ValueError as exc:
                 raise bad_request(str(exc), param="text_2") from None
             if keep:
