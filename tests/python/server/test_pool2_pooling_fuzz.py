@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 from support.deps import need
-from support.server import in_process_app, wait_engine_idle
+from support.fuzz import assert_alive_and_idle, assert_no_5xx, openapi_schema
+from support.server import in_process_app
 
 need("torch")
 need("transformers")
@@ -43,9 +44,7 @@ def app(engine: AsyncLLMEngine):
 
 @pytest.fixture(scope="module")
 def api_schema(app):  # type: ignore[no-untyped-def]
-    loaded = schemathesis.openapi.from_asgi("/openapi.json", app)
-    loaded.config.generation.update(modes=list(schemathesis.GenerationMode))
-    return loaded.include(path_regex=POOLING_PATHS)
+    return openapi_schema(app, POOLING_PATHS)
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
@@ -60,22 +59,8 @@ schema = schemathesis.pytest.from_fixture("api_schema")
     suppress_health_check=list(HealthCheck),
 )
 def test_no_pooling_route_answers_5xx(case) -> None:  # type: ignore[no-untyped-def]
-    response = case.call(timeout=60)
-    assert response.status_code < 500, (
-        case.method,
-        case.path,
-        case.body,
-        response.status_code,
-        response.text[:500],
-    )
+    assert_no_5xx(case)
 
 
 def test_zz_engine_alive_and_nothing_leaked(engine: AsyncLLMEngine, app: object) -> None:
-    from fastapi.testclient import TestClient
-
-    with TestClient(app) as http:
-        assert http.get("/health").status_code == 200
-        r = http.post("/pooling", json={"input": "hi"})
-        assert r.status_code == 200, r.text
-    assert not engine.is_dead
-    wait_engine_idle(engine, timeout=30)
+    assert_alive_and_idle(engine, app, "/pooling", {"input": "hi"})
