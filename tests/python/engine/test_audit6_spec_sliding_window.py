@@ -11,27 +11,18 @@ from typing import Any, Dict
 import pytest
 from support.deps import need
 from support.engine import assert_no_leak
-from support.hf_compare import hf_greedy
+from support.hf_compare import WINDOWED_SHAPE, hf_greedy, windowed_cpu_llm
 from support.speculation import output_tokens
 
 need("torch")
 need("transformers")
 
-from pagedkv import LLM, SamplingParams  # noqa: E402
+from pagedkv import SamplingParams  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-MISTRAL = dict(
-    hidden_size=64,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    max_position_embeddings=512,
-)
-MODELS = {"mistral": ("tiny-mistral", MISTRAL), "gemma2": ("tiny-gemma2", {})}
+MODELS = {"mistral": ("tiny-mistral", WINDOWED_SHAPE), "gemma2": ("tiny-gemma2", {})}
 # Self-repeating prompts, so that n-gram lookup finds drafts.
 PROMPTS = [[5, 6, 7, 8, 9] * 6 + [5, 6], [10, 11, 12, 13] * 5, [200, 201, 17] * 7]
 METHODS: Dict[str, Any] = {
@@ -63,17 +54,7 @@ def model(request: Any, tmp_path_factory: Any) -> tuple:
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_greedy_speculation_with_windows_equals_hf(model: tuple, method: str) -> None:
     path, expected = model
-    llm = LLM(
-        path,
-        skip_tokenizer_init=True,
-        device="cpu",
-        dtype="float32",
-        seed=0,
-        block_size=4,
-        num_gpu_blocks_override=256,
-        max_model_len=256,
-        speculative_config=METHODS[method](path),
-    )
+    llm = windowed_cpu_llm(path, speculative_config=METHODS[method](path))
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     assert output_tokens(llm, params, PROMPTS) == expected
     assert llm.llm_engine.get_stats()["spec_decode_num_accepted_tokens"] > 0

@@ -7,12 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.deps import need
-from support.hf_compare import assert_same_greedy, engine_greedy, hf_greedy
+from support.hf_compare import (
+    WINDOWED_SHAPE,
+    assert_same_greedy,
+    engine_greedy,
+    hf_greedy,
+    windowed_cpu_llm,
+)
 
 torch = need("torch")
 need("transformers")
 
-from pagedkv import LLM  # noqa: E402
 from pagedkv.models.config import ModelConfig  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
 
@@ -20,35 +25,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 VOCAB = 256
 WINDOW = 7  # not a multiple of the block size: the window's edge falls inside a block
-SHAPE = dict(
-    hidden_size=64,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    vocab_size=VOCAB,
-    max_position_embeddings=512,
-)
+SHAPE = dict(WINDOWED_SHAPE, vocab_size=VOCAB)
 
 
 def _prompts(n: int, seed: int, lo: int, hi: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(3, VOCAB, int(rng.integers(lo, hi))).tolist() for _ in range(n)]
-
-
-def _llm(path: str, **kw) -> LLM:
-    return LLM(
-        path,
-        skip_tokenizer_init=True,
-        device="cpu",
-        dtype="float32",
-        seed=0,
-        block_size=4,
-        num_gpu_blocks_override=256,
-        max_model_len=256,
-        **kw,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +65,7 @@ def test_config_reads_windows_as_transformers_does() -> None:
 def test_mistral_window_shorter_than_prompt_matches_hf(mistral: str) -> None:
     prompts = _prompts(3, 1, 20, 40)
     expected = hf_greedy(mistral, prompts, 16)
-    worst = assert_same_greedy(engine_greedy(_llm(mistral), prompts, 16), expected)
+    worst = assert_same_greedy(engine_greedy(windowed_cpu_llm(mistral), prompts, 16), expected)
     print(f"max logprob gap vs HF: {worst:.2e}")
 
 
@@ -101,8 +83,8 @@ def test_window_is_not_ignored(mistral: str, tmp_path) -> None:
     with open(f"{full}/config.json", "w") as f:
         json.dump(cfg, f)
     prompts = _prompts(3, 1, 20, 40)
-    windowed = engine_greedy(_llm(mistral), prompts, 16)
-    assert engine_greedy(_llm(full), prompts, 16) != windowed
+    windowed = engine_greedy(windowed_cpu_llm(mistral), prompts, 16)
+    assert engine_greedy(windowed_cpu_llm(full), prompts, 16) != windowed
 
 
 def test_chunked_prefill_and_decode_past_the_window(mistral: str) -> None:
@@ -110,7 +92,9 @@ def test_chunked_prefill_and_decode_past_the_window(mistral: str) -> None:
     # into blocks written by earlier steps; 40 decodes run far past the window.
     prompts = _prompts(3, 2, 15, 30)
     expected = hf_greedy(mistral, prompts, 40)
-    got = engine_greedy(_llm(mistral, max_num_batched_tokens=6, max_num_seqs=3), prompts, 40)
+    got = engine_greedy(
+        windowed_cpu_llm(mistral, max_num_batched_tokens=6, max_num_seqs=3), prompts, 40
+    )
     assert_same_greedy(got, expected)
 
 
@@ -118,7 +102,7 @@ def test_prefix_cache_hits_across_the_window_edge(mistral: str) -> None:
     shared = _prompts(1, 3, 22, 23)[0]  # 5 full blocks of 4 are reused, 3 times the window
     prompts = [shared + t for t in _prompts(3, 4, 1, 6)]
     expected = hf_greedy(mistral, prompts, 16)
-    llm = _llm(mistral)
+    llm = windowed_cpu_llm(mistral)
     first = engine_greedy(llm, prompts[:1], 16)
     rest = engine_greedy(llm, prompts[1:], 16)
     assert llm.llm_engine.scheduler.prefix_cache_hit_tokens == 2 * 20
@@ -138,4 +122,6 @@ def test_qwen2_window_from_max_window_layers_matches_hf(tmp_path) -> None:
         **SHAPE,
     )  # (tied: near one-hot logits)
     prompts = _prompts(3, 6, 20, 40)
-    assert_same_greedy(engine_greedy(_llm(path), prompts, 16), hf_greedy(path, prompts, 16))
+    assert_same_greedy(
+        engine_greedy(windowed_cpu_llm(path), prompts, 16), hf_greedy(path, prompts, 16)
+    )

@@ -103,6 +103,36 @@ def chunked_cpu_llm(path: str) -> Any:
     )
 
 
+# A Mistral-shaped model small enough for windows of a few tokens over several blocks.
+WINDOWED_SHAPE = dict(
+    hidden_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    max_position_embeddings=512,
+)
+
+
+def windowed_cpu_llm(path: str, **kw: Any) -> Any:
+    """The float32 CPU engine with blocks of 4 tokens, so that a window of a few tokens ends
+    inside a block and decodes cross many; ``kw``: more engine arguments."""
+    from pagedkv import LLM
+
+    return LLM(
+        path,
+        skip_tokenizer_init=True,
+        device="cpu",
+        dtype="float32",
+        seed=0,
+        block_size=4,
+        num_gpu_blocks_override=256,
+        max_model_len=256,
+        **kw,
+    )
+
+
 def assert_engine_matches_hf(path: str, prompts: list[list[int]], max_tokens: int = 16) -> float:
     """chunked_cpu_llm's greedy tokens equal HF's (assert_same_greedy); returns the largest
     logprob gap."""
