@@ -10,10 +10,11 @@ import shutil
 import pytest
 from support.deps import need
 from support.engine import assert_no_leak
+from support.peft_adapters import save_peft_adapter
 
-torch = need("torch")
-peft = need("peft")
-transformers = need("transformers")
+need("torch")
+need("peft")
+need("transformers")
 
 from pagedkv import LLM, LoRARequest, SamplingParams  # noqa: E402
 from pagedkv.testing import save_random_model  # noqa: E402
@@ -33,11 +34,8 @@ def base(tmp_path_factory) -> str:
 def _adapters(root, base: str) -> list:
     out = []
     for i, targets in enumerate((["q_proj", "v_proj"], ["down_proj"], ["up_proj"])):
-        torch.manual_seed(i + 1)
-        model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
-        peft.get_peft_model(model, cfg).save_pretrained(str(root / f"a{i}"))
-        out.append(LoRARequest(f"a{i}", i + 1, str(root / f"a{i}")))
+        path = save_peft_adapter(base, str(root / f"a{i}"), targets, seed=i + 1)
+        out.append(LoRARequest(f"a{i}", i + 1, path))
     return out
 
 
