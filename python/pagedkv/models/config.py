@@ -390,12 +390,19 @@ def _check_override(name: str, old: Any, new: Any) -> None:
     if old is None or new is None:
         return
     want, got = _json_kind(old), _json_kind(new)
-    if want is None or got == want:
+    if want is None or got == want or _number_or_numbers(old) and _number_or_numbers(new):
         return
     raise TypeError(
         f"hf_overrides[{name!r}] must be {want[0]} like config.json's value {old!r}, got "
         f"{type(new).__name__} {new!r}"
     )
+
+
+def _number_or_numbers(value: Any) -> bool:
+    """A number or a list of numbers: the two spellings of a token-id key (eos_token_id 2 or
+    [2, 32000]), which an override may swap."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return bool(values) and all(_json_kind(v) == _JSON_KINDS[1] for v in values)
 
 
 def _nulled(overrides: dict[str, Any], prefix: str = "") -> list[str]:

@@ -60,6 +60,15 @@ def test_nested_keys_are_named_by_their_path(model_dir) -> None:
         _merge({"text_config": {"factor": 2}}, {"text_config": {"factor": "4"}})
 
 
+def test_a_token_id_may_become_a_list_and_back(model_dir) -> None:
+    """eos_token_id 2 or [2, 7]: vLLM users widen it to a list (and ModelConfig takes both)."""
+    wide = ModelConfig.from_hf_dir(model_dir, {"eos_token_id": [2, 7]})
+    assert wide.eos_token_id == [2, 7]
+    assert _merge({"eos_token_id": [2, 7]}, {"eos_token_id": 3}) == {"eos_token_id": 3}
+    with pytest.raises(TypeError, match=r"\['eos_token_id'\] must be a number"):
+        _merge({"eos_token_id": 2}, {"eos_token_id": ["2"]})
+
+
 def test_same_kinds_numbers_and_null_pass(model_dir) -> None:
     cfg = ModelConfig.from_hf_dir(
         model_dir,
