@@ -292,7 +292,7 @@ def _read_local(url: str, where: str, root: Optional[str]) -> bytes:
     """The bytes of a file:// URL's file, which must lie under ``root`` once symlinks and '..'
     are resolved. The errors name no path: a client learns nothing about files outside."""
     import os
-    from urllib.parse import unquote, urlparse
+    from urllib.parse import urlparse
     from urllib.request import url2pathname
 
     if not root:
@@ -305,7 +305,7 @@ def _read_local(url: str, where: str, root: Optional[str]) -> bytes:
     if parsed.netloc not in ("", "localhost"):
         raise ValueError(f"{where}: a file: URL must name a local file (file:///path)")
     root = os.path.realpath(root)
-    path = os.path.realpath(url2pathname(unquote(parsed.path)))
+    path = os.path.realpath(url2pathname(parsed.path))  # (url2pathname unquotes)
     if os.path.commonpath([path, root]) != root:
         raise ValueError(f"{where}: the file is outside --allowed-local-media-path")
     if not os.path.isfile(path):
@@ -334,6 +334,7 @@ def _fetch(url: str, where: str, allowed_domains: Sequence[str]) -> bytes:
             target = urlparse(newurl)
             host = target.hostname or ""
             if target.scheme not in ("http", "https") or not _allowed_host(host, allowed_domains):
+                fp.close()  # (urllib reads and closes it only on a followed redirect)
                 raise ValueError(
                     f"{where}: the image URL answers with a redirect to {host!r}, a host not "
                     "listed by --allowed-media-domains"

@@ -34,6 +34,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("media")
     (root / "allowed").mkdir()
     random_image(1, 30, 40).save(root / "allowed" / "cat.png")
+    random_image(1, 30, 40).save(root / "allowed" / "100%25.png")  # ('%' in a file name)
     random_image(2, 30, 40).save(root / "secret.png")
     os.symlink(root / "secret.png", root / "allowed" / "link.png")
     (root / "allowed" / "notes.txt").write_text("not an image")
@@ -71,6 +72,15 @@ def test_a_file_under_the_allowed_path_answers_as_its_data_url(engine: Any, medi
     got = from_file.json()["choices"][0]["token_ids"]
     assert got == inline.json()["choices"][0]["token_ids"]
     assert got != other.json()["choices"][0]["token_ids"]  # the image reached the model
+
+
+def test_a_percent_in_a_file_name_is_decoded_once(engine: Any, media: Path) -> None:
+    """file:///.../100%2525.png names the file '100%25.png' (not '100%.png')."""
+    with _client(engine) as http:
+        named = chat_with_image(http, _image((media / "allowed" / "100%25.png").as_uri()), QUESTION)
+        cat = chat_with_image(http, _image((media / "allowed" / "cat.png").as_uri()), QUESTION)
+    assert named.status_code == 200, named.text
+    assert named.json()["choices"][0]["token_ids"] == cat.json()["choices"][0]["token_ids"]
 
 
 @pytest.mark.parametrize(
