@@ -53,6 +53,7 @@ from pagedkv.distributed.shm_ring import ShmRing
 from pagedkv.engine.command_channel import BroadcastChannel, ShmChannel
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.plan_arrays import PlanArrays
+from pagedkv.engine.request_failures import EngineDownError
 from pagedkv.engine.worker import SHUTDOWN, Worker, worker_loop
 
 logger = logging.getLogger("pagedkv")
@@ -217,7 +218,7 @@ class MultiprocExecutor:
         with state.command:  # (teardown from another thread waits for it)
             if state.dead is not None or state.closing:
                 _shutdown(state)  # (the monitor found a dead worker between two calls)
-                raise RuntimeError(f"the parallel engine is down: {state.dead or 'shut down'}")
+                raise EngineDownError(f"the parallel engine is down: {state.dead or 'shut down'}")
             try:
                 if send:
                     self._flush_logits()
@@ -237,7 +238,7 @@ class MultiprocExecutor:
                 state.dead = why
                 _shutdown(state)
                 if isinstance(exc, Exception):
-                    raise RuntimeError(f"the parallel engine is down: {why}") from exc
+                    raise EngineDownError(f"the parallel engine is down: {why}") from exc
                 raise
 
     def determine_num_blocks(self) -> Tuple[int, int]:

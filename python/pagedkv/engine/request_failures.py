@@ -34,9 +34,17 @@ _DEVICE_ERROR_MARKS = (
 )
 
 
+class EngineDownError(RuntimeError):
+    """The engine can no longer run steps (a tensor/pipeline-parallel rank is gone or out of
+    step): like a device fault, nobody's request is to blame."""
+
+
 def is_device_error(exc: BaseException) -> bool:
     """A fault of the device, not of a request: the engine cannot go on after it."""
     import torch
+
+    if isinstance(exc, EngineDownError):
+        return True
 
     accelerator_error = getattr(torch, "AcceleratorError", None)
     if accelerator_error is not None and isinstance(exc, accelerator_error):

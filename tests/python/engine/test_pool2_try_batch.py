@@ -14,7 +14,7 @@ from support.deps import need
 
 need("torch")
 
-from pagedkv.engine.request_failures import try_batch  # noqa: E402
+from pagedkv.engine.request_failures import EngineDownError, try_batch  # noqa: E402
 from pagedkv.engine.step_sampling import StepSampling  # noqa: E402
 
 
@@ -29,6 +29,9 @@ def test_try_batch() -> None:
         try_batch(lambda: _raise(RuntimeError("CUDA error: an illegal memory access")))
     with pytest.raises(KeyboardInterrupt):
         try_batch(lambda: _raise(KeyboardInterrupt()))
+    # A parallel engine that is down is nobody's fault either (not one failure per request).
+    with pytest.raises(EngineDownError):
+        try_batch(lambda: _raise(EngineDownError("the parallel engine is down: rank 1 exited")))
 
 
 class _Bitmask:
