@@ -211,7 +211,7 @@ class EngineCore:
         After it raised, fail_step() must run before the next step."""
         assert not self._failed, "fail_step() first"
         self._step_entries = []
-        self._failures = RequestFailures[RequestState]()
+        self._failures = RequestFailures()
         if self.async_scheduling:
             return self._with_failures(self._overlapped_step())
         plan = self._schedule()
@@ -225,7 +225,7 @@ class EngineCore:
         host = work.host(tokens)
         spec: Dict[int, List[int]] = {}
         if self.speculator is not None and int(plan.num_draft_tokens_total):
-            failed = RequestFailures[RequestState]()
+            failed: RequestFailures[RequestState] = RequestFailures()
             spec = self.speculator.verify(plan, hidden, entries, self.runner.compute_logits, failed)
             for req, _ in failed.items():  # (its own knobs raised: it emits nothing)
                 self.abort_request(req)

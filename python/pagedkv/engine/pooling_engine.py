@@ -53,7 +53,7 @@ from pagedkv.engine.plan_arrays import PlanArrays
 from pagedkv.engine.pooler import Pooler, PoolerConfig, sentence_transformers_config
 from pagedkv.engine.pooling_outputs import PoolingOutput, PoolingRequestOutput
 from pagedkv.engine.pooling_params import PoolingParams
-from pagedkv.engine.request_failures import RequestFailures, try_batch
+from pagedkv.engine.request_failures import FAILED, RequestFailures, try_batch
 
 logger = logging.getLogger("pagedkv")
 
@@ -277,7 +277,7 @@ class PoolingEngine:
         self.requests: Dict[str, _Running] = {}
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
         # The requests that failed alone since take_request_errors last ran.
-        self._failures = RequestFailures[PoolingEngineRequest]()
+        self._failures: RequestFailures[PoolingEngineRequest] = RequestFailures()
         logger.info(
             "pooling engine: task %s, %s pooling%s",
             task,
@@ -403,12 +403,9 @@ class PoolingEngine:
             return self.runner.execute(part, token_type_ids=part_types)
 
         block_ops = (plan.blocks_to_swap_out, plan.blocks_to_swap_in, plan.blocks_to_copy)
-        hidden: Optional[torch.Tensor]
-        if any(len(ops) for ops in block_ops):
-            hidden = run(plan, types)
-        else:
-            hidden = try_batch(lambda: run(plan, types))
-        if hidden is not None:
+        has_ops = any(len(ops) for ops in block_ops)
+        hidden = run(plan, types) if has_ops else try_batch(lambda: run(plan, types))
+        if hidden is not FAILED:
             return [hidden[qsl[i] : qsl[i + 1]] for i in range(len(ids))]
         arrays = PlanArrays.from_plan(plan, self.config.block_size)
         out: List[Optional[torch.Tensor]] = [None] * len(ids)
@@ -505,7 +502,7 @@ class PoolingEngine:
         if not done:
             return []
         data = try_batch(lambda: self._pool(done))
-        if data is None:
+        if data is FAILED:
             data = self._pool_each(done)
         return [self._output(run, x) for run, x in zip(done, data)]
 

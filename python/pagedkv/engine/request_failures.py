@@ -7,6 +7,7 @@ after one, see AsyncLLMEngine)."""
 from __future__ import annotations
 
 import contextlib
+import enum
 from typing import (
     AbstractSet,
     Callable,
@@ -15,11 +16,12 @@ from typing import (
     Iterator,
     KeysView,
     List,
-    Optional,
+    Literal,
     Protocol,
     Sequence,
     Tuple,
     TypeVar,
+    Union,
 )
 
 # Text of the errors torch raises for a broken device (its error types vary by version).
@@ -67,8 +69,17 @@ class OwnsWork(Protocol):
 Req = TypeVar("Req", bound=OwnsWork)
 
 
-def try_batch(batch: Callable[[], R]) -> Optional[R]:
-    """``batch()``: the work of a step's requests done at once; None where it raised an error
+class Failed(enum.Enum):
+    """try_batch's answer where the batch raised (a value, unlike None, that no batch returns)."""
+
+    FAILED = 0
+
+
+FAILED = Failed.FAILED
+
+
+def try_batch(batch: Callable[[], R]) -> Union[R, Literal[Failed.FAILED]]:
+    """``batch()``: the work of a step's requests done at once; FAILED where it raised an error
     that is not the device's. The caller then redoes the work request by request, each under
     RequestFailures.guard, so that only the requests whose own work raises fail (the batch's
     error is dropped: theirs name the culprits). The one rule for which batch errors are
@@ -79,7 +90,7 @@ def try_batch(batch: Callable[[], R]) -> Optional[R]:
     except Exception as exc:
         if is_device_error(exc):
             raise
-    return None
+    return FAILED
 
 
 class RequestFailedError(RuntimeError):

@@ -21,7 +21,7 @@ import torch
 
 from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.outputs import Logprob
-from pagedkv.engine.request_failures import RequestFailures, try_batch
+from pagedkv.engine.request_failures import FAILED, RequestFailures, try_batch
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from pagedkv.engine.structured_bitmask import StructuredBitmask
@@ -65,7 +65,7 @@ class StepSampling:
         # (request, prompt position, {token: Logprob}) for each prompt position scored
         self.prompt_logprobs: List[Tuple[RequestState, int, Dict[int, Logprob]]] = []
         # The requests whose own work raised (their rows drew nothing: the core aborts them).
-        self.failures = RequestFailures[RequestState]()
+        self.failures: RequestFailures[RequestState] = RequestFailures()
         self._row_reqs: List[RequestState] = []  # sampling row -> its request
         # Structured outputs: allowed tokens of each sampling row (None: no row constrained).
         self.bitmask: Optional[torch.Tensor] = None
@@ -199,7 +199,7 @@ class StepSampling:
         (token -1), the other rows keep their tokens (greedy ones the same; a seeded row may
         have drawn from its generator in the failed batch already)."""
         batch = try_batch(lambda: self.sampler(logits, rows))
-        if batch is not None:
+        if batch is not FAILED:
             return batch
         out = SamplerOutput([], [], [])
         for j, row in enumerate(rows):
@@ -217,9 +217,9 @@ class StepSampling:
         """The rows' bitmask on ``device``; if filling it raises, the matchers are tried one by
         one and the requests of those that raise are blamed (their rows are left
         unconstrained: they draw nothing that is kept)."""
-        taken = try_batch(lambda: (bitmask.take(seqs, device),))  # (take() may answer None)
-        if taken is not None:
-            return taken[0]
+        taken = try_batch(lambda: bitmask.take(seqs, device))
+        if taken is not FAILED:
+            return taken
         for j, s in enumerate(seqs):
             if s.matcher is not None:
                 with self.failures.guard(self._row_reqs[j]):
@@ -298,11 +298,10 @@ class StepSampling:
         self, logits: torch.Tensor, nxt: List[int], owner: List[Tuple[RequestState, int]]
     ) -> None:
         k = max(r.params.prompt_logprobs or 0 for r, _ in owner)
-        dicts: Optional[List[Optional[Dict[int, Logprob]]]] = try_batch(
-            lambda: list[Optional[Dict[int, Logprob]]](self.sampler.prompt_logprobs(logits, nxt, k))
+        batch = try_batch(lambda: self.sampler.prompt_logprobs(logits, nxt, k))
+        dicts: List[Optional[Dict[int, Logprob]]] = (
+            self._prompt_logprobs_by_request(logits, nxt, owner) if batch is FAILED else list(batch)
         )
-        if dicts is None:
-            dicts = self._prompt_logprobs_by_request(logits, nxt, owner)
         for (req, pos), d in zip(owner, dicts):
             if d is None or req in self.failures:
                 continue

@@ -1,5 +1,5 @@
 """request_failures.try_batch, the one rule for a batched part of a step that raises: an error
-of the step's requests gives None (the caller redoes the work request by request), a device
+of the step's requests gives FAILED (the caller redoes the work request by request), a device
 error passes. And the structured-output bitmask's retry built on it: a matcher that raises
 fails its request alone, the batch is taken again without that row."""
 
@@ -14,7 +14,7 @@ from support.deps import need
 
 need("torch")
 
-from pagedkv.engine.request_failures import EngineDownError, try_batch  # noqa: E402
+from pagedkv.engine.request_failures import FAILED, EngineDownError, try_batch  # noqa: E402
 from pagedkv.engine.step_sampling import StepSampling  # noqa: E402
 
 
@@ -24,7 +24,8 @@ def _raise(exc: BaseException) -> Any:
 
 def test_try_batch() -> None:
     assert try_batch(lambda: [1, 2]) == [1, 2]
-    assert try_batch(lambda: _raise(ValueError("a request's bad value"))) is None
+    assert try_batch(lambda: None) is None  # (a batch may answer None: that is no failure)
+    assert try_batch(lambda: _raise(ValueError("a request's bad value"))) is FAILED
     with pytest.raises(RuntimeError, match="CUDA error"):
         try_batch(lambda: _raise(RuntimeError("CUDA error: an illegal memory access")))
     with pytest.raises(KeyboardInterrupt):

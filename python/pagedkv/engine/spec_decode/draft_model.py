@@ -37,7 +37,7 @@ import torch
 
 from pagedkv.engine.model_runner import to_device
 from pagedkv.engine.plan_arrays import PlanArrays
-from pagedkv.engine.request_failures import is_device_error, try_batch
+from pagedkv.engine.request_failures import FAILED, try_batch
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
 
@@ -316,16 +316,16 @@ def _knobbed(
     blamed when verification applies the same knobs to the target's rows (Speculator.verify),
     and a draft drawn from another q is still verified exactly (q goes with it)."""
     batch = try_batch(lambda: knobs(logits, rows))
-    if batch is not None:
+    if batch is not FAILED:
         return batch
+
+    def row_knobs(j: int, row: SamplingRow) -> Callable[[], torch.Tensor]:
+        return lambda: knobs(logits[j : j + 1], [row])[0]
+
     out = []
     for j, row in enumerate(rows):
-        try:
-            out.append(knobs(logits[j : j + 1], [row])[0])
-        except Exception as exc:
-            if is_device_error(exc):
-                raise
-            out.append(plain(logits[j]))
+        one = try_batch(row_knobs(j, row))
+        out.append(plain(logits[j]) if one is FAILED else one)
     return torch.stack(out)
 
 

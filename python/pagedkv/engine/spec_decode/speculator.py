@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from pagedkv.engine.request_failures import RequestFailures, try_batch
+from pagedkv.engine.request_failures import FAILED, RequestFailures, try_batch
 from pagedkv.engine.request_state import RequestState, SeqState
 from pagedkv.engine.sampler import Sampler, SamplingRow
 from pagedkv.engine.spec_decode.config import NGRAM, SpeculativeConfig
@@ -116,7 +116,7 @@ class Speculator:
         hidden: torch.Tensor,
         entries: List[MaybeEntry],
         compute_logits: Any,
-        failures: Optional[RequestFailures] = None,
+        failures: RequestFailures,
     ) -> Dict[int, List[int]]:
         """Plan entry index -> the tokens it emits (1 to k+1), for every speculating entry.
         ``failures``: where a request whose own knobs raise is blamed (the batched knobs are
@@ -157,13 +157,8 @@ class Speculator:
             target = logits.float().clone()
         probs: Dict[int, torch.Tensor] = {}
 
-        def knobs() -> bool:  # (True: try_batch's None means "raised")
-            _apply_knobs(logits, target, probs, greedy, random, knob_rows)
-            return True
-
-        if failures is None:
-            knobs()
-        elif try_batch(knobs) is None:
+        knobs = lambda: _apply_knobs(logits, target, probs, greedy, random, knob_rows)  # noqa: E731
+        if try_batch(knobs) is FAILED:
             spans = self._knobs_each(logits, target, probs, spans, entries, knob_rows, failures)
         best = target.argmax(dim=-1).tolist()  # one device sync for every greedy row
         out: Dict[int, List[int]] = {}
