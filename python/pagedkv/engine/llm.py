@@ -190,7 +190,9 @@ class LLM(PoolingMixin):
                 arch = self.llm_engine.input_processor.architecture
                 local = self.llm_engine.config.allowed_local_media_path
                 text = reader.chat_image_text(tok)
-                gathered.append(ChatImages(arch, text, local_media_path=local))
+                gathered.append(
+                    ChatImages(arch, text, local_media_path=local, max_images=reader.max_images)
+                )
                 return gathered[-1]
 
         convs = normalise_conversations(messages, make_images)

@@ -361,11 +361,17 @@ class ChatImages:
     max_pixels: Optional[int] = None  # of one image (RequestLimits.max_image_pixels)
     images: Optional[List[Any]] = None
     local_media_path: Optional[str] = None  # the server's --allowed-local-media-path
+    max_images: Optional[int] = None  # limit_mm_per_prompt's (ImageInputProcessor.max_images)
 
     def take(self, part: Any, where: str) -> str:
         """An image_url (or, offline, image_pil) part -> the text that stands for it."""
         if self.images is None:
             self.images = []
+        if self.max_images is not None and len(self.images) >= self.max_images:
+            # (before fetching or decoding it: a request of many parts costs no downloads)
+            raise ValueError(
+                f"{where}: more images than limit_mm_per_prompt allows ({self.max_images})"
+            )
         if isinstance(part, Mapping) and part.get("type") == "image_pil":
             image = part.get("image_pil")
             check_image_pixels(getattr(image, "size", None), self.max_pixels, where)

@@ -101,6 +101,7 @@ class OpenAIServingChat(OpenAIServing):
             self.state.allowed_media_domains,
             self.state.limits.max_image_pixels,
             local_media_path=self.state.allowed_local_media_path,
+            max_images=reader.max_images,
         )
 
     def check_template(self, template: Optional[str]) -> None:
