@@ -62,6 +62,9 @@ logger = logging.getLogger("pagedkv")
 # so this is far above a step): a peer that hangs ends the engine with an error, not a hang.
 COLLECTIVE_TIMEOUT_S = 600.0
 _JOIN_TIMEOUT_S = 10.0
+# How long the driver's share of the collective group teardown may take (every rank destroys
+# its groups together; a few seconds for NCCL's finalize): past it, a worker is stuck.
+_DESTROY_TIMEOUT_S = 60.0
 # How long a driver whose command raised waits for a worker's exit to show (the cause to name).
 _NAME_DEAD_WORKER_S = 1.0
 # Start-up: how long spawned ranks may take to import and reach the rendezvous.
@@ -381,26 +384,54 @@ def _hold_commands(state: _Procs) -> bool:
 
 def _tear_down(state: _Procs) -> None:
     """Ends the workers (a polite command first, while they are in step), then the groups."""
-    if state.dead is None:
+    if state.dead is None and state.exited(0) is None:
         try:
             state.channel.send(SHUTDOWN, ())
-            for p in state.procs:
-                p.join(_JOIN_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 (a broken group: killing them follows)
             logger.warning("could not tell the workers to stop (%r); killing them", exc)
             state.dead = "shut down"
-    state.kill_all()  # (out of step, the workers wait for collectives that will not come)
-    monitor = state.monitor
-    if monitor is not None and monitor is not threading.current_thread():
-        # Every worker has exited: the monitor wakes, and may be aborting the communicators
-        # (a worker died); destroying the groups under its abort is a use-after-free.
-        monitor.join(_JOIN_TIMEOUT_S)
-    if state.dead is not None:
-        abort_model_parallel()
+        else:
+            _destroy_with_the_workers(state)
     else:
-        destroy_model_parallel()
+        state.dead = state.dead or "shut down"
+    state.kill_all()  # (out of step, the workers wait for collectives that will not come)
+    if state.dead is not None:
+        monitor = state.monitor
+        if monitor is not None and monitor is not threading.current_thread():
+            # Every worker has exited: the monitor wakes, and may be aborting the
+            # communicators (a worker died); destroying the groups under its abort is a
+            # use-after-free.
+            monitor.join(_JOIN_TIMEOUT_S)
+        abort_model_parallel()
     if state.channel is not None:
         state.channel.close()
+
+
+def _destroy_with_the_workers(state: _Procs) -> None:
+    """Destroys the groups together with the workers, which do on SHUTDOWN. NCCL's
+    communicator finalize and destroy are intra-node collectives: a driver that waited for the
+    workers to exit first would find them waiting for it, kill them after the join timeout,
+    then wait for ever in its own destroy. Bounded: a worker that never gets there (alive but
+    stuck) is killed and the groups left to the process' exit, not waited for."""
+    destroy = threading.Thread(target=_destroy_logged, name="pagedkv-destroy-groups", daemon=True)
+    destroy.start()
+    destroy.join(_DESTROY_TIMEOUT_S)
+    if destroy.is_alive():
+        logger.error(
+            "shutdown: the ranks did not tear the process groups down together within %.0f s; "
+            "killing the workers and leaving the groups to the process' exit",
+            _DESTROY_TIMEOUT_S,
+        )
+        return
+    for p in state.procs:
+        p.join(_JOIN_TIMEOUT_S)
+
+
+def _destroy_logged() -> None:
+    try:
+        destroy_model_parallel()
+    except Exception as exc:  # noqa: BLE001 (shutting down: a failure is only reported)
+        logger.warning("shutdown: destroying the process groups failed: %r", exc)
 
 
 def _monitor(state: _Procs) -> None:
@@ -470,10 +501,17 @@ def _worker_process(
 
 
 def _serve_as_worker(cfg: EngineConfig, device: torch.device, channel: Any) -> None:
+    in_step = False
     try:
-        worker_loop(Worker(cfg, device), channel)
+        in_step = worker_loop(Worker(cfg, device), channel)
     finally:
-        destroy_model_parallel()
+        # Asked to stop, every rank destroys its groups together (NCCL's destroy is an
+        # intra-node collective: _destroy_with_the_workers); with the driver gone or a command
+        # failed, nobody would join it: abort, which waits for no one.
+        if in_step:
+            destroy_model_parallel()
+        else:
+            abort_model_parallel()
         channel.close()
     raise SystemExit(0)
 

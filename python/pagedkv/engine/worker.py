@@ -225,15 +225,15 @@ def _check_parallel_support(model: torch.nn.Module, architecture: str) -> None:
         )
 
 
-def worker_loop(worker: Worker, channel: Any) -> None:
+def worker_loop(worker: Worker, channel: Any) -> bool:
     """A non-driver rank: runs the driver's commands (from command_channel) until it says stop
-    (or is gone)."""
+    (True) or is gone (False)."""
     while True:
         try:
             name, args = channel.recv()
         except PeerGone:
             logger.error("the driver process is gone; this worker stops")
-            return
+            return False
         if name == SHUTDOWN:
-            return
+            return True
         getattr(worker, name)(*args)
