@@ -143,16 +143,15 @@ def _deepseek_moe(arch: str, d: dict[str, Any]) -> MoEConfig:
 MOE_KERNELS = ("auto", "pagedkv", "grouped_mm")
 
 # "auto" where grouped_mm applies takes the core's kernel for a many-expert layer whose experts
-# get few rows each (fine-grained MoE decode): grouped_mm's cost grows with the expert count (a
-# group per expert, used or not), the core's with the rows. H200, 5d7a9c5, benchmarks/moe.py
-# (RESULTS.md "MoE"), us per layer, grouped_mm vs core: Qwen3-30B-A3B (128 experts, top-8) 532
-# vs 340 at 1 token (0.06 rows per expert) and 878 vs 1340 at 256 (16 rows per expert), the
-# core reported faster up to 64 tokens (4 rows per expert); Mixtral-8x7B (8 large experts,
-# top-2) 693 vs 1470 at 1 token: grouped_mm even at 0.25 rows per expert. Between 4 and 16 rows
-# per expert and for 8 < experts < 128 not measured; benchmarks/gpu_cascade_run.sh re-runs the
-# Qwen3 shape at 1-256 tokens with both kernels named.
+# mostly get no row at all (fine-grained MoE decode at small batches): grouped_mm's cost grows
+# with the expert count (a group per expert, used or not), the core's with the rows. H200,
+# 8636d35, `benchmarks/moe.py --skip-engine --skip-hf-loop --shape qwen3-30b-a3b` (RESULTS.md
+# "MoE"), us per layer, core vs grouped_mm, Qwen3-30B-A3B (128 experts, top-8): 453 vs 651 at 1
+# token (0.06 rows per expert), 897 vs 725 at 16 (1 row per expert), 1158 vs 896 at 64, 1492 vs
+# 934 at 256: the crossover lies between 1 and 16 tokens, 2-8 not measured; the rule splits it
+# at a quarter row per expert. Mixtral-8x7B (8 large experts, top-2): grouped_mm even at 1 token.
 MOE_CORE_MIN_EXPERTS = 64
-MOE_CORE_MAX_ROWS_PER_EXPERT = 4
+MOE_CORE_MAX_ROWS_PER_EXPERT = 0.25
 
 
 def auto_moe_kernel(num_tokens: int, top_k: int, num_experts: int) -> str:

@@ -16,11 +16,13 @@ from pagedkv.models import moe  # noqa: E402
     "tokens, top_k, experts, kernel",
     [
         (1, 8, 128, "pagedkv"),  # Qwen3-30B-A3B decode, measured faster on the core
-        (64, 8, 128, "pagedkv"),  # 4 rows per expert: the last shape reported for the core
-        (65, 8, 128, "grouped_mm"),
+        (4, 8, 128, "pagedkv"),  # a quarter row per expert: the rule's last core shape
+        (5, 8, 128, "grouped_mm"),
+        (16, 8, 128, "grouped_mm"),  # one row per expert: measured faster on grouped_mm
         (256, 8, 128, "grouped_mm"),  # measured faster on grouped_mm
         (1, 2, 8, "grouped_mm"),  # Mixtral-8x7B decode, measured faster on grouped_mm
-        (16, 6, 64, "pagedkv"),  # DeepSeek-V2-Lite-shaped decode
+        (2, 6, 64, "pagedkv"),  # DeepSeek-V2-Lite-shaped decode
+        (16, 6, 64, "grouped_mm"),
     ],
 )
 def test_auto_rule(tokens: int, top_k: int, experts: int, kernel: str) -> None:
