@@ -7,7 +7,7 @@ from typing import Iterator
 
 import pagedkv
 import pytest
-from support.deps import under_ci
+from support.deps import need_default_model
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -59,17 +59,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> str:
-    """Path of the embedded default model's GGUF file. Where it is not installed the tests that
-    need it skip, except under CI (CI=true), where the test command installs it: a missing model
-    there is a broken install step, not a reason to skip."""
-    from pagedkv.models.registry import smollm2_path
-
-    try:
-        return smollm2_path()
-    except FileNotFoundError as e:
-        if under_ci():
-            pytest.fail(f"the default model is missing under CI: {e}")
-        pytest.skip(str(e))
+    """Path of the embedded default model's GGUF file (support.deps.need_default_model)."""
+    return need_default_model()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from support.deps import need
 
 transformers = need("transformers")
 need("httpx")
+need("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 from pagedkv.engine.async_llm_engine import AsyncLLMEngine  # noqa: E402

@@ -20,3 +20,17 @@ def need(module: str) -> ModuleType:
     if under_ci():
         return importlib.import_module(module)
     return pytest.importorskip(module)
+
+
+def need_default_model() -> str:
+    """The embedded default model's GGUF path (SmolLM2, also the tokenizer of the tiny random
+    checkpoints); a skip where its package is not installed (a failure under CI, where the test
+    command installs it)."""
+    from pagedkv.models.registry import smollm2_path
+
+    try:
+        return smollm2_path()
+    except FileNotFoundError as e:
+        if under_ci():
+            pytest.fail(f"the default model is missing under CI: {e}")
+        pytest.skip(str(e))
