@@ -466,15 +466,22 @@ class AsyncLLMEngine:
     def _end_aborted(self, aborted: List[Tuple[str, Any]]) -> None:
         """Streams still read of requests abort() stopped end, as vLLM's do: a generation
         request with its final output (finish_reason "abort"), a pooling request (no partial
-        result) with RequestAbortedError; otherwise their readers would wait forever."""
+        result) or one whose final output raises with RequestAbortedError; otherwise their
+        readers would wait forever (and a raise here would end the engine thread)."""
         for rid, req in aborted:
             with self._lock:
                 stream = self._streams.get(rid)
             if stream is None:
                 continue  # its reader left first (close() sent this abort)
+            final = None
             if hasattr(req, "to_output"):
-                stream.last = _snapshot(req.to_output(), stream.last)
-                stream.put(stream.last)
+                try:
+                    final = _snapshot(req.to_output(), stream.last)
+                except Exception as exc:  # noqa: BLE001 (its own output: not the engine's)
+                    logger.warning("abort %s: its final output failed: %r", rid, exc)
+            if final is not None:
+                stream.last = final
+                stream.put(final)
             else:
                 stream.put(RequestAbortedError(f"request {rid!r} was aborted"))
 

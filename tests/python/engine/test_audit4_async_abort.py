@@ -64,3 +64,50 @@ def test_abort_ends_the_stream_with_an_abort_output(model: str, draft: bool) -> 
         eng.abort("victim")  # finished and gone: nothing to do, nothing raised
     finally:
         eng.shutdown()
+
+
+def test_abort_whose_final_output_raises_ends_only_that_stream(model: str) -> None:
+    """The aborted request's final output is built on the engine thread: one that raises (a
+    detokeniser failing on its tokens) ends its own stream with RequestAbortedError; the
+    engine keeps serving."""
+    from pagedkv.engine.async_llm_engine import AsyncLLMEngine, RequestAbortedError
+
+    eng = AsyncLLMEngine(
+        model=model,
+        device="cpu",
+        dtype="float32",
+        block_size=8,
+        num_gpu_blocks_override=64,
+        max_model_len=256,
+    )
+
+    async def victim() -> None:
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        async for _ in eng.generate("hello", params, "victim"):
+            req = eng.engine.requests["victim"]
+            real = req.to_output
+
+            def broken(req: Any = req, real: Any = real) -> Any:
+                # (the steps run before the abort lands must still work)
+                if req.finished:
+                    raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "planted")
+                return real()
+
+            req.to_output = broken
+            eng.abort("victim")
+
+    async def after() -> Any:
+        params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        last = None
+        async for out in eng.generate("again", params, "after"):
+            last = out
+        return last
+
+    try:
+        with pytest.raises(RequestAbortedError):
+            asyncio.run(asyncio.wait_for(victim(), 30))
+        last = asyncio.run(asyncio.wait_for(after(), 30))
+        assert last.finished and len(last.outputs[0].token_ids) == 5
+        assert not eng.is_dead
+    finally:
+        eng.shutdown()
