@@ -52,6 +52,16 @@ def test_bad_paths_raise_clear_errors(tmp_path) -> None:
     )
 
 
+def test_tokenizer_only_folder(tmp_path) -> None:
+    """A folder of tokenizer files alone is a tokenizer (LLM(tokenizer=DIR), vLLM's --tokenizer),
+    never a model."""
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    src = resolve_model(str(tmp_path), tokenizer_only=True)
+    assert src == registry.ModelSource("hf", str(tmp_path), str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_model(str(tmp_path))
+
+
 def test_unsupported_architecture(tmp_path) -> None:
     with pytest.raises(ValueError, match="unsupported architecture"):
         ModelConfig.from_hf_dict({"architectures": ["FalconForCausalLM"], "model_type": "falcon"})
