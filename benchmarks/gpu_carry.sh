@@ -4,7 +4,9 @@
 # carries (carry [".whl"]), with what the device image lacks:
 #   * wheels (Python 3.12, manylinux x86_64) of the packages the image does not have: xgrammar
 #     and its pydantic stack (structured outputs, #30), fastapi/starlette/uvicorn/openai (the
-#     server tests), jsonschema (structured_throughput.py validates answers), gguf. Versions are
+#     server tests), jsonschema (structured_throughput.py validates answers), gguf; also
+#     typing-extensions and anyio, which the image has at versions not read here (gpu_env.sh
+#     installs a carried wheel only where the image's is missing or older). Versions are
 #     pinned to those the CPU suite runs with here. A check then walks every carried wheel's
 #     Requires-Dist: each need must be carried or in the image's package list below (from
 #     /work/.library/device/KINDS.md), or the script fails;
@@ -32,7 +34,7 @@ WHEELS=(
   typing-extensions==4.16.0
   fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 opentelemetry-api==1.45.2
   openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0
-  sniffio==1.3.1
+  sniffio==1.3.1 anyio==4.16.0
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
   gguf==0.19.0
 )
