@@ -119,7 +119,7 @@ Tokenizer.from_pretrained(None).hf.save_pretrained('$W/smollm2-tokenizer')
 # gpu_ab_kernels.sh, as gpu_ab_build.sh does by hand).
 rm -rf "$W/base"
 mkdir -p "$W/base"
-git archive "$BASE" | tar -x -C "$W/base" || { echo "git archive $BASE failed"; exit 1; }
+timeout 60 git archive "$BASE" | tar -x -C "$W/base" || { echo "git archive $BASE failed"; exit 1; }
 git rev-parse --short "$BASE" > "$W/base/BASE_COMMIT"
 
 cp benchmarks/gpu_env.sh "$W/gpu_env.sh"

@@ -80,11 +80,17 @@ has_cuda() {
     2> /dev/null
 }
 
+cap() {  # $1 seconds, or less: what the call has left, less 20 s for packing
+  local t=$(($(left) - 20))
+  [ "$t" -lt "$1" ] && echo "$t" || echo "$1"
+}
+
 write_8b() {  # on GPU 1, the generator on the device (~20 s); torch alone: runs during the build
   [ -e "$S/ready/8b" ] && return 0
+  [ "$(cap 240)" -lt 60 ] && return 1
   rm -rf "$L8B"
   if [ -n "$DRY" ]; then sleep 1; else
-    CUDA_VISIBLE_DEVICES=1 timeout 240 python3 benchmarks/parallel_bench.py write --dir "$L8B" \
+    CUDA_VISIBLE_DEVICES=1 timeout "$(cap 240)" python3 benchmarks/parallel_bench.py write --dir "$L8B" \
       --layers 32 > "$OUT/write_8b.log" 2>&1 || return 1
   fi
   touch "$S/ready/8b"
@@ -96,13 +102,13 @@ write_small() {  # the SmolLM2-shaped model (seconds); then the 1B in the backgr
   ln -sfn "$L8B" "$ET/llama-8b"
   if [ ! -e "$S/ready/smol" ]; then
     rm -rf "$SMOL"
-    if [ -n "$DRY" ] || timeout 120 python3 benchmarks/gpu_models_write.py --tokenizer "$TOK" \
+    if [ -n "$DRY" ] || timeout "$(cap 120)" python3 benchmarks/gpu_models_write.py --tokenizer "$TOK" \
       --smol "$SMOL" >> "$OUT/write.log" 2>&1; then touch "$S/ready/smol"; fi
   fi
-  if [ ! -e "$S/ready/1b" ]; then
+  if [ ! -e "$S/ready/1b" ] && [ "$(cap 400)" -gt 60 ]; then
     (
       rm -rf "$L1B"
-      if [ -n "$DRY" ] || timeout 400 python3 benchmarks/gpu_models_write.py --llama1b "$L1B" \
+      if [ -n "$DRY" ] || timeout "$(cap 400)" python3 benchmarks/gpu_models_write.py --llama1b "$L1B" \
         >> "$OUT/write.log" 2>&1; then touch "$S/ready/1b"; fi
       note "1B checkpoint: $([ -e "$S/ready/1b" ] && echo written || echo FAILED)"
     ) &
@@ -203,7 +209,7 @@ summary() {  # each step's last lines, into the log (the call prints the log's e
   for f in "$OUT"/lane*/*/*.out; do
     [ -f "$f" ] || continue
     echo "---- ${f#"$OUT"/}"
-    grep -v "Warning\|warn(\|^$\|it/s\]" "$f" | tail -"${TAIL:-14}" | cut -c1-220
+    grep -v "Warning\|warn(\|^$\|it/s\]" "$f" | tail -"${TAIL:-10}" | cut -c1-200
   done >> "$LOG"
 }
 
