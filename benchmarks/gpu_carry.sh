@@ -4,10 +4,11 @@
 # carries (carry [".whl"]), with what the device image lacks:
 #   * wheels (Python 3.12, manylinux x86_64) of the packages the image does not have: xgrammar
 #     and its pydantic stack (structured outputs, #30), fastapi/starlette/uvicorn/openai (the
-#     server tests), jsonschema (structured_throughput.py validates answers), gguf; also
-#     typing-extensions and anyio, which the image has at versions not read here (gpu_env.sh
-#     installs a carried wheel only where the image's is missing or older). Versions are
-#     pinned to those the CPU suite runs with here. A check then walks every carried wheel's
+#     server tests), jsonschema (structured_throughput.py validates answers), gguf; also the
+#     build's nanobind / scikit-build-core (+ pathspec), pytest-xdist / execnet (the
+#     2026-11-27 session carried those too), typing-extensions and anyio: the image has them
+#     at versions not read here, and gpu_env.sh installs a carried wheel only where the
+#     image's is missing or older. Versions are pinned to those the CPU suite runs with here. A check then walks every carried wheel's
 #     Requires-Dist: each need must be carried or in the image's package list below (from
 #     /work/.library/device/KINDS.md), or the script fails;
 #   * .whl/smollm2-tokenizer: the default model's tokenizer exported from its GGUF (the 94 MB
@@ -37,6 +38,7 @@ WHEELS=(
   sniffio==1.3.1 anyio==4.16.0
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0
   gguf==0.19.0
+  nanobind==3.1.0 scikit-build-core==1.1.2 pathspec==1.1.1 pytest-xdist==3.8.0 execnet==2.1.2
 )
 PLAT=()
 for n in 2_28 2_27 2_24 2_17 2_5; do PLAT+=(--platform "manylinux_${n}_x86_64"); done
