@@ -69,7 +69,8 @@ if [ -n "$DRY" ]; then  # a dry run must not touch (rm -rf) such folders of this
 fi
 note "call $CALL, limit ${LIMIT}s, $(git log --oneline -1 2>/dev/null | cut -c1-70)"
 if [ -z "$DRY" ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
+  timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+    | tee -a "$LOG"
   timeout 60 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.device_count(), 'GPUs')" \
     | tee -a "$LOG"
 fi
@@ -150,17 +151,22 @@ declare -A CMD=(
   [ab_kernels]="[ -d /tmp/base/pagedkv ] || (cd .base && CMAKE_BUILD_PARALLEL_LEVEL=8 timeout 300 nice -n 19 python3 -m pip install --no-build-isolation --no-deps -q --target /tmp/base . > \$OUT/build_base.log 2>&1); bash benchmarks/gpu_ab_kernels.sh"
 )
 
-# Runs "$cmd" in a session of its own for at most $2 seconds; the whole session is killed then.
+# Signal $1 to every process of session $2 (a step's; without pkill, its first process group).
+killsess() {
+  if command -v pkill > /dev/null; then pkill "-$1" -s "$2"; else kill "-$1" -- "-$2"; fi
+} > /dev/null 2>&1
+
+# Runs "$2" in a session of its own for at most $1 seconds; the whole session is killed then.
 limited() {
   local t=$1 cmd=$2 log=$3 pid wd rc
   setsid bash -c "$cmd" > "$log" 2>&1 &
-  pid=$!
-  (sleep "$t"; pkill -TERM -s "$pid"; sleep 10; pkill -KILL -s "$pid") > /dev/null 2>&1 &
+  pid=$!  # setsid does not fork here (a background job leads no group): $pid is the session
+  (sleep "$t"; killsess TERM "$pid"; sleep 10; killsess KILL "$pid") > /dev/null 2>&1 &
   wd=$!
   wait "$pid"
   rc=$?
-  pkill -KILL -P "$wd" > /dev/null 2>&1; kill "$wd" 2> /dev/null
-  pkill -KILL -s "$pid" > /dev/null 2>&1  # what the step left running (none should be)
+  kill "$wd" 2> /dev/null
+  killsess KILL "$pid"  # what the step left running (none should be)
   return $rc
 }
 
