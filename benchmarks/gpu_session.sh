@@ -8,6 +8,9 @@
 #   run(command="bash benchmarks/gpu_session.sh B 560", carry=[".whl"], kind="nvidia-h100-x2", timeout_s=600)
 #   status(); then, with budget_left_s >= N + 60 (N <= 560):
 #   run(command="bash benchmarks/gpu_session.sh C N", carry=[".whl"], kind="nvidia-h100-x2", timeout_s=N+40)
+# Guessed from the 2026-11-27 logs, not measured: A finishes structperf, overlap_tests, table_1b,
+# lorafast2 and pooling; B the TP run (vlm, draftspec too if it ends early); C (N ~ 400) table_8b
+# and what B left of vlm / draftspec; ab_kernels needs ~450 s more. Each log says what ran.
 # Each call returns $OUT/session_<call>.tgz (every log and JSON: tar -xzf) and session_<call>.log
 # (the steps' start, exit status and time, then each step's last lines, also printed).
 #
