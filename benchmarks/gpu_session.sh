@@ -61,7 +61,8 @@ note() { echo "[$((SECONDS - T0))s] $*" | tee -a "$LOG"; }
 [ -f .whl/gpu_env.sh ] || { echo "no .whl/gpu_env.sh: run benchmarks/gpu_carry.sh, carry .whl"; exit 1; }
 # shellcheck source=/dev/null
 source .whl/gpu_env.sh
-[ -e .base ] || ln -s .whl/base .base
+# gpu_ab_kernels.sh reads #26's base tree from .base (a dry run leaves this checkout alone).
+[ -n "$DRY" ] || [ -e .base ] || ln -s .whl/base .base
 TOK=$PWD/.whl/smollm2-tokenizer
 SMOL=/tmp/smollm2-random
 L1B=/tmp/llama1b
