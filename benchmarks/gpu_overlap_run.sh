@@ -7,11 +7,19 @@
 #   SKIP_BUILD=1 bash benchmarks/gpu_overlap_run.sh     (reuses the installed CUDA build)
 # The random models are written to $TABLE_DIR (default /tmp/engine_table; the 8B one is 16 GB,
 # ~1 min to write the first time).
+# OVERLAP_PART=tests or table runs that part alone; TABLE_ARGS go to gpu_engine_table.py (e.g.
+# "--models 8b": one model per call, so that a long 8B run cannot cost the 1B one its table),
+# TABLE_TIMEOUT (default 380 s) bounds it.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
-(cd tests/python && timeout 90 python3 -m pytest -q -p no:cacheprovider --tb=short \
-  engine/test_engine_overlap_cuda.py engine/test_engine_overlap_modes.py \
-  > "$OUT/overlap_tests.log" 2>&1); tail -5 "$OUT/overlap_tests.log"
-timeout 380 python3 benchmarks/gpu_engine_table.py --dir "${TABLE_DIR:-/tmp/engine_table}" \
-  --out "$OUT/engine_table.json" 2>&1 | grep -v "Loading\|INFO\|it/s\]" \
-  | tee "$OUT/engine_table.log"
+read -ra TABLE_ARGS <<< "${TABLE_ARGS:-}"
+PART=${OVERLAP_PART:-all}
+if [ "$PART" != table ]; then
+  (cd tests/python && timeout 90 python3 -m pytest -q -p no:cacheprovider --tb=short \
+    engine/test_engine_overlap_cuda.py engine/test_engine_overlap_modes.py \
+    > "$OUT/overlap_tests.log" 2>&1); tail -5 "$OUT/overlap_tests.log"
+fi
+[ "$PART" = tests ] && exit 0
+timeout "${TABLE_TIMEOUT:-380}" python3 benchmarks/gpu_engine_table.py \
+  --dir "${TABLE_DIR:-/tmp/engine_table}" "${TABLE_ARGS[@]}" --out "$OUT/engine_table.json" 2>&1 \
+  | grep -v "Loading\|INFO\|it/s\]" | tee "$OUT/engine_table.log"

