@@ -465,7 +465,11 @@ def bench_model(name: str, args: argparse.Namespace, card: Dict[str, float]) -> 
             row[mode] = r
         if wname == PROFILED:
             for seed, (mode, overlap) in enumerate((("serial", False), ("async", True)), start=3):
-                row[mode]["profile"] = gpu_busy(llm, make_workload(wname, vocab, seed), overlap)
+                try:
+                    row[mode]["profile"] = gpu_busy(llm, make_workload(wname, vocab, seed), overlap)
+                except RuntimeError as e:  # said out loud; the rest of the table still runs
+                    print(f"[{name}] GPU busy ({mode}) FAILED: {e}", file=sys.stderr, flush=True)
+                    row[mode]["profile"] = {"error": str(e)}
         out["workloads"][wname] = row
         print(f"[{name}] {wname}: {json.dumps(row)}", flush=True)
     del llm
@@ -520,7 +524,12 @@ def table(results: Dict[str, Any]) -> str:
             a, s = row["async"], row["serial"]
             busy = "-"
             if "profile" in a:
-                busy = " / ".join(num(r["profile"].get("gpu_busy_decode"), ".1%") for r in (s, a))
+                busy = " / ".join(
+                    "FAILED"
+                    if "error" in r["profile"]
+                    else num(r["profile"]["gpu_busy_decode"], ".1%")
+                    for r in (s, a)
+                )
             lines.append(
                 f"| {model} | {wname} | {tps(s)} | {tps(a)} | {tps(row.get('hf_generate'))} | "
                 f"{tps(row.get('hf_cb'))} | {num(a.get('decode_step_ms'), '.2f')} | "
