@@ -22,10 +22,10 @@ Columns, per model x workload:
     + the KV of every sequence's context read + the new KV written; FLOPs = 2 x weights x B +
     4 x context x query heads x head dim per layer; the card's copy bandwidth and bf16 GEMM
     rate are measured here first.
-  * GPU busy: one extra overlapped (and one serial) run of 256x(128->256) per model under
-    torch's profiler (Kineto/CUPTI): the union of the kernels' intervals within the
-    decode-only step windows over the windows' length. The profiler slows the host (it records
-    every CPU op), so this is a lower bound of the unprofiled run's.
+  * GPU busy: one extra overlapped (and one serial) run of 256x(128->256) per model with
+    CUDA events around each step's launches (DeviceSpans; torch's profiler sees no kernels
+    inside CUDA-graph replays): the device's busy share of the decode-only steps. A run it
+    cannot measure raises instead of printing a number.
 
   python benchmarks/gpu_engine_table.py --dir /tmp/engine_table --out table.json
   (benchmarks/gpu_overlap_run.sh runs it in < 8 min on an H100 / H200.)
@@ -174,14 +174,11 @@ class StepLog:
     times: List[float] = field(default_factory=list)
     decode: List[Optional[Tuple[int, int]]] = field(default_factory=list)
 
-    def install(self, core: Any, marker: Optional[str] = None) -> Callable[[], None]:
+    def install(self, core: Any) -> Callable[[], None]:
         inner = core._schedule
 
         def logged() -> Any:
             self.times.append(time.perf_counter())
-            if marker is not None:  # a profiler range at the same moment (its own clock)
-                with torch.profiler.record_function(marker):
-                    pass
             plan = inner()
             if plan is None or int(plan.num_prefills):
                 self.decode.append(None)
@@ -229,74 +226,102 @@ def run_pagedkv(llm: Any, w: Workload, overlap: bool) -> Dict[str, Any]:
     }
 
 
-def gpu_busy(llm: Any, w: Workload, overlap: bool) -> Dict[str, Any]:
-    """One run under the profiler; the kernels' busy share of its decode-only windows."""
-    from pagedkv import SamplingParams
-    from torch.autograd import DeviceType, _disable_profiler
-    from torch.autograd.profiler import profile
+class DeviceSpans:
+    """CUDA events around each step's device work: the forward's launch (EngineCore._execute)
+    and the sampling's (EngineCore._sample), each span from an event recorded just before the
+    launch to one just after, on the step's stream. A CUDA-graph replay is one opaque launch
+    to torch's profiler (it saw no kernels in the replays: "GPU busy 0.0%"); events see it.
 
+    The device is busy from a span's start event to its end event (its work was all queued by
+    then: the stream runs it back to back) and idle from one span's end to the next span's
+    start exactly when the host had not launched the next work yet (an event on an idle
+    stream completes when it is recorded). Installed on the core instance (no engine code
+    changes): four events per step. The host work inside _execute / _sample before their
+    launches (tens of microseconds: metadata, graph inputs, the sampling's rows) counts as busy
+    where the device was idle then: the share is an upper bound by that much."""
+
+    def __init__(self) -> None:
+        # (start, end, decode-only step) per span, in stream order
+        self.spans: List[Tuple[Any, Any, bool]] = []
+
+    def install(self, core: Any) -> Callable[[], None]:
+        execute, sample = core._execute, core._sample
+
+        def spanned(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def run(plan: Any, *args: Any, **kwargs: Any) -> Any:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn(plan, *args, **kwargs)
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self.spans.append((start, end, int(plan.num_prefills) == 0))
+                return out
+
+            return run
+
+        core._execute, core._sample = spanned(execute), spanned(sample)
+
+        def restore() -> None:
+            core._execute, core._sample = execute, sample
+
+        return restore
+
+    def busy_decode(self) -> Dict[str, Any]:
+        """The busy share of the device time of the decode-only steps' spans, each span's
+        period running to the next span's start (the last one: to its own end)."""
+        torch.cuda.synchronize()
+        spans = [(a.elapsed_time(b), i, decode) for i, (a, b, decode) in enumerate(self.spans)]
+        busy_ms = [ms for ms, _, decode in spans if decode]
+        periods = [
+            (self.spans[i][0].elapsed_time(self.spans[i + 1][0]) if i + 1 < len(spans) else ms)
+            for ms, i, decode in spans
+            if decode
+        ]
+        return busy_fraction(busy_ms, periods)
+
+
+def busy_fraction(busy_ms: List[float], period_ms: List[float]) -> Dict[str, Any]:
+    """sum(busy) / sum(period) over the decode spans; raises where that is not a measurement
+    (no decode span, or a span busier than its period: events out of stream order)."""
+    if not busy_ms or len(busy_ms) != len(period_ms):
+        raise RuntimeError(f"GPU busy: {len(busy_ms)} decode spans, {len(period_ms)} periods")
+    total, busy = float(sum(period_ms)), float(sum(busy_ms))
+    if not total > 0 or any(b > p * (1 + 1e-3) + 1e-3 for b, p in zip(busy_ms, period_ms)):
+        raise RuntimeError(f"GPU busy: device spans do not fit their periods ({busy} / {total} ms)")
+    return {
+        "gpu_busy_decode": busy / total,
+        "decode_spans": len(busy_ms),
+        "decode_device_ms": total,
+        "decode_idle_ms": total - busy,
+    }
+
+
+def gpu_busy(llm: Any, w: Workload, overlap: bool) -> Dict[str, Any]:
+    """One more run with CUDA events around each step's launches (DeviceSpans): the device's
+    busy share of the decode-only steps, and the run's tok/s with the events in place."""
+    from pagedkv import SamplingParams
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("GPU busy needs CUDA (events on the device's stream)")
     core = llm.llm_engine.core
     core.set_async_scheduling(overlap)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in w.output_lens]
-    log, marker = StepLog(), "pagedkv_schedule"
-    restore = log.install(core, marker)
-    # The profiler started and stopped by hand: its own parsing of ~10^5 kernel records into
-    # Python objects takes longer than the run; the raw records are read below.
-    prof = profile(use_device="cuda" if torch.cuda.is_available() else None)
-    prof._prepare_trace()
-    prof._start_trace()
+    spans = DeviceSpans()
+    restore = spans.install(core)
     try:
+        _sync()
         t0 = time.perf_counter()
         llm.generate(w.prompts, params, use_tqdm=False)
         _sync()
         wall = time.perf_counter() - t0
     finally:
-        result = _disable_profiler()
         restore()
-    marks, kernels = [], []
-    for e in result.events():
-        if e.device_type() == DeviceType.CUDA:
-            if not e.name().startswith(("Memcpy", "Memset")):
-                kernels.append((e.start_ns(), e.end_ns()))
-        elif e.name() == marker:
-            marks.append(e.start_ns())
-    marks.sort()
-    if len(marks) != len(log.decode):
-        return {"error": f"{len(marks)} profiler marks for {len(log.decode)} steps"}
-    end = max((k[1] for k in kernels), default=marks[-1] if marks else 0)
-    windows = log.decode_windows(marks, end)
-    busy = _covered(kernels, [(a, b) for a, b, _ in windows])
-    total = sum(b - a for a, b, _ in windows)
-    return {
-        "gpu_busy_decode": busy / total if total else None,
-        "decode_steps": len(windows),
-        "kernels": len(kernels),
-        "profiled_tok_s": w.output_tokens / wall,
-    }
+    return {**spans.busy_decode(), "profiled_tok_s": w.output_tokens / wall}
 
 
 def _sync() -> None:
     if torch.cuda.is_available():  # (the CPU runs only check the script's logic)
         torch.cuda.synchronize()
-
-
-def _covered(intervals: List[Tuple[int, int]], windows: List[Tuple[int, int]]) -> int:
-    """Length of the union of ``intervals`` inside the (disjoint, sorted) ``windows``."""
-    merged: List[List[int]] = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    total, j = 0, 0
-    for wa, wb in windows:
-        while j < len(merged) and merged[j][1] <= wa:
-            j += 1
-        k = j
-        while k < len(merged) and merged[k][0] < wb:
-            total += min(merged[k][1], wb) - max(merged[k][0], wa)
-            k += 1
-    return total
 
 
 # ---------------------------------------------------------------------------------- HF
@@ -440,7 +465,11 @@ def bench_model(name: str, args: argparse.Namespace, card: Dict[str, float]) -> 
             row[mode] = r
         if wname == PROFILED:
             for seed, (mode, overlap) in enumerate((("serial", False), ("async", True)), start=3):
-                row[mode]["profile"] = gpu_busy(llm, make_workload(wname, vocab, seed), overlap)
+                try:
+                    row[mode]["profile"] = gpu_busy(llm, make_workload(wname, vocab, seed), overlap)
+                except RuntimeError as e:  # said out loud; the rest of the table still runs
+                    print(f"[{name}] GPU busy ({mode}) FAILED: {e}", file=sys.stderr, flush=True)
+                    row[mode]["profile"] = {"error": str(e)}
         out["workloads"][wname] = row
         print(f"[{name}] {wname}: {json.dumps(row)}", flush=True)
     del llm
@@ -495,7 +524,12 @@ def table(results: Dict[str, Any]) -> str:
             a, s = row["async"], row["serial"]
             busy = "-"
             if "profile" in a:
-                busy = " / ".join(num(r["profile"].get("gpu_busy_decode"), ".1%") for r in (s, a))
+                busy = " / ".join(
+                    "FAILED"
+                    if "error" in r["profile"]
+                    else num(r["profile"]["gpu_busy_decode"], ".1%")
+                    for r in (s, a)
+                )
             lines.append(
                 f"| {model} | {wname} | {tps(s)} | {tps(a)} | {tps(row.get('hf_generate'))} | "
                 f"{tps(row.get('hf_cb'))} | {num(a.get('decode_step_ms'), '.2f')} | "

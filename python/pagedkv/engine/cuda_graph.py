@@ -204,17 +204,10 @@ class CudaGraphRunner:
         n = int(plan.num_seqs)
         bs = next(s for s in self.batch_sizes if s >= n)
         max_bs, width = self.block_tables.shape
-        seq_lens = np.asarray(plan.seq_lens[:n])
-        used = max(1, -(-int(seq_lens.max()) // self.block_size))
         self._copied.synchronize()  # the previous step's copy has read the mirrors
-        h64 = self._host64.numpy()
-        h64[0, :n], h64[0, n:bs] = plan.input_ids[:n], 0
-        h64[1, :n], h64[1, n:bs] = (plan.positions if positions is None else positions)[:n], 0
-        h64[2, :n], h64[2, n:bs] = plan.slot_mapping[:n], -1
-        h32 = self._host32.numpy()
-        h32[:n], h32[n:bs] = seq_lens, 1
-        # Rows past n keep earlier block ids (valid ones): padding rows read one key only.
-        h32[max_bs : max_bs + n * width].reshape(n, width)[:, :used] = plan.block_tables[:n, :used]
+        seq_lens, used = fill_graph_inputs(
+            plan, bs, self._host64.numpy(), self._host32.numpy(), width, self.block_size, positions
+        )
         self._dev64.copy_(self._host64, non_blocking=True)
         end = max_bs + n * width
         self._dev32[:end].copy_(self._host32[:end], non_blocking=True)
@@ -241,6 +234,31 @@ class CudaGraphRunner:
         graph.replay()
         self.num_replays += 1
         return out[:n]
+
+
+def fill_graph_inputs(
+    plan: Any,
+    bs: int,
+    h64: np.ndarray,
+    h32: np.ndarray,
+    width: int,
+    block_size: int,
+    positions: Optional[np.ndarray] = None,
+) -> Tuple[np.ndarray, int]:
+    """Writes a decode plan's rows, padded to ``bs``, into the graphs' host mirrors: ``h64``
+    [3, max_bs] (input ids, positions, slots), ``h32`` (seq lens [max_bs], then block tables
+    [max_bs, width]). Returns (the plan's seq lens, the block-table columns in use). The host
+    side of a replay, apart so benchmarks/host_step.py times it on machines without CUDA."""
+    n, max_bs = int(plan.num_seqs), h64.shape[1]
+    seq_lens = np.asarray(plan.seq_lens[:n])
+    used = max(1, -(-int(seq_lens.max()) // block_size))
+    h64[0, :n], h64[0, n:bs] = plan.input_ids[:n], 0
+    h64[1, :n], h64[1, n:bs] = (plan.positions if positions is None else positions)[:n], 0
+    h64[2, :n], h64[2, n:bs] = plan.slot_mapping[:n], -1
+    h32[:n], h32[n:bs] = seq_lens, 1
+    # Rows past n keep earlier block ids (valid ones): padding rows read one key only.
+    h32[max_bs : max_bs + n * width].reshape(n, width)[:, :used] = plan.block_tables[:n, :used]
+    return seq_lens, used
 
 
 def _mirrored(

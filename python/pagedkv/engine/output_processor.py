@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.direct_decoder import DirectDecoder
-from pagedkv.engine.engine_core import StepResult
+from pagedkv.engine.engine_core import SeqUpdate, StepResult
 from pagedkv.engine.outputs import Logprob, RequestOutput
 from pagedkv.engine.request_failures import RequestFailures
 from pagedkv.engine.request_state import RequestState, SeqState
@@ -53,16 +53,28 @@ class OutputProcessor:
         cut: Set[int] = set()  # samples a stop string ended inside this step's tokens
         num_tokens = 0
 
-        def accept(u: Any) -> None:
+        now = result.now
+
+        def accept(u: SeqUpdate) -> None:
             nonlocal num_tokens
-            req, seq = u.req, u.seq
-            if id(seq) in cut:
+            req, seq, tok, lp, sched_finished = u
+            if cut and id(seq) in cut:
                 # A speculative step appended several tokens; those after the stop string
                 # are not output (they are the sample's last ones).
                 seq.token_ids.pop()
                 return
             num_tokens += 1
-            if self._accept_token(req, seq, u.token, u.logprob, u.sched_finished, result.now):
+            metrics = req.metrics
+            if (
+                lp is None
+                and seq.finish_reason is None
+                and not req.incremental_text
+                and metrics.first_token_time is not None
+            ):
+                # The common running token (_accept_token's first case, inline: no call per
+                # token per step): nothing to show, check or decode yet.
+                metrics.last_token_time = now
+            elif self._accept_token(req, seq, tok, lp, sched_finished, now):
                 stopped.append((req, seq))
                 cut.add(id(seq))
             if not req.final_only or seq.finish_reason is not None:
@@ -157,7 +169,7 @@ class OutputProcessor:
 
 
 # (a C-level getter: called once per token per step)
-_request_of: Callable[[Any], RequestState] = operator.attrgetter("req")
+_request_of: Callable[[SeqUpdate], RequestState] = operator.itemgetter(0)
 
 
 def _same(req: RequestState) -> RequestState:

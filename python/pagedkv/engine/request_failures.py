@@ -142,7 +142,8 @@ class RequestFailures(Generic[Req]):
             try:
                 while i < n:
                     item = items[i]
-                    if request_of(item).request_id not in failed:
+                    # (no lookup per item while nothing has failed: the common step)
+                    if not failed or request_of(item).request_id not in failed:
                         work(item)
                     i += 1
             except Exception as exc:

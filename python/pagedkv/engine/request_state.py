@@ -91,6 +91,9 @@ class RequestState:
     plain_greedy: bool = field(init=False)
     # Some token is banned before min_tokens (EOS / stop ids, see banned_tokens).
     bannable: bool = field(init=False)
+    # argmax_row holds for every row of every step: one sample, nothing ever banned (read
+    # once per request per step by StepSampling, instead of argmax_row's three tests).
+    always_argmax: bool = field(init=False)
     # The CompletionOutput last built for each sample (by SeqState.index): reused while the
     # sample does not change, so a streamed step costs the samples that advanced, not all n.
     _shown: Dict[int, CompletionOutput] = field(default_factory=dict, init=False, repr=False)
@@ -123,6 +126,9 @@ class RequestState:
             and not p.logits_processors
         )
         self.bannable = bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
+        self.always_argmax = (
+            self.plain_greedy and p.n == 1 and (not self.bannable or p.min_tokens <= 0)
+        )
 
     @property
     def finished(self) -> bool:

@@ -14,7 +14,7 @@ request: an error there fails that request alone (its rows draw nothing), the ot
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import numpy as np
 import torch
@@ -87,11 +87,15 @@ class StepSampling:
         reads it on the host only after launching the next one)."""
         plan, n = self.plan, len(self.entries)
         sample_idx = np.asarray(plan.sample_indices[:n])
-        live = [e for e in self.entries if e is not None]
-        if len(live) < n:
+        live = cast(List[Entry], self.entries)  # (no None: checked next)
+        if None in self.entries:
+            live = [e for e in self.entries if e is not None]
             sample_idx = sample_idx.copy()
             sample_idx[[i for i, e in enumerate(self.entries) if e is None]] = -1
-        if all(req.argmax_row(seq) for req, seq in live):
+        # (the per-request flag first: one attribute read per row on a plain greedy batch)
+        if all([req.always_argmax for req, _ in live]) or all(
+            req.argmax_row(seq) for req, seq in live
+        ):
             return self._argmax(hidden, sample_idx)
         self.tokens = self._draw(hidden, sample_idx)
         return to_device(torch.from_numpy(self.tokens), hidden.device)
