@@ -3,7 +3,7 @@
 # loop's CUDA exactness tests (serial vs overlapped tokens, CUDA graphs, pinned copies), then
 # benchmarks/gpu_engine_table.py: pagedkv serial / async vs HF generate and HF continuous
 # batching on a random ~1B and a random Llama-3-8B-shaped model, four workloads, decode step vs
-# roofline, GPU-busy fraction of the decode phase (torch profiler).
+# roofline, GPU-busy fraction of the decode phase (CUDA events around each step, gpu_engine_table.py).
 #   SKIP_BUILD=1 bash benchmarks/gpu_overlap_run.sh     (reuses the installed CUDA build)
 # The random models are written to $TABLE_DIR (default /tmp/engine_table; the 8B one is 16 GB,
 # ~1 min to write the first time).
