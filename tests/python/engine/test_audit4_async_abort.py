@@ -6,6 +6,7 @@ draft model (a speculating request holds the draft's blocks too)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -80,6 +81,15 @@ def test_abort_whose_final_output_raises_ends_only_that_stream(model: str) -> No
         num_gpu_blocks_override=64,
         max_model_len=256,
     )
+    # Steps of at least 10 ms: the victim cannot finish its 200 tokens before the reader's
+    # abort lands, even on a loaded machine (it finished first once in CI: no request to patch).
+    real_step = eng.engine.step
+
+    def slow_step() -> Any:
+        time.sleep(0.01)
+        return real_step()
+
+    eng.engine.step = slow_step  # type: ignore[method-assign]
 
     async def victim() -> None:
         params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
