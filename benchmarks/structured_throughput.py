@@ -46,10 +46,8 @@ SCHEMA: Dict[str, Any] = {
 }
 
 
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """--model / --tokenizer of the structured benchmarks (structured_profile.py too)."""
     ap.add_argument(
         "--model",
         default=None,
@@ -62,6 +60,13 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="tokenizer folder (e.g. .whl/smollm2-tokenizer) where --model has none",
     )
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_args(ap)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=64, help="requests per run")
     ap.add_argument("--max-tokens", type=int, default=256)
