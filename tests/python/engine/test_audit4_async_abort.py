@@ -40,21 +40,25 @@ def model(tmp_path_factory: Any) -> str:
     return save_random_model(path, "tiny-llama", seed=3, head_dim=32, max_position_embeddings=256)
 
 
-@pytest.mark.parametrize("draft", [False, True])
-def test_abort_ends_the_stream_with_an_abort_output(model: str, draft: bool) -> None:
+def _engine(model: str, **kw: Any) -> Any:
     from pagedkv.engine.async_llm_engine import AsyncLLMEngine
 
-    # The checkpoint as its own draft: every draft accepted, k + 1 tokens a step.
-    spec = {"model": model, "num_speculative_tokens": 3} if draft else None
-    eng = AsyncLLMEngine(
+    return AsyncLLMEngine(
         model=model,
         device="cpu",
         dtype="float32",
         block_size=8,
         num_gpu_blocks_override=64,
         max_model_len=256,
-        speculative_config=spec,
+        **kw,
     )
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_abort_ends_the_stream_with_an_abort_output(model: str, draft: bool) -> None:
+    # The checkpoint as its own draft: every draft accepted, k + 1 tokens a step.
+    spec = {"model": model, "num_speculative_tokens": 3} if draft else None
+    eng = _engine(model, speculative_config=spec)
     try:
         last = asyncio.run(asyncio.wait_for(_abort_after_first_output(eng), 30))
         assert last.finished
@@ -73,7 +77,7 @@ def test_abort_whose_final_output_raises_ends_only_that_stream(
     """The aborted request's final output is built on the engine thread: one that raises (a
     detokeniser failing on its tokens) ends its own stream with RequestAbortedError; the
     engine keeps serving."""
-    from pagedkv.engine.async_llm_engine import AsyncLLMEngine, RequestAbortedError
+    from pagedkv.engine.async_llm_engine import RequestAbortedError
     from pagedkv.engine.request_state import RequestState
 
     real = RequestState.to_output
@@ -84,14 +88,7 @@ def test_abort_whose_final_output_raises_ends_only_that_stream(
         return real(self)
 
     monkeypatch.setattr(RequestState, "to_output", broken)
-    eng = AsyncLLMEngine(
-        model=model,
-        device="cpu",
-        dtype="float32",
-        block_size=8,
-        num_gpu_blocks_override=64,
-        max_model_len=256,
-    )
+    eng = _engine(model)
     # Steps of at least 10 ms: the victim cannot finish its 200 tokens before the reader's
     # abort lands, even on a loaded machine.
     real_step = eng.engine.step
