@@ -235,6 +235,18 @@ class CudaGraphRunner:
         self.num_replays += 1
         return out[:n]
 
+    def release(self) -> None:
+        """Destroys every graph now (ModelRunner.release_cuda_graphs says why)."""
+        destroy_graphs(self.graphs, self.cascade_graphs, self.lora_graphs)
+
+
+def destroy_graphs(*tables: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]]) -> None:
+    """Destroys the graphs of each {batch size: (graph, output)} table and empties it."""
+    for table in tables:
+        for graph, _ in table.values():
+            graph.reset()
+        table.clear()
+
 
 def fill_graph_inputs(
     plan: Any,

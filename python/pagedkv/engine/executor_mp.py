@@ -100,6 +100,8 @@ class _Procs:
         # Held by the thread running a command (the channel and the groups in use): teardown
         # from another thread waits for it (_hold_commands).
         self.command = threading.RLock()
+        # The driver's own rank (its Worker): its CUDA graphs go before its process groups.
+        self.worker: Any = None
 
     def kill_all(self) -> None:
         for p in self.procs:
@@ -183,6 +185,7 @@ class MultiprocExecutor:
         except BaseException:
             self.shutdown()
             raise
+        self._state.worker = self.worker
         self.model, self.model_config = self.worker.model, self.worker.model_config
         self.max_model_len = 0
         self.max_num_batched_tokens = 0
@@ -384,6 +387,8 @@ def _hold_commands(state: _Procs) -> bool:
 
 def _tear_down(state: _Procs) -> None:
     """Ends the workers (a polite command first, while they are in step), then the groups."""
+    _release_graphs(state.worker)
+    state.worker = None
     if state.dead is None and state.exited(0) is None:
         try:
             state.channel.send(SHUTDOWN, ())
@@ -405,6 +410,17 @@ def _tear_down(state: _Procs) -> None:
         abort_model_parallel()
     if state.channel is not None:
         state.channel.close()
+
+
+def _release_graphs(worker: Optional[Worker]) -> None:
+    """A rank's CUDA graphs go before its groups: NCCL's destroy and abort both wait until the
+    graphs that captured its collectives are gone (ModelRunner.release_cuda_graphs)."""
+    if worker is None:
+        return
+    try:
+        worker.release_cuda_graphs()
+    except Exception as exc:  # noqa: BLE001 (shutting down: a failure is only reported)
+        logger.warning("shutdown: releasing the CUDA graphs failed: %r", exc)
 
 
 def _destroy_with_the_workers(state: _Procs) -> None:
@@ -501,10 +517,12 @@ def _worker_process(
 
 
 def _serve_as_worker(cfg: EngineConfig, device: torch.device, channel: Any) -> None:
-    in_step = False
+    in_step, worker = False, None
     try:
-        in_step = worker_loop(Worker(cfg, device), channel)
+        worker = Worker(cfg, device)
+        in_step = worker_loop(worker, channel)
     finally:
+        _release_graphs(worker)
         # Asked to stop, every rank destroys its groups together (NCCL's destroy is an
         # intra-node collective: _destroy_with_the_workers); with the driver gone or a command
         # failed, nobody would join it: abort, which waits for no one.

@@ -301,6 +301,20 @@ class ModelRunner:
             time.perf_counter() - t0,
         )
 
+    def release_cuda_graphs(self) -> None:
+        """Destroys the CUDA graphs (this runner's and its draft's) now. A rank of a parallel
+        engine does before destroying or aborting its process groups: NCCL's communicator
+        teardown waits until every graph that captured one of its collectives is gone (their
+        persistent plans), so a graph still alive then hangs it for ever (seen on 2 H200s:
+        the groups' destroy timed out; the driver's finished later, inside the next engine's
+        graph capture, and broke it)."""
+        for graphs in (self.graphs, self.verify_graphs):
+            if graphs is not None:
+                graphs.release()
+        self.graphs = self.verify_graphs = None
+        if self.draft is not None:
+            self.draft.release_cuda_graphs()
+
     # ------------------------------------------------------------------ one step
     def apply_block_ops(self, plan: Any) -> None:
         """Swap out, swap in, then copy-on-write copies, in the order the plan requires."""

@@ -87,6 +87,11 @@ class Worker:
     def capture_cuda_graphs(self, max_num_seqs: int) -> None:
         self._runner.capture_cuda_graphs(max_num_seqs)
 
+    def release_cuda_graphs(self) -> None:
+        """Before this rank's process groups go (ModelRunner.release_cuda_graphs)."""
+        if self.runner is not None:
+            self.runner.release_cuda_graphs()
+
     def min_graph_replays(self) -> int:
         """The fewest decode steps any rank ran as CUDA-graph replays (0 without graphs): a
         rank that ran a step eagerly while the others replayed would show here."""

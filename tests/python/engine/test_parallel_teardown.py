@@ -29,6 +29,18 @@ class _QueueChannel:
         pass
 
 
+class _GraphsWorker:
+    """A rank's Worker as teardown sees it. NCCL's destroy and abort wait until every CUDA
+    graph that captured a collective is gone: a rank that still held its graphs hung there
+    (2 H200s), so the graphs must go first."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def release_cuda_graphs(self) -> None:
+        self.calls.append("release graphs")
+
+
 def _collective_teardown_worker(commands: Any, driver_destroyed: Any) -> None:
     """A worker whose group teardown, like NCCL's, ends only once the driver's has begun."""
     name, _ = commands.get(timeout=60)
@@ -52,6 +64,7 @@ def test_driver_destroys_its_groups_with_the_workers(monkeypatch: pytest.MonkeyP
     proc.start()
     state.procs.append(proc)
     calls: list[str] = []
+    state.worker = _GraphsWorker(calls)
 
     def destroy() -> None:
         calls.append("destroy")
@@ -66,7 +79,7 @@ def test_driver_destroys_its_groups_with_the_workers(monkeypatch: pytest.MonkeyP
         if proc.is_alive():
             proc.kill()
     assert proc.exitcode == 0, "the worker was killed waiting for the driver's teardown"
-    assert calls == ["destroy"]
+    assert calls == ["release graphs", "destroy"]
 
 
 def test_a_worker_that_exited_first_makes_the_driver_abort(
@@ -81,10 +94,11 @@ def test_a_worker_that_exited_first_makes_the_driver_abort(
     state.channel = _QueueChannel(ctx.Queue())
     state.procs.append(proc)
     calls: list[str] = []
+    state.worker = _GraphsWorker(calls)
     monkeypatch.setattr(executor_mp, "destroy_model_parallel", lambda: calls.append("destroy"))
     monkeypatch.setattr(executor_mp, "abort_model_parallel", lambda: calls.append("abort"))
     executor_mp._tear_down(state)
-    assert calls == ["abort"] and state.dead is not None
+    assert calls == ["release graphs", "abort"] and state.dead is not None
 
 
 @pytest.mark.parametrize("asked_to_stop,want", [(True, "destroy"), (False, "abort")])
@@ -94,10 +108,10 @@ def test_a_worker_destroys_only_when_asked_to_stop(
     """On SHUTDOWN every rank destroys together; a worker whose driver is gone (or whose
     command failed) aborts, which waits for no one."""
     calls: list[str] = []
-    monkeypatch.setattr(executor_mp, "Worker", lambda cfg, device: None)
+    monkeypatch.setattr(executor_mp, "Worker", lambda cfg, device: _GraphsWorker(calls))
     monkeypatch.setattr(executor_mp, "worker_loop", lambda worker, channel: asked_to_stop)
     monkeypatch.setattr(executor_mp, "destroy_model_parallel", lambda: calls.append("destroy"))
     monkeypatch.setattr(executor_mp, "abort_model_parallel", lambda: calls.append("abort"))
     with pytest.raises(SystemExit):
         executor_mp._serve_as_worker(None, None, _QueueChannel(None))  # type: ignore[arg-type]
-    assert calls == [want]
+    assert calls == ["release graphs", want]

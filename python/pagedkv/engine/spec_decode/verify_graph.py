@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import torch
 
-from pagedkv.engine.cuda_graph import _gc_paused, _mirrored
+from pagedkv.engine.cuda_graph import _gc_paused, _mirrored, destroy_graphs
 from pagedkv.engine.paged_backend import AttentionMetadata, PagedAttentionBackend
 
 
@@ -100,6 +100,10 @@ class VerifyGraphRunner:
             out = self.model.forward(ids, pos, backend)
         self.graphs[bs] = (graph, out)
         return graph.pool()
+
+    def release(self) -> None:
+        """Destroys every graph now (ModelRunner.release_cuda_graphs says why)."""
+        destroy_graphs(self.graphs)
 
     def can_run(self, plan: Any) -> bool:
         """Some entry feeds several tokens (else the decode graphs run it), none more than Q,
