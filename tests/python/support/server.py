@@ -36,9 +36,11 @@ def small_server(
     env: Optional[Dict[str, str]] = None,
     extra_args: Sequence[str] = (),
 ) -> RemoteServer:
-    """The default model served on a free local port with a small KV cache and quiet uvicorn,
-    its log in a fresh temporary directory `name` (the server test modules' fixture);
-    ``extra_args``: more `serve` flags."""
+    """The default model served on the CPU on a free local port with a small KV cache and
+    quiet uvicorn, its log in a fresh temporary directory `name` (the server test modules'
+    fixture); ``extra_args``: more `serve` flags. The CPU on every machine: the tests compare
+    with CPU engines in the test process (on a GPU machine the server chose CUDA, and its
+    embeddings missed the CPU ones by 3e-3), and --kv-cache-space sizes only a CPU cache."""
     tmp = tmp_path_factory.mktemp(name)
     return RemoteServer(
         [
@@ -54,6 +56,8 @@ def small_server(
             str(max_num_seqs),
             "--uvicorn-log-level",
             "warning",
+            "--device",
+            "cpu",
             *extra_args,
         ],
         tmp / "server.log",
