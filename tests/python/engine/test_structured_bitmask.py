@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, List
 
 import pytest
-from support.deps import need
+from support.deps import need, need_random_tokenizer
 
 torch = need("torch")
 need("transformers")
@@ -33,8 +33,7 @@ from pagedkv.engine.structured_output import (  # noqa: E402
     GrammarCache,
     StructuredOutputsParams,
 )
-from pagedkv.engine.tokenizer import Tokenizer  # noqa: E402
-from pagedkv.testing import save_random_model  # noqa: E402
+from pagedkv.testing import default_tokenizer, save_random_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -43,7 +42,8 @@ VOCAB = 49152  # SmolLM2's tokenizer
 
 @pytest.fixture(scope="module")
 def grammars() -> GrammarCache:
-    tok = Tokenizer.from_pretrained(None)
+    need_random_tokenizer()  # (SmolLM2's: the GPU machine carries it without the model)
+    tok = default_tokenizer()
     return GrammarCache(tok.hf, VOCAB, [tok.eos_token_id])
 
 
