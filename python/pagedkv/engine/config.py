@@ -131,7 +131,7 @@ class EngineConfig:
     # LoRA adapters (pagedkv.lora): max_loras device slots (the most adapters one step may use)
     # of rank up to max_lora_rank; max_cpu_loras adapters kept in host memory (default
     # max_loras); lora_kernel: how the deltas run, one of models/lora.py's LORA_KERNELS ("auto":
-    # torch._grouped_mm's SGMV on Hopper bf16, else the core's BGMV ops).
+    # its auto_kernel rule).
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16

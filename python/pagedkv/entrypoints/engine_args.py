@@ -257,7 +257,8 @@ ENGINE_FLAGS = (
         "how the adapters' deltas run: 'pagedkv' (the core's BGMV ops, every device and "
         "dtype), 'pagedkv_tiled' (their tiled CUDA variant), 'grouped_mm' (torch._grouped_mm "
         "SGMV, bf16 on sm90+), 'dense' (GEMMs over all slots under a one-hot slot mask), "
-        "'auto': grouped_mm where it applies, else pagedkv",
+        "'auto': dense on CUDA while all slots add at most 50%% of a layer's weight bytes, "
+        "else grouped_mm where it applies, else pagedkv",
         type=t.choice_of(LORA_KERNELS),
         metavar="{" + ",".join(LORA_KERNELS) + "}",
     ),

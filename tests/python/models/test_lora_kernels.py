@@ -22,7 +22,7 @@ from pagedkv.models.linear import (  # noqa: E402
     QKVParallelLinear,
     RowParallelLinear,
 )
-from pagedkv.models.lora import LoRALinear, LoRAStep  # noqa: E402
+from pagedkv.models.lora import LoRALinear, LoRAStep, auto_kernel  # noqa: E402
 
 if not hasattr(torch, "_grouped_mm"):
     pytest.skip("this torch has no torch._grouped_mm", allow_module_level=True)
@@ -167,3 +167,25 @@ def test_clear_slot_and_refusals() -> None:
         LoRALinear(base, ["gate", "up"], sizes, 2, MAX_RANK, step, "sgmv")
     with pytest.raises(ValueError, match="lora_kernel must be one of"):
         EngineConfig(lora_kernel="sgmv").validate()
+
+
+class _Weight:
+    """A layer weight as auto_kernel reads it (shape, device kind, dtype), without a GPU."""
+
+    def __init__(self, out: int, inp: int, cuda: bool) -> None:
+        self.shape, self.is_cuda, self.dtype = (out, inp), cuda, torch.float32
+
+
+@pytest.mark.parametrize(
+    "out,inp,cuda,max_loras,want",
+    [
+        (2048, 2048, True, 8, "dense"),  # 8 rank-16 slots: 12.5 % more bytes (measured: dense)
+        (3072, 2048, True, 8, "dense"),  # a 1B qkv_proj's 3 x 16 ranks: 31 % (measured: dense)
+        (2048, 2048, True, 64, "pagedkv"),  # 100 % more: the per-token kernels
+        (2048, 2048, False, 1, "pagedkv"),  # the CPU keeps the core's kernels
+        (192, 128, True, 4, "pagedkv"),  # a tiny layer: the slots outweigh it
+    ],
+)
+def test_auto_kernel_rule(out: int, inp: int, cuda: bool, max_loras: int, want: str) -> None:
+    ranks = 48 if out == 3072 else 16
+    assert auto_kernel(_Weight(out, inp, cuda), ranks, max_loras) == want  # type: ignore[arg-type]
